@@ -1,0 +1,34 @@
+# Two commands a user needs: `make demo` and `make test`. Each creates .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/sparkiq demo $(DEMO_ARGS)
+
+test: lint typecheck unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
