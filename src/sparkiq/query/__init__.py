@@ -1,0 +1,33 @@
+"""The query model: typed queries, requests, per-partition results and positions.
+
+Pure Python; imports nothing from the rest of sparkiq except :mod:`sparkiq.errors`.
+"""
+
+from sparkiq.query.position import Position, PositionBound
+from sparkiq.query.queries import (
+    KeyQuery,
+    Query,
+    RangeQuery,
+    ResultOrder,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
+from sparkiq.query.request import InStore, StateQueryRequest
+from sparkiq.query.result import FailureReason, QueryResult, RowIterator, StateQueryResult
+
+__all__ = [
+    "FailureReason",
+    "InStore",
+    "KeyQuery",
+    "Position",
+    "PositionBound",
+    "Query",
+    "QueryResult",
+    "RangeQuery",
+    "ResultOrder",
+    "RowIterator",
+    "StateQueryRequest",
+    "StateQueryResult",
+    "WindowKeyQuery",
+    "WindowRangeQuery",
+]

@@ -1,0 +1,219 @@
+"""Positions: what a replica has applied, and bounds a query asks to be served at.
+
+A :class:`Position` maps *components* to ``{partition: offset}``. sparkiq uses two kinds of
+component:
+
+* the table's own name, whose offsets are micro-batch ids. Batch ids are a **table-wide
+  clock**: every partition's replica advances to batch ``b`` when it applies the commit of
+  ``b``, whether or not that batch changed the partition.
+* ``kafka:<topic>`` for Kafka sources, whose offsets are the source's end offsets of the last
+  applied batch, per topic partition.
+
+Positions only move forward; :meth:`Position.merge` takes the maximum per entry. A position's
+string token (:meth:`Position.to_token`) is what HTTP clients carry between requests; it
+round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["Position", "PositionBound"]
+
+_TOKEN_PREFIX = "p1."
+
+
+def _freeze(positions: Mapping[str, Mapping[int, int]]) -> Mapping[str, Mapping[int, int]]:
+    frozen: dict[str, Mapping[int, int]] = {}
+    for component, offsets in positions.items():
+        if not isinstance(component, str) or not component:
+            raise ValueError(f"position component must be a non-empty str, got {component!r}")
+        inner: dict[int, int] = {}
+        for partition, offset in offsets.items():
+            p, o = _as_int(partition, "partition"), _as_int(offset, "offset")
+            inner[p] = o
+        frozen[component] = MappingProxyType(inner)
+    return MappingProxyType(frozen)
+
+
+def _as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"position {what} must be an int, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    raise ValueError(f"position {what} must be an int, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """An immutable vector of ``component -> partition -> offset``.
+
+    Build one with :meth:`from_map` or :meth:`empty`; combine with :meth:`merge`.
+    """
+
+    _map: Mapping[str, Mapping[int, int]] = field(default_factory=lambda: MappingProxyType({}))
+
+    @staticmethod
+    def empty() -> Position:
+        return _EMPTY
+
+    @staticmethod
+    def from_map(positions: Mapping[str, Mapping[int, int]]) -> Position:
+        """A position from ``{component: {partition: offset}}`` (the map is copied)."""
+        return Position(_freeze(positions))
+
+    def to_map(self) -> dict[str, dict[int, int]]:
+        """A fresh, mutable copy of the position's map."""
+        return {c: dict(offsets) for c, offsets in self._map.items()}
+
+    @property
+    def components(self) -> frozenset[str]:
+        return frozenset(self._map)
+
+    def partition_offsets(self, component: str) -> Mapping[int, int]:
+        """Offsets of one component (empty when the component is absent)."""
+        return self._map.get(component, _EMPTY_OFFSETS)
+
+    def is_empty(self) -> bool:
+        return not self._map
+
+    def merge(self, other: Position) -> Position:
+        """The entry-wise maximum of two positions (commutative, associative, idempotent)."""
+        if not other._map:
+            return self
+        if not self._map:
+            return other
+        merged = self.to_map()
+        for component, offsets in other._map.items():
+            mine = merged.setdefault(component, {})
+            for partition, offset in offsets.items():
+                if offset > mine.get(partition, offset - 1):
+                    mine[partition] = offset
+        return Position(_freeze(merged))
+
+    def dominates(self, other: Position) -> bool:
+        """True when every entry of ``other`` is present here with an offset at least as high."""
+        for component, offsets in other._map.items():
+            mine = self._map.get(component)
+            if mine is None:
+                return False
+            for partition, offset in offsets.items():
+                seen = mine.get(partition)
+                if seen is None or seen < offset:
+                    return False
+        return True
+
+    def to_token(self) -> str:
+        """A URL-safe string that :meth:`from_token` turns back into an equal position."""
+        doc = {
+            c: {str(p): o for p, o in sorted(offs.items())} for c, offs in sorted(self._map.items())
+        }
+        raw = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+        return _TOKEN_PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    @staticmethod
+    def from_token(token: str) -> Position:
+        """Parse a token made by :meth:`to_token`; raises ValueError naming what is wrong."""
+        if not isinstance(token, str) or not token.startswith(_TOKEN_PREFIX):
+            raise ValueError(
+                f"not a sparkiq position token: {token!r:.80}; tokens start with {_TOKEN_PREFIX!r}"
+            )
+        body = token[len(_TOKEN_PREFIX) :]
+        try:
+            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"corrupted position token {token!r:.80}: {exc}") from None
+        if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+            raise ValueError(f"corrupted position token {token!r:.80}: not a position map")
+        return Position.from_map(doc)
+
+    def __repr__(self) -> str:
+        return f"Position({self.to_map()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Position):
+            return NotImplemented
+        return self.to_map() == other.to_map()
+
+    def __hash__(self) -> int:
+        return hash(self.to_token())
+
+
+_EMPTY_OFFSETS: Mapping[int, int] = MappingProxyType({})
+_EMPTY = Position()
+
+
+@dataclass(frozen=True, slots=True)
+class PositionBound:
+    """How fresh a partition's answer must be.
+
+    ``unbounded()`` accepts any replica state. ``at(position)`` accepts a partition only if
+    its replica has reached ``position``; otherwise that partition fails with
+    ``FailureReason.NOT_UP_TO_BOUND``. See :meth:`admits` for the exact rule.
+    """
+
+    position: Position | None = None
+
+    @staticmethod
+    def unbounded() -> PositionBound:
+        return _UNBOUNDED
+
+    @staticmethod
+    def at(position: Position) -> PositionBound:
+        if not isinstance(position, Position):
+            raise TypeError(f"PositionBound.at() takes a Position, got {type(position).__name__}")
+        return PositionBound(position)
+
+    @property
+    def is_unbounded(self) -> bool:
+        return self.position is None
+
+    def admits(self, table: str, seen: Position) -> bool:
+        """Whether a replica of ``table`` that has applied ``seen`` satisfies this bound.
+
+        - For the table's own component, offsets are batch ids of a table-wide clock, so the
+          replica must have applied at least the highest batch id the bound names, whichever
+          partition it was named for. This is what makes a token from one key's answer give
+          monotonic reads and read-your-writes on every other key of the table.
+        - For any other component the replica tracks (e.g. ``kafka:<topic>``), every
+          partition the bound names must be present in ``seen`` with an offset at least as
+          high.
+        - Components the replica does not track at all (another table's clock, a source this
+          table does not read) do not constrain it.
+        """
+        if self.position is None:
+            return True
+        bound_map = self.position._map
+        for component, offsets in bound_map.items():
+            if not offsets:
+                continue
+            seen_offsets = seen._map.get(component)
+            if component == table:
+                if not seen_offsets or max(seen_offsets.values()) < max(offsets.values()):
+                    return False
+                continue
+            if seen_offsets is None:
+                continue
+            for partition, offset in offsets.items():
+                have = seen_offsets.get(partition)
+                if have is None or have < offset:
+                    return False
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            "PositionBound.unbounded()"
+            if self.position is None
+            else f"PositionBound.at({self.position!r})"
+        )
+
+
+_UNBOUNDED = PositionBound()
