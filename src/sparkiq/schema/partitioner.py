@@ -1,0 +1,452 @@
+"""Spark's hash partitioning, computed in pure Python.
+
+A streaming aggregation keeps the state of a key in the partition that Spark's
+``HashPartitioning`` sends it to: ``pmod(hash(k1, k2, ...), P)``, where ``hash`` is Spark's
+``Murmur3Hash`` with seed 42. To route a lookup to the right partition without a JVM, this
+module recomputes that function bit for bit. It imports nothing from pyspark.
+
+Contract:
+
+* **Deterministic.** The result depends only on the values, their Spark types and ``P``;
+  never on the process, the machine, the Python version or ``PYTHONHASHSEED``.
+* **Equal to Spark.** :func:`spark_hash` returns what Spark SQL's ``hash(col1, col2, ...)``
+  returns, and :func:`partition_for` what ``pmod(hash(...), P)`` returns, which is the
+  partition ``df.repartition(P, col1, col2, ...)`` puts the row in. Spark reads 4-byte
+  blocks of strings and binaries in the JVM's native byte order; this module reads them
+  little-endian, the order of every platform Spark ships for (x86-64, aarch64).
+
+Keys are passed as *internal values*, the representation every sparkiq layer shares:
+
+==========================  =============================================================
+Spark type                  internal value
+==========================  =============================================================
+string                      ``str`` (hashed as its UTF-8 bytes)
+binary                      ``bytes`` (or ``bytearray``)
+byte, short, integer, long  ``int`` within the type's range
+boolean                     ``bool``
+float, double               ``float``; a float column's value is narrowed to float32 first
+date                        ``int`` days since 1970-01-01
+timestamp, timestamp_ntz    ``int`` microseconds since 1970-01-01 00:00:00 (UTC for
+                            ``timestamp``)
+decimal(p,s)                ``int`` unscaled value, ``value * 10**s``, with ``|v| < 10**p``
+null                        ``None``
+==========================  =============================================================
+
+How Spark hashes each value (``hash.scala``, ``Murmur3_x86_32.java``), seed ``h``:
+
+* A null leaves ``h`` unchanged. Column ``i`` is hashed with column ``i-1``'s result as
+  seed; the first column's seed is 42.
+* boolean, byte, short, integer, date: ``hashInt`` of the value (true is 1, false 0).
+* long, timestamp, timestamp_ntz: ``hashLong``, which mixes the low 32-bit word, then the
+  high word, and finalizes with length 8.
+* float: ``hashInt(floatToIntBits(v))``, double: ``hashLong(doubleToLongBits(v))``; -0.0
+  hashes as 0.0 and every NaN as the canonical NaN (0x7fc00000 / 0x7ff8000000000000).
+* decimal of precision <= 18: ``hashLong`` of the unscaled value. Larger precision:
+  ``hashUnsafeBytes`` of Java's ``BigInteger.toByteArray()`` of the unscaled value: two's
+  complement, big-endian, shortest length that keeps the sign bit, so 0 is one byte.
+* string, binary: ``hashUnsafeBytes``, which is *not* standard Murmur3 in its tail: after
+  the 4-byte blocks, each remaining byte is mixed as its own block, sign-extended (0x80
+  becomes 0xffffff80), and the finalizer gets the byte length.
+
+Strings with a non-default collation (``string collate UTF8_LCASE``) hash through the
+collation's key, which this module does not implement; they are rejected.
+"""
+
+from __future__ import annotations
+
+import reprlib
+import struct
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any, Final
+
+from sparkiq.errors import ConfigError, InvalidQueryError, SchemaError
+from sparkiq.schema.types import DataType, parse_type
+
+__all__ = ["SPARK_HASH_SEED", "Partitioner", "partition_for", "spark_hash"]
+
+#: Seed of Spark's ``hash()`` and of ``HashPartitioning``.
+SPARK_HASH_SEED: Final = 42
+
+#: Largest decimal precision Spark hashes as a long (``Decimal.MAX_LONG_DIGITS``).
+_MAX_LONG_DIGITS: Final = 18
+_MAX_DECIMAL_PRECISION: Final = 38
+
+# A hasher folds one non-null value into the running hash. Hashes are kept as unsigned
+# 32-bit ints internally and turned into Java's signed int only at the end.
+_Hasher = Callable[[Any, int], int]
+
+_WORD: Final = struct.Struct("<I")
+_FLOAT32: Final = struct.Struct("<f")
+_FLOAT64_BITS: Final = struct.Struct("<Q")
+_FLOAT64: Final = struct.Struct("<d")
+
+
+# --- Murmur3_x86_32 as Spark implements it -------------------------------------------------
+# Java ints wrap; here every value is kept as an unsigned 32-bit int by masking. A mask may be
+# skipped before a multiplication or addition whose result is masked, since arithmetic modulo
+# 2**32 does not depend on the higher bits, but never before a right shift or rotation.
+# The rounds are written out inline rather than as helper calls: a key lookup runs them on
+# every request, and a Python call costs as much as a round.
+
+
+def _scramble(k: int) -> int:
+    """Spark's ``mixK1``: scramble one 32-bit block before it is folded into the hash."""
+    k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+    return (((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF
+
+
+# hashUnsafeBytes mixes each trailing byte as a block of its own, sign-extended to 32 bits
+# (Java's byte is signed): scrambled once here for all 256 byte values.
+_TAIL_BLOCKS: Final = tuple(_scramble(b | 0xFFFFFF00 if b & 0x80 else b) for b in range(256))
+
+
+def _hash_int(value: int, seed: int) -> int:
+    """Spark's ``hashInt``: one block, finalized with length 4."""
+    k = (value * 0xCC9E2D51) & 0xFFFFFFFF
+    h = seed ^ ((((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF)
+    h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= 4 ^ (h >> 16)  # fmix; 4 is the length, and it is < 2**16 so the order is free
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def _hash_long(value: int, seed: int) -> int:
+    """Spark's ``hashLong``: the low word, then the high word, finalized with length 8."""
+    k = (value * 0xCC9E2D51) & 0xFFFFFFFF
+    h = seed ^ ((((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF)
+    h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    # Python's >> is arithmetic, but only the low 32 bits of value >> 32 reach the result:
+    # those of Java's (int) (value >>> 32).
+    k = ((value >> 32) * 0xCC9E2D51) & 0xFFFFFFFF
+    h ^= (((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF
+    h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= 8 ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def _hash_bytes(data: bytes | bytearray, seed: int) -> int:
+    """Spark's ``hashUnsafeBytes``: little-endian 4-byte blocks, then one block per byte."""
+    length = len(data)
+    aligned = length & ~3
+    h = seed
+    if aligned:
+        for (k,) in _WORD.iter_unpack(memoryview(data)[:aligned]):
+            k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+            h ^= (((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF
+            h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    for byte in data[aligned:]:
+        h ^= _TAIL_BLOCKS[byte]
+        h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= length
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+# --- one hasher per Spark type ---------------------------------------------------------------
+
+
+class _BadValue(Exception):
+    """Raised by a hasher for a value its type cannot hold; turned into InvalidQueryError."""
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int to Python, but a bool for a numeric column is a caller's mistake.
+    return value.__class__ is int or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _int_hasher(bits: int) -> _Hasher:
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    mix = _hash_int if bits <= 32 else _hash_long
+
+    def hasher(value: Any, seed: int) -> int:
+        if not _is_int(value) or not low <= value <= high:
+            raise _BadValue
+        return mix(value, seed)
+
+    return hasher
+
+
+def _hash_boolean(value: Any, seed: int) -> int:
+    if value is True:
+        return _hash_int(1, seed)
+    if value is False:
+        return _hash_int(0, seed)
+    raise _BadValue
+
+
+def _hash_float(value: Any, seed: int) -> int:
+    if value.__class__ is bool:
+        raise _BadValue
+    if value != value:
+        return _hash_int(0x7FC00000, seed)
+    try:
+        bits = _WORD.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:
+        # Java's (float) narrowing rounds values beyond float32's range to infinity.
+        bits = 0x7F800000 if value > 0 else 0xFF800000
+    # -0.0 hashes as +0.0; tested after narrowing, since a tiny negative double becomes -0.0f.
+    return _hash_int(0 if bits == 0x80000000 else bits, seed)
+
+
+def _hash_double(value: Any, seed: int) -> int:
+    if value.__class__ is bool:
+        raise _BadValue
+    if value != value:
+        return _hash_long(0x7FF8000000000000, seed)
+    if value == 0:
+        return _hash_long(0, seed)
+    return _hash_long(_FLOAT64_BITS.unpack(_FLOAT64.pack(value))[0], seed)
+
+
+def _hash_string(value: Any, seed: int) -> int:
+    if not isinstance(value, str):
+        raise _BadValue
+    return _hash_bytes(value.encode("utf-8"), seed)
+
+
+def _hash_binary(value: Any, seed: int) -> int:
+    if not isinstance(value, (bytes, bytearray)):
+        raise _BadValue
+    return _hash_bytes(value, seed)
+
+
+def _decimal_hasher(precision: int) -> _Hasher:
+    limit = 10**precision
+
+    if precision <= _MAX_LONG_DIGITS:
+
+        def small(value: Any, seed: int) -> int:
+            if not _is_int(value) or not -limit < value < limit:
+                raise _BadValue
+            return _hash_long(value, seed)
+
+        return small
+
+    def large(value: Any, seed: int) -> int:
+        if not _is_int(value) or not -limit < value < limit:
+            raise _BadValue
+        # BigInteger.toByteArray(): the shortest two's complement that keeps the sign bit.
+        magnitude = value if value >= 0 else ~value
+        return _hash_bytes(
+            value.to_bytes(magnitude.bit_length() // 8 + 1, "big", signed=True), seed
+        )
+
+    return large
+
+
+_FIXED_HASHERS: Final[dict[str, tuple[_Hasher, str]]] = {
+    "string": (_hash_string, "a str"),
+    "binary": (_hash_binary, "bytes"),
+    "boolean": (_hash_boolean, "a bool"),
+    "byte": (_int_hasher(8), "an int in [-128, 127]"),
+    "short": (_int_hasher(16), "an int in [-32768, 32767]"),
+    "integer": (_int_hasher(32), "an int in [-2**31, 2**31 - 1]"),
+    "long": (_int_hasher(64), "an int in [-2**63, 2**63 - 1]"),
+    "date": (_int_hasher(32), "an int, days since 1970-01-01, in [-2**31, 2**31 - 1]"),
+    "timestamp": (_int_hasher(64), "an int, microseconds since the epoch, in 64 bits"),
+    "timestamp_ntz": (_int_hasher(64), "an int, microseconds since the epoch, in 64 bits"),
+    "float": (_hash_float, "a float"),
+    "double": (_hash_double, "a float"),
+}
+
+_SUPPORTED = ", ".join([*_FIXED_HASHERS, "decimal(p,s)"])
+
+
+@lru_cache(maxsize=512)
+def _hasher_for(dtype: DataType) -> tuple[_Hasher, str]:
+    """The hasher of one type and a description of the values it accepts."""
+    fixed = _FIXED_HASHERS.get(dtype.name)
+    if fixed is not None:
+        return fixed
+    if dtype.name == "decimal":
+        if not 1 <= dtype.precision <= _MAX_DECIMAL_PRECISION:
+            raise InvalidQueryError(
+                f"type {dtype.simple_string()!r} is not a valid Spark decimal: "
+                f"precision must be between 1 and {_MAX_DECIMAL_PRECISION}"
+            )
+        expects = (
+            f"an int, the unscaled value (value * 10**{dtype.scale}), "
+            f"with fewer than {dtype.precision} digits"
+        )
+        return _decimal_hasher(dtype.precision), expects
+    hint = ""
+    if dtype.name.startswith("string collate"):
+        hint = " (only the default UTF8_BINARY collation is supported)"
+    raise InvalidQueryError(
+        f"type {dtype.simple_string()!r} cannot be hashed as a key column{hint}; "
+        f"supported key types: {_SUPPORTED}"
+    )
+
+
+@lru_cache(maxsize=512)
+def _parse(name: str) -> DataType:
+    return parse_type(name)
+
+
+def _resolve(spec: DataType | str) -> DataType:
+    if isinstance(spec, DataType):
+        return spec
+    try:
+        return parse_type(spec) if not isinstance(spec, str) else _parse(spec)
+    except (SchemaError, KeyError, TypeError) as exc:  # TypeError, KeyError: a malformed doc
+        raise InvalidQueryError(
+            f"key type {spec!r} is neither a DataType nor a Spark type name such as "
+            f"'string' or 'decimal(10,2)'"
+        ) from exc
+
+
+# The types of a key, resolved, and one hasher (with what it accepts) per column.
+_Compiled = tuple[tuple[DataType, ...], tuple[_Hasher, ...], tuple[str, ...]]
+
+
+def _build(types: tuple[DataType | str, ...]) -> _Compiled:
+    if not types:
+        raise InvalidQueryError("a key needs at least one column type; got none")
+    resolved = tuple(_resolve(t) for t in types)
+    specs = [_hasher_for(t) for t in resolved]
+    return resolved, tuple(h for h, _ in specs), tuple(e for _, e in specs)
+
+
+_build_cached = lru_cache(maxsize=512)(_build)
+
+
+def _compile(types: Sequence[DataType | str]) -> _Compiled:
+    key = types if isinstance(types, tuple) else tuple(types)
+    try:
+        return _build_cached(key)
+    except TypeError:
+        # An unhashable entry (a JSON dict for a type) cannot be a cache key; resolve it
+        # directly, which raises a clear error unless it names a key type.
+        return _build(key)
+
+
+def _run(compiled: _Compiled, values: Sequence[Any]) -> int:
+    """The unsigned 32-bit Murmur3 hash of a key, folding columns left to right."""
+    resolved, hashers, _ = compiled
+    if len(values) != len(hashers):
+        raise InvalidQueryError(
+            f"key has {len(values)} value(s) but {len(hashers)} key column(s) of types "
+            f"[{', '.join(t.simple_string() for t in resolved)}]; pass one value per column"
+        )
+    h = SPARK_HASH_SEED
+    try:
+        for hasher, value in zip(hashers, values, strict=True):
+            if value is not None:
+                h = hasher(value, h)
+    except _VALUE_ERRORS as exc:
+        raise _invalid_value(compiled, values) from exc
+    return h
+
+
+# What a hasher raises for a value its type cannot hold: its own check, or Python's when an
+# operation does not apply (a str where an int belongs, a lone surrogate in UTF-8...).
+_VALUE_ERRORS: Final = (_BadValue, TypeError, ValueError, OverflowError, struct.error)
+
+
+def _invalid_value(compiled: _Compiled, values: Sequence[Any]) -> InvalidQueryError:
+    """Describe the first value its column's type cannot hold (whether one can does not
+    depend on the seed, so each column is retried alone)."""
+    resolved, hashers, expects = compiled
+    for i, (hasher, value) in enumerate(zip(hashers, values, strict=True)):
+        try:
+            if value is not None:
+                hasher(value, SPARK_HASH_SEED)
+        except _VALUE_ERRORS:
+            return InvalidQueryError(
+                f"key column {i} has type {resolved[i].simple_string()}: expected "
+                f"{expects[i]} or None, got {reprlib.repr(value)}"
+            )
+    return InvalidQueryError(f"key {reprlib.repr(values)} cannot be hashed")
+
+
+def _signed(h: int) -> int:
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+class Partitioner:
+    """Maps a key to the partition Spark's hash partitioning assigns it.
+
+    ``Partitioner(types, partitions)(values)`` equals Spark's
+    ``pmod(hash(col1, col2, ...), partitions)`` for the key ``values`` (internal values,
+    one per entry of ``types``; see the module docstring). The types are resolved and one
+    hash function per column is chosen once, at construction; calls are deterministic and
+    safe from any thread. Instances are immutable and compare equal when their types and
+    partition counts are equal.
+
+    Raises :class:`~sparkiq.errors.ConfigError` if ``partitions`` is not a positive int,
+    :class:`~sparkiq.errors.InvalidQueryError` for a type that cannot be a key and, on a
+    call, for a key of the wrong arity or a value its column's type cannot hold.
+    """
+
+    __slots__ = ("_compiled", "_partitions")
+
+    def __init__(self, types: Sequence[DataType | str], partitions: int) -> None:
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ConfigError(f"partitions must be a positive int, got {partitions!r}")
+        self._compiled = _compile(types)
+        self._partitions = partitions
+
+    @property
+    def types(self) -> tuple[DataType, ...]:
+        return self._compiled[0]
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    def hash(self, values: Sequence[Any]) -> int:
+        """Spark's ``hash(col1, col2, ...)`` of the key: a signed 32-bit int."""
+        return _signed(_run(self._compiled, values))
+
+    def __call__(self, values: Sequence[Any]) -> int:
+        """The key's partition, in ``range(self.partitions)``."""
+        h = _run(self._compiled, values)
+        # Spark takes pmod of the *signed* hash; Python's % of a positive divisor is pmod.
+        return (h - 0x100000000 if h & 0x80000000 else h) % self._partitions
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Partitioner):
+            return NotImplemented
+        return self.types == other.types and self._partitions == other._partitions
+
+    def __hash__(self) -> int:
+        return hash((self.types, self._partitions))
+
+    def __repr__(self) -> str:
+        names = ", ".join(t.simple_string() for t in self.types)
+        return f"Partitioner(types=[{names}], partitions={self._partitions})"
+
+
+@lru_cache(maxsize=256, typed=True)
+def _partitioner(types: tuple[DataType | str, ...], partitions: int) -> Partitioner:
+    return Partitioner(types, partitions)
+
+
+def spark_hash(values: Sequence[Any], types: Sequence[DataType | str]) -> int:
+    """Spark's ``hash(col1, col2, ...)`` (Murmur3Hash, seed 42): a signed 32-bit int.
+
+    ``values`` are internal values, one per entry of ``types``; ``None`` is null.
+    """
+    return _signed(_run(_compile(types), values))
+
+
+def partition_for(values: Sequence[Any], types: Sequence[DataType | str], partitions: int) -> int:
+    """``pmod(hash(col1, col2, ...), partitions)``: the partition Spark assigns the key.
+
+    Equivalent to ``Partitioner(types, partitions)(values)``, with the partitioner cached.
+    """
+    key = types if isinstance(types, tuple) else tuple(types)
+    try:
+        partitioner = _partitioner(key, partitions)
+    except TypeError:  # unhashable type entry; Partitioner reports it
+        partitioner = Partitioner(key, partitions)
+    return partitioner(values)
