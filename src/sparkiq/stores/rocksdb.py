@@ -1,0 +1,460 @@
+"""RocksDB store: one RocksDB database per partition directory, through rocksdict.
+
+On-disk layout, format version 1 (:data:`FORMAT_VERSION`)
+    ``<path>/`` holds one RocksDB database with only the default column family, plus the
+    ``rocksdict-config.json`` that rocksdict writes. Keys are compared bytewise (RocksDB's
+    default comparator).
+
+    * data keys - every key below ``0xFF``: an encoded key, mapped to an encoded row;
+    * :data:`META_KEY` (``b"\\xff\\x00sparkiq.meta"``) - the meta blob. ``apply`` writes it
+      in the same ``WriteBatch`` as the data, and ``range`` reads it through the same
+      iterator as the rows, so data and meta can never disagree;
+    * :data:`FORMAT_KEY` (``b"\\xff\\x00sparkiq.format"``) - ``b"1"``, written when the
+      database is created. A store refuses a database with another version.
+
+    ``replace_all`` is a ``DeleteRange`` over ``[b"", b"\\xff")`` at the head of the batch,
+    so it never touches the reserved keys.
+
+Durability
+    Writes go through the write-ahead log without ``fsync``: an applied batch survives the
+    process being killed (``SIGKILL`` included), and WAL recovery in point-in-time mode
+    leaves exactly the batches whose records are complete - every state after a crash is
+    one that ``apply`` published. Surviving power loss needs :meth:`RocksDBStore.flush`.
+
+Tuning
+    Point lookups dominate, and one process hosts many partitions on a small machine: a
+    bloom filter per table, a hash index inside data blocks, and one block cache and one
+    memtable budget shared by every store in the process (:data:`BLOCK_CACHE_BYTES`,
+    :data:`MEMTABLE_BUDGET_BYTES`), created when the first store opens.
+
+rocksdict pitfalls (0.3.29) this module works around
+    ``Snapshot.iter`` / ``Snapshot.items`` ignore the snapshot, and
+    ``ReadOptions.set_iterate_lower_bound`` sets the *upper* bound. A RocksDB iterator
+    created without an explicit snapshot reads an implicit one taken at its creation, so
+    ``range`` uses one plain iterator for both meta and rows, and checks bounds itself.
+    ``RdictItems`` stops silently on an I/O error or corruption (it never checks the
+    iterator's status), so ranges drive ``RdictIter`` and check ``status()`` at the end.
+    ``Rdict`` replaces the default column family's options by those it finds in the
+    database's OPTIONS file unless they are passed explicitly, which would drop the shared
+    cache; they are passed explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    DataBlockIndexType,
+    DbClosedError,
+    DBCompressionType,
+    DBRecoveryMode,
+    Options,
+    Rdict,
+    WriteBatch,
+    WriteBufferManager,
+)
+
+from sparkiq.errors import ConfigError, StoreError
+from sparkiq.stores.base import (
+    RESERVED_PREFIX,
+    _closed_error,
+    _interval,
+    _invalid_op,
+    _iterator_closed_error,
+    _reserved_key,
+)
+
+__all__ = [
+    "BLOCK_CACHE_BYTES",
+    "FORMAT_KEY",
+    "FORMAT_VERSION",
+    "MEMTABLE_BUDGET_BYTES",
+    "META_KEY",
+    "RocksDBStore",
+]
+
+FORMAT_VERSION = 1
+#: Reserved key holding the meta blob (the replica's position), written with the data.
+META_KEY = RESERVED_PREFIX + b"\x00sparkiq.meta"
+#: Reserved key holding the store format version as ASCII digits.
+FORMAT_KEY = RESERVED_PREFIX + b"\x00sparkiq.format"
+
+#: LRU block cache shared by every RocksDB store of the process (data, index, filters).
+BLOCK_CACHE_BYTES = 32 << 20
+#: Memory all memtables of the process may use before RocksDB flushes the largest.
+MEMTABLE_BUDGET_BYTES = 64 << 20
+_WRITE_BUFFER_BYTES = 8 << 20
+
+_CORRUPTION_HINT = "delete the directory (the local replica) and it is rebuilt from the changelog"
+# Files RocksDB and rocksdict create; a directory without CURRENT holding anything else is
+# not a half-created database but someone else's files, and we do not create one there.
+_OWN_FILE = re.compile(
+    r"LOCK|LOG(\.old\.\d+)?|IDENTITY|MANIFEST-\d+|OPTIONS-\d+(\.dbtmp)?"
+    r"|\d+\.(log|sst|dbtmp)|rocksdict-config\.json"
+)
+
+_shared_lock = threading.Lock()
+_shared: tuple[Cache, WriteBufferManager] | None = None
+
+
+def _shared_resources() -> tuple[Cache, WriteBufferManager]:
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = (
+                Cache(BLOCK_CACHE_BYTES),
+                WriteBufferManager(MEMTABLE_BUDGET_BYTES, False),
+            )
+        return _shared
+
+
+def _options(create: bool) -> Options:
+    cache, write_buffers = _shared_resources()
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_bloom_filter(10, False)  # full filter, ~1% false positives
+    table.set_cache_index_and_filter_blocks(True)  # bounded by the shared cache
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    table.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
+    table.set_data_block_hash_ratio(0.75)
+
+    options = Options(raw_mode=True)
+    options.create_if_missing(create)
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_manager(write_buffers)
+    options.set_write_buffer_size(_WRITE_BUFFER_BYTES)
+    options.set_compression_type(DBCompressionType.lz4())
+    options.set_level_compaction_dynamic_level_bytes(True)
+    options.set_max_background_jobs(2)
+    options.set_max_open_files(256)  # many partitions share the process's descriptors
+    options.set_keep_log_file_num(2)
+    options.set_max_log_file_size(1 << 20)
+    options.set_wal_recovery_mode(DBRecoveryMode.point_in_time())
+    return options
+
+
+class RocksDBStore:
+    """A :class:`~sparkiq.stores.Store` in the RocksDB database at ``path``.
+
+    The directory is created if missing (unless ``read_only``). Only one read-write store
+    may have a directory open at a time, across processes; read-only stores see the
+    database as of their opening and reject ``apply``.
+
+    Raises :class:`~sparkiq.errors.StoreError`, naming ``path``, if the directory holds
+    something other than a RocksDB database of this format, or is corrupted - then delete
+    the directory and the replica is rebuilt from the changelog - or is locked by another
+    open store.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        self._path = Path(path)
+        self._read_only = read_only
+        self._lock = threading.Lock()  # guards _closed and _iterators against close()
+        self._closed = False
+        self._iterators: weakref.WeakSet[_RocksDBIterator] = weakref.WeakSet()
+        self._check_directory()
+        options = _options(create=not read_only)
+        access = AccessType.read_only(False) if read_only else AccessType.read_write()
+        try:
+            self._db = Rdict(
+                str(self._path),
+                options,
+                column_families={"default": options},
+                access_type=access,
+            )
+        except Exception as exc:
+            raise self._open_error(exc) from exc
+        try:
+            self._check_format()
+        except StoreError:
+            self._db.close()
+            raise
+        except Exception as exc:
+            self._db.close()
+            raise self._fault(exc) from exc
+
+    def __repr__(self) -> str:
+        return f"RocksDBStore({str(self._path)!r})"
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def get(self, key: bytes) -> bytes | None:
+        if key >= RESERVED_PREFIX:
+            raise _reserved_key(key)
+        try:
+            value: bytes | None = self._db.get(key)
+        except DbClosedError:
+            raise _closed_error(self) from None
+        except Exception as exc:
+            raise self._fault(exc) from exc
+        return value
+
+    def range(
+        self,
+        lower: bytes | None,
+        upper: bytes | None,
+        *,
+        reverse: bool = False,
+        upper_exclusive: bool = False,
+    ) -> _RocksDBIterator:
+        lo, hi = _interval(lower, upper, upper_exclusive)
+        with self._lock:
+            if self._closed:
+                raise _closed_error(self)
+            try:
+                iterator = _RocksDBIterator(self, self._db.iter(), lo, hi, reverse)
+            except DbClosedError:
+                raise _closed_error(self) from None
+            except Exception as exc:
+                raise self._fault(exc) from exc
+            self._iterators.add(iterator)
+        return iterator
+
+    def apply(
+        self,
+        ops: Iterable[tuple[bytes, bytes | None]],
+        meta: bytes,
+        *,
+        replace_all: bool = False,
+    ) -> None:
+        if self._closed:
+            raise _closed_error(self)
+        if self._read_only:
+            raise StoreError(f"store {self!r} is open read-only; apply needs a read-write open")
+        if meta.__class__ is not bytes:
+            raise ConfigError(f"store meta must be bytes, got {type(meta).__name__}")
+        batch = WriteBatch(raw_mode=True)
+        if replace_all:
+            batch.delete_range(b"", RESERVED_PREFIX)
+        put, delete = batch.put, batch.delete
+        for key, value in ops:
+            if key.__class__ is not bytes or key >= RESERVED_PREFIX:
+                raise _invalid_op(key, value)
+            if value is None:
+                delete(key)
+            elif value.__class__ is bytes:
+                put(key, value)
+            else:
+                raise _invalid_op(key, value)
+        put(META_KEY, meta)
+        try:
+            self._db.write(batch)
+        except DbClosedError:
+            raise _closed_error(self) from None
+        except Exception as exc:
+            raise self._fault(exc) from exc
+
+    def meta(self) -> bytes | None:
+        try:
+            meta: bytes | None = self._db.get(META_KEY)
+        except DbClosedError:
+            raise _closed_error(self) from None
+        except Exception as exc:
+            raise self._fault(exc) from exc
+        return meta
+
+    def approximate_count(self) -> int:
+        """RocksDB's ``rocksdb.estimate-num-keys`` minus the reserved keys.
+
+        Exact after inserts of distinct keys; overwrites, deletions and ``replace_all``
+        make it drift until compaction.
+        """
+        try:
+            estimate = self._db.property_int_value("rocksdb.estimate-num-keys") or 0
+            reserved = sum(1 for _ in self._db.keys(from_key=RESERVED_PREFIX))
+        except DbClosedError:
+            raise _closed_error(self) from None
+        except Exception as exc:
+            raise self._fault(exc) from exc
+        return max(0, int(estimate) - reserved)
+
+    def flush(self) -> None:
+        """Write memtables to table files and sync the WAL: applied batches then survive
+        power loss, not only a process crash. A no-op for a read-only store."""
+        if self._closed:
+            raise _closed_error(self)
+        if self._read_only:
+            return
+        try:
+            self._db.flush_wal(True)
+            self._db.flush(True)
+        except DbClosedError:
+            raise _closed_error(self) from None
+        except Exception as exc:
+            raise self._fault(exc) from exc
+
+    def close(self) -> None:
+        """Close open iterators, flush memtables (read-write) and release the database.
+
+        Iterators hold a reference to the database, so they are closed first: otherwise
+        the files would stay locked until the last iterator is garbage-collected.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            iterators = list(self._iterators)
+        for iterator in iterators:
+            iterator.close()
+        try:
+            self._db.close()
+        except Exception as exc:
+            raise self._fault(exc) from exc
+
+    def destroy(self) -> None:
+        """Close the store and delete its directory. Refused for a read-only store."""
+        if self._read_only:
+            raise StoreError(f"store {self!r} is open read-only; it cannot be destroyed")
+        self.close()
+        shutil.rmtree(self._path, ignore_errors=True)
+
+    # -- errors and checks -------------------------------------------------------------
+
+    def _check_directory(self) -> None:
+        path = self._path
+        if path.exists() and not path.is_dir():
+            raise StoreError(
+                f"RocksDB store path '{path}' is not a directory; remove it or choose "
+                "another state directory"
+            )
+        if (path / "CURRENT").exists():
+            return
+        if self._read_only:
+            raise StoreError(f"no RocksDB database at '{path}' to open read-only")
+        strangers = sorted(
+            entry.name
+            for entry in (path.iterdir() if path.exists() else ())
+            if not _OWN_FILE.fullmatch(entry.name)
+        )
+        if strangers:
+            raise StoreError(
+                f"'{path}' is not a RocksDB database (no CURRENT file) and holds other files "
+                f"({', '.join(strangers[:5])}); refusing to create a store there. If it is "
+                f"a damaged replica, {_CORRUPTION_HINT}."
+            )
+
+    def _check_format(self) -> None:
+        found = self._db.get(FORMAT_KEY)
+        expected = str(FORMAT_VERSION).encode()
+        if found is None and not self._read_only and next(self._db.keys(), None) is None:
+            self._db.put(FORMAT_KEY, expected)  # a new database
+            return
+        if found != expected:
+            raise StoreError(
+                f"RocksDB store at '{self._path}' has store format {found!r}, this sparkiq "
+                f"reads {expected!r}; {_CORRUPTION_HINT}."
+            )
+
+    def _open_error(self, exc: Exception) -> StoreError:
+        message = str(exc)
+        if "lock" in message.lower():
+            return StoreError(
+                f"RocksDB store at '{self._path}' is already open (by this or another "
+                f"process): {message}. Close the other store first."
+            )
+        return StoreError(
+            f"cannot open RocksDB store at '{self._path}': {message}. If its files are "
+            f"corrupted or not a RocksDB database, {_CORRUPTION_HINT}."
+        )
+
+    def _fault(self, exc: Exception) -> StoreError:
+        message = str(exc)
+        hint = (
+            f" If its files are corrupted, {_CORRUPTION_HINT}." if "Corruption" in message else ""
+        )
+        return StoreError(f"RocksDB store at '{self._path}' failed: {message}.{hint}")
+
+
+class _RocksDBIterator:
+    """A :class:`~sparkiq.stores.StoreIterator` over one RocksDB iterator.
+
+    The native iterator reads an implicit snapshot taken when it was created; the meta is
+    read through it first, then it is positioned on the range. It pins memtables and table
+    files until released (exhausted, closed, or its store closed).
+    """
+
+    __slots__ = ("__weakref__", "_closed", "_hi", "_lo", "_meta", "_native", "_reverse", "_store")
+
+    def __init__(self, store: RocksDBStore, native: Any, lo: bytes, hi: bytes, reverse: bool):
+        self._store = store
+        self._lo, self._hi, self._reverse = lo, hi, reverse
+        self._closed = False
+        native.seek(META_KEY)
+        self._meta: bytes | None = (
+            native.value() if native.valid() and native.key() == META_KEY else None
+        )
+        native.status()
+        self._native: Any = native
+        if lo >= hi:
+            self._native = None
+        elif reverse:
+            native.seek_for_prev(hi)  # the last key <= hi; hi itself is excluded
+            if native.valid() and native.key() >= hi:
+                native.prev()
+        else:
+            native.seek(lo)
+
+    @property
+    def meta(self) -> bytes | None:
+        return self._meta
+
+    def __iter__(self) -> _RocksDBIterator:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        native = self._native
+        if native is None:
+            if self._closed:
+                raise _iterator_closed_error(self._store)
+            raise StopIteration
+        try:
+            if native.valid():
+                key: bytes = native.key()
+                if self._reverse:
+                    if key >= self._lo:
+                        value: bytes = native.value()
+                        native.prev()
+                        return key, value
+                elif key < self._hi:
+                    value = native.value()
+                    native.next()
+                    return key, value
+            else:
+                native.status()  # raises on I/O error or corruption
+        except Exception as exc:
+            self._native = None
+            raise self._store._fault(exc) from exc
+        self._native = None  # exhausted: release the snapshot now
+        raise StopIteration
+
+    def close(self) -> None:
+        self._closed = True
+        self._native = None
+
+    def __enter__(self) -> _RocksDBIterator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
