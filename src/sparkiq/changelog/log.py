@@ -1,0 +1,172 @@
+"""One table's changelog: layout of its files, and the reads and writes on them.
+
+Directory layout under ``state_dir``::
+
+    tables/<table>/table.json                          manifest (see manifest.py)
+    tables/<table>/commits/<batch:020d>.json           one commit record per batch
+    tables/<table>/segments/<partition:05d>/<batch:020d>.arrow   changes of one partition
+    checkpoints/<table>/                               the Spark writer query's checkpoint
+    replicas/<node>/<table>/<partition:05d>/           a node's local RocksDB (local dirs only)
+
+Invariants: there is exactly one writer per table; segments are written before the commit
+record that lists them; a batch id's commit record is written at most once; readers apply
+only batches whose commit record exists, in batch id order, using only the segments the
+record lists (segments of an attempt that never committed are ignored).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from sparkiq.changelog.commit import CommitRecord
+from sparkiq.changelog.manifest import TableManifest
+from sparkiq.changelog.segment import SegmentInfo, read_segment, write_segment
+from sparkiq.changelog.storage import Storage, open_storage
+from sparkiq.errors import UnknownStoreError
+
+__all__ = ["Changelog", "list_tables"]
+
+_COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
+_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def list_tables(state_dir: str) -> list[str]:
+    """Names of the tables with a manifest in ``state_dir``, sorted."""
+    storage = open_storage(state_dir)
+    names = storage.list_names(storage.path("tables"))
+    return sorted(n for n in names if storage.exists(storage.path("tables", n, "table.json")))
+
+
+def check_table_name(name: object) -> str:
+    """Table names are SQL identifiers: letters, digits and underscores, not starting with a
+    digit, at most 128 characters."""
+    if not isinstance(name, str) or not _TABLE_NAME.match(name):
+        raise ValueError(
+            f"invalid table name {name!r}: use letters, digits and underscores, starting with "
+            "a letter or underscore (at most 128 characters)"
+        )
+    return name
+
+
+class Changelog:
+    """Access to one table's changelog files. Cheap to create; holds no open files."""
+
+    def __init__(self, state_dir: str, table: str) -> None:
+        self.state_dir = state_dir
+        self.table = table
+        self.storage: Storage = open_storage(state_dir)
+        self.root = self.storage.path("tables", table)
+        self._manifest: TableManifest | None = None
+
+    # -- paths -------------------------------------------------------------------------------
+
+    @property
+    def manifest_path(self) -> str:
+        return f"{self.root}/table.json"
+
+    def commit_path(self, batch_id: int) -> str:
+        return f"{self.root}/commits/{batch_id:020d}.json"
+
+    def segment_path(self, partition: int, batch_id: int) -> str:
+        return f"{self.root}/segments/{partition:05d}/{batch_id:020d}.arrow"
+
+    @property
+    def checkpoint_location(self) -> str:
+        """Where the writer's Spark checkpoint lives (a path or URI Spark understands)."""
+        if self.storage.is_local:
+            return self.storage.path("checkpoints", self.table)
+        return self.storage.uri.rstrip("/") + f"/checkpoints/{self.table}"
+
+    # -- manifest ------------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return self.storage.exists(self.manifest_path)
+
+    def manifest(self) -> TableManifest:
+        """The table's manifest (cached: the layout of a table never changes)."""
+        if self._manifest is None:
+            try:
+                data = self.storage.read_bytes(self.manifest_path)
+            except FileNotFoundError:
+                raise UnknownStoreError(
+                    f"no table {self.table!r} in {self.state_dir!r}; "
+                    f"tables there: {list_tables(self.state_dir)}",
+                    store=self.table,
+                ) from None
+            self._manifest = TableManifest.decode(data, self.manifest_path)
+        return self._manifest
+
+    # -- commits -----------------------------------------------------------------------------
+
+    def has_commit(self, batch_id: int) -> bool:
+        return self.storage.exists(self.commit_path(batch_id))
+
+    def read_commit(self, batch_id: int) -> CommitRecord | None:
+        """The commit record of ``batch_id``, or None when that batch is not committed."""
+        path = self.commit_path(batch_id)
+        try:
+            data = self.storage.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        return CommitRecord.decode(data, path)
+
+    def write_commit(self, record: CommitRecord) -> None:
+        self.storage.write_atomic(self.commit_path(record.batch_id), record.encode())
+
+    def committed_batch_ids(self) -> list[int]:
+        """Every committed batch id, ascending (lists the commits directory)."""
+        names = self.storage.list_names(f"{self.root}/commits")
+        return sorted(int(m[1]) for n in names if (m := _COMMIT_NAME.match(n)))
+
+    def commits_after(self, batch_id: int, *, scan_gaps: bool = False) -> Iterator[CommitRecord]:
+        """Committed batches after ``batch_id`` in order.
+
+        Spark numbers micro-batches consecutively and the sink commits every one, so the
+        next batch is found by probing its file name, which is cheap enough to poll. With
+        ``scan_gaps`` a missing id makes it list the directory once, so a gap (an id Spark
+        skipped, e.g. after its checkpoint was restored from a backup) cannot stall a reader;
+        readers pass it now and then, not on every poll.
+        """
+        next_id = batch_id + 1
+        while True:
+            record = self.read_commit(next_id)
+            if record is None:
+                if not scan_gaps:
+                    return
+                later = [b for b in self.committed_batch_ids() if b > next_id]
+                if not later:
+                    return
+                next_id = later[0]
+                continue
+            yield record
+            next_id += 1
+
+    # -- segments ----------------------------------------------------------------------------
+
+    def write_segment(
+        self, partition: int, batch_id: int, changes: dict[bytes, bytes | None]
+    ) -> SegmentInfo:
+        return write_segment(
+            self.storage,
+            self.segment_path(partition, batch_id),
+            self.table,
+            partition,
+            batch_id,
+            changes,
+        )
+
+    def read_segment(
+        self, record: CommitRecord, partition: int
+    ) -> tuple[list[bytes], list[bytes | None]]:
+        """The verified changes of ``partition`` in a committed batch (empty if none)."""
+        info = record.segments.get(partition)
+        if info is None:
+            return [], []
+        return read_segment(
+            self.storage,
+            self.segment_path(partition, record.batch_id),
+            info,
+            self.table,
+            record.batch_id,
+        )

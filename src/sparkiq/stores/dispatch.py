@@ -1,0 +1,265 @@
+"""Query dispatch: a registry of handlers keyed by (store type, query type).
+
+A handler answers one query type on one kind of store::
+
+    @register(MyQuery)                 # for PartitionStore, the built-in store
+    def count_prefix(store, query, ctx) -> QueryResult: ...
+
+    @register(MyQuery, MyCustomStore)  # or for a store class of your own
+    def ...
+
+Lookup walks the method resolution order of both the store's and the query's class, so a
+handler registered for a base class serves its subclasses. A query with no handler fails with
+``FailureReason.UNKNOWN_QUERY_TYPE``; registering never affects other query types.
+
+:func:`execute` wraps every handler with what all queries share: the position-bound check,
+store-failure capture (``STORE_EXCEPTION``) and execution info.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sparkiq.errors import InvalidQueryError, StoreError
+from sparkiq.query.position import Position, PositionBound
+from sparkiq.query.queries import (
+    KeyQuery,
+    Query,
+    RangeQuery,
+    ResultOrder,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
+from sparkiq.query.result import FailureReason, QueryResult, RowIterator
+from sparkiq.schema.codec import (
+    prefix_end,
+    timestamp_from_internal,
+    timestamp_ntz_from_internal,
+    timestamp_ntz_to_internal,
+    timestamp_to_internal,
+)
+from sparkiq.stores.partition import PartitionStore
+
+_UNBOUNDED = PositionBound.unbounded()
+
+__all__ = ["QueryContext", "Handler", "execute", "handler_for", "register"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueryContext:
+    """What a handler may need besides the store and the query."""
+
+    bound: PositionBound = _UNBOUNDED
+    collect_execution_info: bool = False
+
+
+Handler = Callable[[Any, Any, QueryContext], QueryResult[Any]]
+H = TypeVar("H", bound=Handler)
+
+_registry: dict[tuple[type, type], Handler] = {}
+_lock = threading.Lock()
+
+
+def register(query_type: type[Query], store_type: type = PartitionStore) -> Callable[[H], H]:
+    """Register the decorated function as the handler of ``query_type`` on ``store_type``."""
+    if not (isinstance(query_type, type) and issubclass(query_type, Query)):
+        raise TypeError(f"register() takes a Query subclass, got {query_type!r}")
+
+    def decorate(fn: H) -> H:
+        with _lock:
+            _registry[(store_type, query_type)] = fn
+            handler_for.cache_clear()
+        return fn
+
+    return decorate
+
+
+def _lookup(store_type: type, query_type: type) -> Handler | None:
+    for s in store_type.__mro__:
+        for q in query_type.__mro__:
+            found = _registry.get((s, q))
+            if found is not None:
+                return found
+    return None
+
+
+class _HandlerCache:
+    """A tiny memo of handler lookups, cleared whenever the registry changes."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[type, type], Handler | None] = {}
+
+    def __call__(self, store_type: type, query_type: type) -> Handler | None:
+        key = (store_type, query_type)
+        try:
+            return self._memo[key]
+        except KeyError:
+            found = self._memo[key] = _lookup(store_type, query_type)
+            return found
+
+    def cache_clear(self) -> None:
+        self._memo = {}
+
+
+handler_for = _HandlerCache()
+
+
+def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
+    """Answer ``query`` on one partition ``store``; failures come back as values."""
+    started = time.perf_counter_ns() if ctx.collect_execution_info else 0
+    handler = handler_for(type(store), type(query))
+    if handler is None:
+        return QueryResult.for_failure(
+            FailureReason.UNKNOWN_QUERY_TYPE,
+            f"store {getattr(store, 'table', type(store).__name__)!r} has no handler for "
+            f"{type(query).__name__}; register one with sparkiq.stores.dispatch.register()",
+        )
+    position = getattr(store, "position", Position.empty())
+    table = getattr(store, "table", "")
+    if not ctx.bound.admits(table, position):
+        return QueryResult.for_failure(
+            FailureReason.NOT_UP_TO_BOUND,
+            f"partition {getattr(store, 'partition', '?')} of {table!r} is at {position!r}, "
+            f"behind the requested bound {ctx.bound!r}: retry later or on another replica",
+            position,
+        )
+    try:
+        result = handler(store, query, ctx)
+    except InvalidQueryError:
+        raise
+    except (StoreError, OSError) as exc:
+        return QueryResult.for_failure(
+            FailureReason.STORE_EXCEPTION,
+            f"store {table!r} partition {getattr(store, 'partition', '?')} failed: {exc}",
+        )
+    if ctx.collect_execution_info:
+        took_us = (time.perf_counter_ns() - started) / 1000
+        result = result.with_execution_info(
+            f"{type(query).__name__} on {table}[{getattr(store, 'partition', '?')}] "
+            f"by {getattr(handler, '__qualname__', handler)} in {took_us:.1f} us"
+        )
+    return result
+
+
+# -- built-in handlers --------------------------------------------------------------------------
+
+
+@register(KeyQuery)
+def _key_query(store: PartitionStore, query: KeyQuery, ctx: QueryContext) -> QueryResult[Any]:
+    if store.schema.window_column is not None:
+        raise InvalidQueryError(
+            f"{store.table!r} is windowed: use WindowKeyQuery to read a key's windows",
+            store=store.table,
+        )
+    row, position = store.get(store.keys.to_internal(query.key))
+    return QueryResult.for_result(row, position)
+
+
+@register(RangeQuery)
+def _range_query(store: PartitionStore, query: RangeQuery, ctx: QueryContext) -> QueryResult[Any]:
+    keys = store.keys
+    lower = keys.key_prefix(keys.to_internal(query.lower)) if query.has_lower else None
+    upper_exclusive = False
+    upper: bytes | None = None
+    if query.has_upper:
+        upper_prefix = keys.key_prefix(keys.to_internal(query.upper))
+        if store.schema.window_column is None:
+            upper = upper_prefix
+        else:  # every window of the upper key is inside the range
+            upper, upper_exclusive = prefix_end(upper_prefix), True
+    reverse = query.order is ResultOrder.DESCENDING
+    iterator, position = store.scan(lower, upper, reverse=reverse, upper_exclusive=upper_exclusive)
+    return QueryResult.for_result(_rows(store, iterator), position)
+
+
+@register(WindowKeyQuery)
+def _window_key_query(
+    store: PartitionStore, query: WindowKeyQuery, ctx: QueryContext
+) -> QueryResult[Any]:
+    _require_windowed(store)
+    prefix = store.keys.key_prefix(store.keys.to_internal(query.key))
+    return _window_scan(store, prefix, prefix, query.time_from, query.time_to)
+
+
+@register(WindowRangeQuery)
+def _window_range_query(
+    store: PartitionStore, query: WindowRangeQuery, ctx: QueryContext
+) -> QueryResult[Any]:
+    _require_windowed(store)
+    return _window_scan(store, None, None, query.time_from, query.time_to)
+
+
+def _require_windowed(store: PartitionStore) -> None:
+    if store.schema.window_column is None:
+        raise InvalidQueryError(
+            f"{store.table!r} is not windowed: use KeyQuery or RangeQuery", store=store.table
+        )
+
+
+def _window_scan(
+    store: PartitionStore,
+    lower_prefix: bytes | None,
+    upper_prefix: bytes | None,
+    time_from: dt.datetime | None,
+    time_to: dt.datetime | None,
+) -> QueryResult[Any]:
+    keys = store.keys
+    to_internal, _ = _window_time_codec(store)
+    start_us = to_internal(time_from) if time_from is not None else None
+    end_us = to_internal(time_to) if time_to is not None else None
+    upper = prefix_end(upper_prefix) if upper_prefix is not None else None
+    iterator, position = store.scan(lower_prefix, upper, upper_exclusive=upper is not None)
+
+    def items() -> Any:
+        decode_windowed, from_internal, decode_row = (
+            keys.decode_windowed,
+            keys.from_internal,
+            store.rows.decode,
+        )
+        _, window_from_internal = _window_time_codec(store)
+        for raw_key, raw_row in iterator:
+            internal_key, window_start = decode_windowed(raw_key)
+            if start_us is not None and window_start < start_us:
+                continue
+            if end_us is not None and window_start > end_us:
+                continue
+            yield (
+                (from_internal(internal_key), window_from_internal(window_start)),
+                decode_row(raw_row),
+            )
+
+    return QueryResult.for_result(RowIterator(items(), iterator.close), position)
+
+
+def _rows(store: PartitionStore, iterator: Any) -> RowIterator:
+    if store.schema.window_column is None:
+        return RowIterator(store.decoded(iterator), iterator.close)
+    keys = store.keys
+    _, window_from_internal = _window_time_codec(store)
+
+    def windowed() -> Any:
+        for raw_key, raw_row in iterator:
+            internal_key, window_start = keys.decode_windowed(raw_key)
+            yield (
+                (keys.from_internal(internal_key), window_from_internal(window_start)),
+                store.rows.decode(raw_row),
+            )
+
+    return RowIterator(windowed(), iterator.close)
+
+
+def _window_time_codec(store: PartitionStore) -> tuple[Any, Any]:
+    """Converters between window starts as PySpark returns them and internal microseconds."""
+    start_type = store.schema.window_start_type
+    if start_type is not None and start_type.name == "timestamp_ntz":
+        return timestamp_ntz_to_internal, _optional(timestamp_ntz_from_internal)
+    return timestamp_to_internal, _optional(timestamp_from_internal)
+
+
+def _optional(convert: Any) -> Any:
+    return lambda value: None if value is None else convert(value)
