@@ -1,0 +1,277 @@
+"""A serving node: hosts replicas of the tables in a ``state_dir`` and answers queries.
+
+This node hosts every partition of every table it finds (the embedded mode the
+:class:`~sparkiq.App` starts). A background thread tails the changelog; an in-process writer
+may also :meth:`Node.notify` it right after a commit so that new batches become queryable
+without waiting for the next poll.
+
+Queries never block on the tailer: each partition answers from its last applied batch, with
+the position it is at.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sparkiq.changelog import Changelog, list_tables, open_storage
+from sparkiq.changelog.replica import (
+    ReplicaStatus,
+    StoreFactory,
+    TableReplica,
+    memory_factory,
+    rocksdb_factory,
+)
+from sparkiq.errors import ConfigError, SparkiqError, UnknownStoreError
+from sparkiq.query.position import Position
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
+from sparkiq.schema.codec import KeyCodec
+from sparkiq.schema.partitioner import Partitioner
+from sparkiq.stores.dispatch import QueryContext, execute
+
+__all__ = ["Node"]
+
+log = logging.getLogger("sparkiq.node")
+
+
+class Node:
+    """Hosts replicas of the tables under ``state_dir`` and answers queries on them.
+
+    ``local_dir`` holds the replicas' RocksDB files (default: ``<state_dir>/replicas/<node_id>``
+    for a local ``state_dir``; required for a remote one). ``store="memory"`` keeps replicas
+    in memory instead (nothing survives a restart). ``poll_interval`` is how often, in seconds,
+    the changelog is checked for new commits. ``partitions`` limits what is hosted:
+    ``{"table": [0, 3]}`` hosts only those partitions of that table (tables not named are
+    hosted whole); queries for other partitions fail with ``NOT_PRESENT``.
+    """
+
+    def __init__(
+        self,
+        state_dir: str,
+        *,
+        node_id: str = "local",
+        local_dir: str | None = None,
+        store: str = "rocksdb",
+        poll_interval: float = 0.02,
+        partitions: Mapping[str, Iterable[int]] | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self._only = {t: frozenset(ps) for t, ps in (partitions or {}).items()}
+        self.node_id = node_id
+        storage = open_storage(state_dir)
+        if store not in ("rocksdb", "memory"):
+            raise ConfigError(f"store must be 'rocksdb' or 'memory', got {store!r}")
+        if local_dir is None and store == "rocksdb":
+            if not storage.is_local:
+                raise ConfigError(
+                    f"state_dir {state_dir!r} is remote: pass local_dir= (or SPARKIQ_LOCAL_DIR) "
+                    "for the replicas' local RocksDB files"
+                )
+            local_dir = os.path.join(storage.root, "replicas", node_id)
+        self.local_dir = local_dir
+        self.store_kind = store
+        if not (isinstance(poll_interval, int | float) and poll_interval > 0):
+            raise ConfigError(f"poll_interval must be a positive number, got {poll_interval!r}")
+        self.poll_interval = float(poll_interval)
+        self._tables: dict[str, TableReplica] = {}
+        self._routers: dict[str, tuple[Any, Partitioner]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._applied = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.RLock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Node:
+        """Open the replicas of every table in ``state_dir`` and start tailing. Idempotent."""
+        with self._lock:
+            if self._thread is not None:
+                return self
+            self.refresh_tables()
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, name=f"sparkiq-tailer-{self.node_id}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop tailing and close every replica. Idempotent."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            self._wake.set()
+            thread.join()
+        with self._lock:
+            for replica in self._tables.values():
+                replica.close()
+            self._tables.clear()
+            self._routers.clear()
+
+    def __enter__(self) -> Node:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def refresh_tables(self) -> list[str]:
+        """Host any table that appeared in ``state_dir`` since the last call; return new ones."""
+        added = []
+        for name in list_tables(self.state_dir):
+            if name not in self._tables:
+                self._host(name)
+                added.append(name)
+        return added
+
+    def _host(self, name: str) -> None:
+        changelog = Changelog(self.state_dir, name)
+        manifest = changelog.manifest()
+        factory: StoreFactory
+        if self.store_kind == "memory":
+            factory = memory_factory
+        else:
+            assert self.local_dir is not None
+            factory = rocksdb_factory(self.local_dir, manifest)
+        hosted = self._only.get(name, range(manifest.partitions))
+        replica = TableReplica(changelog, hosted, factory)
+        with self._lock:
+            self._tables[name] = replica
+            self._routers[name] = (
+                KeyCodec(manifest.schema),
+                Partitioner(manifest.schema.key_types, manifest.partitions),
+            )
+
+    def notify(self, table: str | None = None) -> None:
+        """Tell the tailer a batch was just committed, so it polls now."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        last_refresh = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self.poll_once()
+            if time.monotonic() - last_refresh > 1.0:
+                last_refresh = time.monotonic()
+                try:
+                    self.refresh_tables()
+                except Exception:  # a half-created table: try again next time
+                    log.exception("refreshing tables of %s failed", self.state_dir)
+
+    def poll_once(self) -> int:
+        """Apply whatever was committed since the last poll; return the applications made."""
+        applied = 0
+        for replica in list(self._tables.values()):
+            try:
+                applied += replica.poll()
+            except Exception:
+                log.exception("tailing %s failed; retrying on the next poll", replica.table)
+        if applied:
+            with self._applied:
+                self._applied.notify_all()
+        return applied
+
+    def wait_for(self, table: str, batch_id: int, timeout: float | None = None) -> bool:
+        """Block until every hosted partition of ``table`` applied ``batch_id``."""
+        replica = self._table(table)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._applied:
+            while (
+                min((r.batch_id for r in replica.partitions.values()), default=batch_id) < batch_id
+            ):
+                if any(r.error for r in replica.partitions.values()):
+                    return False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._wake.set()
+                self._applied.wait(0.05 if remaining is None else min(0.05, remaining))
+        return True
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def tables(self) -> list[str]:
+        return sorted(self._tables)
+
+    def _table(self, store: str) -> TableReplica:
+        try:
+            return self._tables[store]
+        except KeyError:
+            raise UnknownStoreError(
+                f"unknown store {store!r}; this node serves {sorted(self._tables)}", store=store
+            ) from None
+
+    def partition_for_key(self, store: str, key: Any) -> int:
+        """The partition holding ``key`` (validates the key against the table's key columns)."""
+        self._table(store)
+        codec, partitioner = self._routers[store]
+        return int(partitioner(codec.to_internal(key)))
+
+    def get(self, store: str, key: Any) -> dict[str, Any] | None:
+        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery."""
+        try:
+            codec, partitioner = self._routers[store]
+        except KeyError:
+            self._table(store)
+            raise
+        internal = codec.to_internal(key)
+        partition = partitioner(internal)
+        replica = self._tables[store].partitions.get(partition)
+        if replica is None:
+            raise SparkiqError(
+                f"partition {partition} of {store!r}, which holds key {key!r}, is not hosted on "
+                f"node {self.node_id!r}; use query() to get a NOT_PRESENT result instead",
+                store=store,
+                partition=partition,
+            )
+        return replica.store.get(internal)[0]
+
+    def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer ``request`` from the partitions hosted here; failures are per partition."""
+        replica = self._table(request.store)
+        count = replica.manifest.partitions
+        if request.partitions is not None:
+            partitions: Iterable[int] = sorted(request.partitions)
+        elif request.query.single_key:
+            partitions = (self.partition_for_key(request.store, request.query.routing_key()),)
+        else:
+            partitions = range(count)
+        ctx = QueryContext(request.bound, request.is_execution_info_enabled)
+        results: dict[int, QueryResult[Any]] = {}
+        for partition in partitions:
+            if not 0 <= partition < count:
+                results[partition] = QueryResult.for_failure(
+                    FailureReason.DOES_NOT_EXIST,
+                    f"{request.store!r} has partitions 0..{count - 1}; partition {partition} "
+                    "does not exist",
+                )
+                continue
+            hosted = replica.partitions.get(partition)
+            if hosted is None:
+                results[partition] = QueryResult.for_failure(
+                    FailureReason.NOT_PRESENT,
+                    f"partition {partition} of {request.store!r} is not hosted on node "
+                    f"{self.node_id!r}: ask the node that hosts it",
+                )
+                continue
+            results[partition] = execute(hosted.store, request.query, ctx)
+        return StateQueryResult(results)
+
+    def status(self) -> list[ReplicaStatus]:
+        return [s for r in self._tables.values() for s in r.status()]
+
+    def position(self, store: str) -> Position:
+        merged = Position.empty()
+        for replica in self._table(store).partitions.values():
+            merged = merged.merge(replica.store.position)
+        return merged

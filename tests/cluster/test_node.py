@@ -1,0 +1,225 @@
+"""A node over a hand-written changelog: applying, resuming, ranges and failure values."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkiq import (
+    FailureReason,
+    KeyQuery,
+    Node,
+    Position,
+    PositionBound,
+    Query,
+    QueryContext,
+    QueryResult,
+    RangeQuery,
+    ResultOrder,
+    StateQueryRequest,
+    register,
+)
+from sparkiq.errors import InvalidQueryError, UnknownStoreError
+from sparkiq.stores.partition import PartitionStore
+from tests.changelog.helpers import expected_rows, make_table, write_batch
+
+HISTORY: list[dict[str, int | None]] = [
+    {f"k{i:03d}": i for i in range(100)},
+    {f"k{i:03d}": i * 10 for i in range(0, 100, 3)},
+    {f"k{i:03d}": None for i in range(0, 100, 7)} | {"new": 1},
+]
+
+
+@pytest.fixture(params=["rocksdb", "memory"])
+def node(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Any:
+    changelog = make_table(str(tmp_path))
+    for batch_id, rows in enumerate(HISTORY):
+        write_batch(changelog, batch_id, rows)
+    with Node(str(tmp_path), store=request.param) as started:
+        started.poll_once()
+        yield started
+
+
+def all_rows(node: Node, query: Query) -> list[tuple[Any, dict[str, Any]]]:
+    result = node.query(StateQueryRequest.in_store("t").with_query(query))
+    rows: list[tuple[Any, dict[str, Any]]] = []
+    for partition_result in result.partition_results.values():
+        assert partition_result.is_success, partition_result
+        rows.extend(partition_result.result)
+    return rows
+
+
+def test_every_key_equals_the_ground_truth(node: Node) -> None:
+    expected = expected_rows(HISTORY)
+    for i in range(100):
+        key = f"k{i:03d}"
+        assert node.get("t", key) == expected.get(key)
+        result = node.query(StateQueryRequest.in_store("t").with_query(KeyQuery.with_key(key)))
+        only = result.only_partition_result()
+        assert only.result == expected.get(key)
+        assert only.position.partition_offsets("t") == {node.partition_for_key("t", key): 2}
+    assert node.get("t", "absent") is None
+
+
+def test_ranges_equal_the_ground_truth(node: Node) -> None:
+    expected = expected_rows(HISTORY)
+    got = sorted(all_rows(node, RangeQuery.with_range("k010", "k050")))
+    assert got == sorted((k, v) for k, v in expected.items() if "k010" <= k <= "k050")
+    assert sorted(all_rows(node, RangeQuery.with_no_bounds())) == sorted(expected.items())
+    assert sorted(all_rows(node, RangeQuery.with_lower_bound("k090"))) == sorted(
+        (k, v) for k, v in expected.items() if k >= "k090"
+    )
+    per_partition = node.query(
+        StateQueryRequest.in_store("t").with_query(
+            RangeQuery.with_upper_bound("k020").with_result_order(ResultOrder.DESCENDING)
+        )
+    )
+    for result in per_partition.partition_results.values():
+        keys = [k for k, _ in result.result]
+        assert keys == sorted(keys, reverse=True)
+        assert all(k <= "k020" for k in keys)
+
+
+def test_partition_failures_are_values(tmp_path: os.PathLike[str]) -> None:
+    changelog = make_table(str(tmp_path), partitions=4)
+    write_batch(changelog, 0, {"a": 1, "b": 2})
+    with Node(str(tmp_path), store="memory", partitions={"t": [0, 1]}) as node:
+        node.poll_once()
+        result = node.query(
+            StateQueryRequest.in_store("t")
+            .with_query(RangeQuery.with_no_bounds())
+            .with_partitions([0, 2, 9])
+        )
+        assert result.partition_results[0].is_success
+        not_present = result.partition_results[2]
+        assert not_present.failure_reason is FailureReason.NOT_PRESENT
+        assert "not hosted" in (not_present.failure_message or "")
+        missing = result.partition_results[9]
+        assert missing.failure_reason is FailureReason.DOES_NOT_EXIST
+        assert "0..3" in (missing.failure_message or "")
+
+
+def test_a_bound_beyond_the_replica_fails_that_partition_only(node: Node) -> None:
+    bound = PositionBound.at(Position.from_map({"t": {0: 2}}))
+    ok = node.query(
+        StateQueryRequest.in_store("t")
+        .with_query(RangeQuery.with_no_bounds())
+        .with_position_bound(bound)
+    )
+    assert all(r.is_success for r in ok.partition_results.values())
+    for r in ok.partition_results.values():
+        list(r.result)
+    future = PositionBound.at(Position.from_map({"t": {0: 3}}))
+    behind = node.query(
+        StateQueryRequest.in_store("t")
+        .with_query(KeyQuery.with_key("k001"))
+        .with_position_bound(future)
+    ).only_partition_result()
+    assert behind.failure_reason is FailureReason.NOT_UP_TO_BOUND
+    assert "retry" in (behind.failure_message or "")
+
+
+def test_unknown_store_and_bad_keys_raise_clear_errors(node: Node) -> None:
+    with pytest.raises(UnknownStoreError, match=r"'nope'.*serves \['t'\]"):
+        node.get("nope", "a")
+    with pytest.raises(InvalidQueryError, match="key column 'k' is string"):
+        node.get("t", 5)
+    with pytest.raises(InvalidQueryError):
+        node.query(StateQueryRequest.in_store("t").with_query(RangeQuery.with_range(1, 2)))
+
+
+class CountQuery(Query):
+    """Counts the rows of a partition: an example of a user-defined query type."""
+
+    __slots__ = ()
+
+
+class UnhandledQuery(Query):
+    __slots__ = ()
+
+
+@register(CountQuery)
+def _count(store: PartitionStore, query: CountQuery, ctx: QueryContext) -> QueryResult[int]:
+    iterator, position = store.scan(None, None)
+    with iterator:
+        return QueryResult.for_result(sum(1 for _ in iterator), position)
+
+
+def test_custom_query_types_dispatch_through_the_registry(node: Node) -> None:
+    result = node.query(StateQueryRequest.in_store("t").with_query(CountQuery()))
+    assert sum(r.result for r in result.partition_results.values()) == len(expected_rows(HISTORY))
+    unknown = node.query(StateQueryRequest.in_store("t").with_query(UnhandledQuery()))
+    for r in unknown.partition_results.values():
+        assert r.failure_reason is FailureReason.UNKNOWN_QUERY_TYPE
+        assert "UnhandledQuery" in (r.failure_message or "")
+
+
+def test_store_failure_is_a_store_exception_value(tmp_path: os.PathLike[str]) -> None:
+    changelog = make_table(str(tmp_path))
+    write_batch(changelog, 0, {"a": 1})
+    node = Node(str(tmp_path)).start()
+    node.poll_once()
+    partition = node.partition_for_key("t", "a")
+    node._tables["t"].partitions[partition].store.store.close()  # the disk went away
+    result = node.query(StateQueryRequest.in_store("t").with_query(KeyQuery.with_key("a")))
+    failure = result.only_partition_result()
+    assert failure.failure_reason is FailureReason.STORE_EXCEPTION
+    assert "closed" in (failure.failure_message or "")
+    node.stop()
+
+
+def test_execution_info_names_the_partition_and_handler(node: Node) -> None:
+    result = node.query(
+        StateQueryRequest.in_store("t")
+        .with_query(KeyQuery.with_key("k001"))
+        .enable_execution_info()
+    ).only_partition_result()
+    assert len(result.execution_info) == 1 and "KeyQuery on t[" in result.execution_info[0]
+
+
+def test_restart_resumes_from_local_files(tmp_path: os.PathLike[str]) -> None:
+    changelog = make_table(str(tmp_path))
+    write_batch(changelog, 0, HISTORY[0])
+    with Node(str(tmp_path)) as node:
+        node.poll_once()
+    write_batch(changelog, 1, HISTORY[1])
+    write_batch(changelog, 2, HISTORY[2])
+    node = Node(str(tmp_path))
+    node.refresh_tables()
+    # Before any poll, the local files already hold batch 0 for every partition.
+    assert {s.batch_id for s in node.status()} == {0}
+    applied = node.poll_once()
+    assert applied == 2 * 4  # two new batches on four partitions, nothing re-applied
+    expected = expected_rows(HISTORY)
+    assert all(node.get("t", k) == v for k, v in expected.items())
+    node.stop()
+
+
+def test_a_corrupted_segment_stops_only_its_partition(tmp_path: os.PathLike[str]) -> None:
+    changelog = make_table(str(tmp_path))
+    write_batch(changelog, 0, HISTORY[0])
+    record = write_batch(changelog, 1, HISTORY[1])
+    write_batch(changelog, 2, HISTORY[2])
+    bad = sorted(record.segments)[0]
+    path = changelog.segment_path(bad, 1)
+    data = bytearray(Path(path).read_bytes())
+    data[-30] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    with Node(str(tmp_path), store="memory") as node:
+        node.poll_once()
+        status = {s.partition: s for s in node.status()}
+        assert status[bad].batch_id == 0 and not status[bad].healthy
+        assert path in (status[bad].error or "")
+        assert all(s.batch_id == 2 and s.healthy for p, s in status.items() if p != bad)
+        # The stuck partition answers only unbounded queries, at its true position.
+        bound = PositionBound.at(Position.from_map({"t": {0: 2}}))
+        result = node.query(
+            StateQueryRequest.in_store("t")
+            .with_query(RangeQuery.with_no_bounds())
+            .with_position_bound(bound)
+        )
+        assert result.partition_results[bad].failure_reason is FailureReason.NOT_UP_TO_BOUND
+        assert all(r.is_success for p, r in result.partition_results.items() if p != bad)
