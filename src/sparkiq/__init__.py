@@ -1,0 +1,73 @@
+"""sparkiq: interactive queries over the live state of PySpark Structured Streaming pipelines.
+
+The public API is what this module exports (see ``__all__``); everything else is private.
+Importing sparkiq has no side effects and does not start a JVM.
+"""
+
+from __future__ import annotations
+
+from sparkiq.cluster.node import Node
+from sparkiq.errors import (
+    ChangelogError,
+    ConfigError,
+    CorruptSegmentError,
+    InvalidQueryError,
+    LayoutMismatchError,
+    SchemaError,
+    SparkiqError,
+    StoreError,
+    UnknownStoreError,
+)
+from sparkiq.query import (
+    FailureReason,
+    KeyQuery,
+    Position,
+    PositionBound,
+    Query,
+    QueryResult,
+    RangeQuery,
+    ResultOrder,
+    RowIterator,
+    StateQueryRequest,
+    StateQueryResult,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
+from sparkiq.schema.partitioner import partition_for, spark_hash
+from sparkiq.spark.app import App, Table
+from sparkiq.stores.dispatch import QueryContext, register
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "App",
+    "ChangelogError",
+    "ConfigError",
+    "CorruptSegmentError",
+    "FailureReason",
+    "InvalidQueryError",
+    "KeyQuery",
+    "LayoutMismatchError",
+    "Node",
+    "Position",
+    "PositionBound",
+    "Query",
+    "QueryContext",
+    "QueryResult",
+    "RangeQuery",
+    "ResultOrder",
+    "RowIterator",
+    "SchemaError",
+    "SparkiqError",
+    "StateQueryRequest",
+    "StateQueryResult",
+    "StoreError",
+    "Table",
+    "UnknownStoreError",
+    "WindowKeyQuery",
+    "WindowRangeQuery",
+    "__version__",
+    "partition_for",
+    "register",
+    "spark_hash",
+]

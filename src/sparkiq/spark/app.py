@@ -1,0 +1,330 @@
+"""The embedded application: materialize streaming DataFrames and query them in-process.
+
+::
+
+    app = App(spark, state_dir="/data/sparkiq", name="shop")
+    app.materialize("revenue_by_product", revenue_df, key="product", partitions=8)
+    app.start()
+    app.process_all_available()
+    app.get("revenue_by_product", "p-17")
+
+:meth:`App.materialize` only validates and records what to run; :meth:`App.start` writes the
+table manifests, starts one Spark streaming query per table (its checkpoint lives under
+``state_dir``) and, unless ``local_node=False``, a :class:`~sparkiq.cluster.node.Node`
+hosting every partition. Starting an App on an existing ``state_dir`` resumes every table
+where it stopped: Spark from its checkpoint, the replicas from their local files.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sparkiq.changelog import Changelog, TableManifest, check_table_name, open_storage
+from sparkiq.cluster.node import Node
+from sparkiq.errors import ConfigError, SchemaError, SparkiqError, UnknownStoreError
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.types import TableSchema
+from sparkiq.spark.sink import TableSink
+
+__all__ = ["App", "Table"]
+
+log = logging.getLogger("sparkiq.app")
+
+_OUTPUT_MODES = ("update", "append", "complete")
+_MAX_PARTITIONS = 4096
+
+
+@dataclass
+class Table:
+    """A materialized table: its layout, and once started, its Spark query."""
+
+    name: str
+    manifest: TableManifest
+    dataframe: Any
+    trigger: dict[str, Any] | None = None
+    query: Any = None  # pyspark.sql.streaming.StreamingQuery once started
+    sink: TableSink | None = None
+
+    @property
+    def partitions(self) -> int:
+        return self.manifest.partitions
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return self.manifest.key_columns
+
+
+class App:
+    """Materializes streaming DataFrames as queryable tables in ``state_dir``.
+
+    ``state_dir`` is a local path or a URI pyarrow and Spark can both open (``s3://...``).
+    ``name`` names the application in logs and Spark query names. ``local_dir``, ``store`` and
+    ``poll_interval`` configure the local node (see :class:`~sparkiq.cluster.node.Node`).
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        state_dir: str,
+        name: str = "sparkiq",
+        *,
+        local_dir: str | None = None,
+        store: str = "rocksdb",
+        poll_interval: float = 0.02,
+    ) -> None:
+        if not hasattr(spark, "readStream"):
+            raise ConfigError(f"App() needs a SparkSession, got {type(spark).__name__}")
+        self.spark = spark
+        self.state_dir = state_dir
+        self.storage = open_storage(state_dir)
+        self.name = name
+        self._local_dir, self._store_kind, self._poll_interval = local_dir, store, poll_interval
+        self._tables: dict[str, Table] = {}
+        self.node: Node | None = None
+        self._started = False
+        self._lock = threading.Lock()
+
+    # -- defining tables ---------------------------------------------------------------------
+
+    def materialize(
+        self,
+        name: str,
+        df: Any,
+        key: str | Sequence[str],
+        partitions: int = 8,
+        *,
+        window: str | None = None,
+        tombstone: str | None = None,
+        output_mode: str = "update",
+        trigger: dict[str, Any] | None = None,
+    ) -> Table:
+        """Declare that streaming DataFrame ``df`` is materialized as table ``name``.
+
+        ``key`` is a column name or a list of names; every row of ``df`` is the current row of
+        its key (a later row for the same key replaces the earlier one). ``partitions`` is
+        fixed for the table's lifetime. ``window`` names the ``window()`` struct column of a
+        windowed aggregation: the table then keeps one row per key and window. ``tombstone``
+        names a boolean column: a row with ``True`` there deletes its key. ``output_mode`` is
+        Spark's (``update`` suits aggregations and plain keyed streams; ``complete`` replaces
+        the whole table every batch). ``trigger`` is passed to ``DataStreamWriter.trigger``
+        (e.g. ``{"processingTime": "1 second"}``).
+
+        Raises :class:`ConfigError` / :class:`SchemaError` / :class:`LayoutMismatchError`
+        naming the problem; nothing is written until :meth:`start`.
+        """
+        try:
+            check_table_name(name)
+        except ValueError as exc:
+            raise ConfigError(str(exc), store=str(name)) from None
+        if name in self._tables:
+            raise ConfigError(f"table {name!r} is already materialized in this App", store=name)
+        if self._started:
+            raise ConfigError("materialize() must be called before start()", store=name)
+        if not hasattr(df, "isStreaming") or not hasattr(df, "schema"):
+            raise ConfigError(
+                f"materialize() needs a DataFrame, got {type(df).__name__}", store=name
+            )
+        if not df.isStreaming:
+            raise ConfigError(
+                f"DataFrame for {name!r} is not streaming: build it from spark.readStream",
+                store=name,
+            )
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ConfigError(f"partitions must be a positive int, got {partitions!r}", store=name)
+        if partitions > _MAX_PARTITIONS:
+            raise ConfigError(
+                f"partitions={partitions} exceeds the maximum of {_MAX_PARTITIONS}", store=name
+            )
+        key_columns = (key,) if isinstance(key, str) else tuple(key)
+        if not key_columns or not all(isinstance(k, str) and k for k in key_columns):
+            raise ConfigError(
+                f"key must be a column name or a non-empty list of names, got {key!r}", store=name
+            )
+        if len(set(key_columns)) != len(key_columns):
+            raise ConfigError(f"key lists a column twice: {list(key_columns)}", store=name)
+        if output_mode not in _OUTPUT_MODES:
+            raise ConfigError(
+                f"output_mode must be one of {list(_OUTPUT_MODES)}, got {output_mode!r}",
+                store=name,
+            )
+        try:
+            schema = TableSchema.from_spark_json(df.schema.json(), key_columns, window)
+        except SchemaError as exc:
+            raise SchemaError(f"cannot materialize {name!r}: {exc.message}", store=name) from None
+        stored = schema
+        if tombstone is not None:
+            if tombstone not in schema.column_names:
+                raise SchemaError(
+                    f"tombstone column {tombstone!r} is not a column of {name!r}; columns are "
+                    f"{list(schema.column_names)}",
+                    store=name,
+                )
+            if schema.field(tombstone).type.name != "boolean":
+                raise SchemaError(f"tombstone column {tombstone!r} must be boolean", store=name)
+            if tombstone in key_columns:
+                raise SchemaError(f"tombstone column {tombstone!r} cannot be a key column")
+            stored = TableSchema(
+                tuple(f for f in schema.fields if f.name != tombstone), key_columns, window
+            )
+        manifest = TableManifest(
+            name=name,
+            schema=stored,
+            partitions=partitions,
+            output_mode=output_mode,
+            tombstone_column=tombstone,
+        )
+        changelog = Changelog(self.state_dir, name)
+        if changelog.exists():  # refuse a layout change now, before anything runs
+            existing = changelog.manifest()
+            diffs = existing.differences(manifest)
+            if diffs:
+                from sparkiq.errors import LayoutMismatchError
+
+                raise LayoutMismatchError(
+                    f"table {name!r} in {self.state_dir!r} was created with another layout: "
+                    + "; ".join(diffs)
+                    + " (requested != existing). Materialize under a new name, or delete "
+                    f"{changelog.root!r} to start the table over.",
+                    store=name,
+                )
+        table = Table(name, manifest, df, trigger)
+        self._tables[name] = table
+        return table
+
+    @property
+    def tables(self) -> dict[str, Table]:
+        return dict(self._tables)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def start(self, local_node: bool = True) -> App:
+        """Start every table's Spark query and, by default, a local node serving them."""
+        with self._lock:
+            if self._started:
+                return self
+            if not self._tables:
+                raise ConfigError("nothing to start: call materialize() first")
+            for table in self._tables.values():
+                changelog = Changelog(self.state_dir, table.name)
+                table.manifest = table.manifest.ensure_written(
+                    changelog.storage, changelog.manifest_path
+                )
+                self._check_checkpoint(changelog)
+            if local_node:
+                self.node = Node(
+                    self.state_dir,
+                    local_dir=self._local_dir,
+                    store=self._store_kind,
+                    poll_interval=self._poll_interval,
+                ).start()
+            for table in self._tables.values():
+                self._start_query(table)
+            self._started = True
+        return self
+
+    def _check_checkpoint(self, changelog: Changelog) -> None:
+        committed = changelog.committed_batch_ids()
+        checkpoint = self.storage.path("checkpoints", changelog.table, "offsets")
+        if committed and not self.storage.list_names(checkpoint):
+            raise ConfigError(
+                f"table {changelog.table!r} has {len(committed)} committed batches but its Spark "
+                f"checkpoint at {checkpoint!r} is gone, so Spark would start over at batch 0. "
+                "Restore the checkpoint, or delete the table's directory to rebuild it.",
+                store=changelog.table,
+            )
+
+    def _start_query(self, table: Table) -> None:
+        node = self.node
+        sink = TableSink(
+            self.state_dir,
+            table.manifest,
+            on_commit=(lambda record: node.notify(record.table)) if node is not None else None,
+        )
+        writer = (
+            table.dataframe.writeStream.queryName(f"sparkiq.{self.name}.{table.name}")
+            .outputMode(table.manifest.output_mode)
+            .option("checkpointLocation", Changelog(self.state_dir, table.name).checkpoint_location)
+            .foreachBatch(sink)
+        )
+        if table.trigger:
+            writer = writer.trigger(**table.trigger)
+        table.sink = sink
+        table.query = writer.start()
+
+    def process_all_available(self, timeout: float | None = None) -> None:
+        """Wait until every query processed all available input and the local node applied
+        every batch committed so far. Raises if a query failed."""
+        self._require_started()
+        for table in self._tables.values():
+            query = table.query
+            query.processAllAvailable()
+            error = query.exception()
+            if error is not None:
+                raise SparkiqError(
+                    f"the Spark query of {table.name!r} failed: {error}", store=table.name
+                )
+        if self.node is None:
+            return
+        for table in self._tables.values():
+            assert table.sink is not None
+            batch_id = table.sink.last_batch_id
+            if batch_id >= 0 and not self.node.wait_for(table.name, batch_id, timeout):
+                failing = [s for s in self.node.status() if s.table == table.name and s.error]
+                raise SparkiqError(
+                    f"local replicas of {table.name!r} did not reach batch {batch_id}"
+                    + (f": {failing[0].error}" if failing else f" within {timeout} s"),
+                    store=table.name,
+                )
+
+    def stop(self) -> None:
+        """Stop the Spark queries, then the local node. Idempotent."""
+        with self._lock:
+            for table in self._tables.values():
+                if table.query is not None:
+                    try:
+                        table.query.stop()
+                    except Exception:  # already stopped or the session is gone
+                        log.debug("stopping %s", table.name, exc_info=True)
+                    table.query = None
+            if self.node is not None:
+                self.node.stop()
+                self.node = None
+            self._started = False
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def _require_node(self) -> Node:
+        if self.node is None:
+            raise ConfigError(
+                "this App has no local node: call start() (with local_node=True) first"
+            )
+        return self.node
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise ConfigError("the App is not started: call start() first")
+
+    def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer an IQv2-style request from the local node."""
+        return self._require_node().query(request)
+
+    def get(self, store: str, key: Any) -> dict[str, Any] | None:
+        """The current row of ``key`` in table ``store`` as a dict, or None."""
+        node = self._require_node()
+        if store not in self._tables and store not in node.tables:
+            raise UnknownStoreError(
+                f"unknown store {store!r}; materialized tables: {sorted(self._tables)}",
+                store=store,
+            )
+        return node.get(store, key)

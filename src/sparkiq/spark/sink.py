@@ -1,0 +1,206 @@
+"""The table sink: Spark's ``foreachBatch`` function that writes a table's changelog.
+
+For every micro-batch ``b`` of the table's streaming query:
+
+1. if the commit record of ``b`` exists, only evaluate the batch (Spark's state stores must
+   commit it) and return: Spark re-runs a batch after a failure (at-least-once
+   ``foreachBatch``), and a committed batch must not be written twice;
+2. tag each row with its partition ``pmod(hash(key columns), P)`` using Spark's own
+   ``hash``, shuffle so each partition's rows meet in one task, and let that task (on an
+   executor) encode the rows and write one checksummed segment per partition;
+3. collect only the segments' facts (partition, rows, size, sha256) to the driver;
+4. write the commit record with the batch's source end offsets, read from Spark's offset log
+   of the same batch in the query's checkpoint.
+
+A crash before step 4 leaves segments no commit record lists: readers ignore them and the
+re-run rewrites identical files (a segment's bytes are a function of its rows). A crash after
+step 4 makes the re-run a no-op. Either way each batch is applied exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkiq.changelog import Changelog, CommitRecord, SegmentInfo, TableManifest
+from sparkiq.changelog.storage import open_storage
+from sparkiq.errors import ChangelogError
+from sparkiq.schema.codec import KeyCodec, RowCodec
+
+__all__ = ["TableSink", "CRASH_ENV"]
+
+log = logging.getLogger("sparkiq.sink")
+
+PARTITION_COLUMN = "__sparkiq_partition"
+
+#: Fault injection for tests of exactly-once: ``"<point>:<table>:<batch_id>"`` makes the
+#: driver process exit abruptly at that point (``before_commit`` or ``after_commit``).
+CRASH_ENV = "SPARKIQ_TEST_CRASH_AT"
+
+_META_SCHEMA = "partition int, rows long, size long, sha256 string"
+
+
+class TableSink:
+    """``foreachBatch`` target writing one table's changelog. Picklable parts only are
+    shipped to executors (see :func:`_segment_writer`)."""
+
+    def __init__(
+        self,
+        state_dir: str,
+        manifest: TableManifest,
+        on_commit: Callable[[CommitRecord], None] | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.manifest = manifest
+        self.changelog = Changelog(state_dir, manifest.name)
+        self.on_commit = on_commit
+        self.last_batch_id = -1
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        table = self.manifest.name
+        if self.changelog.has_commit(batch_id):
+            # Spark still needs the batch evaluated on every partition so that its state
+            # stores commit (Spark 4 validates this); the changelog must not change.
+            log.info("%s: batch %d already committed; evaluating its re-run only", table, batch_id)
+            df.write.format("noop").mode("overwrite").save()
+            self.last_batch_id = max(self.last_batch_id, batch_id)
+            return
+        offsets = read_source_offsets(self.changelog, batch_id)
+        keys = [F.col(f"`{c}`") for c in self.manifest.key_columns]
+        tagged = df.withColumn(
+            PARTITION_COLUMN, F.pmod(F.hash(*keys), F.lit(self.manifest.partitions))
+        )
+        writer = _segment_writer(self.state_dir, self.manifest, batch_id)
+        facts = (
+            tagged.repartition(self.manifest.partitions, PARTITION_COLUMN)
+            .mapInArrow(writer, _META_SCHEMA)
+            .collect()
+        )
+        segments = {
+            int(r["partition"]): SegmentInfo(
+                int(r["partition"]), int(r["rows"]), int(r["size"]), str(r["sha256"])
+            )
+            for r in facts
+        }
+        record = CommitRecord(
+            table=table,
+            batch_id=batch_id,
+            mode="complete" if self.manifest.output_mode == "complete" else "update",
+            segments=segments,
+            source_offsets=tuple(offsets),
+            position=position_components(offsets),
+            schema_version=self.manifest.schema_version,
+            committed_at=time.time(),
+        )
+        _maybe_crash("before_commit", table, batch_id)
+        self.changelog.write_commit(record)
+        self.last_batch_id = batch_id
+        _maybe_crash("after_commit", table, batch_id)
+        if self.on_commit is not None:
+            self.on_commit(record)
+
+
+def _segment_writer(
+    state_dir: str, manifest: TableManifest, batch_id: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function each executor task runs: encode its rows, write its segments."""
+    schema_json = manifest.schema.spark_json()
+    key_columns = manifest.key_columns
+    window_column = manifest.window_column
+    tombstone = manifest.tombstone_column
+    table = manifest.name
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from sparkiq.schema.types import TableSchema
+
+        schema = TableSchema.from_spark_json(schema_json, key_columns, window_column)
+        received = [b for b in batches if b.num_rows]
+        if not received:
+            return
+        data = pa.Table.from_batches(received)
+        changelog = Changelog(state_dir, table)
+        key_codec, row_codec = KeyCodec(schema), RowCodec(schema)
+        for partition in pc.unique(data.column(PARTITION_COLUMN)).to_pylist():
+            rows = data.filter(pc.equal(data.column(PARTITION_COLUMN), partition))
+            keys = key_codec.encode_arrow(rows)
+            values: list[bytes | None] = list(
+                row_codec.encode_arrow(rows.select(list(schema.column_names)))
+            )
+            if tombstone is not None:
+                for i, deleted in enumerate(rows.column(tombstone).to_pylist()):
+                    if deleted:
+                        values[i] = None
+            changes = dict(zip(keys, values, strict=True))  # a later row for a key wins
+            info = changelog.write_segment(int(partition), batch_id, changes)
+            yield pa.record_batch(
+                {
+                    "partition": pa.array([info.partition], pa.int32()),
+                    "rows": pa.array([info.rows], pa.int64()),
+                    "size": pa.array([info.size], pa.int64()),
+                    "sha256": pa.array([info.sha256], pa.string()),
+                }
+            )
+
+    return write
+
+
+def read_source_offsets(changelog: Changelog, batch_id: int) -> list[Any]:
+    """The end offsets of ``batch_id``, one per source, from Spark's offset log.
+
+    Spark writes ``<checkpoint>/offsets/<batch_id>`` before running the batch: a version line,
+    a metadata line, then one line per source holding its offset as JSON (``-`` for none).
+    """
+    storage = open_storage(changelog.state_dir)
+    path = storage.path("checkpoints", changelog.table, "offsets", str(batch_id))
+    try:
+        lines = storage.read_bytes(path).decode().splitlines()
+    except FileNotFoundError:
+        raise ChangelogError(
+            f"Spark's offset log for batch {batch_id} of {changelog.table!r} is missing at "
+            f"{path!r}: the writer must run with its checkpoint under state_dir",
+            store=changelog.table,
+        ) from None
+    offsets: list[Any] = []
+    for line in lines[2:]:
+        line = line.strip()
+        if line in ("", "-"):
+            offsets.append(None)
+            continue
+        try:
+            offsets.append(json.loads(line))
+        except ValueError:
+            offsets.append(line)
+    return offsets
+
+
+def position_components(offsets: list[Any]) -> dict[str, dict[int, int]]:
+    """Position components reported by the sources: Kafka-shaped offsets
+    (``{"topic": {"partition": offset}}``) become ``kafka:<topic>`` components."""
+    components: dict[str, dict[int, int]] = {}
+    for offset in offsets:
+        if not isinstance(offset, dict):
+            continue
+        for topic, partitions in offset.items():
+            if isinstance(partitions, dict) and all(
+                isinstance(v, int) and str(k).lstrip("-").isdigit() for k, v in partitions.items()
+            ):
+                target = components.setdefault(f"kafka:{topic}", {})
+                for partition, value in partitions.items():
+                    target[int(partition)] = max(value, target.get(int(partition), value))
+    return components
+
+
+def _maybe_crash(point: str, table: str, batch_id: int) -> None:
+    spec = os.environ.get(CRASH_ENV)
+    if spec and spec == f"{point}:{table}:{batch_id}":
+        log.error("%s set: exiting at %s of %s batch %d", CRASH_ENV, point, table, batch_id)
+        os._exit(86)

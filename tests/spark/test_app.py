@@ -1,0 +1,232 @@
+"""The embedded App: bad input is refused with clear errors and nothing written; an App started
+on an existing state_dir resumes where it stopped; complete mode replaces tables."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkiq import (
+    App,
+    ConfigError,
+    InvalidQueryError,
+    KeyQuery,
+    LayoutMismatchError,
+    RangeQuery,
+    SchemaError,
+    StateQueryRequest,
+    UnknownStoreError,
+)
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.fixture
+def stream(spark: Any, tmp_path: Path) -> Any:
+    source = tmp_path / "in"
+    source.mkdir()
+    return spark.readStream.schema("k string, n long, flag boolean, tags array<string>").json(
+        str(source)
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"key": "missing"}, SchemaError, r"key column 'missing' is not a column.*\['k', 'n'"),
+        ({"key": ["k", "k"]}, ConfigError, "twice"),
+        ({"key": []}, ConfigError, "non-empty list"),
+        ({"key": "tags"}, SchemaError, "array<string>, which cannot be a key"),
+        ({"key": "k", "partitions": 0}, ConfigError, "positive int, got 0"),
+        ({"key": "k", "partitions": -3}, ConfigError, "positive int, got -3"),
+        ({"key": "k", "partitions": "8"}, ConfigError, "positive int, got '8'"),
+        ({"key": "k", "partitions": 2.5}, ConfigError, "positive int, got 2.5"),
+        ({"key": "k", "partitions": True}, ConfigError, "positive int, got True"),
+        ({"key": "k", "partitions": 100_000}, ConfigError, "maximum"),
+        ({"key": "k", "window": "n"}, SchemaError, "window column 'n' has type bigint"),
+        ({"key": "k", "tombstone": "n"}, SchemaError, "must be boolean"),
+        ({"key": "k", "tombstone": "nope"}, SchemaError, "tombstone column 'nope'"),
+        ({"key": "k", "output_mode": "upsert"}, ConfigError, "output_mode must be one of"),
+    ],
+)
+def test_materialize_refuses_bad_arguments_and_writes_nothing(
+    spark: Any, stream: Any, tmp_path: Path, kwargs: dict[str, Any], error: type, message: str
+) -> None:
+    state = tmp_path / "state"
+    app = App(spark, state_dir=str(state))
+    with pytest.raises(error, match=message):
+        app.materialize("t", stream, **kwargs)
+    assert tree(state) == []
+    assert app.tables == {}
+
+
+def test_bad_table_names_and_non_streaming_frames(spark: Any, stream: Any, tmp_path: Path) -> None:
+    app = App(spark, state_dir=str(tmp_path / "state"))
+    for name in ["", "1abc", "a-b", "x" * 200, "../etc"]:
+        with pytest.raises(ConfigError, match="invalid table name"):
+            app.materialize(name, stream, key="k")
+    with pytest.raises(ConfigError, match="not streaming"):
+        app.materialize("t", spark.range(3), key="id")
+    with pytest.raises(ConfigError, match="needs a DataFrame"):
+        app.materialize("t", [1, 2], key="k")
+    with pytest.raises(ConfigError, match="needs a SparkSession"):
+        App("not a session", state_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="non-empty path"):
+        App(spark, state_dir="")
+    app.materialize("t", stream, key="k")
+    with pytest.raises(ConfigError, match="already materialized"):
+        app.materialize("t", stream, key="k")
+    with pytest.raises(ConfigError, match="not started"):
+        app.process_all_available()
+    with pytest.raises(ConfigError, match="call start"):
+        app.get("t", "a")
+
+
+def test_queries_need_the_right_store_and_key(spark: Any, tmp_path: Path) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "0.json").write_text('{"a": 1, "b": "x", "v": 5}\n')
+    df = spark.readStream.schema("a int, b string, v long").json(str(source))
+    app = App(spark, state_dir=str(tmp_path / "state"))
+    app.materialize("pairs", df, key=["a", "b"], partitions=2)
+    app.start()
+    try:
+        app.process_all_available()
+        assert app.get("pairs", (1, "x")) == {"a": 1, "b": "x", "v": 5}
+        assert app.get("pairs", [1, "x"]) == {"a": 1, "b": "x", "v": 5}
+        with pytest.raises(UnknownStoreError, match=r"'nope'.*\['pairs'\]"):
+            app.get("nope", 1)
+        with pytest.raises(UnknownStoreError, match="nope"):
+            app.query(StateQueryRequest.in_store("nope").with_query(KeyQuery.with_key(1)))
+        with pytest.raises(InvalidQueryError, match=r"2 columns \['a', 'b'\]"):
+            app.get("pairs", 1)
+        with pytest.raises(InvalidQueryError, match="2 columns"):
+            app.get("pairs", (1, "x", 3))
+        with pytest.raises(InvalidQueryError, match="key column 'a' is int"):
+            app.get("pairs", ("1", "x"))
+        with pytest.raises(InvalidQueryError, match=r"outside \[-2147483648, 2147483647\]"):
+            app.get("pairs", (2**40, "x"))
+    finally:
+        app.stop()
+
+
+def test_another_layout_in_state_dir_is_refused_before_anything_runs(
+    spark: Any, tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "0.json").write_text('{"k": "a", "n": 1}\n')
+    df = spark.readStream.schema("k string, n long").json(str(source))
+    state = tmp_path / "state"
+    first = App(spark, state_dir=str(state))
+    first.materialize("t", df, key="k", partitions=4)
+    first.start()
+    first.process_all_available()
+    first.stop()
+    before = {p: (state / p).stat().st_mtime_ns for p in tree(state) if (state / p).is_file()}
+
+    second = App(spark, state_dir=str(state))
+    with pytest.raises(LayoutMismatchError, match="partitions 8 != 4") as info:
+        second.materialize("t", df, key="k", partitions=8)
+    assert "new name" in str(info.value)
+    with pytest.raises(LayoutMismatchError, match="key columns"):
+        second.materialize("t", df, key=["k", "n"], partitions=4)
+    other_schema = spark.readStream.schema("k string, n double").json(str(source))
+    with pytest.raises(LayoutMismatchError, match="schema"):
+        second.materialize("t", other_schema, key="k", partitions=4)
+    after = {p: (state / p).stat().st_mtime_ns for p in tree(state) if (state / p).is_file()}
+    assert after == before
+
+
+def write_counts(folder: Path, index: int, keys: list[str]) -> None:
+    (folder / f"{index:03d}.json").write_text(
+        "\n".join(json.dumps({"k": k, "n": 1}) for k in keys) + "\n"
+    )
+
+
+def test_restart_on_an_existing_state_dir_resumes(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    source = tmp_path / "in"
+    source.mkdir()
+    state = tmp_path / "state"
+
+    def start() -> App:
+        df = spark.readStream.schema("k string, n long").json(str(source))
+        app = App(spark, state_dir=str(state))
+        app.materialize("counts", df.groupBy("k").agg(F.sum("n").alias("n")), key="k", partitions=3)
+        return app.start()
+
+    write_counts(source, 0, ["a", "b", "a"])
+    app = start()
+    app.process_all_available()
+    assert app.get("counts", "a") == {"k": "a", "n": 2}
+    app.stop()
+
+    write_counts(source, 1, ["a", "c"])
+    app = start()
+    try:
+        # Replicas come back from their local files before Spark processes anything new.
+        assert app.node is not None
+        assert {s.batch_id for s in app.node.status()} == {0}
+        app.process_all_available()
+        assert app.get("counts", "a") == {"k": "a", "n": 3}
+        assert app.get("counts", "c") == {"k": "c", "n": 1}
+        assert {s.batch_id for s in app.node.status()} == {1}
+        commits = sorted(os.listdir(state / "tables" / "counts" / "commits"))
+        assert commits == [f"{i:020d}.json" for i in range(2)]
+    finally:
+        app.stop()
+
+
+def test_lost_checkpoint_is_refused(spark: Any, tmp_path: Path) -> None:
+    import shutil
+
+    source = tmp_path / "in"
+    source.mkdir()
+    write_counts(source, 0, ["a"])
+    state = tmp_path / "state"
+    df = spark.readStream.schema("k string, n long").json(str(source))
+    app = App(spark, state_dir=str(state))
+    app.materialize("t", df, key="k")
+    app.start()
+    app.process_all_available()
+    app.stop()
+    shutil.rmtree(state / "checkpoints" / "t")
+    again = App(spark, state_dir=str(state))
+    again.materialize("t", df, key="k")
+    with pytest.raises(ConfigError, match="checkpoint .* is gone"):
+        again.start()
+
+
+def test_complete_mode_replaces_the_table(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    source = tmp_path / "in"
+    source.mkdir()
+    df = spark.readStream.schema("k string, n long").json(str(source))
+    # Keys whose running total is odd: a key leaves the table when its total turns even.
+    odd = df.groupBy("k").agg(F.sum("n").alias("n")).filter("n % 2 = 1")
+    app = App(spark, state_dir=str(tmp_path / "state"))
+    app.materialize("odd", odd, key="k", partitions=2, output_mode="complete")
+    app.start()
+    try:
+        write_counts(source, 0, ["a", "b", "b", "c"])
+        app.process_all_available()
+        scan = app.query(StateQueryRequest.in_store("odd").with_query(RangeQuery.with_no_bounds()))
+        keys = sorted(k for r in scan.partition_results.values() for k, _ in r.result)
+        assert keys == ["a", "c"]
+        write_counts(source, 1, ["a", "b"])
+        app.process_all_available()
+        scan = app.query(StateQueryRequest.in_store("odd").with_query(RangeQuery.with_no_bounds()))
+        keys = sorted(k for r in scan.partition_results.values() for k, _ in r.result)
+        assert keys == ["b", "c"]
+        assert app.get("odd", "a") is None
+    finally:
+        app.stop()

@@ -1,0 +1,47 @@
+"""A writer-only sparkiq pipeline run as its own process, for crash and restart tests.
+
+Usage: python -m tests.spark.writer_process <input_dir> <state_dir>
+Runs every input file through the ``totals`` table (sum and count per key), then exits 0.
+Set SPARKIQ_TEST_CRASH_AT to make it die at a chosen point of a chosen batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sparkiq import App
+
+SCHEMA = "k string, v long"
+
+
+def totals(df):  # type: ignore[no-untyped-def]
+    return df.groupBy("k").agg(F.sum("v").alias("total"), F.count("*").alias("n"))
+
+
+def main() -> int:
+    source, state_dir = sys.argv[1], sys.argv[2]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
+    app = App(spark, state_dir=state_dir, name="writer")
+    app.materialize("totals", totals(stream), key="k", partitions=3)
+    app.start(local_node=False)
+    app.process_all_available()
+    app.stop()
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
