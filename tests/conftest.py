@@ -21,6 +21,9 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # Spark matches a regex over Py4J error text when a query stops mid-foreachBatch;
+        # the default thread stack overflows on long texts (see docs/guide.md#stopping).
+        .config("spark.driver.extraJavaOptions", "-Xss32m")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")

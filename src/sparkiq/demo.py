@@ -49,6 +49,9 @@ def _spark() -> Any:
         .appName("sparkiq-demo")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.showConsoleProgress", "false")
+        # Spark matches a regex over Py4J error text when a query stops mid-foreachBatch;
+        # the default thread stack overflows on long texts (see docs/guide.md#stopping).
+        .config("spark.driver.extraJavaOptions", "-Xss32m")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
@@ -117,6 +120,9 @@ def run_demo(state_dir: str, duration: float, rate: int, partitions: int, fresh:
         while not stopping and (duration <= 0 or time.monotonic() - started < duration):
             time.sleep(0.25)
             if int((time.monotonic() - started) * 4) % 8:
+                continue
+            if app.node is not None and max(s.batch_id for s in app.node.status()) < 0:
+                print(f"[{time.strftime('%H:%M:%S')}] waiting for the first micro-batch...")
                 continue
             row = app.get("revenue_by_product", "p-7")
             ranged = app.query(

@@ -31,9 +31,9 @@ def tree(root: Path) -> list[str]:
 def stream(spark: Any, tmp_path: Path) -> Any:
     source = tmp_path / "in"
     source.mkdir()
-    return spark.readStream.schema("k string, n long, flag boolean, tags array<string>").json(
-        str(source)
-    )
+    return spark.readStream.schema(
+        "k string, n long, flag boolean, tags array<string>, span interval day to second"
+    ).json(str(source))
 
 
 @pytest.mark.parametrize(
@@ -53,6 +53,7 @@ def stream(spark: Any, tmp_path: Path) -> Any:
         ({"key": "k", "tombstone": "n"}, SchemaError, "must be boolean"),
         ({"key": "k", "tombstone": "nope"}, SchemaError, "tombstone column 'nope'"),
         ({"key": "k", "output_mode": "upsert"}, ConfigError, "output_mode must be one of"),
+        ({"key": "k"}, SchemaError, "'span' has type interval day to second, which sparkiq cannot"),
     ],
 )
 def test_materialize_refuses_bad_arguments_and_writes_nothing(
@@ -67,6 +68,7 @@ def test_materialize_refuses_bad_arguments_and_writes_nothing(
 
 
 def test_bad_table_names_and_non_streaming_frames(spark: Any, stream: Any, tmp_path: Path) -> None:
+    stream = stream.drop("span")
     app = App(spark, state_dir=str(tmp_path / "state"))
     for name in ["", "1abc", "a-b", "x" * 200, "../etc"]:
         with pytest.raises(ConfigError, match="invalid table name"):
@@ -201,7 +203,7 @@ def test_lost_checkpoint_is_refused(spark: Any, tmp_path: Path) -> None:
     shutil.rmtree(state / "checkpoints" / "t")
     again = App(spark, state_dir=str(state))
     again.materialize("t", df, key="k")
-    with pytest.raises(ConfigError, match="checkpoint .* is gone"):
+    with pytest.raises(ConfigError, match=r"checkpoint .* is gone"):
         again.start()
 
 

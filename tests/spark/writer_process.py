@@ -30,6 +30,9 @@ def main() -> int:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # Spark matches a regex over Py4J error text when a query stops mid-foreachBatch;
+        # the default thread stack overflows on long texts (see docs/guide.md#stopping).
+        .config("spark.driver.extraJavaOptions", "-Xss32m")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

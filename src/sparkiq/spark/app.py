@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from sparkiq.cluster.node import Node
 from sparkiq.errors import ConfigError, SchemaError, SparkiqError, UnknownStoreError
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.spark.sink import TableSink
 
@@ -171,6 +173,10 @@ class App:
             stored = TableSchema(
                 tuple(f for f in schema.fields if f.name != tombstone), key_columns, window
             )
+        try:
+            RowCodec(stored)  # refuses column types the changelog cannot store
+        except SchemaError as exc:
+            raise SchemaError(f"cannot materialize {name!r}: {exc.message}", store=name) from None
         manifest = TableManifest(
             name=name,
             schema=stored,
@@ -281,12 +287,18 @@ class App:
                     store=table.name,
                 )
 
-    def stop(self) -> None:
-        """Stop the Spark queries, then the local node. Idempotent."""
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the Spark queries, then the local node. Idempotent.
+
+        Each query is stopped between micro-batches when one finishes within ``timeout``
+        seconds: interrupting a batch is safe (the changelog stays consistent and the batch
+        re-runs on restart) but wastes its work and makes Spark log the interruption.
+        """
         with self._lock:
             for table in self._tables.values():
                 if table.query is not None:
                     try:
+                        _wait_between_batches(table.query, timeout)
                         table.query.stop()
                     except Exception:  # already stopped or the session is gone
                         log.debug("stopping %s", table.name, exc_info=True)
@@ -328,3 +340,9 @@ class App:
                 store=store,
             )
         return node.get(store, key)
+
+
+def _wait_between_batches(query: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.01)
