@@ -5,7 +5,7 @@ Directory layout under ``state_dir``::
     tables/<table>/table.json                          manifest (see manifest.py)
     tables/<table>/commits/<batch:020d>.json           one commit record per batch
     tables/<table>/segments/<partition:05d>/<batch:020d>.arrow   changes of one partition
-    checkpoints/<table>/                               the Spark writer query's checkpoint
+    checkpoints/<table>/                               the writer's Spark checkpoint (default)
     replicas/<node>/<table>/<partition:05d>/           a node's local RocksDB (local dirs only)
 
 Invariants: there is exactly one writer per table; segments are written before the commit
@@ -70,13 +70,6 @@ class Changelog:
 
     def segment_path(self, partition: int, batch_id: int) -> str:
         return f"{self.root}/segments/{partition:05d}/{batch_id:020d}.arrow"
-
-    @property
-    def checkpoint_location(self) -> str:
-        """Where the writer's Spark checkpoint lives (a path or URI Spark understands)."""
-        if self.storage.is_local:
-            return self.storage.path("checkpoints", self.table)
-        return self.storage.uri.rstrip("/") + f"/checkpoints/{self.table}"
 
     # -- manifest ------------------------------------------------------------------------------
 

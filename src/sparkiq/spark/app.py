@@ -31,7 +31,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
-from sparkiq.spark.sink import TableSink
+from sparkiq.spark.sink import TableSink, pyarrow_uri, spark_uri
 
 __all__ = ["App", "Table"]
 
@@ -64,7 +64,10 @@ class Table:
 class App:
     """Materializes streaming DataFrames as queryable tables in ``state_dir``.
 
-    ``state_dir`` is a local path or a URI pyarrow and Spark can both open (``s3://...``).
+    ``state_dir`` is a local path or a URI pyarrow can open (``s3://...``); the changelog
+    lives there. ``checkpoint_dir`` is where each table's Spark checkpoint goes
+    (``<checkpoint_dir>/<table>``); by default ``<state_dir>/checkpoints``, with ``s3://``
+    spelled ``s3a://`` for Spark.
     ``name`` names the application in logs and Spark query names. ``local_dir``, ``store`` and
     ``poll_interval`` configure the local node (see :class:`~sparkiq.cluster.node.Node`).
     """
@@ -78,12 +81,25 @@ class App:
         local_dir: str | None = None,
         store: str = "rocksdb",
         poll_interval: float = 0.02,
+        checkpoint_dir: str | None = None,
     ) -> None:
         if not hasattr(spark, "readStream"):
             raise ConfigError(f"App() needs a SparkSession, got {type(spark).__name__}")
         self.spark = spark
         self.state_dir = state_dir
         self.storage = open_storage(state_dir)
+        if checkpoint_dir is None:
+            if "?" in state_dir:
+                raise ConfigError(
+                    f"state_dir {state_dir!r} has URI options: pass checkpoint_dir= explicitly "
+                    "(a location Spark's Hadoop filesystems can write)"
+                )
+            checkpoint_dir = (
+                self.storage.path("checkpoints")
+                if self.storage.is_local
+                else spark_uri(state_dir.rstrip("/") + "/checkpoints")
+            )
+        self.checkpoint_dir = checkpoint_dir
         self.name = name
         self._local_dir, self._store_kind, self._poll_interval = local_dir, store, poll_interval
         self._tables: dict[str, Table] = {}
@@ -233,13 +249,17 @@ class App:
             self._started = True
         return self
 
+    def _checkpoint_location(self, table: str) -> str:
+        return self.checkpoint_dir.rstrip("/") + "/" + table
+
     def _check_checkpoint(self, changelog: Changelog) -> None:
         committed = changelog.committed_batch_ids()
-        checkpoint = self.storage.path("checkpoints", changelog.table, "offsets")
-        if committed and not self.storage.list_names(checkpoint):
+        checkpoint = open_storage(pyarrow_uri(self._checkpoint_location(changelog.table)))
+        offsets = checkpoint.path("offsets")
+        if committed and not checkpoint.list_names(offsets):
             raise ConfigError(
                 f"table {changelog.table!r} has {len(committed)} committed batches but its Spark "
-                f"checkpoint at {checkpoint!r} is gone, so Spark would start over at batch 0. "
+                f"checkpoint at {offsets!r} is gone, so Spark would start over at batch 0. "
                 "Restore the checkpoint, or delete the table's directory to rebuild it.",
                 store=changelog.table,
             )
@@ -249,12 +269,13 @@ class App:
         sink = TableSink(
             self.state_dir,
             table.manifest,
+            self._checkpoint_location(table.name),
             on_commit=(lambda record: node.notify(record.table)) if node is not None else None,
         )
         writer = (
             table.dataframe.writeStream.queryName(f"sparkiq.{self.name}.{table.name}")
             .outputMode(table.manifest.output_mode)
-            .option("checkpointLocation", Changelog(self.state_dir, table.name).checkpoint_location)
+            .option("checkpointLocation", self._checkpoint_location(table.name))
             .foreachBatch(sink)
         )
         if table.trigger:

@@ -34,7 +34,7 @@ from sparkiq.changelog.storage import open_storage
 from sparkiq.errors import ChangelogError
 from sparkiq.schema.codec import KeyCodec, RowCodec
 
-__all__ = ["TableSink", "CRASH_ENV"]
+__all__ = ["CRASH_ENV", "TableSink", "pyarrow_uri", "spark_uri"]
 
 log = logging.getLogger("sparkiq.sink")
 
@@ -55,9 +55,11 @@ class TableSink:
         self,
         state_dir: str,
         manifest: TableManifest,
+        checkpoint_location: str,
         on_commit: Callable[[CommitRecord], None] | None = None,
     ) -> None:
         self.state_dir = state_dir
+        self.checkpoint_location = checkpoint_location
         self.manifest = manifest
         self.changelog = Changelog(state_dir, manifest.name)
         self.on_commit = on_commit
@@ -74,7 +76,7 @@ class TableSink:
             df.write.format("noop").mode("overwrite").save()
             self.last_batch_id = max(self.last_batch_id, batch_id)
             return
-        offsets = read_source_offsets(self.changelog, batch_id)
+        offsets = read_source_offsets(self.checkpoint_location, batch_id)
         keys = [F.col(f"`{c}`") for c in self.manifest.key_columns]
         tagged = df.withColumn(
             PARTITION_COLUMN, F.pmod(F.hash(*keys), F.lit(self.manifest.partitions))
@@ -153,21 +155,20 @@ def _segment_writer(
     return write
 
 
-def read_source_offsets(changelog: Changelog, batch_id: int) -> list[Any]:
+def read_source_offsets(checkpoint_location: str, batch_id: int) -> list[Any]:
     """The end offsets of ``batch_id``, one per source, from Spark's offset log.
 
     Spark writes ``<checkpoint>/offsets/<batch_id>`` before running the batch: a version line,
     a metadata line, then one line per source holding its offset as JSON (``-`` for none).
     """
-    storage = open_storage(changelog.state_dir)
-    path = storage.path("checkpoints", changelog.table, "offsets", str(batch_id))
+    storage = open_storage(pyarrow_uri(checkpoint_location))
+    path = storage.path("offsets", str(batch_id))
     try:
         lines = storage.read_bytes(path).decode().splitlines()
     except FileNotFoundError:
         raise ChangelogError(
-            f"Spark's offset log for batch {batch_id} of {changelog.table!r} is missing at "
-            f"{path!r}: the writer must run with its checkpoint under state_dir",
-            store=changelog.table,
+            f"Spark's offset log for batch {batch_id} is missing at {path!r}: is the query "
+            f"running with checkpointLocation {checkpoint_location!r}?"
         ) from None
     offsets: list[Any] = []
     for line in lines[2:]:
@@ -180,6 +181,18 @@ def read_source_offsets(changelog: Changelog, batch_id: int) -> list[Any]:
         except ValueError:
             offsets.append(line)
     return offsets
+
+
+def pyarrow_uri(spark_uri: str) -> str:
+    """The same location for pyarrow: Hadoop's ``s3a://`` is pyarrow's ``s3://``."""
+    return "s3://" + spark_uri[len("s3a://") :] if spark_uri.startswith("s3a://") else spark_uri
+
+
+def spark_uri(pyarrow_location: str) -> str:
+    """The same location for Spark's Hadoop filesystems: pyarrow's ``s3://`` is ``s3a://``."""
+    if pyarrow_location.startswith("s3://"):
+        return "s3a://" + pyarrow_location[len("s3://") :]
+    return pyarrow_location
 
 
 def position_components(offsets: list[Any]) -> dict[str, dict[int, int]]:
