@@ -3,7 +3,8 @@
 A streaming aggregation keeps the state of a key in the partition that Spark's
 ``HashPartitioning`` sends it to: ``pmod(hash(k1, k2, ...), P)``, where ``hash`` is Spark's
 ``Murmur3Hash`` with seed 42. To route a lookup to the right partition without a JVM, this
-module recomputes that function bit for bit. It imports nothing from pyspark.
+module recomputes that function bit for bit. It imports nothing from pyspark; the Murmur3
+rounds run in C (mmh3).
 
 Contract:
 
@@ -60,6 +61,8 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any, Final
 
+import mmh3
+
 from sparkiq.errors import ConfigError, InvalidQueryError, SchemaError
 from sparkiq.schema.types import DataType, parse_type
 
@@ -83,72 +86,67 @@ _FLOAT64: Final = struct.Struct("<d")
 
 
 # --- Murmur3_x86_32 as Spark implements it -------------------------------------------------
-# Java ints wrap; here every value is kept as an unsigned 32-bit int by masking. A mask may be
-# skipped before a multiplication or addition whose result is masked, since arithmetic modulo
-# 2**32 does not depend on the higher bits, but never before a right shift or rotation.
-# The rounds are written out inline rather than as helper calls: a key lookup runs them on
-# every request, and a Python call costs as much as a round.
+# The rounds run in C through mmh3 (standard MurmurHash3 x86_32), which is what Spark computes
+# for 4- and 8-byte values and for byte strings whose length is a multiple of 4. Spark's
+# hashUnsafeBytes differs only in its tail: each trailing byte is mixed as a block of its own,
+# sign-extended, and the finalizer gets the original length. So the trailing bytes are
+# rewritten as those blocks, mmh3 hashes the result, and the length folded into the hash is
+# corrected by undoing the finalizer (fmix is a bijection) and applying it again.
+# Hashes are unsigned 32-bit ints throughout and turn into Java's signed int at the end.
 
+_MASK: Final = 0xFFFFFFFF
+_FMIX_1: Final = 0x85EBCA6B
+_FMIX_2: Final = 0xC2B2AE35
+_FMIX_1_INV: Final = pow(_FMIX_1, -1, 1 << 32)
+_FMIX_2_INV: Final = pow(_FMIX_2, -1, 1 << 32)
+_INT32: Final = struct.Struct("<i")
+_INT64: Final = struct.Struct("<q")
 
-def _scramble(k: int) -> int:
-    """Spark's ``mixK1``: scramble one 32-bit block before it is folded into the hash."""
-    k = (k * 0xCC9E2D51) & 0xFFFFFFFF
-    return (((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF
-
-
-# hashUnsafeBytes mixes each trailing byte as a block of its own, sign-extended to 32 bits
-# (Java's byte is signed): scrambled once here for all 256 byte values.
-_TAIL_BLOCKS: Final = tuple(_scramble(b | 0xFFFFFF00 if b & 0x80 else b) for b in range(256))
+# The 4-byte block of each trailing byte value: the byte as Java's signed byte, widened.
+_TAIL_BLOCKS: Final = tuple(_INT32.pack(b - 256 if b & 0x80 else b) for b in range(256))
 
 
 def _hash_int(value: int, seed: int) -> int:
     """Spark's ``hashInt``: one block, finalized with length 4."""
-    k = (value * 0xCC9E2D51) & 0xFFFFFFFF
-    h = seed ^ ((((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF)
-    h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= 4 ^ (h >> 16)  # fmix; 4 is the length, and it is < 2**16 so the order is free
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
+    return _murmur3(_INT32.pack(value if value < 0x80000000 else value - (1 << 32)), seed)
 
 
 def _hash_long(value: int, seed: int) -> int:
     """Spark's ``hashLong``: the low word, then the high word, finalized with length 8."""
-    k = (value * 0xCC9E2D51) & 0xFFFFFFFF
-    h = seed ^ ((((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF)
-    h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    # Python's >> is arithmetic, but only the low 32 bits of value >> 32 reach the result:
-    # those of Java's (int) (value >>> 32).
-    k = ((value >> 32) * 0xCC9E2D51) & 0xFFFFFFFF
-    h ^= (((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF
-    h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= 8 ^ (h >> 16)
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
+    return _murmur3(_INT64.pack(value if value < (1 << 63) else value - (1 << 64)), seed)
 
 
 def _hash_bytes(data: bytes | bytearray, seed: int) -> int:
     """Spark's ``hashUnsafeBytes``: little-endian 4-byte blocks, then one block per byte."""
     length = len(data)
-    aligned = length & ~3
-    h = seed
-    if aligned:
-        for (k,) in _WORD.iter_unpack(memoryview(data)[:aligned]):
-            k = (k * 0xCC9E2D51) & 0xFFFFFFFF
-            h ^= (((k << 15) | (k >> 17)) * 0x1B873593) & 0xFFFFFFFF
-            h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    for byte in data[aligned:]:
-        h ^= _TAIL_BLOCKS[byte]
-        h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= length
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    tail = length & 3
+    if not tail:
+        return _murmur3(data, seed)
+    blocks = _TAIL_BLOCKS
+    body = bytes(data[: length - tail])
+    if tail == 1:
+        data = body + blocks[data[-1]]
+    elif tail == 2:
+        data = body + blocks[data[-2]] + blocks[data[-1]]
+    else:
+        data = body + blocks[data[-3]] + blocks[data[-2]] + blocks[data[-1]]
+    # mmh3 folded len(data) into the hash before finalizing; Spark folds the original length.
+    h = _murmur3(data, seed)
+    h ^= h >> 16  # undo fmix...
+    h = (h * _FMIX_2_INV) & _MASK
+    h ^= (h >> 13) ^ (h >> 26)
+    h = (h * _FMIX_1_INV) & _MASK
+    h ^= (h >> 16) ^ len(data) ^ length  # ...swap the length...
+    h ^= h >> 16  # ...and finalize again
+    h = (h * _FMIX_1) & _MASK
     h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h = (h * _FMIX_2) & _MASK
     return h ^ (h >> 16)
+
+
+def _murmur3(data: bytes | bytearray, seed: int) -> int:
+    """Standard MurmurHash3 x86_32 as an unsigned int (mmh3 takes bytes, not bytearray)."""
+    return mmh3.hash(bytes(data), seed, signed=False)
 
 
 # --- one hasher per Spark type ---------------------------------------------------------------
@@ -387,13 +385,15 @@ class Partitioner:
     call, for a key of the wrong arity or a value its column's type cannot hold.
     """
 
-    __slots__ = ("_compiled", "_partitions")
+    __slots__ = ("_compiled", "_partitions", "_single")
 
     def __init__(self, types: Sequence[DataType | str], partitions: int) -> None:
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ConfigError(f"partitions must be a positive int, got {partitions!r}")
         self._compiled = _compile(types)
         self._partitions = partitions
+        hashers = self._compiled[1]
+        self._single: _Hasher | None = hashers[0] if len(hashers) == 1 else None
 
     @property
     def types(self) -> tuple[DataType, ...]:
@@ -409,7 +409,15 @@ class Partitioner:
 
     def __call__(self, values: Sequence[Any]) -> int:
         """The key's partition, in ``range(self.partitions)``."""
-        h = _run(self._compiled, values)
+        single = self._single
+        if single is not None and len(values) == 1:  # the common case, without the loop
+            value = values[0]
+            try:
+                h = SPARK_HASH_SEED if value is None else single(value, SPARK_HASH_SEED)
+            except _VALUE_ERRORS as exc:
+                raise _invalid_value(self._compiled, values) from exc
+        else:
+            h = _run(self._compiled, values)
         # Spark takes pmod of the *signed* hash; Python's % of a positive divisor is pmod.
         return (h - 0x100000000 if h & 0x80000000 else h) % self._partitions
 
