@@ -33,10 +33,13 @@ from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
 from sparkiq.stores.dispatch import QueryContext, execute
+from sparkiq.stores.partition import PartitionStore
 
 __all__ = ["Node"]
 
 log = logging.getLogger("sparkiq.node")
+
+_PLAIN_CONTEXT = QueryContext()
 
 
 class Node:
@@ -79,7 +82,9 @@ class Node:
             raise ConfigError(f"poll_interval must be a positive number, got {poll_interval!r}")
         self.poll_interval = float(poll_interval)
         self._tables: dict[str, TableReplica] = {}
-        self._routers: dict[str, tuple[Any, Partitioner]] = {}
+        # Per table: the key codec, the partitioner and the hosted partitions by number
+        # (None where not hosted): everything a key lookup needs, in one dict lookup.
+        self._routes: dict[str, tuple[KeyCodec, Partitioner, list[PartitionStore | None]]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._applied = threading.Condition()
@@ -113,7 +118,7 @@ class Node:
             for replica in self._tables.values():
                 replica.close()
             self._tables.clear()
-            self._routers.clear()
+            self._routes.clear()
 
     def __enter__(self) -> Node:
         return self.start()
@@ -143,9 +148,13 @@ class Node:
         replica = TableReplica(changelog, hosted, factory)
         with self._lock:
             self._tables[name] = replica
-            self._routers[name] = (
+            stores: list[PartitionStore | None] = [None] * manifest.partitions
+            for partition, hosted_replica in replica.partitions.items():
+                stores[partition] = hosted_replica.store
+            self._routes[name] = (
                 KeyCodec(manifest.schema),
                 Partitioner(manifest.schema.key_types, manifest.partitions),
+                stores,
             )
 
     def notify(self, table: str | None = None) -> None:
@@ -207,64 +216,71 @@ class Node:
         try:
             return self._tables[store]
         except KeyError:
-            raise UnknownStoreError(
-                f"unknown store {store!r}; this node serves {sorted(self._tables)}", store=store
-            ) from None
+            raise self._unknown(store) from None
+
+    def _unknown(self, store: str) -> UnknownStoreError:
+        return UnknownStoreError(
+            f"unknown store {store!r}; this node serves {sorted(self._tables)}", store=store
+        )
 
     def partition_for_key(self, store: str, key: Any) -> int:
         """The partition holding ``key`` (validates the key against the table's key columns)."""
-        self._table(store)
-        codec, partitioner = self._routers[store]
-        return int(partitioner(codec.to_internal(key)))
+        codec, partitioner, _ = self._route(store)
+        return partitioner(codec.to_internal(key))
+
+    def _route(self, store: str) -> tuple[KeyCodec, Partitioner, list[PartitionStore | None]]:
+        try:
+            return self._routes[store]
+        except KeyError:
+            raise self._unknown(store) from None
 
     def get(self, store: str, key: Any) -> dict[str, Any] | None:
         """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery."""
-        try:
-            codec, partitioner = self._routers[store]
-        except KeyError:
-            self._table(store)
-            raise
-        internal = codec.to_internal(key)
-        partition = partitioner(internal)
-        replica = self._tables[store].partitions.get(partition)
-        if replica is None:
+        route = self._routes.get(store) or self._route(store)
+        internal = route[0].to_internal(key)
+        partition = route[1](internal)
+        hosted = route[2][partition]
+        if hosted is None:
             raise SparkiqError(
                 f"partition {partition} of {store!r}, which holds key {key!r}, is not hosted on "
                 f"node {self.node_id!r}; use query() to get a NOT_PRESENT result instead",
                 store=store,
                 partition=partition,
             )
-        return replica.store.get(internal)[0]
+        return hosted.get(internal)[0]
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer ``request`` from the partitions hosted here; failures are per partition."""
-        replica = self._table(request.store)
-        count = replica.manifest.partitions
+        codec, partitioner, stores = self._route(request.store)
+        count = len(stores)
+        query = request.query
         if request.partitions is not None:
             partitions: Iterable[int] = sorted(request.partitions)
-        elif request.query.single_key:
-            partitions = (self.partition_for_key(request.store, request.query.routing_key()),)
+        elif query.single_key:
+            partitions = (partitioner(codec.to_internal(query.routing_key())),)
         else:
             partitions = range(count)
-        ctx = QueryContext(request.bound, request.is_execution_info_enabled)
+        if request.bound.is_unbounded and not request.is_execution_info_enabled:
+            ctx = _PLAIN_CONTEXT
+        else:
+            ctx = QueryContext(request.bound, request.is_execution_info_enabled)
         results: dict[int, QueryResult[Any]] = {}
         for partition in partitions:
-            if not 0 <= partition < count:
-                results[partition] = QueryResult.for_failure(
-                    FailureReason.DOES_NOT_EXIST,
-                    f"{request.store!r} has partitions 0..{count - 1}; partition {partition} "
-                    "does not exist",
-                )
-                continue
-            hosted = replica.partitions.get(partition)
-            if hosted is None:
+            hosted = stores[partition] if 0 <= partition < count else None
+            if hosted is not None:
+                results[partition] = execute(hosted, query, ctx)
+            elif 0 <= partition < count:
                 results[partition] = QueryResult.for_failure(
                     FailureReason.NOT_PRESENT,
                     f"partition {partition} of {request.store!r} is not hosted on node "
                     f"{self.node_id!r}: ask the node that hosts it",
                 )
-                continue
-            results[partition] = execute(hosted.store, request.query, ctx)
+            else:
+                results[partition] = QueryResult.for_failure(
+                    FailureReason.DOES_NOT_EXIST,
+                    f"{request.store!r} has partitions 0..{count - 1}; partition {partition} "
+                    "does not exist",
+                )
         return StateQueryResult(results)
 
     def status(self) -> list[ReplicaStatus]:

@@ -119,9 +119,10 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
             f"store {getattr(store, 'table', type(store).__name__)!r} has no handler for "
             f"{type(query).__name__}; register one with sparkiq.stores.dispatch.register()",
         )
-    position = getattr(store, "position", Position.empty())
     table = getattr(store, "table", "")
-    if not ctx.bound.admits(table, position):
+    if ctx.bound.position is not None and not ctx.bound.admits(
+        table, position := getattr(store, "position", Position.empty())
+    ):
         return QueryResult.for_failure(
             FailureReason.NOT_UP_TO_BOUND,
             f"partition {getattr(store, 'partition', '?')} of {table!r} is at {position!r}, "
