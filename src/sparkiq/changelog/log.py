@@ -112,26 +112,19 @@ class Changelog:
         names = self.storage.list_names(f"{self.root}/commits")
         return sorted(int(m[1]) for n in names if (m := _COMMIT_NAME.match(n)))
 
-    def commits_after(self, batch_id: int, *, scan_gaps: bool = False) -> Iterator[CommitRecord]:
-        """Committed batches after ``batch_id`` in order.
+    def commits_after(self, batch_id: int) -> Iterator[CommitRecord]:
+        """Committed batches after ``batch_id``, in order, up to the first one missing.
 
         Spark numbers micro-batches consecutively and the sink commits every one, so the
-        next batch is found by probing its file name, which is cheap enough to poll. With
-        ``scan_gaps`` a missing id makes it list the directory once, so a gap (an id Spark
-        skipped, e.g. after its checkpoint was restored from a backup) cannot stall a reader;
-        readers pass it now and then, not on every poll.
+        next batch is found by probing its file name, which is cheap enough to poll. A batch
+        missing below later ones was deleted by retention; replicas then restore from a
+        snapshot (see :mod:`sparkiq.changelog.replica`).
         """
         next_id = batch_id + 1
         while True:
             record = self.read_commit(next_id)
             if record is None:
-                if not scan_gaps:
-                    return
-                later = [b for b in self.committed_batch_ids() if b > next_id]
-                if not later:
-                    return
-                next_id = later[0]
-                continue
+                return
             yield record
             next_id += 1
 

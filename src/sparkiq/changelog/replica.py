@@ -7,9 +7,16 @@ changes and the new position go into the store in one write, so a replica killed
 restarts from its local files at a batch boundary and resumes with the next batch (no batch is
 applied twice, none is skipped).
 
-A partition whose next segment is missing or corrupted stops advancing and records the error
-(:attr:`PartitionReplica.error`): it keeps serving the last consistent state with its true
-position, so bounded queries see it is behind, and it retries on later polls.
+Restores start from the newest usable snapshot (see :mod:`sparkiq.changelog.snapshot`) when
+the replica is empty, or when its next batch is no longer in the changelog (retention deleted
+it): the snapshot replaces the partition's contents in one atomic write, then tailing resumes
+after the snapshot's batch. A replica never skips a batch it cannot read: when the next batch
+is missing or corrupted and no snapshot covers it, the partition stops advancing, records the
+error (:attr:`PartitionReplica.error`) and keeps serving its last consistent state with its
+true position, so bounded queries see it is behind; it retries on later polls.
+
+A replica may hold a *subset* of the table: a ``transform`` (see :class:`RowTransform`) is
+applied to every row on its way in, which is how followers filter and project.
 """
 
 from __future__ import annotations
@@ -19,32 +26,52 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.log import Changelog
 from sparkiq.changelog.manifest import TableManifest
+from sparkiq.changelog.snapshot import SnapshotInfo, latest_snapshot, list_snapshots
 from sparkiq.errors import ChangelogError
 from sparkiq.query.position import Position
+from sparkiq.schema.types import TableSchema
 from sparkiq.stores.base import Store
 from sparkiq.stores.memory import MemoryStore
 from sparkiq.stores.partition import PartitionStore
 from sparkiq.stores.rocksdb import RocksDBStore
 
-__all__ = ["PartitionReplica", "ReplicaStatus", "TableReplica", "StoreFactory"]
+__all__ = [
+    "PartitionReplica",
+    "ReplicaStatus",
+    "RowTransform",
+    "StoreFactory",
+    "TableReplica",
+]
 
 log = logging.getLogger("sparkiq.replica")
 
 #: Builds the byte store of one partition: ``factory(table, partition) -> Store``.
 StoreFactory = Callable[[str, int], Store]
 
-_GAP_SCAN_SECONDS = 5.0
+#: Maps a changelog row (encoded) to the row to store, or None to store nothing for the key
+#: (a row filtered out is a deletion: the key may have matched before). Must be
+#: deterministic: replicas and restarts rely on applying it twice giving the same result.
+RowTransform = Callable[[bytes], bytes | None]
+
+_BOOTSTRAP_CHECK_SECONDS = 5.0
+_PROGRESS_LOG_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaStatus:
-    """Health and progress of one hosted partition."""
+    """Health and progress of one hosted partition.
+
+    ``state`` is ``"live"`` (caught up), ``"restoring"`` (applying a backlog or a snapshot)
+    or ``"error"`` (stuck on a batch it cannot read; ``error`` says which file and why).
+    ``restored_rows``/``restored_bytes`` count what this process applied since it opened the
+    replica; ``eta_seconds`` extrapolates the backlog from the recent apply rate.
+    """
 
     table: str
     partition: int
@@ -54,6 +81,10 @@ class ReplicaStatus:
     lag_seconds: float
     position: Position
     error: str | None
+    state: str = "live"
+    restored_rows: int = 0
+    restored_bytes: int = 0
+    eta_seconds: float | None = None
 
     @property
     def healthy(self) -> bool:
@@ -63,47 +94,101 @@ class ReplicaStatus:
 class PartitionReplica:
     """One hosted partition: its typed store plus its changelog progress."""
 
-    def __init__(self, table: str, partition: int, store: PartitionStore) -> None:
+    def __init__(
+        self,
+        table: str,
+        partition: int,
+        store: PartitionStore,
+        transform: RowTransform | None = None,
+    ) -> None:
         self.table = table
         self.partition = partition
         self.store = store
+        self.transform = transform
         self.error: str | None = None
+        self.applied_rows = 0
+        self.applied_bytes = 0
+        self.applied_batches = 0
+        self.apply_seconds = 0.0
 
     @property
     def batch_id(self) -> int:
         return self.store.batch_id
 
+    def _ops(
+        self, keys: list[bytes], values: list[bytes | None]
+    ) -> Iterator[tuple[bytes, bytes | None]]:
+        transform = self.transform
+        if transform is None:
+            return zip(keys, values, strict=True)
+        return ((k, None if v is None else transform(v)) for k, v in zip(keys, values, strict=True))
+
     def apply(self, changelog: Changelog, record: CommitRecord) -> None:
         """Apply one committed batch (the caller guarantees it is the next one)."""
+        started = time.perf_counter()
         keys, values = changelog.read_segment(record, self.partition)
         position = Position.from_map(
             {**record.position, self.table: {self.partition: record.batch_id}}
         )
         self.store.apply(
-            zip(keys, values, strict=True),
+            self._ops(keys, values),
             record.batch_id,
             position,
             replace_all=record.mode == "complete",
         )
+        self._account(len(keys), record.segments.get(self.partition), started)
+
+    def load_snapshot(self, info: SnapshotInfo, keys: list[bytes], values: list[bytes]) -> None:
+        """Replace the partition's contents with a snapshot, atomically."""
+        started = time.perf_counter()
+        position = Position.from_map({**info.position, self.table: {self.partition: info.batch_id}})
+        self.store.apply(self._ops(keys, list(values)), info.batch_id, position, replace_all=True)
+        self.applied_rows += len(keys)
+        self.applied_bytes += info.size
+        self.apply_seconds += time.perf_counter() - started
+        log.info(
+            "%s[%d]: restored %d rows (%d bytes) from the snapshot of batch %d",
+            self.table,
+            self.partition,
+            len(keys),
+            info.size,
+            info.batch_id,
+        )
+
+    def _account(self, rows: int, segment: object, started: float) -> None:
+        self.applied_rows += rows
+        self.applied_bytes += getattr(segment, "size", 0)
+        self.applied_batches += 1
+        self.apply_seconds += time.perf_counter() - started
 
 
 class TableReplica:
-    """The hosted partitions of one table and the changelog they follow."""
+    """The hosted partitions of one table and the changelog they follow.
+
+    ``schema`` overrides the stored schema (a follower's projection, matching what
+    ``transform`` produces).
+    """
 
     def __init__(
         self,
         changelog: Changelog,
         partitions: Iterable[int],
         store_factory: StoreFactory,
+        *,
+        schema: TableSchema | None = None,
+        transform: RowTransform | None = None,
     ) -> None:
         self.changelog = changelog
         self.manifest: TableManifest = changelog.manifest()
         self.table = changelog.table
+        self.schema = schema if schema is not None else self.manifest.schema
+        self.transform = transform
         self._store_factory = store_factory
         self.partitions: dict[int, PartitionReplica] = {}
         self.latest_batch_id = -1
         self.latest_committed_at = 0.0
-        self._last_gap_scan = 0.0
+        self._last_bootstrap_check = -1e9
+        self._last_progress_log = time.monotonic()
         for partition in sorted(partitions):
             self.add_partition(partition)
 
@@ -114,63 +199,147 @@ class TableReplica:
                 f"not {partition}"
             )
         store = PartitionStore(
-            self.table, partition, self.manifest.schema, self._store_factory(self.table, partition)
+            self.table, partition, self.schema, self._store_factory(self.table, partition)
         )
-        replica = self.partitions[partition] = PartitionReplica(self.table, partition, store)
+        replica = PartitionReplica(self.table, partition, store, self.transform)
+        self.partitions[partition] = replica
         return replica
 
     def poll(self) -> int:
         """Apply every newly committed batch to every hosted partition; return how many
-        (partition, batch) applications were made."""
+        (partition, batch) applications were made (a snapshot load counts as one)."""
         if not self.partitions:
             return 0
-        healthy = [r for r in self.partitions.values()]
-        start = min(r.batch_id for r in healthy)
-        now = time.monotonic()
-        scan_gaps = now - self._last_gap_scan > _GAP_SCAN_SECONDS
-        if scan_gaps:
-            self._last_gap_scan = now
         applied = 0
+        now = time.monotonic()
+        if now - self._last_bootstrap_check > _BOOTSTRAP_CHECK_SECONDS:
+            self._last_bootstrap_check = now
+            applied += self._bootstrap()
+        # A partition stuck on a batch that is gone must not hold the others back.
+        replicas = [
+            r
+            for r in self.partitions.values()
+            if r.error is None or self.changelog.has_commit(r.batch_id + 1)
+        ]
+        if not replicas:
+            return applied
+        start = min(r.batch_id for r in replicas)
+        stuck: list[PartitionReplica] = []
         try:
-            for record in self.changelog.commits_after(start, scan_gaps=scan_gaps):
-                if record.batch_id > self.latest_batch_id:
-                    self.latest_batch_id = record.batch_id
-                    self.latest_committed_at = record.committed_at
-                blocked = 0
-                for replica in healthy:
-                    if replica.batch_id >= record.batch_id:
+            for record in self.changelog.commits_after(start):
+                self._saw(record)
+                for replica in replicas:
+                    if replica.batch_id >= record.batch_id or replica in stuck:
                         continue
-                    if replica.error is not None and replica.batch_id < record.batch_id - 1:
-                        blocked += 1
+                    if replica.batch_id < record.batch_id - 1:
+                        stuck.append(replica)  # its next batch is gone: see _bootstrap
                         continue
                     try:
                         replica.apply(self.changelog, record)
                         replica.error = None
                         applied += 1
                     except ChangelogError as exc:
-                        if replica.error != exc.message:
-                            log.error(
-                                "%s[%d]: cannot apply batch %d: %s",
-                                self.table,
-                                replica.partition,
-                                record.batch_id,
-                                exc.message,
-                            )
-                        replica.error = exc.message
-                        blocked += 1
-                if blocked == len(healthy):
+                        self._fail(replica, record.batch_id, exc.message)
+                        stuck.append(replica)
+                if len(stuck) == len(replicas):
                     break
+                self._log_progress()
         except ChangelogError as exc:  # a corrupted commit record blocks every partition
-            for replica in healthy:
+            for replica in replicas:
                 replica.error = exc.message
             log.error("%s: %s", self.table, exc.message)
+        if stuck:  # a snapshot may cover what is missing: check now rather than in 5 s
+            self._last_bootstrap_check = -1e9
         return applied
+
+    def _saw(self, record: CommitRecord) -> None:
+        if record.batch_id > self.latest_batch_id:
+            self.latest_batch_id = record.batch_id
+            self.latest_committed_at = record.committed_at
+
+    def _fail(self, replica: PartitionReplica, batch_id: int, message: str) -> None:
+        if replica.error != message:
+            log.error(
+                "%s[%d]: cannot apply batch %d: %s",
+                self.table,
+                replica.partition,
+                batch_id,
+                message,
+            )
+        replica.error = message
+
+    def _bootstrap(self) -> int:
+        """Restore from snapshots the partitions that are empty or whose next batch is gone."""
+        loaded = 0
+        for replica in self.partitions.values():
+            next_id = replica.batch_id + 1
+            at_head = 0 <= self.latest_batch_id <= replica.batch_id
+            if (
+                replica.batch_id >= 0
+                and replica.error is None
+                and (at_head or self.changelog.has_commit(next_id))
+            ):
+                continue
+            snapshots = list_snapshots(self.changelog, replica.partition)
+            if not snapshots or snapshots[-1].batch_id < next_id:
+                if self.changelog.has_commit(next_id):
+                    continue  # nothing newer to restore from: tail from the next batch
+                later = [b for b in self.changelog.committed_batch_ids() if b > next_id]
+                if later:
+                    self._fail(
+                        replica,
+                        next_id,
+                        f"batch {next_id} is no longer in the changelog (retention deleted it, "
+                        f"the oldest kept is {later[0]}) and no snapshot covers it: the "
+                        "partition cannot be restored; create a snapshot (sparkiq compact) "
+                        "or rebuild the table",
+                    )
+                continue
+            if replica.batch_id >= 0:
+                log.warning(
+                    "%s[%d]: batch %d cannot be read from the changelog (%s); the replica "
+                    "fell behind retention and restores from the newest snapshot",
+                    self.table,
+                    replica.partition,
+                    next_id,
+                    replica.error or "deleted",
+                )
+            found = latest_snapshot(self.changelog, replica.partition)
+            if found is None or found[0].batch_id < next_id:
+                continue
+            info, keys, values = found
+            replica.load_snapshot(info, keys, values)
+            replica.error = None
+            loaded += 1
+        return loaded
+
+    def _log_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_progress_log < _PROGRESS_LOG_SECONDS:
+            return
+        self._last_progress_log = now
+        for status in self.status():
+            if status.state == "restoring":
+                log.info(
+                    "%s[%d]: restoring, batch %d of %d, %d rows and %d bytes applied, ETA %s",
+                    status.table,
+                    status.partition,
+                    status.batch_id,
+                    status.latest_batch_id,
+                    status.restored_rows,
+                    status.restored_bytes,
+                    "unknown" if status.eta_seconds is None else f"{status.eta_seconds:.0f} s",
+                )
 
     def status(self) -> list[ReplicaStatus]:
         now = time.time()
         out = []
         for partition, replica in sorted(self.partitions.items()):
             lag = max(0, self.latest_batch_id - replica.batch_id)
+            eta = None
+            if lag and replica.applied_batches:
+                eta = lag * replica.apply_seconds / replica.applied_batches
+            state = "error" if replica.error else ("restoring" if lag else "live")
             out.append(
                 ReplicaStatus(
                     table=self.table,
@@ -181,6 +350,10 @@ class TableReplica:
                     lag_seconds=max(0.0, now - self.latest_committed_at) if lag else 0.0,
                     position=replica.store.position,
                     error=replica.error,
+                    state=state,
+                    restored_rows=replica.applied_rows,
+                    restored_bytes=replica.applied_bytes,
+                    eta_seconds=eta,
                 )
             )
         return out
