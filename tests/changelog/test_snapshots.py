@@ -157,7 +157,7 @@ def test_a_missing_batch_no_snapshot_covers_stops_the_partition(tmp_path: Path) 
     assert record is not None
     partition = sorted(record.segments)[0]
     Path(changelog.segment_path(partition, 7)).unlink()  # still needed: no snapshot
-    rows, node = node_rows(tmp_path)
+    _rows, node = node_rows(tmp_path)
     status = {s.partition: s for s in node.status()}
     assert status[partition].state == "error" and status[partition].batch_id == 6
     assert "missing" in (status[partition].error or "")

@@ -232,3 +232,58 @@ def test_complete_mode_replaces_the_table(spark: Any, tmp_path: Path) -> None:
         assert app.get("odd", "a") is None
     finally:
         app.stop()
+
+
+def test_snapshots_and_retention_run_as_spark_jobs(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    from sparkiq import Node
+    from sparkiq.changelog import Changelog
+    from sparkiq.changelog.snapshot import list_snapshots
+
+    source = tmp_path / "in"
+    source.mkdir()
+    state = tmp_path / "state"
+    df = (
+        spark.readStream.schema("k string, n long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+    )
+    app = App(spark, state_dir=str(state), snapshot_every=2, retention=0)
+    app.materialize("sums", df.groupBy("k").agg(F.sum("n").alias("n")), key="k", partitions=3)
+    app.start()
+    try:
+        truth: dict[str, int] = {}
+        for index in range(5):
+            keys = [f"k{(index * 3 + i) % 7}" for i in range(4)]
+            write_counts(source, index, keys)
+            for key in keys:
+                truth[key] = truth.get(key, 0) + 1
+        app.process_all_available()
+        app.compact()  # waits for any background run, then snapshots the newest batch
+        changelog = Changelog(str(state), "sums")
+        newest = changelog.committed_batch_ids()[-1]
+        assert newest == 4
+        assert all(list_snapshots(changelog, p)[-1].batch_id == newest for p in range(3))
+        assert changelog.committed_batch_ids() == [newest]  # retention 0: history is gone
+        assert not list(
+            (state / "tables" / "sums" / "segments").glob("*/0000000000000000000[0-3].arrow")
+        )
+        with Node(str(state), node_id="fresh", store="memory") as node:
+            node.poll_once()
+            assert {k: node.get("sums", k) for k in truth} == {
+                k: {"k": k, "n": n} for k, n in truth.items()
+            }
+        with pytest.raises(UnknownStoreError, match="nope"):
+            app.compact("nope")
+    finally:
+        app.stop()
+
+
+def test_maintenance_options_are_validated(spark: Any, tmp_path: Path) -> None:
+    for bad in [0, -1, 1.5, True, "10"]:
+        with pytest.raises(ConfigError, match="snapshot_every"):
+            App(spark, state_dir=str(tmp_path), snapshot_every=bad)  # type: ignore[arg-type]
+    for bad_retention in [-1, "1h", True]:
+        with pytest.raises(ConfigError, match="retention"):
+            App(spark, state_dir=str(tmp_path), retention=bad_retention)  # type: ignore[arg-type]

@@ -24,13 +24,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkiq.changelog import Changelog, TableManifest, check_table_name, open_storage
+from sparkiq.changelog import (
+    Changelog,
+    CommitRecord,
+    TableManifest,
+    check_table_name,
+    open_storage,
+)
 from sparkiq.cluster.node import Node
 from sparkiq.errors import ConfigError, SchemaError, SparkiqError, UnknownStoreError
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
+from sparkiq.spark.maintenance import TableMaintenance, compact_table
 from sparkiq.spark.sink import TableSink, pyarrow_uri, spark_uri
 
 __all__ = ["App", "Table"]
@@ -51,6 +58,7 @@ class Table:
     trigger: dict[str, Any] | None = None
     query: Any = None  # pyspark.sql.streaming.StreamingQuery once started
     sink: TableSink | None = None
+    maintenance: TableMaintenance | None = None
 
     @property
     def partitions(self) -> int:
@@ -70,6 +78,9 @@ class App:
     spelled ``s3a://`` for Spark.
     ``name`` names the application in logs and Spark query names. ``local_dir``, ``store`` and
     ``poll_interval`` configure the local node (see :class:`~sparkiq.cluster.node.Node`).
+    Every ``snapshot_every`` batches (None: never) each table is snapshotted by a Spark job
+    in the background, then files older than ``retention`` seconds that no snapshot needs
+    are deleted (None: keep everything); see :mod:`sparkiq.spark.maintenance`.
     """
 
     def __init__(
@@ -82,9 +93,25 @@ class App:
         store: str = "rocksdb",
         poll_interval: float = 0.02,
         checkpoint_dir: str | None = None,
+        snapshot_every: int | None = 100,
+        retention: float | None = 24 * 3600.0,
     ) -> None:
         if not hasattr(spark, "readStream"):
             raise ConfigError(f"App() needs a SparkSession, got {type(spark).__name__}")
+        if snapshot_every is not None and (
+            isinstance(snapshot_every, bool)
+            or not isinstance(snapshot_every, int)
+            or snapshot_every < 1
+        ):
+            raise ConfigError(
+                f"snapshot_every must be a positive int (batches) or None, got {snapshot_every!r}"
+            )
+        if retention is not None and (
+            isinstance(retention, bool) or not isinstance(retention, int | float) or retention < 0
+        ):
+            raise ConfigError(f"retention must be seconds >= 0 or None, got {retention!r}")
+        self.snapshot_every = snapshot_every
+        self.retention = None if retention is None else float(retention)
         self.spark = spark
         self.state_dir = state_dir
         self.storage = open_storage(state_dir)
@@ -266,11 +293,17 @@ class App:
 
     def _start_query(self, table: Table) -> None:
         node = self.node
+        maintenance = table.maintenance = TableMaintenance(
+            self.spark, self.state_dir, table.name, self.snapshot_every, self.retention
+        )
+
+        def on_commit(record: CommitRecord) -> None:
+            if node is not None:
+                node.notify(record.table)
+            maintenance.on_commit(record)
+
         sink = TableSink(
-            self.state_dir,
-            table.manifest,
-            self._checkpoint_location(table.name),
-            on_commit=(lambda record: node.notify(record.table)) if node is not None else None,
+            self.state_dir, table.manifest, self._checkpoint_location(table.name), on_commit
         )
         writer = (
             table.dataframe.writeStream.queryName(f"sparkiq.{self.name}.{table.name}")
@@ -282,6 +315,22 @@ class App:
             writer = writer.trigger(**table.trigger)
         table.sink = sink
         table.query = writer.start()
+
+    def compact(self, table: str | None = None) -> None:
+        """Snapshot ``table`` (or every table) at its newest batch now, with a Spark job, and
+        apply retention; blocks until done. Raises UnknownStoreError for an unknown table."""
+        names = [table] if table is not None else list(self._tables)
+        for name in names:
+            if name not in self._tables:
+                raise UnknownStoreError(
+                    f"unknown table {name!r}; materialized tables: {sorted(self._tables)}",
+                    store=name,
+                )
+        for name in names:
+            existing = self._tables[name].maintenance
+            if existing is not None:
+                existing.wait()
+            compact_table(self.state_dir, name, retention_seconds=self.retention, spark=self.spark)
 
     def process_all_available(self, timeout: float | None = None) -> None:
         """Wait until every query processed all available input and the local node applied
@@ -321,6 +370,8 @@ class App:
                     try:
                         _wait_between_batches(table.query, timeout)
                         table.query.stop()
+                        if table.maintenance is not None:
+                            table.maintenance.wait(timeout)
                     except Exception:  # already stopped or the session is gone
                         log.debug("stopping %s", table.name, exc_info=True)
                     table.query = None
