@@ -7,8 +7,10 @@ a flag given on the command line wins over the variable.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,12 +65,39 @@ def _parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status",
-        help="show the tables in a state_dir and their committed progress",
+        help="show the tables of a state_dir, their changelog, and the progress of local nodes",
     )
     status.add_argument(
         "--state-dir",
         default=_env("STATE_DIR", "./demo-state"),
         help="the state_dir to inspect [SPARKIQ_STATE_DIR]",
+    )
+    status.add_argument(
+        "--local-dir",
+        action="append",
+        default=None,
+        help="a node's local_dir whose replicas to show (repeatable); by default every node "
+        "under <state_dir>/replicas [SPARKIQ_LOCAL_DIR]",
+    )
+
+    compact = commands.add_parser(
+        "compact",
+        help="snapshot tables at their newest batch, then apply retention",
+        description="Writes a snapshot of every partition (no Spark needed) and, with "
+        "--retention, deletes what no snapshot needs. The writer App does this on its own "
+        "every snapshot_every batches; use this to do it now, or when the writer is down.",
+    )
+    compact.add_argument(
+        "--state-dir",
+        default=_env("STATE_DIR", "./demo-state"),
+        help="the state_dir holding the tables [SPARKIQ_STATE_DIR]",
+    )
+    compact.add_argument("--table", action="append", help="only this table (repeatable)")
+    compact.add_argument(
+        "--retention",
+        type=float,
+        default=None,
+        help="then delete files older than this many seconds that no snapshot needs",
     )
     return parser
 
@@ -86,27 +115,85 @@ def main(argv: Sequence[str] | None = None) -> int:
             fresh=args.fresh,
         )
     if args.command == "status":
-        return _status(args.state_dir)
+        local_dirs = args.local_dir or (
+            [os.environ["SPARKIQ_LOCAL_DIR"]] if "SPARKIQ_LOCAL_DIR" in os.environ else None
+        )
+        return _status(args.state_dir, local_dirs)
+    if args.command == "compact":
+        return _compact(args.state_dir, args.table, args.retention)
     return 2
 
 
-def _status(state_dir: str) -> int:
+_NODE_ROW = "{:<24} {:>4} {:<9} {:>7} {:>5} {:>10} {:>12} {:>6}"
+
+
+def _status(state_dir: str, local_dirs: list[str] | None) -> int:
     from sparkiq.changelog import Changelog, list_tables
+    from sparkiq.changelog.snapshot import snapshot_summary
 
     tables = list_tables(state_dir)
     if not tables:
         print(f"no sparkiq tables in {state_dir!r}", file=sys.stderr)
         return 1
-    print(f"{'table':<28} {'partitions':>10} {'key':<24} {'batches':>8} {'last batch':>10}")
+    print(
+        f"{'table':<24} {'parts':>5} {'key':<20} {'batches kept':>14} {'newest':>7} {'snapshot':>9}"
+    )
     for name in tables:
         changelog = Changelog(state_dir, name)
         manifest = changelog.manifest()
         batches = changelog.committed_batch_ids()
-        last = batches[-1] if batches else "-"
+        kept = f"{batches[0]}..{batches[-1]}" if batches else "-"
+        snapshots = [b for b in snapshot_summary(changelog, manifest.partitions).values()]
+        snapshot = "-" if None in snapshots or not snapshots else str(min(snapshots))
         key = ",".join(manifest.key_columns) + (
             f" [{manifest.window_column}]" if manifest.window_column else ""
         )
-        print(f"{name:<28} {manifest.partitions:>10} {key:<24} {len(batches):>8} {last!s:>10}")
+        newest = batches[-1] if batches else "-"
+        print(
+            f"{name:<24} {manifest.partitions:>5} {key:<20} {kept:>14} {newest!s:>7} {snapshot:>9}"
+        )
+    if local_dirs is None and "://" not in state_dir:
+        root = os.path.join(os.path.abspath(state_dir), "replicas")
+        local_dirs = (
+            [os.path.join(root, d) for d in sorted(os.listdir(root))] if os.path.isdir(root) else []
+        )
+    for local_dir in local_dirs or []:
+        path = os.path.join(local_dir, "status.json")
+        try:
+            with open(path) as handle:
+                doc = json.load(handle)
+        except (OSError, ValueError):
+            print(f"\nnode at {local_dir}: no status.json (never started, or not a node)")
+            continue
+        age = time.time() - float(doc.get("updated_at", 0))
+        print(f"\nnode {doc.get('node_id')!r} ({local_dir}), updated {age:.0f} s ago")
+        header = ("table", "part", "state", "batch", "lag", "rows", "bytes", "ETA")
+        print("  " + _NODE_ROW.format(*header))
+        for p in doc.get("partitions", []):
+            eta = "-" if p.get("eta_seconds") is None else f"{p['eta_seconds']:.0f}s"
+            fields = ("table", "partition", "state", "batch_id", "lag_batches", "restored_rows")
+            print("  " + _NODE_ROW.format(*(p[f] for f in fields), p["restored_bytes"], eta))
+            if p.get("error"):
+                print(f"      error: {p['error']}")
+    return 0
+
+
+def _compact(state_dir: str, tables: list[str] | None, retention: float | None) -> int:
+    from sparkiq.changelog import list_tables
+    from sparkiq.spark.maintenance import compact_table
+
+    names = tables or list_tables(state_dir)
+    if not names:
+        print(f"no sparkiq tables in {state_dir!r}", file=sys.stderr)
+        return 1
+    for name in names:
+        batch_id, rows, report = compact_table(state_dir, name, retention_seconds=retention)
+        if batch_id < 0:
+            print(f"{name}: nothing committed yet")
+            continue
+        print(
+            f"{name}: snapshot at batch {batch_id}, {rows} rows" + (f"; {report}" if report else "")
+        )
     return 0
 
 

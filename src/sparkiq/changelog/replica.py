@@ -166,7 +166,8 @@ class TableReplica:
     """The hosted partitions of one table and the changelog they follow.
 
     ``schema`` overrides the stored schema (a follower's projection, matching what
-    ``transform`` produces).
+    ``transform`` produces). ``on_progress`` is called every few seconds while a long
+    restore or backlog is being applied.
     """
 
     def __init__(
@@ -177,8 +178,10 @@ class TableReplica:
         *,
         schema: TableSchema | None = None,
         transform: RowTransform | None = None,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         self.changelog = changelog
+        self.on_progress = on_progress
         self.manifest: TableManifest = changelog.manifest()
         self.table = changelog.table
         self.schema = schema if schema is not None else self.manifest.schema
@@ -318,6 +321,8 @@ class TableReplica:
         if now - self._last_progress_log < _PROGRESS_LOG_SECONDS:
             return
         self._last_progress_log = now
+        if self.on_progress is not None:
+            self.on_progress()
         for status in self.status():
             if status.state == "restoring":
                 log.info(

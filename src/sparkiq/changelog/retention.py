@@ -37,6 +37,12 @@ class RetentionReport:
     commits: int
     snapshots: int
 
+    def __str__(self) -> str:
+        return (
+            f"retention deleted {self.segments} segments, {self.commits} commit records "
+            f"and {self.snapshots} snapshots"
+        )
+
 
 def apply_retention(
     changelog: Changelog,
@@ -86,5 +92,5 @@ def apply_retention(
             deleted_commits += 1
     report = RetentionReport(deleted_segments, deleted_commits, deleted_snapshots)
     if deleted_segments or deleted_commits or deleted_snapshots:
-        log.info("%s: retention deleted %s", changelog.table, report)
+        log.info("%s: %s", changelog.table, report)
     return report

@@ -11,16 +11,19 @@ the position it is at.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sparkiq.changelog import Changelog, list_tables, open_storage
 from sparkiq.changelog.replica import (
     ReplicaStatus,
+    RowTransform,
     StoreFactory,
     TableReplica,
     memory_factory,
@@ -32,14 +35,29 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
+from sparkiq.schema.types import TableSchema
 from sparkiq.stores.dispatch import QueryContext, execute
 from sparkiq.stores.partition import PartitionStore
 
-__all__ = ["Node"]
+__all__ = ["Node", "TableView"]
 
 log = logging.getLogger("sparkiq.node")
 
 _PLAIN_CONTEXT = QueryContext()
+
+
+@dataclass(frozen=True, slots=True)
+class TableView:
+    """How a node holds one table when not as stored: ``schema`` is the schema of the rows it
+    keeps and ``transform`` maps each changelog row to such a row, or to None to drop it (see
+    :data:`~sparkiq.changelog.replica.RowTransform`; it must be deterministic). Followers use
+    it to keep a filtered and projected subset."""
+
+    schema: TableSchema | None = None
+    transform: RowTransform | None = None
+
+
+_AS_STORED = TableView()
 
 
 class Node:
@@ -50,7 +68,11 @@ class Node:
     in memory instead (nothing survives a restart). ``poll_interval`` is how often, in seconds,
     the changelog is checked for new commits. ``partitions`` limits what is hosted:
     ``{"table": [0, 3]}`` hosts only those partitions of that table (tables not named are
-    hosted whole); queries for other partitions fail with ``NOT_PRESENT``.
+    hosted whole); queries for other partitions fail with ``NOT_PRESENT``. ``tables`` limits
+    the hosted tables to those named (default: every table in ``state_dir``); ``views`` holds
+    a table as a :class:`TableView` instead of as stored. ``read_only=True`` opens every
+    changelog read-only, so any write through this node raises
+    :class:`~sparkiq.errors.ReadOnlyError` (followers).
     """
 
     def __init__(
@@ -62,8 +84,14 @@ class Node:
         store: str = "rocksdb",
         poll_interval: float = 0.02,
         partitions: Mapping[str, Iterable[int]] | None = None,
+        tables: Iterable[str] | None = None,
+        views: Mapping[str, TableView] | None = None,
+        read_only: bool = False,
     ) -> None:
         self.state_dir = state_dir
+        self._hosted_tables = None if tables is None else frozenset(tables)
+        self._views = dict(views or {})
+        self._read_only = read_only
         self._only = {t: frozenset(ps) for t, ps in (partitions or {}).items()}
         self.node_id = node_id
         storage = open_storage(state_dir)
@@ -130,13 +158,15 @@ class Node:
         """Host any table that appeared in ``state_dir`` since the last call; return new ones."""
         added = []
         for name in list_tables(self.state_dir):
+            if self._hosted_tables is not None and name not in self._hosted_tables:
+                continue
             if name not in self._tables:
                 self._host(name)
                 added.append(name)
         return added
 
     def _host(self, name: str) -> None:
-        changelog = Changelog(self.state_dir, name)
+        changelog = Changelog(self.state_dir, name, read_only=self._read_only)
         manifest = changelog.manifest()
         factory: StoreFactory
         if self.store_kind == "memory":
@@ -145,15 +175,23 @@ class Node:
             assert self.local_dir is not None
             factory = rocksdb_factory(self.local_dir, manifest)
         hosted = self._only.get(name, range(manifest.partitions))
-        replica = TableReplica(changelog, hosted, factory)
+        view = self._views.get(name, _AS_STORED)
+        replica = TableReplica(
+            changelog,
+            hosted,
+            factory,
+            on_progress=self.write_status_file,
+            schema=view.schema,
+            transform=view.transform,
+        )
         with self._lock:
             self._tables[name] = replica
             stores: list[PartitionStore | None] = [None] * manifest.partitions
             for partition, hosted_replica in replica.partitions.items():
                 stores[partition] = hosted_replica.store
             self._routes[name] = (
-                KeyCodec(manifest.schema),
-                Partitioner(manifest.schema.key_types, manifest.partitions),
+                KeyCodec(replica.schema),
+                Partitioner(replica.schema.key_types, manifest.partitions),
                 stores,
             )
 
@@ -171,6 +209,7 @@ class Node:
             self.poll_once()
             if time.monotonic() - last_refresh > 1.0:
                 last_refresh = time.monotonic()
+                self.write_status_file()
                 try:
                     self.refresh_tables()
                 except Exception:  # a half-created table: try again next time
@@ -212,6 +251,10 @@ class Node:
     def tables(self) -> list[str]:
         return sorted(self._tables)
 
+    def replica(self, store: str) -> TableReplica:
+        """The hosted replica of table ``store`` (its changelog, partitions and stores)."""
+        return self._table(store)
+
     def _table(self, store: str) -> TableReplica:
         try:
             return self._tables[store]
@@ -241,13 +284,27 @@ class Node:
         partition = route[1](internal)
         hosted = route[2][partition]
         if hosted is None:
-            raise SparkiqError(
-                f"partition {partition} of {store!r}, which holds key {key!r}, is not hosted on "
-                f"node {self.node_id!r}; use query() to get a NOT_PRESENT result instead",
-                store=store,
-                partition=partition,
-            )
+            raise self._not_hosted(store, partition, key)
         return hosted.get(internal)[0]
+
+    def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
+        """Like :meth:`get`, with the position of the partition the row was read at (the
+        pair is consistent: the row is exactly the state at that position)."""
+        route = self._routes.get(store) or self._route(store)
+        internal = route[0].to_internal(key)
+        partition = route[1](internal)
+        hosted = route[2][partition]
+        if hosted is None:
+            raise self._not_hosted(store, partition, key)
+        return hosted.get(internal)
+
+    def _not_hosted(self, store: str, partition: int, key: Any) -> SparkiqError:
+        return SparkiqError(
+            f"partition {partition} of {store!r}, which holds key {key!r}, is not hosted on "
+            f"node {self.node_id!r}; use query() to get a NOT_PRESENT result instead",
+            store=store,
+            partition=partition,
+        )
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer ``request`` from the partitions hosted here; failures are per partition."""
@@ -285,6 +342,44 @@ class Node:
 
     def status(self) -> list[ReplicaStatus]:
         return [s for r in self._tables.values() for s in r.status()]
+
+    def write_status_file(self) -> None:
+        """Write ``<local_dir>/status.json`` (what ``sparkiq status`` shows for this node).
+
+        Format: ``{"node_id", "updated_at", "partitions": [{table, partition, state,
+        batch_id, latest_batch_id, lag_batches, restored_rows, restored_bytes, eta_seconds,
+        error}]}``. Nodes without a local directory (memory stores) write nothing.
+        """
+        if self.local_dir is None or self.store_kind != "rocksdb":
+            return
+        doc = {
+            "node_id": self.node_id,
+            "updated_at": time.time(),
+            "partitions": [
+                {
+                    "table": s.table,
+                    "partition": s.partition,
+                    "state": s.state,
+                    "batch_id": s.batch_id,
+                    "latest_batch_id": s.latest_batch_id,
+                    "lag_batches": s.lag_batches,
+                    "restored_rows": s.restored_rows,
+                    "restored_bytes": s.restored_bytes,
+                    "eta_seconds": s.eta_seconds,
+                    "error": s.error,
+                }
+                for s in self.status()
+            ],
+        }
+        path = os.path.join(self.local_dir, "status.json")
+        try:
+            os.makedirs(self.local_dir, exist_ok=True)
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as handle:
+                json.dump(doc, handle)
+            os.replace(tmp, path)
+        except OSError:
+            log.debug("cannot write %s", path, exc_info=True)
 
     def position(self, store: str) -> Position:
         merged = Position.empty()
