@@ -83,7 +83,7 @@ class TableSink:
         )
         writer = _segment_writer(self.state_dir, self.manifest, batch_id)
         facts = (
-            tagged.repartition(self.manifest.partitions, PARTITION_COLUMN)
+            tagged.repartition(self._write_tasks(df), PARTITION_COLUMN)
             .mapInArrow(writer, _META_SCHEMA)
             .collect()
         )
@@ -109,6 +109,14 @@ class TableSink:
         _maybe_crash("after_commit", table, batch_id)
         if self.on_commit is not None:
             self.on_commit(record)
+
+    def _write_tasks(self, df: Any) -> int:
+        """How many tasks write segments: one per partition, but no more than the cores
+        Spark has, since each Python task costs far more to start than its share of the
+        writing. A task writes one segment for each partition it receives; all rows of a
+        partition go to one task, so there is still exactly one segment per partition."""
+        cores = int(df.sparkSession.sparkContext.defaultParallelism)
+        return max(1, min(self.manifest.partitions, cores))
 
 
 def _segment_writer(
