@@ -1,0 +1,242 @@
+"""What every benchmark shares: statistics, result tables, the machine, a SparkSession."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return float(ordered[rank])
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def ratio(value: float, baseline: float) -> float:
+    return value / baseline if baseline else float("inf")
+
+
+def fmt_ratio(value: float) -> str:
+    return f"{value:,.0f}x" if value >= 100 else f"{value:.1f}x"
+
+
+def verdict(value: float, target: float, unit: str, *, at_most: bool) -> str:
+    """``target (<= 10 us) met`` or ``... missed by 2.3x``: honest and short."""
+    met = value <= target if at_most else value >= target
+    amount = f"{target:,.0f}{unit}" if unit == "x" else f"{target:,.0f} {unit}"
+    head = f"target ({'<=' if at_most else '>='} {amount})"
+    if met:
+        return f"{head} met"
+    factor = value / target if at_most else (target / value if value else float("inf"))
+    return f"{head} missed by {factor:.1f}x"
+
+
+@dataclass
+class Report:
+    """What one benchmark found, in a shape both the console and the docs can print."""
+
+    name: str
+    title: str
+    measures: str
+    baseline: str
+    target: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    readings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    console: list[str] = field(default_factory=list)  # printed, not written to the docs
+    figures: dict[str, Any] = field(default_factory=dict)
+    quick: bool = False
+
+    def table(self) -> str:
+        """The rows as a Markdown table (also readable on a console)."""
+        widths = [
+            max(len(str(c)), *(len(str(r[i])) for r in self.rows)) if self.rows else len(c)
+            for i, c in enumerate(self.columns)
+        ]
+        lines = [
+            "| " + " | ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True)) + " |",
+            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+        ]
+        lines += [
+            "| " + " | ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)) + " |"
+            for r in self.rows
+        ]
+        return "\n".join(lines)
+
+    def print(self) -> None:
+        print(f"\n== {self.title}{' (quick)' if self.quick else ''}")
+        print(self.table())
+        for line in self.readings:
+            print(f"-> {line}")
+        for line in [*self.notes, *self.console]:
+            print(f"   {line}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "quick": self.quick,
+            "columns": self.columns,
+            "rows": self.rows,
+            "readings": self.readings,
+            **self.figures,
+        }
+
+
+def cli(run: Callable[[bool], Report], argv: Sequence[str] | None, doc: str | None) -> Report:
+    """Parse ``--quick``, run, print."""
+    parser = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller, faster run")
+    args = parser.parse_args(argv)
+    report = run(args.quick)
+    report.print()
+    return report
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str) -> Iterator[str]:
+    """A temporary directory, removed afterwards (``SPARKIQ_BENCH_TMP`` sets its parent)."""
+    path = tempfile.mkdtemp(
+        prefix=f"sparkiq-bench-{prefix}-", dir=os.environ.get("SPARKIQ_BENCH_TMP")
+    )
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def spark_session() -> Any:
+    """The local SparkSession on both cores (created once per process, like the tests')."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sparkiq-bench")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def machine() -> dict[str, str]:
+    """CPU model, cores, RAM and the versions that matter, for the docs."""
+    import importlib.metadata as metadata
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ram = "?"
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemTotal:"):
+                ram = f"{int(line.split()[1]) / (1 << 20):.1f} GiB"
+                break
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "ram": ram,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "pyspark": version("pyspark"),
+        "rocksdict": version("rocksdict"),
+        "pyarrow": version("pyarrow"),
+        "java": _java_version(),
+    }
+
+
+def _java_version() -> str:
+    import subprocess
+
+    java = shutil.which("java")
+    if java is None:
+        return "not found"
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    lines = (out.stderr or out.stdout).strip().splitlines()
+    if not lines:
+        return "?"
+    # 'openjdk version "17.0.15" 2025-04-15' -> 'Java 17.0.15 (openjdk)'
+    parts = lines[0].split('"')
+    return f"Java {parts[1]} ({parts[0].split()[0]})" if len(parts) >= 2 else lines[0]
+
+
+def code_version() -> str:
+    """The commit benchmarked and, if ``src/`` differs from it, a digest of the difference
+    (read-only git calls), so a run during which the code changed can say so."""
+    import hashlib
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout
+
+    try:
+        head = git("rev-parse", "--short", "HEAD").strip()
+        dirty = git("status", "--porcelain", "--", "src").strip()
+        diff = git("diff", "HEAD", "--", "src") if dirty else ""
+    except OSError:
+        return "unknown (no git)"
+    if not head:
+        return "unknown (not a git checkout)"
+    if not dirty:
+        return f"commit {head}"
+    digest = hashlib.sha256((dirty + diff).encode()).hexdigest()[:8]
+    return f"commit {head} with uncommitted changes in src/ (digest {digest})"
+
+
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "?"
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def write_json_rows(folder: str, index: int, rows: Sequence[tuple[str, int]]) -> None:
+    """Add ``{"k": ..., "v": ...}`` lines as file ``<index>.json`` of a streaming source,
+    atomically: written beside the folder, then renamed in, so Spark never sees it half
+    written."""
+    import json
+
+    name = f"{index:05d}.json"
+    tmp = os.path.join(os.path.dirname(folder.rstrip("/")), f".tmp-{name}")
+    with open(tmp, "w") as handle:
+        handle.write("\n".join(json.dumps({"k": k, "v": v}) for k, v in rows) + "\n")
+    os.replace(tmp, os.path.join(folder, name))

@@ -1,0 +1,202 @@
+"""Run every benchmark and rewrite ``docs/benchmarks.md`` with the figures.
+
+``python -m bench.run_all`` (what ``make bench`` runs) takes about four minutes on two
+cores. ``--quick`` runs smaller versions in about two and, being less precise, leaves the
+docs alone unless ``--write-docs`` is given; so does ``--only`` (a subset).
+``--json PATH`` also saves every figure as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench import apply, freshness, lookup, sink, statestore
+from bench._common import Report, code_version, load_average, machine
+
+#: In running order: the benchmarks without Spark first, then those sharing one session.
+BENCHMARKS: dict[str, Callable[[bool], Report]] = {
+    "lookup": lookup.run,
+    "apply": apply.run,
+    "statestore": statestore.run,
+    "sink": sink.run,
+    "freshness": freshness.run,
+}
+
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+
+#: What each section says whatever the figures are: how to read them.
+CONTEXT = {
+    "lookup": (
+        "`node.get` validates the key, hashes it with Spark's Murmur3 to find its "
+        "partition, encodes it, reads RocksDB and decodes the row to a dict; a KeyQuery "
+        "also builds the request and result objects and checks the position bound. The "
+        "floor does only the RocksDB read, so the ratio is the price of everything sparkiq "
+        "adds in Python. On a shared machine the absolute figures move between runs, the "
+        "floor with them; the ratio to the floor moves much less."
+    ),
+    "apply": (
+        "A replica verifies each segment's SHA-256 before applying it, decodes it with "
+        "pyarrow, and writes it with the new position in one RocksDB write batch (write-ahead "
+        "log, no fsync). The raw floor starts from bytes already in memory and writes no "
+        "position. Replicas' RocksDB options (small write buffers under one shared memtable "
+        "budget, flushed by background threads on the other core) make writes cheaper than "
+        "rocksdict's defaults (one large memtable per database)."
+    ),
+    "statestore": (
+        "Spark's state reader plans and runs a batch job that loads the state files of "
+        "every shuffle partition of the checkpoint; `App.get` reads one key from a local "
+        "RocksDB replica. The reader is Spark's supported way to look at streaming state; "
+        "it is not built for point lookups, which is the gap sparkiq fills."
+    ),
+    "sink": (
+        "With sparkiq, each micro-batch also tags rows with their partition, shuffles them "
+        "into the table's partitions, encodes and writes one segment per partition on the "
+        "executors (an Arrow Python task, file fsync), then writes the commit record on the "
+        "driver; the local node applies the batch meanwhile, on the same two cores."
+    ),
+    "freshness": (
+        "`committed_at` is taken just before the commit record is written, so the record's "
+        "write (fsync, rename) is part of every figure; it is shown on its own as the floor. "
+        "The local node is woken by the sink right after the record is written; the external "
+        "node finds it at its next poll, so it adds up to one poll interval on average half "
+        "of it. Both then read, verify and apply the batch's segments."
+    ),
+}
+
+
+def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any]) -> str:
+    m = info["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Benchmarks of sparkiq's embedded mode (an `App` and `Node` in one process, changelog "
+        "and replicas on local disk). Each lives in `bench/` and prints its table when run "
+        "alone (`.venv/bin/python -m bench.lookup`, `bench.apply`, `bench.statestore`, "
+        "`bench.sink`, `bench.freshness`; `--quick` for a smaller run).",
+        "",
+        "Reproduce all of them with `make bench` (`python -m bench.run_all`), which rewrites "
+        "this page. The machines these run on are shared and noisy: every figure is a "
+        "median or a percentile, every benchmark compares against a baseline measured in the "
+        "same run, and no timing is asserted anywhere. Compare ratios across machines, not "
+        "absolute times.",
+        "",
+        f"**Last run:** {info['date']} ({'quick' if info['quick'] else 'full'} run, "
+        f"{info['duration_s'] / 60:.1f} min), sparkiq {info['code']}  ",
+        f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['ram']} RAM, {m['os']}  ",
+        f"**Software:** Python {m['python']}, pyspark {m['pyspark']}, rocksdict "
+        f"{m['rocksdict']}, pyarrow {m['pyarrow']}, {m['java']}  ",
+        f"**Load average (1, 5, 15 min):** {info['load_before']} before, "
+        f"{info['load_after']} after",
+        "",
+        "## Summary",
+        "",
+    ]
+    for report in reports:
+        lines += [f"- **{report.title}** - {r}" for r in report.readings]
+    for name, error in failures.items():
+        lines.append(f"- **{name}** - FAILED in this run: {error}")
+    for report in reports:
+        lines += [
+            "",
+            f"## {report.title}",
+            "",
+            f"Module: `bench/{report.name}.py`",
+            "",
+            f"- **Measured:** {report.measures}.",
+            f"- **Baseline:** {report.baseline}.",
+            f"- **Target:** {report.target}.",
+            "",
+            report.table(),
+            "",
+        ]
+        lines += [f"**Reading:** {r}" + "  " for r in report.readings]
+        if report.notes:
+            lines += ["", *[f"_Note:_ {n}" for n in report.notes]]
+        if report.name in CONTEXT:
+            lines += ["", CONTEXT[report.name]]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller, faster runs")
+    parser.add_argument(
+        "--only", default="", help=f"comma-separated subset of {', '.join(BENCHMARKS)}"
+    )
+    parser.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="rewrite docs/benchmarks.md even for --quick or --only runs",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also save every figure as JSON here")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
+
+    info: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "quick": args.quick,
+        "machine": machine(),
+        "code": code_version(),
+        "load_before": load_average(),
+    }
+    started = time.monotonic()
+    reports: list[Report] = []
+    failures: dict[str, str] = {}
+    try:
+        for name in names:
+            t0 = time.monotonic()
+            print(f"\n### {name} ...", flush=True)
+            try:
+                report = BENCHMARKS[name](args.quick)
+            except Exception as exc:
+                traceback.print_exc()
+                failures[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            report.print()
+            print(f"({name} took {time.monotonic() - t0:.0f} s)", flush=True)
+            reports.append(report)
+    finally:
+        if any(n in names for n in ("statestore", "sink", "freshness")):
+            from pyspark.sql import SparkSession
+
+            session = SparkSession.getActiveSession()
+            if session is not None:
+                session.stop()
+    info["duration_s"] = time.monotonic() - started
+    info["load_after"] = load_average()
+    if code_version() != info["code"]:
+        info["code"] += f" at the start, {code_version()} at the end (code changed mid-run)"
+
+    if (not args.quick and names == list(BENCHMARKS)) or args.write_docs:
+        os.makedirs(DOCS, exist_ok=True)
+        path = os.path.join(DOCS, "benchmarks.md")
+        with open(path, "w") as handle:
+            handle.write(_docs(reports, failures, info))
+        print(f"\nwrote {path}")
+    else:
+        print("\ndocs/benchmarks.md left unchanged (quick or partial run; --write-docs forces)")
+    results = {"info": info, "failures": failures, **{r.name: r.as_dict() for r in reports}}
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=2, default=str)
+    print(f"total {info['duration_s'] / 60:.1f} min")
+    if failures:
+        print(f"FAILED: {', '.join(failures)}", file=sys.stderr)
+        raise SystemExit(1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

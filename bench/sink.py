@@ -1,0 +1,177 @@
+"""Sink overhead per micro-batch: a streaming aggregation with and without sparkiq.
+
+The same query - ``groupBy("k").agg(count, sum)`` over a file source that takes one file of
+10k rows (keys drawn from 10k) per micro-batch - runs to two sinks on one local[2] session:
+
+* baseline - ``foreachBatch`` that only evaluates the batch
+  (``df.write.format("noop").mode("overwrite").save()``: Spark 4 needs a stateful batch
+  fully evaluated, so an empty function is not an option);
+* :class:`sparkiq.App` materializing it (8 partitions): hash-partition, encode and write one
+  segment per partition on the executors, then the commit record; its local node applies
+  each batch in the same process meanwhile.
+
+Per-batch durations come from ``query.recentProgress`` (``durationMs.triggerExecution``, the
+whole micro-batch, and ``durationMs.addBatch``, the sink's part), leaving out the first
+batches of each run (warm-up). Full runs alternate baseline and App three times.
+
+Run: ``python -m bench.sink [--quick]``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from bench._common import (
+    Report,
+    cli,
+    median,
+    scratch_dir,
+    spark_session,
+    write_json_rows,
+)
+from sparkiq import App
+
+TABLE = "sinkbench"
+WARMUP_BATCHES = 2
+ROWS_PER_FILE = 10_000
+KEYSPACE = 10_000
+
+
+def _evaluate_only(df: Any, batch_id: int) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def _progress_field(progress: Any, name: str) -> Any:
+    value = getattr(progress, name, None)
+    return progress[name] if value is None else value
+
+
+def _durations(progress: Sequence[Any]) -> list[tuple[int, int, int]]:
+    """``(batch id, triggerExecution ms, addBatch ms)`` of batches that had input."""
+    out = []
+    for p in progress:
+        if not _progress_field(p, "numInputRows"):
+            continue
+        duration = _progress_field(p, "durationMs")
+        out.append(
+            (
+                int(_progress_field(p, "batchId")),
+                int(duration["triggerExecution"]),
+                int(duration.get("addBatch", 0)),
+            )
+        )
+    return sorted(out)
+
+
+def _aggregation(spark: Any, source: str) -> Any:
+    from pyspark.sql import functions as F
+
+    df = spark.readStream.schema("k string, v long").option("maxFilesPerTrigger", 1).json(source)
+    return df.groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+
+
+def _run_baseline(spark: Any, source: str, root: str) -> list[tuple[int, int, int]]:
+    query = (
+        _aggregation(spark, source)
+        .writeStream.outputMode("update")
+        .option("checkpointLocation", os.path.join(root, "checkpoint"))
+        .foreachBatch(_evaluate_only)
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        return _durations(query.recentProgress)
+    finally:
+        query.stop()
+
+
+def _run_app(spark: Any, source: str, root: str) -> list[tuple[int, int, int]]:
+    app = App(spark, state_dir=os.path.join(root, "state"), name="bench")
+    app.materialize(TABLE, _aggregation(spark, source), key="k", partitions=8)
+    app.start()
+    try:
+        app.process_all_available()
+        durations = _durations(app.tables[TABLE].query.recentProgress)
+        assert app.get(TABLE, "key-000000") is not None
+        return durations
+    finally:
+        app.stop()
+
+
+def run(quick: bool = False) -> Report:
+    batches = 8 if quick else 12
+    rounds = 1 if quick else 3
+    report = Report(
+        name="sink",
+        title="Sink overhead per micro-batch",
+        measures=(
+            "duration of one micro-batch of a streaming aggregation (file source, one file of "
+            f"{ROWS_PER_FILE:,} rows per batch, keys drawn from {KEYSPACE:,}, local[2], 4 shuffle "
+            f"partitions), from `recentProgress`; {batches - WARMUP_BATCHES} batches per run "
+            f"after {WARMUP_BATCHES} warm-up batches, {rounds} run(s) per sink, alternating"
+        ),
+        baseline=(
+            "the same query with `foreachBatch` that only evaluates the batch "
+            '(`df.write.format("noop")`)'
+        ),
+        target="none set: the overhead is reported as measured",
+        columns=["sink", "batches", "triggerExecution median ms", "addBatch median ms"],
+        quick=quick,
+    )
+    spark = spark_session()
+    rng = random.Random(9)
+    results: dict[str, list[tuple[int, int, int]]] = {"baseline (noop)": [], "sparkiq App": []}
+    with scratch_dir("sink") as root:
+        source = os.path.join(root, "in")
+        os.makedirs(source)
+        for index in range(batches):
+            rows = [
+                (f"key-{rng.randrange(KEYSPACE):06d}", rng.randrange(100))
+                for _ in range(ROWS_PER_FILE)
+            ]
+            write_json_rows(source, index, rows)
+        for r in range(rounds):
+            base = _run_baseline(spark, source, os.path.join(root, f"base{r}"))
+            app = _run_app(spark, source, os.path.join(root, f"app{r}"))
+            for name, found in (("baseline (noop)", base), ("sparkiq App", app)):
+                if len(found) != batches:
+                    raise RuntimeError(f"{name} ran {len(found)} batches with input, not {batches}")
+                results[name] += [d for d in found if d[0] >= WARMUP_BATCHES]
+
+    medians = {
+        name: (median([d[1] for d in found]), median([d[2] for d in found]))
+        for name, found in results.items()
+    }
+    for name, (trigger, add) in medians.items():
+        report.rows.append([name, str(len(results[name])), f"{trigger:,.0f}", f"{add:,.0f}"])
+    (base_t, base_a), (app_t, app_a) = medians["baseline (noop)"], medians["sparkiq App"]
+    report.rows.append(
+        [
+            "difference (App - baseline)",
+            "",
+            f"+{app_t - base_t:,.0f} ({app_t / base_t:.2f}x)",
+            f"+{app_a - base_a:,.0f} ({app_a / base_a:.2f}x)",
+        ]
+    )
+    report.readings = [
+        f"materializing with sparkiq adds {app_t - base_t:,.0f} ms per micro-batch "
+        f"({app_t / base_t:.2f}x the evaluate-only batch, {app_t:,.0f} vs {base_t:,.0f} ms); "
+        f"the sink's own part (addBatch) goes from {base_a:,.0f} to {app_a:,.0f} ms."
+    ]
+    report.figures = {
+        "median_trigger_ms": {n: m[0] for n, m in medians.items()},
+        "median_add_batch_ms": {n: m[1] for n, m in medians.items()},
+        "all_batches": results,
+    }
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    return cli(run, argv, __doc__).as_dict()
+
+
+if __name__ == "__main__":
+    main()
