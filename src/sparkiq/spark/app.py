@@ -18,6 +18,8 @@ where it stopped: Spark from its checkpoint, the replicas from their local files
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -113,6 +115,7 @@ class App:
         self.snapshot_every = snapshot_every
         self.retention = None if retention is None else float(retention)
         self.spark = spark
+        _use_this_python_for_local_workers(spark)
         self.state_dir = state_dir
         self.storage = open_storage(state_dir)
         if checkpoint_dir is None:
@@ -418,3 +421,23 @@ def _wait_between_batches(query: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def _use_this_python_for_local_workers(spark: Any) -> None:
+    """In local mode, run Spark's Python workers with this interpreter.
+
+    Without ``PYSPARK_PYTHON`` PySpark starts workers with whatever ``python3`` is first on
+    ``PATH``, which for a script run as ``.venv/bin/python app.py`` is not the virtual
+    environment, so the sink's tasks fail to import sparkiq and pyarrow. Executors of a local
+    master run on this machine, so this interpreter is the right one; an explicit
+    ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` always wins, and cluster masters are left
+    alone (their executors need sparkiq installed, see docs/guide.md).
+    """
+    context = getattr(spark, "sparkContext", None)
+    if context is None or not str(getattr(context, "master", "")).startswith("local"):
+        return
+    if os.environ.get("PYSPARK_PYTHON") or context.getConf().get("spark.pyspark.python"):
+        return
+    if getattr(context, "pythonExec", sys.executable) != sys.executable:
+        log.info("running local Python workers with %s", sys.executable)
+        context.pythonExec = sys.executable
