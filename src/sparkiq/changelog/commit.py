@@ -17,14 +17,12 @@ atomic (see :meth:`Storage.write_atomic`). A record for a batch id is never rewr
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkiq.changelog.sealed import position_from_json, position_to_json, seal, unseal
 from sparkiq.changelog.segment import SegmentInfo
-from sparkiq.errors import CorruptSegmentError
 
 __all__ = ["COMMIT_VERSION", "CommitRecord"]
 
@@ -49,7 +47,7 @@ class CommitRecord:
         return sum(s.rows for s in self.segments.values())
 
     def encode(self) -> bytes:
-        body = json.dumps(
+        return seal(
             {
                 "format": "commit",
                 "version": COMMIT_VERSION,
@@ -58,43 +56,20 @@ class CommitRecord:
                 "mode": self.mode,
                 "schema_version": self.schema_version,
                 "source_offsets": list(self.source_offsets),
-                "position": {
-                    c: {str(p): o for p, o in sorted(offs.items())}
-                    for c, offs in sorted(self.position.items())
-                },
+                "position": position_to_json(self.position),
                 "segments": {str(p): s.to_json() for p, s in sorted(self.segments.items())},
                 "rows": self.rows,
                 "committed_at": self.committed_at,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+            }
         )
-        digest = hashlib.sha256(body.encode()).hexdigest()
-        return f"{body}\n{digest}\n".encode()
 
     @staticmethod
     def decode(data: bytes, path: str) -> CommitRecord:
         """Parse and verify a commit record; raises CorruptSegmentError naming the file."""
-        try:
-            body, digest = data.decode().rstrip("\n").split("\n")
-        except (UnicodeDecodeError, ValueError):
-            raise CorruptSegmentError(f"commit record {path!r} is truncated or garbled") from None
-        if hashlib.sha256(body.encode()).hexdigest() != digest:
-            raise CorruptSegmentError(f"commit record {path!r} fails its checksum")
-        doc = json.loads(body)
-        if doc.get("format") != "commit":
-            raise CorruptSegmentError(f"{path!r} is not a sparkiq commit record")
-        if int(doc["version"]) > COMMIT_VERSION:
-            raise CorruptSegmentError(
-                f"commit record {path!r} has format version {doc['version']}; this sparkiq "
-                f"reads up to {COMMIT_VERSION}: upgrade sparkiq"
-            )
+        doc = unseal(data, path, "commit", COMMIT_VERSION)
         segments = {
             int(p): SegmentInfo(int(p), int(s["rows"]), int(s["size"]), str(s["sha256"]))
             for p, s in doc["segments"].items()
-        }
-        position = {
-            c: {int(p): int(o) for p, o in offs.items()} for c, offs in doc["position"].items()
         }
         return CommitRecord(
             table=str(doc["table"]),
@@ -102,7 +77,7 @@ class CommitRecord:
             mode=str(doc["mode"]),
             segments=segments,
             source_offsets=tuple(doc["source_offsets"]),
-            position=position,
+            position=position_from_json(doc["position"]),
             schema_version=int(doc["schema_version"]),
             committed_at=float(doc["committed_at"]),
         )

@@ -23,7 +23,6 @@ per partition; ``sparkiq compact`` runs it from a shell).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import time
@@ -33,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 
 from sparkiq.changelog.log import Changelog
+from sparkiq.changelog.sealed import position_from_json, position_to_json, seal, unseal
 from sparkiq.errors import ChangelogError, CorruptSegmentError
 
 __all__ = [
@@ -67,7 +67,7 @@ class SnapshotInfo:
     created_at: float = 0.0
 
     def encode(self) -> bytes:
-        body = json.dumps(
+        return seal(
             {
                 "format": "snapshot",
                 "version": SNAPSHOT_VERSION,
@@ -77,26 +77,16 @@ class SnapshotInfo:
                 "rows": self.rows,
                 "size": self.size,
                 "sha256": self.sha256,
-                "position": {
-                    c: {str(p): o for p, o in sorted(offs.items())}
-                    for c, offs in sorted(self.position.items())
-                },
+                "position": position_to_json(self.position),
                 "created_at": self.created_at,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+            }
         )
-        return f"{body}\n{hashlib.sha256(body.encode()).hexdigest()}\n".encode()
 
     @staticmethod
     def decode(data: bytes, path: str) -> SnapshotInfo:
+        """Parse and verify a descriptor; raises CorruptSegmentError naming the file."""
+        doc = unseal(data, path, "snapshot", SNAPSHOT_VERSION)
         try:
-            body, digest = data.decode().rstrip("\n").split("\n")
-            if hashlib.sha256(body.encode()).hexdigest() != digest:
-                raise ValueError("checksum mismatch")
-            doc = json.loads(body)
-            if doc.get("format") != "snapshot" or int(doc["version"]) > SNAPSHOT_VERSION:
-                raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}")
             return SnapshotInfo(
                 table=str(doc["table"]),
                 partition=int(doc["partition"]),
@@ -104,13 +94,10 @@ class SnapshotInfo:
                 rows=int(doc["rows"]),
                 size=int(doc["size"]),
                 sha256=str(doc["sha256"]),
-                position={
-                    c: {int(p): int(o) for p, o in offs.items()}
-                    for c, offs in doc["position"].items()
-                },
+                position=position_from_json(doc["position"]),
                 created_at=float(doc["created_at"]),
             )
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise CorruptSegmentError(f"snapshot descriptor {path!r} is unusable: {exc}") from None
 
 
