@@ -1,8 +1,8 @@
 """Run every benchmark and rewrite ``docs/benchmarks.md`` with the figures.
 
-``python -m bench.run_all`` (what ``make bench`` runs) takes about four minutes on two
-cores. ``--quick`` runs smaller versions in about two and, being less precise, leaves the
-docs alone unless ``--write-docs`` is given; so does ``--only`` (a subset).
+``python -m bench.run_all`` (what ``make bench`` runs) takes about seven to eight minutes
+on two cores. ``--quick`` runs smaller versions in about three and, being less precise,
+leaves the docs alone unless ``--write-docs`` is given; so does ``--only`` (a subset).
 ``--json PATH`` also saves every figure as JSON.
 """
 
@@ -18,13 +18,15 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench import apply, freshness, lookup, sink, statestore
+from bench import apply, follower_tail, freshness, lookup, restore, sink, statestore
 from bench._common import Report, code_version, load_average, machine
 
 #: In running order: the benchmarks without Spark first, then those sharing one session.
 BENCHMARKS: dict[str, Callable[[bool], Report]] = {
     "lookup": lookup.run,
     "apply": apply.run,
+    "restore": restore.run,
+    "follower_tail": follower_tail.run,
     "statestore": statestore.run,
     "sink": sink.run,
     "freshness": freshness.run,
@@ -49,6 +51,24 @@ CONTEXT = {
         "position. Replicas' RocksDB options (small write buffers under one shared memtable "
         "budget, flushed by background threads on the other core) make writes cheaper than "
         "rocksdict's defaults (one large memtable per database)."
+    ),
+    "restore": (
+        "A fresh node restores each partition from its newest snapshot whose descriptor and "
+        "data verify (read, SHA-256, Arrow decode), written to RocksDB in one write batch that "
+        "replaces the partition, then applies the later batches as it tails; without a "
+        "snapshot it replays every batch ever committed, so its time follows the table's "
+        "history, not its size. The restored replicas are compared (every key and row) "
+        "before any figure is reported. Snapshots are built from the previous snapshot plus "
+        "the segments since, in Python, with no replica (the writer runs that as a Spark job)."
+    ),
+    "follower_tail": (
+        "A follower, like an external node, learns of a commit at its next poll, then reads, "
+        "verifies and applies the batch's segments; a `where=` filter decodes every changed "
+        "row and calls the filter in Python, a `columns=` projection re-encodes the kept "
+        "values. The wait for the next poll is uniform over the interval, so p50 and p90 of "
+        "30 batches move by several milliseconds between runs; the mean minus half the "
+        "interval is the steadier measure of what the reader itself adds. Writer and readers "
+        "share the same two cores."
     ),
     "statestore": (
         "Spark's state reader plans and runs a batch job that loads the state files of "
@@ -79,8 +99,9 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "",
         "Benchmarks of sparkiq's embedded mode (an `App` and `Node` in one process, changelog "
         "and replicas on local disk). Each lives in `bench/` and prints its table when run "
-        "alone (`.venv/bin/python -m bench.lookup`, `bench.apply`, `bench.statestore`, "
-        "`bench.sink`, `bench.freshness`; `--quick` for a smaller run).",
+        "alone (`.venv/bin/python -m bench.lookup`, `bench.apply`, `bench.restore`, "
+        "`bench.follower_tail`, `bench.statestore`, `bench.sink`, `bench.freshness`; "
+        "`--quick` for a smaller run).",
         "",
         "Reproduce all of them with `make bench` (`python -m bench.run_all`), which rewrites "
         "this page. The machines these run on are shared and noisy: every figure is a "
