@@ -6,6 +6,7 @@ Importing sparkiq has no side effects and does not start a JVM.
 
 from __future__ import annotations
 
+from sparkiq.cluster.follower import Follower, follow
 from sparkiq.cluster.node import Node
 from sparkiq.errors import (
     ChangelogError,
@@ -13,6 +14,7 @@ from sparkiq.errors import (
     CorruptSegmentError,
     InvalidQueryError,
     LayoutMismatchError,
+    ReadOnlyError,
     SchemaError,
     SparkiqError,
     StoreError,
@@ -45,6 +47,7 @@ __all__ = [
     "ConfigError",
     "CorruptSegmentError",
     "FailureReason",
+    "Follower",
     "InvalidQueryError",
     "KeyQuery",
     "LayoutMismatchError",
@@ -55,6 +58,7 @@ __all__ = [
     "QueryContext",
     "QueryResult",
     "RangeQuery",
+    "ReadOnlyError",
     "ResultOrder",
     "RowIterator",
     "SchemaError",
@@ -67,6 +71,7 @@ __all__ = [
     "WindowKeyQuery",
     "WindowRangeQuery",
     "__version__",
+    "follow",
     "partition_for",
     "register",
     "spark_hash",

@@ -15,6 +15,7 @@ Hierarchy::
     ├── InvalidQueryError (ValueError)    a key or bound has the wrong type or arity
     ├── ChangelogError                the changelog cannot be read or written
     │   └── CorruptSegmentError       a file's checksum or framing is wrong
+    ├── ReadOnlyError (PermissionError)   a reader (follower, node) tried to write a changelog
     └── StoreError                    a local store (RocksDB) failed
 
 This module imports nothing from the rest of the package, so every layer may use it.
@@ -30,6 +31,7 @@ __all__ = [
     "CorruptSegmentError",
     "InvalidQueryError",
     "LayoutMismatchError",
+    "ReadOnlyError",
     "SchemaError",
     "SparkiqError",
     "StoreError",
@@ -84,6 +86,11 @@ class ChangelogError(SparkiqError):
 
 class CorruptSegmentError(ChangelogError):
     """A changelog file failed its checksum or could not be decoded; it is never applied."""
+
+
+class ReadOnlyError(SparkiqError, PermissionError):
+    """A write was attempted through a read-only changelog (a follower's): only the table's
+    own Spark query writes its changelog, so readers can never disturb it."""
 
 
 class StoreError(SparkiqError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -72,4 +73,102 @@ def expected_rows(history: list[dict[str, int | None]]) -> dict[str, dict[str, A
                 state.pop(key, None)
             else:
                 state[key] = {"k": key, "n": n}
+    return state
+
+
+# A table with a column of most kinds, for subsets (filters, projections) of whole rows.
+WIDE_SCHEMA_JSON = {
+    "type": "struct",
+    "fields": [
+        {"name": "k", "type": "string", "nullable": True, "metadata": {}},
+        {"name": "n", "type": "long", "nullable": True, "metadata": {}},
+        {"name": "tag", "type": "string", "nullable": True, "metadata": {}},
+        {"name": "price", "type": "double", "nullable": True, "metadata": {}},
+        {"name": "day", "type": "date", "nullable": True, "metadata": {}},
+        {
+            "name": "info",
+            "type": {
+                "type": "struct",
+                "fields": [
+                    {"name": "a", "type": "integer", "nullable": True, "metadata": {}},
+                    {
+                        "name": "tags",
+                        "type": {"type": "array", "elementType": "string", "containsNull": True},
+                        "nullable": True,
+                        "metadata": {},
+                    },
+                ],
+            },
+            "nullable": True,
+            "metadata": {},
+        },
+    ],
+}
+WIDE_ARROW = pa.schema(
+    [
+        ("k", pa.string()),
+        ("n", pa.int64()),
+        ("tag", pa.string()),
+        ("price", pa.float64()),
+        ("day", pa.date32()),
+        ("info", pa.struct([("a", pa.int32()), ("tags", pa.list_(pa.string()))])),
+    ]
+)
+
+
+def make_wide_table(
+    state_dir: str, name: str = "w", partitions: int = 4, mode: str = "update"
+) -> Changelog:
+    schema = TableSchema.from_spark_json(WIDE_SCHEMA_JSON, ["k"])
+    manifest = TableManifest(name=name, schema=schema, partitions=partitions, output_mode=mode)
+    changelog = Changelog(state_dir, name)
+    manifest.ensure_written(changelog.storage, changelog.manifest_path)
+    return changelog
+
+
+def write_rows(
+    changelog: Changelog,
+    batch_id: int,
+    changes: Mapping[Any, Mapping[str, Any] | None],
+    arrow_schema: pa.Schema = WIDE_ARROW,
+    *,
+    commit: bool = True,
+) -> CommitRecord:
+    """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id``; rows are given
+    as PySpark returns them and ``arrow_schema`` says how to build them in Arrow."""
+    manifest = changelog.manifest()
+    keys, codec = KeyCodec(manifest.schema), RowCodec(manifest.schema)
+    partitioner = Partitioner(manifest.schema.key_types, manifest.partitions)
+    live = [row for row in changes.values() if row is not None]
+    encoded = iter(codec.encode_arrow(pa.Table.from_pylist(live, schema=arrow_schema)))
+    by_partition: dict[int, dict[bytes, bytes | None]] = {}
+    for key, row in changes.items():
+        internal = keys.to_internal(key)
+        value = None if row is None else next(encoded)
+        by_partition.setdefault(partitioner(internal), {})[keys.encode(internal)] = value
+    segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
+    record = CommitRecord(
+        table=changelog.table,
+        batch_id=batch_id,
+        mode=manifest.output_mode,
+        segments=segments,
+        position={},
+        committed_at=time.time(),
+    )
+    if commit:
+        changelog.write_commit(record)
+    return record
+
+
+def apply_changes(
+    history: Sequence[Mapping[Any, Mapping[str, Any] | None]],
+) -> dict[Any, dict[str, Any]]:
+    """The table after ``history`` (update mode): key -> row."""
+    state: dict[Any, dict[str, Any]] = {}
+    for batch in history:
+        for key, row in batch.items():
+            if row is None:
+                state.pop(key, None)
+            else:
+                state[key] = dict(row)
     return state

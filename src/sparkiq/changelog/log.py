@@ -12,18 +12,24 @@ Invariants: there is exactly one writer per table; segments are written before t
 record that lists them; a batch id's commit record is written at most once; readers apply
 only batches whose commit record exists, in batch id order, using only the segments the
 record lists (segments of an attempt that never committed are ignored).
+
+Readers open the changelog with ``read_only=True`` (followers always do): every write through
+such a :class:`Changelog` - its own write methods, and anything written through its
+``storage`` (snapshots, retention) - raises :class:`~sparkiq.errors.ReadOnlyError` before
+touching a file, so a reader can never disturb the owner.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.manifest import TableManifest
 from sparkiq.changelog.segment import SegmentInfo, read_segment, write_segment
 from sparkiq.changelog.storage import Storage, open_storage
-from sparkiq.errors import UnknownStoreError
+from sparkiq.errors import ReadOnlyError, UnknownStoreError
 
 __all__ = ["Changelog", "list_tables"]
 
@@ -49,13 +55,50 @@ def check_table_name(name: object) -> str:
     return name
 
 
-class Changelog:
-    """Access to one table's changelog files. Cheap to create; holds no open files."""
+def _refusal(table: str, action: str, path: str) -> ReadOnlyError:
+    return ReadOnlyError(
+        f"cannot {action} {path!r}: the changelog of table {table!r} is open read-only here "
+        "(a follower's or a reader's). Followers never write the owner's changelog; only the "
+        "table's own Spark query does.",
+        store=table,
+    )
 
-    def __init__(self, state_dir: str, table: str) -> None:
+
+@dataclass(frozen=True)
+class _ReadOnlyStorage(Storage):
+    """A view of a :class:`Storage` whose every write raises :class:`ReadOnlyError`."""
+
+    table: str = ""
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        raise _refusal(self.table, "write", path)
+
+    def makedirs(self, path: str) -> None:
+        raise _refusal(self.table, "create the directory", path)
+
+    def delete(self, path: str) -> None:
+        raise _refusal(self.table, "delete", path)
+
+    def delete_dir(self, path: str) -> None:
+        raise _refusal(self.table, "delete the directory", path)
+
+
+class Changelog:
+    """Access to one table's changelog files. Cheap to create; holds no open files.
+
+    With ``read_only=True`` every write (:meth:`write_commit`, :meth:`write_segment`, and any
+    write through :attr:`storage`) raises :class:`~sparkiq.errors.ReadOnlyError` naming the
+    table, and nothing is written.
+    """
+
+    def __init__(self, state_dir: str, table: str, *, read_only: bool = False) -> None:
         self.state_dir = state_dir
         self.table = table
-        self.storage: Storage = open_storage(state_dir)
+        self.read_only = read_only
+        storage = open_storage(state_dir)
+        if read_only:
+            storage = _ReadOnlyStorage(storage.uri, storage.fs, storage.root, table)
+        self.storage: Storage = storage
         self.root = self.storage.path("tables", table)
         self._manifest: TableManifest | None = None
 
@@ -105,6 +148,8 @@ class Changelog:
         return CommitRecord.decode(data, path)
 
     def write_commit(self, record: CommitRecord) -> None:
+        if self.read_only:
+            raise _refusal(self.table, "write", self.commit_path(record.batch_id))
         self.storage.write_atomic(self.commit_path(record.batch_id), record.encode())
 
     def committed_batch_ids(self) -> list[int]:
@@ -133,6 +178,8 @@ class Changelog:
     def write_segment(
         self, partition: int, batch_id: int, changes: dict[bytes, bytes | None]
     ) -> SegmentInfo:
+        if self.read_only:
+            raise _refusal(self.table, "write", self.segment_path(partition, batch_id))
         return write_segment(
             self.storage,
             self.segment_path(partition, batch_id),

@@ -1,5 +1,6 @@
 """Serving nodes: hosting replicas and answering queries."""
 
-from sparkiq.cluster.node import Node
+from sparkiq.cluster.follower import Follower, follow
+from sparkiq.cluster.node import Node, TableView
 
-__all__ = ["Node"]
+__all__ = ["Follower", "Node", "TableView", "follow"]
