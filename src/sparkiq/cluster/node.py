@@ -70,9 +70,9 @@ class Node:
     ``{"table": [0, 3]}`` hosts only those partitions of that table (tables not named are
     hosted whole); queries for other partitions fail with ``NOT_PRESENT``. ``tables`` limits
     the hosted tables to those named (default: every table in ``state_dir``); ``views`` holds
-    a table as a :class:`TableView` instead of as stored. ``read_only=True`` opens every
-    changelog read-only, so any write through this node raises
-    :class:`~sparkiq.errors.ReadOnlyError` (followers).
+    a table as a :class:`TableView` instead of as stored. Nodes never write the changelog:
+    by default (``read_only=True``) every changelog is opened read-only, so any write
+    through a node raises :class:`~sparkiq.errors.ReadOnlyError`.
     """
 
     def __init__(
@@ -86,7 +86,7 @@ class Node:
         partitions: Mapping[str, Iterable[int]] | None = None,
         tables: Iterable[str] | None = None,
         views: Mapping[str, TableView] | None = None,
-        read_only: bool = False,
+        read_only: bool = True,
     ) -> None:
         self.state_dir = state_dir
         self._hosted_tables = None if tables is None else frozenset(tables)
