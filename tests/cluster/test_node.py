@@ -223,3 +223,16 @@ def test_a_corrupted_segment_stops_only_its_partition(tmp_path: os.PathLike[str]
         )
         assert result.partition_results[bad].failure_reason is FailureReason.NOT_UP_TO_BOUND
         assert all(r.is_success for p, r in result.partition_results.items() if p != bad)
+
+
+def test_poll_once_while_the_tailer_runs_applies_everything_once(tmp_path: Path) -> None:
+    changelog = make_table(str(tmp_path), partitions=8)
+    for batch_id in range(40):
+        write_batch(changelog, batch_id, {f"k{i}": batch_id for i in range(200)})
+    for attempt in range(5):
+        local = tmp_path / f"local-{attempt}"
+        with Node(str(tmp_path), local_dir=str(local), poll_interval=0.001) as node:
+            node.poll_once()  # races the background tailer started by the context manager
+            status = node.status()
+            assert all(s.batch_id == 39 and s.healthy for s in status), status
+            assert node.get("t", "k7") == {"k": "k7", "n": 39}

@@ -118,6 +118,7 @@ class Node:
         self._applied = threading.Condition()
         self._thread: threading.Thread | None = None
         self._lock = threading.RLock()
+        self._poll_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -216,13 +217,19 @@ class Node:
                     log.exception("refreshing tables of %s failed", self.state_dir)
 
     def poll_once(self) -> int:
-        """Apply whatever was committed since the last poll; return the applications made."""
+        """Apply whatever was committed since the last poll; return the applications made.
+
+        Safe to call while the background tailer runs: polls are serialized (each table has
+        one writer thread at a time), so when this returns, everything committed before the
+        call has been applied or has failed visibly in :meth:`status`.
+        """
         applied = 0
-        for replica in list(self._tables.values()):
-            try:
-                applied += replica.poll()
-            except Exception:
-                log.exception("tailing %s failed; retrying on the next poll", replica.table)
+        with self._poll_lock:
+            for replica in list(self._tables.values()):
+                try:
+                    applied += replica.poll()
+                except Exception:
+                    log.exception("tailing %s failed; retrying on the next poll", replica.table)
         if applied:
             with self._applied:
                 self._applied.notify_all()
