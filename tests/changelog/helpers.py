@@ -25,7 +25,11 @@ SCHEMA_JSON = {
 def make_table(
     state_dir: str, name: str = "t", partitions: int = 4, mode: str = "update"
 ) -> Changelog:
-    schema = TableSchema.from_spark_json(SCHEMA_JSON, ["k"])
+    return _create(state_dir, name, SCHEMA_JSON, partitions, mode)
+
+
+def _create(state_dir: str, name: str, schema_json: Any, partitions: int, mode: str) -> Changelog:
+    schema = TableSchema.from_spark_json(schema_json, ["k"])
     manifest = TableManifest(name=name, schema=schema, partitions=partitions, output_mode=mode)
     changelog = Changelog(state_dir, name)
     manifest.ensure_written(changelog.storage, changelog.manifest_path)
@@ -119,11 +123,7 @@ WIDE_ARROW = pa.schema(
 def make_wide_table(
     state_dir: str, name: str = "w", partitions: int = 4, mode: str = "update"
 ) -> Changelog:
-    schema = TableSchema.from_spark_json(WIDE_SCHEMA_JSON, ["k"])
-    manifest = TableManifest(name=name, schema=schema, partitions=partitions, output_mode=mode)
-    changelog = Changelog(state_dir, name)
-    manifest.ensure_written(changelog.storage, changelog.manifest_path)
-    return changelog
+    return _create(state_dir, name, WIDE_SCHEMA_JSON, partitions, mode)
 
 
 def write_rows(
