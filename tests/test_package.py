@@ -18,9 +18,12 @@ LAYERS = [
     {"schema"},
     {"stores"},
     {"changelog"},
-    {"cluster"},  # serving nodes never import the Spark side...
-    {"spark"},  # ...while the App embeds a node
-    {"server", "sql", "client"},
+    {"wire"},  # encodings of requests and results, shared by server, cluster and client
+    {"sql"},  # the SQL engine runs over anything that answers StateQueryRequests...
+    {"server"},  # ...and the HTTP server over anything that offers a node's methods,
+    {"cluster"},  # so a Node can embed both
+    {"spark"},  # the App embeds a node
+    {"client"},
     {"cli", "demo", "testing", "__init__"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

@@ -119,6 +119,7 @@ class Node:
         self._thread: threading.Thread | None = None
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()
+        self._sql: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -258,6 +259,14 @@ class Node:
     def tables(self) -> list[str]:
         return sorted(self._tables)
 
+    def schema(self, store: str) -> TableSchema:
+        """The schema of the rows ``store`` answers with (a view's schema for a follower)."""
+        return self._route(store)[0].schema
+
+    def partition_count(self, store: str) -> int:
+        """How many partitions ``store`` has (hosted here or not)."""
+        return len(self._route(store)[2])
+
     def replica(self, store: str) -> TableReplica:
         """The hosted replica of table ``store`` (its changelog, partitions and stores)."""
         return self._table(store)
@@ -346,6 +355,18 @@ class Node:
                     "does not exist",
                 )
         return StateQueryResult(results)
+
+    def sql(self, text: str, **options: Any) -> Any:
+        """Run a SQL pull query (or ``EXPLAIN``) over the tables this node serves.
+
+        See :meth:`sparkiq.sql.SqlEngine.execute` for ``options`` and the result type.
+        """
+        engine = self._sql
+        if engine is None:
+            from sparkiq.sql import SqlEngine
+
+            engine = self._sql = SqlEngine(self)
+        return engine.execute(text, **options)
 
     def status(self) -> list[ReplicaStatus]:
         return [s for r in self._tables.values() for s in r.status()]
