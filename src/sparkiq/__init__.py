@@ -6,14 +6,18 @@ Importing sparkiq has no side effects and does not start a JVM.
 
 from __future__ import annotations
 
+from sparkiq.client import Client
 from sparkiq.cluster.follower import Follower, follow
+from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
 from sparkiq.cluster.node import Node
 from sparkiq.errors import (
+    AuthenticationError,
     ChangelogError,
     ConfigError,
     CorruptSegmentError,
     InvalidQueryError,
     LayoutMismatchError,
+    NodeUnreachableError,
     ReadOnlyError,
     SchemaError,
     SparkiqError,
@@ -43,15 +47,21 @@ __version__ = "0.1.0"
 
 __all__ = [
     "App",
+    "AuthenticationError",
+    "Client",
     "ChangelogError",
     "ConfigError",
     "CorruptSegmentError",
     "FailureReason",
     "Follower",
+    "HostInfo",
     "InvalidQueryError",
     "KeyQuery",
+    "KeyQueryMetadata",
     "LayoutMismatchError",
     "Node",
+    "NodeMetadata",
+    "NodeUnreachableError",
     "Position",
     "PositionBound",
     "Query",

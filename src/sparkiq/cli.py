@@ -99,7 +99,137 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="then delete files older than this many seconds that no snapshot needs",
     )
+
+    serve = commands.add_parser(
+        "serve",
+        help="run a serving node: host replicas, join a cluster, answer over HTTP",
+        description="Hosts the partitions the cluster assigns to this node, answers typed and "
+        "SQL queries over HTTP (REST API, /openapi.json) and routes what it does not host to "
+        "the node that does. Stops on SIGTERM or Ctrl-C.",
+    )
+    serve.add_argument(
+        "--state-dir",
+        default=_env("STATE_DIR", None),
+        help="the state_dir the writer materializes into [SPARKIQ_STATE_DIR]",
+    )
+    serve.add_argument(
+        "--node-id",
+        default=_env("NODE_ID", None),
+        help="this node's unique id [SPARKIQ_NODE_ID, default: host:port]",
+    )
+    serve.add_argument(
+        "--listen",
+        default=_env("LISTEN", "127.0.0.1:8081"),
+        help="host:port to serve on [SPARKIQ_LISTEN, default 127.0.0.1:8081]",
+    )
+    serve.add_argument(
+        "--advertise",
+        default=_env("ADVERTISE", None),
+        help="URL other nodes and clients reach this node at [SPARKIQ_ADVERTISE]",
+    )
+    serve.add_argument(
+        "--peers",
+        default=_env("PEERS", ""),
+        help="comma-separated host:port of seed nodes [SPARKIQ_PEERS]",
+    )
+    serve.add_argument(
+        "--standbys",
+        type=int,
+        default=int(_env("STANDBYS", 1)),
+        help="standby replicas per partition [SPARKIQ_STANDBYS, default 1]",
+    )
+    serve.add_argument(
+        "--token",
+        default=_env("TOKEN", None),
+        help="require this bearer token from callers and other nodes [SPARKIQ_TOKEN]",
+    )
+    serve.add_argument(
+        "--local-dir",
+        default=_env("LOCAL_DIR", None),
+        help="where this node keeps its replicas [SPARKIQ_LOCAL_DIR, default "
+        "<state_dir>/replicas/<node_id>]",
+    )
+    serve.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=float(_env("HEARTBEAT_INTERVAL", 0.5)),
+        help="seconds between heartbeats [SPARKIQ_HEARTBEAT_INTERVAL, default 0.5]",
+    )
+    serve.add_argument(
+        "--failure-timeout",
+        type=float,
+        default=float(_env("FAILURE_TIMEOUT", 3.0)),
+        help="a member silent this long is gone [SPARKIQ_FAILURE_TIMEOUT, default 3]",
+    )
+
+    query = commands.add_parser(
+        "query",
+        help="run a SQL pull query against a node and print the rows as JSON lines",
+    )
+    query.add_argument("sql", help="the statement, e.g. \"SELECT * FROM t WHERE k = 'a'\"")
+    query.add_argument(
+        "--url",
+        default=_env("URL", "http://127.0.0.1:8081"),
+        help="a node's URL [SPARKIQ_URL, default http://127.0.0.1:8081]",
+    )
+    query.add_argument("--token", default=_env("TOKEN", None), help="[SPARKIQ_TOKEN]")
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from sparkiq.cluster.node import Node
+    from sparkiq.errors import SparkiqError
+
+    if not args.state_dir:
+        print("sparkiq serve: --state-dir (or SPARKIQ_STATE_DIR) is required", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        node = Node(
+            args.state_dir,
+            node_id=args.node_id or args.listen,
+            listen=args.listen,
+            advertise=args.advertise,
+            peers=[p for p in args.peers.split(",") if p.strip()],
+            standbys=args.standbys,
+            token=args.token,
+            local_dir=args.local_dir,
+            heartbeat_interval=args.heartbeat_interval,
+            failure_timeout=args.failure_timeout,
+        ).start()
+    except SparkiqError as exc:
+        print(f"sparkiq serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"sparkiq node {node.node_id} serving {node.tables} at {node.url}", flush=True)
+    try:
+        stop.wait()
+    finally:
+        node.stop()
+    return 0
+
+
+def _query(args: argparse.Namespace) -> int:
+    from sparkiq.client import Client
+    from sparkiq.errors import SparkiqError
+    from sparkiq.wire.jsonapi import dumps
+
+    with Client(args.url, token=args.token) as client:
+        try:
+            answer = client.sql(args.sql)
+        except SparkiqError as exc:
+            print(f"sparkiq query: {exc}", file=sys.stderr)
+            return 1
+    for row in answer.rows:
+        sys.stdout.write(dumps(row).decode() + "\n")
+    print(f"-- {len(answer.rows)} rows at position {answer.position.to_token()}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(args.state_dir, local_dirs)
     if args.command == "compact":
         return _compact(args.state_dir, args.table, args.retention)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "query":
+        return _query(args)
     return 2
 
 

@@ -16,7 +16,9 @@ Hierarchy::
     ├── ChangelogError                the changelog cannot be read or written
     │   └── CorruptSegmentError       a file's checksum or framing is wrong
     ├── ReadOnlyError (PermissionError)   a reader (follower, node) tried to write a changelog
-    └── StoreError                    a local store (RocksDB) failed
+    ├── StoreError                    a local store (RocksDB) failed
+    ├── AuthenticationError (PermissionError)  a missing or wrong bearer token
+    └── NodeUnreachableError          a node did not answer (routers try another replica)
 
 This module imports nothing from the rest of the package, so every layer may use it.
 """
@@ -26,11 +28,13 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AuthenticationError",
     "ChangelogError",
     "ConfigError",
     "CorruptSegmentError",
     "InvalidQueryError",
     "LayoutMismatchError",
+    "NodeUnreachableError",
     "ReadOnlyError",
     "SchemaError",
     "SparkiqError",
@@ -95,3 +99,11 @@ class ReadOnlyError(SparkiqError, PermissionError):
 
 class StoreError(SparkiqError):
     """A local store failed (I/O error, RocksDB error, closed store)."""
+
+
+class AuthenticationError(SparkiqError, PermissionError):
+    """A request carried no bearer token, or the wrong one, where one is configured."""
+
+
+class NodeUnreachableError(SparkiqError):
+    """A node did not answer (refused, reset, timed out); routers try another replica."""

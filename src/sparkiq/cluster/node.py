@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -22,6 +24,7 @@ from typing import Any
 
 from sparkiq.changelog import Changelog, list_tables, open_storage
 from sparkiq.changelog.replica import (
+    PartitionReplica,
     ReplicaStatus,
     RowTransform,
     StoreFactory,
@@ -29,8 +32,14 @@ from sparkiq.changelog.replica import (
     memory_factory,
     rocksdb_factory,
 )
+from sparkiq.cluster.assignment import Assignment
+from sparkiq.cluster.coordinator import Coordinator
+from sparkiq.cluster.membership import HostedState
+from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
+from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
 from sparkiq.errors import ConfigError, SparkiqError, UnknownStoreError
 from sparkiq.query.position import Position
+from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.codec import KeyCodec
@@ -44,6 +53,18 @@ __all__ = ["Node", "TableView"]
 log = logging.getLogger("sparkiq.node")
 
 _PLAIN_CONTEXT = QueryContext()
+_ENV: Any = object()  # "not given": read the SPARKIQ_* variable
+
+
+def _env(value: Any, name: str, default: Any) -> Any:
+    if value is not _ENV:
+        return value
+    return os.environ.get(name, default)
+
+
+def _url(address: str) -> str:
+    address = address.strip().rstrip("/")
+    return address if "://" in address else f"http://{address}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +94,35 @@ class Node:
     a table as a :class:`TableView` instead of as stored. Nodes never write the changelog:
     by default (``read_only=True``) every changelog is opened read-only, so any write
     through a node raises :class:`~sparkiq.errors.ReadOnlyError`.
+
+    **Clustered.** With ``listen`` (``"host:port"``, port 0 picks a free one) the node serves
+    the REST API and the node protocol over HTTP; with ``peers`` (seed addresses) or a
+    ``transport`` it joins a cluster: partitions are assigned to one active and ``standbys``
+    standby nodes by rendezvous hashing over the live members (heartbeats every
+    ``heartbeat_interval`` s; a member silent for ``failure_timeout`` s is gone), the node
+    hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
+    partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
+    authentication for HTTP callers and between nodes. ``advertise`` is the URL other nodes
+    and clients use to reach this one (default: from ``listen``). ``listen``, ``peers``
+    (comma-separated), ``standbys``, ``token`` and ``node_id`` default to
+    ``SPARKIQ_LISTEN``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``, ``SPARKIQ_TOKEN`` and
+    ``SPARKIQ_NODE_ID``; pass ``None`` to ignore the variable.
     """
 
     def __init__(
         self,
         state_dir: str,
         *,
-        node_id: str = "local",
+        node_id: str = _ENV,
+        listen: str | None = _ENV,
+        peers: Iterable[str] | None = _ENV,
+        standbys: int = _ENV,
+        token: str | None = _ENV,
+        advertise: str | None = None,
+        transport: Transport | None = None,
+        heartbeat_interval: float = 0.5,
+        failure_timeout: float = 3.0,
+        release_grace: float = 5.0,
         local_dir: str | None = None,
         store: str = "rocksdb",
         poll_interval: float = 0.02,
@@ -93,7 +136,35 @@ class Node:
         self._views = dict(views or {})
         self._read_only = read_only
         self._only = {t: frozenset(ps) for t, ps in (partitions or {}).items()}
-        self.node_id = node_id
+        self.node_id = node_id = _env(node_id, "SPARKIQ_NODE_ID", "local")
+        self.listen: str | None = _env(listen, "SPARKIQ_LISTEN", None) or None
+        raw_peers = _env(peers, "SPARKIQ_PEERS", "")
+        if isinstance(raw_peers, str):
+            raw_peers = [p for p in raw_peers.split(",") if p.strip()]
+        self.peers = [_url(p) for p in (raw_peers or [])]
+        try:
+            self.standbys = int(_env(standbys, "SPARKIQ_STANDBYS", 1))
+        except ValueError:
+            raise ConfigError(f"standbys must be an int, got {standbys!r}") from None
+        if self.standbys < 0:
+            raise ConfigError(f"standbys must be >= 0, got {self.standbys}")
+        self.token: str | None = _env(token, "SPARKIQ_TOKEN", None) or None
+        self._advertise = advertise
+        self._transport = transport
+        self.clustered = bool(self.listen or self.peers or transport is not None)
+        if self.clustered and partitions is not None:
+            raise ConfigError(
+                "partitions= pins what a standalone node hosts; a clustered node (listen=, "
+                "peers=) hosts what the assignment gives it"
+            )
+        self.heartbeat_interval = heartbeat_interval
+        self.failure_timeout = failure_timeout
+        self.release_grace = release_grace
+        self.url: str | None = None
+        self.coordinator: Coordinator | None = None
+        self._server: Any = None
+        # Released partitions, closed once reads in flight are done: (due, table, replica, dir)
+        self._retired: list[tuple[float, str, PartitionReplica, str | None]] = []
         storage = open_storage(state_dir)
         if store not in ("rocksdb", "memory"):
             raise ConfigError(f"store must be 'rocksdb' or 'memory', got {store!r}")
@@ -129,12 +200,49 @@ class Node:
             if self._thread is not None:
                 return self
             self.refresh_tables()
+            if self.clustered:
+                self._start_cluster()
             self._stop.clear()
             self._thread = threading.Thread(
                 target=self._run, name=f"sparkiq-tailer-{self.node_id}", daemon=True
             )
             self._thread.start()
         return self
+
+    def _start_cluster(self) -> None:
+        sock = None
+        if self.listen:
+            sock = _bind(self.listen)
+            host, port = sock.getsockname()[:2]
+            if host in ("0.0.0.0", "::", ""):
+                host = socket.gethostname()
+            self.url = _url(self._advertise or f"{host}:{port}")
+        else:
+            self.url = _url(self._advertise or f"local://{self.node_id}")
+        transport = self._transport
+        if transport is None:
+            transport = HttpTransport()
+        elif isinstance(transport, LocalTransport):
+            transport.register(self.url, self)
+        self.coordinator = Coordinator(
+            node_id=self.node_id,
+            url=self.url,
+            seeds=self.peers,
+            standbys=self.standbys,
+            token=self.token,
+            transport=transport,
+            heartbeat_interval=self.heartbeat_interval,
+            failure_timeout=self.failure_timeout,
+            local_answer=self.query_local,
+            local_caught_up=self._caught_up,
+            hosted_state=self.hosted_state,
+            rebalance=self.rebalance,
+        )
+        if sock is not None:
+            from sparkiq.server import start_server
+
+            self._server = start_server(self, sock)
+        self.coordinator.start()
 
     def stop(self) -> None:
         """Stop tailing and close every replica. Idempotent."""
@@ -144,11 +252,20 @@ class Node:
             self._stop.set()
             self._wake.set()
             thread.join()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self.coordinator is not None:
+            if isinstance(self._transport, LocalTransport) and self.url:
+                self._transport.unregister(self.url)
+            self.coordinator.stop()
+            self.coordinator = None
         with self._lock:
             for replica in self._tables.values():
                 replica.close()
             self._tables.clear()
             self._routes.clear()
+            self._close_retired(force=True)
 
     def __enter__(self) -> Node:
         return self.start()
@@ -176,7 +293,14 @@ class Node:
         else:
             assert self.local_dir is not None
             factory = rocksdb_factory(self.local_dir, manifest)
-        hosted = self._only.get(name, range(manifest.partitions))
+        hosted: Iterable[int] = self._only.get(name, range(manifest.partitions))
+        if self.clustered:
+            coordinator = self.coordinator
+            hosted = (
+                ()
+                if coordinator is None
+                else coordinator.assignment.hosted_by(self.node_id, name, manifest.partitions)
+            )
         view = self._views.get(name, _AS_STORED)
         replica = TableReplica(
             changelog,
@@ -196,6 +320,89 @@ class Node:
                 Partitioner(replica.schema.key_types, manifest.partitions),
                 stores,
             )
+
+    # -- cluster: hosting what the assignment says ---------------------------------------------
+
+    def rebalance(self, assignment: Assignment) -> None:
+        """Open newly assigned partitions; release those handed off (see the coordinator)."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        added = False
+        with self._poll_lock, self._lock:
+            for name, replica in self._tables.items():
+                count = replica.manifest.partitions
+                want = assignment.hosted_by(self.node_id, name, count)
+                stores = self._routes[name][2]
+                for partition in sorted(want - set(replica.partitions)):
+                    log.info("%s: now hosting %s[%d]", self.node_id, name, partition)
+                    revived = self._revive(name, partition)
+                    if revived is not None:  # released a moment ago: take it back as it is
+                        replica.partitions[partition] = revived
+                    else:
+                        revived = replica.add_partition(partition)
+                    stores[partition] = revived.store
+                    added = True
+                for partition in sorted(set(replica.partitions) - want):
+                    held = replica.partitions[partition]
+                    if coordinator.handed_off(name, partition, held.batch_id):
+                        log.info("%s: released %s[%d]", self.node_id, name, partition)
+                        stores[partition] = None
+                        del replica.partitions[partition]
+                        path = None
+                        if self.store_kind == "rocksdb" and self.local_dir is not None:
+                            path = os.path.join(self.local_dir, name, f"{partition:05d}")
+                        self._retired.append(
+                            (time.monotonic() + self.release_grace, name, held, path)
+                        )
+            self._close_retired()
+        if added:
+            self._wake.set()
+
+    def _revive(self, table: str, partition: int) -> PartitionReplica | None:
+        for entry in self._retired:
+            if entry[1] == table and entry[2].partition == partition:
+                self._retired.remove(entry)
+                return entry[2]
+        return None
+
+    def _close_retired(self, force: bool = False) -> None:
+        now = time.monotonic()
+        keep = []
+        for entry in self._retired:
+            due, _, held, path = entry
+            if force or now >= due:
+                held.store.close()
+                if path is not None and not force:
+                    shutil.rmtree(path, ignore_errors=True)
+            else:
+                keep.append(entry)
+        self._retired = keep
+
+    def _caught_up(self, table: str, partition: int) -> bool:
+        replica = self._tables.get(table)
+        held = None if replica is None else replica.partitions.get(partition)
+        if replica is None or held is None or held.error is not None:
+            return False
+        return held.batch_id >= replica.latest_batch_id
+
+    def hosted_state(self) -> HostedState:
+        """Per table, per hosted partition: (batch id, state) -- what heartbeats carry."""
+        out: HostedState = {}
+        for status in self.status():
+            out.setdefault(status.table, {})[status.partition] = (status.batch_id, status.state)
+        return out
+
+    def check_token(self, token: str | None) -> None:
+        """Raise :class:`~sparkiq.errors.AuthenticationError` unless ``token`` is accepted."""
+        if self.coordinator is not None:
+            self.coordinator.check_token(token)
+
+    def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A heartbeat from another member; returns this node's."""
+        if self.coordinator is None:
+            raise SparkiqError(f"node {self.node_id!r} is not clustered")
+        return self.coordinator.on_heartbeat(doc)
 
     def notify(self, table: str | None = None) -> None:
         """Tell the tailer a batch was just committed, so it polls now."""
@@ -294,13 +501,18 @@ class Node:
             raise self._unknown(store) from None
 
     def get(self, store: str, key: Any) -> dict[str, Any] | None:
-        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery."""
+        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery.
+
+        A clustered node asks the node hosting the key's partition when it does not hold it
+        caught up itself; a partition no node can answer raises :class:`SparkiqError`."""
         route = self._routes.get(store) or self._route(store)
         internal = route[0].to_internal(key)
         partition = route[1](internal)
         hosted = route[2][partition]
-        if hosted is None:
-            raise self._not_hosted(store, partition, key)
+        if hosted is None or (
+            self.coordinator is not None and not self._caught_up(store, partition)
+        ):
+            return self._get_routed(store, key, partition, hosted)[0]
         return hosted.get(internal)[0]
 
     def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
@@ -310,51 +522,185 @@ class Node:
         internal = route[0].to_internal(key)
         partition = route[1](internal)
         hosted = route[2][partition]
-        if hosted is None:
-            raise self._not_hosted(store, partition, key)
+        if hosted is None or (
+            self.coordinator is not None and not self._caught_up(store, partition)
+        ):
+            return self._get_routed(store, key, partition, hosted)
         return hosted.get(internal)
 
-    def _not_hosted(self, store: str, partition: int, key: Any) -> SparkiqError:
-        return SparkiqError(
-            f"partition {partition} of {store!r}, which holds key {key!r}, is not hosted on "
-            f"node {self.node_id!r}; use query() to get a NOT_PRESENT result instead",
-            store=store,
-            partition=partition,
-        )
+    def local_lookup(
+        self, store: str, key: Any
+    ) -> tuple[dict[str, Any] | None, Position, int] | None:
+        """``(row, position, partition)`` when this node holds the key's partition caught up,
+        else None (another node must be asked). Never blocks on the network."""
+        route = self._routes.get(store) or self._route(store)
+        internal = route[0].to_internal(key)
+        partition = route[1](internal)
+        hosted = route[2][partition]
+        if hosted is None or (
+            self.coordinator is not None and not self._caught_up(store, partition)
+        ):
+            return None
+        row, position = hosted.get(internal)
+        return row, position, partition
+
+    def _get_routed(
+        self, store: str, key: Any, partition: int, hosted: PartitionStore | None
+    ) -> tuple[dict[str, Any] | None, Position]:
+        if self.coordinator is None:
+            raise SparkiqError(
+                f"partition {partition} of {store!r}, which holds key {key!r}, is not hosted on "
+                f"node {self.node_id!r}; use query() to get a NOT_PRESENT result instead",
+                store=store,
+                partition=partition,
+            )
+        request = StateQueryRequest.in_store(store).with_query(KeyQuery.with_key(key))
+        result = self.coordinator.router.route(request, [partition], self.token)
+        answer = result.partition_results[partition]
+        if answer.is_failure:
+            if hosted is not None:  # our own replica is restoring, but it can answer
+                return hosted.get(self._routes[store][0].to_internal(key))
+            raise SparkiqError(
+                f"{store!r} key {key!r} (partition {partition}): {answer.failure_reason.name}: "  # type: ignore[union-attr]
+                f"{answer.failure_message}",
+                store=store,
+                partition=partition,
+            )
+        return answer.result, answer.position
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
-        """Answer ``request`` from the partitions hosted here; failures are per partition."""
+        """Answer ``request``; failures are per partition.
+
+        A standalone node answers from the partitions it hosts (``NOT_PRESENT`` for others); a
+        clustered node routes each partition to a node hosting it (see
+        :mod:`sparkiq.cluster.router`)."""
+        if self.coordinator is None:
+            return self.query_local(request)
+        return self.route(request, self.token)
+
+    def route(self, request: StateQueryRequest, token: str | None) -> StateQueryResult[Any]:
+        """:meth:`query` on behalf of a caller whose ``token`` is forwarded to other nodes."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return self.query_local(request)
+        partitions, missing = self._partitions(request)
+        results = coordinator.router.route(request, partitions, token) if partitions else None
+        merged = dict(results.partition_results) if results is not None else {}
+        merged.update(missing)
+        return StateQueryResult(merged)
+
+    def _partitions(
+        self, request: StateQueryRequest
+    ) -> tuple[list[int], dict[int, QueryResult[Any]]]:
         codec, partitioner, stores = self._route(request.store)
         count = len(stores)
         query = request.query
         if request.partitions is not None:
-            partitions: Iterable[int] = sorted(request.partitions)
+            wanted: Iterable[int] = sorted(request.partitions)
         elif query.single_key:
-            partitions = (partitioner(codec.to_internal(query.routing_key())),)
+            wanted = (partitioner(codec.to_internal(query.routing_key())),)
         else:
-            partitions = range(count)
+            wanted = range(count)
+        valid, missing = [], {}
+        for partition in wanted:
+            if 0 <= partition < count:
+                valid.append(partition)
+            else:
+                missing[partition] = QueryResult.for_failure(
+                    FailureReason.DOES_NOT_EXIST,
+                    f"{request.store!r} has partitions 0..{count - 1}; partition {partition} "
+                    "does not exist",
+                )
+        return valid, missing
+
+    def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
+        others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
+        partitions, results = self._partitions(request)
+        stores = self._route(request.store)[2]
         if request.bound.is_unbounded and not request.is_execution_info_enabled:
             ctx = _PLAIN_CONTEXT
         else:
             ctx = QueryContext(request.bound, request.is_execution_info_enabled)
-        results: dict[int, QueryResult[Any]] = {}
+        coordinator = self.coordinator
         for partition in partitions:
-            hosted = stores[partition] if 0 <= partition < count else None
-            if hosted is not None:
-                results[partition] = execute(hosted, query, ctx)
-            elif 0 <= partition < count:
+            hosted = stores[partition]
+            if hosted is None:
                 results[partition] = QueryResult.for_failure(
                     FailureReason.NOT_PRESENT,
                     f"partition {partition} of {request.store!r} is not hosted on node "
                     f"{self.node_id!r}: ask the node that hosts it",
                 )
-            else:
+            elif (
+                request.is_require_active
+                and coordinator is not None
+                and coordinator.assignment.active(request.store, partition) != self.node_id
+            ):
                 results[partition] = QueryResult.for_failure(
-                    FailureReason.DOES_NOT_EXIST,
-                    f"{request.store!r} has partitions 0..{count - 1}; partition {partition} "
-                    "does not exist",
+                    FailureReason.NOT_ACTIVE,
+                    f"node {self.node_id!r} holds partition {partition} of {request.store!r} "
+                    "as a standby and the request requires the active replica: ask "
+                    f"{coordinator.assignment.active(request.store, partition)!r}",
+                    hosted.position,
                 )
+            else:
+                results[partition] = execute(hosted, request.query, ctx)
         return StateQueryResult(results)
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def metadata_for_key(self, store: str, key: Any) -> KeyQueryMetadata:
+        """Which partition holds ``key`` and which nodes host it (active first)."""
+        partition = self.partition_for_key(store, key)
+        return self._partition_metadata(store, partition)
+
+    def _partition_metadata(self, store: str, partition: int) -> KeyQueryMetadata:
+        coordinator = self.coordinator
+        if coordinator is None:
+            me = HostInfo(self.node_id, self.url or "")
+            return KeyQueryMetadata(partition, me, ())
+        replicas = coordinator.assignment.replicas(store, partition)
+        hosts = [HostInfo(m, coordinator.membership.url_of(m) or "") for m in replicas]
+        return KeyQueryMetadata(partition, hosts[0] if hosts else None, tuple(hosts[1:]))
+
+    def all_metadata(self) -> list[NodeMetadata]:
+        """Per live node: the partitions it is active and standby for, and what it hosts
+        (batch id, state) as of its last heartbeat (this node: now)."""
+        coordinator = self.coordinator
+        tables = {name: len(route[2]) for name, route in self._routes.items()}
+        if coordinator is None:
+            return [
+                NodeMetadata(
+                    self.node_id,
+                    self.url or "",
+                    {t: tuple(range(n)) for t, n in tables.items()},
+                    {t: () for t in tables},
+                    self.hosted_state(),
+                )
+            ]
+        assignment = coordinator.assignment
+        out = []
+        for member in assignment.members:
+            active = {
+                t: tuple(p for p in range(n) if assignment.active(t, p) == member)
+                for t, n in tables.items()
+            }
+            standby = {
+                t: tuple(p for p in range(n) if member in assignment.replicas(t, p)[1:])
+                for t, n in tables.items()
+            }
+            hosted = (
+                self.hosted_state()
+                if member == self.node_id
+                else coordinator.membership.hosted_state(member)
+            )
+            url = coordinator.membership.url_of(member) or ""
+            out.append(NodeMetadata(member, url, active, standby, hosted))
+        return out
+
+    def is_ready(self) -> bool:
+        """Whether every hosted partition is caught up with the changelog (readiness)."""
+        return all(s.state == "live" for s in self.status())
 
     def sql(self, text: str, **options: Any) -> Any:
         """Run a SQL pull query (or ``EXPLAIN``) over the tables this node serves.
@@ -367,6 +713,23 @@ class Node:
 
             engine = self._sql = SqlEngine(self)
         return engine.execute(text, **options)
+
+    def stream(self, text: str, **options: Any) -> Any:
+        """Run a SQL push query (``SELECT ... FROM t [WHERE ...] EMIT CHANGES``).
+
+        Returns a :class:`sparkiq.sql.push.Subscription` (a closeable iterator of changes);
+        see :meth:`sparkiq.sql.push.SubscriptionHub.subscribe` for ``options``. Every
+        subscription of this node shares one changelog tail per table.
+        """
+        hub = getattr(self, "_hub", None)
+        if hub is None:
+            from sparkiq.sql.push import SubscriptionHub
+
+            with self._lock:
+                hub = getattr(self, "_hub", None)
+                if hub is None:
+                    hub = self._hub = SubscriptionHub(self.state_dir, source=self)
+        return hub.subscribe(text, **options)
 
     def status(self) -> list[ReplicaStatus]:
         return [s for r in self._tables.values() for s in r.status()]
@@ -414,3 +777,21 @@ class Node:
         for replica in self._table(store).partitions.values():
             merged = merged.merge(replica.store.position)
         return merged
+
+
+def _bind(listen: str) -> socket.socket:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"listen must be 'host:port' (port 0 picks a free one), got {listen!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {listen!r}: {exc}") from None
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,369 @@
+"""``sparkiq.Client``: the node API over HTTP, with the same result types as in-process.
+
+A client talks to any node of a cluster (each routes to the nodes hosting the partitions
+it needs). It learns the other nodes from ``/metadata`` and, when the node it uses cannot
+be reached, retries on another. Typed queries use the binary node protocol, so rows come
+back exactly as in-process (datetimes, decimals, tuples); range results stream.
+
+Consistency: with ``monotonic=True`` (the default) the client remembers the newest position
+it has seen per store and sends it as the bound of later requests that carry none, so the
+positions it sees never go back, even when it is served by another replica after a
+failover; a replica behind that position answers ``NOT_UP_TO_BOUND`` and the client retries
+for up to ``bound_wait`` seconds (replicas catch up within milliseconds) before returning
+the failure.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+
+from sparkiq.cluster.metadata import KeyQueryMetadata
+from sparkiq.cluster.transport import HttpTransport
+from sparkiq.errors import (
+    AuthenticationError,
+    InvalidQueryError,
+    NodeUnreachableError,
+    SparkiqError,
+    UnknownStoreError,
+)
+from sparkiq.query.position import Position, PositionBound
+from sparkiq.query.queries import KeyQuery
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
+from sparkiq.wire import jsonapi, protocol
+from sparkiq.wire.values import unpack
+
+__all__ = ["Change", "ChangeStream", "Client", "SqlAnswer"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class SqlAnswer:
+    """A SQL pull answer: ``columns``, ``rows`` (dicts) and the ``position`` it was read at."""
+
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    position: Position
+    next_page_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change of a push query: ``row`` is None for a deletion."""
+
+    key: Any
+    row: dict[str, Any] | None
+    position: Position
+
+
+class Client:
+    """A connection to a sparkiq cluster through one or more node URLs."""
+
+    def __init__(
+        self,
+        url: str | list[str],
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        monotonic: bool = True,
+        bound_wait: float = 2.0,
+    ) -> None:
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("Client needs at least one node URL")
+        self._urls = [u.rstrip("/") for u in urls]
+        self.token = token
+        self.monotonic = monotonic
+        self.bound_wait = bound_wait
+        self._transport = HttpTransport(read_timeout=timeout)
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=1.0))
+        self._seen: dict[str, Position] = {}
+        self._stores: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sparkiq-client")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self._transport.close()
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- typed queries -----------------------------------------------------------------------
+
+    def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Like :meth:`sparkiq.Node.query`, over HTTP. Range results stream per partition."""
+        if self.monotonic and request.bound.is_unbounded:
+            seen = self._seen.get(request.store)
+            if seen is not None:
+                request = request.with_position_bound(PositionBound.at(seen))
+        if request.partitions is None and not request.query.single_key:
+            count = self._store(request.store)["partitions"]
+            futures = [
+                self._pool.submit(self._ask, request.with_partitions((p,))) for p in range(count)
+            ]
+            merged: dict[int, QueryResult[Any]] = {}
+            for future in futures:
+                merged.update(future.result())
+            result = StateQueryResult(merged)
+        else:
+            result = StateQueryResult(self._ask(request))
+        self._saw(request.store, result)
+        return result
+
+    def _ask(self, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
+        deadline = time.monotonic() + self.bound_wait
+        while True:
+            results = self._call(lambda url: self._send(url, request))
+            behind = any(
+                r.failure_reason is FailureReason.NOT_UP_TO_BOUND for r in results.values()
+            )
+            if not behind or time.monotonic() > deadline:
+                return results
+            time.sleep(0.02)
+
+    def _send(self, url: str, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
+        body = protocol.encode_request(request, local=False)
+        response = self._http.send(
+            self._http.build_request(
+                "POST", f"{url}/internal/query", content=body, headers=self._headers(binary=True)
+            ),
+            stream=True,
+        )
+        try:
+            if response.status_code != 200:
+                response.read()
+                raise _error(response)
+            partitions = None if request.partitions is None else sorted(request.partitions)
+            frames = protocol.read_frames(response.iter_raw())
+            return protocol.results_from_frames(frames, partitions, response.close)
+        except BaseException:
+            response.close()
+            raise
+
+    def _saw(self, store: str, result: StateQueryResult[Any]) -> None:
+        with self._lock:
+            seen = self._seen.get(store, Position.empty())
+            self._seen[store] = seen.merge(result.position)
+
+    def get(self, store: str, key: Any) -> dict[str, Any] | None:
+        """The current row of ``key`` in ``store``, or None."""
+        request = StateQueryRequest.in_store(store).with_query(KeyQuery.with_key(key))
+        result = self.query(request).only_partition_result()
+        if result.is_failure:
+            raise SparkiqError(
+                f"{store!r} key {key!r}: {result.failure_reason.name}: "  # type: ignore[union-attr]
+                f"{result.failure_message}",
+                store=store,
+            )
+        row: dict[str, Any] | None = result.result
+        return row
+
+    def metadata_for_key(self, store: str, key: Any) -> KeyQueryMetadata:
+        """The key's partition, active host and standby hosts."""
+        text = urllib.parse.quote(_key_text(key), safe="")
+        doc = self._get_json(f"/metadata/stores/{urllib.parse.quote(store, safe='')}/keys/{text}")
+        return KeyQueryMetadata.from_dict(doc)
+
+    def all_metadata(self) -> list[dict[str, Any]]:
+        nodes: list[dict[str, Any]] = self._get_json("/metadata")["nodes"]
+        return nodes
+
+    # -- SQL ---------------------------------------------------------------------------------
+
+    def sql(self, text: str, *, bound: Position | str | None = None, **options: Any) -> SqlAnswer:
+        """A SQL pull query; ``bound`` (a position or its token) for read-your-writes."""
+        doc: dict[str, Any] = {"sql": text, **options}
+        if bound is not None:
+            doc["bound"] = bound if isinstance(bound, str) else bound.to_token()
+
+        def call(url: str) -> SqlAnswer:
+            response = self._http.post(
+                f"{url}/query", content=orjson.dumps(doc), headers=self._headers(binary=True)
+            )
+            if response.status_code != 200:
+                raise _error(response)
+            answer = unpack(response.content)
+            return SqlAnswer(
+                answer["columns"],
+                answer["rows"],
+                Position.from_token(answer["position"]),
+                answer.get("next_page_token"),
+            )
+
+        return self._call(call)
+
+    def stream(
+        self, text: str, *, from_position: Position | str | None = None, snapshot: bool = False
+    ) -> ChangeStream:
+        """A push query (``... EMIT CHANGES``): a closeable iterator of :class:`Change`."""
+        doc: dict[str, Any] = {"sql": text, "snapshot": snapshot}
+        if from_position is not None:
+            doc["from"] = (
+                from_position if isinstance(from_position, str) else from_position.to_token()
+            )
+
+        def call(url: str) -> ChangeStream:
+            request = self._http.build_request(
+                "POST", f"{url}/query", content=orjson.dumps(doc), headers=self._headers()
+            )
+            response = self._http.send(request, stream=True)
+            if response.status_code != 200:
+                response.read()
+                response.close()
+                raise _error(response)
+            return ChangeStream(response)
+
+        return self._call(call)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _headers(self, binary: bool = False) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if binary:
+            headers = {"content-type": protocol.CONTENT_TYPE, "accept": protocol.CONTENT_TYPE}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def _call(self, fn: Callable[[str], T]) -> T:
+        """``fn(url)`` on the first node that answers; learns the others on the way."""
+        errors = []
+        for url in list(self._urls):
+            try:
+                return fn(url)
+            except (httpx.TransportError, NodeUnreachableError) as exc:
+                errors.append(f"{url}: {exc!r}")
+                self._demote(url)
+                self._learn_nodes()
+        raise NodeUnreachableError(f"no node answered: {'; '.join(errors)}")
+
+    def _demote(self, url: str) -> None:
+        with self._lock:
+            if url in self._urls:
+                self._urls.remove(url)
+                self._urls.append(url)
+
+    def _learn_nodes(self) -> None:
+        for url in list(self._urls):
+            try:
+                response = self._http.get(f"{url}/metadata", headers=self._headers(), timeout=2.0)
+                if response.status_code != 200:
+                    continue
+                known = [n["url"] for n in response.json()["nodes"] if n.get("url")]
+            except (httpx.HTTPError, ValueError, KeyError):
+                continue
+            with self._lock:
+                for node_url in known:
+                    if node_url.rstrip("/") not in self._urls:
+                        self._urls.append(node_url.rstrip("/"))
+            return
+
+    def _get_json(self, path: str) -> Any:
+        def call(url: str) -> Any:
+            response = self._http.get(f"{url}{path}", headers=self._headers())
+            if response.status_code != 200:
+                raise _error(response)
+            return response.json()
+
+        return self._call(call)
+
+    def _store(self, store: str) -> dict[str, Any]:
+        found = self._stores.get(store)
+        if found is None:
+            for doc in self._get_json("/stores")["stores"]:
+                self._stores[doc["name"]] = doc
+            found = self._stores.get(store)
+            if found is None:
+                raise UnknownStoreError(
+                    f"unknown store {store!r}; the cluster serves {sorted(self._stores)}",
+                    store=store,
+                )
+        return found
+
+
+class ChangeStream(Iterator[Change]):
+    """The changes of a push query as they are committed; ``close()`` ends it."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self._lines = response.iter_lines()
+        self.closed = False
+
+    def __iter__(self) -> ChangeStream:
+        return self
+
+    def __next__(self) -> Change:
+        while not self.closed:
+            try:
+                line = next(self._lines)
+            except (StopIteration, httpx.HTTPError):
+                self.close()
+                break
+            if not line.strip():
+                continue  # keep-alive
+            doc = orjson.loads(line)
+            if "error" in doc:
+                self.close()
+                raise SparkiqError(f"push query failed: {doc['error']['message']}")
+            return Change(doc["key"], doc["row"], Position.from_token(doc["position"]))
+        raise StopIteration
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._response.close()
+
+    def __enter__(self) -> ChangeStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, tuple | list):
+        return jsonapi.dumps(list(key)).decode()
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if hasattr(key, "isoformat"):
+        return str(key.isoformat())
+    return str(key)
+
+
+def _error(response: httpx.Response) -> SparkiqError:
+    try:
+        error = response.json()["error"]
+        message, code, field = error["message"], error["code"], error.get("field")
+    except (ValueError, KeyError, TypeError):
+        try:
+            error = unpack(response.content)["error"]
+            message, code, field = error["message"], error["code"], error.get("field")
+        except Exception:
+            message, code, field = response.text[:300], "http_error", None
+    if response.status_code == 401:
+        return AuthenticationError(message)
+    if code == "unknown_store":
+        return UnknownStoreError(message)
+    if response.status_code == 400:
+        exc = InvalidQueryError(message)
+        exc.field = field  # type: ignore[attr-defined]
+        exc.code = code  # type: ignore[attr-defined]
+        return exc
+    return protocol.RemoteError(f"{response.status_code}: {message}", code=code, field=field)

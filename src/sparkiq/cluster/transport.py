@@ -1,0 +1,156 @@
+"""How a node reaches another: one interface, an HTTP implementation and an in-process one.
+
+A :class:`Transport` sends a sub-request (``local``: answer from your own replicas) or a
+heartbeat to a member by URL. :class:`HttpTransport` speaks the binary protocol of
+:mod:`sparkiq.wire.protocol` over pooled keep-alive connections; :class:`LocalTransport`
+calls nodes of the same process directly (tests, and embedding several nodes in one
+process). Both raise :class:`NodeUnreachableError` when the member cannot be reached, which
+routers treat as "try the next replica"; any answer, even a failure, is a value.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import httpx
+
+from sparkiq.errors import NodeUnreachableError, SparkiqError
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import QueryResult
+from sparkiq.wire import protocol
+from sparkiq.wire.values import pack, unpack
+
+__all__ = [
+    "HttpTransport",
+    "LocalTransport",
+    "NodeUnreachableError",
+    "Transport",
+]
+
+
+class Transport(Protocol):
+    def query(
+        self, url: str, request: StateQueryRequest, token: str | None
+    ) -> dict[int, QueryResult[Any]]:
+        """Ask the member at ``url`` to answer ``request`` from its own replicas."""
+        ...
+
+    def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
+        """Send this node's heartbeat; return the member's."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    """Nodes of this process by URL (``register``); no sockets involved."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def register(self, url: str, node: Any) -> None:
+        with self._lock:
+            self._nodes[url] = node
+
+    def unregister(self, url: str) -> None:
+        with self._lock:
+            self._nodes.pop(url, None)
+
+    def _node(self, url: str) -> Any:
+        with self._lock:
+            node = self._nodes.get(url)
+        if node is None:
+            raise NodeUnreachableError(f"no node at {url}")
+        return node
+
+    def query(
+        self, url: str, request: StateQueryRequest, token: str | None
+    ) -> dict[int, QueryResult[Any]]:
+        node = self._node(url)
+        node.check_token(token)
+        return dict(node.query_local(request).partition_results)
+
+    def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
+        node = self._node(url)
+        node.check_token(token)
+        reply: dict[str, Any] = node.on_heartbeat(doc)
+        return reply
+
+    def close(self) -> None:
+        pass
+
+
+class HttpTransport:
+    """The binary protocol over HTTP/1.1 keep-alive connections, pooled per member."""
+
+    def __init__(self, *, connect_timeout: float = 1.0, read_timeout: float = 30.0) -> None:
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    def _headers(self, token: str | None) -> dict[str, str]:
+        headers = {"content-type": protocol.CONTENT_TYPE, "accept": protocol.CONTENT_TYPE}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        return headers
+
+    def query(
+        self, url: str, request: StateQueryRequest, token: str | None
+    ) -> dict[int, QueryResult[Any]]:
+        body = protocol.encode_request(request, local=True)
+        http_request = self._client.build_request(
+            "POST", f"{url}/internal/query", content=body, headers=self._headers(token)
+        )
+        try:
+            response = self._client.send(http_request, stream=True)
+        except httpx.TransportError as exc:
+            raise NodeUnreachableError(f"{url} is unreachable: {exc!r}") from None
+        try:
+            if response.status_code != 200:
+                response.read()
+                raise _refusal(url, response)
+            frames = protocol.read_frames(_chunks(response.iter_raw(), url))
+            partitions: Iterable[int] | None = (
+                sorted(request.partitions) if request.partitions is not None else None
+            )
+            return protocol.results_from_frames(frames, partitions, response.close)
+        except BaseException:
+            response.close()
+            raise
+
+    def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
+        try:
+            response = self._client.post(
+                f"{url}/internal/heartbeat", content=pack(doc), headers=self._headers(token)
+            )
+        except httpx.TransportError as exc:
+            raise NodeUnreachableError(f"{url} is unreachable: {exc!r}") from None
+        if response.status_code != 200:
+            raise _refusal(url, response)
+        reply: dict[str, Any] = unpack(response.content)
+        return reply
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _chunks(raw: Iterable[bytes], url: str) -> Iterable[bytes]:
+    try:
+        yield from raw
+    except httpx.TransportError as exc:
+        raise NodeUnreachableError(f"{url} went away mid-response: {exc!r}") from None
+
+
+def _refusal(url: str, response: httpx.Response) -> SparkiqError:
+    try:
+        error = response.json()["error"]
+        message, code, field = error["message"], error["code"], error.get("field")
+    except (ValueError, KeyError, TypeError):
+        message, code, field = response.text[:200], "http_error", None
+    return protocol.RemoteError(
+        f"{url} refused the request ({response.status_code}): {message}", code=code, field=field
+    )

@@ -1,0 +1,424 @@
+"""The REST API and the node protocol as one ASGI application.
+
+Routes (the OpenAPI document at ``/openapi.json`` describes bodies and answers)::
+
+    GET  /healthz                          liveness (no authentication)
+    GET  /readyz                           200 once every hosted partition is caught up
+    GET  /openapi.json                     this API (no authentication)
+    GET  /metrics                          Prometheus text format
+    GET  /stores                           tables: schema, key columns, partitions
+    GET  /stores/{store}/keys/{key}        one key's row (the hot path)
+    POST /stores/{store}/query             an IQv2 request as JSON; results streamed
+    GET  /metadata                         every node: active/standby partitions, states
+    GET  /metadata/stores/{store}/keys/{key}   the key's partition, active and standby hosts
+    POST /query                            SQL: pull queries, or EMIT CHANGES (NDJSON stream)
+    POST /internal/query                   node protocol (binary, see sparkiq.wire.protocol)
+    POST /internal/heartbeat               membership heartbeats
+
+Routing is an explicit table of path shapes; the key lookup is answered on the event loop
+when this node holds the key's partition caught up (a few microseconds), everything that may
+block (routing to another node, scans, SQL) runs on a bounded thread pool. Errors are JSON
+``{"error": {"code", "message", "field"}}`` with the right status; unexpected faults are
+logged and answered with a 500 that carries a request id, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sparkiq.errors import (
+    AuthenticationError,
+    InvalidQueryError,
+    NodeUnreachableError,
+    SparkiqError,
+    UnknownStoreError,
+)
+from sparkiq.query.result import StateQueryResult
+from sparkiq.server.metrics import Metrics
+from sparkiq.server.openapi import openapi_document
+from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
+from sparkiq.wire import jsonapi, protocol
+from sparkiq.wire.values import pack, unpack
+
+__all__ = ["RestApp"]
+
+log = logging.getLogger("sparkiq.server")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON = [(b"content-type", b"application/json")]
+_BINARY = [(b"content-type", protocol.CONTENT_TYPE.encode())]
+_PUBLIC = {"/healthz", "/readyz", "/openapi.json"}
+_request_ids = itertools.count(1)
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class RestApp:
+    """ASGI application serving ``node`` (a :class:`sparkiq.Node` or anything with its
+    methods). ``max_body_bytes`` bounds request bodies (413 beyond)."""
+
+    def __init__(self, node: Any, *, max_body_bytes: int = 1 << 20, threads: int = 32) -> None:
+        self.node = node
+        self.max_body_bytes = max_body_bytes
+        self.metrics = Metrics(node)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sparkiq-http")
+        self._openapi = jsonapi.dumps(openapi_document())
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        started = time.perf_counter()
+        route = "unmatched"
+        status = 500
+        try:
+            route, status = await self._dispatch(scope, receive, send)
+        except HttpError as exc:
+            status = exc.status
+            await _send_error(send, exc)
+        except Exception as exc:  # errors that are the caller's become 4xx, the rest 500
+            error = _classify(exc)
+            status = error.status
+            await _send_error(send, error)
+        finally:
+            self.metrics.observe(route, status, time.perf_counter() - started)
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> tuple[str, int]:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        parts = path.strip("/").split("/")
+        if path not in _PUBLIC:
+            self.node.check_token(_bearer(scope))
+        if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
+            _allow(method, "GET")
+            store = urllib.parse.unquote(parts[1])
+            key_text = urllib.parse.unquote(parts[3])
+            return "/stores/{store}/keys/{key}", await self._get_key(scope, send, store, key_text)
+        if path == "/internal/query":
+            _allow(method, "POST")
+            body = await self._body(receive)
+            await self._internal_query(scope, send, body)
+            return "/internal/query", 200
+        if path == "/internal/heartbeat":
+            _allow(method, "POST")
+            body = await self._body(receive)
+            reply = self.node.on_heartbeat(unpack(body))
+            await _send(send, 200, pack(reply), _BINARY)
+            return "/internal/heartbeat", 200
+        if parts[0] == "stores" and len(parts) == 3 and parts[2] == "query":
+            _allow(method, "POST")
+            store = urllib.parse.unquote(parts[1])
+            body = await self._body(receive)
+            await self._iq_query(scope, send, store, body)
+            return "/stores/{store}/query", 200
+        if path == "/query":
+            _allow(method, "POST")
+            body = await self._body(receive)
+            await self._sql(scope, send, body)
+            return "/query", 200
+        if path == "/healthz":
+            _allow(method, "GET")
+            doc = {"status": "ok", "node_id": self.node.node_id}
+            await _send(send, 200, jsonapi.dumps(doc), _JSON)
+            return path, 200
+        if path == "/readyz":
+            _allow(method, "GET")
+            return path, await self._ready(send)
+        if path == "/openapi.json":
+            _allow(method, "GET")
+            await _send(send, 200, self._openapi, _JSON)
+            return path, 200
+        if path == "/metrics":
+            _allow(method, "GET")
+            text, content_type = self.metrics.render()
+            await _send(send, 200, text, [(b"content-type", content_type.encode())])
+            return path, 200
+        if path == "/stores":
+            _allow(method, "GET")
+            await _send(send, 200, jsonapi.dumps(self._stores()), _JSON)
+            return path, 200
+        if path == "/metadata":
+            _allow(method, "GET")
+            doc = {"nodes": [m.to_dict() for m in self.node.all_metadata()]}
+            await _send(send, 200, jsonapi.dumps(doc), _JSON)
+            return path, 200
+        if parts[:2] == ["metadata", "stores"] and len(parts) == 5 and parts[3] == "keys":
+            _allow(method, "GET")
+            store = urllib.parse.unquote(parts[2])
+            key = jsonapi.key_from_text(self.node.schema(store), urllib.parse.unquote(parts[4]))
+            meta = self.node.metadata_for_key(store, key)
+            await _send(send, 200, jsonapi.dumps(meta.to_dict()), _JSON)
+            return "/metadata/stores/{store}/keys/{key}", 200
+        raise HttpError(404, "not_found", f"no route {method} {path}; see /openapi.json")
+
+    async def _body(self, receive: Receive) -> bytes:
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise HttpError(
+                    413,
+                    "body_too_large",
+                    f"request body exceeds {self.max_body_bytes} bytes",
+                    "body",
+                )
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    async def _get_key(self, scope: Scope, send: Send, store: str, key_text: str) -> int:
+        node = self.node
+        key = jsonapi.key_from_text(node.schema(store), key_text)
+        found = node.local_lookup(store, key)
+        if found is None:  # another node holds it: routing blocks, so off the event loop
+            row, position = await self._run(node.get_with_position, store, key)
+            partition = node.partition_for_key(store, key)
+        else:
+            row, position, partition = found
+        doc = {"key": key, "row": row, "partition": partition, "position": position.to_token()}
+        if row is None:
+            doc["error"] = {
+                "code": "key_not_found",
+                "message": f"{store!r} has no row for key {key!r}",
+                "field": "key",
+            }
+            await _send(send, 404, jsonapi.dumps(doc), _JSON)
+            return 404
+        await _send(send, 200, jsonapi.dumps(doc), _JSON)
+        return 200
+
+    async def _internal_query(self, scope: Scope, send: Send, body: bytes) -> None:
+        request, local = protocol.decode_request(body)
+        node = self.node
+        if local:
+            results = await self._run(node.query_local, request)
+        else:
+            results = await self._run(node.route, request, _bearer(scope))
+        await self._stream(send, 200, _BINARY, protocol.result_frames(results))
+
+    async def _iq_query(self, scope: Scope, send: Send, store: str, body: bytes) -> None:
+        request = jsonapi.request_from_json(store, self.node.schema(store), body)
+        results: StateQueryResult[Any] = await self._run(self.node.route, request, _bearer(scope))
+        await self._stream(send, 200, _JSON, iq_json_chunks(store, results))
+
+    async def _sql(self, scope: Scope, send: Send, body: bytes) -> None:
+        doc = _json_object(body)
+        text = doc.get("sql")
+        if not isinstance(text, str) or not text.strip():
+            raise HttpError(400, "invalid_request", 'expected {"sql": "SELECT ..."}', "sql")
+        options: dict[str, Any] = {}
+        if doc.get("bound") is not None:
+            from sparkiq.query.position import PositionBound
+
+            options["bound"] = PositionBound.at(jsonapi.position_from_token(doc["bound"]))
+        if _is_push(text):
+            if doc.get("from") is not None:
+                options["from_position"] = jsonapi.position_from_token(doc["from"], "from")
+            if doc.get("snapshot"):
+                options["snapshot"] = True
+            subscription = await self._run(lambda: self.node.stream(text, **options))
+            await self._stream(
+                send,
+                200,
+                [(b"content-type", b"application/x-ndjson")],
+                push_chunks(subscription),
+                coalesce=False,
+            )
+            return
+        for name in ("page_token", "page_size"):
+            if doc.get(name) is not None:
+                options[name] = doc[name]
+        result = await self._run(lambda: self.node.sql(text, **options))
+        if _accepts_binary(scope):  # sparkiq.Client: values keep their Python types
+            await _send(send, 200, pack(sql_json(result)), _BINARY)
+        else:
+            await _send(send, 200, jsonapi.dumps(sql_json(result)), _JSON)
+
+    async def _ready(self, send: Send) -> int:
+        statuses = self.node.status()
+        behind = [
+            {"store": s.table, "partition": s.partition, "state": s.state, "lag": s.lag_batches}
+            for s in statuses
+            if s.state != "live"
+        ]
+        status = 200 if not behind else 503
+        doc = {"ready": not behind, "node_id": self.node.node_id, "not_ready": behind}
+        await _send(send, status, jsonapi.dumps(doc), _JSON)
+        return status
+
+    def _stores(self) -> dict[str, Any]:
+        node = self.node
+        out = []
+        for name in node.tables:
+            schema = node.schema(name)
+            out.append(
+                {
+                    "name": name,
+                    "key_columns": list(schema.key_columns),
+                    "window_column": schema.window_column,
+                    "partitions": node.partition_count(name),
+                    "schema": schema.spark_json(),
+                }
+            )
+        return {"stores": out}
+
+    async def _stream(
+        self,
+        send: Send,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        chunks: Iterator[bytes],
+        *,
+        coalesce: bool = True,
+    ) -> None:
+        """Send ``chunks`` as they are produced (on the pool: producing may block). The first
+        chunk is produced before the status is sent, so early errors get a proper status."""
+        loop = asyncio.get_running_loop()
+        source = _coalesced(chunks) if coalesce else chunks
+        try:
+            chunk = await loop.run_in_executor(self._pool, next, source, None)
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            while chunk is not None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunk = await loop.run_in_executor(self._pool, next, source, None)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await loop.run_in_executor(self._pool, _close, source, chunks)
+
+
+def _coalesced(chunks: Iterator[bytes], size: int = 65536) -> Iterator[bytes]:
+    """Small frames joined into writes of about ``size`` bytes."""
+    buffer: list[bytes] = []
+    held = 0
+    for chunk in chunks:
+        buffer.append(chunk)
+        held += len(chunk)
+        if held >= size:
+            yield b"".join(buffer)
+            buffer, held = [], 0
+    if buffer:
+        yield b"".join(buffer)
+
+
+def _close(*iterators: Iterator[bytes]) -> None:
+    for iterator in iterators:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def _is_push(text: str) -> bool:
+    return text.rstrip().rstrip(";").rstrip().upper().endswith("EMIT CHANGES")
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    import orjson
+
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, "malformed_json", f"malformed JSON: {exc}", "body") from None
+    if not isinstance(doc, dict):
+        raise HttpError(400, "invalid_request", "expected a JSON object", "body")
+    return doc
+
+
+def _accepts_binary(scope: Scope) -> bool:
+    return any(
+        name == b"accept" and protocol.CONTENT_TYPE.encode() in value
+        for name, value in scope["headers"]
+    )
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            text: str = value.decode("latin-1")
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip()
+            return None
+    return None
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise HttpError(405, "method_not_allowed", f"use {allowed} for this path")
+
+
+def _classify(exc: Exception) -> HttpError:
+    if isinstance(exc, AuthenticationError):
+        return HttpError(401, "unauthorized", exc.message)
+    if isinstance(exc, UnknownStoreError):
+        return HttpError(404, "unknown_store", exc.message, "store")
+    if isinstance(exc, InvalidQueryError):
+        error = HttpError(
+            400, getattr(exc, "code", None) or "invalid_query", exc.message, _field_of(exc)
+        )
+        error.extra = _sql_details(exc)  # type: ignore[attr-defined]
+        return error
+    if isinstance(exc, protocol.RemoteError | NodeUnreachableError):
+        return HttpError(502, "upstream_unavailable", exc.message)
+    if isinstance(exc, SparkiqError):
+        return HttpError(503, "unavailable", exc.message)
+    request_id = next(_request_ids)
+    log.error("request %d failed", request_id, exc_info=exc)
+    return HttpError(
+        500, "internal_error", f"internal error (request id {request_id}); see the node's log"
+    )
+
+
+def _field_of(exc: Exception) -> str | None:
+    field = getattr(exc, "field", None)
+    return field if isinstance(field, str) else None
+
+
+def _sql_details(exc: Exception) -> dict[str, Any]:
+    details = {}
+    for name in ("line", "column", "snippet", "candidates"):
+        value = getattr(exc, name, None)
+        if value is not None:
+            details[name] = value
+    return details
+
+
+async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_error(send: Send, error: HttpError) -> None:
+    doc: dict[str, Any] = {"code": error.code, "message": error.message, "field": error.field}
+    doc.update(getattr(error, "extra", None) or {})
+    headers = list(_JSON)
+    if error.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="sparkiq"'))
+    try:
+        await _send(send, error.status, jsonapi.dumps({"error": doc}), headers)
+    except Exception:  # the response had already started: nothing more can be said
+        log.debug("could not send error %s", error.code, exc_info=True)

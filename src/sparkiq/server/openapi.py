@@ -1,0 +1,285 @@
+"""The OpenAPI 3.1 description of the REST API, served at ``/openapi.json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["openapi_document"]
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {
+        400: "Invalid request; `field` names the offending field",
+        401: "Missing or wrong bearer token",
+        404: "Unknown store, key or route",
+        413: "Request body too large",
+        502: "Another node failed while answering",
+    }
+    return {str(c): _json(_ERROR, text[c]) for c in codes}
+
+
+_STORE = {"name": "store", "in": "path", "required": True, "schema": {"type": "string"}}
+_KEY = {
+    "name": "key",
+    "in": "path",
+    "required": True,
+    "description": "The key as text (ISO dates/timestamps, base64 binary); a composite key "
+    "as a URL-encoded JSON array",
+    "schema": {"type": "string"},
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    from sparkiq import __version__
+
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "sparkiq node",
+            "version": __version__,
+            "description": "Interactive and SQL queries over the live state of PySpark "
+            "Structured Streaming pipelines. Every answer carries a position token; pass it "
+            "back as `bound` for monotonic reads and read-your-writes.",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["code", "message"],
+                            "properties": {
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "field": {"type": ["string", "null"]},
+                                "line": {"type": "integer"},
+                                "column": {"type": "integer"},
+                                "snippet": {"type": "string"},
+                                "candidates": {"type": "array", "items": {"type": "string"}},
+                            },
+                        }
+                    },
+                },
+                "Query": {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {
+                        "type": {"enum": ["key", "range", "window_key", "window_range"]},
+                        "key": {"description": "JSON value; array for composite keys"},
+                        "lower": {"description": "Inclusive lower key bound"},
+                        "upper": {"description": "Inclusive upper key bound"},
+                        "order": {"enum": ["any", "ascending", "descending"]},
+                        "from": {"type": "string", "description": "Earliest window start"},
+                        "to": {"type": "string", "description": "Latest window start"},
+                    },
+                },
+                "StateQueryRequest": {
+                    "type": "object",
+                    "required": ["query"],
+                    "properties": {
+                        "query": {"$ref": "#/components/schemas/Query"},
+                        "partitions": {"type": "array", "items": {"type": "integer"}},
+                        "bound": {"type": "string", "description": "Position token"},
+                        "require_active": {"type": "boolean"},
+                        "execution_info": {"type": "boolean"},
+                    },
+                },
+                "PartitionResult": {
+                    "type": "object",
+                    "properties": {
+                        "position": {"type": "string"},
+                        "result": {"description": "Row object or null (key queries)"},
+                        "rows": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {"key": {}, "row": {"type": "object"}},
+                            },
+                        },
+                        "failure": {
+                            "type": "object",
+                            "properties": {
+                                "reason": {
+                                    "enum": [
+                                        "UNKNOWN_QUERY_TYPE",
+                                        "NOT_ACTIVE",
+                                        "NOT_UP_TO_BOUND",
+                                        "NOT_PRESENT",
+                                        "DOES_NOT_EXIST",
+                                        "STORE_EXCEPTION",
+                                    ]
+                                },
+                                "message": {"type": "string"},
+                            },
+                        },
+                        "execution_info": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "StateQueryResult": {
+                    "type": "object",
+                    "properties": {
+                        "store": {"type": "string"},
+                        "partitions": {
+                            "type": "object",
+                            "additionalProperties": {
+                                "$ref": "#/components/schemas/PartitionResult"
+                            },
+                        },
+                        "position": {"type": "string"},
+                    },
+                },
+                "SqlRequest": {
+                    "type": "object",
+                    "required": ["sql"],
+                    "properties": {
+                        "sql": {"type": "string"},
+                        "bound": {"type": "string", "description": "Position token"},
+                        "page_token": {"type": "string"},
+                        "page_size": {"type": "integer"},
+                        "from": {"type": "string", "description": "Push: resume after token"},
+                        "snapshot": {"type": "boolean", "description": "Push: current rows first"},
+                    },
+                },
+                "SqlResult": {
+                    "type": "object",
+                    "properties": {
+                        "columns": {"type": "array", "items": {"type": "string"}},
+                        "rows": {"type": "array", "items": {"type": "object"}},
+                        "position": {"type": "string"},
+                        "next_page_token": {"type": "string"},
+                    },
+                },
+            },
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/healthz": {
+                "get": {
+                    "summary": "Liveness",
+                    "security": [],
+                    "responses": {"200": {"description": "The process is serving"}},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: every hosted partition caught up",
+                    "security": [],
+                    "responses": {
+                        "200": {"description": "Ready"},
+                        "503": {"description": "Some partitions are restoring or stuck"},
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "security": [],
+                    "responses": {"200": {"description": "OpenAPI 3.1"}},
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {"200": {"description": "Text exposition format"}},
+                }
+            },
+            "/stores": {
+                "get": {
+                    "summary": "Materialized tables with schema, key columns and partitions",
+                    "responses": {"200": {"description": "Stores"}, **_errors(401)},
+                }
+            },
+            "/stores/{store}/keys/{key}": {
+                "get": {
+                    "summary": "The current row of one key (routed to the node that hosts it)",
+                    "parameters": [_STORE, _KEY],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "key": {},
+                                    "row": {"type": "object"},
+                                    "partition": {"type": "integer"},
+                                    "position": {"type": "string"},
+                                },
+                            },
+                            "The row",
+                        ),
+                        **_errors(400, 401, 404, 502),
+                    },
+                }
+            },
+            "/stores/{store}/query": {
+                "post": {
+                    "summary": "An IQv2 request; range results are streamed",
+                    "parameters": [_STORE],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/StateQueryRequest"}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json(
+                            {"$ref": "#/components/schemas/StateQueryResult"},
+                            "Per-partition results and the merged position",
+                        ),
+                        **_errors(400, 401, 404, 413, 502),
+                    },
+                }
+            },
+            "/metadata": {
+                "get": {
+                    "summary": "Every node: active and standby partitions, hosted states",
+                    "responses": {"200": {"description": "Nodes"}, **_errors(401)},
+                }
+            },
+            "/metadata/stores/{store}/keys/{key}": {
+                "get": {
+                    "summary": "The key's partition, active host and standby hosts",
+                    "parameters": [_STORE, _KEY],
+                    "responses": {"200": {"description": "Metadata"}, **_errors(400, 401, 404)},
+                }
+            },
+            "/query": {
+                "post": {
+                    "summary": "SQL: a pull query (JSON) or `... EMIT CHANGES` (NDJSON stream)",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/SqlRequest"}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": _json({"$ref": "#/components/schemas/SqlResult"}, "Result"),
+                        **_errors(400, 401, 404, 413, 502),
+                    },
+                }
+            },
+            "/internal/query": {
+                "post": {
+                    "summary": "Node protocol (binary, application/x-sparkiq-v1)",
+                    "responses": {"200": {"description": "Framed results"}, **_errors(400, 401)},
+                }
+            },
+            "/internal/heartbeat": {
+                "post": {
+                    "summary": "Membership heartbeat (binary)",
+                    "responses": {"200": {"description": "The receiver's heartbeat"}},
+                }
+            },
+        },
+    }

@@ -1,0 +1,108 @@
+"""Response bodies produced piece by piece: IQv2 results as streamed JSON, push queries as
+newline-delimited JSON, SQL results as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sparkiq.errors import SparkiqError
+from sparkiq.query.result import StateQueryResult
+from sparkiq.wire.jsonapi import dumps
+
+__all__ = ["KEEPALIVE_SECONDS", "iq_json_chunks", "push_chunks", "sql_json"]
+
+ROWS_PER_CHUNK = 512
+KEEPALIVE_SECONDS = 10.0
+
+
+def iq_json_chunks(store: str, results: StateQueryResult[Any]) -> Iterator[bytes]:
+    """``{"store", "partitions": {p: {...}}, "position"}`` written as it is read.
+
+    A partition is ``{"position", "result"}`` for a single value, ``{"position", "rows":
+    [{"key", "row"}, ...]}`` for an iterator result (streamed, never held whole) or
+    ``{"position", "failure": {"reason", "message"}}``.
+    """
+    items = sorted(results.partition_results.items())
+    try:
+        yield b'{"store":' + dumps(store) + b',"partitions":{'
+        for index, (partition, result) in enumerate(items):
+            head = (b"," if index else b"") + dumps(str(partition)) + b":"
+            position = dumps(result.position.to_token())
+            info = b""
+            if result.execution_info:
+                info = b',"execution_info":' + dumps(list(result.execution_info))
+            if result.failure_reason is not None:
+                failure = {"reason": result.failure_reason.name, "message": result.failure_message}
+                yield (
+                    head
+                    + b'{"position":'
+                    + position
+                    + info
+                    + b',"failure":'
+                    + dumps(failure)
+                    + b"}"
+                )
+                continue
+            value = result.result
+            if not isinstance(value, Iterator):
+                yield head + b'{"position":' + position + info + b',"result":' + dumps(value) + b"}"
+                continue
+            yield head + b'{"position":' + position + info + b',"rows":['
+            first = True
+            chunk: list[bytes] = []
+            for key, row in value:
+                chunk.append(dumps({"key": key, "row": row}))
+                if len(chunk) >= ROWS_PER_CHUNK:
+                    yield (b"" if first else b",") + b",".join(chunk)
+                    first, chunk = False, []
+            if chunk:
+                yield (b"" if first else b",") + b",".join(chunk)
+            yield b"]}"
+        yield b'},"position":' + dumps(results.position.to_token()) + b"}"
+    finally:
+        for _, result in items:
+            close = getattr(result.result, "close", None)
+            if close is not None:
+                close()
+
+
+def push_chunks(subscription: Any) -> Iterator[bytes]:
+    """One JSON line per change (``{"key", "row", "position"}``; ``row`` null for a
+    deletion), an empty line every :data:`KEEPALIVE_SECONDS` while nothing happens, and a
+    final ``{"error": ...}`` line if the subscription fails (e.g. the client reads too
+    slowly). Closing the generator closes the subscription."""
+    try:
+        while True:
+            try:
+                change = subscription.poll(KEEPALIVE_SECONDS)
+            except StopIteration:
+                return
+            except SparkiqError as exc:
+                error = {
+                    "code": getattr(exc, "code", None) or "push_failed",
+                    "message": exc.message,
+                }
+                yield dumps({"error": error}) + b"\n"
+                return
+            if change is None:
+                if getattr(subscription, "closed", False):
+                    return
+                yield b"\n"
+                continue
+            doc = {"key": change.key, "row": change.row, "position": change.position.to_token()}
+            yield dumps(doc) + b"\n"
+    finally:
+        subscription.close()
+
+
+def sql_json(result: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "columns": list(result.columns),
+        "rows": result.rows,
+        "position": result.position.to_token(),
+    }
+    token = getattr(result, "next_page_token", None)
+    if token is not None:
+        doc["next_page_token"] = token
+    return doc

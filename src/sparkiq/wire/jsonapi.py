@@ -1,0 +1,259 @@
+"""JSON for the REST API: requests parsed field by field, rows rendered for people.
+
+Keys and bounds arrive as JSON values (or URL text) and are converted by the key column's
+Spark type: ``"2024-05-01"`` for a date, ``"2024-05-01T10:00:00"`` for a timestamp (naive
+means the node's local time, as PySpark does; an offset is honoured), a string or a number
+for a decimal, base64 for binary. A composite key is a JSON array in key-column order.
+
+Rows go out as JSON objects: dates and timestamps in ISO 8601, decimals as strings (no
+precision lost), binary as base64. Every conversion error is an
+:class:`~sparkiq.errors.InvalidQueryError` whose ``field`` names the offending field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import orjson
+
+from sparkiq.errors import InvalidQueryError
+from sparkiq.query.position import Position, PositionBound
+from sparkiq.query.queries import (
+    KeyQuery,
+    Query,
+    RangeQuery,
+    ResultOrder,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.schema.types import DataType, TableSchema
+
+__all__ = [
+    "dumps",
+    "field_error",
+    "key_from_json",
+    "key_from_text",
+    "request_from_json",
+]
+
+_QUERY_TYPES = ("key", "range", "window_key", "window_range")
+
+
+def field_error(field: str, message: str) -> InvalidQueryError:
+    """An :class:`InvalidQueryError` about one request field."""
+    error = InvalidQueryError(f"{field}: {message}")
+    error.field = field  # type: ignore[attr-defined]
+    return error
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
+
+
+_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
+
+
+def dumps(value: Any) -> bytes:
+    """JSON bytes for a response: rows, keys, metadata."""
+    return orjson.dumps(value, default=_default, option=_OPTIONS)
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+
+def _scalar(dtype: DataType, value: Any, field: str) -> Any:
+    name = dtype.name
+    try:
+        if value is None:
+            return None
+        if name == "string":
+            if isinstance(value, str):
+                return value
+        elif name in ("integer", "long", "short", "byte"):
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+                return int(value)
+        elif name in ("float", "double"):
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+            if isinstance(value, str):
+                return float(value)
+        elif name == "boolean":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+        elif name == "date":
+            if isinstance(value, str):
+                return dt.date.fromisoformat(value)
+        elif name in ("timestamp", "timestamp_ntz"):
+            if isinstance(value, str):
+                parsed = dt.datetime.fromisoformat(value)
+                if name == "timestamp_ntz" and parsed.tzinfo is not None:
+                    raise ValueError("timestamp_ntz keys have no time zone")
+                return parsed
+        elif name == "decimal":
+            if isinstance(value, str | int) and not isinstance(value, bool):
+                return Decimal(str(value))
+            if isinstance(value, float):
+                return Decimal(repr(value))
+        elif name == "binary" and isinstance(value, str):
+            return base64.b64decode(value, validate=True)
+    except (ValueError, InvalidOperation, binascii.Error) as exc:
+        raise field_error(
+            field, f"{value!r} is not a valid {dtype.simple_string()}: {exc}"
+        ) from None
+    raise field_error(
+        field,
+        f"expected a {dtype.simple_string()} value"
+        f"{_HINTS.get(name, '')}, got {type(value).__name__} {value!r}",
+    )
+
+
+_HINTS = {
+    "date": " as an ISO date string like '2024-05-01'",
+    "timestamp": " as an ISO timestamp string like '2024-05-01T10:00:00'",
+    "timestamp_ntz": " as an ISO timestamp string like '2024-05-01T10:00:00'",
+    "binary": " as base64 text",
+    "decimal": " as a string like '12.50'",
+}
+
+
+def key_from_json(schema: TableSchema, value: Any, field: str = "key") -> Any:
+    """A key (scalar, or tuple for a composite key) from its JSON form."""
+    types = schema.key_types
+    if len(types) == 1:
+        return _scalar(types[0], value, field)
+    columns = list(schema.key_columns)
+    if not isinstance(value, list) or len(value) != len(types):
+        raise field_error(
+            field, f"the key has columns {columns}: pass a JSON array of {len(types)} values"
+        )
+    return tuple(
+        _scalar(t, v, f"{field}[{i}]") for i, (t, v) in enumerate(zip(types, value, strict=True))
+    )
+
+
+def key_from_text(schema: TableSchema, text: str, field: str = "key") -> Any:
+    """A key from URL text: the value itself for one key column, a JSON array for several."""
+    if len(schema.key_types) == 1:
+        return _scalar(schema.key_types[0], text, field)
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise field_error(
+            field,
+            f"the key has columns {list(schema.key_columns)}: pass a JSON array such as "
+            '["a", 1] (URL-encoded)',
+        ) from None
+    return key_from_json(schema, parsed, field)
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+def _time(value: Any, field: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise field_error(field, f"expected an ISO timestamp string, got {value!r}")
+    try:
+        return dt.datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise field_error(field, str(exc)) from None
+
+
+def _query_from_json(schema: TableSchema, doc: Any) -> Query:
+    if not isinstance(doc, dict):
+        raise field_error("query", 'expected an object such as {"type": "key", "key": ...}')
+    kind = doc.get("type")
+    if kind not in _QUERY_TYPES:
+        raise field_error("query.type", f"expected one of {list(_QUERY_TYPES)}, got {kind!r}")
+    if kind == "key":
+        if "key" not in doc:
+            raise field_error("query.key", "a key query needs a key")
+        return KeyQuery.with_key(key_from_json(schema, doc["key"], "query.key"))
+    if kind == "range":
+        query = RangeQuery.with_no_bounds()
+        lower = doc.get("lower")
+        upper = doc.get("upper")
+        if lower is not None and upper is not None:
+            query = RangeQuery.with_range(
+                key_from_json(schema, lower, "query.lower"),
+                key_from_json(schema, upper, "query.upper"),
+            )
+        elif lower is not None:
+            query = RangeQuery.with_lower_bound(key_from_json(schema, lower, "query.lower"))
+        elif upper is not None:
+            query = RangeQuery.with_upper_bound(key_from_json(schema, upper, "query.upper"))
+        order = doc.get("order", "any")
+        try:
+            return query.with_result_order(ResultOrder(order))
+        except ValueError:
+            orders = [o.value for o in ResultOrder]
+            raise field_error("query.order", f"expected one of {orders}, got {order!r}") from None
+    time_from = _time(doc.get("from"), "query.from")
+    time_to = _time(doc.get("to"), "query.to")
+    if kind == "window_key":
+        if "key" not in doc:
+            raise field_error("query.key", "a window_key query needs a key")
+        key = key_from_json(schema, doc["key"], "query.key")
+        return WindowKeyQuery.with_key_and_window_starts(key, time_from, time_to)
+    return WindowRangeQuery.with_window_starts(time_from, time_to)
+
+
+def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQueryRequest:
+    """An IQv2 request from the JSON body of ``POST /stores/{store}/query``."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise field_error("body", f"malformed JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise field_error("body", "expected a JSON object with a 'query' field")
+    unknown = sorted(
+        set(doc) - {"query", "partitions", "bound", "require_active", "execution_info"}
+    )
+    if unknown:
+        raise field_error(
+            unknown[0],
+            "unknown field; expected query, partitions, bound, require_active, execution_info",
+        )
+    request = StateQueryRequest.in_store(store).with_query(
+        _query_from_json(schema, doc.get("query"))
+    )
+    partitions = doc.get("partitions")
+    if partitions is not None:
+        if not isinstance(partitions, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in partitions
+        ):
+            raise field_error("partitions", "expected a JSON array of partition numbers")
+        request = request.with_partitions(partitions)
+    bound = doc.get("bound")
+    if bound is not None:
+        request = request.with_position_bound(PositionBound.at(position_from_token(bound)))
+    if doc.get("require_active"):
+        request = request.require_active()
+    if doc.get("execution_info"):
+        request = request.enable_execution_info()
+    return request
+
+
+def position_from_token(token: Any, field: str = "bound") -> Position:
+    if not isinstance(token, str):
+        raise field_error(field, f"expected a position token string, got {token!r}")
+    try:
+        return Position.from_token(token)
+    except (TypeError, ValueError) as exc:
+        raise field_error(field, f"not a valid position token: {exc}") from None

@@ -1,0 +1,307 @@
+"""The binary protocol between routers, nodes and clients (protocol version 1).
+
+A request is one MessagePack map (``POST /internal/query``, content type
+:data:`CONTENT_TYPE`)::
+
+    {"v": 1, "store": str, "query": {"type": str, "fields": {...}},
+     "partitions": [int] | None, "bound": position token | None,
+     "require_active": bool, "info": bool, "local": bool}
+
+``local`` asks the node to answer from its own replicas only (a router's sub-request);
+otherwise the node routes the request itself. Query types travel by registered name (see
+:func:`register_query_type`) with their dataclass fields encoded by
+:mod:`sparkiq.wire.values`; nothing else can be instantiated from the wire.
+
+A response is a sequence of *frames*: a 4-byte big-endian length, then one MessagePack map.
+Every requested partition gets a header frame, in order::
+
+    {"p": int, "ok": true, "pos": token, "info": [str], "kind": "value", "value": ...}
+    {"p": int, "ok": true, "pos": token, "info": [str], "kind": "rows"}
+        then {"p": int, "rows": [[key, row], ...]} frames and {"p": int, "end": true}
+    {"p": int, "ok": false, "reason": FailureReason name, "message": str, "pos": token}
+
+Iterator results (range and window queries) are streamed in chunks of at most
+:data:`ROWS_PER_FRAME` rows, so neither side buffers a large scan. A request that cannot be
+answered at all gets a single frame ``{"error": {"code", "message", "field"}}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import msgspec
+
+from sparkiq.errors import InvalidQueryError, SparkiqError
+from sparkiq.query.position import Position, PositionBound
+from sparkiq.query.queries import (
+    KeyQuery,
+    Query,
+    RangeQuery,
+    ResultOrder,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import FailureReason, QueryResult, RowIterator, StateQueryResult
+from sparkiq.wire.values import pack, register_enum, unpack
+
+__all__ = [
+    "CONTENT_TYPE",
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "ROWS_PER_FRAME",
+    "RemoteError",
+    "decode_request",
+    "encode_request",
+    "error_frame",
+    "read_frames",
+    "register_query_type",
+    "result_frames",
+    "results_from_frames",
+]
+
+PROTOCOL_VERSION = 1
+CONTENT_TYPE = "application/x-sparkiq-v1"
+ROWS_PER_FRAME = 512
+MAX_FRAME_BYTES = 64 << 20
+_LENGTH = struct.Struct(">I")
+
+_QUERY_TYPES: dict[str, type[Query]] = {}
+_QUERY_NAMES: dict[type[Query], str] = {}
+
+
+def register_query_type(cls: type[Query], name: str | None = None) -> type[Query]:
+    """Allow queries of ``cls`` (a frozen dataclass) between nodes and clients.
+
+    Custom query types must be registered (under the same name) in every process that sends
+    or answers them, as their handlers must be.
+    """
+    if not (dataclasses.is_dataclass(cls) and issubclass(cls, Query)):
+        raise TypeError(f"register_query_type() takes a Query dataclass, got {cls!r}")
+    key = name or cls.__name__
+    _QUERY_TYPES[key] = cls
+    _QUERY_NAMES[cls] = key
+    return cls
+
+
+for _builtin in (KeyQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery):
+    register_query_type(_builtin)
+register_enum(ResultOrder, "ResultOrder")
+
+
+class RemoteError(SparkiqError):
+    """A node refused a request as a whole; ``code`` and ``field`` say why."""
+
+    def __init__(self, message: str, *, code: str = "error", field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
+def encode_request(request: StateQueryRequest, *, local: bool = False) -> bytes:
+    query = request.query
+    name = _QUERY_NAMES.get(type(query))
+    if name is None:
+        raise InvalidQueryError(
+            f"{type(query).__name__} cannot be sent to another node: register it with "
+            "sparkiq.wire.register_query_type() in every process"
+        )
+    fields = {f.name: getattr(query, f.name) for f in dataclasses.fields(query)}  # type: ignore[arg-type]
+    bound = request.bound.position
+    doc = {
+        "v": PROTOCOL_VERSION,
+        "store": request.store,
+        "query": {"type": name, "fields": fields},
+        "partitions": None if request.partitions is None else sorted(request.partitions),
+        "bound": None if bound is None else bound.to_token(),
+        "require_active": request.is_require_active,
+        "info": request.is_execution_info_enabled,
+        "local": local,
+    }
+    return pack(doc)
+
+
+def decode_request(body: bytes) -> tuple[StateQueryRequest, bool]:
+    """The request and its ``local`` flag; :class:`InvalidQueryError` names a bad field."""
+    try:
+        doc = unpack(body)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise InvalidQueryError(f"request body is not a sparkiq v1 message: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("v") != PROTOCOL_VERSION:
+        raise InvalidQueryError(
+            f"unsupported protocol version {doc.get('v') if isinstance(doc, dict) else None!r}; "
+            f"this node speaks version {PROTOCOL_VERSION}"
+        )
+    query_doc = doc.get("query")
+    if not isinstance(query_doc, dict) or query_doc.get("type") not in _QUERY_TYPES:
+        known = sorted(_QUERY_TYPES)
+        raise _field_error("query.type", f"unknown query type; this node knows {known}")
+    cls = _QUERY_TYPES[query_doc["type"]]
+    try:
+        query = cls(**(query_doc.get("fields") or {}))
+    except TypeError as exc:
+        raise _field_error("query.fields", str(exc)) from None
+    store = doc.get("store")
+    if not isinstance(store, str) or not store:
+        raise _field_error("store", "must be a non-empty string")
+    request = StateQueryRequest.in_store(store).with_query(query)
+    partitions = doc.get("partitions")
+    if partitions is not None:
+        try:
+            request = request.with_partitions(partitions)
+        except (TypeError, ValueError) as exc:
+            raise _field_error("partitions", str(exc)) from None
+    if doc.get("bound") is not None:
+        try:
+            bound = Position.from_token(doc["bound"])
+        except (TypeError, ValueError) as exc:
+            raise _field_error("bound", str(exc)) from None
+        request = request.with_position_bound(PositionBound.at(bound))
+    if doc.get("require_active"):
+        request = request.require_active()
+    if doc.get("info"):
+        request = request.enable_execution_info()
+    return request, bool(doc.get("local"))
+
+
+def _field_error(field: str, message: str) -> InvalidQueryError:
+    error = InvalidQueryError(f"{field}: {message}")
+    error.field = field  # type: ignore[attr-defined]
+    return error
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+
+def _frame(doc: Any) -> bytes:
+    data = pack(doc)
+    return _LENGTH.pack(len(data)) + data
+
+
+def error_frame(code: str, message: str, field: str | None = None) -> bytes:
+    return _frame({"error": {"code": code, "message": message, "field": field}})
+
+
+def result_frames(results: StateQueryResult[Any]) -> Iterator[bytes]:
+    """Frames for every partition result, streaming iterator results chunk by chunk.
+
+    Closes every iterator result, also when the consumer stops early (``close()`` on the
+    generator)."""
+    items = sorted(results.partition_results.items())
+    try:
+        for partition, result in items:
+            yield from _partition_frames(partition, result)
+    finally:
+        for _, result in items:
+            if isinstance(result.result, RowIterator):
+                result.result.close()
+
+
+def _partition_frames(partition: int, result: QueryResult[Any]) -> Iterator[bytes]:
+    position = result.position.to_token()
+    if result.failure_reason is not None:
+        yield _frame(
+            {
+                "p": partition,
+                "ok": False,
+                "reason": result.failure_reason.name,
+                "message": result.failure_message,
+                "pos": position,
+            }
+        )
+        return
+    value = result.result
+    header = {"p": partition, "ok": True, "pos": position, "info": list(result.execution_info)}
+    if not isinstance(value, Iterator):
+        yield _frame(header | {"kind": "value", "value": value})
+        return
+    yield _frame(header | {"kind": "rows"})
+    chunk: list[Any] = []
+    for item in value:
+        chunk.append(item)
+        if len(chunk) >= ROWS_PER_FRAME:
+            yield _frame({"p": partition, "rows": chunk})
+            chunk = []
+    if chunk:
+        yield _frame({"p": partition, "rows": chunk})
+    yield _frame({"p": partition, "end": True})
+
+
+def read_frames(chunks: Iterable[bytes]) -> Iterator[Any]:
+    """Decoded frames from a byte stream cut anywhere (HTTP chunks)."""
+    buffer = bytearray()
+    for chunk in chunks:
+        buffer += chunk
+        while len(buffer) >= 4:
+            (length,) = _LENGTH.unpack_from(buffer)
+            if length > MAX_FRAME_BYTES:
+                raise RemoteError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+            if len(buffer) < 4 + length:
+                break
+            yield unpack(memoryview(buffer)[4 : 4 + length].tobytes())
+            del buffer[: 4 + length]
+    if buffer:
+        raise RemoteError("the response ended in the middle of a frame (node went away?)")
+
+
+def results_from_frames(
+    frames: Iterator[Any],
+    partitions: Iterable[int] | None = None,
+    on_close: Callable[[], None] | None = None,
+) -> dict[int, QueryResult[Any]]:
+    """Per-partition results from a response's frames.
+
+    When ``partitions`` (the partitions asked for, in order) is given, the last one's
+    iterator result is read lazily from the stream, and ``on_close`` runs when it is
+    closed or exhausted; rows of the partitions before it are read as they come, since the
+    stream must move past them. Ask for one partition per request to stream everything.
+    """
+    last = max(partitions, default=None) if partitions is not None else None
+    results: dict[int, QueryResult[Any]] = {}
+    lazy = False
+    try:
+        for frame in frames:
+            if "error" in frame:
+                error = frame["error"]
+                raise RemoteError(
+                    error.get("message", "request refused"),
+                    code=error.get("code", "error"),
+                    field=error.get("field"),
+                )
+            partition = frame["p"]
+            position = Position.from_token(frame["pos"])
+            if not frame["ok"]:
+                results[partition] = QueryResult.for_failure(
+                    FailureReason[frame["reason"]], frame["message"], position
+                )
+                continue
+            info = tuple(frame.get("info") or ())
+            if frame["kind"] == "value":
+                results[partition] = QueryResult.for_result(frame["value"], position, info)
+                continue
+            rows = _rows_of(frames)
+            if partition != last:
+                rows = iter(list(rows))
+            else:
+                lazy = True
+            results[partition] = QueryResult.for_result(
+                RowIterator(rows, on_close if lazy else None), position, info
+            )
+            if lazy:
+                break
+    finally:
+        if not lazy and on_close is not None:
+            on_close()
+    return results
+
+
+def _rows_of(frames: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+    """The rows of one partition, from the frames that follow its header."""
+    for frame in frames:
+        if frame.get("end"):
+            return
+        yield from frame["rows"]
+    raise RemoteError("the response ended before the partition's last row (node went away?)")

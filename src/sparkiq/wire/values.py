@@ -1,0 +1,136 @@
+"""MessagePack for the values sparkiq returns, keeping their Python types.
+
+Plain MessagePack loses what a row needs to round-trip exactly, so these types travel as
+MessagePack extensions (codes are part of protocol version 1 and never reused):
+
+====  =====================  ==============================================================
+code  Python type            payload
+====  =====================  ==============================================================
+1     datetime.datetime      ISO 8601 text; naive stays naive, an offset is kept
+2     datetime.date          ISO 8601 text
+3     decimal.Decimal        its exact text
+4     tuple                  a MessagePack array of the (encoded) items
+5     pyarrow.Table          Arrow IPC stream
+6     bytearray              the bytes
+7     enum member            ``"<registered name>:<member name>"`` (see :func:`register_enum`)
+====  =====================  ==============================================================
+
+Decoding never runs code from the payload: extensions build only the types above, and enums
+only from the registry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import msgspec
+
+__all__ = ["pack", "register_enum", "to_wire", "unpack"]
+
+_DATETIME, _DATE, _DECIMAL, _TUPLE, _ARROW, _BYTEARRAY, _ENUM = 1, 2, 3, 4, 5, 6, 7
+
+_ENUMS: dict[str, type[enum.Enum]] = {}
+_ENUM_NAMES: dict[type[enum.Enum], str] = {}
+
+
+def register_enum(cls: type[enum.Enum], name: str | None = None) -> type[enum.Enum]:
+    """Allow members of ``cls`` on the wire (decoders build only registered enums)."""
+    key = name or f"{cls.__module__}.{cls.__qualname__}"
+    _ENUMS[key] = cls
+    _ENUM_NAMES[cls] = key
+    return cls
+
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def _ext(code: int, data: bytes) -> msgspec.msgpack.Ext:
+    return msgspec.msgpack.Ext(code, data)
+
+
+def _arrow_ipc(table: Any) -> msgspec.msgpack.Ext:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return _ext(_ARROW, sink.getvalue().to_pybytes())
+
+
+def _convert_enum(value: enum.Enum) -> msgspec.msgpack.Ext:
+    name = _ENUM_NAMES.get(type(value))
+    if name is None:
+        raise TypeError(f"enum {type(value).__qualname__} is not registered for the wire")
+    return _ext(_ENUM, f"{name}:{value.name}".encode())
+
+
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool, type(None), bytes})
+_CONVERT: dict[type, Callable[[Any], Any]] = {
+    dt.datetime: lambda v: _ext(_DATETIME, v.isoformat().encode()),
+    dt.date: lambda v: _ext(_DATE, v.isoformat().encode()),
+    Decimal: lambda v: _ext(_DECIMAL, str(v).encode()),
+    tuple: lambda v: _ext(_TUPLE, _encoder.encode([to_wire(x) for x in v])),
+    bytearray: lambda v: _ext(_BYTEARRAY, bytes(v)),
+    dict: lambda v: {to_wire(k): to_wire(x) for k, x in v.items()},
+    list: lambda v: [to_wire(x) for x in v],
+}
+
+
+def to_wire(value: Any) -> Any:
+    """``value`` with every type MessagePack would lose replaced by its extension."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    convert = _CONVERT.get(kind)
+    if convert is not None:
+        return convert(value)
+    if isinstance(value, enum.Enum):
+        return _convert_enum(value)
+    if kind.__module__.startswith("pyarrow") and hasattr(value, "schema"):
+        return _arrow_ipc(value)
+    for base, convert in _CONVERT.items():
+        if isinstance(value, base):
+            return convert(value)
+    raise TypeError(f"cannot send a {kind.__qualname__} over the wire")
+
+
+def _from_ext(code: int, data: memoryview) -> Any:
+    if code == _DATETIME:
+        return dt.datetime.fromisoformat(bytes(data).decode())
+    if code == _DATE:
+        return dt.date.fromisoformat(bytes(data).decode())
+    if code == _DECIMAL:
+        return Decimal(bytes(data).decode())
+    if code == _TUPLE:
+        return tuple(_decoder.decode(data))
+    if code == _ARROW:
+        import pyarrow as pa
+
+        with pa.ipc.open_stream(pa.py_buffer(bytes(data))) as reader:
+            return reader.read_all()
+    if code == _BYTEARRAY:
+        return bytearray(data)
+    if code == _ENUM:
+        name, _, member = bytes(data).decode().rpartition(":")
+        cls = _ENUMS.get(name)
+        if cls is None or member not in cls.__members__:
+            raise ValueError(f"unknown enum {name}:{member} on the wire")
+        return cls[member]
+    raise ValueError(f"unknown MessagePack extension {code} on the wire")
+
+
+_decoder = msgspec.msgpack.Decoder(ext_hook=_from_ext)
+
+
+def pack(value: Any) -> bytes:
+    """Encode ``value`` (any mix of plain values, rows, keys, Arrow tables)."""
+    return _encoder.encode(to_wire(value))
+
+
+def unpack(data: bytes | memoryview) -> Any:
+    """Decode what :func:`pack` produced, with the original types."""
+    return _decoder.decode(data)
