@@ -1,0 +1,136 @@
+"""``sparkiq serve`` processes on 127.0.0.1 for cluster tests, and a changelog writer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from sparkiq.changelog import Changelog
+from tests.changelog.helpers import write_batch
+
+FAST_FLAGS = ["--heartbeat-interval", "0.2", "--failure-timeout", "1.5"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServeProcess:
+    """One ``sparkiq serve`` subprocess; ``kill()`` is SIGKILL, ``start()`` restarts it with
+    the same id, port and local directory."""
+
+    def __init__(
+        self, state_dir: str, node_id: str, port: int, peers: list[str], log_dir: str, **env: str
+    ) -> None:
+        self.state_dir, self.node_id, self.port, self.peers = state_dir, node_id, port, peers
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = os.path.join(log_dir, f"{node_id}.log")
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, token: str | None = None) -> ServeProcess:
+        args = [
+            sys.executable, "-m", "sparkiq.cli", "serve",
+            "--state-dir", self.state_dir,
+            "--node-id", self.node_id,
+            "--listen", f"127.0.0.1:{self.port}",
+            "--peers", ",".join(self.peers),
+            *FAST_FLAGS,
+        ]  # fmt: skip
+        if token:
+            args += ["--token", token]
+        env = os.environ | {"PYTHONUNBUFFERED": "1"} | self.env
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def wait_up(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.node_id} exited: {self.log()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"{self.node_id} did not come up: {self.log()}")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as handle:
+            return handle.read()[-3000:]
+
+
+def wait_cluster(
+    urls: list[str], members: int, timeout: float = 30.0, token: str | None = None
+) -> None:
+    """Until every node sees ``members`` live nodes and is ready."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ok = all(
+                len(httpx.get(f"{u}/metadata", headers=headers, timeout=1).json()["nodes"])
+                == members
+                and httpx.get(f"{u}/readyz", timeout=1).status_code == 200
+                for u in urls
+            )
+        except (httpx.HTTPError, ValueError, KeyError):
+            ok = False
+        if ok:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"cluster {urls} did not reach {members} ready members")
+
+
+class BatchWriter(threading.Thread):
+    """Commits a batch every ``interval`` s in which every key's ``n`` is the batch id, so
+    any answer is checkable: a row must carry the batch id of the position it came with."""
+
+    def __init__(self, changelog: Changelog, keys: list[str], interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.changelog, self.keys, self.interval = changelog, keys, interval
+        self.stop_event = threading.Event()
+        self.next_batch = 0
+
+    def write_one(self) -> None:
+        write_batch(self.changelog, self.next_batch, {k: self.next_batch for k in self.keys})
+        self.next_batch += 1
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            self.write_one()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join()
+
+
+def row_matches_position(store: str, partition: int, row: Any, position: Any) -> bool:
+    return row is not None and row["n"] == position.to_map()[store][partition]

@@ -1,0 +1,203 @@
+"""Real ``sparkiq serve`` processes under query load: kill -9, restart, and a node joining.
+
+A writer commits a batch every 50 ms in which every key's value is the batch id, so every
+answer can be checked on its own: the row must carry exactly the batch id of the position
+it was served at. A client queries continuously through one node; we record every answer.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sparkiq import Client, KeyQuery, StateQueryRequest, partition_for
+from sparkiq.errors import SparkiqError
+from tests.changelog.helpers import make_table
+from tests.cluster.serve_processes import (
+    BatchWriter,
+    ServeProcess,
+    free_port,
+    wait_cluster,
+)
+
+KEYS = [f"k{i:03d}" for i in range(64)]
+PARTITIONS = 8
+
+
+@dataclass
+class Answer:
+    at: float
+    key: str
+    partition: int
+    ok: bool
+    batch: int = -1
+    consistent: bool = True
+
+
+class Load(threading.Thread):
+    """Queries random keys through a Client until stopped; records every answer."""
+
+    def __init__(self, client: Client) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.answers: list[Answer] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        while not self.stop_event.is_set():
+            key = rng.choice(KEYS)
+            request = StateQueryRequest.in_store("t").with_query(KeyQuery.with_key(key))
+            now = time.monotonic()
+            try:
+                result = self.client.query(request)
+            except SparkiqError:
+                self.answers.append(Answer(now, key, -1, False))
+                continue
+            ((partition, answer),) = result.partition_results.items()
+            if answer.is_failure:
+                self.answers.append(Answer(now, key, partition, False))
+                continue
+            batch = answer.position.to_map()["t"][partition]
+            consistent = answer.result is not None and answer.result["n"] == batch
+            self.answers.append(Answer(now, key, partition, True, batch, consistent))
+
+    def stop(self) -> list[Answer]:
+        self.stop_event.set()
+        self.join()
+        return self.answers
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Any:
+    state_dir = str(tmp_path / "state")
+    changelog = make_table(state_dir, partitions=PARTITIONS)
+    writer = BatchWriter(changelog, KEYS)
+    writer.write_one()
+    ports = [free_port() for _ in range(4)]
+    seed = f"127.0.0.1:{ports[0]}"
+    nodes = [
+        ServeProcess(state_dir, f"n{i}", ports[i], [seed] if i else [], str(tmp_path))
+        for i in range(4)
+    ]
+    for node in nodes[:3]:
+        node.start()
+    for node in nodes[:3]:
+        node.wait_up()
+    wait_cluster([n.url for n in nodes[:3]], 3)
+    writer.start()
+    yield nodes, writer
+    writer.stop()
+    for node in nodes:
+        node.stop()
+
+
+def metadata(url: str) -> dict[str, Any]:
+    nodes = httpx.get(f"{url}/metadata", timeout=5).json()["nodes"]
+    return {n["node_id"]: n for n in nodes}
+
+
+def check_answers(answers: list[Answer]) -> None:
+    assert answers, "the load produced no answers"
+    wrong = [a for a in answers if a.ok and not a.consistent]
+    assert wrong == [], f"{len(wrong)} answers disagree with their own position"
+    last: dict[int, int] = {}
+    for answer in answers:  # one client, in order: positions never go back
+        if answer.ok:
+            assert answer.batch >= last.get(answer.partition, -1), answer
+            last[answer.partition] = answer.batch
+
+
+def test_kill_minus_nine_of_an_active_node(cluster: Any) -> None:
+    nodes, writer = cluster
+    entry, victim = nodes[0], nodes[1]
+    active_on_victim = metadata(entry.url)["n1"]["active"]["t"]
+    assert active_on_victim, "n1 should be active for some partitions"
+    with Client(entry.url) as client:
+        load = Load(client)
+        load.start()
+        time.sleep(1.5)
+        killed_at = time.monotonic()
+        victim.kill()
+        batch_at_kill = writer.next_batch
+        time.sleep(4.0)
+        victim.start()  # same id, port and local files
+        victim.wait_up()
+        wait_cluster([n.url for n in nodes[:3]], 3)
+        time.sleep(1.0)
+        answers = load.stop()
+    check_answers(answers)
+    # Every partition the victim was active for is answered again within 2 s of the kill.
+    after = [a for a in answers if a.at >= killed_at]
+    for partition in active_on_victim:
+        served = [a.at for a in after if a.partition == partition and a.ok]
+        assert served, f"partition {partition} was never answered after the kill"
+        failover = served[0] - killed_at
+        assert failover < 2.0, f"partition {partition} took {failover:.2f} s to fail over"
+        failures = [a.at - killed_at for a in after if a.partition == partition and not a.ok]
+        assert all(f < 2.0 for f in failures), failures
+    # Anything not a routed failure within the window is an answer.
+    late_failures = [a for a in after if not a.ok and a.at - killed_at >= 2.0]
+    assert late_failures == []
+    # The restarted node resumed from its local files (it applied only what it missed).
+    status = json.loads((Path(victim.state_dir) / "replicas" / "n1" / "status.json").read_text())
+    head = writer.next_batch - 1
+    for partition in status["partitions"]:
+        keys = sum(
+            partition_for([k], ["string"], PARTITIONS) == partition["partition"] for k in KEYS
+        )
+        # Replaying from scratch would apply (head + 1) * keys rows; resuming applies only
+        # the batches committed since the kill (plus the one in flight).
+        assert partition["restored_rows"] <= (head - batch_at_kill + 2) * keys, partition
+        assert batch_at_kill > 10
+    wait_for_catch_up(victim.url, writer)
+
+
+def wait_for_catch_up(url: str, writer: BatchWriter, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = metadata(url)
+        mine = nodes[url_node(nodes, url)]["hosted"]["t"]
+        if mine and all(s["batch_id"] >= writer.next_batch - 3 for s in mine.values()):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not catch up with the writer")
+
+
+def url_node(nodes: dict[str, Any], url: str) -> str:
+    return next(n for n, doc in nodes.items() if doc["url"] == url)
+
+
+def test_a_fourth_node_joins_under_load(cluster: Any) -> None:
+    nodes, _ = cluster
+    before = metadata(nodes[0].url)
+    with Client(nodes[0].url) as client:
+        load = Load(client)
+        load.start()
+        time.sleep(1.0)
+        joined_at = time.monotonic()
+        nodes[3].start()
+        nodes[3].wait_up()
+        wait_cluster([n.url for n in nodes], 4)
+        settled_at = time.monotonic()
+        time.sleep(1.0)
+        answers = load.stop()
+    check_answers(answers)
+    during = [a for a in answers if a.at >= joined_at]
+    assert during and all(a.ok for a in during), [a for a in during if not a.ok][:5]
+    after = metadata(nodes[0].url)
+    taken = after["n3"]["active"]["t"]
+    assert taken, "the new node took no partition"
+    for partition in range(PARTITIONS):  # only partitions the newcomer took changed hands
+        if partition not in taken:
+            owner = [n for n in before if partition in before[n]["active"]["t"]]
+            assert partition in after[owner[0]]["active"]["t"]
+    print(f"join settled in {settled_at - joined_at:.2f} s; {len(during)} answers, none failed")
