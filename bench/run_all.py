@@ -18,12 +18,13 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench import apply, follower_tail, freshness, lookup, restore, sink, statestore
+from bench import apply, follower_tail, freshness, http, lookup, restore, sink, statestore
 from bench._common import Report, code_version, load_average, machine
 
 #: In running order: the benchmarks without Spark first, then those sharing one session.
 BENCHMARKS: dict[str, Callable[[bool], Report]] = {
     "lookup": lookup.run,
+    "http": http.run,
     "apply": apply.run,
     "restore": restore.run,
     "follower_tail": follower_tail.run,
@@ -88,6 +89,14 @@ CONTEXT = {
         "The local node is woken by the sink right after the record is written; the external "
         "node finds it at its next poll, so it adds up to one poll interval on average half "
         "of it. Both then read, verify and apply the batch's segments."
+    ),
+    "http": (
+        "Server and load generator share the two cores, so each figure is also bounded by the "
+        "generator's own cost; the floor, measured in the same run with the same generator "
+        "and uvicorn settings, shows where that bound is. The node answers a lookup of a "
+        "partition it holds caught up on the event loop (no thread hop); a forwarded lookup "
+        "runs on a worker thread and crosses the node protocol to the other node over a "
+        "pooled keep-alive connection."
     ),
 }
 

@@ -1,0 +1,241 @@
+"""HTTP key lookups: one node's throughput and tail latency, and the cost of a remote hop.
+
+A table of 100k keys in 8 partitions is written by hand (no Spark). Servers run as their
+own processes, the load generator (:mod:`bench._http_load`, raw asyncio sockets) as another,
+all on this machine's two cores:
+
+* floor -- :mod:`bench._asgi_floor`: uvicorn calling a bare ASGI function that reads the
+  encoded key from one RocksDB and returns the stored bytes;
+* node -- ``sparkiq serve`` answering ``GET /stores/{store}/keys/{key}`` (key validation,
+  partitioning, replica read, row decoding, JSON with the position token).
+
+Each is measured closed-loop (32 connections as fast as answers come: requests per second)
+and open-loop at 1,000 requests per second (latency from each request's scheduled time).
+Then two nodes without standbys split the partitions, and one of them is asked, one request
+at a time, for keys it hosts (answered locally) and keys the other hosts (forwarded over the
+node protocol): the difference of the medians is the remote hop.
+
+Run: ``python -m bench.http [--quick]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from bench._common import Report, cli, median, percentile, scratch_dir, verdict
+from bench.lookup import _build, _floor_db
+
+TABLE = "lookup"
+THROUGHPUT_TARGET = 5000.0
+P99_TARGET_MS = 10.0
+OPEN_RATE = 1000
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait(url: str, path: str = "/healthz", timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url}{path} did not answer")
+
+
+def _serve(state_dir: str, node_id: str, port: int, peers: str = "", standbys: int = 1) -> Any:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "sparkiq.cli", "serve", "--state-dir", state_dir,
+            "--node-id", node_id, "--listen", f"127.0.0.1:{port}", "--peers", peers,
+            "--standbys", str(standbys),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def load(
+    port: int, paths: Sequence[str], mode: str, duration: float, **extra: Any
+) -> dict[str, Any]:
+    spec = {
+        "host": "127.0.0.1",
+        "port": port,
+        "mode": mode,
+        "duration": duration,
+        "connections": extra.pop("connections", 32),
+        "requests": [{"path": p} for p in paths],
+        **extra,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(spec, handle)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench._http_load", handle.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        os.unlink(handle.name)
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def _stop(*processes: Any) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def run(quick: bool = False) -> Report:
+    n_keys = 20_000 if quick else 100_000
+    duration = 2.0 if quick else 5.0
+    rounds = 1 if quick else 2
+    report = Report(
+        name="http",
+        title="HTTP key lookup: one node, and a remote hop",
+        measures=(
+            f"`GET /stores/{{store}}/keys/{{key}}` on random existing keys of a {n_keys:,}-key, "
+            "8-partition table; closed loop with 32 keep-alive connections (throughput), open "
+            f"loop at {OPEN_RATE:,} req/s (latency from the scheduled send time); servers and "
+            "load generator are separate processes on the same two cores"
+        ),
+        baseline="floor: uvicorn + a bare ASGI function reading the same RocksDB bytes",
+        target=f">= {THROUGHPUT_TARGET:,.0f} req/s; p99 <= {P99_TARGET_MS:.0f} ms at "
+        f"{OPEN_RATE:,} req/s",
+        columns=[
+            "server",
+            "closed-loop req/s",
+            f"p50 ms @{OPEN_RATE}/s",
+            f"p99 ms @{OPEN_RATE}/s",
+            "errors",
+        ],
+        quick=quick,
+    )
+    with scratch_dir("http") as root:
+        state_dir = os.path.join(root, "state")
+        table, keys = _build(state_dir, n_keys, 8)
+        floor = _floor_db(os.path.join(root, "floor"), table)
+        floor.close()
+        paths = [f"/stores/{TABLE}/keys/{k}" for k in keys[:: max(1, n_keys // 20_000)]]
+        floor_port, node_port = _free_port(), _free_port()
+        floor_proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench._asgi_floor",
+                os.path.join(root, "floor"),
+                str(floor_port),
+            ]
+        )
+        node_proc = _serve(state_dir, "bench", node_port, standbys=0)
+        results: dict[str, dict[str, list[float]]] = {}
+        try:
+            _wait(f"http://127.0.0.1:{floor_port}", f"/x/{keys[0]}")
+            _wait(f"http://127.0.0.1:{node_port}", "/readyz")
+            servers = {"floor (bare ASGI + rocksdict)": floor_port, "sparkiq node": node_port}
+            for port in servers.values():  # warm-up
+                load(port, paths, "closed", 1.0)
+            for _ in range(rounds):
+                for name, port in servers.items():
+                    closed = load(port, paths, "closed", duration)
+                    opened = load(port, paths, "open", duration, rate=OPEN_RATE)
+                    entry = results.setdefault(
+                        name, {"rps": [], "p50": [], "p99": [], "errors": []}
+                    )
+                    entry["rps"].append(closed["requests"] / closed["seconds"])
+                    entry["p50"].append(percentile(opened["latencies_us"], 50) / 1000)
+                    entry["p99"].append(percentile(opened["latencies_us"], 99) / 1000)
+                    entry["errors"].append(closed["errors"] + opened["errors"])
+        finally:
+            _stop(floor_proc, node_proc)
+        for name, entry in results.items():
+            report.rows.append(
+                [
+                    name,
+                    f"{median(entry['rps']):,.0f}",
+                    f"{median(entry['p50']):.2f}",
+                    f"{median(entry['p99']):.2f}",
+                    f"{int(sum(entry['errors']))}",
+                ]
+            )
+        node = results["sparkiq node"]
+        floor_entry = results["floor (bare ASGI + rocksdict)"]
+        rps, p99 = median(node["rps"]), median(node["p99"])
+        report.readings.append(
+            f"node: {rps:,.0f} req/s = {rps / median(floor_entry['rps']):.2f}x the floor; "
+            + verdict(rps, THROUGHPUT_TARGET, "req/s", at_most=False)
+        )
+        report.readings.append(
+            f"node p99 at {OPEN_RATE:,} req/s: {p99:.2f} ms; "
+            + verdict(p99, P99_TARGET_MS, "ms", at_most=True)
+        )
+        report.figures.update(
+            {"node_rps": rps, "node_p99_ms": p99, "floor_rps": median(floor_entry["rps"])}
+        )
+        report.readings.append(_remote_hop(state_dir, table, keys, quick))
+    return report
+
+
+def _remote_hop(state_dir: str, table: Any, keys: list[str], quick: bool) -> str:
+    """p50 of lookups answered by the asked node vs forwarded to the other node."""
+    ports = [_free_port(), _free_port()]
+    a = _serve(state_dir, "hop-a", ports[0], standbys=0)
+    b = _serve(state_dir, "hop-b", ports[1], peers=f"127.0.0.1:{ports[0]}", standbys=0)
+    try:
+        url = f"http://127.0.0.1:{ports[0]}"
+        _wait(url, "/readyz")
+        _wait(f"http://127.0.0.1:{ports[1]}", "/readyz")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            nodes = httpx.get(f"{url}/metadata").json()["nodes"]
+            if len(nodes) == 2 and all(
+                httpx.get(f"{n['url']}/readyz").status_code == 200 for n in nodes
+            ):
+                break
+            time.sleep(0.2)
+        time.sleep(1.5)  # old owners release what moved
+        mine = next(n for n in nodes if n["node_id"] == "hop-a")["active"][TABLE]
+        local = [k for k in keys[:5000] if table.partition_of(k) in mine]
+        remote = [k for k in keys[:5000] if table.partition_of(k) not in mine]
+        seconds = 2.0 if quick else 4.0
+        timings = {}
+        for name, subset in (("local", local), ("remote", remote)):
+            paths = [f"/stores/{TABLE}/keys/{k}" for k in subset]
+            load(ports[0], paths, "closed", 1.0, connections=1)
+            result = load(ports[0], paths, "closed", seconds, connections=1)
+            assert result["errors"] == 0
+            timings[name] = median(result["latencies_us"]) / 1000
+    finally:
+        _stop(a, b)
+    hop = timings["remote"] - timings["local"]
+    return (
+        f"remote hop: p50 {timings['local']:.2f} ms answered locally vs {timings['remote']:.2f} ms "
+        f"forwarded to the other node (+{hop:.2f} ms), one request at a time"
+    )
+
+
+if __name__ == "__main__":
+    cli(run, sys.argv[1:], __doc__)
