@@ -45,6 +45,66 @@ def test_status_of_an_empty_directory_fails_clearly(tmp_path: Path) -> None:
 
 
 def test_every_option_names_its_environment_variable() -> None:
-    for command in ("demo", "status", "compact"):
+    for command in ("demo", "status", "compact", "serve"):
         text = sparkiq(command, "--help").stdout
         assert "--state-dir" in text and "SPARKIQ_STATE_DIR" in text
+    serve = sparkiq("serve", "--help").stdout
+    for name in ("NODE_ID", "LISTEN", "ADVERTISE", "PEERS", "STANDBYS", "TOKEN", "LOCAL_DIR"):
+        assert f"SPARKIQ_{name}" in serve
+
+
+def test_serve_takes_its_settings_from_the_environment(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    import httpx
+
+    from tests.cluster.serve_processes import free_port
+
+    changelog = make_table(str(tmp_path), partitions=2)
+    write_batch(changelog, 0, {"a": 1, "b": 2})
+    port = free_port()
+    env = os.environ | {
+        "SPARKIQ_STATE_DIR": str(tmp_path),
+        "SPARKIQ_LISTEN": f"127.0.0.1:{port}",
+        "SPARKIQ_NODE_ID": "from-env",
+        "SPARKIQ_TOKEN": "tok",
+        "SPARKIQ_STANDBYS": "0",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sparkiq.cli", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.1)
+        assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "node_id": "from-env"}
+        assert httpx.get(f"{url}/stores/t/keys/a").status_code == 401
+        auth = {"authorization": "Bearer tok"}
+        assert httpx.get(f"{url}/stores/t/keys/a", headers=auth).json()["row"] == {"k": "a", "n": 1}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0
+        assert process.stdout is not None
+        assert f"sparkiq node from-env serving ['t'] at {url}" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_serve_without_a_state_dir_says_what_is_missing() -> None:
+    result = sparkiq("serve", "--listen", "127.0.0.1:0")
+    assert result.returncode == 2
+    assert "--state-dir (or SPARKIQ_STATE_DIR) is required" in result.stderr
