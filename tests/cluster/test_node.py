@@ -236,3 +236,27 @@ def test_poll_once_while_the_tailer_runs_applies_everything_once(tmp_path: Path)
             status = node.status()
             assert all(s.batch_id == 39 and s.healthy for s in status), status
             assert node.get("t", "k7") == {"k": "k7", "n": 39}
+
+
+def test_a_dropped_or_recreated_table_is_released(tmp_path: Path) -> None:
+    from sparkiq.changelog import Changelog
+
+    changelog = make_table(str(tmp_path), name="gone")
+    write_batch(changelog, 0, {"a": 1})
+    keep = make_table(str(tmp_path), name="kept")
+    write_batch(keep, 0, {"a": 2})
+    with Node(str(tmp_path)) as node:
+        node.poll_once()
+        assert node.get("gone", "a") == {"k": "a", "n": 1}
+        Changelog(str(tmp_path), "gone").storage.delete_dir(changelog.root)
+        node.refresh_tables()
+        assert node.tables == ["kept"]
+        with pytest.raises(UnknownStoreError):
+            node.get("gone", "a")
+        recreated = make_table(str(tmp_path), name="gone")  # same name, new incarnation
+        write_batch(recreated, 0, {"b": 5})
+        node.refresh_tables()
+        node.poll_once()
+        assert node.get("gone", "a") is None  # nothing of the old table survives
+        assert node.get("gone", "b") == {"k": "b", "n": 5}
+        assert node.get("kept", "a") == {"k": "a", "n": 2}

@@ -274,15 +274,42 @@ class Node:
         self.stop()
 
     def refresh_tables(self) -> list[str]:
-        """Host any table that appeared in ``state_dir`` since the last call; return new ones."""
+        """Host any table that appeared in ``state_dir`` since the last call; return new ones.
+
+        A table whose changelog was deleted (``DROP TABLE ... DELETE CHANGELOG``) is released;
+        one deleted and created again under the same name (a new incarnation) is released and
+        hosted anew, so old local state is never mixed with the new changelog."""
+        present = set(list_tables(self.state_dir))
+        for name, replica in list(self._tables.items()):
+            if name not in present or not self._same_incarnation(replica):
+                self._drop(name)
         added = []
-        for name in list_tables(self.state_dir):
+        for name in sorted(present):
             if self._hosted_tables is not None and name not in self._hosted_tables:
                 continue
             if name not in self._tables:
                 self._host(name)
                 added.append(name)
         return added
+
+    def _same_incarnation(self, replica: TableReplica) -> bool:
+        try:
+            fresh = Changelog(self.state_dir, replica.table, read_only=True).manifest()
+        except SparkiqError:  # deleted while we looked: the next refresh drops it
+            return True
+        return fresh.incarnation == replica.manifest.incarnation
+
+    def _drop(self, name: str) -> None:
+        log.info(
+            "%s: table %r was dropped or recreated; releasing its replicas", self.node_id, name
+        )
+        with self._poll_lock, self._lock:
+            replica = self._tables.pop(name)
+            self._routes.pop(name, None)
+            for entry in [r for r in self._retired if r[1] == name]:
+                entry[2].store.close()
+                self._retired.remove(entry)
+            replica.close()  # a read racing this fails with a StoreError, never a wrong row
 
     def _host(self, name: str) -> None:
         changelog = Changelog(self.state_dir, name, read_only=self._read_only)

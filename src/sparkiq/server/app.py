@@ -40,6 +40,7 @@ from sparkiq.errors import (
     SparkiqError,
     UnknownStoreError,
 )
+from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
@@ -216,10 +217,15 @@ class RestApp:
     async def _internal_query(self, scope: Scope, send: Send, body: bytes) -> None:
         request, local = protocol.decode_request(body)
         node = self.node
-        if local:
+        if local and isinstance(request.query, KeyQuery):  # microseconds: no thread hop
+            results = node.query_local(request)
+        elif local:
             results = await self._run(node.query_local, request)
         else:
             results = await self._run(node.route, request, _bearer(scope))
+        if not any(isinstance(r.result, Iterator) for r in results.partition_results.values()):
+            await _send(send, 200, b"".join(protocol.result_frames(results)), _BINARY)
+            return
         await self._stream(send, 200, _BINARY, protocol.result_frames(results))
 
     async def _iq_query(self, scope: Scope, send: Send, store: str, body: bytes) -> None:
