@@ -111,7 +111,7 @@ def test_each_partition_has_one_active_and_one_standby(cluster: list[Node]) -> N
     assert actives == list(range(8))
     for meta in nodes.values():
         assert set(meta.hosted["t"]) == set(meta.active["t"]) | set(meta.standby["t"])
-        assert all(state == (2, "live") for state in meta.hosted["t"].values())
+        assert all(state == (2, "live", 0) for state in meta.hosted["t"].values())
 
 
 def test_require_active_is_answered_by_the_active_only(cluster: list[Node]) -> None:

@@ -24,8 +24,9 @@ __all__ = ["HostedState", "Member", "Membership"]
 
 log = logging.getLogger("sparkiq.membership")
 
-#: Per table, per hosted partition: ``[batch_id, state]`` (state: live, restoring, error).
-HostedState = dict[str, dict[int, tuple[int, str]]]
+#: Per table, per hosted partition: ``(batch_id, state, lag_batches)`` (state: live,
+#: restoring, error; lag: committed batches not applied yet).
+HostedState = dict[str, dict[int, tuple[int, str, int]]]
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Membership:
         if not isinstance(node_id, str) or not isinstance(url, str) or node_id == self.node_id:
             return
         hosted = {
-            table: {int(p): (int(s[0]), str(s[1])) for p, s in parts.items()}
+            table: {int(p): (int(s[0]), str(s[1]), int(s[2])) for p, s in parts.items()}
             for table, parts in (doc.get("hosted") or {}).items()
         }
         with self._lock:

@@ -49,13 +49,15 @@ def _host(host: HostInfo) -> dict[str, str]:
 @dataclass(frozen=True, slots=True)
 class NodeMetadata:
     """One node of the cluster: the partitions it is active and standby for, per store,
-    and the state of each partition it hosts: ``{store: {partition: (batch_id, state)}}``."""
+    and the state of each partition it hosts, as of the node's last heartbeat:
+    ``{store: {partition: (batch_id, state, lag_batches)}}``; ``batch_id`` is the
+    partition's position in the table's batch clock."""
 
     node_id: str
     url: str
     active: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     standby: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    hosted: Mapping[str, Mapping[int, tuple[int, str]]] = field(default_factory=dict)
+    hosted: Mapping[str, Mapping[int, tuple[int, str, int]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,7 +66,10 @@ class NodeMetadata:
             "active": {t: list(ps) for t, ps in self.active.items()},
             "standby": {t: list(ps) for t, ps in self.standby.items()},
             "hosted": {
-                t: {str(p): {"batch_id": s[0], "state": s[1]} for p, s in ps.items()}
+                t: {
+                    str(p): {"batch_id": s[0], "state": s[1], "lag_batches": s[2]}
+                    for p, s in ps.items()
+                }
                 for t, ps in self.hosted.items()
             },
         }

@@ -414,10 +414,14 @@ class Node:
         return held.batch_id >= replica.latest_batch_id
 
     def hosted_state(self) -> HostedState:
-        """Per table, per hosted partition: (batch id, state) -- what heartbeats carry."""
+        """Per table, per hosted partition: (batch id, state, lag) -- what heartbeats carry."""
         out: HostedState = {}
         for status in self.status():
-            out.setdefault(status.table, {})[status.partition] = (status.batch_id, status.state)
+            out.setdefault(status.table, {})[status.partition] = (
+                status.batch_id,
+                status.state,
+                status.lag_batches,
+            )
         return out
 
     def check_token(self, token: str | None) -> None:

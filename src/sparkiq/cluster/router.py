@@ -78,7 +78,7 @@ class Router:
 
         return sorted((m for m in replicas if m in live), key=rank)
 
-    def _hosted(self, member: str, table: str) -> dict[int, tuple[int, str]]:
+    def _hosted(self, member: str, table: str) -> dict[int, tuple[int, str, int]]:
         return self._membership.hosted_state(member).get(table, {})
 
     def _caught_up(self, member: str, table: str, partition: int) -> bool:
