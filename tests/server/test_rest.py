@@ -300,3 +300,11 @@ def test_openapi_documents_every_route(nodes: list[Node]) -> None:
         "/metadata/stores/{store}/keys/{key}",
         "/query",
     } <= set(doc["paths"])
+
+
+def test_the_console_page_is_served_without_a_token(nodes: list[Node]) -> None:
+    page = httpx.get(url(nodes[0], "/"))
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<title>sparkiq console</title>" in page.text
+    assert 'fetch("/query"' in page.text  # it queries the same API, with the user's token
+    assert httpx.get(url(nodes[0], "/console")).text == page.text

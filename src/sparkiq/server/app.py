@@ -2,6 +2,7 @@
 
 Routes (the OpenAPI document at ``/openapi.json`` describes bodies and answers)::
 
+    GET  /  (or /console)                  the web console: SQL pull and push queries
     GET  /healthz                          liveness (no authentication)
     GET  /readyz                           200 once every hosted partition is caught up
     GET  /openapi.json                     this API (no authentication)
@@ -25,6 +26,7 @@ logged and answered with a 500 that carries a request id, never a stack trace.
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import itertools
 import logging
 import time
@@ -58,7 +60,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = [(b"content-type", protocol.CONTENT_TYPE.encode())]
-_PUBLIC = {"/healthz", "/readyz", "/openapi.json"}
+_PUBLIC = {"/healthz", "/readyz", "/openapi.json", "/", "/console"}
+_HTML = [(b"content-type", b"text/html; charset=utf-8")]
 _request_ids = itertools.count(1)
 
 
@@ -78,6 +81,9 @@ class RestApp:
         self.metrics = Metrics(node)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sparkiq-http")
         self._openapi = jsonapi.dumps(openapi_document())
+        self._console = (
+            importlib.resources.files("sparkiq.server").joinpath("console.html").read_bytes()
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -143,6 +149,10 @@ class RestApp:
         if path == "/readyz":
             _allow(method, "GET")
             return path, await self._ready(send)
+        if path in ("/", "/console"):
+            _allow(method, "GET")
+            await _send(send, 200, self._console, _HTML)
+            return "/console", 200
         if path == "/openapi.json":
             _allow(method, "GET")
             await _send(send, 200, self._openapi, _JSON)

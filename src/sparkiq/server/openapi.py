@@ -161,6 +161,13 @@ def openapi_document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "paths": {
+            "/": {
+                "get": {
+                    "summary": "The web console (HTML): SQL pull and push queries in a browser",
+                    "security": [],
+                    "responses": {"200": {"description": "HTML page"}},
+                }
+            },
             "/healthz": {
                 "get": {
                     "summary": "Liveness",
