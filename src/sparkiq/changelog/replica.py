@@ -206,6 +206,7 @@ class TableReplica:
         )
         replica = PartitionReplica(self.table, partition, store, self.transform)
         self.partitions[partition] = replica
+        self._last_bootstrap_check = -1e9  # restore it from a snapshot if one helps
         return replica
 
     def poll(self) -> int:
