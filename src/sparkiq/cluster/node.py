@@ -191,6 +191,7 @@ class Node:
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()
         self._sql: Any = None
+        self._hub: Any = None  # push-query subscriptions, created by the first stream()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -255,6 +256,9 @@ class Node:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        hub, self._hub = self._hub, None
+        if hub is not None:  # ends every open subscription with an error carrying its position
+            hub.close()
         if self.coordinator is not None:
             if isinstance(self._transport, LocalTransport) and self.url:
                 self._transport.unregister(self.url)
@@ -436,8 +440,11 @@ class Node:
         return self.coordinator.on_heartbeat(doc)
 
     def notify(self, table: str | None = None) -> None:
-        """Tell the tailer a batch was just committed, so it polls now."""
+        """Tell the tailer (and push subscriptions) a batch was just committed."""
         self._wake.set()
+        hub = self._hub
+        if hub is not None:
+            hub.notify(table)
 
     def _run(self) -> None:
         last_refresh = time.monotonic()
@@ -752,12 +759,12 @@ class Node:
         see :meth:`sparkiq.sql.push.SubscriptionHub.subscribe` for ``options``. Every
         subscription of this node shares one changelog tail per table.
         """
-        hub = getattr(self, "_hub", None)
+        hub = self._hub
         if hub is None:
             from sparkiq.sql.push import SubscriptionHub
 
             with self._lock:
-                hub = getattr(self, "_hub", None)
+                hub = self._hub
                 if hub is None:
                     hub = self._hub = SubscriptionHub(self.state_dir, source=self)
         return hub.subscribe(text, **options)
