@@ -190,6 +190,7 @@ class Node:
         self._thread: threading.Thread | None = None
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()
+        self._refresh_lock = threading.RLock()
         self._sql: Any = None
         self._hub: Any = None  # push-query subscriptions, created by the first stream()
 
@@ -282,19 +283,21 @@ class Node:
 
         A table whose changelog was deleted (``DROP TABLE ... DELETE CHANGELOG``) is released;
         one deleted and created again under the same name (a new incarnation) is released and
-        hosted anew, so old local state is never mixed with the new changelog."""
-        present = set(list_tables(self.state_dir))
-        for name, replica in list(self._tables.items()):
-            if name not in present or not self._same_incarnation(replica):
-                self._drop(name)
-        added = []
-        for name in sorted(present):
-            if self._hosted_tables is not None and name not in self._hosted_tables:
-                continue
-            if name not in self._tables:
-                self._host(name)
-                added.append(name)
-        return added
+        hosted anew, so old local state is never mixed with the new changelog. Safe to call
+        from any thread (calls are serialized)."""
+        with self._refresh_lock:
+            present = set(list_tables(self.state_dir))
+            for name, replica in list(self._tables.items()):
+                if name not in present or not self._same_incarnation(replica):
+                    self._drop(name)
+            added = []
+            for name in sorted(present):
+                if self._hosted_tables is not None and name not in self._hosted_tables:
+                    continue
+                if name not in self._tables:
+                    self._host(name)
+                    added.append(name)
+            return added
 
     def _same_incarnation(self, replica: TableReplica) -> bool:
         try:

@@ -13,12 +13,17 @@ table manifests, starts one Spark streaming query per table (its checkpoint live
 ``state_dir``) and, unless ``local_node=False``, a :class:`~sparkiq.cluster.node.Node`
 hosting every partition. Starting an App on an existing ``state_dir`` resumes every table
 where it stopped: Spark from its checkpoint, the replicas from their local files.
+
+Tables can also be defined in SQL over streams registered by name: :meth:`App.sql` runs
+``CREATE TABLE ... AS SELECT``, ``DROP TABLE``, ``SHOW TABLES`` and ``DESCRIBE`` on the writer
+(see :mod:`sparkiq.spark.ddl`) and hands pull queries to the local node.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -39,6 +44,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
+from sparkiq.spark import ddl
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
 from sparkiq.spark.sink import TableSink, pyarrow_uri, spark_uri
 
@@ -61,6 +67,7 @@ class Table:
     query: Any = None  # pyspark.sql.streaming.StreamingQuery once started
     sink: TableSink | None = None
     maintenance: TableMaintenance | None = None
+    sql: str | None = None  # the CREATE TABLE statement that defined it; None: materialize()
 
     @property
     def partitions(self) -> int:
@@ -133,6 +140,7 @@ class App:
         self.name = name
         self._local_dir, self._store_kind, self._poll_interval = local_dir, store, poll_interval
         self._tables: dict[str, Table] = {}
+        self._streams: dict[str, Any] = {}
         self.node: Node | None = None
         self._started = False
         self._lock = threading.Lock()
@@ -163,7 +171,9 @@ class App:
         (e.g. ``{"processingTime": "1 second"}``).
 
         Raises :class:`ConfigError` / :class:`SchemaError` / :class:`LayoutMismatchError`
-        naming the problem; nothing is written until :meth:`start`.
+        naming the problem; nothing is written until :meth:`start`. Once the App is started,
+        the table is started at once: its manifest is written, the local node hosts it and
+        its Spark query runs.
         """
         try:
             check_table_name(name)
@@ -171,8 +181,6 @@ class App:
             raise ConfigError(str(exc), store=str(name)) from None
         if name in self._tables:
             raise ConfigError(f"table {name!r} is already materialized in this App", store=name)
-        if self._started:
-            raise ConfigError("materialize() must be called before start()", store=name)
         if not hasattr(df, "isStreaming") or not hasattr(df, "schema"):
             raise ConfigError(
                 f"materialize() needs a DataFrame, got {type(df).__name__}", store=name
@@ -245,22 +253,55 @@ class App:
                     store=name,
                 )
         table = Table(name, manifest, df, trigger)
-        self._tables[name] = table
+        with self._lock:
+            if name in self._tables:
+                raise ConfigError(f"table {name!r} is already materialized in this App", store=name)
+            if self._started:
+                self._start_table(table)
+            self._tables[name] = table
         return table
 
     @property
     def tables(self) -> dict[str, Table]:
         return dict(self._tables)
 
+    def register_stream(self, name: str, df: Any) -> None:
+        """Make streaming DataFrame ``df`` readable as ``name`` in the SELECT of
+        ``CREATE TABLE ... AS`` (see :meth:`sql`).
+
+        When a statement reads it, ``name`` becomes a temporary view of the SparkSession.
+        Registering a name again replaces its stream for later statements; tables already
+        created keep the stream they were created from.
+        """
+        try:
+            check_table_name(name)
+        except ValueError:
+            raise ConfigError(
+                f"invalid stream name {name!r}: use letters, digits and underscores, starting "
+                "with a letter or underscore"
+            ) from None
+        if not hasattr(df, "isStreaming") or not hasattr(df, "createOrReplaceTempView"):
+            raise ConfigError(f"register_stream() needs a DataFrame, got {type(df).__name__}")
+        if not df.isStreaming:
+            raise ConfigError(
+                f"DataFrame for stream {name!r} is not streaming: build it from spark.readStream"
+            )
+        self._streams[name] = df
+
+    @property
+    def registered_streams(self) -> dict[str, Any]:
+        return dict(self._streams)
+
     # -- running -----------------------------------------------------------------------------
 
     def start(self, local_node: bool = True) -> App:
-        """Start every table's Spark query and, by default, a local node serving them."""
+        """Start every table's Spark query and, by default, a local node serving them.
+
+        An App may start with no table: tables materialized (or created in SQL) later start
+        at once."""
         with self._lock:
             if self._started:
                 return self
-            if not self._tables:
-                raise ConfigError("nothing to start: call materialize() first")
             for table in self._tables.values():
                 changelog = Changelog(self.state_dir, table.name)
                 table.manifest = table.manifest.ensure_written(
@@ -268,16 +309,45 @@ class App:
                 )
                 self._check_checkpoint(changelog)
             if local_node:
-                self.node = Node(
-                    self.state_dir,
-                    local_dir=self._local_dir,
-                    store=self._store_kind,
-                    poll_interval=self._poll_interval,
-                ).start()
+                self.node = self._new_node().start()
             for table in self._tables.values():
                 self._start_query(table)
             self._started = True
         return self
+
+    def _new_node(self) -> Node:
+        return Node(
+            self.state_dir,
+            local_dir=self._local_dir,
+            store=self._store_kind,
+            poll_interval=self._poll_interval,
+        )
+
+    def _start_table(self, table: Table) -> None:
+        """Start a table added after :meth:`start`: manifest, local replicas, then query."""
+        changelog = Changelog(self.state_dir, table.name)
+        self._check_checkpoint(changelog)
+        table.manifest = table.manifest.ensure_written(changelog.storage, changelog.manifest_path)
+        # Hosted now rather than at the node's next refresh: process_all_available() and
+        # get() know the table as soon as its query runs.
+        if not self._refresh_node(table.name, hosted=True):
+            raise SparkiqError(f"the local node cannot host table {table.name!r}", store=table.name)
+        self._start_query(table)
+
+    def _refresh_node(self, name: str, *, hosted: bool) -> bool:
+        """Refresh the local node until it hosts table ``name`` (or no longer does); False
+        when it still does not after about a second."""
+        for _ in range(50):
+            node = self.node
+            if node is None or (name in node.tables) == hosted:
+                return True
+            try:
+                node.refresh_tables()
+            except Exception:  # raced the node's own periodic refresh: look again
+                log.debug("refreshing the local node for %s", name, exc_info=True)
+            if (name in node.tables) != hosted:
+                time.sleep(0.02)
+        return False
 
     def _checkpoint_location(self, table: str) -> str:
         return self.checkpoint_dir.rstrip("/") + "/" + table
@@ -295,12 +365,12 @@ class App:
             )
 
     def _start_query(self, table: Table) -> None:
-        node = self.node
         maintenance = table.maintenance = TableMaintenance(
             self.spark, self.state_dir, table.name, self.snapshot_every, self.retention
         )
 
         def on_commit(record: CommitRecord) -> None:
+            node = self.node  # looked up per commit: DROP TABLE may restart the node
             if node is not None:
                 node.notify(record.table)
             maintenance.on_commit(record)
@@ -369,19 +439,52 @@ class App:
         """
         with self._lock:
             for table in self._tables.values():
-                if table.query is not None:
-                    try:
-                        _wait_between_batches(table.query, timeout)
-                        table.query.stop()
-                        if table.maintenance is not None:
-                            table.maintenance.wait(timeout)
-                    except Exception:  # already stopped or the session is gone
-                        log.debug("stopping %s", table.name, exc_info=True)
-                    table.query = None
+                self._stop_query(table, timeout)
             if self.node is not None:
                 self.node.stop()
                 self.node = None
             self._started = False
+
+    def _stop_query(self, table: Table, timeout: float) -> None:
+        if table.query is not None:
+            try:
+                _wait_between_batches(table.query, timeout)
+                table.query.stop()
+                if table.maintenance is not None:
+                    table.maintenance.wait(timeout)
+            except Exception:  # already stopped or the session is gone
+                log.debug("stopping %s", table.name, exc_info=True)
+            table.query = None
+
+    def _drop_table(self, name: str, *, delete_changelog: bool) -> None:
+        """Stop table ``name``'s Spark query and forget the table (``DROP TABLE``). The
+        changelog stays, and nodes keep serving its last batch, unless ``delete_changelog``:
+        then the changelog, the Spark checkpoint and the local node's replica go too."""
+        with self._lock:
+            table = self._tables.pop(name)
+            self._stop_query(table, 2.0)
+            if not delete_changelog:
+                return
+            if table.maintenance is not None:  # a snapshot must not land in a deleted dir
+                table.maintenance.wait()
+            changelog = Changelog(self.state_dir, name)
+            changelog.storage.delete_dir(changelog.root)
+            checkpoint = open_storage(pyarrow_uri(self._checkpoint_location(name)))
+            checkpoint.delete_dir(checkpoint.root)
+            node = self.node
+            local_dir = node.local_dir if node is not None else self._default_local_dir()
+            restart = node is not None and not self._refresh_node(name, hosted=False)
+            if restart and node is not None:  # it keeps serving what is gone: start anew
+                node.stop()
+            if local_dir is not None and self._store_kind == "rocksdb":
+                shutil.rmtree(os.path.join(local_dir, name), ignore_errors=True)
+            if restart:
+                self.node = self._new_node().start()
+
+    def _default_local_dir(self) -> str | None:
+        if self._local_dir is not None or not self.storage.is_local:
+            return self._local_dir
+        return os.path.join(self.storage.root, "replicas", "local")
 
     def __enter__(self) -> App:
         return self
@@ -401,6 +504,39 @@ class App:
     def _require_started(self) -> None:
         if not self._started:
             raise ConfigError("the App is not started: call start() first")
+
+    def sql(self, text: str, **options: Any) -> Any:
+        """Run one SQL statement.
+
+        ``CREATE TABLE name WITH (KEY = ..., PARTITIONS = n) AS SELECT ...`` (Spark SQL over
+        the streams given to :meth:`register_stream`), ``DROP TABLE``, ``SHOW TABLES`` and
+        ``DESCRIBE`` run here, on the writer; see :mod:`sparkiq.spark.ddl` for the grammar.
+        They are never reachable from a node or the REST API. Every other statement (SELECT,
+        EXPLAIN) is a pull query run by the local node with ``options``. Results have
+        ``columns``, ``rows`` and ``position``.
+        """
+        statement = ddl.parse(text)
+        if statement is not None:
+            if options:
+                raise ConfigError(
+                    f"options {sorted(options)} apply to pull queries (SELECT, EXPLAIN), "
+                    "not to DDL statements"
+                )
+            return ddl.execute(self, statement)
+        if self.node is None:
+            raise ConfigError(
+                "App.sql() runs pull queries (SELECT, EXPLAIN) on the App's local node and "
+                "this App has none: start() it with local_node=True, or query a Node or a "
+                "Client serving its state_dir"
+            )
+        return self.node.sql(text, **options)
+
+    def stream(self, text: str, **options: Any) -> Any:
+        """Run a push query (``SELECT ... FROM t [WHERE ...] EMIT CHANGES``) on the local
+        node: a closeable iterator (and context manager) of changes with ``.key``, ``.row``
+        (None for a deletion) and ``.position``; ``from_position=`` resumes after a change,
+        ``snapshot=True`` starts with the table's current rows. See docs/sql.md."""
+        return self._require_node().stream(text, **options)
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer an IQv2-style request from the local node."""
