@@ -75,11 +75,25 @@ class RestApp:
     """ASGI application serving ``node`` (a :class:`sparkiq.Node` or anything with its
     methods). ``max_body_bytes`` bounds request bodies (413 beyond)."""
 
-    def __init__(self, node: Any, *, max_body_bytes: int = 1 << 20, threads: int = 32) -> None:
+    def __init__(
+        self,
+        node: Any,
+        *,
+        max_body_bytes: int = 1 << 20,
+        threads: int = 32,
+        max_push_streams: int = 2048,
+    ) -> None:
         self.node = node
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics(node)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sparkiq-http")
+        # A push stream's producer waits for changes in its own thread: streams never take
+        # the threads lookups and scans need, and their number is bounded.
+        self.max_push_streams = max_push_streams
+        self._push_pool = ThreadPoolExecutor(
+            max_workers=max_push_streams, thread_name_prefix="sparkiq-push"
+        )
+        self._push_streams = 0
         self._openapi = jsonapi.dumps(openapi_document())
         self._console = (
             importlib.resources.files("sparkiq.server").joinpath("console.html").read_bytes()
@@ -87,6 +101,7 @@ class RestApp:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._push_pool.shutdown(wait=False, cancel_futures=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -139,7 +154,7 @@ class RestApp:
         if path == "/query":
             _allow(method, "POST")
             body = await self._body(receive)
-            await self._sql(scope, send, body)
+            await self._sql(scope, receive, send, body)
             return "/query", 200
         if path == "/healthz":
             _allow(method, "GET")
@@ -243,7 +258,7 @@ class RestApp:
         results: StateQueryResult[Any] = await self._run(self.node.route, request, _bearer(scope))
         await self._stream(send, 200, _JSON, iq_json_chunks(store, results))
 
-    async def _sql(self, scope: Scope, send: Send, body: bytes) -> None:
+    async def _sql(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         doc = _json_object(body)
         text = doc.get("sql")
         if not isinstance(text, str) or not text.strip():
@@ -258,14 +273,31 @@ class RestApp:
                 options["from_position"] = jsonapi.position_from_token(doc["from"], "from")
             if doc.get("snapshot"):
                 options["snapshot"] = True
-            subscription = await self._run(lambda: self.node.stream(text, **options))
-            await self._stream(
-                send,
-                200,
-                [(b"content-type", b"application/x-ndjson")],
-                push_chunks(subscription),
-                coalesce=False,
-            )
+            if self._push_streams >= self.max_push_streams:
+                raise HttpError(
+                    503,
+                    "too_many_subscriptions",
+                    f"this node serves at most {self.max_push_streams} push queries at once; "
+                    "retry later or on another node",
+                )
+            self._push_streams += 1
+            try:
+                subscription = await self._run(lambda: self.node.stream(text, **options))
+                watcher = asyncio.ensure_future(_closed_by_client(receive, subscription))
+                try:
+                    await self._stream(
+                        send,
+                        200,
+                        [(b"content-type", b"application/x-ndjson")],
+                        push_chunks(subscription),
+                        coalesce=False,
+                        pool=self._push_pool,
+                        headers_first=True,
+                    )
+                finally:
+                    watcher.cancel()
+            finally:
+                self._push_streams -= 1
             return
         for name in ("page_token", "page_size"):
             if doc.get(name) is not None:
@@ -312,20 +344,38 @@ class RestApp:
         chunks: Iterator[bytes],
         *,
         coalesce: bool = True,
+        pool: ThreadPoolExecutor | None = None,
+        headers_first: bool = False,
     ) -> None:
-        """Send ``chunks`` as they are produced (on the pool: producing may block). The first
-        chunk is produced before the status is sent, so early errors get a proper status."""
+        """Send ``chunks`` as they are produced (on the pool: producing may block). Unless
+        ``headers_first`` (streams that may stay silent for long, whose errors are sent in
+        the body), the first chunk is produced before the status is sent, so early errors
+        get a proper status."""
         loop = asyncio.get_running_loop()
         source = _coalesced(chunks) if coalesce else chunks
+        pool = pool or self._pool
+        start = {"type": "http.response.start", "status": status, "headers": headers}
         try:
-            chunk = await loop.run_in_executor(self._pool, next, source, None)
-            await send({"type": "http.response.start", "status": status, "headers": headers})
+            if headers_first:
+                await send(start)
+            chunk = await loop.run_in_executor(pool, next, source, None)
+            if not headers_first:
+                await send(start)
             while chunk is not None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                chunk = await loop.run_in_executor(self._pool, next, source, None)
+                chunk = await loop.run_in_executor(pool, next, source, None)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await loop.run_in_executor(self._pool, _close, source, chunks)
+            await loop.run_in_executor(pool, _close, source, chunks)
+
+
+async def _closed_by_client(receive: Receive, subscription: Any) -> None:
+    """Close ``subscription`` when the client disconnects (its producer thread then ends)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            subscription.close()
+            return
 
 
 def _coalesced(chunks: Iterator[bytes], size: int = 65536) -> Iterator[bytes]:
