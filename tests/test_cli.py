@@ -108,3 +108,27 @@ def test_serve_without_a_state_dir_says_what_is_missing() -> None:
     result = sparkiq("serve", "--listen", "127.0.0.1:0")
     assert result.returncode == 2
     assert "--state-dir (or SPARKIQ_STATE_DIR) is required" in result.stderr
+
+
+def test_query_prints_json_lines_from_a_node(tmp_path: Path) -> None:
+    changelog = make_table(str(tmp_path), partitions=2)
+    write_batch(changelog, 0, {"a": 1, "b": 2, "c": 3})
+    with Node(str(tmp_path), node_id="q", listen="127.0.0.1:0", token="tok") as node:
+        node.poll_once()
+        assert node.url is not None
+        ok = sparkiq(
+            "query",
+            "SELECT k, n FROM t WHERE n >= 2 ORDER BY k",
+            "--url",
+            node.url,
+            "--token",
+            "tok",
+        )
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout.splitlines() == ['{"k":"b","n":2}', '{"k":"c","n":3}']
+        assert "2 rows at position p1." in ok.stderr
+        bad = sparkiq("query", "SELECT nope FROM t", "--url", node.url, "--token", "tok")
+        assert bad.returncode == 1
+        assert "nope" in bad.stderr
+        refused = sparkiq("query", "SELECT * FROM t", "--url", node.url)
+        assert refused.returncode == 1 and "token" in refused.stderr

@@ -41,6 +41,7 @@ from sparkiq.query import (
 )
 from sparkiq.schema.partitioner import partition_for, spark_hash
 from sparkiq.spark.app import App, Table
+from sparkiq.sql import SqlError, SqlLimits, SqlResult
 from sparkiq.stores.dispatch import QueryContext, register
 
 __version__ = "0.1.0"
@@ -73,6 +74,9 @@ __all__ = [
     "RowIterator",
     "SchemaError",
     "SparkiqError",
+    "SqlError",
+    "SqlLimits",
+    "SqlResult",
     "StateQueryRequest",
     "StateQueryResult",
     "StoreError",

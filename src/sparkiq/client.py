@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 
+from sparkiq.cluster.httppool import HttpPool
 from sparkiq.cluster.metadata import KeyQueryMetadata
-from sparkiq.cluster.transport import HttpTransport
 from sparkiq.errors import (
     AuthenticationError,
     InvalidQueryError,
@@ -85,7 +85,7 @@ class Client:
         self.token = token
         self.monotonic = monotonic
         self.bound_wait = bound_wait
-        self._transport = HttpTransport(read_timeout=timeout)
+        self._conns = HttpPool(timeout=timeout)
         self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=1.0))
         self._seen: dict[str, Position] = {}
         self._stores: dict[str, dict[str, Any]] = {}
@@ -94,7 +94,7 @@ class Client:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
-        self._transport.close()
+        self._conns.close()
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -138,18 +138,15 @@ class Client:
 
     def _send(self, url: str, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
         body = protocol.encode_request(request, local=False)
-        response = self._http.send(
-            self._http.build_request(
-                "POST", f"{url}/internal/query", content=body, headers=self._headers(binary=True)
-            ),
-            stream=True,
+        response = self._conns.request(
+            url, "POST", "/internal/query", body, self._headers(binary=True)
         )
         try:
-            if response.status_code != 200:
-                response.read()
-                raise _error(response)
+            if response.status != 200:
+                data = response.read()
+                raise _error(httpx.Response(response.status, content=data))
             partitions = None if request.partitions is None else sorted(request.partitions)
-            frames = protocol.read_frames(response.iter_raw())
+            frames = protocol.read_frames(response.chunks())
             return protocol.results_from_frames(frames, partitions, response.close)
         except BaseException:
             response.close()

@@ -212,6 +212,8 @@ class Node:
         return self
 
     def _start_cluster(self) -> None:
+        import sparkiq.sql  # noqa: F401  (registers SQL fragments, which routers send here)
+
         sock = None
         if self.listen:
             sock = _bind(self.listen)

@@ -2,7 +2,8 @@
 
 A :class:`Transport` sends a sub-request (``local``: answer from your own replicas) or a
 heartbeat to a member by URL. :class:`HttpTransport` speaks the binary protocol of
-:mod:`sparkiq.wire.protocol` over pooled keep-alive connections; :class:`LocalTransport`
+:mod:`sparkiq.wire.protocol` over pooled keep-alive connections
+(:mod:`sparkiq.cluster.httppool`); :class:`LocalTransport`
 calls nodes of the same process directly (tests, and embedding several nodes in one
 process). Both raise :class:`NodeUnreachableError` when the member cannot be reached, which
 routers treat as "try the next replica"; any answer, even a failure, is a value.
@@ -14,8 +15,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-import httpx
+import orjson
 
+from sparkiq.cluster.httppool import HttpPool
 from sparkiq.errors import NodeUnreachableError, SparkiqError
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import QueryResult
@@ -87,10 +89,7 @@ class HttpTransport:
     """The binary protocol over HTTP/1.1 keep-alive connections, pooled per member."""
 
     def __init__(self, *, connect_timeout: float = 1.0, read_timeout: float = 30.0) -> None:
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
+        self._pool = HttpPool(connect_timeout=connect_timeout, timeout=read_timeout)
 
     def _headers(self, token: str | None) -> dict[str, str]:
         headers = {"content-type": protocol.CONTENT_TYPE, "accept": protocol.CONTENT_TYPE}
@@ -102,18 +101,11 @@ class HttpTransport:
         self, url: str, request: StateQueryRequest, token: str | None
     ) -> dict[int, QueryResult[Any]]:
         body = protocol.encode_request(request, local=True)
-        http_request = self._client.build_request(
-            "POST", f"{url}/internal/query", content=body, headers=self._headers(token)
-        )
+        response = self._pool.request(url, "POST", "/internal/query", body, self._headers(token))
         try:
-            response = self._client.send(http_request, stream=True)
-        except httpx.TransportError as exc:
-            raise NodeUnreachableError(f"{url} is unreachable: {exc!r}") from None
-        try:
-            if response.status_code != 200:
-                response.read()
-                raise _refusal(url, response)
-            frames = protocol.read_frames(_chunks(response.iter_raw(), url))
+            if response.status != 200:
+                raise _refusal(url, response.status, response.read())
+            frames = protocol.read_frames(response.chunks())
             partitions: Iterable[int] | None = (
                 sorted(request.partitions) if request.partitions is not None else None
             )
@@ -123,34 +115,25 @@ class HttpTransport:
             raise
 
     def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
-        try:
-            response = self._client.post(
-                f"{url}/internal/heartbeat", content=pack(doc), headers=self._headers(token)
-            )
-        except httpx.TransportError as exc:
-            raise NodeUnreachableError(f"{url} is unreachable: {exc!r}") from None
-        if response.status_code != 200:
-            raise _refusal(url, response)
-        reply: dict[str, Any] = unpack(response.content)
+        response = self._pool.request(
+            url, "POST", "/internal/heartbeat", pack(doc), self._headers(token)
+        )
+        data = response.read()
+        if response.status != 200:
+            raise _refusal(url, response.status, data)
+        reply: dict[str, Any] = unpack(data)
         return reply
 
     def close(self) -> None:
-        self._client.close()
+        self._pool.close()
 
 
-def _chunks(raw: Iterable[bytes], url: str) -> Iterable[bytes]:
+def _refusal(url: str, status: int, body: bytes) -> SparkiqError:
     try:
-        yield from raw
-    except httpx.TransportError as exc:
-        raise NodeUnreachableError(f"{url} went away mid-response: {exc!r}") from None
-
-
-def _refusal(url: str, response: httpx.Response) -> SparkiqError:
-    try:
-        error = response.json()["error"]
+        error = orjson.loads(body)["error"]
         message, code, field = error["message"], error["code"], error.get("field")
     except (ValueError, KeyError, TypeError):
-        message, code, field = response.text[:200], "http_error", None
+        message, code, field = body[:200].decode(errors="replace"), "http_error", None
     return protocol.RemoteError(
-        f"{url} refused the request ({response.status_code}): {message}", code=code, field=field
+        f"{url} refused the request ({status}): {message}", code=code, field=field
     )

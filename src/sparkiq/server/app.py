@@ -443,9 +443,11 @@ def _classify(exc: Exception) -> HttpError:
     if isinstance(exc, UnknownStoreError):
         return HttpError(404, "unknown_store", exc.message, "store")
     if isinstance(exc, InvalidQueryError):
-        error = HttpError(
-            400, getattr(exc, "code", None) or "invalid_query", exc.message, _field_of(exc)
-        )
+        code = getattr(exc, "code", None) or "invalid_query"
+        # A partition that could not answer (behind the bound, no live replica) is the
+        # cluster's state, not the caller's mistake: retry later.
+        status = 503 if code == "partition_failed" else 400
+        error = HttpError(status, code, exc.message, _field_of(exc))
         error.extra = _sql_details(exc)  # type: ignore[attr-defined]
         return error
     if isinstance(exc, protocol.RemoteError | NodeUnreachableError):

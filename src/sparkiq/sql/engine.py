@@ -1,0 +1,390 @@
+"""The SQL pull query engine: plan caching, the Python fast path, DuckDB execution, paging.
+
+``SqlEngine(source).execute(text)``:
+
+1. **Plan lookup.** Plans are cached by exact text and, for key lookups, by *shape* (the
+   text with literals replaced by placeholders): ``SELECT * FROM t WHERE k = 'x'`` and
+   ``... k = 'y'`` share one plan, so a lookup pays a regular-expression scan, not a parse.
+2. **Fast path.** A single-table statement whose ``WHERE`` fixes every key column with
+   ``=``/``IN`` and whose select list is only columns runs as ``KeyQuery`` (or
+   ``WindowKeyQuery``) requests with the projection done in Python: no DuckDB.
+3. **General path.** Each table reference is read as point lookups or as one
+   :class:`~sparkiq.sql.fragment.SqlFragmentQuery` per partition (key range, window bounds,
+   pushed filter, top-N or partial aggregate), then the final query runs in DuckDB over the
+   concatenated Arrow results.
+
+The engine is thread-safe: DuckDB connections are per thread and caches are replaced, not
+mutated in place, under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import pyarrow as pa
+from sqlglot import exp
+
+from sparkiq.query.position import Position, PositionBound
+from sparkiq.schema.codec import KeyCodec
+from sparkiq.schema.partitioner import Partitioner
+from sparkiq.schema.types import TableSchema
+from sparkiq.sql.analyze import analyze
+from sparkiq.sql.arrow import KEY_COLUMN, ArrowRows
+from sparkiq.sql.duck import DuckPool, run
+from sparkiq.sql.errors import SqlError, SqlLimitError, locate
+from sparkiq.sql.explain import explain_plan
+from sparkiq.sql.keys import KeyAccess, bind_access
+from sparkiq.sql.limits import SqlLimits
+from sparkiq.sql.paging import PageToken
+from sparkiq.sql.parse import DIALECT, parse, shape_of
+from sparkiq.sql.plan import (
+    Plan,
+    TablePlan,
+    build_plan,
+    digest_of,
+    key_page_queries,
+    literal_int,
+)
+from sparkiq.sql.reader import lookup_rows, range_rows, read_table
+from sparkiq.sql.result import SqlResult
+from sparkiq.sql.source import QuerySource
+from sparkiq.sql.template import bind_template, same_plan
+
+__all__ = ["SqlEngine"]
+
+_CACHE_SIZE = 512
+_UNBOUNDED = PositionBound.unbounded()
+
+
+class SqlEngine:
+    """Runs SQL pull queries over ``source`` (a :class:`~sparkiq.sql.source.QuerySource`,
+    e.g. a :class:`~sparkiq.Node`) within ``limits``."""
+
+    def __init__(self, source: QuerySource, limits: SqlLimits | None = None) -> None:
+        self.source = source
+        self.limits = limits if limits is not None else SqlLimits()
+        self._pool = DuckPool(self.limits.memory_limit, self.limits.threads)
+        self._lock = threading.Lock()
+        self._by_text: OrderedDict[str, Plan] = OrderedDict()
+        self._by_shape: dict[str, Plan | None] = {}
+        self._codecs: dict[str, tuple[TableSchema, KeyCodec, Partitioner]] = {}
+
+    # -- planning ------------------------------------------------------------------------
+
+    def _codec(self, table: str) -> tuple[TableSchema, KeyCodec, Partitioner]:
+        schema = self.source.schema(table)
+        found = self._codecs.get(table)
+        if found is None or found[0] is not schema:
+            count = self.source.partition_count(table)
+            found = (schema, KeyCodec(schema), Partitioner(schema.key_types, count))
+            self._codecs[table] = found
+        return found
+
+    def _plan(self, text: str) -> tuple[Plan, tuple[Any, ...], bool]:
+        """``(plan, literal values, is_template)`` for ``text``."""
+        plan = self._by_text.get(text)
+        if plan is not None:
+            return plan, (), False
+        shaped = shape_of(text)
+        if shaped is not None:
+            template = self._by_shape.get(shaped[0])
+            if template is not None:
+                return template, shaped[1], True
+        plan = self._full_plan(text)
+        if shaped is not None and shaped[0] not in self._by_shape:
+            self._remember_shape(shaped[0], shaped[1], plan)
+        return plan, (), False
+
+    def _full_plan(self, text: str) -> Plan:
+        if len(text) > self.limits.max_statement_chars:
+            raise SqlLimitError(
+                f"the statement has {len(text)} characters, more than "
+                f"SqlLimits.max_statement_chars={self.limits.max_statement_chars}",
+                code="statement_too_long",
+            )
+        parsed = parse(text)
+        analysis = analyze(parsed, self.source, self.source.tables)
+        plan = build_plan(analysis)
+        if plan.python is None or analysis.aggregate:
+            try:  # binds the statement: its errors come before any read
+                names, types = self._dry_run(plan)
+            except SqlError as error:
+                raise locate(error, parsed) from None
+            if analysis.aggregate:
+                plan = build_plan(analysis, names, types)
+        with self._lock:
+            self._by_text[text] = plan
+            if len(self._by_text) > _CACHE_SIZE:
+                self._by_text.popitem(last=False)
+        return plan
+
+    def _dry_run(self, plan: Plan) -> tuple[list[str], list[str]]:
+        """Run the final query over empty relations: DuckDB resolves every name and type."""
+        empty = {
+            t.relation: ArrowRows(self.source.schema(t.name), t.columns).out_schema.empty_table()
+            for t in plan.tables
+        }
+        return run(
+            self._pool, plan.final_sql, empty, timeout=self.limits.timeout_seconds, types=True
+        )
+
+    def _remember_shape(self, shape: str, params: tuple[Any, ...], plan: Plan) -> None:
+        """Keep a template for ``shape`` if binding it reproduces ``plan`` exactly."""
+        template: Plan | None = None
+        if plan.aggregation is None and not plan.explain and params:
+            try:
+                parsed = parse(shape, placeholders=True)
+                candidate = build_plan(analyze(parsed, self.source, self.source.tables))
+                if same_plan(bind_template(candidate, params, plan.text), plan):
+                    template = candidate
+            except (SqlError, TypeError, IndexError):
+                template = None
+        with self._lock:
+            if len(self._by_shape) > _CACHE_SIZE:
+                self._by_shape = {}
+            self._by_shape[shape] = template
+
+    # -- execution -----------------------------------------------------------------------
+
+    def execute(
+        self,
+        text: str,
+        *,
+        bound: PositionBound | None = None,
+        page_token: str | None = None,
+        page_size: int | None = None,
+    ) -> SqlResult:
+        """Run one ``SELECT`` (or ``EXPLAIN SELECT``) and return its rows and position.
+
+        ``bound`` applies to every partition read (monotonic reads, read-your-writes).
+        ``page_size`` (at most ``SqlLimits.max_page_size``) returns at most that many rows
+        and a ``next_page_token`` when more remain; pass the token back with the same
+        statement. Raises :class:`~sparkiq.sql.errors.SqlError` subclasses.
+        """
+        if not isinstance(text, str):
+            raise SqlError(f"the statement must be a str, got {type(text).__name__}")
+        if bound is None:
+            bound = _UNBOUNDED
+        plan, params, template = self._plan(text)
+        digest = digest_of(text) if template else plan.digest  # a template is the shape's
+        token = None
+        if page_token is not None:
+            token = PageToken.decode(page_token, digest)
+            if page_size is None:
+                page_size = self.limits.default_page_size
+            bound = PositionBound.at(
+                token.position if bound.position is None else bound.position.merge(token.position)
+            )
+        if page_size is not None and (
+            isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0
+        ):
+            raise SqlError(
+                f"page_size must be a positive int, got {page_size!r}", field="page_size"
+            )
+        if page_size is not None and page_size > self.limits.max_page_size:
+            raise SqlLimitError(
+                f"page_size {page_size} exceeds SqlLimits.max_page_size="
+                f"{self.limits.max_page_size}",
+                code="page_too_large",
+                field="page_size",
+            )
+        if plan.explain:
+            return self._explain(plan)
+        deadline = time.monotonic() + self.limits.timeout_seconds
+        if plan.python is not None:
+            fast = self._python(plan, digest, params, bound, page_size, token)
+            if fast is not None:
+                return fast
+        if template:
+            plan = bind_template(plan, params, text)
+        return self._general(plan, params, bound, page_size, token, deadline)
+
+    def _python(
+        self,
+        plan: Plan,
+        digest: str,
+        params: tuple[Any, ...],
+        bound: PositionBound,
+        page_size: int | None,
+        token: PageToken | None,
+    ) -> SqlResult | None:
+        table = plan.tables[0]
+        schema, codec, _ = self._codec(table.name)
+        access = bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
+        if access.keys is not None and access.exact:
+            rows, position, _ = lookup_rows(self.source, table.name, schema, access, bound)
+        elif access.range_bounds is not None and page_size is None:
+            rows, position = range_rows(self.source, table.name, access, bound)
+        else:
+            return None
+        projection = plan.python
+        assert projection is not None
+        items = projection.items
+        columns = [name for name, _ in items]
+        if projection.whole_rows:  # SELECT *: the decoded rows are fresh dicts already
+            return self._page(digest, columns, rows, position, page_size, token)
+        window = projection.window_column
+        out: list[dict[str, Any]] = []
+        for row in rows:
+            shaped: dict[str, Any] = {}
+            for name, column in items:
+                if column == "WINDOWSTART" or column == "WINDOWEND":
+                    member = row[window] if window is not None else None
+                    key = "start" if column == "WINDOWSTART" else "end"
+                    shaped[name] = None if member is None else member[key]
+                else:
+                    shaped[name] = row[column]
+            out.append(shaped)
+        return self._page(digest, columns, out, position, page_size, token)
+
+    def _page(
+        self,
+        digest: str,
+        columns: list[str],
+        rows: list[dict[str, Any]],
+        position: Position,
+        page_size: int | None,
+        token: PageToken | None,
+    ) -> SqlResult:
+        """Offset paging over a fully computed result."""
+        if page_size is None:
+            self._check_size(len(rows))
+            return SqlResult(columns, rows, position)
+        start = token.returned if token is not None else 0
+        if token is not None:
+            position = position.merge(token.position)
+        page = rows[start : start + page_size]
+        more = start + page_size < len(rows)
+        next_token = (
+            PageToken(digest, "offset", None, start + len(page), position).encode()
+            if more
+            else None
+        )
+        return SqlResult(columns, page, position, next_token)
+
+    def _check_size(self, count: int) -> None:
+        if count > self.limits.max_result_rows:
+            raise SqlLimitError(
+                f"the result has more than SqlLimits.max_result_rows={self.limits.max_result_rows} "
+                "rows; add a LIMIT, narrow the WHERE, or page with page_size=",
+                code="too_many_rows",
+            )
+
+    def _general(
+        self,
+        plan: Plan,
+        params: tuple[Any, ...],
+        bound: PositionBound,
+        page_size: int | None,
+        token: PageToken | None,
+        deadline: float,
+    ) -> SqlResult:
+        relations: dict[str, pa.Table] = {}
+        position = Position.empty()
+        accesses = [self._access(t, params) for t in plan.tables]
+        key_mode = (
+            page_size is not None
+            and plan.key_paging
+            and accesses[0].keys is None
+            and (token is None or token.mode == "key")
+        )
+        final = plan.final
+        want = page_size or 0
+        if key_mode:
+            assert page_size is not None
+            final, fragment, access, want = key_page_queries(plan, accesses[0], page_size, token)
+            if want <= 0:
+                return SqlResult([], [], token.position if token else position)
+            accesses = [access]
+            fragments: list[str | None] = [fragment]
+            columns = [(*plan.tables[0].columns, KEY_COLUMN)]
+        else:
+            fragments = [t.fragment_sql for t in plan.tables]
+            columns = [t.columns for t in plan.tables]
+        for table, access, fragment_sql, cols in zip(
+            plan.tables, accesses, fragments, columns, strict=True
+        ):
+            read = read_table(
+                self.source,
+                table.name,
+                self.source.schema(table.name),
+                cols,
+                fragment_sql,
+                access,
+                bound,
+                self._pool,
+                _remaining(deadline),
+                lookup_fragment=plan.aggregation == "partial",
+                skip_below=0 if plan.aggregation == "partial" else self.limits.fragment_min_rows,
+            )
+            relations[table.relation] = read.table
+            position = position.merge(read.position)
+        if token is not None:
+            position = position.merge(token.position)
+        if page_size is not None and not key_mode:
+            offset = token.returned if token is not None else 0
+            final = (
+                exp.select("*")
+                .from_(final.subquery("__sq_page"))
+                .limit(page_size + 1)
+                .offset(offset)
+            )
+        sql = final.sql(dialect=DIALECT) if final is not plan.final else plan.final_sql
+        cap = self.limits.max_result_rows + 1 if page_size is None else None
+        names, tuples = run(self._pool, sql, relations, timeout=_remaining(deadline), max_rows=cap)
+        rows = [dict(zip(names, values, strict=True)) for values in tuples]
+        if page_size is None:
+            self._check_size(len(rows))
+            return SqlResult(names, rows, position)
+        more = len(rows) > want if key_mode else len(rows) > page_size
+        rows = rows[: want if key_mode else page_size]
+        next_token = None
+        if key_mode:
+            returned = (token.returned if token else 0) + len(rows)
+            limit = literal_int(plan.final, "limit")
+            capped = isinstance(limit, int) and limit is not False and returned >= limit
+            if more and rows and not capped:
+                next_token = PageToken(plan.digest, "key", rows[-1][KEY_COLUMN], returned, position)
+            names = [n for n in names if n != KEY_COLUMN]
+            for row in rows:
+                row.pop(KEY_COLUMN, None)
+        elif more:
+            returned = (token.returned if token else 0) + len(rows)
+            next_token = PageToken(plan.digest, "offset", None, returned, position)
+        return SqlResult(names, rows, position, next_token.encode() if next_token else None)
+
+    def _access(self, table: TablePlan, params: tuple[Any, ...] = ()) -> KeyAccess:
+        schema, codec, _ = self._codec(table.name)
+        return bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
+
+    def _explain(self, plan: Plan) -> SqlResult:
+        described = explain_plan(plan, [self._access(t) for t in plan.tables], self._codec)
+        rows = [{"property": k, "value": v} for k, v in _flatten(described)]
+        return SqlResult(["property", "value"], rows, Position.empty(), None, described)
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise SqlLimitError(
+            "the query ran out of time (SqlLimits.timeout_seconds); narrow it or raise the limit",
+            code="timeout",
+        )
+    return left
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, str]] = []
+        for key, inner in value.items():
+            out += _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        out = []
+        for i, inner in enumerate(value):
+            out += _flatten(inner, f"{prefix}[{i}]")
+        return out
+    return [(prefix, "" if value is None else str(value))]

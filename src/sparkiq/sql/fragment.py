@@ -1,0 +1,176 @@
+"""The per-partition half of a SQL query: :class:`SqlFragmentQuery` and its store handler.
+
+A fragment reads one partition's rows in an encoded key range (from one store snapshot, so
+rows and position agree), keeps those whose window start is in bounds, builds an Arrow
+table of the needed columns and, when ``sql`` is set, runs it in a locked-down DuckDB over
+that table (named ``__sq_part``): filter, projection, per-partition top-N or partial
+aggregate. The answer is a ``pyarrow.Table`` with the partition's position.
+
+The query is a frozen dataclass of plain values (str, int, bytes, tuples), registered with
+the wire protocol, so a router can send it to the node hosting the partition. A node never
+trusts a fragment's SQL: it is parsed and checked with the same rules as a user's statement
+(read-only, no table functions, no file or settings functions) and may name no table other
+than ``__sq_part``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from sqlglot import exp
+
+from sparkiq.query.queries import Query
+from sparkiq.query.result import QueryResult
+from sparkiq.schema.types import TableSchema
+from sparkiq.sql.arrow import KEY_COLUMN, ArrowRows
+from sparkiq.sql.duck import DuckPool, run
+from sparkiq.sql.errors import SqlUnsupportedError
+from sparkiq.sql.parse import parse
+from sparkiq.stores.dispatch import QueryContext, register
+from sparkiq.stores.partition import PartitionStore
+from sparkiq.wire.protocol import register_query_type
+
+__all__ = ["PART", "SqlFragmentQuery"]
+
+PART = "__sq_part"
+
+
+@dataclass(frozen=True, slots=True)
+class SqlFragmentQuery(Query):
+    """Rows of one partition as an Arrow table, optionally transformed by ``sql``.
+
+    - ``columns``: table columns, ``WINDOWSTART``/``WINDOWEND`` or ``__sq_key`` to build.
+    - ``lower``/``upper``: encoded store keys, ``lower <= key < upper`` (None: open).
+    - ``window_from``/``window_to``: inclusive window-start bounds, internal microseconds.
+    - ``sql``: a SELECT over ``__sq_part`` (None: return the columns as they are).
+    - ``timeout_ms``: DuckDB's budget on the answering node.
+    - ``skip_below``: when fewer rows than this are in range, return the columns without
+      running ``sql`` (a DuckDB run costs more than shipping a few rows). Only set it when
+      ``sql`` selects exactly ``columns`` and the coordinator applies its effect again
+      (a filter or a top-N, never a partial aggregate).
+    """
+
+    columns: tuple[str, ...]
+    sql: str | None = None
+    lower: bytes | None = None
+    upper: bytes | None = None
+    window_from: int | None = None
+    window_to: int | None = None
+    timeout_ms: int = 30_000
+    skip_below: int = 0
+
+
+register_query_type(SqlFragmentQuery)
+
+_pool = DuckPool(memory_limit="512MB", threads=1)
+_checked: OrderedDict[str, None] = OrderedDict()
+_checked_lock = threading.Lock()
+_builders: dict[tuple[int, tuple[str, ...]], tuple[TableSchema, ArrowRows]] = {}
+
+
+def _check_fragment_sql(sql: str) -> None:
+    """Refuse fragment SQL a user could not have written, or that names other tables."""
+    with _checked_lock:
+        if sql in _checked:
+            _checked.move_to_end(sql)
+            return
+    parsed = parse(sql)
+    if parsed.explain:
+        raise SqlUnsupportedError("a fragment cannot be EXPLAIN", code="forbidden_statement")
+    for table in parsed.tree.find_all(exp.Table):
+        if table.name != PART:
+            raise SqlUnsupportedError(
+                f"a fragment may only read {PART}, not {table.name!r}", code="forbidden_table"
+            )
+    with _checked_lock:
+        _checked[sql] = None
+        if len(_checked) > 512:
+            _checked.popitem(last=False)
+
+
+def _builder(schema: TableSchema, columns: tuple[str, ...]) -> ArrowRows:
+    key = (id(schema), columns)
+    found = _builders.get(key)
+    if found is None or found[0] is not schema:
+        if len(_builders) > 1024:
+            _builders.clear()
+        found = _builders[key] = (schema, ArrowRows(schema, columns))
+    return found[1]
+
+
+_gc_lock = threading.Lock()
+_gc_holders = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a scan builds millions of small objects.
+
+    They hold no reference cycles (bytes, lists of plain values), yet their allocation
+    would trigger full collections that scan them again and again, doubling a large scan's
+    time. Reference counting still frees everything; the collector resumes when the last
+    scan in the process ends, if it was running before.
+    """
+    global _gc_holders, _gc_was_enabled
+    with _gc_lock:
+        if _gc_holders == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_holders += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_holders -= 1
+            if _gc_holders == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+def partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa.Table, Any]:
+    """The partition's rows in the query's bounds as Arrow, with the snapshot's position."""
+    with _without_cyclic_gc():
+        return _partition_table(store, query)
+
+
+def _partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa.Table, Any]:
+    iterator, position = store.scan(query.lower, query.upper, upper_exclusive=True)
+    windowed = query.window_from is not None or query.window_to is not None
+    if not windowed and KEY_COLUMN not in query.columns:  # the common scan: values only
+        with iterator:
+            values = [value for _, value in iterator]
+        return _builder(store.schema, query.columns).from_stored(values), position
+    with iterator:
+        pairs = list(iterator)
+    if windowed and store.schema.window_column is not None:
+        low, high = query.window_from, query.window_to
+        decode = store.keys.decode_windowed
+        kept = []
+        for pair in pairs:
+            start = decode(pair[0])[1]
+            if start is None:
+                continue
+            if (low is None or start >= low) and (high is None or start <= high):
+                kept.append(pair)
+        pairs = kept
+    rows = [value for _, value in pairs]
+    keys = [key for key, _ in pairs] if KEY_COLUMN in query.columns else None
+    return _builder(store.schema, query.columns).from_stored(rows, keys), position
+
+
+@register(SqlFragmentQuery)
+def _fragment(
+    store: PartitionStore, query: SqlFragmentQuery, ctx: QueryContext
+) -> QueryResult[Any]:
+    table, position = partition_table(store, query)
+    if query.sql is not None and table.num_rows >= query.skip_below:
+        _check_fragment_sql(query.sql)
+        _, table = run(_pool, query.sql, {PART: table}, timeout=query.timeout_ms / 1000, arrow=True)
+    return QueryResult.for_result(table, position)

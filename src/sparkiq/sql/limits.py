@@ -1,0 +1,90 @@
+"""Bounds on what one SQL statement may cost, and the DuckDB settings that enforce some.
+
+Every limit has a keyword argument and a ``SPARKIQ_SQL_*`` environment variable
+(:meth:`SqlLimits.from_env`); exceeding one raises :class:`~sparkiq.sql.errors.SqlLimitError`
+naming the limit and how to raise it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+from sparkiq.errors import ConfigError
+
+__all__ = ["SqlLimits"]
+
+
+@dataclass(frozen=True, slots=True)
+class SqlLimits:
+    """Limits of one :class:`~sparkiq.sql.SqlEngine`.
+
+    - ``max_statement_chars``: longest statement text accepted.
+    - ``max_result_rows``: most rows one answer (or one page) may hold; larger results must
+      use ``LIMIT`` or paging.
+    - ``timeout_seconds``: wall-clock budget of one statement; DuckDB work is interrupted
+      when it runs out.
+    - ``default_page_size`` / ``max_page_size``: page size when a page token is passed
+      without ``page_size``, and the largest page a caller may ask for.
+    - ``memory_limit`` / ``threads``: DuckDB's ``memory_limit`` and ``threads`` for the
+      engine's connections (per thread of the caller).
+    - ``max_key_lookups``: most point lookups an ``IN`` list (or the product of ``IN`` lists
+      on a composite key) turns into before the engine scans the key range instead.
+    - ``fragment_min_rows``: a partition with fewer rows in range skips its filter or
+      top-N fragment and ships them (the coordinator filters again): one DuckDB run costs
+      about as much as shipping a few thousand rows. 0 always runs fragments.
+    """
+
+    max_statement_chars: int = 100_000
+    max_result_rows: int = 100_000
+    timeout_seconds: float = 30.0
+    default_page_size: int = 1_000
+    max_page_size: int = 10_000
+    memory_limit: str = "512MB"
+    threads: int = 2
+    max_key_lookups: int = 256
+    fragment_min_rows: int = 2048
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "memory_limit":
+                if not isinstance(value, str) or not value.strip():
+                    raise ConfigError(f"SqlLimits.memory_limit must be like '512MB', got {value!r}")
+                continue
+            floor = 0 if f.name == "fragment_min_rows" else 1e-9
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < floor:
+                raise ConfigError(
+                    f"SqlLimits.{f.name} must be a number >= {floor:g}, got {value!r}"
+                )
+        if self.default_page_size > self.max_page_size:
+            raise ConfigError(
+                f"SqlLimits.default_page_size ({self.default_page_size}) exceeds max_page_size "
+                f"({self.max_page_size})"
+            )
+
+    @staticmethod
+    def from_env(**overrides: object) -> SqlLimits:
+        """Limits from keyword arguments first, then ``SPARKIQ_SQL_<NAME>`` variables
+        (e.g. ``SPARKIQ_SQL_MAX_RESULT_ROWS=5000``), then the defaults."""
+        values: dict[str, object] = {}
+        for f in fields(SqlLimits):
+            if f.name in overrides:
+                values[f.name] = overrides[f.name]
+                continue
+            raw = os.environ.get(f"SPARKIQ_SQL_{f.name.upper()}")
+            if raw is None:
+                continue
+            if f.name == "memory_limit":
+                values[f.name] = raw
+            else:
+                try:
+                    values[f.name] = float(raw) if f.name == "timeout_seconds" else int(raw)
+                except ValueError:
+                    raise ConfigError(
+                        f"SPARKIQ_SQL_{f.name.upper()}={raw!r} is not a number"
+                    ) from None
+        unknown = set(overrides) - {f.name for f in fields(SqlLimits)}
+        if unknown:
+            raise ConfigError(f"unknown SqlLimits fields {sorted(unknown)}")
+        return SqlLimits(**values)  # type: ignore[arg-type]

@@ -1,0 +1,252 @@
+"""Parsing: statement text to a checked sqlglot tree, and statement *shapes* for plan caching.
+
+Only one ``SELECT`` (or ``EXPLAIN SELECT``) is accepted. Everything else is refused here,
+before any data is read or DuckDB runs: DDL and DML, ``COPY``, ``ATTACH``, ``PRAGMA``,
+``SET``, ``INSTALL``/``LOAD``, ``SELECT ... INTO``, several statements, table functions in
+``FROM`` (``read_csv``, ``glob``, ``query``...), functions that reach files, settings or the
+environment anywhere, parameters (``?``, ``$1``) and qualified names (``db.table``).
+
+A statement's *shape* is its text with every string and number literal replaced by a
+placeholder ``:sqN`` (see :func:`shape_of`); statements of one shape share a plan.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from sparkiq.sql.errors import SqlSyntaxError, SqlUnsupportedError, snippet_at
+
+__all__ = ["Parsed", "check_tree", "parse", "shape_of"]
+
+DIALECT = "duckdb"
+
+_SLOW_CHARS = re.compile(r"''|\"|--|/\*|[?$:]")
+_DIGIT = re.compile(r"(?<![\w$])\d")
+_MISSING = re.compile(r"^Required keyword: '\w+' missing for ")
+_EMIT = re.compile(r"\bemit\s+changes\s*;?\s*$", re.IGNORECASE)
+_EXPLAIN = re.compile(
+    r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*explain\b\s*", re.IGNORECASE | re.DOTALL
+)
+_TOKENS = re.compile(
+    r"""(?P<str>'(?:[^']|'')*')
+      | (?P<qid>"(?:[^"]|"")*")
+      | (?P<comment>--[^\n]*|/\*.*?\*/)
+      | (?P<num>(?<![\w$])(?:\d+\.?\d*)(?:[eE][+-]?\d+)?(?![\w$]))
+      | (?P<param>[?$:])
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+# Functions that read files, the network, settings, the catalog or run nested SQL. DuckDB's
+# own lock refuses file and network access too; naming them here gives a clear error.
+_DENIED = re.compile(
+    r"^(read_\w*|glob|getenv|query|query_table|sniff_csv|parquet_\w*|\w*_scan|duckdb_\w*|"
+    r"pragma_\w*|current_setting|which_secret|load_extension|iceberg_\w*|delta_\w*|"
+    r"sqlite_\w*|postgres_\w*|mysql_\w*|json_execute_serialized_sql|"
+    r"(json_)?deserialize_sql|\w*_metadata|\w*_schema|\w*_settings|\w*_extensions|"
+    r"test_all_types|enable_\w*|disable_\w*|checkpoint|force_checkpoint|\w*_functions|"
+    r"\w*_tables|\w*_columns|\w*_views|\w*_databases|\w*_secrets)$",
+    re.IGNORECASE,
+)
+
+_STATEMENT_NODES: tuple[type[exp.Expr], ...] = tuple(
+    getattr(exp, name)
+    for name in (
+        "Insert", "Update", "Delete", "Merge", "Create", "Drop", "Alter", "Copy", "Command",
+        "Pragma", "Set", "Use", "Describe", "Attach", "Detach", "Install", "Load",
+        "Into", "TruncateTable", "Grant", "Revoke", "Transaction", "Commit", "Rollback",
+        "Export", "Summarize", "Show",
+    )
+    if hasattr(exp, name)
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A checked statement: its tree (a query) and whether it was ``EXPLAIN``-ed."""
+
+    tree: exp.Query
+    explain: bool
+    text: str
+
+
+def parse(text: str, *, placeholders: bool = False) -> Parsed:
+    """Parse and check one statement; raise :class:`SqlSyntaxError` or
+    :class:`SqlUnsupportedError` with the position of the problem.
+
+    ``placeholders=True`` parses a shape (``:sqN`` placeholders allowed)."""
+    explain = False
+    body = text
+    if _EMIT.search(text):
+        raise SqlUnsupportedError(
+            "EMIT CHANGES makes a push query: run it with stream() (App.stream, "
+            "Client.stream); sql() runs pull queries, which answer once",
+            code="push_query",
+        )
+    match = _EXPLAIN.match(text)
+    if match:
+        explain = True
+        body = " " * match.end() + text[match.end() :]  # keep line/column positions
+        if re.match(r"\s*analy[sz]e\b", body, re.IGNORECASE):
+            raise SqlUnsupportedError(
+                "EXPLAIN ANALYZE is not supported; use EXPLAIN SELECT ... to see the plan",
+                code="unsupported_statement",
+            )
+    try:
+        statements = [s for s in sqlglot.parse(body, read=DIALECT) if s is not None]
+    except ParseError as exc:
+        raise _syntax_error(text, exc) from None
+    except TokenError as exc:
+        raise SqlSyntaxError(f"the statement cannot be tokenized: {exc}") from None
+    if not statements:
+        raise SqlSyntaxError("the statement is empty; write SELECT ... FROM <table>")
+    if len(statements) > 1:
+        raise SqlUnsupportedError(
+            f"found {len(statements)} statements; send one SELECT per call",
+            code="multiple_statements",
+        )
+    tree = statements[0]
+    check_tree(tree, text, placeholders=placeholders)
+    assert isinstance(tree, exp.Query)
+    return Parsed(tree, explain, text)
+
+
+def _syntax_error(text: str, exc: ParseError) -> SqlSyntaxError:
+    detail = exc.errors[0] if exc.errors else {}
+    line, column = detail.get("line"), detail.get("col")
+    description = str(detail.get("description") or exc)
+    highlight = detail.get("highlight")
+    if _MISSING.match(description):
+        description = "an operand or clause is missing here"
+    near = f" near {highlight!r}" if highlight else ""
+    if isinstance(column, int) and isinstance(highlight, str) and highlight:
+        column = max(1, column - len(highlight) + 1)  # sqlglot points at the token's end
+    return SqlSyntaxError(
+        f"syntax error{near}: {description}",
+        line=line,
+        column=column,
+        snippet=snippet_at(text, line, column),
+        field=highlight,
+    )
+
+
+def _where(text: str, node: exp.Expr) -> dict[str, Any]:
+    meta = node.meta if isinstance(node, exp.Identifier) else {}
+    if not meta:
+        ident = node.find(exp.Identifier)
+        meta = ident.meta if ident is not None else {}
+    line, column = meta.get("line"), meta.get("col")
+    if isinstance(column, int) and isinstance(node, exp.Identifier):
+        column = column - len(node.name) + 1
+    return {"line": line, "column": column, "snippet": snippet_at(text, line, column)}
+
+
+def check_tree(tree: exp.Expr, text: str, *, placeholders: bool = False) -> None:
+    """Refuse anything but a read-only query over plain table names (see module doc)."""
+    if isinstance(tree, _STATEMENT_NODES) or not isinstance(tree, exp.Query):
+        kind = tree.key.upper() if not isinstance(tree, exp.Command) else str(tree.this).upper()
+        raise SqlUnsupportedError(
+            f"{kind} statements are not allowed; pull queries are read-only: write "
+            "SELECT ... FROM <table> (or EXPLAIN SELECT ...)",
+            code="forbidden_statement",
+            field=kind,
+        )
+    for node in tree.walk():
+        if isinstance(node, _STATEMENT_NODES):
+            raise SqlUnsupportedError(
+                f"{node.key.upper()} is not allowed inside a query; pull queries only read",
+                code="forbidden_statement",
+                field=node.key.upper(),
+                **_where(text, node),
+            )
+        if isinstance(node, exp.Table):
+            _check_table(node, text)
+        elif isinstance(node, exp.Func):
+            name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+            if _DENIED.match(name or ""):
+                raise SqlUnsupportedError(
+                    f"function {name.lower()}() is not allowed: pull queries read only "
+                    "materialized tables, never files, settings or the catalog",
+                    code="forbidden_function",
+                    field=name.lower(),
+                    **_where(text, node),
+                )
+        elif isinstance(node, exp.Placeholder | exp.Parameter):
+            if placeholders and isinstance(node, exp.Placeholder) and _is_slot(node):
+                continue
+            raise SqlUnsupportedError(
+                "query parameters (?, $1, :name) are not supported; write the values as literals",
+                code="parameters",
+            )
+
+
+def _is_slot(node: exp.Placeholder) -> bool:
+    name = node.name or ""
+    return name.startswith("sq") and name[2:].isdigit()
+
+
+def _check_table(node: exp.Table, text: str) -> None:
+    if not isinstance(node.this, exp.Identifier):
+        inner = node.this
+        name = inner.name if isinstance(inner, exp.Anonymous) else getattr(inner, "key", "")
+        if isinstance(inner, exp.Func) and not isinstance(inner, exp.Anonymous):
+            name = inner.sql_name()
+        raise SqlUnsupportedError(
+            f"table function {str(name).lower()}() is not allowed in FROM; query a "
+            "materialized table by its name",
+            code="forbidden_function",
+            field=str(name).lower(),
+            **_where(text, node),
+        )
+    if node.args.get("db") or node.args.get("catalog"):
+        raise SqlUnsupportedError(
+            f"qualified table name {node.sql(dialect=DIALECT)} is not supported; use the bare "
+            "table name",
+            code="qualified_table",
+            field=node.name,
+            **_where(text, node),
+        )
+
+
+def shape_of(text: str) -> tuple[str, tuple[Any, ...]] | None:
+    """``(shape text, literal values)``, or None when the text has parameters of its own.
+
+    Strings become ``str``; numbers ``int``, or ``Decimal`` when they have a point or an
+    exponent. Quoted identifiers and comments are kept as they are.
+    """
+    if not _SLOW_CHARS.search(text):  # the common lookup: string literals only
+        pieces = text.split("'")
+        if len(pieces) % 2 and not any(_DIGIT.search(p) for p in pieces[::2]):
+            shaped = [pieces[0]]
+            for i, rest in enumerate(pieces[2::2]):
+                shaped.append(f":sq{i}")
+                shaped.append(rest)
+            return "".join(shaped), tuple(pieces[1::2])
+    parts: list[str] = []
+    values: list[Any] = []
+    last = 0
+    for match in _TOKENS.finditer(text):
+        kind = match.lastgroup
+        if kind == "param":
+            return None
+        if kind not in ("str", "num"):
+            continue
+        parts.append(text[last : match.start()])
+        parts.append(f":sq{len(values)}")
+        token = match.group()
+        if kind == "str":
+            values.append(token[1:-1].replace("''", "'"))
+        elif token.isdigit():
+            values.append(int(token))
+        else:
+            values.append(Decimal(token))
+        last = match.end()
+    parts.append(text[last:])
+    return "".join(parts), tuple(values)

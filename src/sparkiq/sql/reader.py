@@ -1,0 +1,177 @@
+"""Reading one table reference through the source: point lookups or per-partition fragments.
+
+Every read goes through :meth:`QuerySource.query` with a typed query (``KeyQuery``,
+``WindowKeyQuery`` or :class:`~sparkiq.sql.fragment.SqlFragmentQuery`), so in a cluster
+each sub-request reaches the node hosting its partition. A partition that fails (bound not
+reached, not hosted, store error) fails the whole statement with
+:class:`~sparkiq.sql.errors.SqlPartitionError`: an answer is never silently missing rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sparkiq.query.position import Position, PositionBound
+from sparkiq.query.queries import KeyQuery, Query, RangeQuery, WindowKeyQuery
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.codec import timestamp_from_internal, timestamp_ntz_from_internal
+from sparkiq.schema.types import TableSchema
+from sparkiq.sql.arrow import ArrowRows
+from sparkiq.sql.duck import DuckPool, run
+from sparkiq.sql.errors import SqlPartitionError
+from sparkiq.sql.fragment import PART, SqlFragmentQuery
+from sparkiq.sql.keys import KeyAccess
+from sparkiq.sql.source import QuerySource
+
+__all__ = ["Read", "check", "lookup_rows", "range_rows", "read_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A table reference's rows (or fragment results), their position and the partitions
+    that answered."""
+
+    table: pa.Table
+    position: Position
+    partitions: tuple[int, ...]
+
+
+def check(store: str, result: StateQueryResult[Any]) -> None:
+    """Raise SqlPartitionError for the first failed partition of ``result``."""
+    for partition, answer in result.partition_results.items():
+        if answer.failure_reason is not None:
+            reason = answer.failure_reason.name
+            raise SqlPartitionError(
+                f"partition {partition} of {store!r} could not answer ({reason}): "
+                f"{answer.failure_message}; the statement was refused rather than answered "
+                "without that partition's rows",
+                reason=reason,
+                code="partition_failed",
+                store=store,
+                partition=partition,
+                position=answer.position,
+            )
+
+
+def _request(store: str, query: Query, bound: PositionBound) -> StateQueryRequest:
+    return StateQueryRequest(store, query, None, False, bound)
+
+
+def lookup_rows(
+    source: QuerySource,
+    store: str,
+    schema: TableSchema,
+    access: KeyAccess,
+    bound: PositionBound,
+) -> tuple[list[dict[str, Any]], Position, list[int]]:
+    """Rows of the access's keys (every window in bounds, for a windowed table)."""
+    assert access.keys is not None
+    rows: list[dict[str, Any]] = []
+    position = Position.empty()
+    partitions: list[int] = []
+    windowed = schema.window_column is not None
+    if windowed:
+        start = schema.window_start_type
+        convert = (
+            timestamp_ntz_from_internal
+            if start is not None and start.name == "timestamp_ntz"
+            else timestamp_from_internal
+        )
+        time_from = None if access.window_from is None else convert(access.window_from)
+        time_to = None if access.window_to is None else convert(access.window_to)
+    for key in access.keys:
+        query: Query = WindowKeyQuery(key, time_from, time_to) if windowed else KeyQuery(key)
+        result = source.query(_request(store, query, bound))
+        check(store, result)
+        for partition, answer in result.partition_results.items():
+            partitions.append(partition)
+            position = position.merge(answer.position)
+            if windowed:
+                assert answer.result is not None
+                rows.extend(row for _, row in answer.result)
+            elif answer.result is not None:
+                rows.append(answer.result)
+    return rows, position, partitions
+
+
+def range_rows(
+    source: QuerySource, store: str, access: KeyAccess, bound: PositionBound
+) -> tuple[list[dict[str, Any]], Position]:
+    """Rows of a one-column key range (``access.range_bounds``) through ``RangeQuery`` on
+    every partition: inclusive bounds in the stores, exclusive ends and null keys filtered
+    here (a comparison with NULL is never true)."""
+    assert access.range_bounds is not None
+    low, high = access.range_bounds
+    query = RangeQuery(
+        None if low is None else low[0],
+        None if high is None else high[0],
+        low is not None,
+        high is not None,
+    )
+    result = source.query(_request(store, query, bound))
+    check(store, result)
+    rows: list[dict[str, Any]] = []
+    for answer in result.partition_results.values():
+        assert answer.result is not None
+        with answer.result as items:
+            for key, row in items:
+                if key is None:
+                    continue
+                if low is not None and not low[1] and key == low[0]:
+                    continue
+                if high is not None and not high[1] and key == high[0]:
+                    continue
+                rows.append(row)
+    return rows, result.position
+
+
+def read_table(
+    source: QuerySource,
+    store: str,
+    schema: TableSchema,
+    columns: Sequence[str],
+    fragment_sql: str | None,
+    access: KeyAccess,
+    bound: PositionBound,
+    pool: DuckPool,
+    timeout: float,
+    *,
+    lookup_fragment: bool = True,
+    skip_below: int = 0,
+) -> Read:
+    """The table reference's rows after its fragment, from every partition it touches.
+
+    Looked-up rows go through the fragment only with ``lookup_fragment`` (a partial
+    aggregate needs it; a filter is redundant there since the final query filters again).
+    """
+    if access.keys is not None:
+        rows, position, partitions = lookup_rows(source, store, schema, access, bound)
+        table = ArrowRows(schema, columns).from_rows(rows)
+        if fragment_sql is not None and lookup_fragment:
+            _, table = run(pool, fragment_sql, {PART: table}, timeout=timeout, arrow=True)
+        return Read(table, position, tuple(partitions))
+    query = SqlFragmentQuery(
+        tuple(columns),
+        fragment_sql,
+        access.lower,
+        access.upper,
+        access.window_from,
+        access.window_to,
+        max(1, int(timeout * 1000)),
+        skip_below,
+    )
+    result = source.query(_request(store, query, bound))
+    check(store, result)
+    tables = [answer.result for answer in result.partition_results.values()]
+    if not tables:
+        table = ArrowRows(schema, columns).out_schema.empty_table()
+    elif len(tables) == 1:
+        table = tables[0]
+    else:
+        table = pa.concat_tables(tables, promote_options="permissive")
+    return Read(table, result.position, tuple(result.partition_results))

@@ -1,0 +1,485 @@
+"""Push query subscriptions: :class:`Subscription`, :class:`Change` and their errors.
+
+A :class:`Subscription` is one consumer's view of a push query: a bounded buffer that the
+table's tail (in :mod:`sparkiq.sql.push`) fills with the changes of each committed batch,
+and an iterator the consumer reads them from. Before it goes live it catches up in the
+consumer's own thread (the snapshot, then the batches between its resume point and the
+tail's head). Contracts (the full semantics are in :mod:`sparkiq.sql.push`):
+
+* One consumer thread reads a subscription; :meth:`Subscription.close` is idempotent and may
+  be called from any thread. The hub and its tail call ``_join`` (under the tail's lock),
+  ``_offer`` (once per batch after the join, in commit order) and ``_fail``.
+* At most ``buffer_limit`` changes wait for the consumer; one more fails the subscription
+  with :class:`SlowConsumerError` and frees its buffer.
+* Every failure is a :class:`SubscriptionError` (root :class:`~sparkiq.errors.SparkiqError`)
+  carrying ``store`` and the consumer's ``position``: subscribing again from it loses and
+  repeats no change, while the changelog holds them. :class:`PositionExpiredError` means it
+  no longer does.
+* A :class:`Change` and its row may be shared by the subscriptions of one statement (one
+  :class:`_Evaluated` per statement and batch): treat them as read-only.
+
+Error hierarchy::
+
+    SparkiqError
+    └── SubscriptionError          push_failed: the hub closed, the changelog cannot be read
+        ├── SlowConsumerError      slow_consumer: more than buffer_limit changes behind
+        └── PositionExpiredError   position_expired: retention deleted the changes needed
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sparkiq.changelog import Changelog
+from sparkiq.changelog.feed import (
+    BatchChanges,
+    ChangeFeed,
+    RetentionGapError,
+    read_state,
+    require_after,
+)
+from sparkiq.errors import ChangelogError, SparkiqError
+from sparkiq.query.position import Position
+from sparkiq.schema.codec import (
+    KeyCodec,
+    RowCodec,
+    timestamp_from_internal,
+    timestamp_ntz_from_internal,
+)
+from sparkiq.sql.push_plan import PushPlan, Row
+
+if TYPE_CHECKING:
+    from sparkiq.sql.push import SubscriptionHub
+
+__all__ = [
+    "Change",
+    "PositionExpiredError",
+    "SlowConsumerError",
+    "Subscription",
+    "SubscriptionError",
+]
+
+
+class SubscriptionError(SparkiqError):
+    """A subscription cannot go on (the hub closed, the changelog cannot be read);
+    ``position`` is the consumer's position, to resume from."""
+
+    code = "push_failed"
+
+
+class SlowConsumerError(SubscriptionError):
+    """The consumer fell more than ``buffer_limit`` changes behind; resume from ``position``."""
+
+    code = "slow_consumer"
+
+
+class PositionExpiredError(SubscriptionError):
+    """Changes after the position asked for are gone (retention deleted them): start again
+    with ``snapshot=True``, or keep the changelog longer."""
+
+    code = "position_expired"
+
+
+# -- changes ----------------------------------------------------------------------------------
+
+
+class _Batch:
+    """The position facts of one committed batch, shared by its changes."""
+
+    __slots__ = ("_after", "_map", "batch_id", "table")
+
+    def __init__(self, table: str, batch_id: int, partitions: int, source: Any) -> None:
+        self.table, self.batch_id = table, batch_id
+        self._map = {c: dict(o) for c, o in source.items()}
+        self._map[table] = dict.fromkeys(range(partitions), batch_id)
+        self._after: Position | None = None
+
+    @property
+    def after(self) -> Position:
+        if self._after is None:
+            self._after = Position.from_map(self._map)
+        return self._after
+
+    def within(self, seen: int) -> Position:
+        return Position.from_map({**self._map, f"push:{self.table}": {self.batch_id: seen}})
+
+
+class Change:
+    """One change a push query delivers.
+
+    ``key`` is the row's key (a scalar, a tuple for several key columns; a windowed table's
+    is ``(key, window start)``); ``row`` the projected row, or None when the key was deleted
+    or stopped matching; ``batch_id`` the committed batch that made it; ``snapshot`` is True
+    for rows of the initial snapshot; :attr:`position` resumes right after this change.
+    """
+
+    __slots__ = ("_batch", "_index", "batch_id", "key", "row", "snapshot")
+
+    def __init__(
+        self, key: Any, row: Row | None, batch: _Batch, index: int, snapshot: bool = False
+    ) -> None:
+        self.key, self.row, self.batch_id, self.snapshot = key, row, batch.batch_id, snapshot
+        self._batch, self._index = batch, index
+
+    @property
+    def position(self) -> Position:
+        if self.snapshot:
+            return self._batch.after
+        return self._batch.within(self._index + 1)
+
+    def order(self) -> int:
+        """The change's index in its batch."""
+        return self._index
+
+    def __repr__(self) -> str:
+        return f"Change(key={self.key!r}, row={self.row!r}, batch_id={self.batch_id})"
+
+
+_Item = Change | Position  # a change, or "the consumer has seen everything up to here"
+
+
+@dataclass(slots=True)
+class _Decoded:
+    batch: _Batch
+    raw: list[bytes]
+    keys: list[Any]
+    rows: list[Row | None]
+
+
+class _Decoder:
+    """Decodes a table's keys and rows (thread-safe, like the codecs it holds)."""
+
+    def __init__(self, changelog: Changelog) -> None:
+        manifest = changelog.manifest()
+        self.table, self.partitions = changelog.table, manifest.partitions
+        self.keys, self.rows = KeyCodec(manifest.schema), RowCodec(manifest.schema)
+        start = manifest.schema.window_start_type
+        self._window: Callable[[int], Any] | None = None
+        if start is not None:
+            ntz = start.name == "timestamp_ntz"
+            self._window = timestamp_ntz_from_internal if ntz else timestamp_from_internal
+
+    def key(self, raw: bytes) -> Any:
+        if self._window is None:
+            return self.keys.from_internal(self.keys.decode(raw))
+        internal, start = self.keys.decode_windowed(raw)
+        return self.keys.from_internal(internal), None if start is None else self._window(start)
+
+    def batch(self, batch_id: int, source: Any) -> _Batch:
+        return _Batch(self.table, batch_id, self.partitions, source)
+
+    def decode(self, changes: BatchChanges) -> _Decoded:
+        decode = self.rows.decode
+        return _Decoded(
+            self.batch(changes.batch_id, changes.position),
+            changes.keys,
+            [self.key(k) for k in changes.keys],
+            [None if v is None else decode(v) for v in changes.values],
+        )
+
+
+class _Evaluated:
+    """One statement's verdict on one batch, shared by the subscriptions running it:
+    ``rows`` is ``(encoded key, matches, change to deliver)`` per change, in order; the other
+    fields are views of it that let each subscription pick its changes with set operations
+    (a key appears at most once in a batch)."""
+
+    __slots__ = ("everything", "matched", "matched_keys", "others", "others_keys", "rows")
+
+    def __init__(self, plan: PushPlan, d: _Decoded) -> None:
+        predicate, project, batch = plan.predicate, plan.project, d.batch
+        rows: list[tuple[bytes, bool, Change]] = []
+        for i, (raw, key, row) in enumerate(zip(d.raw, d.keys, d.rows, strict=True)):
+            if row is not None and (predicate is None or predicate(row)):
+                rows.append((raw, True, Change(key, project(row), batch, i)))
+            else:
+                rows.append((raw, False, Change(key, None, batch, i)))
+        self.rows = rows
+        self.everything = [change for _, _, change in rows]
+        self.matched = [change for _, matches, change in rows if matches]
+        self.matched_keys = [raw for raw, matches, _ in rows if matches]
+        self.others = {raw: change for raw, matches, change in rows if not matches}
+        self.others_keys = self.others.keys()
+
+
+# -- subscriptions ----------------------------------------------------------------------------
+
+
+class Subscription:
+    """A running push query: a closeable iterator (and context manager) of :class:`Change`.
+
+    Iterating blocks until the next change; it ends when the subscription is closed and
+    raises :class:`SubscriptionError` (e.g. :class:`SlowConsumerError`) when it failed.
+    One consumer thread reads it; :meth:`close` may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        hub: SubscriptionHub,
+        plan: PushPlan,
+        changelog: Changelog,
+        decoder: _Decoder,
+        *,
+        start: Position | None,
+        resume: tuple[int, int] | None,
+        snapshot: bool,
+        buffer_limit: int,
+    ) -> None:
+        self._hub, self.plan, self._changelog, self._decoder = hub, plan, changelog, decoder
+        self.statement, self.table, self.columns = plan.statement, plan.table, plan.columns
+        self._limit, self._snapshot = buffer_limit, snapshot
+        self._resume = resume or (0, 0)  # the first change to deliver: (batch, index)
+        self._held: set[bytes] | None = None if plan.predicate is None else set()
+        known = start is None or snapshot  # else: what the consumer holds is unknown
+        self._absent: set[bytes] | None = None if known or plan.predicate is None else set()
+        self._cond = threading.Condition()
+        self._queue: deque[_Item] = deque()  # filled by the tail
+        self._pending: deque[_Decoded] = deque()  # raw batches while catching up
+        self._queued = 0
+        self._ready: deque[_Item] = deque()  # the consumer's own
+        self._last: _Item = start or Position.empty()
+        self._joined = resume is not None
+        self._prefix: Iterator[list[_Item]] | None = None
+        self._live = True
+        self._closed = False
+        self._failure: Callable[[], SubscriptionError] | None = None
+
+    @property
+    def position(self) -> Position:
+        """Where the consumer is: resuming from it delivers exactly what it has not read."""
+        last = self._last
+        return last.position if isinstance(last, Change) else last
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def poll(self, timeout: float | None = None) -> Change | None:
+        """The next change; None when ``timeout`` seconds passed first or when closed.
+        Raises :class:`SubscriptionError` when the subscription failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        stepped = False
+        while True:
+            if self._closed:
+                return None
+            while self._ready:
+                item = self._ready.popleft()
+                self._last = item
+                if isinstance(item, Change):
+                    return item
+            if self._failure is not None:
+                raise self._failure()
+            if stepped and deadline is not None and time.monotonic() >= deadline:
+                return None  # catching up took the whole timeout: let the caller send a keep-alive
+            stepped = True
+            if self._prefix is not None:
+                self._catch_up()
+                continue
+            if not self._live:
+                with self._cond:
+                    d = self._pending.popleft() if self._pending else None
+                    self._queued -= len(d.raw) if d is not None else 0
+                    self._live = d is None
+                if d is not None:
+                    self._ready.extend(self._items(_Evaluated(self.plan, d), d.batch))
+                continue
+            with self._cond:
+                while not (self._queue or self._closed or self._failure):
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    self._cond.wait(remaining)
+                self._ready.extend(self._queue)
+                self._queue.clear()
+                self._queued = 0
+
+    def _catch_up(self) -> None:
+        assert self._prefix is not None
+        try:
+            chunk = next(self._prefix, None)
+        except ChangelogError as exc:
+            kind = PositionExpiredError if isinstance(exc, RetentionGapError) else SubscriptionError
+            self._fail(functools.partial(self._error, kind, exc.message))
+            return
+        if chunk is None:
+            self._prefix = None
+        else:
+            self._ready.extend(chunk)
+
+    def __iter__(self) -> Iterator[Change]:
+        return self
+
+    def __next__(self) -> Change:
+        change = self.poll()
+        if change is None:
+            raise StopIteration
+        return change
+
+    def close(self) -> None:
+        """Stop the subscription and free its buffer. Idempotent; ends iteration."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.clear()
+            self._pending.clear()
+            self._cond.notify_all()
+        self._hub._unregister(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _join(self, head: int) -> None:
+        """Called under the tail's lock as it registers this subscription: the tail delivers
+        the batches after ``head``; what comes before them is read here, by the consumer."""
+        if not self._joined:
+            self._joined = True
+            self._resume = (head + 1, 0)
+            self._last = self._decoder.batch(head, {}).after
+        after = self._resume[0] - 1
+        if self._snapshot or after < head:
+            self._live = False
+            snapshot_at = after if self._snapshot else None
+            self._prefix = self._prefix_items(self._changelog, snapshot_at, after, head)
+
+    def _error(self, kind: type[SubscriptionError], message: str) -> SubscriptionError:
+        token = self.position.to_token()
+        return kind(
+            f"push query {self.statement!r} on table {self.table!r} stopped: {message}. "
+            f"Its position is {token}: subscribe again with from_position=<that token> to go "
+            "on without losing or repeating a change, while the changelog still holds them",
+            store=self.table,
+            position=self.position,
+        )
+
+    def _fail(self, error: Callable[[], SubscriptionError]) -> None:
+        with self._cond:
+            if self._closed or self._failure is not None:
+                return
+            self._failure = error
+            self._queue.clear()
+            self._pending.clear()
+            self._queued = 0
+            self._cond.notify_all()
+
+    def _select(self, evaluated: _Evaluated, batch_id: int) -> list[Change]:
+        """What this subscription delivers of a batch (resume point and WHERE state)."""
+        first_batch, first_index = self._resume
+        if batch_id < first_batch:
+            return []
+        held, absent = self._held, self._absent
+        if batch_id == first_batch and first_index:
+            return self._select_from(evaluated.rows[first_index:])
+        if held is None:
+            return evaluated.everything
+        held.update(evaluated.matched_keys)
+        gone = evaluated.others_keys & held
+        held.difference_update(gone)
+        if absent is not None:
+            absent.difference_update(evaluated.matched_keys)
+            gone |= evaluated.others_keys - absent
+            absent.update(evaluated.others_keys)
+        if not gone:
+            return evaluated.matched
+        leaving = [evaluated.others[raw] for raw in gone]
+        return sorted([*evaluated.matched, *leaving], key=Change.order)
+
+    def _select_from(self, rows: list[tuple[bytes, bool, Change]]) -> list[Change]:
+        held, absent = self._held, self._absent
+        if held is None:
+            return [change for _, _, change in rows]
+        out: list[Change] = []
+        for raw, matches, change in rows:
+            if matches:
+                held.add(raw)
+                if absent is not None:
+                    absent.discard(raw)
+                out.append(change)
+            elif raw in held or (absent is not None and raw not in absent):
+                held.discard(raw)
+                if absent is not None:
+                    absent.add(raw)
+                out.append(change)
+        return out
+
+    def _items(self, evaluated: _Evaluated, batch: _Batch) -> list[_Item]:
+        return [*self._select(evaluated, batch.batch_id), batch.after]
+
+    def _offer(self, d: _Decoded, evaluate: Callable[[], _Evaluated]) -> bool:
+        """Called by the tail for every batch after the one the subscription joined at;
+        False when the subscription no longer wants batches (closed, failed, overflowed)."""
+        with self._cond:
+            if self._closed or self._failure is not None:
+                return False
+            if not self._live:
+                self._pending.append(d)
+                self._queued += len(d.raw)
+                return self._check_bound()
+        items = self._items(evaluate(), d.batch)
+        with self._cond:
+            if self._closed or self._failure is not None:
+                return False
+            if len(items) == 1 and self._queue and isinstance(self._queue[-1], Position):
+                self._queue[-1] = items[0]  # nothing new matched: just move the position
+            else:
+                self._queue.extend(items)
+                self._queued += len(items) - 1
+            self._cond.notify()
+            return self._check_bound()
+
+    def _check_bound(self) -> bool:
+        if self._queued <= self._limit:
+            return True
+        count, limit = self._queued, self._limit
+        self._failure = lambda: self._error(
+            SlowConsumerError,
+            f"the consumer fell {count} changes behind (buffer_limit={limit}); the "
+            "subscription was closed so that its buffer cannot grow without bound. Read "
+            "faster or raise buffer_limit",
+        )
+        self._queue.clear()
+        self._pending.clear()
+        self._queued = 0
+        self._cond.notify_all()
+        return False
+
+    def _prefix_items(
+        self, changelog: Changelog, snapshot_at: int | None, after: int, until: int
+    ) -> Iterator[list[_Item]]:
+        """What precedes the shared tail (read in the consumer's thread, one partition or
+        one batch at a time): the snapshot, then batches ``after+1 .. until``."""
+        decoder = self._decoder
+        if snapshot_at is not None:
+            record = changelog.read_commit(snapshot_at) if snapshot_at >= 0 else None
+            batch = decoder.batch(snapshot_at, record.position if record else {})
+            predicate, project = self.plan.predicate, self.plan.project
+            for _, state in read_state(changelog, snapshot_at):
+                chunk: list[_Item] = []
+                for raw in sorted(state):
+                    row = decoder.rows.decode(state[raw])
+                    if predicate is None or predicate(row):
+                        if self._held is not None:
+                            self._held.add(raw)
+                        chunk.append(Change(decoder.key(raw), project(row), batch, -1, True))
+                yield chunk
+            yield [batch.after]
+        feed = ChangeFeed(changelog, after)
+        while feed.after < until:
+            batches = feed.poll(16, until=until)
+            if not batches:
+                require_after(changelog, feed.after)
+                raise ChangelogError(f"batch {feed.after + 1} of {self.table!r} is missing")
+            for changes in batches:
+                d = decoder.decode(changes)
+                yield self._items(_Evaluated(self.plan, d), d.batch)
