@@ -308,3 +308,33 @@ def test_the_console_page_is_served_without_a_token(nodes: list[Node]) -> None:
     assert "<title>sparkiq console</title>" in page.text
     assert 'fetch("/query"' in page.text  # it queries the same API, with the user's token
     assert httpx.get(url(nodes[0], "/console")).text == page.text
+
+
+def test_sql_over_rest_reads_only_and_explains_errors(nodes: list[Node]) -> None:
+    def sql(text: str) -> httpx.Response:
+        return httpx.post(
+            url(nodes[1], "/query"), headers=auth(), content=orjson.dumps({"sql": text})
+        )
+
+    ok = sql("SELECT k, n FROM t WHERE k = 'k00003'")
+    assert ok.status_code == 200
+    assert ok.json()["rows"] == [{"k": "k00003", "n": 3}] and ok.json()["position"].startswith(
+        "p1."
+    )
+    for statement in (
+        "CREATE TABLE x WITH (KEY = 'k') AS SELECT * FROM t",
+        "DROP TABLE t",
+        "INSERT INTO t VALUES ('a', 1)",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "COPY t TO '/tmp/out.csv'",
+    ):
+        refused = sql(statement)
+        assert refused.status_code == 400, statement
+        assert "Traceback" not in refused.text
+    syntax = sql("SELECT k,\n  FROM t WHERE")
+    error = syntax.json()["error"]
+    assert syntax.status_code == 400 and error["line"] >= 1 and error["column"] >= 1
+    assert "^" in error["snippet"]
+    unknown = sql("SELECT kk FROM t").json()["error"]
+    assert "k" in unknown["candidates"]
+    assert sql("SELECT * FROM tt").json()["error"]["candidates"] == ["t"]

@@ -752,9 +752,10 @@ class Node:
         """
         engine = self._sql
         if engine is None:
-            from sparkiq.sql import SqlEngine
+            from sparkiq.sql import SqlEngine, SqlLimits
 
-            engine = self._sql = SqlEngine(self)
+            # limits: SPARKIQ_SQL_* variables (docs/sql.md#limits), e.g. for `sparkiq serve`
+            engine = self._sql = SqlEngine(self, SqlLimits.from_env())
         return engine.execute(text, **options)
 
     def stream(self, text: str, **options: Any) -> Any:
