@@ -543,48 +543,47 @@ class Node:
         except KeyError:
             raise self._unknown(store) from None
 
+    def _locate(
+        self, store: str, key: Any
+    ) -> tuple[tuple[Any, ...], int, PartitionStore | None, bool]:
+        """``(internal key, partition, local replica or None, whether to read it here)``:
+        a clustered node reads its own replica only when it is caught up."""
+        route = self._routes.get(store) or self._route(store)
+        internal = route[0].to_internal(key)
+        partition = route[1](internal)
+        hosted = route[2][partition]
+        here = hosted is not None and (
+            self.coordinator is None or self._caught_up(store, partition)
+        )
+        return internal, partition, hosted, here
+
     def get(self, store: str, key: Any) -> dict[str, Any] | None:
         """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery.
 
         A clustered node asks the node hosting the key's partition when it does not hold it
         caught up itself; a partition no node can answer raises :class:`SparkiqError`."""
-        route = self._routes.get(store) or self._route(store)
-        internal = route[0].to_internal(key)
-        partition = route[1](internal)
-        hosted = route[2][partition]
-        if hosted is None or (
-            self.coordinator is not None and not self._caught_up(store, partition)
-        ):
+        internal, partition, hosted, here = self._locate(store, key)
+        if not here:
             return self._get_routed(store, key, partition, hosted)[0]
-        return hosted.get(internal)[0]
+        return hosted.get(internal)[0]  # type: ignore[union-attr]
 
     def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
         """Like :meth:`get`, with the position of the partition the row was read at (the
         pair is consistent: the row is exactly the state at that position)."""
-        route = self._routes.get(store) or self._route(store)
-        internal = route[0].to_internal(key)
-        partition = route[1](internal)
-        hosted = route[2][partition]
-        if hosted is None or (
-            self.coordinator is not None and not self._caught_up(store, partition)
-        ):
+        internal, partition, hosted, here = self._locate(store, key)
+        if not here:
             return self._get_routed(store, key, partition, hosted)
-        return hosted.get(internal)
+        return hosted.get(internal)  # type: ignore[union-attr]
 
     def local_lookup(
         self, store: str, key: Any
     ) -> tuple[dict[str, Any] | None, Position, int] | None:
         """``(row, position, partition)`` when this node holds the key's partition caught up,
         else None (another node must be asked). Never blocks on the network."""
-        route = self._routes.get(store) or self._route(store)
-        internal = route[0].to_internal(key)
-        partition = route[1](internal)
-        hosted = route[2][partition]
-        if hosted is None or (
-            self.coordinator is not None and not self._caught_up(store, partition)
-        ):
+        internal, partition, hosted, here = self._locate(store, key)
+        if not here:
             return None
-        row, position = hosted.get(internal)
+        row, position = hosted.get(internal)  # type: ignore[union-attr]
         return row, position, partition
 
     def _get_routed(
