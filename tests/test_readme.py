@@ -39,3 +39,4 @@ def test_quickstart_runs_and_prints_what_it_promises(tmp_path: Path) -> None:
     lines = result.stdout.splitlines()
     assert lines[0] == "{'product': 'p-17', 'revenue': 123.0}"
     assert lines[1].startswith("[{'product': 'p-17', 'revenue': 123.0}] Position(")
+    assert lines[2] == "[{'product': 'p-17', 'revenue': 123.0}]"
