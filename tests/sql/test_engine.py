@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import random
 import threading
 from decimal import Decimal
+from typing import Any
 
 import duckdb
+import msgspec
 import pyarrow as pa
 import pytest
 
@@ -14,7 +17,7 @@ from sparkiq import ConfigError, Node
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql import SqlEngine, SqlLimitError, SqlLimits, SqlResult
-from sparkiq.sql.arrow import ArrowRows
+from sparkiq.sql.arrow import KEY_COLUMN, ArrowRows, _flat_columns
 from sparkiq.sql.parse import shape_of
 from tests.changelog.helpers import WIDE_ARROW, WIDE_SCHEMA_JSON
 from tests.sql.compare import assert_same, reference
@@ -183,3 +186,101 @@ def test_scans_leave_the_garbage_collector_as_they_found_it(node: Node) -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+_SCALARS = [
+    ("k", "string"),
+    ("b", "binary"),
+    ("flag", "boolean"),
+    ("i8", "byte"),
+    ("i16", "short"),
+    ("i32", "integer"),
+    ("i64", "long"),
+    ("f32", "float"),
+    ("f64", "double"),
+    ("day", "date"),
+    ("ts", "timestamp"),
+    ("ntz", "timestamp_ntz"),
+    ("price", "decimal(12,2)"),
+    ("nothing", "void"),
+]
+
+
+def _scalar_schema(extra: int) -> TableSchema:
+    columns = _SCALARS + [(f"s{i}", "string") for i in range(extra)]
+    fields = [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in columns]
+    return TableSchema.from_spark_json({"type": "struct", "fields": fields}, ["k"])
+
+
+def _scalar_rows(schema: TableSchema, count: int) -> list[list[Any]]:
+    """Stored values (as the row codec writes them) reaching every MessagePack width."""
+    rng = random.Random(7)
+    ints = [0, 1, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 2**63 - 1]
+    ints += [-1, -32, -33, -128, -129, -32_768, -32_769, -(2**31), -(2**31) - 1, -(2**63)]
+    texts = ["", "a", "é" * 20, "x" * 31, "y" * 32, "z" * 255, "w" * 256, "v" * 70_000, "日本"]
+
+    def maybe(value: Any) -> Any:
+        return None if rng.random() < 0.2 else value
+
+    rows = []
+    for i in range(count):
+        row = [
+            f"key-{i}",
+            maybe(rng.choice(texts).encode()),
+            maybe(rng.random() < 0.5),
+            maybe(rng.randrange(-128, 128)),
+            maybe(rng.randrange(-32_768, 32_768)),
+            maybe(rng.choice(ints[:5] + ints[11:15] + [2**31 - 1, -(2**31)])),
+            maybe(rng.choice(ints)),
+            maybe(float(rng.choice([0.5, -1.25, 3.0e38, 1.0]))),
+            maybe(rng.choice([rng.random() * 1e6, -0.0, float("inf"), 1e-300])),
+            maybe(rng.randrange(-719_162, 2_932_896)),  # years 1 to 9999
+            maybe(rng.randrange(-(2**50), 2**52)),
+            maybe(rng.randrange(-(2**50), 2**52)),
+            maybe(f"{rng.randrange(-(10**9), 10**9)}.{rng.randrange(100):02d}"),
+            None,
+        ]
+        row += [maybe(rng.choice(texts)) for _ in range(len(schema.fields) - len(row))]
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("extra", [0, 3])  # 14 columns (fixarray), 17 (array 16)
+def test_scalar_columns_are_read_in_bulk_exactly_as_decoded_rows(extra: int) -> None:
+    schema = _scalar_schema(extra)
+    encoded = [msgspec.msgpack.encode(row) for row in _scalar_rows(schema, 600)]
+    columns = [*schema.column_names[::-1], KEY_COLUMN]
+    keys = [i.to_bytes(4, "big") for i in range(len(encoded))]
+    builder = ArrowRows(schema, columns)
+    assert _flat_columns(encoded, [f.type for f in schema.fields], {0}) is not None  # bulk
+    built = builder.from_stored(encoded, keys)
+    decoded = [RowCodec(schema).decode(e) for e in encoded]
+    want = ArrowRows(schema, schema.column_names).from_rows(decoded)
+    assert built.column_names == columns
+    assert built.select(schema.column_names).equals(want)
+    assert built.column(KEY_COLUMN).to_pylist() == keys
+    assert built.schema.field("f32").type == pa.float32()
+
+
+def test_rows_in_other_messagepack_forms_still_decode() -> None:
+    """Rows written by another MessagePack encoder (an int in a double column, a float32,
+    a short array) go through the general path, with the same values."""
+    schema = _scalar_schema(0)
+    plain = _scalar_rows(schema, 3)
+    builder = ArrowRows(schema, ["k", "f64", "i64"])
+    other = [*plain[:2], [*plain[2][:8], 7, *plain[2][9:]]]  # int 7 where a double is
+    assert builder.from_stored([msgspec.msgpack.encode(r) for r in other]).column(
+        "f64"
+    ).to_pylist()[2] == pytest.approx(7.0)
+    float32 = msgspec.msgpack.encode(plain[0])  # f64 written as MessagePack float 32
+    at = float32.index(b"\xcb")
+    patched = [float32.replace(b"\xcb", b"\xca", 1)[: at + 1] + b"?\x80\x00\x00"]
+    patched[0] += msgspec.msgpack.encode(plain[0])[at + 9 :]
+    if plain[0][7] is None:  # the first float is f64 only when f32 is null
+        assert builder.from_stored(patched).column("f64").to_pylist() == [1.0]
+    short = [*plain[0][:-1]]
+    with pytest.raises(IndexError):
+        ArrowRows(schema, ["nothing"]).from_stored([msgspec.msgpack.encode(short)])
+    bad_utf8 = msgspec.msgpack.encode(plain[1]).replace(b"key-1", b"key-\xff", 1)
+    with pytest.raises(UnicodeDecodeError):  # as msgspec reports it
+        builder.from_stored([bad_utf8])

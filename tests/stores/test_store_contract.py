@@ -127,6 +127,78 @@ def test_ranges_match_the_model_for_every_pair_of_bounds(
             )
 
 
+def chunked(iterator: StoreIterator, sizes: Iterable[int]) -> list[tuple[bytes, bytes]]:
+    """Every pair, through ``next_chunk`` of the given sizes (cycled) and one ``next`` after
+    each chunk, checking that only the end returns a short chunk."""
+    out: list[tuple[bytes, bytes]] = []
+    sizes = list(sizes)
+    for turn in range(10**9):
+        size = sizes[turn % len(sizes)]
+        chunk = iterator.next_chunk(size)
+        out += chunk
+        if len(chunk) < size:
+            assert iterator.next_chunk(size) == []
+            assert next(iterator, None) is None
+            return out
+        following = next(iterator, None)
+        if following is None:
+            assert iterator.next_chunk(size) == []
+            return out
+        out.append(following)
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("upper_exclusive", [False, True])
+def test_next_chunk_matches_the_model_for_every_pair_of_bounds(
+    store: Store, reverse: bool, upper_exclusive: bool
+) -> None:
+    model = {key: b"v" + key for key in RANGE_KEYS}
+    store.apply(model.items(), b"meta")
+    for lower in BOUNDS:
+        for upper in BOUNDS:
+            kw = {"reverse": reverse, "upper_exclusive": upper_exclusive}
+            expected = model_range(model, lower, upper, **kw)
+            for sizes in ([1], [3], [1000], [2, 1, 5]):
+                with store.range(lower, upper, **kw) as iterator:
+                    assert chunked(iterator, sizes) == expected, (lower, upper, sizes)
+            with store.range(lower, upper, **kw) as iterator:
+                assert iterator.next_chunk(1 << 62) == expected
+                assert iterator.next_chunk(5) == []
+
+
+def test_next_chunk_reads_the_snapshot_of_its_range(store: Store) -> None:
+    store.apply([(k(f"{i:04}"), b"old") for i in range(3000)], b"m1")
+    early = store.range(None, None)  # a write comes before the first chunk
+    started = store.range(k("0100"), k("2999"), upper_exclusive=True)
+    assert len(started.next_chunk(50)) == 50  # bulk reading began before the write
+    store.apply([(k(f"{i:04}"), b"new") for i in range(0, 3000, 7)] + [(k("5"), b"n")], b"m2")
+    assert early.meta == started.meta == b"m1"
+    assert early.next_chunk(1 << 62) == [(k(f"{i:04}"), b"old") for i in range(3000)]
+    assert started.next_chunk(1 << 62) == [(k(f"{i:04}"), b"old") for i in range(150, 2999)]
+    with store.range(k("0000"), k("0010")) as now:
+        assert now.meta == b"m2"
+        assert now.next_chunk(100) == [
+            (k(f"{i:04}"), b"new" if i % 7 == 0 else b"old") for i in range(11)
+        ]
+
+
+def test_next_chunk_on_closed_iterators(store: Store) -> None:
+    store.apply([(k(f"{i:03}"), b"v") for i in range(200)], b"m")
+    explicit = store.range(None, None)
+    assert len(explicit.next_chunk(40)) == 40
+    explicit.close()
+    with pytest.raises(StoreError, match="closed"):
+        explicit.next_chunk(10)
+    with pytest.raises(StoreError, match="closed"):
+        next(explicit)
+    open_iterator = store.range(None, None)
+    assert len(open_iterator.next_chunk(100)) == 100
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        open_iterator.next_chunk(10)
+
+
 def test_range_bounds_examples(store: Store) -> None:
     store.apply([(k(x), x.encode()) for x in "abcde"], b"m")
     assert [v for _, v in scan(store, k("b"), k("d"))] == [b"b", b"c", b"d"]
@@ -292,6 +364,11 @@ def test_many_random_keys_match_a_dict(store: Store) -> None:
         lower, upper = sorted(rng.sample(keys, 2))
         kw = {"reverse": rng.random() < 0.5, "upper_exclusive": rng.random() < 0.5}
         assert scan(store, lower, upper, **kw) == model_range(expected, lower, upper, **kw)
+        with store.range(lower, upper, **kw) as iterator:
+            sizes = [rng.randrange(1, 3000) for _ in range(3)]
+            assert chunked(iterator, sizes) == model_range(expected, lower, upper, **kw)
+    with store.range(None, None) as iterator:
+        assert iterator.next_chunk(1 << 62) == expected
     probes = rng.sample(keys, 2_000) + [b"\x00" + rng.randbytes(13) for _ in range(200)]
     assert [store.get(key) for key in probes] == [model.get(key) for key in probes]
     assert store.meta() == b"final"
@@ -323,7 +400,10 @@ def test_readers_see_whole_batches_while_one_thread_writes(store: Store) -> None
         while not stop.is_set() and not failures:
             with store.range(None, None, reverse=last % 2 == 1) as iterator:
                 meta = iterator.meta
-                values = {value for _, value in iterator}
+                if last % 3 == 0:
+                    values = {value for _, value in iterator.next_chunk(1 << 62)}
+                else:
+                    values = {value for _, value in iterator}
             snapshots.add(meta)
             if values != {meta}:
                 failures.append(f"snapshot at meta {meta!r} holds {sorted(values)}")
@@ -420,32 +500,61 @@ def _write_store(path: Path) -> None:
     store.close()
 
 
-def _open_and_read_everything(path: Path) -> list[tuple[bytes, bytes]]:
+def _open_and_read_everything(path: Path, bulk: bool = False) -> list[tuple[bytes, bytes]]:
     store = RocksDBStore(path)
     try:
         store.meta()
+        if bulk:
+            with store.range(None, None) as iterator:
+                return iterator.next_chunk(1 << 62)
         return scan(store)
     finally:
         store.close()
 
 
+@pytest.mark.parametrize("bulk", [False, True])
 @pytest.mark.parametrize("pattern", ["*", "CURRENT", "MANIFEST-*", "*.sst"])
 def test_rocksdb_corrupted_files_raise_store_error_naming_the_path(
-    tmp_path: Path, pattern: str
+    tmp_path: Path, pattern: str, bulk: bool
 ) -> None:
     path = tmp_path / "corrupt"
     _write_store(path)
-    assert len(_open_and_read_everything(path)) == 2000
+    assert len(_open_and_read_everything(path, bulk)) == 2000
     rng = random.Random(pattern)
     corrupted = [f for f in path.glob(pattern) if f.name != "LOCK"]
     assert corrupted
     for file in corrupted:
         file.write_bytes(rng.randbytes(max(file.stat().st_size, 64)))
     with pytest.raises(StoreError) as info:
-        _open_and_read_everything(path)
+        _open_and_read_everything(path, bulk)
     message = str(info.value)
     assert str(path) in message
     assert "delete the directory" in message and "changelog" in message
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_rocksdb_scan_stopped_mid_way_by_corruption_raises(tmp_path: Path, bulk: bool) -> None:
+    """rocksdict's own items iterator stops silently at a bad block; scans must not."""
+    path = tmp_path / "torn"
+    rng = random.Random(5)
+    store = RocksDBStore(path)
+    store.apply([(k(f"{i:06}"), rng.randbytes(100)) for i in range(20_000)], b"m")
+    store.flush()
+    store.close()
+    (table,) = path.glob("*.sst")
+    data = bytearray(table.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = bytes(16)  # one data block mid-file
+    table.write_bytes(bytes(data))
+    store = RocksDBStore(path)
+    try:
+        with store.range(None, None) as iterator:
+            first = iterator.next_chunk(100) if bulk else [next(iterator) for _ in range(100)]
+            assert len(first) == 100
+            with pytest.raises(StoreError, match="Corruption") as info:
+                iterator.next_chunk(1 << 62) if bulk else list(iterator)
+        assert str(path) in str(info.value)
+    finally:
+        store.close()
 
 
 def test_rocksdb_refuses_paths_that_are_not_its_databases(tmp_path: Path) -> None:

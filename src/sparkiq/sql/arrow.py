@@ -15,7 +15,9 @@ Values in Arrow follow SQL's view of the table, which is also PySpark's:
 
 :class:`ArrowRows` decodes a whole partition with one MessagePack call (the rows are framed
 as one array), transposes in C and builds each column with its Arrow type: no per-value
-Python work except for nested types and, outside UTC-like zones, local timestamps.
+Python work except for nested types and, outside UTC-like zones, local timestamps. Tables of
+scalar columns skip even that one call: their columns are read from the encoded rows in bulk
+(``_flat_columns``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -158,6 +161,229 @@ def _column(values: Sequence[Any], dtype: DataType) -> pa.Array:
     return pa.array(values, arrow_type(dtype))
 
 
+# --- whole columns straight from the MessagePack bytes -------------------------------------
+#
+# For tables whose columns are all scalars, ``_flat_columns`` reads every row's values where
+# they lie in the concatenated rows, one column at a time for all rows at once (numpy), and
+# builds each Arrow array from buffers: no Python object per value. It accepts only what the
+# row codec writes (module docstring of ``sparkiq.schema.rowcodec``) and returns None on
+# anything else - another MessagePack form, a row of another width, invalid UTF-8 - so that
+# the general path decodes those rows (and raises its errors) exactly as before.
+
+_FLAT_KINDS = frozenset(_SIMPLE) | {"decimal"}
+_INT_KINDS = frozenset({"byte", "short", "integer", "long", "date", "timestamp", "timestamp_ntz"})
+_NIL = 0xC0
+# (type byte, value width, signed) of MessagePack's sized integers
+_SIZED_INTS = (
+    (0xCC, 1, False),
+    (0xCD, 2, False),
+    (0xCE, 4, False),
+    (0xCF, 8, False),
+    (0xD0, 1, True),
+    (0xD1, 2, True),
+    (0xD2, 4, True),
+    (0xD3, 8, True),
+)
+# (type byte, header size, length width) of str 8/16/32 and bin 8/16/32
+_SIZED_STR = ((0xD9, 2, 1), (0xDA, 3, 2), (0xDB, 5, 4))
+_SIZED_BIN = ((0xC4, 2, 1), (0xC5, 3, 2), (0xC6, 5, 4))
+
+_Parsed = tuple[Any, "pa.Array | None"]
+
+
+def _validity(nil: Any) -> tuple[pa.Buffer | None, int]:
+    count = int(nil.sum())
+    if not count:
+        return None, 0
+    return pa.py_buffer(np.packbits(~nil, bitorder="little")), count
+
+
+def _at(buf: Any, offsets: Any, dtype: str) -> Any:
+    """The big-endian ``dtype`` values starting at each of ``offsets`` (unaligned) in ``buf``,
+    which has at least 8 bytes of padding after its last row."""
+    width = np.dtype(dtype).itemsize
+    view = np.ndarray((len(buf) - width + 1,), dtype, buffer=buf, strides=(1,))
+    return view[offsets]
+
+
+def _uint_at(buf: Any, offsets: Any, width: int) -> Any:
+    """Big-endian unsigned ints of ``width`` bytes at ``offsets``, as uint64."""
+    return _at(buf, offsets, ">u8").astype(np.uint64) >> np.uint64(64 - 8 * width)
+
+
+def _flat_ints(buf: Any, pos: Any, t: Any, nil: Any) -> tuple[Any, Any] | None:
+    """(sizes, int64 values) of one column of MessagePack ints or nils; None otherwise."""
+    sizes = np.ones(len(t), np.int64)
+    values = np.zeros(len(t), np.int64)
+    known = nil | (t < 0x80)
+    fix = t < 0x80
+    values[fix] = t[fix]
+    neg = t >= 0xE0
+    values[neg] = t[neg].astype(np.int64) - 256
+    known |= neg
+    for code, width, signed in _SIZED_INTS:
+        m = t == code
+        if not m.any():
+            continue
+        raw = _uint_at(buf, pos[m] + 1, width)
+        if signed:
+            wide = raw.astype(np.int64)
+            if width < 8:
+                wide = np.where(wide >= 1 << (8 * width - 1), wide - (1 << (8 * width)), wide)
+        else:
+            if width == 8 and bool((raw >> np.uint64(63)).any()):
+                return None  # beyond a long: the general path reports it
+            wide = raw.astype(np.int64)
+        values[m] = wide
+        sizes[m] = 1 + width
+        known |= m
+    if not known.all():
+        return None
+    return sizes, values
+
+
+def _flat_bytes(buf: Any, pos: Any, t: Any, nil: Any, text: bool, build: bool) -> _Parsed | None:
+    """(sizes, string or binary array) of one column of MessagePack str (or bin) or nils."""
+    lengths = np.zeros(len(t), np.int64)
+    headers = np.ones(len(t), np.int64)
+    known = nil.copy()
+    if text:
+        fix = (t & 0xE0) == 0xA0
+        lengths[fix] = t[fix] & 0x1F
+        known |= fix
+    for code, header, width in _SIZED_STR if text else _SIZED_BIN:
+        m = t == code
+        if m.any():
+            lengths[m] = _uint_at(buf, pos[m] + 1, width).astype(np.int64)
+            headers[m] = header
+            known |= m
+    if not known.all():
+        return None
+    sizes = headers + lengths
+    if not build:
+        return sizes, None
+    offsets = np.zeros(len(t) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total >= 1 << 31:
+        return None
+    index = np.repeat(pos + headers - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+    validity, nulls = _validity(nil)
+    array = pa.Array.from_buffers(
+        pa.string() if text else pa.binary(),
+        len(t),
+        [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(buf[index])],
+        nulls,
+    )
+    if text:
+        try:
+            array.validate(full=True)  # UTF-8, which msgspec checks when it decodes a str
+        except pa.ArrowInvalid:
+            return None
+    return sizes, array
+
+
+def _flat_column(buf: Any, pos: Any, dtype: DataType, build: bool) -> _Parsed | None:
+    """(sizes in bytes, Arrow column or None unless ``build``) of the values at ``pos``."""
+    kind = dtype.name
+    t = buf[pos]
+    nil = t == _NIL
+    if kind in ("string", "binary", "decimal"):
+        return _flat_bytes(buf, pos, t, nil, kind != "binary", build)
+    if kind in _INT_KINDS:
+        ints = _flat_ints(buf, pos, t, nil)
+        if ints is None:
+            return None
+        sizes, values = ints
+        if not build:
+            return sizes, None
+        return sizes, pa.array(values, pa.int64(), mask=nil if nil.any() else None)
+    if kind in ("float", "double"):
+        f64, f32 = t == 0xCB, t == 0xCA
+        if not (nil | f64 | f32).all():
+            return None
+        sizes = np.where(f64, 9, np.where(f32, 5, 1)).astype(np.int64)
+        if not build:
+            return sizes, None
+        values = _at(buf, pos + 1, ">f8").astype(np.float64)
+        if f32.any():
+            values[f32] = _at(buf, pos[f32] + 1, ">f4")
+        values[nil] = 0.0
+        return sizes, pa.array(values, pa.float64(), mask=nil if nil.any() else None)
+    if kind == "boolean":
+        true = t == 0xC3
+        if not (nil | true | (t == 0xC2)).all():
+            return None
+        return np.ones(len(t), np.int64), (
+            pa.array(true, pa.bool_(), mask=nil if nil.any() else None) if build else None
+        )
+    if kind == "void":
+        if not nil.all():
+            return None
+        return np.ones(len(t), np.int64), pa.nulls(len(t)) if build else None
+    return None
+
+
+def _flat_to_arrow(stored: pa.Array, dtype: DataType) -> pa.Array:
+    """A column read by ``_flat_column`` (int64, float64 or string of stored values) as
+    ``_column`` builds it."""
+    kind = dtype.name
+    if kind == "timestamp":
+        if _utc_like():
+            return stored.cast(pa.timestamp("us"))
+        return _local_wall_clock(stored.to_pylist())
+    if kind == "timestamp_ntz":
+        return stored.cast(pa.timestamp("us"))
+    if kind == "date":
+        return stored.cast(pa.int32()).cast(pa.date32())
+    if kind == "decimal":
+        return stored.cast(arrow_type(dtype))
+    if kind in ("byte", "short", "integer"):
+        return stored.cast(arrow_type(dtype))
+    if kind == "float":
+        return stored.cast(pa.float32(), safe=False)  # float32 values widened exactly
+    return stored
+
+
+def _flat_columns(
+    rows: Sequence[bytes], fields: Sequence[DataType], wanted: set[int]
+) -> dict[int, pa.Array] | None:
+    """The ``wanted`` columns (by index) of rows of scalar columns ``fields``; None when a
+    row is not exactly what the row codec writes."""
+    n, width = len(rows), len(fields)
+    lengths = np.fromiter(map(len, rows), np.int64, n)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    buf = np.frombuffer(b"".join(rows) + bytes(9), np.uint8)
+    if width < 16:
+        if not (buf[starts] == 0x90 | width).all():
+            return None
+        pos = starts + 1
+    else:
+        if not ((buf[starts] == 0xDC) & (_uint_at(buf, starts + 1, 2) == width)).all():
+            return None
+        pos = starts + 3
+    if not (pos <= ends).all():
+        return None
+    built: dict[int, pa.Array] = {}
+    for index, dtype in enumerate(fields):
+        parsed = _flat_column(buf, pos, dtype, index in wanted)
+        if parsed is None:
+            return None
+        sizes, column = parsed
+        pos = pos + sizes
+        if not (pos <= ends).all():
+            return None
+        if column is not None:
+            built[index] = column
+    if not (pos == ends).all():
+        return None
+    try:
+        return {i: _flat_to_arrow(c, fields[i]) for i, c in built.items()}
+    except (pa.ArrowInvalid, OverflowError):
+        return None  # a value out of its column's range: the general path raises
+
+
 class ArrowRows:
     """Builds Arrow tables of chosen columns of one table from stored rows.
 
@@ -165,7 +391,17 @@ class ArrowRows:
     order. Immutable and thread-safe; build one per (schema, columns) and reuse it.
     """
 
-    __slots__ = ("_indexes", "_schema", "_window", "columns", "out_schema", "schema")
+    __slots__ = (
+        "_flat",
+        "_indexes",
+        "_schema",
+        "_types",
+        "_wanted",
+        "_window",
+        "columns",
+        "out_schema",
+        "schema",
+    )
 
     def __init__(self, schema: TableSchema, columns: Sequence[str]) -> None:
         self.schema = schema
@@ -186,11 +422,22 @@ class ArrowRows:
                 fields.append(pa.field(name, arrow_type(schema.field(name).type)))
         self.out_schema = pa.schema(fields)
         self._schema = schema
+        self._types = tuple(f.type for f in schema.fields)
+        self._flat = all(t.name in _FLAT_KINDS for t in self._types)
+        self._wanted = {self._indexes[n] for n in self.columns if n in self._indexes}
 
     def from_stored(self, rows: list[bytes], keys: list[bytes] | None = None) -> pa.Table:
         """A table from encoded rows (and their encoded store keys, for :data:`KEY_COLUMN`)."""
         if not rows:
             return self.out_schema.empty_table()
+        if self._flat:
+            flat = _flat_columns(rows, self._types, self._wanted)
+            if flat is not None:
+                arrays = [
+                    pa.array(keys, pa.binary()) if name == KEY_COLUMN else flat[self._indexes[name]]
+                    for name in self.columns
+                ]
+                return pa.Table.from_arrays(arrays, schema=self.out_schema)
         framed = _ARRAY32.pack(0xDD, len(rows)) + b"".join(rows)
         decoded: list[list[Any]] = msgspec.msgpack.decode(framed)
         transposed = list(zip(*decoded, strict=False))

@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -40,6 +41,8 @@ from sparkiq.wire.protocol import register_query_type
 __all__ = ["PART", "SqlFragmentQuery"]
 
 PART = "__sq_part"
+_ALL = 1 << 62  # next_chunk size meaning every row: a fragment builds one table anyway
+_second = itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +146,11 @@ def partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa.
 def _partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa.Table, Any]:
     iterator, position = store.scan(query.lower, query.upper, upper_exclusive=True)
     windowed = query.window_from is not None or query.window_to is not None
-    if not windowed and KEY_COLUMN not in query.columns:  # the common scan: values only
-        with iterator:
-            values = [value for _, value in iterator]
-        return _builder(store.schema, query.columns).from_stored(values), position
     with iterator:
-        pairs = list(iterator)
+        pairs = iterator.next_chunk(_ALL)
+    if not windowed and KEY_COLUMN not in query.columns:  # the common scan: values only
+        values = list(map(_second, pairs))
+        return _builder(store.schema, query.columns).from_stored(values), position
     if windowed and store.schema.window_column is not None:
         low, high = query.window_from, query.window_to
         decode = store.keys.decode_windowed

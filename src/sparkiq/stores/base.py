@@ -65,6 +65,15 @@ class StoreIterator(Protocol):
 
     def __next__(self) -> tuple[bytes, bytes]: ...
 
+    def next_chunk(self, size: int) -> list[tuple[bytes, bytes]]:
+        """The next ``size`` pairs (fewer only at the end of the range; ``[]`` after it).
+
+        Equal to ``list(itertools.islice(iterator, size))``, from the same snapshot and
+        mixable with ``next``, but a store may read them in bulk: much faster for scans.
+        Raises like ``next`` on a closed iterator.
+        """
+        ...
+
     def close(self) -> None:
         """Release the snapshot. Idempotent."""
         ...

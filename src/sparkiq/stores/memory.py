@@ -21,6 +21,7 @@ import threading
 import weakref
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 from types import TracebackType
 
@@ -173,6 +174,12 @@ class _MemoryIterator:
         if rows is None:
             raise _iterator_closed_error(self._store)
         return next(rows)
+
+    def next_chunk(self, size: int) -> list[tuple[bytes, bytes]]:
+        rows = self._rows
+        if rows is None:
+            raise _iterator_closed_error(self._store)
+        return list(islice(rows, size))
 
     def close(self) -> None:
         self._rows = None

@@ -34,9 +34,28 @@ rocksdict pitfalls (0.3.29) this module works around
     ``range`` uses one plain iterator for both meta and rows, and checks bounds itself.
     ``RdictItems`` stops silently on an I/O error or corruption (it never checks the
     iterator's status), so ranges drive ``RdictIter`` and check ``status()`` at the end.
-    ``Rdict`` replaces the default column family's options by those it finds in the
-    database's OPTIONS file unless they are passed explicitly, which would drop the shared
-    cache; they are passed explicitly.
+    ``ReadOptions`` iterate bounds point into memory rocksdict has already freed (0.3.27
+    source), so no bound is ever set on a RocksDB iterator. ``Rdict`` replaces the default
+    column family's options by those it finds in the database's OPTIONS file unless they
+    are passed explicitly, which would drop the shared cache; they are passed explicitly.
+
+Bulk reads (``next_chunk``)
+    Driving ``RdictIter`` costs several native calls per row; ``RdictItems`` reads a row in
+    one. A forward iterator's ``next_chunk`` therefore switches to an ``Rdict.items``
+    iterator opened at its current key, and keeps the guarantees above:
+
+    * same snapshot - the store's latest sequence number is read before the range's
+      iterator is created and again after the items iterator is: if it did not move, no
+      write was published in between and both read the same implicit snapshot; if it did,
+      ``next_chunk`` stays on the range's own iterator, row by row;
+    * bounds - rows are read in chunks that grow from :data:`_FIRST_CHUNK` rows (so a short
+      range reads few rows beyond its end) and cut at the upper bound by bisection. The
+      reserved keys (at least ``FORMAT_KEY``) lie above every bound, so a healthy scan
+      always meets a key past its end;
+    * errors - an items iterator that stops before such a key was stopped by an error: the
+      range's own iterator (same snapshot) is positioned after the last row read and its
+      ``status()`` raises it, or a :class:`~sparkiq.errors.StoreError` says the scan stopped
+      early.
 """
 
 from __future__ import annotations
@@ -46,7 +65,10 @@ import re
 import shutil
 import threading
 import weakref
+from bisect import bisect_left
 from collections.abc import Iterable
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -95,6 +117,11 @@ BLOCK_CACHE_BYTES = 32 << 20
 #: Memory all memtables of the process may use before RocksDB flushes the largest.
 MEMTABLE_BUDGET_BYTES = 64 << 20
 _WRITE_BUFFER_BYTES = 8 << 20
+
+#: Rows of the first bulk read of a range, then doubled on each read up to _MAX_CHUNK.
+_FIRST_CHUNK = 32
+_MAX_CHUNK = 8192
+_key_of = itemgetter(0)
 
 _CORRUPTION_HINT = "delete the directory (the local replica) and it is rebuilt from the changelog"
 # Files RocksDB and rocksdict create; a directory without CURRENT holding anything else is
@@ -219,7 +246,8 @@ class RocksDBStore:
             if self._closed:
                 raise _closed_error(self)
             try:
-                iterator = _RocksDBIterator(self, self._db.iter(), lo, hi, reverse)
+                sequence = self._db.latest_sequence_number()  # before the snapshot: bulk reads
+                iterator = _RocksDBIterator(self, self._db.iter(), lo, hi, reverse, sequence)
             except DbClosedError:
                 raise _closed_error(self) from None
             except Exception as exc:
@@ -387,15 +415,44 @@ class _RocksDBIterator:
 
     The native iterator reads an implicit snapshot taken when it was created; the meta is
     read through it first, then it is positioned on the range. It pins memtables and table
-    files until released (exhausted, closed, or its store closed).
+    files until released (exhausted, closed, or its store closed). Once ``next_chunk``
+    switched to bulk reads (module docstring), ``_bulk`` yields the rows, ``_native`` is
+    None and ``_check`` keeps the native iterator for the final status check.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_hi", "_lo", "_meta", "_native", "_reverse", "_store")
+    __slots__ = (
+        "__weakref__",
+        "_bulk",
+        "_check",
+        "_closed",
+        "_hi",
+        "_lo",
+        "_meta",
+        "_native",
+        "_resume",
+        "_reverse",
+        "_sequence",
+        "_step",
+        "_store",
+    )
 
-    def __init__(self, store: RocksDBStore, native: Any, lo: bytes, hi: bytes, reverse: bool):
+    def __init__(
+        self,
+        store: RocksDBStore,
+        native: Any,
+        lo: bytes,
+        hi: bytes,
+        reverse: bool,
+        sequence: int,
+    ) -> None:
         self._store = store
         self._lo, self._hi, self._reverse = lo, hi, reverse
+        self._sequence = sequence
         self._closed = False
+        self._bulk: Any = None
+        self._check: Any = None
+        self._resume = b""  # where the rows not yet returned by bulk reads start
+        self._step = _FIRST_CHUNK
         native.seek(META_KEY)
         self._meta: bytes | None = (
             native.value() if native.valid() and native.key() == META_KEY else None
@@ -421,6 +478,10 @@ class _RocksDBIterator:
     def __next__(self) -> tuple[bytes, bytes]:
         native = self._native
         if native is None:
+            if self._bulk is not None:
+                chunk = self._next_bulk(1)
+                if chunk:
+                    return chunk[0]
             if self._closed:
                 raise _iterator_closed_error(self._store)
             raise StopIteration
@@ -444,9 +505,86 @@ class _RocksDBIterator:
         self._native = None  # exhausted: release the snapshot now
         raise StopIteration
 
+    def next_chunk(self, size: int) -> list[tuple[bytes, bytes]]:
+        if self._bulk is None and not self._start_bulk():
+            return list(islice(self, size))
+        return self._next_bulk(size)
+
+    def _start_bulk(self) -> bool:
+        """Switch to an items iterator at the current row if it reads the same snapshot."""
+        native = self._native
+        if native is None or self._reverse:
+            return False
+        try:
+            if not native.valid():
+                return False  # at the end, or an error that ``next`` reports
+            start: bytes = native.key()
+            if start >= self._hi:
+                return False
+            bulk = self._store._db.items(from_key=start)
+            if self._store._db.latest_sequence_number() != self._sequence:
+                return False  # a write came in between: stay on our own snapshot
+        except DbClosedError:
+            return False  # ``next`` reports a closed store
+        except Exception as exc:
+            self._native = None
+            raise self._store._fault(exc) from exc
+        self._bulk, self._check, self._native = bulk, native, None
+        self._resume = start
+        return True
+
+    def _next_bulk(self, size: int) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        hi = self._hi
+        while len(out) < size:
+            bulk = self._bulk
+            if bulk is None:
+                if self._closed:
+                    raise _iterator_closed_error(self._store)
+                break
+            want = min(size - len(out), self._step)
+            self._step = min(self._step * 2, _MAX_CHUNK)
+            try:
+                chunk: list[tuple[bytes, bytes]] = list(islice(bulk, want))
+            except Exception as exc:
+                self._release()
+                raise self._store._fault(exc) from exc
+            if chunk and chunk[-1][0] < hi:
+                self._resume = chunk[-1][0] + b"\x00"
+                out.extend(chunk)
+                if len(chunk) < want:
+                    self._end_early()
+            elif chunk:
+                out.extend(chunk[: bisect_left(chunk, hi, key=_key_of)])
+                self._release()  # the range ends in this chunk
+            else:
+                self._end_early()
+        return out
+
+    def _end_early(self) -> None:
+        """The items iterator ended with no key at or past the range's end, which a healthy
+        store always has (the reserved keys): raise the error that stopped it."""
+        check = self._check
+        self._release()
+        if check is None:
+            raise _iterator_closed_error(self._store)
+        try:
+            check.seek(self._resume)
+            stopped = check.valid() and check.key() < self._hi
+            check.status()  # raises the I/O error or corruption that stopped the scan
+        except Exception as exc:
+            raise self._store._fault(exc) from exc
+        if stopped:
+            raise self._store._fault(
+                RuntimeError(f"a scan stopped early before key {self._resume!r:.80}")
+            )
+
+    def _release(self) -> None:
+        self._native = self._bulk = self._check = None
+
     def close(self) -> None:
         self._closed = True
-        self._native = None
+        self._release()
 
     def __enter__(self) -> _RocksDBIterator:
         return self
