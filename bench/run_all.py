@@ -143,9 +143,11 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
     lines = [
         "# Benchmarks",
         "",
-        "Benchmarks of sparkiq's embedded mode (an `App` and `Node` in one process, changelog "
-        "and replicas on local disk). Each lives in `bench/` and prints its table when run "
-        "alone (`.venv/bin/python -m bench.lookup`, `bench.apply`, `bench.restore`, "
+        "Benchmarks of sparkiq in-process (an `App` or `Node`, changelog and replicas on "
+        "local disk), over HTTP (`sparkiq serve` processes and a load generator on 127.0.0.1) "
+        "and of its SQL engine. Each lives in `bench/` and prints its table when run alone "
+        "(`.venv/bin/python -m bench.lookup`, `bench.http`, `bench.failover`, "
+        "`bench.sql_scan`, `bench.push`, `bench.apply`, `bench.restore`, "
         "`bench.follower_tail`, `bench.statestore`, `bench.sink`, `bench.freshness`; "
         "`--quick` for a smaller run).",
         "",
