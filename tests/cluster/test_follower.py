@@ -425,3 +425,29 @@ def test_every_answer_equals_the_owner_at_the_position_it_reports(tmp_path: Path
             and (r := restrict(truths[batch].get(k), by_n, ["price"])) is not None
         }
     assert len({batch for _, batch, _ in answers}) >= 5, "reads should span many batches"
+
+
+def test_sql_over_a_followed_subset(tmp_path: Path) -> None:
+    from sparkiq.sql import SqlPartitionError
+
+    changelog = make_table(str(tmp_path / "state"), partitions=4)
+    write_batch(changelog, 0, {f"k{i:02d}": i for i in range(40)})
+    with sparkiq.follow(
+        str(tmp_path / "state"),
+        "t",
+        where=lambda row: row["n"] % 2 == 0,
+        columns=["n"],
+        local_dir=str(tmp_path / "mine"),
+    ) as whole:
+        whole.wait_for(0, timeout=10)
+        answer = whole.sql("SELECT count(*) AS c, sum(n) AS s FROM t WHERE n >= 10")
+        assert answer.rows == [{"c": 15, "s": sum(range(10, 40, 2))}]
+        assert whole.sql("SELECT * FROM t WHERE k = 'k03'").rows == []  # filtered out
+    with sparkiq.follow(
+        str(tmp_path / "state"), "t", partitions=[0], local_dir=str(tmp_path / "part")
+    ) as part:
+        part.wait_for(0, timeout=10)
+        key = next(f"k{i:02d}" for i in range(40) if part.partition_for_key(f"k{i:02d}") == 0)
+        assert part.sql(f"SELECT n FROM t WHERE k = '{key}'").rows == [{"n": int(key[1:])}]
+        with pytest.raises(SqlPartitionError, match="partition"):
+            part.sql("SELECT count(*) FROM t")

@@ -332,6 +332,13 @@ class Follower:
         self._require_open()
         return self._node.query(request)
 
+    def sql(self, text: str, **options: Any) -> Any:
+        """A SQL pull query over the followed subset (its columns, the rows its filter keeps),
+        like :meth:`sparkiq.Node.sql`. A statement that must read a partition this follower
+        does not follow fails with :class:`sparkiq.sql.SqlPartitionError` naming it."""
+        self._require_open()
+        return self._node.sql(text, **options)
+
     # -- local directory ---------------------------------------------------------------------
 
     def _marker_path(self, local_dir: str) -> str:
