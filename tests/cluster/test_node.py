@@ -22,7 +22,7 @@ from sparkiq import (
     StateQueryRequest,
     register,
 )
-from sparkiq.errors import InvalidQueryError, UnknownStoreError
+from sparkiq.errors import ConfigError, InvalidQueryError, UnknownStoreError
 from sparkiq.stores.partition import PartitionStore
 from tests.changelog.helpers import expected_rows, make_table, write_batch
 
@@ -260,3 +260,19 @@ def test_a_dropped_or_recreated_table_is_released(tmp_path: Path) -> None:
         assert node.get("gone", "a") is None  # nothing of the old table survives
         assert node.get("gone", "b") == {"k": "b", "n": 5}
         assert node.get("kept", "a") == {"k": "a", "n": 2}
+
+
+def test_settings_come_from_arguments_then_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_table(str(tmp_path))
+    monkeypatch.setenv("SPARKIQ_LISTEN", "127.0.0.1:0")
+    monkeypatch.setenv("SPARKIQ_NODE_ID", "env-node")
+    monkeypatch.setenv("SPARKIQ_STANDBYS", "2")
+    from_env = Node(str(tmp_path))
+    assert (from_env.clustered, from_env.node_id, from_env.standbys) == (True, "env-node", 2)
+    explicit = Node(str(tmp_path), node_id="mine", listen=None, peers=None, standbys=0)
+    assert (explicit.clustered, explicit.node_id, explicit.standbys) == (False, "mine", 0)
+    monkeypatch.setenv("SPARKIQ_STANDBYS", "two")
+    with pytest.raises(ConfigError, match="standbys must be an int"):
+        Node(str(tmp_path))
