@@ -40,6 +40,7 @@ import pyarrow as pa
 from sparkiq.changelog import Changelog
 from sparkiq.cluster.follower import Follower
 from sparkiq.errors import ConfigError
+from sparkiq.schema.arrowtypes import arrow_type
 from sparkiq.schema.types import DataType, parse_type
 
 __all__ = ["BATCH_COLUMN", "enrich"]
@@ -252,40 +253,10 @@ def _close_all() -> None:
 
 # -- stored values to Arrow (the inverse of rowcodec's Arrow to stored values) ----------------
 
-_SIMPLE = {
-    "string": pa.string(),
-    "binary": pa.binary(),
-    "boolean": pa.bool_(),
-    "byte": pa.int8(),
-    "short": pa.int16(),
-    "integer": pa.int32(),
-    "long": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "date": pa.date32(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "timestamp_ntz": pa.timestamp("us"),
-    "void": pa.null(),
-}
-
 
 def _arrow_type(dtype: DataType) -> pa.DataType:
     """The Arrow type Spark exchanges a column of ``dtype`` as."""
-    kind = dtype.name
-    if kind == "decimal":
-        return pa.decimal128(dtype.precision, dtype.scale)
-    if kind == "struct":
-        return pa.struct([pa.field(f.name, _arrow_type(f.type)) for f in dtype.fields])
-    if kind == "array":
-        assert dtype.element is not None
-        return pa.list_(pa.field("element", _arrow_type(dtype.element)))
-    if kind == "map":
-        assert dtype.key is not None and dtype.value is not None
-        return pa.map_(
-            pa.field("key", _arrow_type(dtype.key), nullable=False),
-            pa.field("value", _arrow_type(dtype.value)),
-        )
-    return _SIMPLE[kind]
+    return arrow_type(dtype, timestamp_tz="UTC")
 
 
 def _arrow_array(values: list[Any], dtype: DataType) -> pa.Array:
@@ -330,4 +301,4 @@ def _arrow_array(values: list[Any], dtype: DataType) -> pa.Array:
             type=_arrow_type(dtype),
             mask=mask,
         )
-    return pa.array(values, _SIMPLE[kind])
+    return pa.array(values, _arrow_type(dtype))

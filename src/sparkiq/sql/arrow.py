@@ -33,6 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkiq.schema.arrowtypes import SCALAR_ARROW_TYPES
+from sparkiq.schema.arrowtypes import arrow_type as shared_arrow_type
 from sparkiq.schema.codec import (
     date_from_internal,
     timestamp_from_internal,
@@ -49,39 +51,12 @@ KEY_COLUMN = "__sq_key"
 _ARRAY32 = struct.Struct(">BI")
 _HOUR_US = 3_600_000_000
 
-_SIMPLE: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "binary": pa.binary(),
-    "boolean": pa.bool_(),
-    "byte": pa.int8(),
-    "short": pa.int16(),
-    "integer": pa.int32(),
-    "long": pa.int64(),
-    "float": pa.float32(),
-    "double": pa.float64(),
-    "date": pa.date32(),
-    "timestamp": pa.timestamp("us"),
-    "timestamp_ntz": pa.timestamp("us"),
-    "void": pa.null(),
-}
+_SIMPLE: dict[str, pa.DataType] = {**SCALAR_ARROW_TYPES, "timestamp": pa.timestamp("us")}
 
 
 def arrow_type(dtype: DataType) -> pa.DataType:
-    """The Arrow type of a Spark type (see the module docstring)."""
-    simple = _SIMPLE.get(dtype.name)
-    if simple is not None:
-        return simple
-    if dtype.name == "decimal":
-        return pa.decimal128(dtype.precision, dtype.scale)
-    if dtype.name == "struct":
-        return pa.struct([pa.field(f.name, arrow_type(f.type)) for f in dtype.fields])
-    if dtype.name == "array":
-        assert dtype.element is not None
-        return pa.list_(arrow_type(dtype.element))
-    if dtype.name == "map":
-        assert dtype.key is not None and dtype.value is not None
-        return pa.map_(arrow_type(dtype.key), arrow_type(dtype.value))
-    raise TypeError(f"no Arrow type for {dtype.simple_string()}")
+    """The Arrow type of a Spark type (timestamps naive, in local wall-clock time)."""
+    return shared_arrow_type(dtype, timestamp_tz=None)
 
 
 def _utc_like() -> bool:
