@@ -141,7 +141,7 @@ def _breakdown(node: Node, table: HandWrittenTable, keys: Sequence[str]) -> dict
     diagnosis, and :func:`run` reports it unavailable if the node's insides change).
     """
     codec, partitioner = table.keys, table.partitioner
-    replica = node._tables[TABLE]
+    replica = node.replica(TABLE)
     internals = [codec.to_internal(k) for k in keys]
     partitions = [partitioner(i) for i in internals]
     stores = [replica.partitions[p].store for p in partitions]
@@ -245,7 +245,7 @@ def run(quick: bool = False, profile: bool = False) -> Report:
             figures: dict[str, Any] = {"timer_overhead_ns": _timer_overhead_ns()}
             phases: dict[str, dict[str, dict[str, float]]] = {}
             phases["memtable"] = _measure(methods, rounds)
-            for replica in node._tables[TABLE].partitions.values():
+            for replica in node.replica(TABLE).partitions.values():
                 replica.store.store.flush()  # type: ignore[attr-defined]
             floor.flush(True)
             phases["flushed"] = _measure(methods, rounds)

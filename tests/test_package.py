@@ -19,9 +19,10 @@ LAYERS = [
     {"stores"},
     {"changelog"},
     {"wire"},  # encodings of requests and results, shared by server, cluster and client
-    {"sql"},  # the SQL engine runs over anything that answers StateQueryRequests...
-    {"server"},  # ...and the HTTP server over anything that offers a node's methods,
-    {"cluster"},  # so a Node can embed both
+    {"sql"},  # the SQL engine runs over anything that answers StateQueryRequests
+    {"cluster"},  # a node's rooms: hosting, lookups, routing, membership
+    {"server"},  # the HTTP server, over anything that offers a node's methods
+    {"node"},  # the Node facade assembles the rooms, SQL and the server
     {"spark"},  # the App embeds a node
     {"client"},
     {"cli", "demo", "testing", "__init__"},

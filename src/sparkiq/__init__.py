@@ -9,7 +9,6 @@ from __future__ import annotations
 from sparkiq.client import Client
 from sparkiq.cluster.follower import Follower, follow
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
-from sparkiq.cluster.node import Node
 from sparkiq.errors import (
     AuthenticationError,
     ChangelogError,
@@ -24,6 +23,7 @@ from sparkiq.errors import (
     StoreError,
     UnknownStoreError,
 )
+from sparkiq.node import Node
 from sparkiq.query import (
     FailureReason,
     KeyQuery,

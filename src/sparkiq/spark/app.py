@@ -10,7 +10,7 @@
 
 :meth:`App.materialize` only validates and records what to run; :meth:`App.start` writes the
 table manifests, starts one Spark streaming query per table (its checkpoint lives under
-``state_dir``) and, unless ``local_node=False``, a :class:`~sparkiq.cluster.node.Node`
+``state_dir``) and, unless ``local_node=False``, a :class:`~sparkiq.Node`
 hosting every partition. Starting an App on an existing ``state_dir`` resumes every table
 where it stopped: Spark from its checkpoint, the replicas from their local files.
 
@@ -38,8 +38,8 @@ from sparkiq.changelog import (
     check_table_name,
     open_storage,
 )
-from sparkiq.cluster.node import Node
 from sparkiq.errors import ConfigError, SchemaError, SparkiqError, UnknownStoreError
+from sparkiq.node import Node
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.codec import RowCodec
@@ -86,7 +86,7 @@ class App:
     (``<checkpoint_dir>/<table>``); by default ``<state_dir>/checkpoints``, with ``s3://``
     spelled ``s3a://`` for Spark.
     ``name`` names the application in logs and Spark query names. ``local_dir``, ``store`` and
-    ``poll_interval`` configure the local node (see :class:`~sparkiq.cluster.node.Node`).
+    ``poll_interval`` configure the local node (see :class:`~sparkiq.Node`).
     Every ``snapshot_every`` batches (None: never) each table is snapshotted by a Spark job
     in the background, then files older than ``retention`` seconds that no snapshot needs
     are deleted (None: keep everything); see :mod:`sparkiq.spark.maintenance`.

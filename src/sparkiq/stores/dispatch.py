@@ -43,11 +43,12 @@ from sparkiq.schema.codec import (
     timestamp_ntz_to_internal,
     timestamp_to_internal,
 )
+from sparkiq.schema.types import TableSchema
 from sparkiq.stores.partition import PartitionStore
 
 _UNBOUNDED = PositionBound.unbounded()
 
-__all__ = ["QueryContext", "Handler", "execute", "handler_for", "register"]
+__all__ = ["QueryContext", "Handler", "execute", "check_key_query", "handler_for", "register"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +151,19 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
 # -- built-in handlers --------------------------------------------------------------------------
 
 
+def check_key_query(schema: TableSchema, table: str) -> None:
+    """The built-in ``KeyQuery`` rule, which depends on the table only: a windowed table
+    refuses a plain key lookup. Nodes check it once per lookup, before deciding where to
+    read (locally or on another node), so every entry point refuses the same way."""
+    if schema.window_column is not None:
+        raise InvalidQueryError(
+            f"{table!r} is windowed: use WindowKeyQuery to read a key's windows", store=table
+        )
+
+
 @register(KeyQuery)
 def _key_query(store: PartitionStore, query: KeyQuery, ctx: QueryContext) -> QueryResult[Any]:
-    if store.schema.window_column is not None:
-        raise InvalidQueryError(
-            f"{store.table!r} is windowed: use WindowKeyQuery to read a key's windows",
-            store=store.table,
-        )
+    check_key_query(store.schema, store.table)
     row, position = store.get(store.keys.to_internal(query.key))
     return QueryResult.for_result(row, position)
 
