@@ -173,133 +173,49 @@ class Kind:
         return pa.array(values, self.stored_arrow).cast(target)
 
 
-def _int(name: str, bits: int, expects: str) -> Kind:
-    arrow = {8: pa.int8(), 16: pa.int16(), 32: pa.int32(), 64: pa.int64()}[bits]
-    return Kind(
-        name,
-        family="int",
-        stored="int",
-        bits=bits,
-        python=int,
-        arrow=arrow,
-        check=int_checker(bits),
-        expects=expects,
-        push="num",
-    )
-
-
-def _float(name: str, bits: int) -> Kind:
-    arrow = pa.float32() if bits == 32 else pa.float64()
-    return Kind(
-        name,
-        family="float",
-        stored="float",
-        bits=bits,
-        python=float,
-        arrow=arrow,
-        check=float_checker(bits),
-        expects="a float",
-        push="num",
-    )
-
-
-def _timestamp(name: str, temporal: Temporal, check: Checker, zoned: bool) -> Kind:
-    return Kind(
-        name,
-        family="int",
-        stored="int",
-        bits=64,
-        python=dt.datetime,
-        zoned=zoned,
-        arrow=None if zoned else pa.timestamp("us"),
-        stored_arrow=pa.int64(),
-        temporal=temporal,
-        check=check,
-        push="ts",
-        expects="an int, microseconds since the epoch, in 64 bits",
-    )
-
+_TIMESTAMP = Temporal(timestamp_to_internal, timestamp_from_internal, dt.datetime.fromisoformat)
+_TIMESTAMP_NTZ = Temporal(
+    timestamp_ntz_to_internal, timestamp_ntz_from_internal, dt.datetime.fromisoformat
+)
+_DATE = Temporal(date_to_internal, date_from_internal, dt.date.fromisoformat)
+_MICROS = "an int, microseconds since the epoch, in 64 bits"
+_DAYS = "an int, days since 1970-01-01, in [-2**31, 2**31 - 1]"
 
 #: Every Spark type sparkiq can store, by Spark's type name. Key types come first, in the
 #: order error messages list them.
-KINDS: dict[str, Kind] = {
-    k.name: k
-    for k in (
-        Kind(
-            "string",
-            family="string",
-            stored="str",
-            python=str,
-            arrow=pa.string(),
-            check=string_checker,
-            expects="a str",
-            push="str",
-        ),
-        Kind(
-            "binary",
-            family="binary",
-            stored="bin",
-            python=bytes,
-            arrow=pa.binary(),
-            check=binary_checker,
-            expects="bytes",
-            push="bytes",
-        ),
-        Kind(
-            "boolean",
-            family="boolean",
-            stored="bool",
-            python=bool,
-            arrow=pa.bool_(),
-            check=boolean_checker,
-            expects="a bool",
-            push="bool",
-        ),
-        _int("byte", 8, "an int in [-128, 127]"),
-        _int("short", 16, "an int in [-32768, 32767]"),
-        _int("integer", 32, "an int in [-2**31, 2**31 - 1]"),
-        _int("long", 64, "an int in [-2**63, 2**63 - 1]"),
-        Kind(
-            "date",
-            family="int",
-            stored="int",
-            bits=32,
-            python=dt.date,
-            arrow=pa.date32(),
-            stored_arrow=pa.int32(),
-            temporal=Temporal(date_to_internal, date_from_internal, dt.date.fromisoformat),
-            check=date_checker,
-            push="date",
-            expects="an int, days since 1970-01-01, in [-2**31, 2**31 - 1]",
-        ),
-        _timestamp(
-            "timestamp",
-            Temporal(timestamp_to_internal, timestamp_from_internal, dt.datetime.fromisoformat),
-            timestamp_checker,
-            zoned=True,
-        ),
-        _timestamp(
-            "timestamp_ntz",
-            Temporal(
-                timestamp_ntz_to_internal, timestamp_ntz_from_internal, dt.datetime.fromisoformat
-            ),
-            timestamp_ntz_checker,
-            zoned=False,
-        ),
-        _float("float", 32),
-        _float("double", 64),
-        Kind(
-            "decimal",
-            family="decimal",
-            stored="str",
-            python=Decimal,
-            stored_arrow=pa.string(),
-            check=decimal_checker,
-            push="num",
-        ),
-        Kind("void", family="void", stored="nil", arrow=pa.null()),
-        Kind("struct", family="struct", stored="array"),
-        Kind("array", family="array", stored="array"),
-        Kind("map", family="map", stored="array"),
-    )
-}
+# Positional columns: name, family, stored, bits, python (see Kind).
+# fmt: off
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("string", "string", "str", python=str, arrow=pa.string(),
+         check=string_checker, expects="a str", push="str"),
+    Kind("binary", "binary", "bin", python=bytes, arrow=pa.binary(),
+         check=binary_checker, expects="bytes", push="bytes"),
+    Kind("boolean", "boolean", "bool", python=bool, arrow=pa.bool_(),
+         check=boolean_checker, expects="a bool", push="bool"),
+    Kind("byte", "int", "int", 8, int, arrow=pa.int8(),
+         check=int_checker(8), expects="an int in [-128, 127]", push="num"),
+    Kind("short", "int", "int", 16, int, arrow=pa.int16(),
+         check=int_checker(16), expects="an int in [-32768, 32767]", push="num"),
+    Kind("integer", "int", "int", 32, int, arrow=pa.int32(),
+         check=int_checker(32), expects="an int in [-2**31, 2**31 - 1]", push="num"),
+    Kind("long", "int", "int", 64, int, arrow=pa.int64(),
+         check=int_checker(64), expects="an int in [-2**63, 2**63 - 1]", push="num"),
+    Kind("date", "int", "int", 32, dt.date, arrow=pa.date32(), stored_arrow=pa.int32(),
+         temporal=_DATE, check=date_checker, expects=_DAYS, push="date"),
+    Kind("timestamp", "int", "int", 64, dt.datetime, zoned=True, stored_arrow=pa.int64(),
+         temporal=_TIMESTAMP, check=timestamp_checker, expects=_MICROS, push="ts"),
+    Kind("timestamp_ntz", "int", "int", 64, dt.datetime, arrow=pa.timestamp("us"),
+         stored_arrow=pa.int64(), temporal=_TIMESTAMP_NTZ, check=timestamp_ntz_checker,
+         expects=_MICROS, push="ts"),
+    Kind("float", "float", "float", 32, float, arrow=pa.float32(),
+         check=float_checker(32), expects="a float", push="num"),
+    Kind("double", "float", "float", 64, float, arrow=pa.float64(),
+         check=float_checker(64), expects="a float", push="num"),
+    Kind("decimal", "decimal", "str", python=Decimal, stored_arrow=pa.string(),
+         check=decimal_checker, push="num"),
+    Kind("void", "void", "nil", arrow=pa.null()),
+    Kind("struct", "struct", "array"),
+    Kind("array", "array", "array"),
+    Kind("map", "map", "array"),
+)}
+# fmt: on
