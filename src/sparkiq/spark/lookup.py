@@ -134,14 +134,9 @@ def enrich(
 
 
 def _fits(event: DataType, key: DataType) -> bool:
-    event_kind, key_kind = KINDS.get(event.name), KINDS.get(key.name)
-    if (
-        event_kind is not None
-        and key_kind is not None
-        and event_kind.integral
-        and key_kind.integral
-    ):
-        return event_kind.bits <= key_kind.bits
+    narrow, wide = KINDS.get(event.name), KINDS.get(key.name)
+    if narrow and wide and narrow.integral and wide.integral:
+        return narrow.bits <= wide.bits
     return event == key
 
 
