@@ -95,6 +95,7 @@ def test_every_pyspark_type_has_an_entry_or_is_refused() -> None:
             continue
         assert dtype.name in KINDS, f"{name} ({instance.jsonValue()!r}) has no row in KINDS"
         assert dtype.name == instance.typeName()
+        assert dtype.simple_string() == instance.simpleString()
         RowCodec(table)
         seen.add(dtype.name)
     # and every row of the table is a type PySpark has (no typos, nothing stale)

@@ -81,6 +81,7 @@ class Kind:
       what the internal value of a key is, for error messages.
     - ``push``: how the push evaluator types and compares values (``str``, ``num``,
       ``bool``, ``date``, ``ts``, ``bytes``; None: not comparable).
+    - ``simple``: Spark's SQL spelling (``simpleString``) when it is not ``name``.
     """
 
     name: str
@@ -95,6 +96,7 @@ class Kind:
     check: Checker | None = None
     expects: str = ""
     push: str | None = None
+    simple: str = ""
 
     @property
     def key(self) -> bool:
@@ -192,13 +194,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          check=binary_checker, expects="bytes", push="bytes"),
     Kind("boolean", "boolean", "bool", python=bool, arrow=pa.bool_(),
          check=boolean_checker, expects="a bool", push="bool"),
-    Kind("byte", "int", "int", 8, int, arrow=pa.int8(),
+    Kind("byte", "int", "int", 8, int, arrow=pa.int8(), simple="tinyint",
          check=int_checker(8), expects="an int in [-128, 127]", push="num"),
-    Kind("short", "int", "int", 16, int, arrow=pa.int16(),
+    Kind("short", "int", "int", 16, int, arrow=pa.int16(), simple="smallint",
          check=int_checker(16), expects="an int in [-32768, 32767]", push="num"),
-    Kind("integer", "int", "int", 32, int, arrow=pa.int32(),
+    Kind("integer", "int", "int", 32, int, arrow=pa.int32(), simple="int",
          check=int_checker(32), expects="an int in [-2**31, 2**31 - 1]", push="num"),
-    Kind("long", "int", "int", 64, int, arrow=pa.int64(),
+    Kind("long", "int", "int", 64, int, arrow=pa.int64(), simple="bigint",
          check=int_checker(64), expects="an int in [-2**63, 2**63 - 1]", push="num"),
     Kind("date", "int", "int", 32, dt.date, arrow=pa.date32(), stored_arrow=pa.int32(),
          temporal=_DATE, check=date_checker, expects=_DAYS, push="date"),

@@ -67,14 +67,6 @@ class DataType:
         """Spark's ``simpleString`` spelling, used in error messages."""
         if self.name == "decimal":
             return f"decimal({self.precision},{self.scale})"
-        if self.name == "integer":
-            return "int"
-        if self.name == "long":
-            return "bigint"
-        if self.name == "short":
-            return "smallint"
-        if self.name == "byte":
-            return "tinyint"
         if self.name == "struct":
             inner = ",".join(f"{f.name}:{f.type.simple_string()}" for f in self.fields)
             return f"struct<{inner}>"
@@ -82,7 +74,8 @@ class DataType:
             return f"array<{self.element.simple_string()}>"
         if self.name == "map" and self.key is not None and self.value is not None:
             return f"map<{self.key.simple_string()},{self.value.simple_string()}>"
-        return self.name
+        kind = KINDS.get(self.name)
+        return kind.simple if kind is not None and kind.simple else self.name
 
     def to_json(self) -> Any:
         """Spark's JSON form of this type (inverse of :func:`parse_type`)."""
