@@ -46,12 +46,7 @@ from sparkiq.changelog.feed import (
 )
 from sparkiq.errors import ChangelogError, SparkiqError
 from sparkiq.query.position import Position
-from sparkiq.schema.codec import (
-    KeyCodec,
-    RowCodec,
-    timestamp_from_internal,
-    timestamp_ntz_from_internal,
-)
+from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.sql.push_plan import PushPlan, Row
 
 if TYPE_CHECKING:
@@ -159,11 +154,8 @@ class _Decoder:
         manifest = changelog.manifest()
         self.table, self.partitions = changelog.table, manifest.partitions
         self.keys, self.rows = KeyCodec(manifest.schema), RowCodec(manifest.schema)
-        start = manifest.schema.window_start_type
-        self._window: Callable[[int], Any] | None = None
-        if start is not None:
-            ntz = start.name == "timestamp_ntz"
-            self._window = timestamp_ntz_from_internal if ntz else timestamp_from_internal
+        start = manifest.schema.window_start
+        self._window: Callable[[int], Any] | None = None if start is None else start.from_internal
 
     def key(self, raw: bytes) -> Any:
         if self._window is None:

@@ -36,13 +36,7 @@ from sparkiq.query.queries import (
     WindowRangeQuery,
 )
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator
-from sparkiq.schema.codec import (
-    prefix_end,
-    timestamp_from_internal,
-    timestamp_ntz_from_internal,
-    timestamp_ntz_to_internal,
-    timestamp_to_internal,
-)
+from sparkiq.schema.codec import prefix_end
 from sparkiq.schema.types import TableSchema
 from sparkiq.stores.partition import PartitionStore
 
@@ -263,10 +257,9 @@ def _rows(store: PartitionStore, iterator: Any) -> RowIterator:
 
 def _window_time_codec(store: PartitionStore) -> tuple[Any, Any]:
     """Converters between window starts as PySpark returns them and internal microseconds."""
-    start_type = store.schema.window_start_type
-    if start_type is not None and start_type.name == "timestamp_ntz":
-        return timestamp_ntz_to_internal, _optional(timestamp_ntz_from_internal)
-    return timestamp_to_internal, _optional(timestamp_from_internal)
+    start = store.schema.window_start
+    assert start is not None  # only windowed tables' queries get here
+    return start.to_internal, _optional(start.from_internal)
 
 
 def _optional(convert: Any) -> Any:
