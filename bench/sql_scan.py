@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, cli, fmt_ratio, median, percentile, scratch_dir
+from bench._common import Report, entry_point, fmt_ratio, median, percentile, scratch_dir
 from sparkiq import Node
 from sparkiq.sql import SqlEngine
 from sparkiq.sql.fragment import SqlFragmentQuery, partition_table
@@ -190,9 +190,7 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> Report:
-    return cli(run, argv, __doc__)
-
+main = entry_point(run, __doc__)
 
 if __name__ == "__main__":
     main()
