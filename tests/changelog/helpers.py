@@ -25,35 +25,44 @@ SCHEMA_JSON = {
 def make_table(
     state_dir: str, name: str = "t", partitions: int = 4, mode: str = "update"
 ) -> Changelog:
-    return _create(state_dir, name, SCHEMA_JSON, partitions, mode)
+    return create_changelog(state_dir, name, SCHEMA_JSON, partitions=partitions, mode=mode)
 
 
-def _create(state_dir: str, name: str, schema_json: Any, partitions: int, mode: str) -> Changelog:
-    schema = TableSchema.from_spark_json(schema_json, ["k"])
+def create_changelog(
+    state_dir: str,
+    name: str,
+    schema_json: Any,
+    keys: Sequence[str] = ("k",),
+    *,
+    window: str | None = None,
+    partitions: int = 4,
+    mode: str = "update",
+) -> Changelog:
+    """The changelog of a new table of Spark schema ``schema_json``, its manifest written."""
+    schema = TableSchema.from_spark_json(schema_json, list(keys), window)
     manifest = TableManifest(name=name, schema=schema, partitions=partitions, output_mode=mode)
     changelog = Changelog(state_dir, name)
     manifest.ensure_written(changelog.storage, changelog.manifest_path)
     return changelog
 
 
-def write_batch(
+def write_encoded(
     changelog: Changelog,
     batch_id: int,
-    rows: dict[str, int | None],
+    rows: Mapping[Any, bytes | None],
     *,
     commit: bool = True,
-    position: dict[str, dict[int, int]] | None = None,
+    position: Mapping[str, Mapping[int, int]] | None = None,
 ) -> CommitRecord:
-    """Write ``{key: n}`` (None deletes the key) as batch ``batch_id``."""
+    """Write ``{key: encoded row}`` (None deletes the key) as batch ``batch_id``, the way the
+    sink does: keys partitioned as Spark does, one segment per partition, then (unless
+    ``commit`` is false) the commit record."""
     manifest = changelog.manifest()
-    keys, codec = KeyCodec(manifest.schema), RowCodec(manifest.schema)
+    keys = KeyCodec(manifest.schema)
     partitioner = Partitioner(manifest.schema.key_types, manifest.partitions)
     by_partition: dict[int, dict[bytes, bytes | None]] = {}
-    for key, n in rows.items():
+    for key, value in rows.items():
         internal = keys.to_internal(key)
-        value = None
-        if n is not None:
-            value = codec.encode_arrow(pa.table({"k": [key], "n": pa.array([n], pa.int64())}))[0]
         by_partition.setdefault(partitioner(internal), {})[keys.encode(internal)] = value
     segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
     record = CommitRecord(
@@ -67,6 +76,25 @@ def write_batch(
     if commit:
         changelog.write_commit(record)
     return record
+
+
+def write_batch(
+    changelog: Changelog,
+    batch_id: int,
+    rows: dict[str, int | None],
+    *,
+    commit: bool = True,
+    position: dict[str, dict[int, int]] | None = None,
+) -> CommitRecord:
+    """Write ``{key: n}`` (None deletes the key) as batch ``batch_id``."""
+    codec = RowCodec(changelog.manifest().schema)
+    encoded = {
+        key: None
+        if n is None
+        else codec.encode_arrow(pa.table({"k": [key], "n": pa.array([n], pa.int64())}))[0]
+        for key, n in rows.items()
+    }
+    return write_encoded(changelog, batch_id, encoded, commit=commit, position=position)
 
 
 def expected_rows(history: list[dict[str, int | None]]) -> dict[str, dict[str, Any]]:
@@ -123,7 +151,7 @@ WIDE_ARROW = pa.schema(
 def make_wide_table(
     state_dir: str, name: str = "w", partitions: int = 4, mode: str = "update"
 ) -> Changelog:
-    return _create(state_dir, name, WIDE_SCHEMA_JSON, partitions, mode)
+    return create_changelog(state_dir, name, WIDE_SCHEMA_JSON, partitions=partitions, mode=mode)
 
 
 def write_rows(
@@ -136,28 +164,11 @@ def write_rows(
 ) -> CommitRecord:
     """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id``; rows are given
     as PySpark returns them and ``arrow_schema`` says how to build them in Arrow."""
-    manifest = changelog.manifest()
-    keys, codec = KeyCodec(manifest.schema), RowCodec(manifest.schema)
-    partitioner = Partitioner(manifest.schema.key_types, manifest.partitions)
+    codec = RowCodec(changelog.manifest().schema)
     live = [row for row in changes.values() if row is not None]
     encoded = iter(codec.encode_arrow(pa.Table.from_pylist(live, schema=arrow_schema)))
-    by_partition: dict[int, dict[bytes, bytes | None]] = {}
-    for key, row in changes.items():
-        internal = keys.to_internal(key)
-        value = None if row is None else next(encoded)
-        by_partition.setdefault(partitioner(internal), {})[keys.encode(internal)] = value
-    segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
-    record = CommitRecord(
-        table=changelog.table,
-        batch_id=batch_id,
-        mode=manifest.output_mode,
-        segments=segments,
-        position={},
-        committed_at=time.time(),
-    )
-    if commit:
-        changelog.write_commit(record)
-    return record
+    values = {key: None if row is None else next(encoded) for key, row in changes.items()}
+    return write_encoded(changelog, batch_id, values, commit=commit)
 
 
 def apply_changes(
