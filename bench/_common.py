@@ -110,9 +110,7 @@ def cli(run: Callable[[bool], Report], argv: Sequence[str] | None, doc: str | No
     return report
 
 
-def entry_point(
-    run: Callable[[bool], Report], doc: str | None
-) -> Callable[..., dict[str, Any]]:
+def entry_point(run: Callable[[bool], Report], doc: str | None) -> Callable[..., dict[str, Any]]:
     """A benchmark module's ``main(argv=None)``: parse ``--quick``, run, print the report and
     return its figures as a dict, as the package docstring promises of every module."""
 
