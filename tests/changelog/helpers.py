@@ -20,12 +20,7 @@ SCHEMA_JSON = {
         {"name": "n", "type": "long", "nullable": True, "metadata": {}},
     ],
 }
-
-
-def make_table(
-    state_dir: str, name: str = "t", partitions: int = 4, mode: str = "update"
-) -> Changelog:
-    return create_changelog(state_dir, name, SCHEMA_JSON, partitions=partitions, mode=mode)
+ARROW = pa.schema([("k", pa.string()), ("n", pa.int64())])
 
 
 def create_changelog(
@@ -46,36 +41,10 @@ def create_changelog(
     return changelog
 
 
-def write_encoded(
-    changelog: Changelog,
-    batch_id: int,
-    rows: Mapping[Any, bytes | None],
-    *,
-    commit: bool = True,
-    position: Mapping[str, Mapping[int, int]] | None = None,
-) -> CommitRecord:
-    """Write ``{key: encoded row}`` (None deletes the key) as batch ``batch_id``, the way the
-    sink does: keys partitioned as Spark does, one segment per partition, then (unless
-    ``commit`` is false) the commit record."""
-    manifest = changelog.manifest()
-    keys = KeyCodec(manifest.schema)
-    partitioner = Partitioner(manifest.schema.key_types, manifest.partitions)
-    by_partition: dict[int, dict[bytes, bytes | None]] = {}
-    for key, value in rows.items():
-        internal = keys.to_internal(key)
-        by_partition.setdefault(partitioner(internal), {})[keys.encode(internal)] = value
-    segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
-    record = CommitRecord(
-        table=changelog.table,
-        batch_id=batch_id,
-        mode=manifest.output_mode,
-        segments=segments,
-        position=position or {},
-        committed_at=time.time(),
-    )
-    if commit:
-        changelog.write_commit(record)
-    return record
+def make_table(
+    state_dir: str, name: str = "t", partitions: int = 4, mode: str = "update"
+) -> Changelog:
+    return create_changelog(state_dir, name, SCHEMA_JSON, partitions=partitions, mode=mode)
 
 
 def write_batch(
@@ -86,15 +55,10 @@ def write_batch(
     commit: bool = True,
     position: dict[str, dict[int, int]] | None = None,
 ) -> CommitRecord:
-    """Write ``{key: n}`` (None deletes the key) as batch ``batch_id``."""
-    codec = RowCodec(changelog.manifest().schema)
-    encoded = {
-        key: None
-        if n is None
-        else codec.encode_arrow(pa.table({"k": [key], "n": pa.array([n], pa.int64())}))[0]
-        for key, n in rows.items()
-    }
-    return write_encoded(changelog, batch_id, encoded, commit=commit, position=position)
+    """Write ``{key: n}`` (None deletes the key) to a :func:`make_table` table as batch
+    ``batch_id``."""
+    changes = {key: None if n is None else {"k": key, "n": n} for key, n in rows.items()}
+    return write_rows(changelog, batch_id, changes, ARROW, commit=commit, position=position)
 
 
 def expected_rows(history: list[dict[str, int | None]]) -> dict[str, dict[str, Any]]:
@@ -161,14 +125,34 @@ def write_rows(
     arrow_schema: pa.Schema = WIDE_ARROW,
     *,
     commit: bool = True,
+    position: Mapping[str, Mapping[int, int]] | None = None,
 ) -> CommitRecord:
-    """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id``; rows are given
-    as PySpark returns them and ``arrow_schema`` says how to build them in Arrow."""
-    codec = RowCodec(changelog.manifest().schema)
+    """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id``, the way the
+    sink does: rows encoded with the table's codecs, keys partitioned as Spark does, one
+    segment per partition, then (unless ``commit`` is false) the commit record. Rows are
+    given as PySpark returns them and ``arrow_schema`` says how to build them in Arrow."""
+    manifest = changelog.manifest()
+    keys, codec = KeyCodec(manifest.schema), RowCodec(manifest.schema)
+    partitioner = Partitioner(manifest.schema.key_types, manifest.partitions)
     live = [row for row in changes.values() if row is not None]
     encoded = iter(codec.encode_arrow(pa.Table.from_pylist(live, schema=arrow_schema)))
-    values = {key: None if row is None else next(encoded) for key, row in changes.items()}
-    return write_encoded(changelog, batch_id, values, commit=commit)
+    by_partition: dict[int, dict[bytes, bytes | None]] = {}
+    for key, row in changes.items():
+        internal = keys.to_internal(key)
+        value = None if row is None else next(encoded)
+        by_partition.setdefault(partitioner(internal), {})[keys.encode(internal)] = value
+    segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
+    record = CommitRecord(
+        table=changelog.table,
+        batch_id=batch_id,
+        mode=manifest.output_mode,
+        segments=segments,
+        position=position or {},
+        committed_at=time.time(),
+    )
+    if commit:
+        changelog.write_commit(record)
+    return record
 
 
 def apply_changes(
