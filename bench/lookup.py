@@ -30,7 +30,7 @@ from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch
 
-from bench._changelog import HandWrittenTable, key_name
+from bench._changelog import HandWrittenTable, caught_up_node, key_name
 from bench._common import (
     Report,
     fmt_ratio,
@@ -214,11 +214,7 @@ def run(quick: bool = False, profile: bool = False) -> Report:
         state_dir = os.path.join(root, "state")
         t0 = time.perf_counter()
         table, keys = _build(state_dir, n_keys, partitions)
-        node = Node(state_dir)
-        try:
-            node.refresh_tables()
-            applied = node.poll_once()
-            assert applied == partitions, applied
+        with caught_up_node(state_dir, partitions) as node:
             built_s = time.perf_counter() - t0
             floor = _floor_db(os.path.join(root, "floor"), table)
             rng = random.Random(11)
@@ -256,8 +252,6 @@ def run(quick: bool = False, profile: bool = False) -> Report:
                 figures["breakdown_error"] = f"{type(exc).__name__}: {exc}"
             if profile:
                 figures["profile"] = _profile(node, sample[:50_000])
-        finally:
-            node.stop()
         floor.close()
 
     for phase, results in phases.items():
