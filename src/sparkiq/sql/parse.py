@@ -22,6 +22,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from sparkiq.sql.errors import SqlSyntaxError, SqlUnsupportedError, snippet_at
+from sparkiq.sql.statement import first_word, is_push_query
 
 __all__ = ["Parsed", "check_tree", "parse", "shape_of"]
 
@@ -30,15 +31,11 @@ DIALECT = "duckdb"
 _SLOW_CHARS = re.compile(r"''|\"|--|/\*|[?$:]")
 _DIGIT = re.compile(r"(?<![\w$])\d")
 _MISSING = re.compile(r"^Required keyword: '\w+' missing for ")
-_EMIT = re.compile(r"\bemit\s+changes\s*;?\s*$", re.IGNORECASE)
-_EXPLAIN = re.compile(
-    r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*explain\b\s*", re.IGNORECASE | re.DOTALL
-)
 _TOKENS = re.compile(
     r"""(?P<str>'(?:[^']|'')*')
       | (?P<qid>"(?:[^"]|"")*")
-      | (?P<comment>--[^\n]*|/\*.*?\*/)
-      | (?P<num>(?<![\w$])(?:\d+\.?\d*)(?:[eE][+-]?\d+)?(?![\w$]))
+      | (?P<comment>--[^\n]*|/\*.*?(?:\*/|\Z))  # an open comment runs to the end
+      | (?P<num>(?<![\w$])\d+(?:\.\d*)?(?:[eE][+-]?\d+)?(?![\w$]))
       | (?P<param>[?$:])
     """,
     re.VERBOSE | re.DOTALL,
@@ -84,17 +81,18 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
     ``placeholders=True`` parses a shape (``:sqN`` placeholders allowed)."""
     explain = False
     body = text
-    if _EMIT.search(text):
+    if is_push_query(text):
         raise SqlUnsupportedError(
             "EMIT CHANGES makes a push query: run it with stream() (App.stream, "
             "Client.stream); sql() runs pull queries, which answer once",
             code="push_query",
         )
-    match = _EXPLAIN.match(text)
-    if match:
+    first = first_word(text)
+    if first is not None and first[0] == "EXPLAIN":
         explain = True
-        body = " " * match.end() + text[match.end() :]  # keep line/column positions
-        if re.match(r"\s*analy[sz]e\b", body, re.IGNORECASE):
+        body = " " * first[1] + text[first[1] :]  # keep line/column positions
+        following = first_word(body)
+        if following is not None and following[0] in ("ANALYZE", "ANALYSE"):
             raise SqlUnsupportedError(
                 "EXPLAIN ANALYZE is not supported; use EXPLAIN SELECT ... to see the plan",
                 code="unsupported_statement",

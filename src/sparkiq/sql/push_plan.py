@@ -30,6 +30,7 @@ from sqlglot import exp
 
 from sparkiq.errors import InvalidQueryError
 from sparkiq.schema.types import DataType, TableSchema
+from sparkiq.sql.statement import emit_changes_at
 
 __all__ = ["SUPPORTED", "PushPlan", "PushQueryError", "plan_push_query"]
 
@@ -50,7 +51,6 @@ SUPPORTED = (
     "[WHERE <predicate>] EMIT CHANGES, with comparisons, AND/OR/NOT, IN (...), BETWEEN, "
     "IS [NOT] NULL, [I]LIKE, + - * / %, ||, COALESCE/UPPER/LOWER/LENGTH/ABS and struct fields"
 )
-_EMIT = re.compile(r"\s+EMIT\s+CHANGES\s*;?\s*\Z", re.IGNORECASE)
 _KINDS = {"string": "str", "boolean": "bool", "date": "date", "binary": "bytes"}
 _KINDS |= {n: "num" for n in ("byte", "short", "integer", "long", "float", "double", "decimal")}
 _KINDS |= {"timestamp": "ts", "timestamp_ntz": "ts"}
@@ -108,14 +108,14 @@ def plan_push_query(text: str, resolve: Callable[[str], tuple[str, TableSchema]]
     """
     if not isinstance(text, str):
         raise PushQueryError(f"a push query is a SQL string, got {type(text).__name__}")
-    match = _EMIT.search(text)
-    if match is None:
+    emit = emit_changes_at(text)
+    if emit is None:
         raise PushQueryError(
             f"not a push query: {text.strip()[:80]!r} does not end with EMIT CHANGES (for a "
             "query that returns the current rows once, run a pull query with sql())"
         )
     try:
-        tree = sqlglot.parse_one(text[: match.start()])
+        tree = sqlglot.parse_one(text[:emit])
     except sqlglot.errors.ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         raise PushQueryError(
