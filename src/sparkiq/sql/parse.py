@@ -30,6 +30,7 @@ DIALECT = "duckdb"
 
 _SLOW_CHARS = re.compile(r"''|\"|--|/\*|[?$:]")
 _DIGIT = re.compile(r"(?<![\w$])\d")
+_MAX_NUMBER_CHARS = 80  # beyond DECIMAL(38) with an exponent; far below int()'s limit
 _MISSING = re.compile(r"^Required keyword: '\w+' missing for ")
 _TOKENS = re.compile(
     r"""(?P<str>'(?:[^']|'')*')
@@ -214,7 +215,8 @@ def _check_table(node: exp.Table, text: str) -> None:
 
 
 def shape_of(text: str) -> tuple[str, tuple[Any, ...]] | None:
-    """``(shape text, literal values)``, or None when the text has parameters of its own.
+    """``(shape text, literal values)``, or None when the text has parameters of its own or
+    a number longer than any SQL type holds (Python refuses to convert such digit strings).
 
     Strings become ``str``; numbers ``int``, or ``Decimal`` when they have a point or an
     exponent. Quoted identifiers and comments are kept as they are.
@@ -236,9 +238,11 @@ def shape_of(text: str) -> tuple[str, tuple[Any, ...]] | None:
             return None
         if kind not in ("str", "num"):
             continue
+        token = match.group()
+        if kind == "num" and len(token) > _MAX_NUMBER_CHARS:
+            return None
         parts.append(text[last : match.start()])
         parts.append(f":sq{len(values)}")
-        token = match.group()
         if kind == "str":
             values.append(token[1:-1].replace("''", "'"))
         elif token.isdigit():
