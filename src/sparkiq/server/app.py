@@ -48,6 +48,7 @@ from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
 from sparkiq.server.served import ServedNode
 from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
+from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import jsonapi, protocol
 from sparkiq.wire.values import pack, unpack
 
@@ -269,7 +270,7 @@ class RestApp:
             from sparkiq.query.position import PositionBound
 
             options["bound"] = PositionBound.at(jsonapi.position_from_token(doc["bound"]))
-        if _is_push(text):
+        if is_push_query(text):
             if doc.get("from") is not None:
                 options["from_position"] = jsonapi.position_from_token(doc["from"], "from")
             if doc.get("snapshot"):
@@ -398,10 +399,6 @@ def _close(*iterators: Iterator[bytes]) -> None:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-
-
-def _is_push(text: str) -> bool:
-    return text.rstrip().rstrip(";").rstrip().upper().endswith("EMIT CHANGES")
 
 
 def _json_object(body: bytes) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from sqlglot import exp
 from sparkiq.errors import InvalidQueryError
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
+from sparkiq.sql.statement import emit_changes_at
 
 __all__ = ["SUPPORTED", "PushPlan", "PushQueryError", "plan_push_query"]
 
@@ -50,7 +51,6 @@ SUPPORTED = (
     "[WHERE <predicate>] EMIT CHANGES, with comparisons, AND/OR/NOT, IN (...), BETWEEN, "
     "IS [NOT] NULL, [I]LIKE, + - * / %, ||, COALESCE/UPPER/LOWER/LENGTH/ABS and struct fields"
 )
-_EMIT = re.compile(r"\s+EMIT\s+CHANGES\s*;?\s*\Z", re.IGNORECASE)
 #: ISO text -> value, by the evaluator kind of dates ("date") and timestamps ("ts")
 _PARSE = {k.push: k.temporal.parse for k in KINDS.values() if k.temporal and k.push}
 _COMPARE: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
@@ -107,14 +107,14 @@ def plan_push_query(text: str, resolve: Callable[[str], tuple[str, TableSchema]]
     """
     if not isinstance(text, str):
         raise PushQueryError(f"a push query is a SQL string, got {type(text).__name__}")
-    match = _EMIT.search(text)
-    if match is None:
+    emit = emit_changes_at(text)
+    if emit is None:
         raise PushQueryError(
             f"not a push query: {text.strip()[:80]!r} does not end with EMIT CHANGES (for a "
             "query that returns the current rows once, run a pull query with sql())"
         )
     try:
-        tree = sqlglot.parse_one(text[: match.start()])
+        tree = sqlglot.parse_one(text[:emit])
     except sqlglot.errors.ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         raise PushQueryError(
