@@ -6,6 +6,7 @@ Importing sparkiq has no side effects and does not start a JVM.
 
 from __future__ import annotations
 
+from sparkiq._version import __version__
 from sparkiq.client import Client
 from sparkiq.cluster.follower import Follower, follow
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
@@ -43,8 +44,6 @@ from sparkiq.schema.partitioner import partition_for, spark_hash
 from sparkiq.spark.app import App, Table
 from sparkiq.sql import SqlError, SqlLimits, SqlResult
 from sparkiq.stores.dispatch import QueryContext, register
-
-__version__ = "0.1.0"
 
 __all__ = [
     "App",
