@@ -203,7 +203,7 @@ def test_the_fence_sees_every_kind_of_import(tmp_path: Path) -> None:
 
 
 def test_only_the_spark_package_imports_pyspark() -> None:
-    allowed = {"spark", "demo"}
+    allowed = {"spark", "demo", "testing"}
     offenders = []
     for module in SRC.rglob("*.py"):
         tree = ast.parse(module.read_text())
@@ -370,9 +370,29 @@ def test_the_docs_check_would_catch_private_names() -> None:
     ]
 
 
+def test_spark_code_works_with_spark_connect() -> None:
+    """What users run against any session (App, enrich, the testing kit) reaches Spark
+    through the DataFrame API only: Spark Connect has no SparkContext, RDDs or py4j."""
+    classic_only = {"sparkContext", "SparkContext", "_jvm", "_jsc", "_jdf", "rdd", "py4j"}
+    offenders = []
+    for module in [SRC / "testing.py", SRC / "spark" / "lookup.py"]:
+        for node in ast.walk(ast.parse(module.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.Name):
+                names = [node.id]
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                names = [part for n in names for part in n.split(".")]
+            if classic_only.intersection(names):
+                offenders.append(f"{module.relative_to(SRC)}:{node.lineno}")
+    assert offenders == []
+
+
 def test_import_starts_no_jvm_and_no_threads() -> None:
     code = (
-        "import sys, threading, sparkiq; "
+        "import sys, threading, sparkiq, sparkiq.testing; "
         "assert 'pyspark' not in sys.modules, 'pyspark imported'; "
         "assert threading.active_count() == 1, threading.enumerate()"
     )
