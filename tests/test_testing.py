@@ -124,5 +124,5 @@ def guide_example() -> str:
 
 def test_the_guides_testing_example_runs_as_written(spark: Any) -> None:
     namespace: dict[str, Any] = {"__name__": "guide_example"}
-    exec(compile(guide_example(), str(GUIDE), "exec"), namespace)
+    exec(compile(guide_example(), str(GUIDE), "exec", dont_inherit=True), namespace)
     assert namespace["checked"] == ["p-1", "p-2"]
