@@ -8,11 +8,13 @@ a Spark-written changelog.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
+from sparkiq import Node
 from sparkiq.changelog import Changelog, CommitRecord, TableManifest
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.schema.partitioner import Partitioner
@@ -88,3 +90,17 @@ class HandWrittenTable:
         )
         self.changelog.write_commit(record)
         return record
+
+
+@contextlib.contextmanager
+def caught_up_node(state_dir: str, partitions: int) -> Iterator[Node]:
+    """A :class:`~sparkiq.Node` over the tables in ``state_dir`` that has applied every
+    committed batch (checked: one poll applied ``partitions`` partitions); stopped on exit."""
+    node = Node(state_dir)
+    try:
+        node.refresh_tables()
+        applied = node.poll_once()
+        assert applied == partitions, (applied, partitions)
+        yield node
+    finally:
+        node.stop()

@@ -109,6 +109,16 @@ def cli(run: Callable[[bool], Report], argv: Sequence[str] | None, doc: str | No
     return report
 
 
+def entry_point(run: Callable[[bool], Report], doc: str | None) -> Callable[..., dict[str, Any]]:
+    """A benchmark module's ``main(argv=None)``: parse ``--quick``, run, print the report and
+    return its figures as a dict, as the package docstring promises of every module."""
+
+    def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+        return cli(run, argv, doc).as_dict()
+
+    return main
+
+
 @contextlib.contextmanager
 def scratch_dir(prefix: str) -> Iterator[str]:
     """A temporary directory, removed afterwards (``SPARKIQ_BENCH_TMP`` sets its parent)."""

@@ -23,13 +23,12 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 from rocksdict import Options, Rdict, WriteBatch
 
 from bench._changelog import Changes, HandWrittenTable, key_name
-from bench._common import Report, cli, median, scratch_dir, verdict
+from bench._common import Report, entry_point, median, scratch_dir, verdict
 from sparkiq import Node
 
 TABLE = "apply"
@@ -207,9 +206,7 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    return cli(run, argv, __doc__).as_dict()
-
+main = entry_point(run, __doc__)
 
 if __name__ == "__main__":
     main()

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, cli, median, percentile, scratch_dir, verdict
+from bench._common import Report, entry_point, median, percentile, scratch_dir, verdict
 from bench.http import _free_port, _stop, _wait
 from sparkiq import Client, KeyQuery, StateQueryRequest
 
@@ -189,5 +189,7 @@ def run(quick: bool = False) -> Report:
     return report
 
 
+main = entry_point(run, __doc__)
+
 if __name__ == "__main__":
-    cli(run, sys.argv[1:], __doc__)
+    main()

@@ -39,13 +39,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sparkiq
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, cli, percentile, scratch_dir
+from bench._common import Report, entry_point, percentile, scratch_dir
 
 TABLE = "tail"
 PROBE = "probe"
@@ -304,9 +303,7 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    return cli(run, argv, __doc__).as_dict()
-
+main = entry_point(run, __doc__)
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from bench._common import Report, cli, median, percentile, scratch_dir, verdict
+from bench._common import Report, entry_point, median, percentile, scratch_dir, verdict
 from bench.lookup import _build, _floor_db
 
 TABLE = "lookup"
@@ -265,5 +265,7 @@ def _remote_hop(state_dir: str, table: Any, keys: list[str], quick: bool) -> str
     )
 
 
+main = entry_point(run, __doc__)
+
 if __name__ == "__main__":
-    cli(run, sys.argv[1:], __doc__)
+    main()

@@ -30,7 +30,7 @@ from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch
 
-from bench._changelog import HandWrittenTable, key_name
+from bench._changelog import HandWrittenTable, caught_up_node, key_name
 from bench._common import (
     Report,
     fmt_ratio,
@@ -141,7 +141,7 @@ def _breakdown(node: Node, table: HandWrittenTable, keys: Sequence[str]) -> dict
     diagnosis, and :func:`run` reports it unavailable if the node's insides change).
     """
     codec, partitioner = table.keys, table.partitioner
-    replica = node._tables[TABLE]
+    replica = node.replica(TABLE)
     internals = [codec.to_internal(k) for k in keys]
     partitions = [partitioner(i) for i in internals]
     stores = [replica.partitions[p].store for p in partitions]
@@ -214,11 +214,7 @@ def run(quick: bool = False, profile: bool = False) -> Report:
         state_dir = os.path.join(root, "state")
         t0 = time.perf_counter()
         table, keys = _build(state_dir, n_keys, partitions)
-        node = Node(state_dir)
-        try:
-            node.refresh_tables()
-            applied = node.poll_once()
-            assert applied == partitions, applied
+        with caught_up_node(state_dir, partitions) as node:
             built_s = time.perf_counter() - t0
             floor = _floor_db(os.path.join(root, "floor"), table)
             rng = random.Random(11)
@@ -245,7 +241,7 @@ def run(quick: bool = False, profile: bool = False) -> Report:
             figures: dict[str, Any] = {"timer_overhead_ns": _timer_overhead_ns()}
             phases: dict[str, dict[str, dict[str, float]]] = {}
             phases["memtable"] = _measure(methods, rounds)
-            for replica in node._tables[TABLE].partitions.values():
+            for replica in node.replica(TABLE).partitions.values():
                 replica.store.store.flush()  # type: ignore[attr-defined]
             floor.flush(True)
             phases["flushed"] = _measure(methods, rounds)
@@ -256,8 +252,6 @@ def run(quick: bool = False, profile: bool = False) -> Report:
                 figures["breakdown_error"] = f"{type(exc).__name__}: {exc}"
             if profile:
                 figures["profile"] = _profile(node, sample[:50_000])
-        finally:
-            node.stop()
         floor.close()
 
     for phase, results in phases.items():

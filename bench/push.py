@@ -29,12 +29,10 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, cli, load_average, percentile, scratch_dir
+from bench._common import Report, entry_point, load_average, percentile, scratch_dir
 from sparkiq.sql.push import Subscription, SubscriptionHub
 
 TABLE = "bench"
@@ -182,9 +180,7 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    return cli(run, argv, __doc__).as_dict()
-
+main = entry_point(run, __doc__)
 
 if __name__ == "__main__":
     main()

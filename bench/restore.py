@@ -30,11 +30,9 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
-from typing import Any
 
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, cli, median, scratch_dir, verdict
+from bench._common import Report, entry_point, median, scratch_dir, verdict
 from sparkiq import Node
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import latest_snapshot, write_snapshot
@@ -292,9 +290,7 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    return cli(run, argv, __doc__).as_dict()
-
+main = entry_point(run, __doc__)
 
 if __name__ == "__main__":
     main()

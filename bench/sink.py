@@ -26,7 +26,7 @@ from typing import Any
 
 from bench._common import (
     Report,
-    cli,
+    entry_point,
     median,
     scratch_dir,
     spark_session,
@@ -169,9 +169,7 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    return cli(run, argv, __doc__).as_dict()
-
+main = entry_point(run, __doc__)
 
 if __name__ == "__main__":
     main()

@@ -30,9 +30,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, cli, fmt_ratio, median, percentile, scratch_dir
-from sparkiq import Node
+from bench._changelog import HandWrittenTable, caught_up_node, key_name
+from bench._common import Report, entry_point, fmt_ratio, median, percentile, scratch_dir
 from sparkiq.sql import SqlEngine
 from sparkiq.sql.fragment import SqlFragmentQuery, partition_table
 
@@ -107,10 +106,7 @@ def run(quick: bool = False) -> Report:
         state_dir = os.path.join(root, "state")
         t0 = time.perf_counter()
         arrow, keys = _build(state_dir, n_rows, partitions)
-        node = Node(state_dir)
-        try:
-            node.refresh_tables()
-            node.poll_once()
+        with caught_up_node(state_dir, partitions) as node:
             built_s = time.perf_counter() - t0
             engine = SqlEngine(node)
             floor = duckdb.connect(":memory:")
@@ -185,14 +181,10 @@ def run(quick: bool = False) -> Report:
             report.figures.update(
                 {"medians_s": medians, "lookup_p50_us": {"sql": sql_p50, "get": get_p50}}
             )
-        finally:
-            node.stop()
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> Report:
-    return cli(run, argv, __doc__)
-
+main = entry_point(run, __doc__)
 
 if __name__ == "__main__":
     main()

@@ -20,12 +20,11 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from bench._common import (
     Report,
-    cli,
+    entry_point,
     fmt_ratio,
     median,
     percentile,
@@ -153,9 +152,7 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    return cli(run, argv, __doc__).as_dict()
-
+main = entry_point(run, __doc__)
 
 if __name__ == "__main__":
     main()

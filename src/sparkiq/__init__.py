@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from sparkiq._version import __version__
 from sparkiq.client import Client
+from sparkiq.cluster.config import NodeConfig
 from sparkiq.cluster.follower import Follower, follow
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
-from sparkiq.cluster.node import Node
 from sparkiq.errors import (
     AuthenticationError,
     ChangelogError,
@@ -26,6 +26,7 @@ from sparkiq.errors import (
     StoreError,
     UnknownStoreError,
 )
+from sparkiq.node import Node
 from sparkiq.query import (
     FailureReason,
     KeyQuery,
@@ -75,6 +76,7 @@ __all__ = [
     "KeyQueryMetadata",
     "LayoutMismatchError",
     "Node",
+    "NodeConfig",
     "NodeMetadata",
     "NodeUnreachableError",
     "PartitionStore",

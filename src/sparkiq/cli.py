@@ -14,7 +14,25 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sparkiq.cluster.config import ENV_VARIABLES, NodeConfig
+
 __all__ = ["main"]
+
+_SERVE_LISTEN = "127.0.0.1:8081"
+
+#: ``sparkiq serve`` options that configure the node: (NodeConfig field, type, help, default
+#: shown). Each is also set by its variable in ENV_VARIABLES; NodeConfig applies both.
+_SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
+    ("node_id", str, "this node's unique id", "host:port"),
+    ("listen", str, "host:port to serve on", _SERVE_LISTEN),
+    ("advertise", str, "URL other nodes and clients reach this node at", ""),
+    ("peers", str, "comma-separated host:port of seed nodes", ""),
+    ("standbys", int, "standby replicas per partition", "1"),
+    ("token", str, "require this bearer token from callers and other nodes", ""),
+    ("local_dir", str, "where this node keeps its replicas", "<state_dir>/replicas/<node_id>"),
+    ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
+    ("failure_timeout", float, "a member silent this long is gone", "3"),
+)
 
 
 def _env(name: str, default: Any) -> Any:
@@ -112,55 +130,14 @@ def _parser() -> argparse.ArgumentParser:
         default=_env("STATE_DIR", None),
         help="the state_dir the writer materializes into [SPARKIQ_STATE_DIR]",
     )
-    serve.add_argument(
-        "--node-id",
-        default=_env("NODE_ID", None),
-        help="this node's unique id [SPARKIQ_NODE_ID, default: host:port]",
-    )
-    serve.add_argument(
-        "--listen",
-        default=_env("LISTEN", "127.0.0.1:8081"),
-        help="host:port to serve on [SPARKIQ_LISTEN, default 127.0.0.1:8081]",
-    )
-    serve.add_argument(
-        "--advertise",
-        default=_env("ADVERTISE", None),
-        help="URL other nodes and clients reach this node at [SPARKIQ_ADVERTISE]",
-    )
-    serve.add_argument(
-        "--peers",
-        default=_env("PEERS", ""),
-        help="comma-separated host:port of seed nodes [SPARKIQ_PEERS]",
-    )
-    serve.add_argument(
-        "--standbys",
-        type=int,
-        default=int(_env("STANDBYS", 1)),
-        help="standby replicas per partition [SPARKIQ_STANDBYS, default 1]",
-    )
-    serve.add_argument(
-        "--token",
-        default=_env("TOKEN", None),
-        help="require this bearer token from callers and other nodes [SPARKIQ_TOKEN]",
-    )
-    serve.add_argument(
-        "--local-dir",
-        default=_env("LOCAL_DIR", None),
-        help="where this node keeps its replicas [SPARKIQ_LOCAL_DIR, default "
-        "<state_dir>/replicas/<node_id>]",
-    )
-    serve.add_argument(
-        "--heartbeat-interval",
-        type=float,
-        default=float(_env("HEARTBEAT_INTERVAL", 0.5)),
-        help="seconds between heartbeats [SPARKIQ_HEARTBEAT_INTERVAL, default 0.5]",
-    )
-    serve.add_argument(
-        "--failure-timeout",
-        type=float,
-        default=float(_env("FAILURE_TIMEOUT", 3.0)),
-        help="a member silent this long is gone [SPARKIQ_FAILURE_TIMEOUT, default 3]",
-    )
+    for field, kind, text, shown in _SERVE_OPTIONS:
+        variable = ENV_VARIABLES[field]
+        serve.add_argument(
+            "--" + field.replace("_", "-"),
+            type=kind,
+            default=argparse.SUPPRESS,  # absent: NodeConfig reads the variable, then defaults
+            help=f"{text} [{variable}{f', default {shown}' if shown else ''}]",
+        )
 
     query = commands.add_parser(
         "query",
@@ -181,8 +158,8 @@ def _serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from sparkiq.cluster.node import Node
     from sparkiq.errors import SparkiqError
+    from sparkiq.node import Node
 
     if not args.state_dir:
         print("sparkiq serve: --state-dir (or SPARKIQ_STATE_DIR) is required", file=sys.stderr)
@@ -192,18 +169,11 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        node = Node(
-            args.state_dir,
-            node_id=args.node_id or args.listen,
-            listen=args.listen,
-            advertise=args.advertise,
-            peers=[p for p in args.peers.split(",") if p.strip()],
-            standbys=args.standbys,
-            token=args.token,
-            local_dir=args.local_dir,
-            heartbeat_interval=args.heartbeat_interval,
-            failure_timeout=args.failure_timeout,
-        ).start()
+        given = {field: getattr(args, field) for field, *_ in _SERVE_OPTIONS if field in args}
+        config = NodeConfig.resolve(
+            args.state_dir, defaults={"listen": _SERVE_LISTEN, "node_id": None}, **given
+        )
+        node = Node(config=config).start()
     except SparkiqError as exc:
         print(f"sparkiq serve: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,6 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
@@ -39,31 +38,14 @@ from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
+from sparkiq.sql.change import Change
+from sparkiq.sql.result import SqlResult
 from sparkiq.wire import jsonapi, protocol
 from sparkiq.wire.values import unpack
 
-__all__ = ["Change", "ChangeStream", "Client", "SqlAnswer"]
+__all__ = ["ChangeStream", "Client"]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class SqlAnswer:
-    """A SQL pull answer: ``columns``, ``rows`` (dicts) and the ``position`` it was read at."""
-
-    columns: list[str]
-    rows: list[dict[str, Any]]
-    position: Position
-    next_page_token: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One change of a push query: ``row`` is None for a deletion."""
-
-    key: Any
-    row: dict[str, Any] | None
-    position: Position
 
 
 class Client:
@@ -182,24 +164,27 @@ class Client:
 
     # -- SQL ---------------------------------------------------------------------------------
 
-    def sql(self, text: str, *, bound: Position | str | None = None, **options: Any) -> SqlAnswer:
-        """A SQL pull query; ``bound`` (a position or its token) for read-your-writes."""
+    def sql(self, text: str, *, bound: Position | str | None = None, **options: Any) -> SqlResult:
+        """A SQL pull query; ``bound`` (a position or its token) for read-your-writes.
+
+        The answer is a :class:`~sparkiq.SqlResult`, as in-process."""
         doc: dict[str, Any] = {"sql": text, **options}
         if bound is not None:
             doc["bound"] = bound if isinstance(bound, str) else bound.to_token()
 
-        def call(url: str) -> SqlAnswer:
+        def call(url: str) -> SqlResult:
             response = self._http.post(
                 f"{url}/query", content=orjson.dumps(doc), headers=self._headers(binary=True)
             )
             if response.status_code != 200:
                 raise _error(response)
             answer = unpack(response.content)
-            return SqlAnswer(
+            return SqlResult(
                 answer["columns"],
                 answer["rows"],
                 Position.from_token(answer["position"]),
                 answer.get("next_page_token"),
+                answer.get("explain"),
             )
 
         return self._call(call)
@@ -207,7 +192,8 @@ class Client:
     def stream(
         self, text: str, *, from_position: Position | str | None = None, snapshot: bool = False
     ) -> ChangeStream:
-        """A push query (``... EMIT CHANGES``): a closeable iterator of :class:`Change`."""
+        """A push query (``... EMIT CHANGES``): a closeable iterator of
+        :class:`~sparkiq.sql.change.Change`, as in-process."""
         doc: dict[str, Any] = {"sql": text, "snapshot": snapshot}
         if from_position is not None:
             doc["from"] = (
@@ -317,7 +303,14 @@ class ChangeStream(Iterator[Change]):
             if "error" in doc:
                 self.close()
                 raise SparkiqError(f"push query failed: {doc['error']['message']}")
-            return Change(doc["key"], doc["row"], Position.from_token(doc["position"]))
+            position = Position.from_token(doc["position"])
+            return Change(
+                doc["key"],
+                doc["row"],
+                position,
+                batch_id=doc["batch_id"],
+                snapshot=doc["snapshot"],
+            )
         raise StopIteration
 
     def close(self) -> None:

@@ -20,20 +20,31 @@ SCHEMA_JSON = {
         {"name": "n", "type": "long", "nullable": True, "metadata": {}},
     ],
 }
+ARROW = pa.schema([("k", pa.string()), ("n", pa.int64())])
+
+
+def create_changelog(
+    state_dir: str,
+    name: str,
+    schema_json: Any,
+    keys: Sequence[str] = ("k",),
+    *,
+    window: str | None = None,
+    partitions: int = 4,
+    mode: str = "update",
+) -> Changelog:
+    """The changelog of a new table of Spark schema ``schema_json``, its manifest written."""
+    schema = TableSchema.from_spark_json(schema_json, list(keys), window)
+    manifest = TableManifest(name=name, schema=schema, partitions=partitions, output_mode=mode)
+    changelog = Changelog(state_dir, name)
+    manifest.ensure_written(changelog.storage, changelog.manifest_path)
+    return changelog
 
 
 def make_table(
     state_dir: str, name: str = "t", partitions: int = 4, mode: str = "update"
 ) -> Changelog:
-    return _create(state_dir, name, SCHEMA_JSON, partitions, mode)
-
-
-def _create(state_dir: str, name: str, schema_json: Any, partitions: int, mode: str) -> Changelog:
-    schema = TableSchema.from_spark_json(schema_json, ["k"])
-    manifest = TableManifest(name=name, schema=schema, partitions=partitions, output_mode=mode)
-    changelog = Changelog(state_dir, name)
-    manifest.ensure_written(changelog.storage, changelog.manifest_path)
-    return changelog
+    return create_changelog(state_dir, name, SCHEMA_JSON, partitions=partitions, mode=mode)
 
 
 def write_batch(
@@ -44,29 +55,10 @@ def write_batch(
     commit: bool = True,
     position: dict[str, dict[int, int]] | None = None,
 ) -> CommitRecord:
-    """Write ``{key: n}`` (None deletes the key) as batch ``batch_id``."""
-    manifest = changelog.manifest()
-    keys, codec = KeyCodec(manifest.schema), RowCodec(manifest.schema)
-    partitioner = Partitioner(manifest.schema.key_types, manifest.partitions)
-    by_partition: dict[int, dict[bytes, bytes | None]] = {}
-    for key, n in rows.items():
-        internal = keys.to_internal(key)
-        value = None
-        if n is not None:
-            value = codec.encode_arrow(pa.table({"k": [key], "n": pa.array([n], pa.int64())}))[0]
-        by_partition.setdefault(partitioner(internal), {})[keys.encode(internal)] = value
-    segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
-    record = CommitRecord(
-        table=changelog.table,
-        batch_id=batch_id,
-        mode=manifest.output_mode,
-        segments=segments,
-        position=position or {},
-        committed_at=time.time(),
-    )
-    if commit:
-        changelog.write_commit(record)
-    return record
+    """Write ``{key: n}`` (None deletes the key) to a :func:`make_table` table as batch
+    ``batch_id``."""
+    changes = {key: None if n is None else {"k": key, "n": n} for key, n in rows.items()}
+    return write_rows(changelog, batch_id, changes, ARROW, commit=commit, position=position)
 
 
 def expected_rows(history: list[dict[str, int | None]]) -> dict[str, dict[str, Any]]:
@@ -123,7 +115,7 @@ WIDE_ARROW = pa.schema(
 def make_wide_table(
     state_dir: str, name: str = "w", partitions: int = 4, mode: str = "update"
 ) -> Changelog:
-    return _create(state_dir, name, WIDE_SCHEMA_JSON, partitions, mode)
+    return create_changelog(state_dir, name, WIDE_SCHEMA_JSON, partitions=partitions, mode=mode)
 
 
 def write_rows(
@@ -133,9 +125,12 @@ def write_rows(
     arrow_schema: pa.Schema = WIDE_ARROW,
     *,
     commit: bool = True,
+    position: Mapping[str, Mapping[int, int]] | None = None,
 ) -> CommitRecord:
-    """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id``; rows are given
-    as PySpark returns them and ``arrow_schema`` says how to build them in Arrow."""
+    """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id``, the way the
+    sink does: rows encoded with the table's codecs, keys partitioned as Spark does, one
+    segment per partition, then (unless ``commit`` is false) the commit record. Rows are
+    given as PySpark returns them and ``arrow_schema`` says how to build them in Arrow."""
     manifest = changelog.manifest()
     keys, codec = KeyCodec(manifest.schema), RowCodec(manifest.schema)
     partitioner = Partitioner(manifest.schema.key_types, manifest.partitions)
@@ -152,7 +147,7 @@ def write_rows(
         batch_id=batch_id,
         mode=manifest.output_mode,
         segments=segments,
-        position={},
+        position=position or {},
         committed_at=time.time(),
     )
     if commit:

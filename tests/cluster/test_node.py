@@ -163,7 +163,7 @@ def test_store_failure_is_a_store_exception_value(tmp_path: os.PathLike[str]) ->
     node = Node(str(tmp_path)).start()
     node.poll_once()
     partition = node.partition_for_key("t", "a")
-    node._tables["t"].partitions[partition].store.store.close()  # the disk went away
+    node.replica("t").partitions[partition].store.store.close()  # the disk went away
     result = node.query(StateQueryRequest.in_store("t").with_query(KeyQuery.with_key("a")))
     failure = result.only_partition_result()
     assert failure.failure_reason is FailureReason.STORE_EXCEPTION

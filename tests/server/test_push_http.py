@@ -12,10 +12,12 @@ import httpx
 import orjson
 import pytest
 
-from sparkiq import Client
+from sparkiq import Client, Position, SqlResult
 from sparkiq.errors import InvalidQueryError, SparkiqError
+from sparkiq.sql.change import Change
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
+from tests.sql.push_spellings import PULL, PUSH, spell
 
 BATCHES: list[dict[str, int | None]] = [
     {f"k{i:02d}": (b * 100 + i if (b + i) % 5 else None) for i in range(b % 7, 40, 3)}
@@ -130,3 +132,68 @@ def test_a_disconnected_subscriber_is_closed_on_the_node(cluster: Any) -> None:
     while hub.subscriptions() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert hub.subscriptions() == {}  # no subscription (nor its thread) outlives its client
+
+
+def test_post_query_streams_exactly_the_push_spellings(cluster: Any) -> None:
+    nodes, _ = cluster
+    headers = {"authorization": "Bearer tok"}
+    for template, push in [(t, True) for t in PUSH] + [(t, False) for t in PULL]:
+        body = orjson.dumps({"sql": spell(template, "k, n", "t")})
+        with httpx.stream("POST", f"{nodes[0].url}/query", content=body, headers=headers) as r:
+            assert r.status_code == 200, (template, r.read())
+            kind = r.headers["content-type"]
+            assert kind == ("application/x-ndjson" if push else "application/json"), template
+            if not push:
+                assert orjson.loads(r.read())["columns"][:2] == ["k", "n"]
+
+
+def take(changes: Any, count: int) -> list[Change]:
+    out = []
+    for change in changes:
+        out.append(change)
+        if len(out) == count:
+            break
+    return out
+
+
+def test_a_client_change_is_the_in_process_change(cluster: Any) -> None:
+    nodes, changelog = cluster
+    statement = "SELECT k, n FROM t WHERE n >= 10 EMIT CHANGES"
+    snapshot = sum(1 for n in BATCHES[0].values() if n is not None and n >= 10)
+    with (
+        Client(nodes[1].url, token="tok") as client,
+        client.stream(statement, snapshot=True) as remote,
+        nodes[0].stream(statement, snapshot=True) as local,
+    ):
+        first_remote, first_local = take(remote, snapshot), take(local, snapshot)
+        write_batch(changelog, 1, {"k05": 7, "k06": 1000, "k07": None})
+        live = 1 + sum(1 for k in ("k05", "k07") if (BATCHES[0].get(k) or 0) >= 10)
+        got_remote, got_local = take(remote, live), take(local, live)
+    for got, want in [(first_remote, first_local), (got_remote, got_local)]:
+        assert all(type(change) is Change for change in got)
+        assert got == want  # key, row, batch_id, snapshot and position alike
+        assert [c.position.to_token() for c in got] == [c.position.to_token() for c in want]
+    assert {c.snapshot for c in first_remote} == {True}
+    assert {c.batch_id for c in first_remote} == {0}
+    assert {c.snapshot for c in got_remote} == {False}
+    assert {c.batch_id for c in got_remote} == {1}
+    assert ("k06", {"k": "k06", "n": 1000}) in [(c.key, c.row) for c in got_remote]
+    assert set(got_remote[-1].position.partition_offsets("push:t")) == {1}  # within batch 1
+
+
+def test_client_sql_answers_are_sql_results_like_in_process(cluster: Any) -> None:
+    nodes, _ = cluster
+    with Client(nodes[1].url, token="tok") as client:
+        for text in [
+            "SELECT k, n FROM t WHERE k = 'k01'",
+            "EXPLAIN SELECT * FROM t WHERE k = 'k01'",
+        ]:
+            remote, local = client.sql(text), nodes[0].sql(text)
+            assert type(remote) is SqlResult
+            assert remote.columns == local.columns
+            assert remote.rows == local.rows
+            assert remote.explain == local.explain
+            assert remote.next_page_token == local.next_page_token
+            assert isinstance(remote.position, Position)
+        assert remote.explain is not None
+        assert remote.tuples() == local.tuples()

@@ -24,6 +24,7 @@ from sparkiq import (
 from sparkiq.errors import InvalidQueryError
 from tests.changelog.helpers import (
     apply_changes,
+    create_changelog,
     expected_rows,
     make_table,
     make_wide_table,
@@ -170,9 +171,6 @@ def test_typed_keys_are_parsed_by_column_type(tmp_path: Path) -> None:
     """Keys of a date column arrive as ISO text; a bad date names the field."""
     import pyarrow as pa
 
-    from sparkiq.changelog import Changelog, TableManifest
-    from sparkiq.schema.types import TableSchema
-
     schema_json = {
         "type": "struct",
         "fields": [
@@ -180,11 +178,7 @@ def test_typed_keys_are_parsed_by_column_type(tmp_path: Path) -> None:
             {"name": "n", "type": "long", "nullable": True, "metadata": {}},
         ],
     }
-    schema = TableSchema.from_spark_json(schema_json, ["day"])
-    changelog = Changelog(str(tmp_path), "days")
-    TableManifest(name="days", schema=schema, partitions=2, output_mode="update").ensure_written(
-        changelog.storage, changelog.manifest_path
-    )
+    changelog = create_changelog(str(tmp_path), "days", schema_json, ["day"], partitions=2)
     arrow = pa.schema([("day", pa.date32()), ("n", pa.int64())])
     days = {dt.date(2024, 5, i): {"day": dt.date(2024, 5, i), "n": i} for i in range(1, 9)}
     write_rows(changelog, 0, days, arrow)

@@ -20,6 +20,7 @@ from sparkiq import (
     Position,
     RangeQuery,
     SchemaError,
+    SqlResult,
     StateQueryRequest,
     UnknownStoreError,
 )
@@ -31,6 +32,7 @@ from sparkiq.spark.ddl import (
     parse,
     stream_references,
 )
+from tests.sql.push_spellings import PULL, PUSH, spell
 
 EVENTS = "user string, page string, n long, ts timestamp"
 
@@ -538,3 +540,28 @@ def test_stream_references() -> None:
     ) == {"events", "Clicks", "db.ids"}
     assert stream_references("SELECT * FROM range(10)") == set()
     assert stream_references("SELECT * FROM events WHERE x = ANY FANCY SYNTAX (") is None
+
+
+@pytest.mark.parametrize("template", PUSH + PULL)
+def test_create_table_cuts_off_exactly_a_trailing_emit_changes(template: str) -> None:
+    select = spell(template, "user", "events")
+    create = parse(f"CREATE TABLE v WITH (KEY = 'user') AS {select}")
+    assert isinstance(create, CreateTable)
+    if template in PUSH:  # the clause is the last EMIT of each push spelling
+        expected = select[: select.lower().rfind("emit")].strip()
+    else:
+        expected = select.strip().removesuffix(";")
+    assert create.select == expected
+
+
+def test_tables_are_created_from_every_spelling_of_emit_changes(
+    spark: Any, source: Path, tmp_path: Path
+) -> None:
+    app = App(spark, state_dir=str(tmp_path / "state"))
+    app.register_stream("events", spark.readStream.schema(EVENTS).json(str(source)))
+    for i, template in enumerate(PUSH + PULL):
+        select = spell(template, "user, count(*) AS views", "events GROUP BY user")
+        created = app.sql(f"CREATE TABLE v{i} WITH (KEY = 'user') AS {select}")
+        assert type(created) is SqlResult
+        assert created.rows == [{"table": f"v{i}", "status": "created"}], template
+        assert app.tables[f"v{i}"].dataframe.columns[:2] == ["user", "views"]

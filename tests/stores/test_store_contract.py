@@ -111,20 +111,32 @@ BOUNDS = [None, b"", b"\x00", b"\x00a", b"\x00a\x00", b"\x00aa", b"\x00b", b"\x0
 BOUNDS += [b"\xff", b"\xff\xff"]
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("upper_exclusive", [False, True])
-def test_ranges_match_the_model_for_every_pair_of_bounds(
-    store: Store, reverse: bool, upper_exclusive: bool
-) -> None:
+BoundCase = tuple[bytes | None, bytes | None, dict[str, bool], list[tuple[bytes, bytes]]]
+
+
+@pytest.fixture(
+    params=[(reverse, exclusive) for reverse in (False, True) for exclusive in (False, True)],
+    ids=lambda p: f"reverse={p[0]}-upper_exclusive={p[1]}",
+)
+def bound_cases(store: Store, request: pytest.FixtureRequest) -> list[BoundCase]:
+    """RANGE_KEYS applied to ``store``, then every pair of BOUNDS as ``(lower, upper,
+    range keywords, rows the model expects)``, for each of the four keyword combinations."""
+    reverse, upper_exclusive = request.param
     model = {key: b"v" + key for key in RANGE_KEYS}
     store.apply(model.items(), b"meta")
-    for lower in BOUNDS:
-        for upper in BOUNDS:
-            kw = {"reverse": reverse, "upper_exclusive": upper_exclusive}
-            assert scan(store, lower, upper, **kw) == model_range(model, lower, upper, **kw), (
-                lower,
-                upper,
-            )
+    kw = {"reverse": reverse, "upper_exclusive": upper_exclusive}
+    return [
+        (lower, upper, kw, model_range(model, lower, upper, **kw))
+        for lower in BOUNDS
+        for upper in BOUNDS
+    ]
+
+
+def test_ranges_match_the_model_for_every_pair_of_bounds(
+    store: Store, bound_cases: list[BoundCase]
+) -> None:
+    for lower, upper, kw, expected in bound_cases:
+        assert scan(store, lower, upper, **kw) == expected, (lower, upper)
 
 
 def chunked(iterator: StoreIterator, sizes: Iterable[int]) -> list[tuple[bytes, bytes]]:
@@ -148,23 +160,16 @@ def chunked(iterator: StoreIterator, sizes: Iterable[int]) -> list[tuple[bytes, 
     raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("upper_exclusive", [False, True])
 def test_next_chunk_matches_the_model_for_every_pair_of_bounds(
-    store: Store, reverse: bool, upper_exclusive: bool
+    store: Store, bound_cases: list[BoundCase]
 ) -> None:
-    model = {key: b"v" + key for key in RANGE_KEYS}
-    store.apply(model.items(), b"meta")
-    for lower in BOUNDS:
-        for upper in BOUNDS:
-            kw = {"reverse": reverse, "upper_exclusive": upper_exclusive}
-            expected = model_range(model, lower, upper, **kw)
-            for sizes in ([1], [3], [1000], [2, 1, 5]):
-                with store.range(lower, upper, **kw) as iterator:
-                    assert chunked(iterator, sizes) == expected, (lower, upper, sizes)
+    for lower, upper, kw, expected in bound_cases:
+        for sizes in ([1], [3], [1000], [2, 1, 5]):
             with store.range(lower, upper, **kw) as iterator:
-                assert iterator.next_chunk(1 << 62) == expected
-                assert iterator.next_chunk(5) == []
+                assert chunked(iterator, sizes) == expected, (lower, upper, sizes)
+        with store.range(lower, upper, **kw) as iterator:
+            assert iterator.next_chunk(1 << 62) == expected
+            assert iterator.next_chunk(5) == []
 
 
 def test_next_chunk_reads_the_snapshot_of_its_range(store: Store) -> None:

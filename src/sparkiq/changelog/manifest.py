@@ -25,9 +25,12 @@ from sparkiq.changelog.storage import Storage
 from sparkiq.errors import ChangelogError, LayoutMismatchError
 from sparkiq.schema.types import TableSchema
 
-__all__ = ["LAYOUT_VERSION", "TableManifest"]
+__all__ = ["LAYOUT_VERSION", "OUTPUT_MODES", "TableManifest"]
 
 LAYOUT_VERSION = 1
+# Spark output modes a table's query may run in (``output_mode``); ``complete`` rewrites the
+# whole table every batch, which readers of the changelog must know.
+OUTPUT_MODES = ("update", "append", "complete")
 
 
 @dataclass(frozen=True)

@@ -49,14 +49,16 @@ from typing import Any
 
 from sparkiq.changelog import Changelog, open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
-from sparkiq.cluster.node import Node, TableView
+from sparkiq.cluster.config import NodeConfig
+from sparkiq.cluster.hosting import Hosting, TableView
+from sparkiq.cluster.lookup import Lookup
 from sparkiq.cluster.subset import RowFilter, SubsetTransform, check_partitions, identify, project
 from sparkiq.errors import ConfigError, SparkiqError
 from sparkiq.query.position import Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
-from sparkiq.schema.codec import KeyCodec, RowCodec
-from sparkiq.schema.partitioner import Partitioner
+from sparkiq.schema.codec import RowCodec
+from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 
 __all__ = ["MARKER_VERSION", "Follower", "follow"]
 
@@ -150,6 +152,8 @@ class Follower:
         transform = None
         if where is not None or kept is not None:
             transform = SubsetTransform(table, RowCodec(manifest.schema), where, kept)
+        # the same checks and messages as a node's settings; no SPARKIQ_* variable applies
+        NodeConfig.resolve(state_dir, environ={}, store=store, poll_interval=poll_interval)
         if store == "memory" and local_dir is not None:
             raise ConfigError(
                 "local_dir is only used with store='rocksdb'; a memory follower keeps nothing "
@@ -161,8 +165,6 @@ class Follower:
             local_dir = self._temporary = tempfile.mkdtemp(prefix=f"sparkiq-follower-{table}-")
         self.local_dir = local_dir
         self.poll_interval = poll_interval
-        self._keys = KeyCodec(self.schema)
-        self._partitioner = Partitioner(self.schema.key_types, manifest.partitions)
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -170,21 +172,24 @@ class Follower:
         try:
             if local_dir is not None:
                 _check_outside(state_dir, local_dir, table)
-            self._node = Node(
+            followed = self._partitions
+            self._hosting = Hosting(
                 state_dir,
                 node_id=f"follower-{table}",
+                placement=lambda _table, _count: followed,
                 local_dir=local_dir,
                 store=store,
                 poll_interval=poll_interval,
-                partitions={table: self._partitions},
                 tables=[table],
                 views={table: TableView(self.schema, transform)},
                 read_only=True,
             )
+            self._lookup = Lookup(self._hosting, node_id=f"follower-{table}")
+            self._sql: SqlEngine | None = None
             if local_dir is not None:
                 self._discard_other_subset(local_dir)
-            self._node.refresh_tables()  # opens the stores; nothing is applied yet
-            self._replica: TableReplica = self._node.replica(table)
+            self._hosting.refresh_tables()  # opens the stores; nothing is applied yet
+            self._replica: TableReplica = self._hosting.replica(table)
             self.changelog = self._replica.changelog  # the read-only one it tails
             if local_dir is not None:
                 self._write_marker(local_dir)
@@ -218,7 +223,7 @@ class Follower:
         with self._poll_lock:
             if self._closed:
                 return 0
-            return self._node.poll_once()
+            return self._hosting.poll_once()
 
     def close(self) -> None:
         """Stop tailing, close the stores and delete a temporary ``local_dir``. Idempotent."""
@@ -233,9 +238,9 @@ class Follower:
         self._release()
 
     def _release(self) -> None:
-        node = getattr(self, "_node", None)
-        if node is not None:
-            node.stop()
+        hosting = getattr(self, "_hosting", None)
+        if hosting is not None:
+            hosting.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
 
@@ -265,7 +270,7 @@ class Follower:
     def position(self) -> Position:
         """The merged position of the followed partitions (what has been applied)."""
         self._require_open()
-        return self._node.position(self.table)
+        return self._hosting.position(self.table)
 
     @property
     def batch_id(self) -> int:
@@ -275,14 +280,14 @@ class Follower:
 
     def status(self) -> list[ReplicaStatus]:
         """Progress and health of each followed partition."""
-        return self._node.status()
+        return self._hosting.status()
 
     def wait_for(self, batch_id: int, timeout: float | None = None) -> bool:
         """Block until every followed partition applied ``batch_id``; False on timeout or
         when a partition is stuck on an error (see :meth:`status`)."""
         self._require_open()
         if self._thread is not None:
-            return self._node.wait_for(self.table, batch_id, timeout)
+            return self._hosting.wait_for(self.table, batch_id, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self.poll_once()
@@ -300,20 +305,19 @@ class Follower:
     def get(self, key: Any) -> dict[str, Any] | None:
         """The row of ``key`` in the subset, or None (absent, or filtered out)."""
         self._require_open()
-        return self._node.get(self.table, key)
+        return self._lookup.get(self.table, key)
 
     def get_with_position(self, key: Any) -> tuple[dict[str, Any] | None, Position]:
         """The row of ``key`` (or None) and the position of its partition it was read at."""
         self._require_open()
-        return self._node.get_with_position(self.table, key)
+        return self._lookup.get_with_position(self.table, key)
 
     def get_encoded(self, key: Any) -> tuple[bytes | None, Position]:
         """Like :meth:`get_with_position`, with the row in the changelog's row encoding
         (:mod:`sparkiq.schema.rowcodec`, the columns of :attr:`schema`), undecoded."""
         self._require_open()
-        internal = self._keys.to_internal(key)
-        partition = self._partitioner(internal)
-        hosted = self._replica.partitions.get(partition)
+        location = self._lookup.locate(self.table, key)
+        partition, hosted = location.partition, location.store
         if hosted is None:
             raise SparkiqError(
                 f"partition {partition} of {self.table!r}, which holds key {key!r}, is not "
@@ -321,23 +325,26 @@ class Follower:
                 store=self.table,
                 partition=partition,
             )
-        return hosted.store.get_raw(self._keys.encode(internal))
+        return hosted.get_raw(hosted.keys.encode(location.internal))
 
     def partition_for_key(self, key: Any) -> int:
-        return self._partitioner(self._keys.to_internal(key))
+        return self._lookup.partition_for_key(self.table, key)
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer an IQv2-style request on this table; failures are per partition
         (``NOT_PRESENT`` for partitions not followed)."""
         self._require_open()
-        return self._node.query(request)
+        return self._lookup.query(request)
 
-    def sql(self, text: str, **options: Any) -> Any:
+    def sql(self, text: str, **options: Any) -> SqlResult:
         """A SQL pull query over the followed subset (its columns, the rows its filter keeps),
         like :meth:`sparkiq.Node.sql`. A statement that must read a partition this follower
         does not follow fails with :class:`sparkiq.sql.SqlPartitionError` naming it."""
         self._require_open()
-        return self._node.sql(text, **options)
+        engine = self._sql
+        if engine is None:  # a race builds two engines; either serves
+            engine = self._sql = SqlEngine(self._lookup, SqlLimits.from_env())
+        return engine.execute(text, **options)
 
     # -- local directory ---------------------------------------------------------------------
 

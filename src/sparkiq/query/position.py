@@ -41,6 +41,15 @@ def _freeze(positions: Mapping[str, Mapping[int, int]]) -> Mapping[str, Mapping[
     return MappingProxyType(frozen)
 
 
+def _covers(seen: Mapping[int, int], wanted: Mapping[int, int]) -> bool:
+    """Whether every partition in ``wanted`` is in ``seen`` with an offset at least as high."""
+    for partition, offset in wanted.items():
+        have = seen.get(partition)
+        if have is None or have < offset:
+            return False
+    return True
+
+
 def _as_int(value: Any, what: str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"position {what} must be an int, got {value!r}")
@@ -102,12 +111,8 @@ class Position:
         """True when every entry of ``other`` is present here with an offset at least as high."""
         for component, offsets in other._map.items():
             mine = self._map.get(component)
-            if mine is None:
+            if mine is None or not _covers(mine, offsets):
                 return False
-            for partition, offset in offsets.items():
-                seen = mine.get(partition)
-                if seen is None or seen < offset:
-                    return False
         return True
 
     def to_token(self) -> str:
@@ -200,12 +205,8 @@ class PositionBound:
                 if not seen_offsets or max(seen_offsets.values()) < max(offsets.values()):
                     return False
                 continue
-            if seen_offsets is None:
-                continue
-            for partition, offset in offsets.items():
-                have = seen_offsets.get(partition)
-                if have is None or have < offset:
-                    return False
+            if seen_offsets is not None and not _covers(seen_offsets, offsets):
+                return False
         return True
 
     def __repr__(self) -> str:

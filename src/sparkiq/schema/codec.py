@@ -11,19 +11,17 @@ and clients can use them without a JVM. Their byte formats are documented in the
 
 from __future__ import annotations
 
-from sparkiq.schema.keycodec import (
-    KEY_FORMAT_VERSION,
-    KeyCodec,
+from sparkiq.schema.internal import (
     date_from_internal,
     date_to_internal,
     decimal_from_internal,
     decimal_unscaled,
-    prefix_end,
     timestamp_from_internal,
     timestamp_ntz_from_internal,
     timestamp_ntz_to_internal,
     timestamp_to_internal,
 )
+from sparkiq.schema.keycodec import KEY_FORMAT_VERSION, KeyCodec, prefix_end
 from sparkiq.schema.rowcodec import ROW_FORMAT_VERSION, RowCodec
 
 __all__ = [

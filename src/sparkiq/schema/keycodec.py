@@ -1,24 +1,7 @@
 """Key codec: validate the keys callers pass, and encode them so byte order is key order.
 
-Internal key values
--------------------
-Between validation and encoding (and in the partitioner, which hashes the same values as
-Spark), a key is a tuple with one *internal* value per key column:
-
-=========================================  ===============================================
-Spark type                                 internal value
-=========================================  ===============================================
-string                                     ``str``
-binary                                     ``bytes``
-byte / short / integer / long              ``int``
-boolean                                    ``bool``
-float / double                             ``float`` (float keys rounded to float32;
-                                           ``-0.0`` normalized to ``0.0``)
-date                                       ``int`` days since 1970-01-01
-timestamp / timestamp_ntz                  ``int`` microseconds since the epoch
-decimal(p, s)                              ``int`` unscaled value (value * 10**s)
-(any, null)                                ``None``
-=========================================  ===============================================
+Keys are validated into *internal values* (one per key column; see
+:mod:`sparkiq.schema.internal`), which the partitioner hashes and this codec encodes.
 
 Key encoding, format version 1 (:data:`KEY_FORMAT_VERSION`)
 -----------------------------------------------------------
@@ -35,35 +18,17 @@ null marker). Stores may rely on keys never starting with ``0xFF`` (for metadata
 
 from __future__ import annotations
 
-import calendar
-import datetime as dt
-import math
-import numbers
 import struct
-import time
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any, NoReturn
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkiq.errors import InvalidQueryError, SchemaError, StoreError
+from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 
-__all__ = [
-    "KEY_FORMAT_VERSION",
-    "KeyCodec",
-    "date_from_internal",
-    "date_to_internal",
-    "decimal_from_internal",
-    "decimal_unscaled",
-    "prefix_end",
-    "timestamp_from_internal",
-    "timestamp_ntz_from_internal",
-    "timestamp_ntz_to_internal",
-    "timestamp_to_internal",
-]
+__all__ = ["KEY_FORMAT_VERSION", "KeyCodec", "prefix_end"]
 
 #: Version of the byte layout below; recorded by stores, bumped on any change.
 KEY_FORMAT_VERSION = 1
@@ -95,75 +60,6 @@ _BIAS128 = 1 << 127
 _ZERO = b"\x00"
 _ESCAPED_ZERO = b"\x00\xff"
 _TERMINATOR = b"\x00\x01"
-
-_EPOCH_ORDINAL = dt.date(1970, 1, 1).toordinal()
-_EPOCH = dt.datetime(1970, 1, 1)
-_ONE_US = dt.timedelta(microseconds=1)
-_INT_BITS = {"byte": 8, "short": 16, "integer": 32, "long": 64}
-_FLOAT32 = struct.Struct("<f")
-
-
-# --- Conversions between Python values and internal values (PySpark's own formulas) --------
-
-
-def date_to_internal(value: dt.date) -> int:
-    """Days since 1970-01-01, as PySpark's ``DateType.toInternal``."""
-    return value.toordinal() - _EPOCH_ORDINAL
-
-
-def date_from_internal(days: int) -> dt.date:
-    return dt.date.fromordinal(days + _EPOCH_ORDINAL)
-
-
-def timestamp_to_internal(value: dt.datetime) -> int:
-    """Microseconds since the epoch, as PySpark's ``TimestampType.toInternal``.
-
-    A naive datetime is *local* time (the process's ``TZ``); an aware one is converted to UTC.
-    """
-    seconds = (
-        calendar.timegm(value.utctimetuple()) if value.tzinfo else time.mktime(value.timetuple())
-    )
-    return int(seconds) * 1_000_000 + value.microsecond
-
-
-def timestamp_from_internal(micros: int) -> dt.datetime:
-    """A naive *local* datetime, exactly as PySpark's ``TimestampType.fromInternal``."""
-    return dt.datetime.fromtimestamp(micros // 1_000_000).replace(microsecond=micros % 1_000_000)
-
-
-def timestamp_ntz_to_internal(value: dt.datetime) -> int:
-    """The wall clock of a naive datetime as microseconds since 1970-01-01 00:00."""
-    return (value - _EPOCH) // _ONE_US
-
-
-def timestamp_ntz_from_internal(micros: int) -> dt.datetime:
-    return _EPOCH + dt.timedelta(microseconds=micros)
-
-
-def decimal_unscaled(value: Decimal, scale: int) -> int | None:
-    """``value * 10**scale`` as an exact int, or None if that is not an integer (or NaN/inf).
-
-    Integer arithmetic on the digits: ``Decimal.scaleb`` would round to the context's
-    28 digits, and Spark decimals have up to 38.
-    """
-    sign, digits, exponent = value.as_tuple()
-    if not isinstance(exponent, int):
-        return None
-    coefficient = int("".join(map(str, digits))) if digits else 0
-    shift = exponent + scale
-    unscaled: int
-    if shift >= 0:
-        unscaled = coefficient * 10**shift
-    else:
-        unscaled, remainder = divmod(coefficient, 10**-shift)
-        if remainder:
-            return None
-    return -unscaled if sign else unscaled
-
-
-def decimal_from_internal(unscaled: int, scale: int) -> Decimal:
-    """A Decimal with exactly ``scale`` fractional digits (string parsing is exact)."""
-    return Decimal(f"{unscaled}E{-scale}")
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -273,14 +169,14 @@ def _dec_str(data: bytes, pos: int) -> tuple[Any, int]:
     return (None if raw is None else raw.decode("utf-8")), pos
 
 
+# by the kind's internal representation (:attr:`~sparkiq.schema.kinds.Kind.family`)
 _CODECS: dict[str, tuple[_Encoder, _Decoder]] = {
     "string": (_enc_str, _dec_str),
     "binary": (_enc_binary, _dec_escaped),
     "boolean": (_enc_bool, _dec_bool),
     "float": (_enc_double, _dec_double),
-    "double": (_enc_double, _dec_double),
     "decimal": (_enc_decimal, _dec_decimal),
-    **{name: (_enc_int, _dec_int) for name in (*_INT_BITS, "date", "timestamp", "timestamp_ntz")},
+    "int": (_enc_int, _dec_int),
 }
 
 
@@ -294,180 +190,16 @@ def _describe(value: Any) -> str:
 
 def _validator(column: str, dtype: DataType) -> Callable[[Any], Any]:
     """A function turning one user value for ``column`` into its internal value, or raising."""
-    kind = dtype.name
 
     def reject(value: Any, advice: str) -> NoReturn:
         raise InvalidQueryError(
             f"key column {column!r} is {dtype.simple_string()}; got {_describe(value)}: {advice}"
         )
 
-    def as_int(value: Any) -> int | None:
-        if type(value) is int:
-            return value
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            return int(value)  # numpy integers
-        return None
-
-    if kind == "string":
-
-        def check_string(value: Any) -> Any:
-            if value is None or (type(value) is str and value.isascii()):
-                return value
-            if not isinstance(value, str):
-                reject(value, "pass a str")
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                reject(value, "pass a str without lone surrogates (it must encode as UTF-8)")
-            return str(value)
-
-        return check_string
-    if kind in _INT_BITS:
-        low, high = -(1 << (_INT_BITS[kind] - 1)), (1 << (_INT_BITS[kind] - 1)) - 1
-
-        def check_int(value: Any) -> Any:
-            if value is None:
-                return None
-            number = as_int(value)
-            if number is None:
-                reject(value, "pass an int")
-            if not low <= number <= high:
-                reject(value, f"outside [{low}, {high}]; pass an int in that range")
-            return number
-
-        return check_int
-    if kind == "boolean":
-
-        def check_bool(value: Any) -> Any:
-            if value is None or isinstance(value, bool):
-                return value
-            reject(value, "pass True or False")
-
-        return check_bool
-    if kind in ("float", "double"):
-
-        def check_float(value: Any) -> Any:
-            if value is None:
-                return None
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                reject(value, "pass a float or an int")
-            try:
-                number = float(value)
-                if kind == "float" and not math.isinf(number):
-                    # a FloatType column holds float32 values: match what Spark stores
-                    number = _FLOAT32.unpack(_FLOAT32.pack(number))[0]
-            except OverflowError:
-                reject(value, f"outside the range of {kind}; pass a smaller number")
-            if number != number:
-                return math.nan
-            return number + 0.0  # -0.0 -> 0.0, as Spark normalizes keys
-
-        return check_float
-    if kind == "date":
-
-        def check_date(value: Any) -> Any:
-            if value is None:
-                return None
-            if not isinstance(value, dt.date) or isinstance(value, dt.datetime):
-                reject(value, "pass a datetime.date (not a datetime)")
-            return date_to_internal(value)
-
-        return check_date
-    if kind == "timestamp":
-
-        def check_timestamp(value: Any) -> Any:
-            if value is None:
-                return None
-            if not isinstance(value, dt.datetime):
-                reject(value, "pass a datetime.datetime (naive means local time)")
-            try:
-                return timestamp_to_internal(value)
-            except (OverflowError, ValueError) as exc:
-                reject(value, f"cannot convert it ({exc}); pass a datetime in Spark's range")
-
-        return check_timestamp
-    if kind == "timestamp_ntz":
-
-        def check_timestamp_ntz(value: Any) -> Any:
-            if value is None:
-                return None
-            if not isinstance(value, dt.datetime):
-                reject(value, "pass a naive datetime.datetime")
-            if value.tzinfo is not None:
-                reject(value, "pass a naive datetime.datetime (timestamp_ntz has no time zone)")
-            return timestamp_ntz_to_internal(value)
-
-        return check_timestamp_ntz
-    if kind == "binary":
-
-        def check_binary(value: Any) -> Any:
-            if value is None or type(value) is bytes:
-                return value
-            if isinstance(value, bytes | bytearray | memoryview):
-                return bytes(value)
-            reject(value, "pass bytes, bytearray or memoryview")
-
-        return check_binary
-    if kind == "decimal":
-        precision, scale = dtype.precision, dtype.scale
-        limit = 10**precision
-
-        def check_decimal(value: Any) -> Any:
-            if value is None:
-                return None
-            number = as_int(value)
-            if number is None and not isinstance(value, Decimal):
-                reject(value, "pass a decimal.Decimal (e.g. Decimal('1.25')) or an int")
-            unscaled = decimal_unscaled(value if number is None else Decimal(number), scale)
-            if unscaled is None:
-                reject(
-                    value,
-                    f"it has more than {scale} fractional digits (or is not finite); "
-                    "pass a Decimal rounded to the column's scale",
-                )
-            if abs(unscaled) >= limit:
-                reject(
-                    value,
-                    f"it needs more than {precision} digits ({precision - scale} before the "
-                    "point); pass a smaller value",
-                )
-            return unscaled
-
-        return check_decimal
-    raise SchemaError(f"key column {column!r} has type {dtype.simple_string()}, not a key type")
-
-
-def _from_internal(dtype: DataType, binary_as_bytes: bool) -> Callable[[Any], Any] | None:
-    kind = dtype.name
-    if kind == "date":
-        return date_from_internal
-    if kind == "timestamp":
-        return timestamp_from_internal
-    if kind == "timestamp_ntz":
-        return timestamp_ntz_from_internal
-    if kind == "decimal":
-        scale = dtype.scale
-        return lambda unscaled: decimal_from_internal(unscaled, scale)
-    if kind == "binary":
-        return None if binary_as_bytes else bytearray
-    if kind in ("float", "double"):
-        return float
-    return None
-
-
-def _arrow_internal(column: Any, dtype: DataType) -> list[Any]:
-    """Internal values of one Arrow key column (Array or ChunkedArray)."""
-    kind = dtype.name
-    if kind in ("timestamp", "timestamp_ntz"):
-        if column.type.unit != "us":
-            column = column.cast(pa.timestamp("us", column.type.tz))
-        return column.cast(pa.int64()).to_pylist()  # type: ignore[no-any-return]
-    if kind == "date":
-        return column.cast(pa.int32()).to_pylist()  # type: ignore[no-any-return]
-    if kind == "decimal":
-        scale = dtype.scale
-        return [None if d is None else decimal_unscaled(d, scale) for d in column.to_pylist()]
-    return column.to_pylist()  # type: ignore[no-any-return]
+    kind = KINDS.get(dtype.name)
+    if kind is None or kind.check is None:
+        raise SchemaError(f"key column {column!r} has type {dtype.simple_string()}, not a key type")
+    return kind.check(dtype, reject)
 
 
 class KeyCodec:
@@ -484,6 +216,7 @@ class KeyCodec:
         "_decoders",
         "_encoders",
         "_from",
+        "_kinds",
         "_single",
         "_types",
         "_validators",
@@ -498,9 +231,13 @@ class KeyCodec:
         self._validators = tuple(
             _validator(c, t) for c, t in zip(self._columns, self._types, strict=True)
         )
-        self._encoders = tuple(_CODECS[t.name][0] for t in self._types)
-        self._decoders = tuple(_CODECS[t.name][1] for t in self._types)
-        self._from = tuple(_from_internal(t, binary_as_bytes) for t in self._types)
+        kinds = tuple(KINDS[t.name] for t in self._types)
+        self._kinds = kinds
+        self._encoders = tuple(_CODECS[k.family][0] for k in kinds)
+        self._decoders = tuple(_CODECS[k.family][1] for k in kinds)
+        self._from = tuple(
+            k.key_converter(t, binary_as_bytes) for k, t in zip(kinds, self._types, strict=True)
+        )
         self._single = len(self._columns) == 1
         self._window_index: int | None = None
         if schema.window_column is not None:
@@ -576,15 +313,19 @@ class KeyCodec:
         """Encode the key (plus window start when windowed) of every row of an Arrow
         RecordBatch or Table, as :meth:`encode`/:meth:`encode_windowed` would."""
         columns = [
-            list(map(enc, _arrow_internal(batch.column(name), dtype)))
-            for name, dtype, enc in zip(self._columns, self._types, self._encoders, strict=True)
+            list(map(enc, kind.internal_values(batch.column(name), dtype)))
+            for name, dtype, kind, enc in zip(
+                self._columns, self._types, self._kinds, self._encoders, strict=True
+            )
         ]
         if self._window_index is not None:
             assert self.schema.window_column is not None
             window = batch.column(self.schema.window_column)
             start_type = self.schema.window_start_type
             assert start_type is not None
-            starts = _arrow_internal(pc.struct_field(window, [self._window_index]), start_type)
+            starts = KINDS[start_type.name].internal_values(
+                pc.struct_field(window, [self._window_index]), start_type
+            )
             columns.append(list(map(_enc_int, starts)))
         if len(columns) == 1:
             return columns[0]

@@ -64,6 +64,7 @@ from typing import Any, Final
 import mmh3
 
 from sparkiq.errors import ConfigError, InvalidQueryError, SchemaError
+from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, parse_type
 
 __all__ = ["SPARK_HASH_SEED", "Partitioner", "partition_for", "spark_hash"]
@@ -241,31 +242,28 @@ def _decimal_hasher(precision: int) -> _Hasher:
     return large
 
 
-_FIXED_HASHERS: Final[dict[str, tuple[_Hasher, str]]] = {
-    "string": (_hash_string, "a str"),
-    "binary": (_hash_binary, "bytes"),
-    "boolean": (_hash_boolean, "a bool"),
-    "byte": (_int_hasher(8), "an int in [-128, 127]"),
-    "short": (_int_hasher(16), "an int in [-32768, 32767]"),
-    "integer": (_int_hasher(32), "an int in [-2**31, 2**31 - 1]"),
-    "long": (_int_hasher(64), "an int in [-2**63, 2**63 - 1]"),
-    "date": (_int_hasher(32), "an int, days since 1970-01-01, in [-2**31, 2**31 - 1]"),
-    "timestamp": (_int_hasher(64), "an int, microseconds since the epoch, in 64 bits"),
-    "timestamp_ntz": (_int_hasher(64), "an int, microseconds since the epoch, in 64 bits"),
-    "float": (_hash_float, "a float"),
-    "double": (_hash_double, "a float"),
+# By the kind's internal representation (:attr:`~sparkiq.schema.kinds.Kind.family`) and
+# width: what Spark's ``hash`` does with a value of that representation.
+_FAMILY_HASHERS: Final[dict[str, Callable[[int], _Hasher]]] = {
+    "string": lambda bits: _hash_string,
+    "binary": lambda bits: _hash_binary,
+    "boolean": lambda bits: _hash_boolean,
+    "int": _int_hasher,
+    "float": lambda bits: _hash_float if bits == 32 else _hash_double,
 }
 
-_SUPPORTED = ", ".join([*_FIXED_HASHERS, "decimal(p,s)"])
+_SUPPORTED = ", ".join(
+    [*(k.name for k in KINDS.values() if k.key and k.family != "decimal"), "decimal(p,s)"]
+)
 
 
 @lru_cache(maxsize=512)
 def _hasher_for(dtype: DataType) -> tuple[_Hasher, str]:
     """The hasher of one type and a description of the values it accepts."""
-    fixed = _FIXED_HASHERS.get(dtype.name)
-    if fixed is not None:
-        return fixed
-    if dtype.name == "decimal":
+    kind = KINDS.get(dtype.name)
+    if kind is not None and kind.family in _FAMILY_HASHERS:
+        return _FAMILY_HASHERS[kind.family](kind.bits), kind.expects
+    if kind is not None and kind.family == "decimal":
         if not 1 <= dtype.precision <= _MAX_DECIMAL_PRECISION:
             raise InvalidQueryError(
                 f"type {dtype.simple_string()!r} is not a valid Spark decimal: "

@@ -35,19 +35,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 
 from sparkiq.errors import SchemaError
-from sparkiq.schema.keycodec import (
-    date_from_internal,
-    timestamp_from_internal,
-    timestamp_ntz_from_internal,
-)
-from sparkiq.schema.types import KEY_TYPE_NAMES, DataType, TableSchema
+from sparkiq.schema.kinds import KINDS
+from sparkiq.schema.types import DataType, TableSchema
 
 __all__ = ["ROW_FORMAT_VERSION", "RowCodec"]
 
@@ -55,11 +50,10 @@ __all__ = ["ROW_FORMAT_VERSION", "RowCodec"]
 ROW_FORMAT_VERSION = 1
 
 _Convert = Callable[[Any], Any]
-_SUPPORTED = KEY_TYPE_NAMES | {"struct", "array", "map", "void"}
 
 
 def _check_supported(path: str, dtype: DataType) -> None:
-    if dtype.name not in _SUPPORTED:
+    if dtype.name not in KINDS:
         raise SchemaError(
             f"column {path!r} has type {dtype.simple_string()}, which sparkiq cannot store; "
             "cast it to a supported type (e.g. string) before materializing"
@@ -77,14 +71,6 @@ def _check_supported(path: str, dtype: DataType) -> None:
 def _stored(array: Any, dtype: DataType) -> list[Any]:
     """Stored values (see the table above) of one Arrow array, one per row."""
     kind = dtype.name
-    if kind in ("timestamp", "timestamp_ntz"):
-        if array.type.unit != "us":
-            array = array.cast(pa.timestamp("us", array.type.tz))
-        return array.cast(pa.int64()).to_pylist()  # type: ignore[no-any-return]
-    if kind == "date":
-        return array.cast(pa.int32()).to_pylist()  # type: ignore[no-any-return]
-    if kind == "decimal":
-        return [None if d is None else str(d) for d in array.to_pylist()]
     if kind == "struct":
         children = [_stored(array.field(i), f.type) for i, f in enumerate(dtype.fields)]
         rows: list[Any] = list(zip(*children, strict=True)) if children else [()] * len(array)
@@ -107,7 +93,7 @@ def _stored(array: Any, dtype: DataType) -> list[Any]:
             )
         lists = [items[a - first : b - first] for a, b in itertools.pairwise(offsets)]
         return _with_nulls(array, lists)
-    return array.to_pylist()  # type: ignore[no-any-return]
+    return KINDS[kind].stored_values(array, dtype)
 
 
 def _with_nulls(array: Any, values: list[Any]) -> list[Any]:
@@ -122,16 +108,6 @@ def _with_nulls(array: Any, values: list[Any]) -> list[Any]:
 def _converter(dtype: DataType, binary_as_bytes: bool) -> _Convert | None:
     """A function from a non-null stored value to PySpark's value; None if they are equal."""
     kind = dtype.name
-    if kind == "timestamp":
-        return timestamp_from_internal
-    if kind == "timestamp_ntz":
-        return timestamp_ntz_from_internal
-    if kind == "date":
-        return date_from_internal
-    if kind == "decimal":
-        return Decimal
-    if kind == "binary":
-        return None if binary_as_bytes else bytearray
     if kind == "struct":
         names = tuple(f.name for f in dtype.fields)
         fields = _indexed_converters(dtype, binary_as_bytes)
@@ -157,7 +133,7 @@ def _converter(dtype: DataType, binary_as_bytes: bool) -> _Convert | None:
             k if key is None else key(k): v if value is None or v is None else value(v)
             for k, v in pairs
         }
-    return None
+    return KINDS[kind].stored_converter(dtype, binary_as_bytes)
 
 
 def _map_key_converter(dtype: DataType) -> _Convert | None:

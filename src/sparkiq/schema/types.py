@@ -13,6 +13,7 @@ version is readable here.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkiq.errors import SchemaError
+from sparkiq.schema.kinds import KINDS, Temporal
 
 __all__ = [
     "KEY_TYPE_NAMES",
@@ -31,22 +33,10 @@ __all__ = [
 
 #: Types a key column may have: each has a Spark hash, a total order and an
 #: order-preserving encoding. Complex types (arrays, maps, structs) cannot be keys.
-KEY_TYPE_NAMES = frozenset(
-    {
-        "string",
-        "integer",
-        "long",
-        "short",
-        "byte",
-        "boolean",
-        "float",
-        "double",
-        "date",
-        "timestamp",
-        "timestamp_ntz",
-        "binary",
-        "decimal",
-    }
+KEY_TYPE_NAMES = frozenset(name for name, kind in KINDS.items() if kind.key)
+#: Types a window's start may have: timestamps (Spark's ``window()`` produces them).
+_WINDOW_START_NAMES = frozenset(
+    name for name, kind in KINDS.items() if kind.key and kind.python is dt.datetime
 )
 
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(-?\d+)\)$")
@@ -77,14 +67,6 @@ class DataType:
         """Spark's ``simpleString`` spelling, used in error messages."""
         if self.name == "decimal":
             return f"decimal({self.precision},{self.scale})"
-        if self.name == "integer":
-            return "int"
-        if self.name == "long":
-            return "bigint"
-        if self.name == "short":
-            return "smallint"
-        if self.name == "byte":
-            return "tinyint"
         if self.name == "struct":
             inner = ",".join(f"{f.name}:{f.type.simple_string()}" for f in self.fields)
             return f"struct<{inner}>"
@@ -92,7 +74,8 @@ class DataType:
             return f"array<{self.element.simple_string()}>"
         if self.name == "map" and self.key is not None and self.value is not None:
             return f"map<{self.key.simple_string()},{self.value.simple_string()}>"
-        return self.name
+        kind = KINDS.get(self.name)
+        return kind.simple if kind is not None and kind.simple else self.name
 
     def to_json(self) -> Any:
         """Spark's JSON form of this type (inverse of :func:`parse_type`)."""
@@ -204,10 +187,7 @@ class TableSchema:
                 )
             wtype = self.field(self.window_column).type
             member_types = {f.name: f.type.name for f in wtype.fields}
-            if wtype.name != "struct" or member_types.get("start") not in (
-                "timestamp",
-                "timestamp_ntz",
-            ):
+            if wtype.name != "struct" or member_types.get("start") not in _WINDOW_START_NAMES:
                 raise SchemaError(
                     f"window column {self.window_column!r} has type {wtype.simple_string()}; "
                     "expected the struct<start,end> of timestamps that window() produces"
@@ -228,6 +208,13 @@ class TableSchema:
             return None
         wtype = self.field(self.window_column).type
         return next(f.type for f in wtype.fields if f.name == "start")
+
+    @property
+    def window_start(self) -> Temporal | None:
+        """Converters of the window start between PySpark's datetimes and internal
+        microseconds (per its type, timestamp or timestamp_ntz), or None when not windowed."""
+        start = self.window_start_type
+        return None if start is None else KINDS[start.name].temporal
 
     def field(self, name: str) -> Field:
         for f in self.fields:

@@ -1,11 +1,13 @@
 """The HTTP side of a node: the REST API, the node protocol and the metrics endpoint.
 
 This is the only package that imports the web server. It serves any object offering a
-node's methods (see :class:`sparkiq.server.app.RestApp`), so the cluster layer can embed it.
+node's methods (:class:`~sparkiq.server.served.ServedNode`); the :class:`~sparkiq.Node` facade,
+one layer up, starts it.
 """
 
 from __future__ import annotations
 
-from sparkiq.server.runner import RunningServer, start_server
+from sparkiq.server.runner import RunningServer, bind_socket, start_server
+from sparkiq.server.served import ServedNode
 
-__all__ = ["RunningServer", "start_server"]
+__all__ = ["RunningServer", "ServedNode", "bind_socket", "start_server"]

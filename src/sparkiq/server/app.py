@@ -46,7 +46,9 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
+from sparkiq.server.served import ServedNode
 from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
+from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import jsonapi, protocol
 from sparkiq.wire.values import pack, unpack
 
@@ -77,7 +79,7 @@ class RestApp:
 
     def __init__(
         self,
-        node: Any,
+        node: ServedNode,
         *,
         max_body_bytes: int = 1 << 20,
         threads: int = 32,
@@ -183,8 +185,8 @@ class RestApp:
             return path, 200
         if path == "/metadata":
             _allow(method, "GET")
-            doc = {"nodes": [m.to_dict() for m in self.node.all_metadata()]}
-            await _send(send, 200, jsonapi.dumps(doc), _JSON)
+            nodes = [m.to_dict() for m in self.node.all_metadata()]
+            await _send(send, 200, jsonapi.dumps({"nodes": nodes}), _JSON)
             return path, 200
         if parts[:2] == ["metadata", "stores"] and len(parts) == 5 and parts[3] == "keys":
             _allow(method, "GET")
@@ -268,7 +270,7 @@ class RestApp:
             from sparkiq.query.position import PositionBound
 
             options["bound"] = PositionBound.at(jsonapi.position_from_token(doc["bound"]))
-        if _is_push(text):
+        if is_push_query(text):
             if doc.get("from") is not None:
                 options["from_position"] = jsonapi.position_from_token(doc["from"], "from")
             if doc.get("snapshot"):
@@ -397,10 +399,6 @@ def _close(*iterators: Iterator[bytes]) -> None:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-
-
-def _is_push(text: str) -> bool:
-    return text.rstrip().rstrip(";").rstrip().upper().endswith("EMIT CHANGES")
 
 
 def _json_object(body: bytes) -> dict[str, Any]:

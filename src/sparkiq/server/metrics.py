@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from sparkiq.server.served import ServedNode
 
 __all__ = ["Metrics"]
 
@@ -15,7 +16,7 @@ __all__ = ["Metrics"]
 class _ReplicaCollector:
     """Per-partition replica state, read from the node at scrape time."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: ServedNode) -> None:
         self._node = node
 
     def collect(self) -> Iterator[Metric]:
@@ -56,7 +57,7 @@ class _ReplicaCollector:
 
 
 class Metrics:
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: ServedNode) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "sparkiq_http_requests",

@@ -11,7 +11,10 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["RunningServer", "start_server"]
+from sparkiq.errors import ConfigError
+from sparkiq.server.served import ServedNode
+
+__all__ = ["RunningServer", "bind_socket", "start_server"]
 
 log = logging.getLogger("sparkiq.server")
 
@@ -33,7 +36,9 @@ class RunningServer:
         self.app.close()
 
 
-def start_server(node: Any, sock: socket.socket, *, max_body_bytes: int = 1 << 20) -> RunningServer:
+def start_server(
+    node: ServedNode, sock: socket.socket, *, max_body_bytes: int = 1 << 20
+) -> RunningServer:
     """Serve ``node``'s REST API and node protocol on ``sock`` until ``stop()``."""
     from sparkiq.server.app import RestApp
 
@@ -60,3 +65,24 @@ def start_server(node: Any, sock: socket.socket, *, max_body_bytes: int = 1 << 2
         time.sleep(0.005)
     log.info("serving on %s", sock.getsockname())
     return RunningServer(server, thread, app)
+
+
+def bind_socket(listen: str) -> socket.socket:
+    """A listening, non-blocking socket on ``listen`` (``"host:port"``; port 0 picks a free
+    one; an empty host means every interface). Bound before the server starts so that the
+    node knows its own URL first."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"listen must be 'host:port' (port 0 picks a free one), got {listen!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {listen!r}: {exc}") from None
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock

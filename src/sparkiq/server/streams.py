@@ -68,7 +68,8 @@ def iq_json_chunks(store: str, results: StateQueryResult[Any]) -> Iterator[bytes
 
 
 def push_chunks(subscription: Any) -> Iterator[bytes]:
-    """One JSON line per change (``{"key", "row", "position"}``; ``row`` null for a
+    """One JSON line per change (``{"key", "row", "position", "batch_id", "snapshot"}``,
+    the fields of :class:`~sparkiq.sql.change.Change`; ``row`` null for a
     deletion), an empty line every :data:`KEEPALIVE_SECONDS` while nothing happens, and a
     final ``{"error": ...}`` line if the subscription fails (e.g. the client reads too
     slowly). Closing the generator closes the subscription."""
@@ -90,7 +91,13 @@ def push_chunks(subscription: Any) -> Iterator[bytes]:
                     return
                 yield b"\n"
                 continue
-            doc = {"key": change.key, "row": change.row, "position": change.position.to_token()}
+            doc = {
+                "key": change.key,
+                "row": change.row,
+                "position": change.position.to_token(),
+                "batch_id": change.batch_id,
+                "snapshot": change.snapshot,
+            }
             yield dumps(doc) + b"\n"
     finally:
         subscription.close()
@@ -105,4 +112,7 @@ def sql_json(result: Any) -> dict[str, Any]:
     token = getattr(result, "next_page_token", None)
     if token is not None:
         doc["next_page_token"] = token
+    explain = getattr(result, "explain", None)
+    if explain is not None:
+        doc["explain"] = explain
     return doc

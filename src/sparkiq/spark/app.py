@@ -10,7 +10,7 @@
 
 :meth:`App.materialize` only validates and records what to run; :meth:`App.start` writes the
 table manifests, starts one Spark streaming query per table (its checkpoint lives under
-``state_dir``) and, unless ``local_node=False``, a :class:`~sparkiq.cluster.node.Node`
+``state_dir``) and, unless ``local_node=False``, a :class:`~sparkiq.Node`
 hosting every partition. Starting an App on an existing ``state_dir`` resumes every table
 where it stopped: Spark from its checkpoint, the replicas from their local files.
 
@@ -38,8 +38,9 @@ from sparkiq.changelog import (
     check_table_name,
     open_storage,
 )
-from sparkiq.cluster.node import Node
+from sparkiq.changelog.manifest import OUTPUT_MODES
 from sparkiq.errors import ConfigError, SchemaError, SparkiqError, UnknownStoreError
+from sparkiq.node import Node
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.codec import RowCodec
@@ -52,7 +53,6 @@ __all__ = ["App", "Table"]
 
 log = logging.getLogger("sparkiq.app")
 
-_OUTPUT_MODES = ("update", "append", "complete")
 _MAX_PARTITIONS = 4096
 
 
@@ -86,7 +86,7 @@ class App:
     (``<checkpoint_dir>/<table>``); by default ``<state_dir>/checkpoints``, with ``s3://``
     spelled ``s3a://`` for Spark.
     ``name`` names the application in logs and Spark query names. ``local_dir``, ``store`` and
-    ``poll_interval`` configure the local node (see :class:`~sparkiq.cluster.node.Node`).
+    ``poll_interval`` configure the local node (see :class:`~sparkiq.Node`).
     Every ``snapshot_every`` batches (None: never) each table is snapshotted by a Spark job
     in the background, then files older than ``retention`` seconds that no snapshot needs
     are deleted (None: keep everything); see :mod:`sparkiq.spark.maintenance`.
@@ -203,9 +203,9 @@ class App:
             )
         if len(set(key_columns)) != len(key_columns):
             raise ConfigError(f"key lists a column twice: {list(key_columns)}", store=name)
-        if output_mode not in _OUTPUT_MODES:
+        if output_mode not in OUTPUT_MODES:
             raise ConfigError(
-                f"output_mode must be one of {list(_OUTPUT_MODES)}, got {output_mode!r}",
+                f"output_mode must be one of {list(OUTPUT_MODES)}, got {output_mode!r}",
                 store=name,
             )
         try:
@@ -528,7 +528,7 @@ class App:
                     f"options {sorted(options)} apply to pull queries (SELECT, EXPLAIN), "
                     "not to DDL statements"
                 )
-            return ddl.execute(self, statement)
+            return ddl.execute(self._ddl_writer(), statement)
         if self.node is None:
             raise ConfigError(
                 "App.sql() runs pull queries (SELECT, EXPLAIN) on the App's local node and "
@@ -536,6 +536,16 @@ class App:
                 "Client serving its state_dir"
             )
         return self.node.sql(text, **options)
+
+    def _ddl_writer(self) -> ddl.Writer:
+        """What a DDL statement may read of and do to this App."""
+        return ddl.Writer(
+            spark=self.spark,
+            tables=self.tables,
+            streams=self.registered_streams,
+            materialize=self.materialize,
+            drop=lambda name, delete: self._drop_table(name, delete_changelog=delete),
+        )
 
     def stream(self, text: str, **options: Any) -> Any:
         """Run a push query (``SELECT ... FROM t [WHERE ...] EMIT CHANGES``) on the local

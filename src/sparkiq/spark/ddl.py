@@ -25,26 +25,30 @@ node, router or REST route can reach this module (the package layering forbids i
 never write the changelog). Anything else, such as ``SELECT`` or ``EXPLAIN``, is a pull
 query: :func:`parse` returns None for it and the App hands it to its local node.
 
-Results have ``columns``, ``rows`` (a list of dicts) and ``position`` (always empty: DDL
-reads no replica), like pull query results.
+Results are :class:`~sparkiq.sql.SqlResult`, as for pull queries, with ``columns``, ``rows``
+(a list of dicts) and ``position`` (always empty: DDL reads no replica).
+
+This module never sees the App itself: :func:`execute` gets a :class:`Writer`, the App's
+tables and streams and the two things DDL may do to it (materialize a table, drop one), so
+imports go one way (the App imports this module).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokenizer_core import Token, TokenType
 
+from sparkiq.changelog.manifest import OUTPUT_MODES, TableManifest
 from sparkiq.errors import ConfigError, SchemaError, UnknownStoreError
-from sparkiq.query.position import Position
-
-if TYPE_CHECKING:
-    from sparkiq.spark.app import App
+from sparkiq.sql.result import SqlResult
+from sparkiq.sql.statement import emit_changes_at, first_word
 
 __all__ = [
     "CreateTable",
@@ -52,7 +56,8 @@ __all__ = [
     "DropTable",
     "ShowTables",
     "Statement",
-    "StatementResult",
+    "TableView",
+    "Writer",
     "execute",
     "parse",
     "stream_references",
@@ -72,25 +77,55 @@ _GRAMMAR = {
     "DESCRIBE": "DESCRIBE [TABLE] name",
     "DESC": "DESCRIBE [TABLE] name",
 }
-_OUTPUT_MODES = ("update", "append", "complete")
 _DDL_WORDS = frozenset({"CREATE", "DROP", "SHOW", "DESCRIBE", "DESC"})
 # Statements that would write a table some other way than by its Spark query.
 _REFUSED_WORDS = frozenset(
     {"ALTER", "INSERT", "UPDATE", "DELETE", "MERGE", "TRUNCATE", "REPLACE", "UPSERT", "RENAME"}
 )
-_FIRST_WORD = re.compile(r"(?:\s+|--[^\n]*|/\*.*?\*/)*([A-Za-z_]+)", re.DOTALL)
 _COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_WORDS = frozenset({TokenType.STRING, TokenType.IDENTIFIER, TokenType.NUMBER})
 
 
-@dataclass(frozen=True)
-class StatementResult:
-    """What a DDL statement returns: ``columns`` in order, ``rows`` as dicts, ``position``."""
+class TableView(Protocol):
+    """What DDL reads of one of the App's tables (``sparkiq.spark.app.Table`` is one)."""
 
-    columns: list[str]
-    rows: list[dict[str, Any]]
-    position: Position = field(default_factory=Position.empty)
+    manifest: TableManifest
+    query: Any  # the running StreamingQuery, or None
+    sql: str | None  # the CREATE TABLE statement that defined it; None: materialize()
+
+
+class Materialize(Protocol):
+    """``App.materialize``: declare (and, once started, start) a table."""
+
+    def __call__(
+        self,
+        name: str,
+        df: Any,
+        key: str | Sequence[str],
+        partitions: int = ...,
+        *,
+        window: str | None = ...,
+        tombstone: str | None = ...,
+        output_mode: str = ...,
+    ) -> TableView: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """What a DDL statement may read of and do to the App running it (built per statement).
+
+    - ``spark``: the SparkSession that plans a ``CREATE TABLE``'s SELECT.
+    - ``tables``, ``streams``: the App's tables and registered streams, by name.
+    - ``materialize``: declare a table (its result's ``sql`` is then set to the statement).
+    - ``drop(name, delete_changelog)``: stop table ``name`` and forget it (``DROP TABLE``).
+    """
+
+    spark: Any
+    tables: Mapping[str, TableView]
+    streams: Mapping[str, Any]
+    materialize: Materialize
+    drop: Callable[[str, bool], None]
 
 
 @dataclass(frozen=True)
@@ -137,8 +172,8 @@ def parse(text: str) -> Statement | None:
     """
     if not isinstance(text, str):
         raise ConfigError(f"sql() needs a SQL string, got {type(text).__name__}")
-    first = _FIRST_WORD.match(text)
-    word = first.group(1).upper() if first else ""
+    first = first_word(text)
+    word = first[0] if first else ""
     if word in _REFUSED_WORDS:
         raise _unsupported(word, "a sparkiq table is written only by its Spark query")
     if word not in _DDL_WORDS:
@@ -263,15 +298,13 @@ class _Parser:
 
     def select_text(self, as_token: Token) -> str:
         """The statement's text after AS, without a trailing ``EMIT CHANGES`` or ``;``."""
-        end = len(self.tokens)
-        if end and self.tokens[end - 1].token_type == TokenType.SEMICOLON:
-            end -= 1
-        last = self.tokens[end - 2 : end]
-        if len(last) == 2 and [t.text.upper() for t in last] == ["EMIT", "CHANGES"]:
-            end -= 2
-        stop = self.tokens[end].start if end < len(self.tokens) else len(self.text)
+        stop = emit_changes_at(self.text)
+        if stop is None:
+            last = self.tokens[-1]
+            semicolon = last.token_type == TokenType.SEMICOLON
+            stop = last.start if semicolon else len(self.text)
         select = self.text[as_token.end + 1 : stop].strip()
-        if self.i >= end or not select:
+        if not select:
             raise self.error("expected a SELECT after AS")
         return select
 
@@ -351,9 +384,9 @@ class _Parser:
         output_mode = options.get("OUTPUT_MODE")
         if output_mode is not None:
             output_mode = _string(output_mode, "OUTPUT_MODE", name).lower()
-            if output_mode not in _OUTPUT_MODES:
+            if output_mode not in OUTPUT_MODES:
                 raise ConfigError(
-                    f"OUTPUT_MODE must be one of {list(_OUTPUT_MODES)}, got {output_mode!r}",
+                    f"OUTPUT_MODE must be one of {list(OUTPUT_MODES)}, got {output_mode!r}",
                     store=name,
                 )
         window = options.get("WINDOW")
@@ -478,24 +511,24 @@ def stream_references(select: str) -> set[str] | None:
 # -- execution ---------------------------------------------------------------------------------
 
 
-def execute(app: App, statement: Statement) -> StatementResult:
-    """Run a parsed DDL statement on ``app`` (the writer)."""
+def execute(writer: Writer, statement: Statement) -> SqlResult:
+    """Run a parsed DDL statement on the App that ``writer`` stands for."""
     if isinstance(statement, CreateTable):
-        return _create(app, statement)
+        return _create(writer, statement)
     if isinstance(statement, DropTable):
-        return _drop(app, statement)
+        return _drop(writer, statement)
     if isinstance(statement, ShowTables):
-        return _show_tables(app)
-    return _describe(app, statement)
+        return _show_tables(writer)
+    return _describe(writer, statement)
 
 
-def _status(table: str, status: str) -> StatementResult:
-    return StatementResult(["table", "status"], [{"table": table, "status": status}])
+def _status(table: str, status: str) -> SqlResult:
+    return SqlResult(["table", "status"], [{"table": table, "status": status}])
 
 
-def _create(app: App, create: CreateTable) -> StatementResult:
+def _create(writer: Writer, create: CreateTable) -> SqlResult:
     name = create.name
-    existing = app.tables.get(name)
+    existing = writer.tables.get(name)
     if existing is not None:
         if create.if_not_exists:
             return _status(name, "already exists")
@@ -505,7 +538,7 @@ def _create(app: App, create: CreateTable) -> StatementResult:
             "first, or use CREATE TABLE IF NOT EXISTS",
             store=name,
         )
-    df = _select(app, create)
+    df = _select(writer, create)
     columns = list(df.columns)
     for role, names in (("KEY", create.key), ("WINDOW", (create.window,))):
         for column in names:
@@ -527,14 +560,14 @@ def _create(app: App, create: CreateTable) -> StatementResult:
         options["partitions"] = create.partitions
     if create.output_mode is not None:
         options["output_mode"] = create.output_mode
-    table = app.materialize(name, df, key=list(create.key), **options)
+    table = writer.materialize(name, df, key=list(create.key), **options)
     table.sql = create.text
     return _status(name, "started" if table.query is not None else "created")
 
 
-def _select(app: App, create: CreateTable) -> Any:
+def _select(writer: Writer, create: CreateTable) -> Any:
     """The streaming DataFrame of the statement's SELECT, planned by Spark."""
-    streams = app.registered_streams
+    streams = writer.streams
     by_lower = {n.lower(): n for n in streams}
     references = stream_references(create.select)
     if references is None:  # Spark parses what sqlglot cannot; it resolves the names itself
@@ -558,7 +591,7 @@ def _select(app: App, create: CreateTable) -> Any:
     for stream in used:
         streams[stream].createOrReplaceTempView(stream)
     try:
-        df = app.spark.sql(create.select)
+        df = writer.spark.sql(create.select)
     except Exception as exc:  # Spark's AnalysisException/ParseException: the user's SQL
         lines = [line for line in str(exc).splitlines() if line.strip()]
         reason = lines[0] if lines else type(exc).__name__
@@ -574,48 +607,48 @@ def _select(app: App, create: CreateTable) -> Any:
     return df
 
 
-def _drop(app: App, drop: DropTable) -> StatementResult:
+def _drop(writer: Writer, drop: DropTable) -> SqlResult:
     name = drop.name
-    if name not in app.tables:
+    if name not in writer.tables:
         if drop.if_exists:
             return _status(name, "does not exist")
         raise UnknownStoreError(
-            f"no table {name!r} in this App; its tables are {sorted(app.tables)} "
+            f"no table {name!r} in this App; its tables are {sorted(writer.tables)} "
             "(DROP TABLE IF EXISTS ignores a missing table)",
             store=name,
         )
-    app._drop_table(name, delete_changelog=drop.delete_changelog)
+    writer.drop(name, drop.delete_changelog)
     return _status(name, "dropped, changelog deleted" if drop.delete_changelog else "dropped")
 
 
 _SHOW_COLUMNS = ["table", "key_columns", "partitions", "windowed", "running", "defined_by"]
 
 
-def _show_tables(app: App) -> StatementResult:
+def _show_tables(writer: Writer) -> SqlResult:
     rows = []
-    for name, table in sorted(app.tables.items()):
+    for name, table in sorted(writer.tables.items()):
         query = table.query
         rows.append(
             {
                 "table": name,
-                "key_columns": list(table.key_columns),
-                "partitions": table.partitions,
+                "key_columns": list(table.manifest.key_columns),
+                "partitions": table.manifest.partitions,
                 "windowed": table.manifest.window_column is not None,
                 "running": bool(query is not None and query.isActive),
                 "defined_by": "sql" if table.sql else "materialize",
             }
         )
-    return StatementResult(list(_SHOW_COLUMNS), rows)
+    return SqlResult(list(_SHOW_COLUMNS), rows)
 
 
 _DESCRIBE_COLUMNS = ["column", "type", "nullable", "key", "window"]
 
 
-def _describe(app: App, describe: DescribeTable) -> StatementResult:
-    table = app.tables.get(describe.name)
+def _describe(writer: Writer, describe: DescribeTable) -> SqlResult:
+    table = writer.tables.get(describe.name)
     if table is None:
         raise UnknownStoreError(
-            f"no table {describe.name!r} in this App; its tables are {sorted(app.tables)}",
+            f"no table {describe.name!r} in this App; its tables are {sorted(writer.tables)}",
             store=describe.name,
         )
     schema = table.manifest.schema
@@ -629,4 +662,4 @@ def _describe(app: App, describe: DescribeTable) -> StatementResult:
         }
         for f in schema.fields
     ]
-    return StatementResult(list(_DESCRIBE_COLUMNS), rows)
+    return SqlResult(list(_DESCRIBE_COLUMNS), rows)

@@ -31,7 +31,6 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -41,14 +40,13 @@ from sparkiq.changelog import Changelog
 from sparkiq.cluster.follower import Follower
 from sparkiq.errors import ConfigError
 from sparkiq.schema.arrowtypes import arrow_type
+from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, parse_type
 
 __all__ = ["BATCH_COLUMN", "enrich"]
 
 #: The column ``enrich`` adds: the table batch each row's lookup read (null: null key).
 BATCH_COLUMN = "sparkiq_batch"
-
-_INTEGRAL = {"byte": 1, "short": 2, "integer": 4, "long": 8}
 
 
 def enrich(
@@ -136,8 +134,9 @@ def enrich(
 
 
 def _fits(event: DataType, key: DataType) -> bool:
-    if event.name in _INTEGRAL and key.name in _INTEGRAL:
-        return _INTEGRAL[event.name] <= _INTEGRAL[key.name]
+    narrow, wide = KINDS.get(event.name), KINDS.get(key.name)
+    if narrow and wide and narrow.integral and wide.integral:
+        return narrow.bits <= wide.bits
     return event == key
 
 
@@ -262,12 +261,6 @@ def _arrow_type(dtype: DataType) -> pa.DataType:
 def _arrow_array(values: list[Any], dtype: DataType) -> pa.Array:
     """An Arrow array of stored values (see :mod:`sparkiq.schema.rowcodec`)."""
     kind = dtype.name
-    if kind in ("timestamp", "timestamp_ntz"):
-        return pa.array(values, pa.int64()).cast(_arrow_type(dtype))
-    if kind == "date":
-        return pa.array(values, pa.int32()).cast(pa.date32())
-    if kind == "decimal":
-        return pa.array([None if v is None else Decimal(v) for v in values], _arrow_type(dtype))
     if kind == "struct":
         children = [
             _arrow_array([None if v is None else v[i] for v in values], f.type)
@@ -301,4 +294,4 @@ def _arrow_array(values: list[Any], dtype: DataType) -> pa.Array:
             type=_arrow_type(dtype),
             mask=mask,
         )
-    return pa.array(values, _arrow_type(dtype))
+    return KINDS[kind].stored_to_arrow(values, dtype, "UTC")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable, Sequence
-from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -33,13 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkiq.schema.arrowtypes import SCALAR_ARROW_TYPES
 from sparkiq.schema.arrowtypes import arrow_type as shared_arrow_type
-from sparkiq.schema.codec import (
-    date_from_internal,
-    timestamp_from_internal,
-    timestamp_ntz_from_internal,
-)
+from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 
 __all__ = ["KEY_COLUMN", "PSEUDO_COLUMNS", "ArrowRows", "arrow_type", "rows_to_arrow"]
@@ -50,8 +44,6 @@ KEY_COLUMN = "__sq_key"
 
 _ARRAY32 = struct.Struct(">BI")
 _HOUR_US = 3_600_000_000
-
-_SIMPLE: dict[str, pa.DataType] = {**SCALAR_ARROW_TYPES, "timestamp": pa.timestamp("us")}
 
 
 def arrow_type(dtype: DataType) -> pa.DataType:
@@ -85,14 +77,6 @@ def _local_wall_clock(micros: list[Any]) -> pa.Array:
 def _nested(dtype: DataType) -> Callable[[Any], Any] | None:
     """Stored value -> a Python value pyarrow accepts for ``arrow_type(dtype)``."""
     kind = dtype.name
-    if kind == "timestamp":
-        return timestamp_from_internal
-    if kind == "timestamp_ntz":
-        return timestamp_ntz_from_internal
-    if kind == "date":
-        return date_from_internal
-    if kind == "decimal":
-        return Decimal
     if kind == "struct":
         names = [f.name for f in dtype.fields]
         inner = [_nested(f.type) for f in dtype.fields]
@@ -116,22 +100,18 @@ def _nested(dtype: DataType) -> Callable[[Any], Any] | None:
             )
             for k, v in pairs
         ]
-    return None
+    return KINDS[kind].stored_converter(dtype, binary_as_bytes=True)
 
 
 def _column(values: Sequence[Any], dtype: DataType) -> pa.Array:
     """One Arrow column from the stored values of one column."""
-    kind = dtype.name
-    if kind == "timestamp":
+    kind = KINDS[dtype.name]
+    if kind.zoned:
         return _local_wall_clock(list(values))
-    if kind == "timestamp_ntz":
-        return pa.array(values, pa.int64()).cast(pa.timestamp("us"))
-    if kind == "date":
-        return pa.array(values, pa.int32()).cast(pa.date32())
-    if kind == "decimal":
-        return pa.array(values, pa.string()).cast(arrow_type(dtype))
+    if not kind.nested:
+        return kind.stored_to_arrow(values, dtype, None)
     convert = _nested(dtype)
-    if convert is not None and kind in ("struct", "array", "map"):
+    if convert is not None:
         values = [None if v is None else convert(v) for v in values]
     return pa.array(values, arrow_type(dtype))
 
@@ -145,8 +125,6 @@ def _column(values: Sequence[Any], dtype: DataType) -> pa.Array:
 # anything else - another MessagePack form, a row of another width, invalid UTF-8 - so that
 # the general path decodes those rows (and raises its errors) exactly as before.
 
-_FLAT_KINDS = frozenset(_SIMPLE) | {"decimal"}
-_INT_KINDS = frozenset({"byte", "short", "integer", "long", "date", "timestamp", "timestamp_ntz"})
 _NIL = 0xC0
 # (type byte, value width, signed) of MessagePack's sized integers
 _SIZED_INTS = (
@@ -260,12 +238,12 @@ def _flat_bytes(buf: Any, pos: Any, t: Any, nil: Any, text: bool, build: bool) -
 
 def _flat_column(buf: Any, pos: Any, dtype: DataType, build: bool) -> _Parsed | None:
     """(sizes in bytes, Arrow column or None unless ``build``) of the values at ``pos``."""
-    kind = dtype.name
+    stored = KINDS[dtype.name].stored
     t = buf[pos]
     nil = t == _NIL
-    if kind in ("string", "binary", "decimal"):
-        return _flat_bytes(buf, pos, t, nil, kind != "binary", build)
-    if kind in _INT_KINDS:
+    if stored in ("str", "bin"):
+        return _flat_bytes(buf, pos, t, nil, stored == "str", build)
+    if stored == "int":
         ints = _flat_ints(buf, pos, t, nil)
         if ints is None:
             return None
@@ -273,7 +251,7 @@ def _flat_column(buf: Any, pos: Any, dtype: DataType, build: bool) -> _Parsed | 
         if not build:
             return sizes, None
         return sizes, pa.array(values, pa.int64(), mask=nil if nil.any() else None)
-    if kind in ("float", "double"):
+    if stored == "float":
         f64, f32 = t == 0xCB, t == 0xCA
         if not (nil | f64 | f32).all():
             return None
@@ -285,14 +263,14 @@ def _flat_column(buf: Any, pos: Any, dtype: DataType, build: bool) -> _Parsed | 
             values[f32] = _at(buf, pos[f32] + 1, ">f4")
         values[nil] = 0.0
         return sizes, pa.array(values, pa.float64(), mask=nil if nil.any() else None)
-    if kind == "boolean":
+    if stored == "bool":
         true = t == 0xC3
         if not (nil | true | (t == 0xC2)).all():
             return None
         return np.ones(len(t), np.int64), (
             pa.array(true, pa.bool_(), mask=nil if nil.any() else None) if build else None
         )
-    if kind == "void":
+    if stored == "nil":
         if not nil.all():
             return None
         return np.ones(len(t), np.int64), pa.nulls(len(t)) if build else None
@@ -302,22 +280,18 @@ def _flat_column(buf: Any, pos: Any, dtype: DataType, build: bool) -> _Parsed | 
 def _flat_to_arrow(stored: pa.Array, dtype: DataType) -> pa.Array:
     """A column read by ``_flat_column`` (int64, float64 or string of stored values) as
     ``_column`` builds it."""
-    kind = dtype.name
-    if kind == "timestamp":
+    kind = KINDS[dtype.name]
+    if kind.zoned:
         if _utc_like():
             return stored.cast(pa.timestamp("us"))
         return _local_wall_clock(stored.to_pylist())
-    if kind == "timestamp_ntz":
-        return stored.cast(pa.timestamp("us"))
-    if kind == "date":
-        return stored.cast(pa.int32()).cast(pa.date32())
-    if kind == "decimal":
-        return stored.cast(arrow_type(dtype))
-    if kind in ("byte", "short", "integer"):
-        return stored.cast(arrow_type(dtype))
-    if kind == "float":
-        return stored.cast(pa.float32(), safe=False)  # float32 values widened exactly
-    return stored
+    if kind.stored_arrow is not None and stored.type != kind.stored_arrow:
+        stored = stored.cast(kind.stored_arrow)  # int64 -> int32 days of a date
+    target = arrow_type(dtype)
+    if stored.type == target:
+        return stored
+    # floats: a float column's float32 values were widened exactly; ints are range-checked
+    return stored.cast(target, safe=not pa.types.is_floating(target))
 
 
 def _flat_columns(
@@ -398,7 +372,7 @@ class ArrowRows:
         self.out_schema = pa.schema(fields)
         self._schema = schema
         self._types = tuple(f.type for f in schema.fields)
-        self._flat = all(t.name in _FLAT_KINDS for t in self._types)
+        self._flat = not any(KINDS[t.name].nested for t in self._types)
         self._wanted = {self._indexes[n] for n in self.columns if n in self._indexes}
 
     def from_stored(self, rows: list[bytes], keys: list[bytes] | None = None) -> pa.Table:

@@ -29,19 +29,13 @@ from typing import Any
 from sqlglot import exp
 
 from sparkiq.errors import InvalidQueryError
-from sparkiq.schema.codec import (
-    KeyCodec,
-    prefix_end,
-    timestamp_ntz_to_internal,
-    timestamp_to_internal,
-)
+from sparkiq.schema.codec import KeyCodec, prefix_end
+from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 from sparkiq.sql.analyze import Term
 from sparkiq.sql.arrow import WINDOWEND, WINDOWSTART
 
 __all__ = ["KeyAccess", "NoValue", "bind_access", "literal_value"]
-
-_INTS = ("byte", "short", "integer", "long")
 
 
 class NoValue(Exception):
@@ -111,24 +105,25 @@ def literal_value(node: exp.Expr, params: Sequence[Any]) -> Any:
 
 def _typed(value: Any, dtype: DataType) -> Any:
     """A literal's value as a user key value of ``dtype``, or NoValue."""
-    kind = dtype.name
-    if value is None or (isinstance(value, bool) and kind != "boolean"):
+    kind = KINDS.get(dtype.name)
+    python = None if kind is None else kind.python
+    if value is None or (isinstance(value, bool) and python is not bool):
         raise NoValue
-    if kind == "string" and isinstance(value, str):
+    if python is str and isinstance(value, str):
         return value
-    if kind in _INTS and isinstance(value, int):
+    if python is int and isinstance(value, int):
         return value
-    if kind == "boolean" and isinstance(value, bool):
+    if python is bool and isinstance(value, bool):
         return value
-    if kind == "decimal" and isinstance(value, int | Decimal):
+    if python is Decimal and isinstance(value, int | Decimal):
         return value
     try:
-        if kind == "date":
+        if python is dt.date:
             if isinstance(value, str):
                 return dt.date.fromisoformat(value)
             if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
                 return value
-        if kind in ("timestamp", "timestamp_ntz"):
+        if python is dt.datetime:
             if isinstance(value, str):
                 return dt.datetime.fromisoformat(value)
             if isinstance(value, dt.datetime):
@@ -141,12 +136,9 @@ def _typed(value: Any, dtype: DataType) -> Any:
 
 
 def _window_micros(value: Any, schema: TableSchema) -> int:
-    start_type = schema.window_start_type
-    assert start_type is not None
-    when = _typed(value, start_type)
-    if start_type.name == "timestamp_ntz":
-        return timestamp_ntz_to_internal(when)
-    return timestamp_to_internal(when)
+    start_type, start = schema.window_start_type, schema.window_start
+    assert start_type is not None and start is not None
+    return start.to_internal(_typed(value, start_type))
 
 
 def _encode_prefix(codec: KeyCodec, width: int, internal: Sequence[Any]) -> bytes:

@@ -22,6 +22,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from sparkiq.sql.errors import SqlSyntaxError, SqlUnsupportedError, snippet_at
+from sparkiq.sql.statement import first_word, is_push_query
 
 __all__ = ["Parsed", "check_tree", "parse", "shape_of"]
 
@@ -29,16 +30,13 @@ DIALECT = "duckdb"
 
 _SLOW_CHARS = re.compile(r"''|\"|--|/\*|[?$:]")
 _DIGIT = re.compile(r"(?<![\w$])\d")
+_MAX_NUMBER_CHARS = 80  # beyond DECIMAL(38) with an exponent; far below int()'s limit
 _MISSING = re.compile(r"^Required keyword: '\w+' missing for ")
-_EMIT = re.compile(r"\bemit\s+changes\s*;?\s*$", re.IGNORECASE)
-_EXPLAIN = re.compile(
-    r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*explain\b\s*", re.IGNORECASE | re.DOTALL
-)
 _TOKENS = re.compile(
     r"""(?P<str>'(?:[^']|'')*')
       | (?P<qid>"(?:[^"]|"")*")
-      | (?P<comment>--[^\n]*|/\*.*?\*/)
-      | (?P<num>(?<![\w$])(?:\d+\.?\d*)(?:[eE][+-]?\d+)?(?![\w$]))
+      | (?P<comment>--[^\n]*|/\*.*?(?:\*/|\Z))  # an open comment runs to the end
+      | (?P<num>(?<![\w$])\d+(?:\.\d*)?(?:[eE][+-]?\d+)?(?![\w$]))
       | (?P<param>[?$:])
     """,
     re.VERBOSE | re.DOTALL,
@@ -84,17 +82,18 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
     ``placeholders=True`` parses a shape (``:sqN`` placeholders allowed)."""
     explain = False
     body = text
-    if _EMIT.search(text):
+    if is_push_query(text):
         raise SqlUnsupportedError(
             "EMIT CHANGES makes a push query: run it with stream() (App.stream, "
             "Client.stream); sql() runs pull queries, which answer once",
             code="push_query",
         )
-    match = _EXPLAIN.match(text)
-    if match:
+    first = first_word(text)
+    if first is not None and first[0] == "EXPLAIN":
         explain = True
-        body = " " * match.end() + text[match.end() :]  # keep line/column positions
-        if re.match(r"\s*analy[sz]e\b", body, re.IGNORECASE):
+        body = " " * first[1] + text[first[1] :]  # keep line/column positions
+        following = first_word(body)
+        if following is not None and following[0] in ("ANALYZE", "ANALYSE"):
             raise SqlUnsupportedError(
                 "EXPLAIN ANALYZE is not supported; use EXPLAIN SELECT ... to see the plan",
                 code="unsupported_statement",
@@ -216,7 +215,8 @@ def _check_table(node: exp.Table, text: str) -> None:
 
 
 def shape_of(text: str) -> tuple[str, tuple[Any, ...]] | None:
-    """``(shape text, literal values)``, or None when the text has parameters of its own.
+    """``(shape text, literal values)``, or None when the text has parameters of its own or
+    a number longer than any SQL type holds (Python refuses to convert such digit strings).
 
     Strings become ``str``; numbers ``int``, or ``Decimal`` when they have a point or an
     exponent. Quoted identifiers and comments are kept as they are.
@@ -238,9 +238,11 @@ def shape_of(text: str) -> tuple[str, tuple[Any, ...]] | None:
             return None
         if kind not in ("str", "num"):
             continue
+        token = match.group()
+        if kind == "num" and len(token) > _MAX_NUMBER_CHARS:
+            return None
         parts.append(text[last : match.start()])
         parts.append(f":sq{len(values)}")
-        token = match.group()
         if kind == "str":
             values.append(token[1:-1].replace("''", "'"))
         elif token.isdigit():

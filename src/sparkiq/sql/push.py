@@ -41,8 +41,10 @@ Semantics (the contract of :meth:`SubscriptionHub.subscribe`):
 Rows are dicts as ``Row.asDict(recursive=True)`` gives them, projected. A ``Change`` and its
 row may be shared by the subscriptions of one statement: treat them as read-only.
 
-Modules: :mod:`sparkiq.sql.push_plan` compiles statements, :mod:`sparkiq.sql.subscription`
-holds subscriptions and changes, and this module the hub and its per-table tails. Every
+Modules: :mod:`sparkiq.sql.push_plan` compiles statements, :mod:`sparkiq.sql.change` holds
+:class:`Change`, :mod:`sparkiq.sql.push_batch` decodes and evaluates batches,
+:mod:`sparkiq.sql.subscription` holds subscriptions, and this module the hub and its
+per-table tails (imports go in that order, one way). Every
 name in this module's ``__all__`` (the push query API) is importable from here.
 """
 
@@ -58,16 +60,14 @@ from sparkiq.changelog.feed import ChangeFeed, RetentionGapError, require_after
 from sparkiq.errors import ChangelogError, UnknownStoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.types import TableSchema
+from sparkiq.sql.change import Change
+from sparkiq.sql.push_batch import DecodedBatch, Decoder, Evaluated
 from sparkiq.sql.push_plan import PushPlan, PushQueryError, plan_push_query
 from sparkiq.sql.subscription import (
-    Change,
     PositionExpiredError,
     SlowConsumerError,
     Subscription,
     SubscriptionError,
-    _Decoded,
-    _Decoder,
-    _Evaluated,
 )
 
 __all__ = [
@@ -89,7 +89,7 @@ log = logging.getLogger("sparkiq.push")
 class _Tail:
     """One thread following one table's changelog for every subscription of the table."""
 
-    def __init__(self, hub: SubscriptionHub, changelog: Changelog, decoder: _Decoder) -> None:
+    def __init__(self, hub: SubscriptionHub, changelog: Changelog, decoder: Decoder) -> None:
         self.hub, self.table, self.decoder = hub, changelog.table, decoder
         committed = changelog.committed_batch_ids()
         self.head = committed[-1] if committed else -1  # the last batch fanned out
@@ -138,16 +138,16 @@ class _Tail:
                 self.wake.wait(poll_interval)
                 self.wake.clear()
 
-    def _fan_out(self, d: _Decoded) -> None:
+    def _fan_out(self, d: DecodedBatch) -> None:
         with self.lock:
             groups = [(plan, list(subs)) for plan, subs in self.groups.values()]
             self.head = d.batch.batch_id
         for plan, subs in groups:
-            cache: list[_Evaluated] = []
+            cache: list[Evaluated] = []
 
-            def evaluate(plan: PushPlan = plan, cache: list[_Evaluated] = cache) -> _Evaluated:
+            def evaluate(plan: PushPlan = plan, cache: list[Evaluated] = cache) -> Evaluated:
                 if not cache:
-                    cache.append(_Evaluated(plan, d))
+                    cache.append(Evaluated(plan, d))
                 return cache[0]
 
             for sub in subs:
@@ -182,7 +182,7 @@ class SubscriptionHub:
         self._lock = threading.Lock()
         self._tails: dict[str, _Tail] = {}
         self._subscriptions: set[Subscription] = set()
-        self._decoders: dict[str, tuple[Changelog, _Decoder]] = {}
+        self._decoders: dict[str, tuple[Changelog, Decoder]] = {}
         self._closed = False
 
     def _resolve(self, name: str) -> tuple[str, TableSchema]:
@@ -191,7 +191,7 @@ class SubscriptionHub:
             name = same[0] if len(same) == 1 else name
         return name, self._table(name)[1].keys.schema
 
-    def _table(self, table: str) -> tuple[Changelog, _Decoder]:
+    def _table(self, table: str) -> tuple[Changelog, Decoder]:
         found = self._decoders.get(table)
         if found is None:
             served = getattr(self.source, "tables", None)
@@ -200,7 +200,7 @@ class SubscriptionHub:
                     f"unknown table {table!r}; this node serves {sorted(served)}", store=table
                 )
             changelog = Changelog(self.state_dir, table, read_only=True)
-            found = self._decoders[table] = (changelog, _Decoder(changelog))
+            found = self._decoders[table] = (changelog, Decoder(changelog))
         return found
 
     def subscribe(
@@ -260,7 +260,7 @@ class SubscriptionHub:
                 tail = self._tails[plan.table] = _Tail(self, changelog, decoder)
                 tail.thread.start()
             sub = Subscription(
-                self,
+                self._unregister,
                 plan,
                 changelog,
                 decoder,

@@ -19,7 +19,6 @@ Subscriptions and the hub that runs plans are in :mod:`sparkiq.sql.subscription`
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,9 @@ import sqlglot
 from sqlglot import exp
 
 from sparkiq.errors import InvalidQueryError
+from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
+from sparkiq.sql.statement import emit_changes_at
 
 __all__ = ["SUPPORTED", "PushPlan", "PushQueryError", "plan_push_query"]
 
@@ -50,10 +51,8 @@ SUPPORTED = (
     "[WHERE <predicate>] EMIT CHANGES, with comparisons, AND/OR/NOT, IN (...), BETWEEN, "
     "IS [NOT] NULL, [I]LIKE, + - * / %, ||, COALESCE/UPPER/LOWER/LENGTH/ABS and struct fields"
 )
-_EMIT = re.compile(r"\s+EMIT\s+CHANGES\s*;?\s*\Z", re.IGNORECASE)
-_KINDS = {"string": "str", "boolean": "bool", "date": "date", "binary": "bytes"}
-_KINDS |= {n: "num" for n in ("byte", "short", "integer", "long", "float", "double", "decimal")}
-_KINDS |= {"timestamp": "ts", "timestamp_ntz": "ts"}
+#: ISO text -> value, by the evaluator kind of dates ("date") and timestamps ("ts")
+_PARSE = {k.push: k.temporal.parse for k in KINDS.values() if k.temporal and k.push}
 _COMPARE: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
     exp.EQ: lambda a, b: a == b,
     exp.NEQ: lambda a, b: a != b,
@@ -108,14 +107,14 @@ def plan_push_query(text: str, resolve: Callable[[str], tuple[str, TableSchema]]
     """
     if not isinstance(text, str):
         raise PushQueryError(f"a push query is a SQL string, got {type(text).__name__}")
-    match = _EMIT.search(text)
-    if match is None:
+    emit = emit_changes_at(text)
+    if emit is None:
         raise PushQueryError(
             f"not a push query: {text.strip()[:80]!r} does not end with EMIT CHANGES (for a "
             "query that returns the current rows once, run a pull query with sql())"
         )
     try:
-        tree = sqlglot.parse_one(text[: match.start()])
+        tree = sqlglot.parse_one(text[:emit])
     except sqlglot.errors.ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         raise PushQueryError(
@@ -205,7 +204,8 @@ class _Compiler:
             return self.expr(node.this)
         if isinstance(node, exp.Column):
             dtype, path = self._resolve(node)
-            return _path_getter(path), _KINDS.get(dtype.name)
+            spark = KINDS.get(dtype.name)
+            return _path_getter(path), None if spark is None else spark.push
         if isinstance(node, exp.Literal | exp.Boolean | exp.Null | exp.Cast):
             value, kind = _constant(node)
             return (lambda row: value), kind
@@ -375,10 +375,7 @@ def _constant(node: exp.Expression) -> tuple[Any, str | None]:
 
 def _temporal(literal: exp.Literal, kind: str) -> tuple[Fn, str]:
     try:
-        if kind == "date":
-            value: Any = dt.date.fromisoformat(literal.this)
-        else:
-            value = dt.datetime.fromisoformat(literal.this)
+        value = _PARSE[kind](literal.this)
     except ValueError:
         raise PushQueryError(f"{literal.sql()} is not an ISO {kind} literal") from None
     return (lambda row: value), kind

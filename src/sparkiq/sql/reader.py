@@ -19,7 +19,6 @@ from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery, Query, RangeQuery, WindowKeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
-from sparkiq.schema.codec import timestamp_from_internal, timestamp_ntz_from_internal
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.arrow import ArrowRows
 from sparkiq.sql.duck import DuckPool, run
@@ -76,12 +75,9 @@ def lookup_rows(
     partitions: list[int] = []
     windowed = schema.window_column is not None
     if windowed:
-        start = schema.window_start_type
-        convert = (
-            timestamp_ntz_from_internal
-            if start is not None and start.name == "timestamp_ntz"
-            else timestamp_from_internal
-        )
+        start = schema.window_start
+        assert start is not None
+        convert = start.from_internal
         time_from = None if access.window_from is None else convert(access.window_from)
         time_to = None if access.window_to is None else convert(access.window_to)
     for key in access.keys:

@@ -1,4 +1,4 @@
-"""Push query subscriptions: :class:`Subscription`, :class:`Change` and their errors.
+"""Push query subscriptions: :class:`Subscription` and its errors.
 
 A :class:`Subscription` is one consumer's view of a push query: a bounded buffer that the
 table's tail (in :mod:`sparkiq.sql.push`) fills with the changes of each committed batch,
@@ -8,15 +8,17 @@ tail's head). Contracts (the full semantics are in :mod:`sparkiq.sql.push`):
 
 * One consumer thread reads a subscription; :meth:`Subscription.close` is idempotent and may
   be called from any thread. The hub and its tail call ``_join`` (under the tail's lock),
-  ``_offer`` (once per batch after the join, in commit order) and ``_fail``.
+  ``_offer`` (once per batch after the join, in commit order) and ``_fail``; the hub passes
+  its ``unregister`` callback in, so this module needs nothing of :mod:`sparkiq.sql.push`.
 * At most ``buffer_limit`` changes wait for the consumer; one more fails the subscription
   with :class:`SlowConsumerError` and frees its buffer.
 * Every failure is a :class:`SubscriptionError` (root :class:`~sparkiq.errors.SparkiqError`)
   carrying ``store`` and the consumer's ``position``: subscribing again from it loses and
   repeats no change, while the changelog holds them. :class:`PositionExpiredError` means it
   no longer does.
-* A :class:`Change` and its row may be shared by the subscriptions of one statement (one
-  :class:`_Evaluated` per statement and batch): treat them as read-only.
+* A :class:`~sparkiq.sql.change.Change` and its row may be shared by the subscriptions of
+  one statement (one :class:`~sparkiq.sql.push_batch.Evaluated` per statement and batch):
+  treat them as read-only.
 
 Error hierarchy::
 
@@ -33,12 +35,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.feed import (
-    BatchChanges,
     ChangeFeed,
     RetentionGapError,
     read_state,
@@ -46,19 +45,11 @@ from sparkiq.changelog.feed import (
 )
 from sparkiq.errors import ChangelogError, SparkiqError
 from sparkiq.query.position import Position
-from sparkiq.schema.codec import (
-    KeyCodec,
-    RowCodec,
-    timestamp_from_internal,
-    timestamp_ntz_from_internal,
-)
-from sparkiq.sql.push_plan import PushPlan, Row
-
-if TYPE_CHECKING:
-    from sparkiq.sql.push import SubscriptionHub
+from sparkiq.sql.change import BatchPosition, Change
+from sparkiq.sql.push_batch import DecodedBatch, Decoder, Evaluated
+from sparkiq.sql.push_plan import PushPlan
 
 __all__ = [
-    "Change",
     "PositionExpiredError",
     "SlowConsumerError",
     "Subscription",
@@ -86,126 +77,7 @@ class PositionExpiredError(SubscriptionError):
     code = "position_expired"
 
 
-# -- changes ----------------------------------------------------------------------------------
-
-
-class _Batch:
-    """The position facts of one committed batch, shared by its changes."""
-
-    __slots__ = ("_after", "_map", "batch_id", "table")
-
-    def __init__(self, table: str, batch_id: int, partitions: int, source: Any) -> None:
-        self.table, self.batch_id = table, batch_id
-        self._map = {c: dict(o) for c, o in source.items()}
-        self._map[table] = dict.fromkeys(range(partitions), batch_id)
-        self._after: Position | None = None
-
-    @property
-    def after(self) -> Position:
-        if self._after is None:
-            self._after = Position.from_map(self._map)
-        return self._after
-
-    def within(self, seen: int) -> Position:
-        return Position.from_map({**self._map, f"push:{self.table}": {self.batch_id: seen}})
-
-
-class Change:
-    """One change a push query delivers.
-
-    ``key`` is the row's key (a scalar, a tuple for several key columns; a windowed table's
-    is ``(key, window start)``); ``row`` the projected row, or None when the key was deleted
-    or stopped matching; ``batch_id`` the committed batch that made it; ``snapshot`` is True
-    for rows of the initial snapshot; :attr:`position` resumes right after this change.
-    """
-
-    __slots__ = ("_batch", "_index", "batch_id", "key", "row", "snapshot")
-
-    def __init__(
-        self, key: Any, row: Row | None, batch: _Batch, index: int, snapshot: bool = False
-    ) -> None:
-        self.key, self.row, self.batch_id, self.snapshot = key, row, batch.batch_id, snapshot
-        self._batch, self._index = batch, index
-
-    @property
-    def position(self) -> Position:
-        if self.snapshot:
-            return self._batch.after
-        return self._batch.within(self._index + 1)
-
-    def order(self) -> int:
-        """The change's index in its batch."""
-        return self._index
-
-    def __repr__(self) -> str:
-        return f"Change(key={self.key!r}, row={self.row!r}, batch_id={self.batch_id})"
-
-
 _Item = Change | Position  # a change, or "the consumer has seen everything up to here"
-
-
-@dataclass(slots=True)
-class _Decoded:
-    batch: _Batch
-    raw: list[bytes]
-    keys: list[Any]
-    rows: list[Row | None]
-
-
-class _Decoder:
-    """Decodes a table's keys and rows (thread-safe, like the codecs it holds)."""
-
-    def __init__(self, changelog: Changelog) -> None:
-        manifest = changelog.manifest()
-        self.table, self.partitions = changelog.table, manifest.partitions
-        self.keys, self.rows = KeyCodec(manifest.schema), RowCodec(manifest.schema)
-        start = manifest.schema.window_start_type
-        self._window: Callable[[int], Any] | None = None
-        if start is not None:
-            ntz = start.name == "timestamp_ntz"
-            self._window = timestamp_ntz_from_internal if ntz else timestamp_from_internal
-
-    def key(self, raw: bytes) -> Any:
-        if self._window is None:
-            return self.keys.from_internal(self.keys.decode(raw))
-        internal, start = self.keys.decode_windowed(raw)
-        return self.keys.from_internal(internal), None if start is None else self._window(start)
-
-    def batch(self, batch_id: int, source: Any) -> _Batch:
-        return _Batch(self.table, batch_id, self.partitions, source)
-
-    def decode(self, changes: BatchChanges) -> _Decoded:
-        decode = self.rows.decode
-        return _Decoded(
-            self.batch(changes.batch_id, changes.position),
-            changes.keys,
-            [self.key(k) for k in changes.keys],
-            [None if v is None else decode(v) for v in changes.values],
-        )
-
-
-class _Evaluated:
-    """One statement's verdict on one batch, shared by the subscriptions running it:
-    ``rows`` is ``(encoded key, matches, change to deliver)`` per change, in order; the other
-    fields are views of it that let each subscription pick its changes with set operations
-    (a key appears at most once in a batch)."""
-
-    __slots__ = ("everything", "matched", "matched_keys", "others", "others_keys", "rows")
-
-    def __init__(self, plan: PushPlan, d: _Decoded) -> None:
-        predicate, project, batch = plan.predicate, plan.project, d.batch
-        rows: list[tuple[bytes, bool, Change]] = []
-        for i, (raw, key, row) in enumerate(zip(d.raw, d.keys, d.rows, strict=True)):
-            if row is not None and (predicate is None or predicate(row)):
-                rows.append((raw, True, Change(key, project(row), batch, i)))
-            else:
-                rows.append((raw, False, Change(key, None, batch, i)))
-        self.rows = rows
-        self.everything = [change for _, _, change in rows]
-        self.matched = [change for _, matches, change in rows if matches]
-        self.matched_keys = [raw for raw, matches, _ in rows if matches]
-        self.others = {raw: change for raw, matches, change in rows if not matches}
-        self.others_keys = self.others.keys()
 
 
 # -- subscriptions ----------------------------------------------------------------------------
@@ -221,17 +93,18 @@ class Subscription:
 
     def __init__(
         self,
-        hub: SubscriptionHub,
+        unregister: Callable[[Subscription], None],
         plan: PushPlan,
         changelog: Changelog,
-        decoder: _Decoder,
+        decoder: Decoder,
         *,
         start: Position | None,
         resume: tuple[int, int] | None,
         snapshot: bool,
         buffer_limit: int,
     ) -> None:
-        self._hub, self.plan, self._changelog, self._decoder = hub, plan, changelog, decoder
+        self._unregister, self.plan = unregister, plan
+        self._changelog, self._decoder = changelog, decoder
         self.statement, self.table, self.columns = plan.statement, plan.table, plan.columns
         self._limit, self._snapshot = buffer_limit, snapshot
         self._resume = resume or (0, 0)  # the first change to deliver: (batch, index)
@@ -240,7 +113,7 @@ class Subscription:
         self._absent: set[bytes] | None = None if known or plan.predicate is None else set()
         self._cond = threading.Condition()
         self._queue: deque[_Item] = deque()  # filled by the tail
-        self._pending: deque[_Decoded] = deque()  # raw batches while catching up
+        self._pending: deque[DecodedBatch] = deque()  # raw batches while catching up
         self._queued = 0
         self._ready: deque[_Item] = deque()  # the consumer's own
         self._last: _Item = start or Position.empty()
@@ -287,7 +160,7 @@ class Subscription:
                     self._queued -= len(d.raw) if d is not None else 0
                     self._live = d is None
                 if d is not None:
-                    self._ready.extend(self._items(_Evaluated(self.plan, d), d.batch))
+                    self._ready.extend(self._items(Evaluated(self.plan, d), d.batch))
                 continue
             with self._cond:
                 while not (self._queue or self._closed or self._failure):
@@ -330,7 +203,7 @@ class Subscription:
             self._queue.clear()
             self._pending.clear()
             self._cond.notify_all()
-        self._hub._unregister(self)
+        self._unregister(self)
 
     def __enter__(self) -> Subscription:
         return self
@@ -373,7 +246,7 @@ class Subscription:
             self._queued = 0
             self._cond.notify_all()
 
-    def _select(self, evaluated: _Evaluated, batch_id: int) -> list[Change]:
+    def _select(self, evaluated: Evaluated, batch_id: int) -> list[Change]:
         """What this subscription delivers of a batch (resume point and WHERE state)."""
         first_batch, first_index = self._resume
         if batch_id < first_batch:
@@ -413,10 +286,10 @@ class Subscription:
                 out.append(change)
         return out
 
-    def _items(self, evaluated: _Evaluated, batch: _Batch) -> list[_Item]:
+    def _items(self, evaluated: Evaluated, batch: BatchPosition) -> list[_Item]:
         return [*self._select(evaluated, batch.batch_id), batch.after]
 
-    def _offer(self, d: _Decoded, evaluate: Callable[[], _Evaluated]) -> bool:
+    def _offer(self, d: DecodedBatch, evaluate: Callable[[], Evaluated]) -> bool:
         """Called by the tail for every batch after the one the subscription joined at;
         False when the subscription no longer wants batches (closed, failed, overflowed)."""
         with self._cond:
@@ -471,7 +344,8 @@ class Subscription:
                     if predicate is None or predicate(row):
                         if self._held is not None:
                             self._held.add(raw)
-                        chunk.append(Change(decoder.key(raw), project(row), batch, -1, True))
+                        key = decoder.key(raw)
+                        chunk.append(Change.in_batch(key, project(row), batch, -1, True))
                 yield chunk
             yield [batch.after]
         feed = ChangeFeed(changelog, after)
@@ -482,4 +356,4 @@ class Subscription:
                 raise ChangelogError(f"batch {feed.after + 1} of {self.table!r} is missing")
             for changes in batches:
                 d = decoder.decode(changes)
-                yield self._items(_Evaluated(self.plan, d), d.batch)
+                yield self._items(Evaluated(self.plan, d), d.batch)

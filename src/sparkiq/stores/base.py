@@ -26,10 +26,12 @@ Thread safety
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, Self, TypeVar, runtime_checkable
 
 from sparkiq.errors import ConfigError, StoreError
 
@@ -54,14 +56,20 @@ class StoreIterator(Protocol):
     idempotent. Calling ``next`` on a closed iterator (closed by ``close``, by the ``with``
     block, or because its store was closed) raises :class:`~sparkiq.errors.StoreError`; an
     iterator that was merely exhausted keeps raising ``StopIteration``.
+
+    An implementation may subclass this protocol to inherit ``__iter__``, ``__enter__`` and
+    ``__exit__`` (``__exit__`` calls ``close``), as the built-in stores do.
     """
+
+    __slots__ = ()
 
     @property
     def meta(self) -> bytes | None:
         """The store's meta blob as of this iterator's snapshot; ``None`` if never set."""
         ...
 
-    def __iter__(self) -> StoreIterator: ...
+    def __iter__(self) -> Self:
+        return self
 
     def __next__(self) -> tuple[bytes, bytes]: ...
 
@@ -78,14 +86,16 @@ class StoreIterator(Protocol):
         """Release the snapshot. Idempotent."""
         ...
 
-    def __enter__(self) -> StoreIterator: ...
+    def __enter__(self) -> Self:
+        return self
 
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None: ...
+    ) -> None:
+        self.close()
 
 
 @runtime_checkable
@@ -215,3 +225,76 @@ def _interval(
     else:
         hi = min(upper if upper_exclusive else upper + b"\x00", RESERVED_PREFIX)
     return lo, hi
+
+
+_Iterator = TypeVar("_Iterator", bound=StoreIterator)
+
+
+class _StoreBase(Generic[_Iterator]):
+    """What the built-in stores share: the closed flag and the iterators handed out.
+
+    ``range`` takes the snapshot under ``_lock``, so that ``close`` (which sets ``_closed``
+    under the same lock) either sees the new iterator and closes it, or the snapshot is
+    refused; every iterator a store handed out is therefore closed by its ``close``.
+    ``apply`` checks the store is open and ``meta`` is bytes before :meth:`_write` runs.
+    Subclasses provide :meth:`_snapshot`, :meth:`_write` and :meth:`_release`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._iterators: weakref.WeakSet[_Iterator] = weakref.WeakSet()
+
+    def range(
+        self,
+        lower: bytes | None,
+        upper: bytes | None,
+        *,
+        reverse: bool = False,
+        upper_exclusive: bool = False,
+    ) -> _Iterator:
+        lo, hi = _interval(lower, upper, upper_exclusive)
+        with self._lock:
+            if self._closed:
+                raise _closed_error(self)
+            iterator = self._snapshot(lo, hi, reverse)
+            self._iterators.add(iterator)
+        return iterator
+
+    def apply(
+        self,
+        ops: Iterable[tuple[bytes, bytes | None]],
+        meta: bytes,
+        *,
+        replace_all: bool = False,
+    ) -> None:
+        if self._closed:
+            raise _closed_error(self)
+        if meta.__class__ is not bytes:
+            raise ConfigError(f"store meta must be bytes, got {type(meta).__name__}")
+        self._write(ops, meta, replace_all)
+
+    def close(self) -> None:
+        """Close every iterator handed out, then :meth:`_release` the store. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            iterators = list(self._iterators)
+        for iterator in iterators:
+            iterator.close()
+        self._release()
+
+    def _snapshot(self, lo: bytes, hi: bytes, reverse: bool) -> _Iterator:
+        """An iterator over the data keys in ``[lo, hi)``; called under ``_lock``."""
+        raise NotImplementedError
+
+    def _write(
+        self, ops: Iterable[tuple[bytes, bytes | None]], meta: bytes, replace_all: bool
+    ) -> None:
+        """``apply`` itself, all or nothing; ``ops`` is not validated yet (``_invalid_op``)."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free the store's resources; called once, after every iterator is closed."""
+        raise NotImplementedError

@@ -42,18 +42,13 @@ from sparkiq.query.queries import (
 )
 from sparkiq.query.registry import register_query_type
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator
-from sparkiq.schema.codec import (
-    prefix_end,
-    timestamp_from_internal,
-    timestamp_ntz_from_internal,
-    timestamp_ntz_to_internal,
-    timestamp_to_internal,
-)
+from sparkiq.schema.codec import prefix_end
+from sparkiq.schema.types import TableSchema
 from sparkiq.stores.partition import PartitionStore
 
 _UNBOUNDED = PositionBound.unbounded()
 
-__all__ = ["QueryContext", "Handler", "execute", "handler_for", "register"]
+__all__ = ["QueryContext", "Handler", "execute", "check_key_query", "handler_for", "register"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +159,19 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
 # -- built-in handlers --------------------------------------------------------------------------
 
 
+def check_key_query(schema: TableSchema, table: str) -> None:
+    """The built-in ``KeyQuery`` rule, which depends on the table only: a windowed table
+    refuses a plain key lookup. Nodes check it once per lookup, before deciding where to
+    read (locally or on another node), so every entry point refuses the same way."""
+    if schema.window_column is not None:
+        raise InvalidQueryError(
+            f"{table!r} is windowed: use WindowKeyQuery to read a key's windows", store=table
+        )
+
+
 @register(KeyQuery)
 def _key_query(store: PartitionStore, query: KeyQuery, ctx: QueryContext) -> QueryResult[Any]:
-    if store.schema.window_column is not None:
-        raise InvalidQueryError(
-            f"{store.table!r} is windowed: use WindowKeyQuery to read a key's windows",
-            store=store.table,
-        )
+    check_key_query(store.schema, store.table)
     row, position = store.get(store.keys.to_internal(query.key))
     return QueryResult.for_result(row, position)
 
@@ -270,10 +271,9 @@ def _rows(store: PartitionStore, iterator: Any) -> RowIterator:
 
 def _window_time_codec(store: PartitionStore) -> tuple[Any, Any]:
     """Converters between window starts as PySpark returns them and internal microseconds."""
-    start_type = store.schema.window_start_type
-    if start_type is not None and start_type.name == "timestamp_ntz":
-        return timestamp_ntz_to_internal, _optional(timestamp_ntz_from_internal)
-    return timestamp_to_internal, _optional(timestamp_from_internal)
+    start = store.schema.window_start
+    assert start is not None  # only windowed tables' queries get here
+    return start.to_internal, _optional(start.from_internal)
 
 
 def _optional(convert: Any) -> Any:

@@ -17,38 +17,33 @@ Costs, so that nobody mistakes it for a database:
 
 from __future__ import annotations
 
-import threading
-import weakref
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from types import TracebackType
 
-from sparkiq.errors import ConfigError
 from sparkiq.stores.base import (
     RESERVED_PREFIX,
+    StoreIterator,
     _closed_error,
-    _interval,
     _invalid_op,
     _iterator_closed_error,
     _reserved_key,
+    _StoreBase,
 )
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore:
+class MemoryStore(_StoreBase["_MemoryIterator"]):
     """A :class:`~sparkiq.stores.Store` kept in a dict; see the module docstring for costs."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        super().__init__()
         self._data: dict[bytes, bytes] = {}
         # Sorted keys of _data, or None when an apply inserted or deleted keys since.
         self._sorted: list[bytes] | None = []
         self._meta: bytes | None = None
-        self._closed = False
-        self._iterators: weakref.WeakSet[_MemoryIterator] = weakref.WeakSet()
 
     def __repr__(self) -> str:
         return f"<MemoryStore at {id(self):#x}>"
@@ -65,39 +60,18 @@ class MemoryStore:
                 raise _closed_error(self)
             return self._data.get(key)
 
-    def range(
-        self,
-        lower: bytes | None,
-        upper: bytes | None,
-        *,
-        reverse: bool = False,
-        upper_exclusive: bool = False,
-    ) -> _MemoryIterator:
-        lo, hi = _interval(lower, upper, upper_exclusive)
-        with self._lock:
-            if self._closed:
-                raise _closed_error(self)
-            keys = self._sorted
-            if keys is None:
-                keys = self._sorted = sorted(self._data)
-            start, stop = bisect_left(keys, lo), bisect_left(keys, hi)
-            data = self._data
-            rows = [(key, data[key]) for key in keys[start:stop]]
-            iterator = _MemoryIterator(self, rows[::-1] if reverse else rows, self._meta)
-            self._iterators.add(iterator)
-        return iterator
+    def _snapshot(self, lo: bytes, hi: bytes, reverse: bool) -> _MemoryIterator:
+        keys = self._sorted
+        if keys is None:
+            keys = self._sorted = sorted(self._data)
+        start, stop = bisect_left(keys, lo), bisect_left(keys, hi)
+        data = self._data
+        rows = [(key, data[key]) for key in keys[start:stop]]
+        return _MemoryIterator(self, rows[::-1] if reverse else rows, self._meta)
 
-    def apply(
-        self,
-        ops: Iterable[tuple[bytes, bytes | None]],
-        meta: bytes,
-        *,
-        replace_all: bool = False,
+    def _write(
+        self, ops: Iterable[tuple[bytes, bytes | None]], meta: bytes, replace_all: bool
     ) -> None:
-        if self._closed:
-            raise _closed_error(self)
-        if meta.__class__ is not bytes:
-            raise ConfigError(f"store meta must be bytes, got {type(meta).__name__}")
         staged = list(ops)
         has_deletes = False
         for key, value in staged:
@@ -137,22 +111,15 @@ class MemoryStore:
                 raise _closed_error(self)
             return len(self._data)
 
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._data, self._sorted, self._meta = {}, None, None
-            iterators = list(self._iterators)
-        for iterator in iterators:
-            iterator.close()
+    def _release(self) -> None:
+        self._data, self._sorted, self._meta = {}, None, None
 
     def destroy(self) -> None:
         """Same as :meth:`close`: a memory store has no files."""
         self.close()
 
 
-class _MemoryIterator:
+class _MemoryIterator(StoreIterator):
     """A :class:`~sparkiq.stores.StoreIterator` over rows copied when ``range`` ran."""
 
     __slots__ = ("__weakref__", "_meta", "_rows", "_store")
@@ -165,9 +132,6 @@ class _MemoryIterator:
     @property
     def meta(self) -> bytes | None:
         return self._meta
-
-    def __iter__(self) -> _MemoryIterator:
-        return self
 
     def __next__(self) -> tuple[bytes, bytes]:
         rows = self._rows
@@ -183,14 +147,3 @@ class _MemoryIterator:
 
     def close(self) -> None:
         self._rows = None
-
-    def __enter__(self) -> _MemoryIterator:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -31,6 +31,7 @@ from sparkiq.query.queries import (
     WindowRangeQuery,
 )
 from sparkiq.query.request import StateQueryRequest
+from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 
 __all__ = [
@@ -73,43 +74,44 @@ def dumps(value: Any) -> bytes:
 
 
 def _scalar(dtype: DataType, value: Any, field: str) -> Any:
-    name = dtype.name
+    kind = KINDS.get(dtype.name)
+    python = None if kind is None else kind.python
     try:
         if value is None:
             return None
-        if name == "string":
+        if python is str:
             if isinstance(value, str):
                 return value
-        elif name in ("integer", "long", "short", "byte"):
+        elif python is int:
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
             if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
                 return int(value)
-        elif name in ("float", "double"):
+        elif python is float:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 return float(value)
             if isinstance(value, str):
                 return float(value)
-        elif name == "boolean":
+        elif python is bool:
             if isinstance(value, bool):
                 return value
             if isinstance(value, str) and value.lower() in ("true", "false"):
                 return value.lower() == "true"
-        elif name == "date":
+        elif python is dt.date:
             if isinstance(value, str):
                 return dt.date.fromisoformat(value)
-        elif name in ("timestamp", "timestamp_ntz"):
+        elif python is dt.datetime:
             if isinstance(value, str):
                 parsed = dt.datetime.fromisoformat(value)
-                if name == "timestamp_ntz" and parsed.tzinfo is not None:
-                    raise ValueError("timestamp_ntz keys have no time zone")
+                if kind is not None and not kind.zoned and parsed.tzinfo is not None:
+                    raise ValueError(f"{dtype.name} keys have no time zone")
                 return parsed
-        elif name == "decimal":
+        elif python is Decimal:
             if isinstance(value, str | int) and not isinstance(value, bool):
                 return Decimal(str(value))
             if isinstance(value, float):
                 return Decimal(repr(value))
-        elif name == "binary" and isinstance(value, str):
+        elif python is bytes and isinstance(value, str):
             return base64.b64decode(value, validate=True)
     except (ValueError, InvalidOperation, binascii.Error) as exc:
         raise field_error(
@@ -118,16 +120,16 @@ def _scalar(dtype: DataType, value: Any, field: str) -> Any:
     raise field_error(
         field,
         f"expected a {dtype.simple_string()} value"
-        f"{_HINTS.get(name, '')}, got {type(value).__name__} {value!r}",
+        f"{_HINTS.get(python, '')}, got {type(value).__name__} {value!r}",
     )
 
 
-_HINTS = {
-    "date": " as an ISO date string like '2024-05-01'",
-    "timestamp": " as an ISO timestamp string like '2024-05-01T10:00:00'",
-    "timestamp_ntz": " as an ISO timestamp string like '2024-05-01T10:00:00'",
-    "binary": " as base64 text",
-    "decimal": " as a string like '12.50'",
+# by the class of the value PySpark gives for the key's type
+_HINTS: dict[type | None, str] = {
+    dt.date: " as an ISO date string like '2024-05-01'",
+    dt.datetime: " as an ISO timestamp string like '2024-05-01T10:00:00'",
+    bytes: " as base64 text",
+    Decimal: " as a string like '12.50'",
 }
 
 

@@ -1,0 +1,182 @@
+"""A node's configuration: keyword arguments first, then ``SPARKIQ_*`` variables, then defaults.
+
+:class:`NodeConfig` is the one place that reads a node's environment variables; both
+:class:`~sparkiq.Node` and ``sparkiq serve`` resolve their settings through it, so an option
+means the same thing whichever way it is given. Every field that a variable can set is listed
+in :data:`ENV_VARIABLES` (the CLI shows them in ``--help``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkiq.errors import ConfigError
+
+__all__ = ["ENV_VARIABLES", "NOT_GIVEN", "NodeConfig", "node_url"]
+
+
+class _NotGiven:
+    """The default of an option that a ``SPARKIQ_*`` variable may set; ``None`` is a value
+    (it means "not set, and ignore the variable")."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN: Any = _NotGiven()
+
+#: Field -> the variable that sets it when the keyword argument is not given.
+ENV_VARIABLES: dict[str, str] = {
+    "node_id": "SPARKIQ_NODE_ID",
+    "listen": "SPARKIQ_LISTEN",
+    "advertise": "SPARKIQ_ADVERTISE",
+    "peers": "SPARKIQ_PEERS",
+    "standbys": "SPARKIQ_STANDBYS",
+    "token": "SPARKIQ_TOKEN",
+    "local_dir": "SPARKIQ_LOCAL_DIR",
+    "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
+    "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
+}
+
+_STORES = ("rocksdb", "memory")
+
+
+def node_url(address: str) -> str:
+    """``host:port`` (or a URL) as the URL nodes and clients use."""
+    address = address.strip().rstrip("/")
+    return address if "://" in address else f"http://{address}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Everything a node is configured with (see :class:`~sparkiq.Node` for each meaning).
+
+    Build it with :meth:`resolve`, which applies the variables and validates every value;
+    the constructor itself only holds values.
+    """
+
+    state_dir: str
+    node_id: str = "local"
+    listen: str | None = None
+    advertise: str | None = None
+    peers: tuple[str, ...] = ()
+    standbys: int = 1
+    token: str | None = None
+    local_dir: str | None = None
+    store: str = "rocksdb"
+    poll_interval: float = 0.02
+    heartbeat_interval: float = 0.5
+    failure_timeout: float = 3.0
+    release_grace: float = 5.0
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the node serves HTTP or joins peers (a transport also makes it clustered)."""
+        return bool(self.listen or self.peers)
+
+    @classmethod
+    def resolve(
+        cls,
+        state_dir: str,
+        *,
+        environ: Mapping[str, str] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        **given: Any,
+    ) -> NodeConfig:
+        """The configuration from keyword arguments, then ``environ`` (default
+        ``os.environ``) for those left :data:`NOT_GIVEN`, then ``defaults`` (a caller's own
+        defaults, e.g. ``sparkiq serve`` listens on ``127.0.0.1:8081``), then the field
+        defaults. ``node_id=None`` names the node after its ``listen`` address (``"local"``
+        when it does not listen). Raises :class:`~sparkiq.errors.ConfigError` naming the
+        option, and the variable when one set it, whose value is wrong."""
+        env = os.environ if environ is None else environ
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise ConfigError(f"unknown node option(s) {unknown}; options are {sorted(names)}")
+        values: dict[str, Any] = {}
+        origin: dict[str, str] = {}  # per option: "" or " (set by SPARKIQ_...)" for messages
+        for name in names - {"state_dir"}:
+            value = given.get(name, NOT_GIVEN)
+            origin[name] = ""
+            variable = ENV_VARIABLES.get(name)
+            if value is NOT_GIVEN and variable is not None and env.get(variable, "") != "":
+                value, origin[name] = env[variable], f" (set by {variable})"
+            if value is NOT_GIVEN and defaults is not None and name in defaults:
+                value = defaults[name]
+            if value is not NOT_GIVEN:
+                values[name] = value
+        if values.get("node_id", NOT_GIVEN) is None:  # named after where it listens
+            values["node_id"] = _optional_text(values.get("listen"), "listen", "") or "local"
+        return cls(state_dir=state_dir, **_validated(values, origin))
+
+    def replace(self, **changes: Any) -> NodeConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
+    out = dict(values)
+    for name in ("listen", "advertise", "token", "local_dir"):
+        if name in out:  # "" means unset, as it does for the variables
+            out[name] = _optional_text(out[name], name, origin[name])
+    if "node_id" in out:
+        node_id = out["node_id"]
+        if not isinstance(node_id, str) or not node_id.strip():
+            raise ConfigError(
+                f"node_id must be a non-empty string, got {node_id!r}{origin['node_id']}"
+            )
+    if "peers" in out:
+        out["peers"] = _peers(out["peers"], origin["peers"])
+    if "standbys" in out:
+        standbys = _number(out["standbys"], int, "standbys", origin["standbys"])
+        if standbys < 0:
+            raise ConfigError(f"standbys must be >= 0, got {standbys}{origin['standbys']}")
+        out["standbys"] = standbys
+    for name in ("poll_interval", "heartbeat_interval", "failure_timeout", "release_grace"):
+        if name in out:
+            seconds = _number(out[name], float, name, origin[name])
+            if not seconds > 0:
+                raise ConfigError(
+                    f"{name} must be a positive number, got {out[name]!r}{origin[name]}"
+                )
+            out[name] = seconds
+    if "store" in out and out["store"] not in _STORES:
+        raise ConfigError(f"store must be 'rocksdb' or 'memory', got {out['store']!r}")
+    return out
+
+
+def _optional_text(value: Any, name: str, origin: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}{origin}")
+    return value.strip() or None
+
+
+def _peers(value: Any, origin: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items: Iterable[Any] = value.split(",") if isinstance(value, str) else value
+    peers = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"peers must be addresses (host:port), got {item!r}{origin}")
+        if item.strip():
+            peers.append(node_url(item))
+    return tuple(peers)
+
+
+def _number(value: Any, kind: type[int] | type[float], name: str, origin: str) -> Any:
+    what = "an int" if kind is int else "a number"
+    if isinstance(value, bool) or (
+        kind is int and isinstance(value, float) and not value.is_integer()
+    ):
+        raise ConfigError(f"{name} must be {what}, got {value!r}{origin}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be {what}, got {value!r}{origin}") from None

@@ -1,0 +1,410 @@
+"""Hosting: the replicas a node holds, and the tailer thread that keeps them current.
+
+:class:`Hosting` discovers the tables under a ``state_dir``, opens a
+:class:`~sparkiq.changelog.replica.TableReplica` for the partitions it is told to hold, applies
+committed batches in a background thread (or when :meth:`Hosting.poll_once` is called), and
+reports where each partition is. It knows nothing of routing or of other nodes: *which*
+partitions to hold comes from a ``placement`` function (all of them, a pinned subset, or a
+cluster assignment).
+
+Per table it keeps a :class:`TableRoute`: the key codec, the partitioner and the hosted
+partition stores by number -- everything a key lookup needs, in one dict lookup.
+
+Locks, in the order they are taken (never the other way round):
+
+1. ``_refresh_lock`` serializes :meth:`Hosting.refresh_tables` (discovering, hosting and
+   dropping whole tables).
+2. ``_poll_lock`` serializes applying batches with every change to *which* partitions a
+   replica holds (dropping a table, :meth:`Hosting.changing_partitions` for rebalancing): a
+   poll never races a partition being added or closed under it.
+3. ``_lock`` guards the ``_tables`` and ``_routes`` dicts themselves (readers take no lock:
+   they read a dict entry once, which is atomic, and a closed store fails a racing read with
+   a :class:`~sparkiq.errors.StoreError`, never a wrong row).
+
+``_applied`` (a Condition on its own lock, taken with none of the above held) wakes
+:meth:`Hosting.wait_for` after a poll applied something. ``_wake`` and ``_stop`` are Events
+that wake and stop the tailer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from sparkiq.changelog import Changelog, list_tables
+from sparkiq.changelog.replica import (
+    ReplicaStatus,
+    RowTransform,
+    StoreFactory,
+    TableReplica,
+    memory_factory,
+    rocksdb_factory,
+)
+from sparkiq.cluster.membership import HostedState
+from sparkiq.errors import SparkiqError, UnknownStoreError
+from sparkiq.query.position import Position
+from sparkiq.schema.codec import KeyCodec
+from sparkiq.schema.partitioner import Partitioner
+from sparkiq.schema.types import TableSchema
+from sparkiq.stores.partition import PartitionStore
+
+__all__ = ["Hosting", "Placement", "TableRoute", "TableView"]
+
+log = logging.getLogger("sparkiq.node")
+
+#: ``placement(table, partition_count)``: the partitions of ``table`` this node should hold.
+Placement = Callable[[str, int], Iterable[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class TableView:
+    """How a node holds one table when not as stored: ``schema`` is the schema of the rows it
+    keeps and ``transform`` maps each changelog row to such a row, or to None to drop it (see
+    :data:`~sparkiq.changelog.replica.RowTransform`; it must be deterministic). Followers use
+    it to keep a filtered and projected subset."""
+
+    schema: TableSchema | None = None
+    transform: RowTransform | None = None
+
+
+_AS_STORED = TableView()
+
+
+@dataclass(frozen=True, slots=True)
+class TableRoute:
+    """What locating a key of one table needs: its codec and partitioner, and per partition
+    number the store hosted here (None where not hosted). ``stores`` is updated in place when
+    partitions are added or released (under the hosting's ``_poll_lock``)."""
+
+    codec: KeyCodec
+    partitioner: Partitioner
+    stores: list[PartitionStore | None]
+
+    @property
+    def schema(self) -> TableSchema:
+        return self.codec.schema
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.stores)
+
+    def partition_of(self, key: object) -> tuple[tuple[object, ...], int]:
+        """``(internal key, partition)`` of a user-facing key (validated against the key
+        columns: a wrong type raises :class:`~sparkiq.errors.InvalidQueryError`)."""
+        internal = self.codec.to_internal(key)
+        return internal, self.partitioner(internal)
+
+
+class Hosting:
+    """The replicas of the tables under ``state_dir`` that ``placement`` assigns here.
+
+    ``local_dir`` holds RocksDB files (``store="rocksdb"``); ``store="memory"`` keeps
+    nothing on disk. ``tables`` limits which tables are hosted (default: all); ``views``
+    holds a table as a :class:`TableView`. Changelogs are opened read-only unless
+    ``read_only=False``. ``on_drop(table)`` is called when a table is released because its
+    changelog was deleted or recreated.
+    """
+
+    def __init__(
+        self,
+        state_dir: str,
+        *,
+        node_id: str,
+        placement: Placement,
+        local_dir: str | None,
+        store: str,
+        poll_interval: float,
+        tables: Iterable[str] | None = None,
+        views: Mapping[str, TableView] | None = None,
+        read_only: bool = True,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.node_id = node_id
+        self.local_dir = local_dir
+        self.store_kind = store
+        self.poll_interval = poll_interval
+        self._placement = placement
+        self._only_tables = None if tables is None else frozenset(tables)
+        self._views = dict(views or {})
+        self._read_only = read_only
+        self._on_drop = on_drop
+        self._tables: dict[str, TableReplica] = {}
+        self._routes: dict[str, TableRoute] = {}
+        self._refresh_lock = threading.RLock()
+        self._poll_lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._applied = threading.Condition()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- tables ------------------------------------------------------------------------------
+
+    @property
+    def tables(self) -> list[str]:
+        return sorted(self._tables)
+
+    def route(self, store: str) -> TableRoute:
+        """The route of table ``store``; raises :class:`UnknownStoreError` if not hosted."""
+        try:
+            return self._routes[store]
+        except KeyError:
+            raise self.unknown(store) from None
+
+    def routes(self) -> dict[str, TableRoute]:
+        return dict(self._routes)
+
+    def replica(self, store: str) -> TableReplica:
+        """The hosted replica of table ``store`` (its changelog, partitions and stores)."""
+        try:
+            return self._tables[store]
+        except KeyError:
+            raise self.unknown(store) from None
+
+    def replicas(self) -> list[TableReplica]:
+        return list(self._tables.values())
+
+    def unknown(self, store: str) -> UnknownStoreError:
+        return UnknownStoreError(
+            f"unknown store {store!r}; this node serves {sorted(self._tables)}", store=store
+        )
+
+    def refresh_tables(self) -> list[str]:
+        """Host any table that appeared in ``state_dir`` since the last call; return new ones.
+
+        A table whose changelog was deleted (``DROP TABLE ... DELETE CHANGELOG``) is released;
+        one deleted and created again under the same name (a new incarnation) is released and
+        hosted anew, so old local state is never mixed with the new changelog. Safe to call
+        from any thread (calls are serialized)."""
+        with self._refresh_lock:
+            present = set(list_tables(self.state_dir))
+            for name, replica in list(self._tables.items()):
+                if name not in present or not self._same_incarnation(replica):
+                    self._drop(name)
+            added = []
+            for name in sorted(present):
+                if self._only_tables is not None and name not in self._only_tables:
+                    continue
+                if name not in self._tables:
+                    self._host(name)
+                    added.append(name)
+            return added
+
+    def _same_incarnation(self, replica: TableReplica) -> bool:
+        try:
+            fresh = Changelog(self.state_dir, replica.table, read_only=True).manifest()
+        except SparkiqError:  # deleted while we looked: the next refresh drops it
+            return True
+        return fresh.incarnation == replica.manifest.incarnation
+
+    def _drop(self, name: str) -> None:
+        log.info(
+            "%s: table %r was dropped or recreated; releasing its replicas", self.node_id, name
+        )
+        with self._poll_lock, self._lock:
+            replica = self._tables.pop(name)
+            self._routes.pop(name, None)
+            if self._on_drop is not None:
+                self._on_drop(name)
+            replica.close()  # a read racing this fails with a StoreError, never a wrong row
+
+    def _host(self, name: str) -> None:
+        changelog = Changelog(self.state_dir, name, read_only=self._read_only)
+        manifest = changelog.manifest()
+        factory: StoreFactory
+        if self.store_kind == "memory":
+            factory = memory_factory
+        else:
+            assert self.local_dir is not None
+            factory = rocksdb_factory(self.local_dir, manifest)
+        view = self._views.get(name, _AS_STORED)
+        replica = TableReplica(
+            changelog,
+            self._placement(name, manifest.partitions),
+            factory,
+            on_progress=self.write_status_file,
+            schema=view.schema,
+            transform=view.transform,
+        )
+        stores: list[PartitionStore | None] = [None] * manifest.partitions
+        for partition, held in replica.partitions.items():
+            stores[partition] = held.store
+        route = TableRoute(
+            KeyCodec(replica.schema),
+            Partitioner(replica.schema.key_types, manifest.partitions),
+            stores,
+        )
+        with self._lock:
+            self._tables[name] = replica
+            self._routes[name] = route
+
+    @contextlib.contextmanager
+    def changing_partitions(self) -> Iterator[dict[str, TableReplica]]:
+        """Hold polls off while the caller adds or releases partitions of the hosted tables
+        (the dict it yields; keep each table's :class:`TableRoute` ``stores`` in step)."""
+        with self._poll_lock, self._lock:
+            yield self._tables
+
+    def close(self) -> None:
+        """Stop the tailer and close every replica."""
+        self.stop_tailing()
+        with self._poll_lock, self._lock:
+            for replica in self._tables.values():
+                replica.close()
+            self._tables.clear()
+            self._routes.clear()
+
+    # -- tailing -----------------------------------------------------------------------------
+
+    def start_tailing(self) -> None:
+        """Start the background thread applying new batches (every ``poll_interval`` s or at
+        :meth:`wake`) and re-discovering tables every second. Idempotent."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, name=f"sparkiq-tailer-{self.node_id}", daemon=True
+            )
+            self._thread.start()
+
+    def stop_tailing(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            self._wake.set()
+            thread.join()
+
+    def wake(self) -> None:
+        """Make the tailer poll now (a batch was just committed, or partitions were added)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        last_refresh = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self.poll_once()
+            if time.monotonic() - last_refresh > 1.0:
+                last_refresh = time.monotonic()
+                self.write_status_file()
+                try:
+                    self.refresh_tables()
+                except Exception:  # a half-created table: try again next time
+                    log.exception("refreshing tables of %s failed", self.state_dir)
+
+    def poll_once(self) -> int:
+        """Apply whatever was committed since the last poll; return the applications made.
+
+        Safe to call while the background tailer runs: polls are serialized (each table has
+        one writer thread at a time), so when this returns, everything committed before the
+        call has been applied or has failed visibly in :meth:`status`.
+        """
+        applied = 0
+        with self._poll_lock:
+            for replica in list(self._tables.values()):
+                try:
+                    applied += replica.poll()
+                except Exception:
+                    log.exception("tailing %s failed; retrying on the next poll", replica.table)
+        if applied:
+            with self._applied:
+                self._applied.notify_all()
+        return applied
+
+    def wait_for(self, table: str, batch_id: int, timeout: float | None = None) -> bool:
+        """Block until every hosted partition of ``table`` applied ``batch_id``; False on
+        timeout or when a partition failed."""
+        replica = self.replica(table)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._applied:
+            while (
+                min((r.batch_id for r in replica.partitions.values()), default=batch_id) < batch_id
+            ):
+                if any(r.error for r in replica.partitions.values()):
+                    return False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._wake.set()
+                self._applied.wait(0.05 if remaining is None else min(0.05, remaining))
+        return True
+
+    # -- where each partition is -------------------------------------------------------------
+
+    def caught_up(self, table: str, partition: int) -> bool:
+        """Whether this node holds ``partition`` of ``table`` healthy and at the newest batch."""
+        replica = self._tables.get(table)
+        held = None if replica is None else replica.partitions.get(partition)
+        if replica is None or held is None or held.error is not None:
+            return False
+        return held.batch_id >= replica.latest_batch_id
+
+    def status(self) -> list[ReplicaStatus]:
+        return [s for r in list(self._tables.values()) for s in r.status()]
+
+    def hosted_state(self) -> HostedState:
+        """Per table, per hosted partition: (batch id, state, lag) -- what heartbeats carry."""
+        out: HostedState = {}
+        for status in self.status():
+            out.setdefault(status.table, {})[status.partition] = (
+                status.batch_id,
+                status.state,
+                status.lag_batches,
+            )
+        return out
+
+    def position(self, store: str) -> Position:
+        """The merged position of every hosted partition of ``store``."""
+        merged = Position.empty()
+        for replica in self.replica(store).partitions.values():
+            merged = merged.merge(replica.store.position)
+        return merged
+
+    def write_status_file(self) -> None:
+        """Write ``<local_dir>/status.json`` (what ``sparkiq status`` shows for this node).
+
+        Format: ``{"node_id", "updated_at", "partitions": [{table, partition, state,
+        batch_id, latest_batch_id, lag_batches, restored_rows, restored_bytes, eta_seconds,
+        error}]}``. Nodes without a local directory (memory stores) write nothing.
+        """
+        if self.local_dir is None or self.store_kind != "rocksdb":
+            return
+        doc = {
+            "node_id": self.node_id,
+            "updated_at": time.time(),
+            "partitions": [
+                {
+                    "table": s.table,
+                    "partition": s.partition,
+                    "state": s.state,
+                    "batch_id": s.batch_id,
+                    "latest_batch_id": s.latest_batch_id,
+                    "lag_batches": s.lag_batches,
+                    "restored_rows": s.restored_rows,
+                    "restored_bytes": s.restored_bytes,
+                    "eta_seconds": s.eta_seconds,
+                    "error": s.error,
+                }
+                for s in self.status()
+            ],
+        }
+        path = os.path.join(self.local_dir, "status.json")
+        try:
+            os.makedirs(self.local_dir, exist_ok=True)
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as handle:
+                json.dump(doc, handle)
+            os.replace(tmp, path)
+        except OSError:
+            log.debug("cannot write %s", path, exc_info=True)

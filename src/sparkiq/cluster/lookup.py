@@ -1,0 +1,292 @@
+"""Reads: how a node answers key lookups and typed requests, locally or by routing.
+
+Every key lookup -- :meth:`Lookup.get`, :meth:`Lookup.get_with_position`,
+:meth:`Lookup.local_lookup`, the REST ``GET /stores/{s}/keys/{k}`` and a routed
+``KeyQuery`` -- goes through one path: :meth:`Lookup.locate` finds the key's partition and
+whether this node reads it itself, applying the handler registry's key-query rules first
+(:func:`sparkiq.stores.dispatch.check_key_query`: a windowed table refuses a plain key lookup,
+whichever entry point asked); then :meth:`Lookup.read_key` reads it here, or the router asks
+the node that hosts it. When the registered ``KeyQuery`` handler is the built-in one, the read
+skips building query and result objects: that is the microsecond fast path; a handler of the
+user's own is called through :func:`~sparkiq.stores.dispatch.execute`.
+
+A standalone node answers from the partitions it hosts. A clustered one (while
+:attr:`Lookup.coordinator` is set) reads its own replica only when that is caught up, and
+otherwise routes to a node that hosts the partition (see :mod:`sparkiq.cluster.router`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sparkiq.cluster.coordinator import Coordinator
+from sparkiq.cluster.hosting import Hosting, TableRoute
+from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
+from sparkiq.errors import SparkiqError
+from sparkiq.query.position import Position
+from sparkiq.query.queries import KeyQuery
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
+from sparkiq.schema.types import TableSchema
+from sparkiq.stores.dispatch import QueryContext, check_key_query, execute, handler_for
+from sparkiq.stores.partition import PartitionStore
+
+__all__ = ["KeyLocation", "Lookup"]
+
+_PLAIN_CONTEXT = QueryContext()
+_BUILTIN_KEY_HANDLER = handler_for(PartitionStore, KeyQuery)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLocation:
+    """Where a key is: its internal form, its partition, the replica hosted here (None if
+    not hosted) and whether this node reads it itself (hosted, and caught up when
+    clustered)."""
+
+    internal: tuple[Any, ...]
+    partition: int
+    store: PartitionStore | None
+    here: bool
+
+
+class Lookup:
+    """Answers reads for one node from ``hosting``'s replicas, routing through
+    :attr:`coordinator` when it is set (the node sets it while clustered and started).
+
+    It is also what the SQL engine reads from (a :class:`~sparkiq.sql.source.QuerySource`).
+    """
+
+    def __init__(self, hosting: Hosting, *, node_id: str, url: str | None = None) -> None:
+        self._hosting = hosting
+        self.node_id = node_id
+        self.url = url
+        self.token: str | None = None  # forwarded by query() when routing on our own behalf
+        self.coordinator: Coordinator | None = None
+
+    # -- what the SQL engine reads (QuerySource) -----------------------------------------------
+
+    @property
+    def tables(self) -> list[str]:
+        return self._hosting.tables
+
+    def schema(self, store: str) -> TableSchema:
+        """The schema of the rows ``store`` answers with (a view's schema for a follower)."""
+        return self._hosting.route(store).schema
+
+    def partition_count(self, store: str) -> int:
+        """How many partitions ``store`` has (hosted here or not)."""
+        return self._hosting.route(store).partition_count
+
+    def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer ``request``; failures are per partition.
+
+        A standalone node answers from the partitions it hosts (``NOT_PRESENT`` for others); a
+        clustered node routes each partition to a node hosting it."""
+        return self.route(request, self.token)
+
+    # -- keys --------------------------------------------------------------------------------
+
+    def partition_for_key(self, store: str, key: Any) -> int:
+        """The partition holding ``key`` (validates the key against the table's key columns)."""
+        return self._hosting.route(store).partition_of(key)[1]
+
+    def locate(self, store: str, key: Any) -> KeyLocation:
+        route = self._hosting.route(store)
+        if handler_for(PartitionStore, KeyQuery) is _BUILTIN_KEY_HANDLER:
+            check_key_query(route.schema, store)
+        internal, partition = route.partition_of(key)
+        hosted = route.stores[partition]
+        here = hosted is not None and (
+            self.coordinator is None or self._hosting.caught_up(store, partition)
+        )
+        return KeyLocation(internal, partition, hosted, here)
+
+    def read_key(self, location: KeyLocation, key: Any) -> tuple[dict[str, Any] | None, Position]:
+        """``(row, position)`` of a key this node reads itself (``location.here``)."""
+        store = location.store
+        assert store is not None
+        if handler_for(type(store), KeyQuery) is _BUILTIN_KEY_HANDLER:
+            return store.get(location.internal)
+        result = execute(store, KeyQuery.with_key(key), _PLAIN_CONTEXT)
+        if result.is_failure:
+            raise SparkiqError(
+                f"{store.table!r} key {key!r} (partition {location.partition}): "
+                f"{result.failure_reason.name}: {result.failure_message}",  # type: ignore[union-attr]
+                store=store.table,
+                partition=location.partition,
+            )
+        return result.result, result.position
+
+    def get(self, store: str, key: Any) -> dict[str, Any] | None:
+        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery."""
+        return self.get_with_position(store, key)[0]
+
+    def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
+        """Like :meth:`get`, with the position of the partition the row was read at (the
+        pair is consistent: the row is exactly the state at that position). A key this node
+        does not read itself is asked of the node hosting it; a partition no node can answer
+        raises :class:`~sparkiq.errors.SparkiqError`."""
+        location = self.locate(store, key)
+        if location.here:
+            return self.read_key(location, key)
+        return self._get_routed(store, key, location)
+
+    def local_lookup(
+        self, store: str, key: Any
+    ) -> tuple[dict[str, Any] | None, Position, int] | None:
+        """``(row, position, partition)`` when this node reads the key's partition itself,
+        else None (another node must be asked). Never blocks on the network."""
+        location = self.locate(store, key)
+        if not location.here:
+            return None
+        row, position = self.read_key(location, key)
+        return row, position, location.partition
+
+    def _get_routed(
+        self, store: str, key: Any, location: KeyLocation
+    ) -> tuple[dict[str, Any] | None, Position]:
+        partition = location.partition
+        coordinator = self.coordinator
+        if coordinator is None:
+            raise SparkiqError(
+                f"partition {partition} of {store!r}, which holds key {key!r}, is not hosted on "
+                f"node {self.node_id!r}; use query() to get a NOT_PRESENT result instead",
+                store=store,
+                partition=partition,
+            )
+        request = StateQueryRequest.in_store(store).with_query(KeyQuery.with_key(key))
+        result = coordinator.router.route(request, [partition], self.token)
+        answer = result.partition_results[partition]
+        if answer.is_failure:
+            if location.store is not None:  # our own replica is restoring, but it can answer
+                return self.read_key(location, key)
+            raise SparkiqError(
+                f"{store!r} key {key!r} (partition {partition}): {answer.failure_reason.name}: "  # type: ignore[union-attr]
+                f"{answer.failure_message}",
+                store=store,
+                partition=partition,
+            )
+        return answer.result, answer.position
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def route(self, request: StateQueryRequest, token: str | None) -> StateQueryResult[Any]:
+        """Answer ``request`` on behalf of a caller whose ``token`` is forwarded to other
+        nodes (a standalone node answers locally)."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return self.query_local(request)
+        partitions, missing = self._partitions(request)
+        results = coordinator.router.route(request, partitions, token) if partitions else None
+        merged = dict(results.partition_results) if results is not None else {}
+        merged.update(missing)
+        return StateQueryResult(merged)
+
+    def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
+        others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
+        partitions, results = self._partitions(request)
+        stores = self._hosting.route(request.store).stores
+        if request.bound.is_unbounded and not request.is_execution_info_enabled:
+            ctx = _PLAIN_CONTEXT
+        else:
+            ctx = QueryContext(request.bound, request.is_execution_info_enabled)
+        coordinator = self.coordinator
+        for partition in partitions:
+            hosted = stores[partition]
+            if hosted is None:
+                results[partition] = QueryResult.for_failure(
+                    FailureReason.NOT_PRESENT,
+                    f"partition {partition} of {request.store!r} is not hosted on node "
+                    f"{self.node_id!r}: ask the node that hosts it",
+                )
+            elif (
+                request.is_require_active
+                and coordinator is not None
+                and coordinator.assignment.active(request.store, partition) != self.node_id
+            ):
+                results[partition] = QueryResult.for_failure(
+                    FailureReason.NOT_ACTIVE,
+                    f"node {self.node_id!r} holds partition {partition} of {request.store!r} "
+                    "as a standby and the request requires the active replica: ask "
+                    f"{coordinator.assignment.active(request.store, partition)!r}",
+                    hosted.position,
+                )
+            else:
+                results[partition] = execute(hosted, request.query, ctx)
+        return StateQueryResult(results)
+
+    def _partitions(
+        self, request: StateQueryRequest
+    ) -> tuple[list[int], dict[int, QueryResult[Any]]]:
+        """The valid partitions ``request`` reads, and failures for the ones that do not exist."""
+        route: TableRoute = self._hosting.route(request.store)
+        count = route.partition_count
+        query = request.query
+        wanted: Iterable[int]
+        if request.partitions is not None:
+            wanted = sorted(request.partitions)
+        elif query.single_key:
+            wanted = (route.partition_of(query.routing_key())[1],)
+        else:
+            wanted = range(count)
+        valid, missing = [], {}
+        for partition in wanted:
+            if 0 <= partition < count:
+                valid.append(partition)
+            else:
+                missing[partition] = QueryResult.for_failure(
+                    FailureReason.DOES_NOT_EXIST,
+                    f"{request.store!r} has partitions 0..{count - 1}; partition {partition} "
+                    "does not exist",
+                )
+        return valid, missing
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def metadata_for_key(self, store: str, key: Any) -> KeyQueryMetadata:
+        """Which partition holds ``key`` and which nodes host it (active first)."""
+        partition = self.partition_for_key(store, key)
+        coordinator = self.coordinator
+        if coordinator is None:
+            return KeyQueryMetadata(partition, HostInfo(self.node_id, self.url or ""), ())
+        replicas = coordinator.assignment.replicas(store, partition)
+        hosts = [HostInfo(m, coordinator.membership.url_of(m) or "") for m in replicas]
+        return KeyQueryMetadata(partition, hosts[0] if hosts else None, tuple(hosts[1:]))
+
+    def all_metadata(self) -> list[NodeMetadata]:
+        """Per live node: the partitions it is active and standby for, and what it hosts
+        (batch id, state) as of its last heartbeat (this node: now)."""
+        coordinator = self.coordinator
+        tables = {name: route.partition_count for name, route in self._hosting.routes().items()}
+        if coordinator is None:
+            return [
+                NodeMetadata(
+                    self.node_id,
+                    self.url or "",
+                    {t: tuple(range(n)) for t, n in tables.items()},
+                    {t: () for t in tables},
+                    self._hosting.hosted_state(),
+                )
+            ]
+        assignment = coordinator.assignment
+        out = []
+        for member in assignment.members:
+            active = {
+                t: tuple(p for p in range(n) if assignment.active(t, p) == member)
+                for t, n in tables.items()
+            }
+            standby = {
+                t: tuple(p for p in range(n) if member in assignment.replicas(t, p)[1:])
+                for t, n in tables.items()
+            }
+            hosted = (
+                self._hosting.hosted_state()
+                if member == self.node_id
+                else coordinator.membership.hosted_state(member)
+            )
+            url = coordinator.membership.url_of(member) or ""
+            out.append(NodeMetadata(member, url, active, standby, hosted))
+        return out

@@ -1,0 +1,464 @@
+"""A serving node: hosts replicas of the tables in a ``state_dir`` and answers queries.
+
+:class:`Node` is a facade. It assembles the rooms that do the work and wires them together;
+each has one job:
+
+* :class:`~sparkiq.cluster.config.NodeConfig` -- settings, from arguments then ``SPARKIQ_*``;
+* :class:`~sparkiq.cluster.hosting.Hosting` -- the replicas and the tailer thread;
+* :class:`~sparkiq.cluster.lookup.Lookup` -- key lookups and typed requests, local or routed;
+* :class:`~sparkiq.cluster.coordinator.Coordinator` -- membership, assignment and the router
+  (clustered nodes only), with :class:`~sparkiq.cluster.rebalance.Rebalancer` moving
+  partitions as the assignment changes;
+* :class:`~sparkiq.sql.SqlEngine` and :class:`~sparkiq.sql.push.SubscriptionHub` -- SQL pull
+  and push queries over what :class:`Lookup` reads;
+* :func:`~sparkiq.server.start_server` -- the REST API and node protocol over HTTP.
+
+This module sits above ``cluster``, ``sql`` and ``server`` (and below ``spark``), so the
+rooms never import upward.
+
+Queries never block on the tailer: each partition answers from its last applied batch, with
+the position it is at.
+
+``_lifecycle`` (a lock) guards starting and stopping and the lazily created SQL engine and
+push hub; it is never held while calling into the rooms' own locks except during
+:meth:`Node.start` and :meth:`Node.stop`, which the rooms never call back into.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sparkiq.changelog import open_storage
+from sparkiq.changelog.replica import ReplicaStatus, TableReplica
+from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, node_url
+from sparkiq.cluster.coordinator import Coordinator
+from sparkiq.cluster.hosting import Hosting, Placement, TableView
+from sparkiq.cluster.lookup import Lookup
+from sparkiq.cluster.membership import HostedState
+from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
+from sparkiq.cluster.rebalance import Rebalancer
+from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
+from sparkiq.errors import ConfigError, SparkiqError
+from sparkiq.query.position import Position
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.types import TableSchema
+from sparkiq.server import RunningServer, bind_socket, start_server
+from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
+from sparkiq.sql.push import Subscription, SubscriptionHub
+
+__all__ = ["Node", "TableView"]
+
+
+class Node:
+    """Hosts replicas of the tables under ``state_dir`` and answers queries on them.
+
+    ``local_dir`` holds the replicas' RocksDB files (default: ``<state_dir>/replicas/<node_id>``
+    for a local ``state_dir``; required for a remote one). ``store="memory"`` keeps replicas
+    in memory instead (nothing survives a restart). ``poll_interval`` is how often, in seconds,
+    the changelog is checked for new commits. ``partitions`` limits what is hosted:
+    ``{"table": [0, 3]}`` hosts only those partitions of that table (tables not named are
+    hosted whole); queries for other partitions fail with ``NOT_PRESENT``. ``tables`` limits
+    the hosted tables to those named (default: every table in ``state_dir``); ``views`` holds
+    a table as a :class:`TableView` instead of as stored. Nodes never write the changelog:
+    by default (``read_only=True``) every changelog is opened read-only, so any write
+    through a node raises :class:`~sparkiq.errors.ReadOnlyError`.
+
+    **Clustered.** With ``listen`` (``"host:port"``, port 0 picks a free one) the node serves
+    the REST API and the node protocol over HTTP; with ``peers`` (seed addresses) or a
+    ``transport`` it joins a cluster: partitions are assigned to one active and ``standbys``
+    standby nodes by rendezvous hashing over the live members (heartbeats every
+    ``heartbeat_interval`` s; a member silent for ``failure_timeout`` s is gone), the node
+    hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
+    partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
+    authentication for HTTP callers and between nodes. ``advertise`` is the URL other nodes
+    and clients use to reach this one (default: from ``listen``).
+
+    **Settings from the environment.** ``node_id``, ``listen``, ``advertise``, ``peers``
+    (comma-separated), ``standbys``, ``token``, ``local_dir``, ``heartbeat_interval`` and
+    ``failure_timeout`` default to ``SPARKIQ_NODE_ID``, ``SPARKIQ_LISTEN``,
+    ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``, ``SPARKIQ_TOKEN``,
+    ``SPARKIQ_LOCAL_DIR``, ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT``;
+    pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
+    :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
+    """
+
+    def __init__(
+        self,
+        state_dir: str | None = None,
+        *,
+        config: NodeConfig | None = None,
+        node_id: str = NOT_GIVEN,
+        listen: str | None = NOT_GIVEN,
+        peers: Iterable[str] | None = NOT_GIVEN,
+        standbys: int = NOT_GIVEN,
+        token: str | None = NOT_GIVEN,
+        advertise: str | None = NOT_GIVEN,
+        local_dir: str | None = NOT_GIVEN,
+        heartbeat_interval: float = NOT_GIVEN,
+        failure_timeout: float = NOT_GIVEN,
+        release_grace: float = NOT_GIVEN,
+        store: str = NOT_GIVEN,
+        poll_interval: float = NOT_GIVEN,
+        transport: Transport | None = None,
+        partitions: Mapping[str, Iterable[int]] | None = None,
+        tables: Iterable[str] | None = None,
+        views: Mapping[str, TableView] | None = None,
+        read_only: bool = True,
+    ) -> None:
+        settings: dict[str, Any] = {
+            "node_id": node_id,
+            "listen": listen,
+            "peers": peers,
+            "standbys": standbys,
+            "token": token,
+            "advertise": advertise,
+            "local_dir": local_dir,
+            "heartbeat_interval": heartbeat_interval,
+            "failure_timeout": failure_timeout,
+            "release_grace": release_grace,
+            "store": store,
+            "poll_interval": poll_interval,
+        }
+        given = {k: v for k, v in settings.items() if v is not NOT_GIVEN}
+        if config is None:
+            if state_dir is None:
+                raise ConfigError("Node needs a state_dir (or a config=NodeConfig)")
+            config = NodeConfig.resolve(state_dir, **given)
+        elif given or (state_dir is not None and state_dir != config.state_dir):
+            raise ConfigError(
+                f"pass either config= or settings, not both (also given: {sorted(given)})"
+            )
+        self.config = config = _with_local_dir(config)
+        self.state_dir = config.state_dir
+        self.node_id = config.node_id
+        self.token = config.token
+        self.clustered = config.clustered or transport is not None
+        if self.clustered and partitions is not None:
+            raise ConfigError(
+                "partitions= pins what a standalone node hosts; a clustered node (listen=, "
+                "peers=) hosts what the assignment gives it"
+            )
+        self._transport = transport
+        pinned = {t: frozenset(ps) for t, ps in (partitions or {}).items()}
+        self.url: str | None = None
+        self.coordinator: Coordinator | None = None
+        self._rebalancer: Rebalancer | None = None
+        self._hosting = Hosting(
+            config.state_dir,
+            node_id=config.node_id,
+            placement=self._placement if self.clustered else _pinned(pinned),
+            local_dir=config.local_dir,
+            store=config.store,
+            poll_interval=config.poll_interval,
+            tables=tables,
+            views=views,
+            read_only=read_only,
+            on_drop=self._forget_retired,
+        )
+        self._lookup = Lookup(self._hosting, node_id=config.node_id)
+        self._lookup.token = config.token
+        self._server: RunningServer | None = None
+        self._started = False
+        self._lifecycle = threading.RLock()
+        self._sql: SqlEngine | None = None
+        self._hub: SubscriptionHub | None = None  # push subscriptions, made by the first stream()
+
+    # -- settings, as attributes (read-only views of the config) -------------------------------
+
+    @property
+    def listen(self) -> str | None:
+        return self.config.listen
+
+    @property
+    def peers(self) -> list[str]:
+        return list(self.config.peers)
+
+    @property
+    def standbys(self) -> int:
+        return self.config.standbys
+
+    @property
+    def local_dir(self) -> str | None:
+        return self.config.local_dir
+
+    @property
+    def poll_interval(self) -> float:
+        return self.config.poll_interval
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Node:
+        """Open the replicas of every table in ``state_dir`` and start tailing. Idempotent."""
+        with self._lifecycle:
+            if self._started:
+                return self
+            self._hosting.refresh_tables()
+            if self.clustered:
+                self._start_cluster()
+            self._hosting.start_tailing()
+            self._started = True
+        return self
+
+    def _start_cluster(self) -> None:
+        config = self.config
+        sock: socket.socket | None = None
+        if config.listen:
+            sock = bind_socket(config.listen)
+            host, port = sock.getsockname()[:2]
+            if host in ("0.0.0.0", "::", ""):
+                host = socket.gethostname()
+            self.url = node_url(config.advertise or f"{host}:{port}")
+        else:
+            self.url = node_url(config.advertise or f"local://{self.node_id}")
+        self._lookup.url = self.url
+        transport = self._transport
+        if transport is None:
+            transport = HttpTransport()
+        elif isinstance(transport, LocalTransport):
+            transport.register(self.url, self)
+        coordinator = Coordinator(
+            node_id=self.node_id,
+            url=self.url,
+            seeds=list(config.peers),
+            standbys=config.standbys,
+            token=config.token,
+            transport=transport,
+            heartbeat_interval=config.heartbeat_interval,
+            failure_timeout=config.failure_timeout,
+            local_answer=self._lookup.query_local,
+            local_caught_up=self._hosting.caught_up,
+            hosted_state=self._hosting.hosted_state,
+            rebalance=self._rebalance,
+        )
+        self._rebalancer = Rebalancer(
+            self._hosting,
+            node_id=self.node_id,
+            handed_off=coordinator.handed_off,
+            release_grace=config.release_grace,
+        )
+        self.coordinator = self._lookup.coordinator = coordinator
+        if sock is not None:
+            self._server = start_server(self, sock)
+        coordinator.start()
+
+    def stop(self) -> None:
+        """Stop tailing and serving, end push subscriptions and close every replica.
+        Idempotent."""
+        with self._lifecycle:
+            self._hosting.stop_tailing()
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+            hub, self._hub = self._hub, None
+            if hub is not None:  # ends every open subscription with an error carrying its position
+                hub.close()
+            coordinator, self.coordinator = self.coordinator, None
+            self._lookup.coordinator = None
+            if coordinator is not None:
+                if isinstance(self._transport, LocalTransport) and self.url:
+                    self._transport.unregister(self.url)
+                coordinator.stop()
+            if self._rebalancer is not None:
+                self._rebalancer.close()
+                self._rebalancer = None
+            self._hosting.close()
+            self._started = False
+
+    def __enter__(self) -> Node:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- wiring between the rooms --------------------------------------------------------------
+
+    def _placement(self, table: str, partition_count: int) -> Iterable[int]:
+        coordinator = self.coordinator
+        if coordinator is None:  # clustered, not started: the first assignment opens them
+            return ()
+        return coordinator.assignment.hosted_by(self.node_id, table, partition_count)
+
+    def _rebalance(self, assignment: Any) -> None:
+        if self._rebalancer is not None:
+            self._rebalancer.rebalance(assignment)
+
+    def _forget_retired(self, table: str) -> None:
+        if self._rebalancer is not None:
+            self._rebalancer.forget(table)
+
+    # -- hosting -----------------------------------------------------------------------------
+
+    @property
+    def tables(self) -> list[str]:
+        return self._hosting.tables
+
+    def refresh_tables(self) -> list[str]:
+        """Host any table that appeared in ``state_dir`` since the last call; return new ones
+        (see :meth:`sparkiq.cluster.hosting.Hosting.refresh_tables`)."""
+        return self._hosting.refresh_tables()
+
+    def poll_once(self) -> int:
+        """Apply whatever was committed since the last poll; return the applications made.
+        Safe to call while the background tailer runs (polls are serialized)."""
+        return self._hosting.poll_once()
+
+    def wait_for(self, table: str, batch_id: int, timeout: float | None = None) -> bool:
+        """Block until every hosted partition of ``table`` applied ``batch_id``."""
+        return self._hosting.wait_for(table, batch_id, timeout)
+
+    def notify(self, table: str | None = None) -> None:
+        """Tell the tailer (and push subscriptions) a batch was just committed."""
+        self._hosting.wake()
+        hub = self._hub
+        if hub is not None:
+            hub.notify(table)
+
+    def replica(self, store: str) -> TableReplica:
+        """The hosted replica of table ``store`` (its changelog, partitions and stores)."""
+        return self._hosting.replica(store)
+
+    def status(self) -> list[ReplicaStatus]:
+        return self._hosting.status()
+
+    def is_ready(self) -> bool:
+        """Whether every hosted partition is caught up with the changelog (readiness)."""
+        return all(s.state == "live" for s in self.status())
+
+    def hosted_state(self) -> HostedState:
+        return self._hosting.hosted_state()
+
+    def write_status_file(self) -> None:
+        """Write ``<local_dir>/status.json`` (what ``sparkiq status`` shows for this node)."""
+        self._hosting.write_status_file()
+
+    def position(self, store: str) -> Position:
+        return self._hosting.position(store)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def schema(self, store: str) -> TableSchema:
+        """The schema of the rows ``store`` answers with (a view's schema for a follower)."""
+        return self._lookup.schema(store)
+
+    def partition_count(self, store: str) -> int:
+        """How many partitions ``store`` has (hosted here or not)."""
+        return self._lookup.partition_count(store)
+
+    def partition_for_key(self, store: str, key: Any) -> int:
+        """The partition holding ``key`` (validates the key against the table's key columns)."""
+        return self._lookup.partition_for_key(store, key)
+
+    def get(self, store: str, key: Any) -> dict[str, Any] | None:
+        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery.
+
+        A clustered node asks the node hosting the key's partition when it does not hold it
+        caught up itself; a partition no node can answer raises :class:`SparkiqError`."""
+        return self._lookup.get_with_position(store, key)[0]
+
+    def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
+        """Like :meth:`get`, with the position of the partition the row was read at (the
+        pair is consistent: the row is exactly the state at that position)."""
+        return self._lookup.get_with_position(store, key)
+
+    def local_lookup(
+        self, store: str, key: Any
+    ) -> tuple[dict[str, Any] | None, Position, int] | None:
+        """``(row, position, partition)`` when this node holds the key's partition caught up,
+        else None (another node must be asked). Never blocks on the network."""
+        return self._lookup.local_lookup(store, key)
+
+    def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer ``request``; failures are per partition.
+
+        A standalone node answers from the partitions it hosts (``NOT_PRESENT`` for others); a
+        clustered node routes each partition to a node hosting it (see
+        :mod:`sparkiq.cluster.router`)."""
+        return self._lookup.query(request)
+
+    def route(self, request: StateQueryRequest, token: str | None) -> StateQueryResult[Any]:
+        """:meth:`query` on behalf of a caller whose ``token`` is forwarded to other nodes."""
+        return self._lookup.route(request, token)
+
+    def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
+        others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
+        return self._lookup.query_local(request)
+
+    def metadata_for_key(self, store: str, key: Any) -> KeyQueryMetadata:
+        """Which partition holds ``key`` and which nodes host it (active first)."""
+        return self._lookup.metadata_for_key(store, key)
+
+    def all_metadata(self) -> list[NodeMetadata]:
+        """Per live node: the partitions it is active and standby for, and what it hosts."""
+        return self._lookup.all_metadata()
+
+    # -- cluster -----------------------------------------------------------------------------
+
+    def check_token(self, token: str | None) -> None:
+        """Raise :class:`~sparkiq.errors.AuthenticationError` unless ``token`` is accepted."""
+        if self.coordinator is not None:
+            self.coordinator.check_token(token)
+
+    def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A heartbeat from another member; returns this node's."""
+        if self.coordinator is None:
+            raise SparkiqError(f"node {self.node_id!r} is not clustered")
+        return self.coordinator.on_heartbeat(doc)
+
+    # -- SQL ---------------------------------------------------------------------------------
+
+    def sql(self, text: str, **options: Any) -> SqlResult:
+        """Run a SQL pull query (or ``EXPLAIN``) over the tables this node serves.
+
+        See :meth:`sparkiq.sql.SqlEngine.execute` for ``options``. Limits come from the
+        ``SPARKIQ_SQL_*`` variables (docs/sql.md#limits)."""
+        engine = self._sql
+        if engine is None:
+            with self._lifecycle:
+                engine = self._sql
+                if engine is None:
+                    engine = self._sql = SqlEngine(self._lookup, SqlLimits.from_env())
+        return engine.execute(text, **options)
+
+    def stream(self, text: str, **options: Any) -> Subscription:
+        """Run a SQL push query (``SELECT ... FROM t [WHERE ...] EMIT CHANGES``).
+
+        Returns a :class:`sparkiq.sql.push.Subscription` (a closeable iterator of changes);
+        see :meth:`sparkiq.sql.push.SubscriptionHub.subscribe` for ``options``. Every
+        subscription of this node shares one changelog tail per table.
+        """
+        hub = self._hub
+        if hub is None:
+            with self._lifecycle:
+                hub = self._hub
+                if hub is None:
+                    hub = self._hub = SubscriptionHub(self.state_dir, source=self._lookup)
+        return hub.subscribe(text, **options)
+
+
+def _pinned(only: Mapping[str, frozenset[int]]) -> Placement:
+    """Placement of a standalone node: every partition, or the ones pinned per table."""
+
+    def placement(table: str, partition_count: int) -> Iterable[int]:
+        return only.get(table, range(partition_count))
+
+    return placement
+
+
+def _with_local_dir(config: NodeConfig) -> NodeConfig:
+    """Default ``local_dir`` of a RocksDB node: ``<state_dir>/replicas/<node_id>`` for a
+    local state_dir; a remote one needs it given."""
+    if config.local_dir is not None or config.store != "rocksdb":
+        return config
+    storage = open_storage(config.state_dir)
+    if not storage.is_local:
+        raise ConfigError(
+            f"state_dir {config.state_dir!r} is remote: pass local_dir= (or SPARKIQ_LOCAL_DIR) "
+            "for the replicas' local RocksDB files"
+        )
+    return config.replace(local_dir=os.path.join(storage.root, "replicas", config.node_id))

@@ -1,0 +1,59 @@
+"""What the HTTP server serves: the node's methods it calls, as a protocol.
+
+The server sits below the :class:`~sparkiq.Node` facade (which starts it), so it names what
+it needs here instead of importing the node.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from sparkiq.changelog.replica import ReplicaStatus
+from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
+from sparkiq.query.position import Position
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.types import TableSchema
+from sparkiq.sql import SqlResult
+from sparkiq.sql.push import Subscription
+
+__all__ = ["ServedNode"]
+
+
+class ServedNode(Protocol):
+    """A node as the REST API, the node protocol and the metrics endpoint use it."""
+
+    node_id: str
+
+    @property
+    def tables(self) -> list[str]: ...
+
+    def schema(self, store: str) -> TableSchema: ...
+
+    def partition_count(self, store: str) -> int: ...
+
+    def partition_for_key(self, store: str, key: Any) -> int: ...
+
+    def local_lookup(
+        self, store: str, key: Any
+    ) -> tuple[dict[str, Any] | None, Position, int] | None: ...
+
+    def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]: ...
+
+    def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]: ...
+
+    def route(self, request: StateQueryRequest, token: str | None) -> StateQueryResult[Any]: ...
+
+    def sql(self, text: str, **options: Any) -> SqlResult: ...
+
+    def stream(self, text: str, **options: Any) -> Subscription: ...
+
+    def status(self) -> list[ReplicaStatus]: ...
+
+    def metadata_for_key(self, store: str, key: Any) -> KeyQueryMetadata: ...
+
+    def all_metadata(self) -> list[NodeMetadata]: ...
+
+    def check_token(self, token: str | None) -> None: ...
+
+    def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]: ...

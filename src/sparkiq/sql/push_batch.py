@@ -1,0 +1,85 @@
+"""A committed batch of a table's changes as push queries see it: decoded once
+(:class:`Decoder`, :class:`DecodedBatch`) and evaluated once per statement
+(:class:`Evaluated`).
+
+The table's tail (:mod:`sparkiq.sql.push`) and a subscription catching up in its consumer's
+thread (:mod:`sparkiq.sql.subscription`) both build these; both import this module, and it
+imports neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sparkiq.changelog import Changelog
+from sparkiq.changelog.feed import BatchChanges
+from sparkiq.schema.codec import KeyCodec, RowCodec
+from sparkiq.sql.change import BatchPosition, Change
+from sparkiq.sql.push_plan import PushPlan, Row
+
+__all__ = ["DecodedBatch", "Decoder", "Evaluated"]
+
+
+@dataclass(slots=True)
+class DecodedBatch:
+    """One committed batch: encoded keys, decoded keys and rows (None: deleted), in order."""
+
+    batch: BatchPosition
+    raw: list[bytes]
+    keys: list[Any]
+    rows: list[Row | None]
+
+
+class Decoder:
+    """Decodes a table's keys and rows (thread-safe, like the codecs it holds)."""
+
+    def __init__(self, changelog: Changelog) -> None:
+        manifest = changelog.manifest()
+        self.table, self.partitions = changelog.table, manifest.partitions
+        self.keys, self.rows = KeyCodec(manifest.schema), RowCodec(manifest.schema)
+        start = manifest.schema.window_start
+        self._window: Callable[[int], Any] | None = None if start is None else start.from_internal
+
+    def key(self, raw: bytes) -> Any:
+        if self._window is None:
+            return self.keys.from_internal(self.keys.decode(raw))
+        internal, start = self.keys.decode_windowed(raw)
+        return self.keys.from_internal(internal), None if start is None else self._window(start)
+
+    def batch(self, batch_id: int, source: Any) -> BatchPosition:
+        return BatchPosition(self.table, batch_id, self.partitions, source)
+
+    def decode(self, changes: BatchChanges) -> DecodedBatch:
+        decode = self.rows.decode
+        return DecodedBatch(
+            self.batch(changes.batch_id, changes.position),
+            changes.keys,
+            [self.key(k) for k in changes.keys],
+            [None if v is None else decode(v) for v in changes.values],
+        )
+
+
+class Evaluated:
+    """One statement's verdict on one batch, shared by the subscriptions running it:
+    ``rows`` is ``(encoded key, matches, change to deliver)`` per change, in order; the other
+    fields are views of it that let each subscription pick its changes with set operations
+    (a key appears at most once in a batch)."""
+
+    __slots__ = ("everything", "matched", "matched_keys", "others", "others_keys", "rows")
+
+    def __init__(self, plan: PushPlan, d: DecodedBatch) -> None:
+        predicate, project, batch = plan.predicate, plan.project, d.batch
+        rows: list[tuple[bytes, bool, Change]] = []
+        for i, (raw, key, row) in enumerate(zip(d.raw, d.keys, d.rows, strict=True)):
+            if row is not None and (predicate is None or predicate(row)):
+                rows.append((raw, True, Change.in_batch(key, project(row), batch, i)))
+            else:
+                rows.append((raw, False, Change.in_batch(key, None, batch, i)))
+        self.rows = rows
+        self.everything = [change for _, _, change in rows]
+        self.matched = [change for _, matches, change in rows if matches]
+        self.matched_keys = [raw for raw, matches, _ in rows if matches]
+        self.others = {raw: change for raw, matches, change in rows if not matches}
+        self.others_keys = self.others.keys()
