@@ -57,6 +57,7 @@ from sparkiq.sql import (
     SqlUnknownNameError,
     SqlUnsupportedError,
 )
+from sparkiq.sql.change import Change
 from sparkiq.sql.push import SubscriptionHub
 from sparkiq.stores.dispatch import QueryContext, register
 from sparkiq.stores.partition import PartitionStore
@@ -64,6 +65,7 @@ from sparkiq.stores.partition import PartitionStore
 __all__ = [
     "App",
     "AuthenticationError",
+    "Change",
     "ChangelogError",
     "Client",
     "ConfigError",
