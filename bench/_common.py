@@ -8,7 +8,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -134,22 +133,9 @@ def scratch_dir(prefix: str) -> Iterator[str]:
 
 def spark_session() -> Any:
     """The local SparkSession on both cores (created once per process, like the tests')."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from sparkiq.testing import spark_session as local_session
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkiq-bench")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return local_session("sparkiq-bench")
 
 
 def machine() -> dict[str, str]:

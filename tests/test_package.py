@@ -3,31 +3,48 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
 import subprocess
 import sys
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import sparkiq
 
 SRC = Path(sparkiq.__file__).resolve().parent
 
-# Lower layers first; a module may import its own layer and the layers before it.
+# Lower layers first; a module may import its own layer and the layers before it. A module's
+# layer is its first path component under src/sparkiq ("__init__" is the top package itself).
 LAYERS = [
-    {"errors"},
+    {"errors", "_version"},
     {"query"},
     {"schema"},
     {"stores"},
     {"changelog"},
     {"wire"},  # encodings of requests and results, shared by server, cluster and client
     {"sql"},  # the SQL engine runs over anything that answers StateQueryRequests
-    {"cluster"},  # a node's rooms: hosting, lookups, routing, membership
-    {"server"},  # the HTTP server, over anything that offers a node's methods
-    {"node"},  # the Node facade assembles the rooms, SQL and the server
+    {"cluster"},  # hosting, membership, routing: no web framework, no SQL wiring
+    {"server"},  # the HTTP server over anything that offers a node's methods
+    {"node"},  # the Node facade assembles cluster, sql and server (may not exist yet)
     {"spark"},  # the App embeds a node
     {"client"},
+    # `from sparkiq import X` runs sparkiq/__init__, which imports every layer: only the top
+    # layer may do it.
     {"cli", "demo", "testing", "__init__"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+# Known violations, each removed by the branch that fixes it: the test fails while one is
+# listed but gone, so whoever merges that branch deletes the entry.
+KNOWN_UPWARD: set[tuple[str, str]] = set()
+KNOWN_CYCLES: set[frozenset[str]] = set()
+
+
+def module_name(module: Path) -> str:
+    parts = list(module.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def top_level(module: Path) -> str:
@@ -35,36 +52,150 @@ def top_level(module: Path) -> str:
     return rel.parts[0].removesuffix(".py")
 
 
-def sparkiq_imports(module: Path) -> set[str]:
+def is_module(dotted: str) -> bool:
+    path = SRC.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One sparkiq import written in a module, wherever it is (top, function, TYPE_CHECKING)."""
+
+    target: str  # the module imported (a dotted name; "sparkiq" for the top package)
+    line: int
+
+
+def sparkiq_edges(module: Path) -> list[Edge]:
     tree = ast.parse(module.read_text())
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sparkiq"):
-            parts = node.module.split(".")
-            if len(parts) > 1:
-                found.add(parts[1])
+    package = module_name(module).split(".")
+    if module.name != "__init__.py":
+        package = package[:-1]
+    edges = []
+    for node in ast.walk(tree):  # every node: lazy and TYPE_CHECKING imports count too
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], base]).strip(".")
+            if base.split(".")[0] != "sparkiq":
+                continue
+            if base == "sparkiq":  # runs sparkiq/__init__, whatever it names
+                edges.append(Edge(base, node.lineno))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if is_module(sub):
+                    edges.append(Edge(sub, node.lineno))
+                elif base != "sparkiq":
+                    edges.append(Edge(base, node.lineno))
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == "sparkiq" and len(parts) > 1:
-                    found.add(parts[1])
+                if alias.name.split(".")[0] == "sparkiq":
+                    edges.append(Edge(alias.name, node.lineno))
+    return edges
+
+
+def layer_of(target: str) -> str:
+    parts = target.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layer_violations() -> set[tuple[str, str]]:
+    found = set()
+    for module in SRC.rglob("*.py"):
+        here = top_level(module)
+        assert here in RANK, f"{module} is in no layer: add it to LAYERS"
+        for edge in sparkiq_edges(module):
+            target = layer_of(edge.target)
+            assert target in RANK, f"{module} imports unknown sparkiq.{target}"
+            # `from sparkiq import X` is an import of the top package, the highest layer
+            if RANK[target] > RANK[here]:
+                found.add((str(module.relative_to(SRC)), target))
     return found
 
 
 def test_dependencies_only_point_down() -> None:
-    violations = []
+    violations = layer_violations()
+    assert violations - KNOWN_UPWARD == set()
+    assert KNOWN_UPWARD - violations == set(), "fixed: delete these from KNOWN_UPWARD"
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
     for module in SRC.rglob("*.py"):
-        here = top_level(module)
-        assert here in RANK, f"{module} is in no layer: add it to LAYERS"
-        for target in sparkiq_imports(module):
-            assert target in RANK, f"{module} imports unknown sparkiq.{target}"
-            if RANK[target] > RANK[here]:
-                violations.append(f"{module.relative_to(SRC)} imports sparkiq.{target}")
-    assert violations == []
+        name = module_name(module)
+        graph.setdefault(name, set()).update(e.target for e in sparkiq_edges(module))
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components with more than one module (or a self-import)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        on_stack.add(name)
+        for target in graph.get(name, ()):
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in on_stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = set()
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.add(top)
+                if top == name:
+                    break
+            if len(component) > 1 or name in graph.get(name, ()):
+                found.add(frozenset(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_no_import_cycles_not_even_lazy_ones() -> None:
+    found = cycles(import_graph())
+    assert found - KNOWN_CYCLES == set()
+    assert KNOWN_CYCLES - found == set(), "fixed: delete these from KNOWN_CYCLES"
+
+
+def test_the_fence_sees_every_kind_of_import(tmp_path: Path) -> None:
+    """The checks above would catch what they claim to: a lazy import of the top package, a
+    TYPE_CHECKING import, a relative import, and a circle through them."""
+    package = tmp_path / "sparkiq"
+    (package / "query").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "query" / "__init__.py").write_text("")
+    (package / "query" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n"
+    )
+    (package / "query" / "b.py").write_text(
+        "def f():\n    from sparkiq import Node\n    import sparkiq.query.a\n"
+    )
+    global SRC
+    saved, SRC = SRC, package
+    try:
+        assert [e.target for e in sparkiq_edges(package / "query" / "a.py")] == ["sparkiq.query.b"]
+        assert [e.target for e in sparkiq_edges(package / "query" / "b.py")] == [
+            "sparkiq",
+            "sparkiq.query.a",
+        ]
+        assert layer_violations() == {("query/b.py", "__init__")}
+        assert cycles(import_graph()) == {frozenset({"sparkiq.query.a", "sparkiq.query.b"})}
+    finally:
+        SRC = saved
 
 
 def test_only_the_spark_package_imports_pyspark() -> None:
-    allowed = {"spark", "demo"}
+    allowed = {"spark", "demo", "testing"}
     offenders = []
     for module in SRC.rglob("*.py"):
         tree = ast.parse(module.read_text())
@@ -82,30 +213,242 @@ def test_only_the_spark_package_imports_pyspark() -> None:
     assert offenders == []
 
 
-def test_public_api_is_listed_and_importable() -> None:
+# The public API, written out so that every addition is deliberate (and reviewed with its
+# docs). DESIGN.md's contract names must stay in it.
+PUBLIC = [
+    "App",
+    "AuthenticationError",
+    "Change",
+    "ChangelogError",
+    "Client",
+    "ConfigError",
+    "CorruptSegmentError",
+    "FailureReason",
+    "Follower",
+    "HostInfo",
+    "InvalidQueryError",
+    "KeyQuery",
+    "KeyQueryMetadata",
+    "LayoutMismatchError",
+    "Node",
+    "NodeConfig",
+    "NodeMetadata",
+    "NodeUnreachableError",
+    "PartitionStore",
+    "Position",
+    "PositionBound",
+    "Query",
+    "QueryContext",
+    "QueryResult",
+    "QuerySource",
+    "RangeQuery",
+    "ReadOnlyError",
+    "ResultOrder",
+    "RowIterator",
+    "SchemaError",
+    "SparkiqError",
+    "SqlEngine",
+    "SqlError",
+    "SqlLimitError",
+    "SqlLimits",
+    "SqlPartitionError",
+    "SqlResult",
+    "SqlSyntaxError",
+    "SqlUnknownNameError",
+    "SqlUnsupportedError",
+    "StateQueryRequest",
+    "StateQueryResult",
+    "StoreError",
+    "SubscriptionHub",
+    "Table",
+    "UnknownStoreError",
+    "WindowKeyQuery",
+    "WindowRangeQuery",
+    "__version__",
+    "enrich",
+    "follow",
+    "partition_for",
+    "register",
+    "spark_hash",
+]
+CONTRACT = [
+    "App",
+    "Node",
+    "Client",
+    "StateQueryRequest",
+    "KeyQuery",
+    "RangeQuery",
+    "WindowKeyQuery",
+    "WindowRangeQuery",
+    "Position",
+    "PositionBound",
+    "FailureReason",
+    "ResultOrder",
+]
+# Modules users import by name; every other sparkiq module is private.
+PUBLIC_MODULES = {"testing"}
+
+
+def test_public_api_is_the_written_list_and_importable() -> None:
+    assert sorted(sparkiq.__all__) == sorted(PUBLIC)
+    assert len(sparkiq.__all__) == len(set(sparkiq.__all__))
     for name in sparkiq.__all__:
-        assert hasattr(sparkiq, name), name
-    assert sorted(sparkiq.__all__) == sorted(set(sparkiq.__all__))
-    for contract in [
-        "App",
-        "Node",
-        "StateQueryRequest",
-        "KeyQuery",
-        "RangeQuery",
-        "WindowKeyQuery",
-        "WindowRangeQuery",
-        "Position",
-        "PositionBound",
-        "FailureReason",
-        "ResultOrder",
-    ]:
-        assert contract in sparkiq.__all__
+        assert getattr(sparkiq, name) is not None, name
+    namespace: dict[str, object] = {}
+    exec("from sparkiq import *", namespace)
+    assert set(PUBLIC) <= set(namespace)
+    assert set(CONTRACT) <= set(PUBLIC)
+    assert sparkiq.__version__ == importlib.metadata.version("sparkiq")
+
+
+DOCS = SRC.parents[1] / "docs"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+INLINE = re.compile(r"`([^`\n]+)`")
+REFERENCE = re.compile(r"\bsparkiq((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+
+
+def doc_pages() -> list[Path]:
+    # design.md is written for contributors and names private modules on purpose.
+    pages = [SRC.parents[1] / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [p for p in pages if p.name != "design.md"]
+
+
+def private_references(text: str) -> list[str]:
+    """``sparkiq.<module>`` references in the code of a markdown text that name a private
+    module, and names imported from or read off ``sparkiq`` in Python blocks that are not in
+    ``__all__``."""
+    found = []
+    code = [body for _, body in FENCE.findall(text)] + INLINE.findall(FENCE.sub("", text))
+    for snippet in code:
+        for match in REFERENCE.finditer(snippet):
+            first = match.group(1).split(".")[1]
+            if is_module(f"sparkiq.{first}") and first not in PUBLIC_MODULES:
+                found.append(f"sparkiq.{first}")
+    for language, body in FENCE.findall(text):
+        if language != "python":
+            continue
+        for match in REFERENCE.finditer(body):
+            first = match.group(1).split(".")[1]
+            public = first in sparkiq.__all__ or first in PUBLIC_MODULES
+            if not public and not is_module(f"sparkiq.{first}"):
+                found.append(f"sparkiq.{first}")
+        for match in re.finditer(r"from sparkiq import (\([^)]*\)|[^\n]*)", body):
+            names = match.group(1).strip("()").replace("\n", " ").split(",")
+            for name in (n.split(" as ")[0].strip() for n in names):
+                if name and name not in sparkiq.__all__ and name not in PUBLIC_MODULES:
+                    found.append(f"from sparkiq import {name}")
+    return found
+
+
+def test_docs_and_readme_show_only_public_names() -> None:
+    offenders = {}
+    for page in doc_pages():
+        found = private_references(page.read_text())
+        if found:
+            offenders[page.name] = sorted(set(found))
+    assert offenders == {}
+
+
+def test_the_docs_check_would_catch_private_names() -> None:
+    text = (
+        "Use `sparkiq.spark.enrich` or `sparkiq.format = 1`.\n\n"
+        "```python\nimport sparkiq.wire\nfrom sparkiq import (App,\n    Nope)\n"
+        "sparkiq.App; sparkiq.Hidden\nfrom sparkiq.testing import spark_session\n```\n"
+        "```\nINFO sparkiq.replica: restoring\n```\n"
+    )
+    assert sorted(private_references(text)) == [
+        "from sparkiq import Nope",
+        "sparkiq.Hidden",
+        "sparkiq.spark",
+        "sparkiq.wire",
+    ]
+
+
+def test_spark_code_works_with_spark_connect() -> None:
+    """What users run against any session (App, enrich, the testing kit) reaches Spark
+    through the DataFrame API only: Spark Connect has no SparkContext, RDDs or py4j."""
+    classic_only = {"sparkContext", "SparkContext", "_jvm", "_jsc", "_jdf", "rdd", "py4j"}
+    offenders = []
+    for module in [SRC / "testing.py", SRC / "spark" / "lookup.py"]:
+        for node in ast.walk(ast.parse(module.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.Name):
+                names = [node.id]
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                names = [part for n in names for part in n.split(".")]
+            if classic_only.intersection(names):
+                offenders.append(f"{module.relative_to(SRC)}:{node.lineno}")
+    assert offenders == []
 
 
 def test_import_starts_no_jvm_and_no_threads() -> None:
     code = (
-        "import sys, threading, sparkiq; "
+        "import sys, threading, sparkiq, sparkiq.testing; "
         "assert 'pyspark' not in sys.modules, 'pyspark imported'; "
         "assert threading.active_count() == 1, threading.enumerate()"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# How src/ uses each runtime dependency of pyproject.toml: the module it imports or, for a
+# library that another one loads by name, the source text that names it. A new dependency
+# needs an entry here, and an unused one fails the test.
+IMPORTED = "import"
+RUNTIME_DEPENDENCIES = {
+    "pyspark": (IMPORTED, "pyspark"),
+    "pyarrow": (IMPORTED, "pyarrow"),
+    # PySpark's mapInArrow runs through pandas_udf, which requires pandas (an optional
+    # dependency of pyspark itself)
+    "pandas": ("mapInArrow", "spark"),
+    "numpy": (IMPORTED, "numpy"),
+    "rocksdict": (IMPORTED, "rocksdict"),
+    "msgspec": (IMPORTED, "msgspec"),
+    "mmh3": (IMPORTED, "mmh3"),
+    "sqlglot": (IMPORTED, "sqlglot"),
+    "duckdb": (IMPORTED, "duckdb"),
+    "uvicorn": (IMPORTED, "uvicorn"),
+    # uvicorn's fast HTTP parser and event loop, which the server asks uvicorn for by name
+    "httptools": ('find_spec("httptools")', "server"),
+    "uvloop": ('find_spec("uvloop")', "server"),
+    "httpx": (IMPORTED, "httpx"),
+    "orjson": (IMPORTED, "orjson"),
+    "prometheus-client": (IMPORTED, "prometheus_client"),
+}
+
+
+def declared_dependencies() -> set[str]:
+    pyproject = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())
+    names = set()
+    for requirement in pyproject["project"]["dependencies"]:
+        match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+        assert match, requirement
+        names.add(match.group(0).lower().replace("_", "-"))
+    return names
+
+
+def imported_modules() -> set[str]:
+    found = set()
+    for module in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+    return found
+
+
+def test_every_runtime_dependency_is_used_by_src() -> None:
+    assert declared_dependencies() == set(RUNTIME_DEPENDENCIES)
+    imported = imported_modules()
+    unused = []
+    for distribution, (how, what) in RUNTIME_DEPENDENCIES.items():
+        if how == IMPORTED:
+            used = what in imported
+        else:
+            used = any(how in m.read_text() for m in (SRC / what).rglob("*.py"))
+        if not used:
+            unused.append(distribution)
+    assert unused == []

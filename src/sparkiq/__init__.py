@@ -1,12 +1,15 @@
 """sparkiq: interactive queries over the live state of PySpark Structured Streaming pipelines.
 
-The public API is what this module exports (see ``__all__``); everything else is private.
-Importing sparkiq has no side effects and does not start a JVM.
+The public API is what this module exports (see ``__all__``) and :mod:`sparkiq.testing`;
+every other module is private and may change. Importing sparkiq has no side effects, starts
+no JVM and does not import pyspark.
 """
 
 from __future__ import annotations
 
+from sparkiq._version import __version__
 from sparkiq.client import Client
+from sparkiq.cluster.config import NodeConfig
 from sparkiq.cluster.follower import Follower, follow
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
 from sparkiq.errors import (
@@ -41,16 +44,30 @@ from sparkiq.query import (
 )
 from sparkiq.schema.partitioner import partition_for, spark_hash
 from sparkiq.spark.app import App, Table
-from sparkiq.sql import SqlError, SqlLimits, SqlResult
+from sparkiq.spark.lookup import enrich
+from sparkiq.sql import (
+    QuerySource,
+    SqlEngine,
+    SqlError,
+    SqlLimitError,
+    SqlLimits,
+    SqlPartitionError,
+    SqlResult,
+    SqlSyntaxError,
+    SqlUnknownNameError,
+    SqlUnsupportedError,
+)
+from sparkiq.sql.change import Change
+from sparkiq.sql.push import SubscriptionHub
 from sparkiq.stores.dispatch import QueryContext, register
-
-__version__ = "0.1.0"
+from sparkiq.stores.partition import PartitionStore
 
 __all__ = [
     "App",
     "AuthenticationError",
-    "Client",
+    "Change",
     "ChangelogError",
+    "Client",
     "ConfigError",
     "CorruptSegmentError",
     "FailureReason",
@@ -61,30 +78,41 @@ __all__ = [
     "KeyQueryMetadata",
     "LayoutMismatchError",
     "Node",
+    "NodeConfig",
     "NodeMetadata",
     "NodeUnreachableError",
+    "PartitionStore",
     "Position",
     "PositionBound",
     "Query",
     "QueryContext",
     "QueryResult",
+    "QuerySource",
     "RangeQuery",
     "ReadOnlyError",
     "ResultOrder",
     "RowIterator",
     "SchemaError",
     "SparkiqError",
+    "SqlEngine",
     "SqlError",
+    "SqlLimitError",
     "SqlLimits",
+    "SqlPartitionError",
     "SqlResult",
+    "SqlSyntaxError",
+    "SqlUnknownNameError",
+    "SqlUnsupportedError",
     "StateQueryRequest",
     "StateQueryResult",
     "StoreError",
+    "SubscriptionHub",
     "Table",
     "UnknownStoreError",
     "WindowKeyQuery",
     "WindowRangeQuery",
     "__version__",
+    "enrich",
     "follow",
     "partition_for",
     "register",

@@ -41,22 +41,10 @@ def build_orders(spark: Any, rate: int) -> Any:
 
 
 def _spark() -> Any:
-    from pyspark.sql import SparkSession
+    from sparkiq.testing import spark_session
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkiq-demo")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.showConsoleProgress", "false")
-        # Spark matches a regex over Py4J error text when a query stops mid-foreachBatch;
-        # the default thread stack overflows on long texts (see docs/guide.md#stopping).
-        .config("spark.driver.extraJavaOptions", "-Xss32m")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    # The tests' local session, with the UI on: the demo is for watching
+    return spark_session("sparkiq-demo", config={"spark.ui.enabled": "true"})
 
 
 def run_demo(state_dir: str, duration: float, rate: int, partitions: int, fresh: bool) -> int:

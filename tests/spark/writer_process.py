@@ -7,13 +7,12 @@ Set SPARKIQ_TEST_CRASH_AT to make it die at a chosen point of a chosen batch.
 
 from __future__ import annotations
 
-import os
 import sys
 
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sparkiq import App
+from sparkiq.testing import spark_session
 
 SCHEMA = "k string, v long"
 
@@ -24,18 +23,7 @@ def totals(df):  # type: ignore[no-untyped-def]
 
 def main() -> int:
     source, state_dir = sys.argv[1], sys.argv[2]
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        # Spark matches a regex over Py4J error text when a query stops mid-foreachBatch;
-        # the default thread stack overflows on long texts (see docs/guide.md#stopping).
-        .config("spark.driver.extraJavaOptions", "-Xss32m")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session("sparkiq-writer", shuffle_partitions=2)
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
     app = App(spark, state_dir=state_dir, name="writer")
     app.materialize("totals", totals(stream), key="k", partitions=3)

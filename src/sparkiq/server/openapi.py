@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkiq._version import __version__
+
 __all__ = ["openapi_document"]
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -36,8 +38,6 @@ _KEY = {
 
 
 def openapi_document() -> dict[str, Any]:
-    from sparkiq import __version__
-
     return {
         "openapi": "3.1.0",
         "info": {

@@ -36,7 +36,6 @@ from sparkiq.sql.errors import SqlUnsupportedError
 from sparkiq.sql.parse import parse
 from sparkiq.stores.dispatch import QueryContext, register
 from sparkiq.stores.partition import PartitionStore
-from sparkiq.wire.protocol import register_query_type
 
 __all__ = ["PART", "SqlFragmentQuery"]
 
@@ -69,8 +68,6 @@ class SqlFragmentQuery(Query):
     timeout_ms: int = 30_000
     skip_below: int = 0
 
-
-register_query_type(SqlFragmentQuery)
 
 _pool = DuckPool(memory_limit="512MB", threads=1)
 _checked: OrderedDict[str, None] = OrderedDict()

@@ -8,6 +8,11 @@ A handler answers one query type on one kind of store::
     @register(MyQuery, MyCustomStore)  # or for a store class of your own
     def ...
 
+Registering a handler also records the query type under its name (its class name, or
+``name=``) in :mod:`sparkiq.query.registry`, which is how the wire protocol knows which types
+it may carry between nodes: one registration, in every process that sends or answers the
+query, makes a custom type work in-process and across a cluster.
+
 Lookup walks the method resolution order of both the store's and the query's class, so a
 handler registered for a base class serves its subclasses. A query with no handler fails with
 ``FailureReason.UNKNOWN_QUERY_TYPE``; registering never affects other query types.
@@ -35,6 +40,7 @@ from sparkiq.query.queries import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
+from sparkiq.query.registry import register_query_type
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator
 from sparkiq.schema.codec import prefix_end
 from sparkiq.schema.types import TableSchema
@@ -60,10 +66,18 @@ _registry: dict[tuple[type, type], Handler] = {}
 _lock = threading.Lock()
 
 
-def register(query_type: type[Query], store_type: type = PartitionStore) -> Callable[[H], H]:
-    """Register the decorated function as the handler of ``query_type`` on ``store_type``."""
+def register(
+    query_type: type[Query], store_type: type = PartitionStore, *, name: str | None = None
+) -> Callable[[H], H]:
+    """Register the decorated function as the handler of ``query_type`` on ``store_type``.
+
+    The query type is recorded for the wire under ``name`` (default: its class name), so
+    nodes and clients can send it to each other; a name taken by another class raises
+    :class:`ValueError` at once.
+    """
     if not (isinstance(query_type, type) and issubclass(query_type, Query)):
         raise TypeError(f"register() takes a Query subclass, got {query_type!r}")
+    register_query_type(query_type, name)
 
     def decorate(fn: H) -> H:
         with _lock:
@@ -112,7 +126,7 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
         return QueryResult.for_failure(
             FailureReason.UNKNOWN_QUERY_TYPE,
             f"store {getattr(store, 'table', type(store).__name__)!r} has no handler for "
-            f"{type(query).__name__}; register one with sparkiq.stores.dispatch.register()",
+            f"{type(query).__name__}; register one with sparkiq.register()",
         )
     table = getattr(store, "table", "")
     if ctx.bound.position is not None and not ctx.bound.admits(

@@ -16,7 +16,6 @@ from sparkiq.wire.protocol import (
     decode_request,
     encode_request,
     read_frames,
-    register_query_type,
     result_frames,
     results_from_frames,
 )
@@ -29,7 +28,6 @@ __all__ = [
     "encode_request",
     "pack",
     "read_frames",
-    "register_query_type",
     "result_frames",
     "results_from_frames",
     "unpack",

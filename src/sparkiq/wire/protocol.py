@@ -8,9 +8,11 @@ A request is one MessagePack map (``POST /internal/query``, content type
      "require_active": bool, "info": bool, "local": bool}
 
 ``local`` asks the node to answer from its own replicas only (a router's sub-request);
-otherwise the node routes the request itself. Query types travel by registered name (see
-:func:`register_query_type`) with their dataclass fields encoded by
-:mod:`sparkiq.wire.values`; nothing else can be instantiated from the wire.
+otherwise the node routes the request itself. Query types travel by the name they are
+registered under (:mod:`sparkiq.query.registry`: the built-in types, and every type given a
+handler with :func:`sparkiq.register`) with their dataclass fields encoded by
+:mod:`sparkiq.wire.values` (a query type that is not a dataclass travels only if it holds no
+state); nothing else can be instantiated from the wire.
 
 A response is a sequence of *frames*: a 4-byte big-endian length, then one MessagePack map.
 Every requested partition gets a header frame, in order::
@@ -36,14 +38,8 @@ import msgspec
 
 from sparkiq.errors import InvalidQueryError, SparkiqError
 from sparkiq.query.position import Position, PositionBound
-from sparkiq.query.queries import (
-    KeyQuery,
-    Query,
-    RangeQuery,
-    ResultOrder,
-    WindowKeyQuery,
-    WindowRangeQuery,
-)
+from sparkiq.query.queries import Query, ResultOrder
+from sparkiq.query.registry import query_type, query_type_name, query_type_names
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator, StateQueryResult
 from sparkiq.wire.values import pack, register_enum, unpack
@@ -58,7 +54,6 @@ __all__ = [
     "encode_request",
     "error_frame",
     "read_frames",
-    "register_query_type",
     "result_frames",
     "results_from_frames",
 ]
@@ -69,26 +64,6 @@ ROWS_PER_FRAME = 512
 MAX_FRAME_BYTES = 64 << 20
 _LENGTH = struct.Struct(">I")
 
-_QUERY_TYPES: dict[str, type[Query]] = {}
-_QUERY_NAMES: dict[type[Query], str] = {}
-
-
-def register_query_type(cls: type[Query], name: str | None = None) -> type[Query]:
-    """Allow queries of ``cls`` (a frozen dataclass) between nodes and clients.
-
-    Custom query types must be registered (under the same name) in every process that sends
-    or answers them, as their handlers must be.
-    """
-    if not (dataclasses.is_dataclass(cls) and issubclass(cls, Query)):
-        raise TypeError(f"register_query_type() takes a Query dataclass, got {cls!r}")
-    key = name or cls.__name__
-    _QUERY_TYPES[key] = cls
-    _QUERY_NAMES[cls] = key
-    return cls
-
-
-for _builtin in (KeyQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery):
-    register_query_type(_builtin)
 register_enum(ResultOrder, "ResultOrder")
 
 
@@ -102,19 +77,11 @@ class RemoteError(SparkiqError):
 
 
 def encode_request(request: StateQueryRequest, *, local: bool = False) -> bytes:
-    query = request.query
-    name = _QUERY_NAMES.get(type(query))
-    if name is None:
-        raise InvalidQueryError(
-            f"{type(query).__name__} cannot be sent to another node: register it with "
-            "sparkiq.wire.register_query_type() in every process"
-        )
-    fields = {f.name: getattr(query, f.name) for f in dataclasses.fields(query)}  # type: ignore[arg-type]
     bound = request.bound.position
     doc = {
         "v": PROTOCOL_VERSION,
         "store": request.store,
-        "query": {"type": name, "fields": fields},
+        "query": _query_doc(request.query),
         "partitions": None if request.partitions is None else sorted(request.partitions),
         "bound": None if bound is None else bound.to_token(),
         "require_active": request.is_require_active,
@@ -122,6 +89,25 @@ def encode_request(request: StateQueryRequest, *, local: bool = False) -> bytes:
         "local": local,
     }
     return pack(doc)
+
+
+def _query_doc(query: Query) -> dict[str, Any]:
+    name = query_type_name(type(query))
+    if name is None:
+        raise InvalidQueryError(
+            f"{type(query).__name__} cannot be sent to another node: register it (with its "
+            "handler) with sparkiq.register() in every process that sends or answers it"
+        )
+    if dataclasses.is_dataclass(query):
+        fields: dict[str, Any] = {f.name: getattr(query, f.name) for f in dataclasses.fields(query)}
+    elif getattr(query, "__dict__", None):
+        raise InvalidQueryError(
+            f"{type(query).__name__} holds state outside dataclass fields and cannot be sent "
+            "to another node: make it a frozen dataclass"
+        )
+    else:
+        fields = {}
+    return {"type": name, "fields": fields}
 
 
 def decode_request(body: bytes) -> tuple[StateQueryRequest, bool]:
@@ -136,14 +122,23 @@ def decode_request(body: bytes) -> tuple[StateQueryRequest, bool]:
             f"this node speaks version {PROTOCOL_VERSION}"
         )
     query_doc = doc.get("query")
-    if not isinstance(query_doc, dict) or query_doc.get("type") not in _QUERY_TYPES:
-        known = sorted(_QUERY_TYPES)
-        raise _field_error("query.type", f"unknown query type; this node knows {known}")
-    cls = _QUERY_TYPES[query_doc["type"]]
+    if not isinstance(query_doc, dict):
+        raise _field_error("query", f"expected a map with type and fields, got {query_doc!r}")
+    name = query_doc.get("type")
+    cls = query_type(name) if isinstance(name, str) else None
+    if cls is None:
+        raise _field_error(
+            "query.type",
+            f"unknown query type {name!r}; this node knows {query_type_names()} (register a "
+            "custom query type with sparkiq.register() in every process)",
+        )
+    fields = query_doc.get("fields") or {}
+    if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+        raise _field_error("query.fields", f"expected a map of field names, got {fields!r}")
     try:
-        query = cls(**(query_doc.get("fields") or {}))
-    except TypeError as exc:
-        raise _field_error("query.fields", str(exc)) from None
+        query = cls(**fields)
+    except (TypeError, ValueError) as exc:
+        raise _field_error("query.fields", f"{cls.__name__}: {exc}") from None
     store = doc.get("store")
     if not isinstance(store, str) or not store:
         raise _field_error("store", "must be a non-empty string")
@@ -241,8 +236,12 @@ def read_frames(chunks: Iterable[bytes]) -> Iterator[Any]:
                 raise RemoteError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
             if len(buffer) < 4 + length:
                 break
-            yield unpack(memoryview(buffer)[4 : 4 + length].tobytes())
+            try:
+                frame = unpack(memoryview(buffer)[4 : 4 + length].tobytes())
+            except ValueError as exc:
+                raise RemoteError(f"malformed response frame: {exc}", code="bad_frame") from None
             del buffer[: 4 + length]
+            yield frame
     if buffer:
         raise RemoteError("the response ended in the middle of a frame (node went away?)")
 
@@ -264,23 +263,22 @@ def results_from_frames(
     lazy = False
     try:
         for frame in frames:
-            if "error" in frame:
+            if isinstance(frame, dict) and isinstance(frame.get("error"), dict):
                 error = frame["error"]
                 raise RemoteError(
-                    error.get("message", "request refused"),
-                    code=error.get("code", "error"),
+                    str(error.get("message", "request refused")),
+                    code=str(error.get("code", "error")),
                     field=error.get("field"),
                 )
-            partition = frame["p"]
-            position = Position.from_token(frame["pos"])
-            if not frame["ok"]:
+            header = _header(frame)
+            partition, position = header.partition, header.position
+            if header.failure is not None:
                 results[partition] = QueryResult.for_failure(
-                    FailureReason[frame["reason"]], frame["message"], position
+                    header.failure, header.message, position
                 )
                 continue
-            info = tuple(frame.get("info") or ())
-            if frame["kind"] == "value":
-                results[partition] = QueryResult.for_result(frame["value"], position, info)
+            if header.kind == "value":
+                results[partition] = QueryResult.for_result(frame["value"], position, header.info)
                 continue
             rows = _rows_of(frames)
             if partition != last:
@@ -288,7 +286,7 @@ def results_from_frames(
             else:
                 lazy = True
             results[partition] = QueryResult.for_result(
-                RowIterator(rows, on_close if lazy else None), position, info
+                RowIterator(rows, on_close if lazy else None), position, header.info
             )
             if lazy:
                 break
@@ -298,10 +296,49 @@ def results_from_frames(
     return results
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Header:
+    partition: int
+    position: Position
+    failure: FailureReason | None
+    message: str
+    kind: str
+    info: tuple[str, ...]
+
+
+def _header(frame: Any) -> _Header:
+    """A partition's header frame, checked: a malformed one is a :class:`RemoteError`."""
+    try:
+        partition, ok = frame["p"], frame["ok"]
+        if not isinstance(partition, int) or isinstance(partition, bool):
+            raise ValueError(f"partition {partition!r} is not a number")
+        position = Position.from_token(frame["pos"])
+        if not ok:
+            return _Header(
+                partition, position, FailureReason[frame["reason"]], str(frame["message"]), "", ()
+            )
+        kind = frame["kind"]
+        if kind not in ("value", "rows") or (kind == "value" and "value" not in frame):
+            raise ValueError(f"unknown result kind {kind!r}")
+        info = tuple(str(line) for line in frame.get("info") or ())
+        return _Header(partition, position, None, "", kind, info)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RemoteError(
+            f"malformed partition header frame {frame!r:.200}: {exc!r}", code="bad_frame"
+        ) from None
+
+
 def _rows_of(frames: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
     """The rows of one partition, from the frames that follow its header."""
     for frame in frames:
+        if not isinstance(frame, dict):
+            raise RemoteError(f"malformed rows frame {frame!r:.200}", code="bad_frame")
         if frame.get("end"):
             return
-        yield from frame["rows"]
+        rows = frame.get("rows")
+        if not isinstance(rows, list) or not all(
+            isinstance(item, list | tuple) and len(item) == 2 for item in rows
+        ):
+            raise RemoteError(f"malformed rows frame {frame!r:.200}", code="bad_frame")
+        yield from rows
     raise RemoteError("the response ended before the partition's last row (node went away?)")

@@ -13,6 +13,8 @@ code  Python type            payload
 5     pyarrow.Table          Arrow IPC stream
 6     bytearray              the bytes
 7     enum member            ``"<registered name>:<member name>"`` (see :func:`register_enum`)
+8     dict with typed keys   a MessagePack array of ``[key, value]`` pairs (a Spark map keyed
+                             by dates, timestamps, decimals...: extensions cannot be map keys)
 ====  =====================  ==============================================================
 
 Decoding never runs code from the payload: extensions build only the types above, and enums
@@ -31,7 +33,7 @@ import msgspec
 
 __all__ = ["pack", "register_enum", "to_wire", "unpack"]
 
-_DATETIME, _DATE, _DECIMAL, _TUPLE, _ARROW, _BYTEARRAY, _ENUM = 1, 2, 3, 4, 5, 6, 7
+_DATETIME, _DATE, _DECIMAL, _TUPLE, _ARROW, _BYTEARRAY, _ENUM, _PAIRS = 1, 2, 3, 4, 5, 6, 7, 8
 
 _ENUMS: dict[str, type[enum.Enum]] = {}
 _ENUM_NAMES: dict[type[enum.Enum], str] = {}
@@ -75,9 +77,16 @@ _CONVERT: dict[type, Callable[[Any], Any]] = {
     Decimal: lambda v: _ext(_DECIMAL, str(v).encode()),
     tuple: lambda v: _ext(_TUPLE, _encoder.encode([to_wire(x) for x in v])),
     bytearray: lambda v: _ext(_BYTEARRAY, bytes(v)),
-    dict: lambda v: {to_wire(k): to_wire(x) for k, x in v.items()},
+    dict: lambda v: _dict(v),
     list: lambda v: [to_wire(x) for x in v],
 }
+
+
+def _dict(value: dict[Any, Any]) -> Any:
+    if all(type(k) in _PLAIN for k in value):
+        return {k: to_wire(x) for k, x in value.items()}
+    pairs = [[to_wire(k), to_wire(x)] for k, x in value.items()]
+    return _ext(_PAIRS, _encoder.encode(pairs))
 
 
 def to_wire(value: Any) -> Any:
@@ -99,6 +108,15 @@ def to_wire(value: Any) -> Any:
 
 
 def _from_ext(code: int, data: memoryview) -> Any:
+    try:
+        return _decode_ext(code, data)
+    except ValueError:
+        raise
+    except Exception as exc:  # a payload that is not what its code says (bad decimal text...)
+        raise ValueError(f"malformed MessagePack extension {code} on the wire: {exc!r}") from None
+
+
+def _decode_ext(code: int, data: memoryview) -> Any:
     if code == _DATETIME:
         return dt.datetime.fromisoformat(bytes(data).decode())
     if code == _DATE:
@@ -114,6 +132,8 @@ def _from_ext(code: int, data: memoryview) -> Any:
             return reader.read_all()
     if code == _BYTEARRAY:
         return bytearray(data)
+    if code == _PAIRS:
+        return {k: x for k, x in _decoder.decode(data)}
     if code == _ENUM:
         name, _, member = bytes(data).decode().rpartition(":")
         cls = _ENUMS.get(name)
@@ -132,5 +152,8 @@ def pack(value: Any) -> bytes:
 
 
 def unpack(data: bytes | memoryview) -> Any:
-    """Decode what :func:`pack` produced, with the original types."""
+    """Decode what :func:`pack` produced, with the original types.
+
+    Malformed input raises :class:`ValueError` (``msgspec.DecodeError`` is one) saying what
+    is wrong, never another exception and never a value of another type."""
     return _decoder.decode(data)
