@@ -1,8 +1,11 @@
 """The clustered side of a node: membership, assignment, hosting changes and routing.
 
-A :class:`Coordinator` runs one heartbeat thread. Each round it exchanges heartbeats with
-every known member, recomputes the assignment when the live membership changed, and
-*rebalances* the node's replicas:
+A :class:`Coordinator` runs two threads. The *heartbeat* thread, every
+``heartbeat_interval``, sends this node's heartbeat to every known member that has none in
+flight (on a pool of its own, so routed load never delays it) and records the replies that
+arrive; a member that does not answer is judged by the failure detector, not by one late
+reply. The *rebalance* thread then recomputes the assignment and *rebalances* the node's
+replicas -- it may wait for the tailer (a long restore), and heartbeats must not:
 
 * a partition newly assigned here (as active or standby) is opened and restored from the
   changelog (from its local files if the node hosted it before, else from the newest
@@ -12,6 +15,14 @@ every known member, recomputes the assignment when the live membership changed, 
   is now assigned to reports it caught up to at least this node's batch; then it is
   released: dropped from routing at once, closed and deleted after a grace period so that
   reads in flight finish.
+
+**Stalls.** When the heartbeat loop finds that more than ``stall_limit`` seconds passed since
+its last round (the process was paused with SIGSTOP, or starved of CPU), the node is *not
+fresh* (:meth:`Coordinator.is_fresh`): it refuses to answer sub-requests (routers fall
+through to other replicas) until it has exchanged a round of heartbeats -- silence that
+accrued while it was itself stalled does not count against the others -- and applied what
+was committed meanwhile. Only then does it rebalance, so a node resuming from a pause neither
+answers from its old view nor reopens partitions that never left it.
 """
 
 from __future__ import annotations
@@ -98,7 +109,9 @@ class Coordinator:
             fresh_view=self,
         )
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._rebalance_wanted = threading.Event()
+        self._resyncing = False  # set after a stall until the replicas have caught up
+        self._threads: list[threading.Thread] = []
 
     # -- assignment --------------------------------------------------------------------------
 
@@ -120,17 +133,23 @@ class Coordinator:
         self.membership.tick()
         self._last_round = time.monotonic()
         self._rebalance(self._assignment_now())
-        self._thread = threading.Thread(
-            target=self._run, name=f"sparkiq-heartbeat-{self.membership.node_id}", daemon=True
-        )
-        self._thread.start()
+        node_id = self.membership.node_id
+        self._threads = [
+            threading.Thread(target=self._run, name=f"sparkiq-heartbeat-{node_id}", daemon=True),
+            threading.Thread(
+                target=self._run_rebalance, name=f"sparkiq-rebalance-{node_id}", daemon=True
+            ),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._rebalance_wanted.set()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.router.close()
         self._beats.shutdown(wait=False, cancel_futures=True)
@@ -153,27 +172,46 @@ class Coordinator:
 
     def _round(self) -> None:
         """One round of the heartbeat loop. After a stall (this node was paused or starved
-        for ``stall_limit`` s) the node first hears from the others and applies what was
-        committed meanwhile -- refusing to answer until then (:meth:`is_fresh`) -- and only
-        then lets silence count and rebalances, so it never acts on the view it had before
-        the stall."""
-        now = time.monotonic()
-        gap = now - self._last_round
+        for ``stall_limit`` s) the node first hears from the others -- silence does not
+        count until then -- and refuses to answer (:meth:`is_fresh`) until the rebalance
+        thread has also applied what was committed meanwhile, so it never acts or answers
+        on what it knew before the stall."""
+        gap = time.monotonic() - self._last_round
         if gap > self.stall_limit:
             log.warning(
                 "%s: stalled for %.1f s; resynchronizing before answering again",
                 self.membership.node_id,
                 gap,
             )
+            self._resyncing = True
             self.heartbeat_round(wait=self.failure_timeout)
-            if self._catch_up is not None:
-                self._catch_up()
         else:
             self.heartbeat_round(wait=self.heartbeat_interval)
         self.membership.tick()
         self._last_round = time.monotonic()
         self._changed.clear()
-        self._rebalance(self._assignment_now())
+        self._rebalance_wanted.set()
+
+    def _run_rebalance(self) -> None:
+        """Rebalancing (and catching up after a stall) waits for the tailer's lock, which a
+        long restore holds; it runs here so that heartbeats never wait for it."""
+        while not self._stop.is_set():
+            self._rebalance_wanted.wait(self.heartbeat_interval)
+            self._rebalance_wanted.clear()
+            if self._stop.is_set():
+                break
+            if time.monotonic() - self._last_round > self.stall_limit:
+                continue  # the view is from before a stall: the heartbeat loop renews it first
+            try:
+                if self._resyncing:
+                    if self._catch_up is not None:
+                        self._catch_up()
+                    self._resyncing = False
+                    with self._round_done:
+                        self._round_done.notify_all()
+                self._rebalance(self._assignment_now())
+            except Exception:
+                log.exception("rebalancing %s failed", self.membership.node_id)
 
     def heartbeat_round(self, wait: float) -> None:
         """Send this node's heartbeat to every target that has none in flight and record
@@ -228,7 +266,7 @@ class Coordinator:
         """Whether this node's view and replicas can be trusted: its heartbeat loop ran
         within ``stall_limit`` s. A node just resumed from a pause is not fresh until it
         has heard from the others again and caught up with the changelog."""
-        return time.monotonic() - self._last_round <= self.stall_limit
+        return not self._resyncing and time.monotonic() - self._last_round <= self.stall_limit
 
     def wait_fresh(self, timeout: float) -> bool:
         """Block until :meth:`is_fresh` (at most ``timeout`` s); return whether it is."""
@@ -254,7 +292,7 @@ class Coordinator:
         with self._round_done:
             while self._rounds < target:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stop.is_set() or self._thread is None:
+                if remaining <= 0 or self._stop.is_set() or not self._threads:
                     return False
                 self._round_done.wait(remaining)
         return True

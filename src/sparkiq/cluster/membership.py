@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkiq.cluster.config import node_url
 from sparkiq.cluster.detector import ArrivalWindow, Detector
 from sparkiq.cluster.heartbeat import (
     MAX_MEMBERS,
@@ -86,7 +87,7 @@ class Membership:
         self.seeds = []
         for seed in seeds:
             try:
-                checked = check_url(seed, self.scheme, "peers")
+                checked = check_url(node_url(seed), self.scheme, "peers")
             except HeartbeatError as exc:
                 log.warning("%s: ignoring seed %r: %s", node_id, seed, exc)
                 continue
