@@ -12,6 +12,7 @@ for it (the test prints it; the target is under 2 s).
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import signal
@@ -124,7 +125,7 @@ def longest_gaps(answers: list[Answer], start: float, end: float) -> dict[int, f
     for partition in range(PARTITIONS):
         times = sorted(a.done for a in answers if a.ok and a.partition == partition)
         marks = [start, *(t for t in times if start < t < end), end]
-        gaps[partition] = max(b - a for a, b in zip(marks, marks[1:], strict=False))
+        gaps[partition] = max(b - a for a, b in itertools.pairwise(marks))
     return gaps
 
 
