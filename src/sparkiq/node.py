@@ -234,6 +234,7 @@ class Node:
             local_caught_up=self._hosting.caught_up,
             hosted_state=self._hosting.hosted_state,
             rebalance=self._rebalance,
+            catch_up=self._hosting.poll_once,
         )
         self._rebalancer = Rebalancer(
             self._hosting,

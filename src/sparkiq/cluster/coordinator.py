@@ -1,8 +1,11 @@
 """The clustered side of a node: membership, assignment, hosting changes and routing.
 
-A :class:`Coordinator` runs one heartbeat thread. Each round it exchanges heartbeats with
-every known member, recomputes the assignment when the live membership changed, and
-*rebalances* the node's replicas:
+A :class:`Coordinator` runs two threads. The *heartbeat* thread, every
+``heartbeat_interval``, sends this node's heartbeat to every known member that has none in
+flight (on a pool of its own, so routed load never delays it) and records the replies that
+arrive; a member that does not answer is judged by the failure detector, not by one late
+reply. The *rebalance* thread then recomputes the assignment and *rebalances* the node's
+replicas -- it may wait for the tailer (a long restore), and heartbeats must not:
 
 * a partition newly assigned here (as active or standby) is opened and restored from the
   changelog (from its local files if the node hosted it before, else from the newest
@@ -12,6 +15,14 @@ every known member, recomputes the assignment when the live membership changed, 
   is now assigned to reports it caught up to at least this node's batch; then it is
   released: dropped from routing at once, closed and deleted after a grace period so that
   reads in flight finish.
+
+**Stalls.** When the heartbeat loop finds that more than ``stall_limit`` seconds passed since
+its last round (the process was paused with SIGSTOP, or starved of CPU), the node is *not
+fresh* (:meth:`Coordinator.is_fresh`): it refuses to answer sub-requests (routers fall
+through to other replicas) until it has exchanged a round of heartbeats -- silence that
+accrued while it was itself stalled does not count against the others -- and applied what
+was committed meanwhile. Only then does it rebalance, so a node resuming from a pause neither
+answers from its old view nor reopens partitions that never left it.
 """
 
 from __future__ import annotations
@@ -21,10 +32,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any
 
 from sparkiq.cluster.assignment import Assignment
+from sparkiq.cluster.heartbeat import HeartbeatError
+from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import HostedState, Membership
 from sparkiq.cluster.router import LocalAnswer, Router
 from sparkiq.cluster.transport import Transport
@@ -53,19 +67,38 @@ class Coordinator:
         local_caught_up: Callable[[str, int], bool],
         hosted_state: Callable[[], HostedState],
         rebalance: Callable[[Assignment], None],
+        catch_up: Callable[[], object] | None = None,
     ) -> None:
         self.token = token
         self.standbys = standbys
         self.transport = transport
         self.heartbeat_interval = heartbeat_interval
+        self.failure_timeout = failure_timeout
+        #: A gap this long between two heartbeat rounds means this node was stalled.
+        self.stall_limit = max(failure_timeout, 4 * heartbeat_interval)
         self._hosted_state = hosted_state
         self._rebalance = rebalance
+        self._catch_up = catch_up
         self._changed = threading.Event()
         self.membership = Membership(
-            node_id, url, seeds, failure_timeout=failure_timeout, on_change=self._changed.set
+            node_id,
+            url,
+            seeds,
+            heartbeat_interval=heartbeat_interval,
+            failure_timeout=failure_timeout,
+            on_change=self._changed.set,
         )
         self._assignment = Assignment((node_id,), standbys)
         self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="sparkiq-router")
+        # Heartbeats have threads of their own: routed load must never delay them, or a
+        # busy node would look silent to the others.
+        self._beats = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sparkiq-beat")
+        self._in_flight: dict[str, Future[dict[str, Any]]] = {}
+        self._in_flight_lock = threading.Lock()
+        self._round_done = threading.Condition()
+        self._rounds = 0
+        self._last_round = time.monotonic()
+        self._wake = threading.Event()
         self.router = Router(
             self.membership,
             transport,
@@ -73,9 +106,12 @@ class Coordinator:
             local_answer,
             local_caught_up,
             self._executor,
+            fresh_view=self,
         )
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._rebalance_wanted = threading.Event()
+        self._resyncing = False  # set after a stall until the replicas have caught up
+        self._threads: list[threading.Thread] = []
 
     # -- assignment --------------------------------------------------------------------------
 
@@ -93,51 +129,173 @@ class Coordinator:
 
     def start(self) -> None:
         """Meet the seeds (one synchronous round), host what is assigned, then keep going."""
-        self.heartbeat_round()
+        self.heartbeat_round(wait=max(self.failure_timeout, 1.0))
+        self.membership.tick()
+        self._last_round = time.monotonic()
         self._rebalance(self._assignment_now())
-        self._thread = threading.Thread(
-            target=self._run, name=f"sparkiq-heartbeat-{self.membership.node_id}", daemon=True
-        )
-        self._thread.start()
+        node_id = self.membership.node_id
+        self._threads = [
+            threading.Thread(target=self._run, name=f"sparkiq-heartbeat-{node_id}", daemon=True),
+            threading.Thread(
+                target=self._run_rebalance, name=f"sparkiq-rebalance-{node_id}", daemon=True
+            ),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._wake.set()
+        self._rebalance_wanted.set()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.router.close()
+        self._beats.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.heartbeat_interval):
+        while not self._stop.is_set():
+            self._wake.wait(self.heartbeat_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
-                self.heartbeat_round()
-                self._changed.clear()
-                self._rebalance(self._assignment_now())
+                self._round()
             except Exception:
                 log.exception("heartbeat round of %s failed", self.membership.node_id)
+            finally:
+                with self._round_done:
+                    self._rounds += 1
+                    self._round_done.notify_all()
 
-    def heartbeat_round(self) -> None:
-        doc = self.membership.heartbeat_doc(self._hosted_state())
-        targets = self.membership.targets()
-        futures = [(url, self._executor.submit(self._beat, url, doc)) for url in targets]
-        for url, future in futures:
+    def _round(self) -> None:
+        """One round of the heartbeat loop. After a stall (this node was paused or starved
+        for ``stall_limit`` s) the node first hears from the others -- silence does not
+        count until then -- and refuses to answer (:meth:`is_fresh`) until the rebalance
+        thread has also applied what was committed meanwhile, so it never acts or answers
+        on what it knew before the stall."""
+        gap = time.monotonic() - self._last_round
+        if gap > self.stall_limit:
+            log.warning(
+                "%s: stalled for %.1f s; resynchronizing before answering again",
+                self.membership.node_id,
+                gap,
+            )
+            self._resyncing = True
+            self.heartbeat_round(wait=self.failure_timeout)
+        else:
+            self.heartbeat_round(wait=self.heartbeat_interval)
+        self.membership.tick()
+        self._last_round = time.monotonic()
+        self._changed.clear()
+        self._rebalance_wanted.set()
+
+    def _run_rebalance(self) -> None:
+        """Rebalancing (and catching up after a stall) waits for the tailer's lock, which a
+        long restore holds; it runs here so that heartbeats never wait for it."""
+        while not self._stop.is_set():
+            self._rebalance_wanted.wait(self.heartbeat_interval)
+            self._rebalance_wanted.clear()
+            if self._stop.is_set():
+                break
+            if time.monotonic() - self._last_round > self.stall_limit:
+                continue  # the view is from before a stall: the heartbeat loop renews it first
             try:
-                reply = future.result()
-            except NodeUnreachableError:
-                self.membership.unreachable(url)
-            except SparkiqError as exc:
-                log.warning("heartbeat to %s refused: %s", url, exc)
-            else:
-                self.membership.heard(reply)
+                if self._resyncing:
+                    if self._catch_up is not None:
+                        self._catch_up()
+                    self._resyncing = False
+                    with self._round_done:
+                        self._round_done.notify_all()
+                self._rebalance(self._assignment_now())
+            except Exception:
+                log.exception("rebalancing %s failed", self.membership.node_id)
+
+    def heartbeat_round(self, wait: float) -> None:
+        """Send this node's heartbeat to every target that has none in flight and record
+        the replies that arrive within ``wait`` s (later ones are recorded when they come)."""
+        doc = self.membership.heartbeat_doc(self._hosted_state())
+        sent = []
+        with self._in_flight_lock:
+            for url in self.membership.targets():
+                if url in self._in_flight:
+                    continue  # still waiting for the last one: a slow member gets no pile-up
+                future = self._beats.submit(self._beat, url, doc)
+                self._in_flight[url] = future
+                sent.append(future)
+        for future in sent:
+            future.add_done_callback(self._beat_done)
+        if sent:
+            futures_wait(sent, timeout=wait)
         self.membership.check()
 
     def _beat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
         return self.transport.heartbeat(url, doc, self.token)
 
+    def _beat_done(self, future: Future[dict[str, Any]]) -> None:
+        with self._in_flight_lock:
+            url = next((u for u, f in self._in_flight.items() if f is future), None)
+            if url is not None:
+                del self._in_flight[url]
+        try:
+            reply = future.result()
+        except NodeTimeoutError:
+            pass  # no reply in time: the failure detector judges the silence
+        except NodeUnreachableError:
+            if url is not None:
+                self.membership.unreachable(url)
+        except (SparkiqError, CancelledError) as exc:
+            log.warning("heartbeat to %s refused: %s", url, exc)
+        else:
+            try:
+                self.membership.heard(reply)
+            except HeartbeatError as exc:
+                log.warning("ignoring the heartbeat reply of %s: %s", url, exc)
+
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A heartbeat from another member (it passed the token check); returns this node's.
+        Raises :class:`~sparkiq.cluster.heartbeat.HeartbeatError` for a malformed one."""
         self.membership.heard(doc)
         return self.membership.heartbeat_doc(self._hosted_state())
+
+    # -- freshness ---------------------------------------------------------------------------
+
+    def is_fresh(self) -> bool:
+        """Whether this node's view and replicas can be trusted: its heartbeat loop ran
+        within ``stall_limit`` s. A node just resumed from a pause is not fresh until it
+        has heard from the others again and caught up with the changelog."""
+        return not self._resyncing and time.monotonic() - self._last_round <= self.stall_limit
+
+    def wait_fresh(self, timeout: float) -> bool:
+        """Block until :meth:`is_fresh` (at most ``timeout`` s); return whether it is."""
+        if self.is_fresh():
+            return True
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        with self._round_done:
+            while not self.is_fresh():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stop.is_set():
+                    return False
+                self._round_done.wait(remaining)
+        return True
+
+    def refresh(self, timeout: float) -> bool:
+        """Run a heartbeat round now and wait for it (at most ``timeout`` s): routers call
+        this before retrying on a fresh view."""
+        with self._round_done:
+            target = self._rounds + 1
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        with self._round_done:
+            while self._rounds < target:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stop.is_set() or not self._threads:
+                    return False
+                self._round_done.wait(remaining)
+        return True
 
     def check_token(self, token: str | None) -> None:
         """Raise :class:`AuthenticationError` unless ``token`` is the configured one."""

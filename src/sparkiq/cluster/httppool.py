@@ -21,9 +21,21 @@ from collections.abc import Iterator
 
 from sparkiq.errors import NodeUnreachableError
 
-__all__ = ["HttpPool", "PooledResponse"]
+__all__ = ["HttpPool", "NodeTimeoutError", "PooledResponse"]
 
 _CHUNK = 65536
+
+
+class NodeTimeoutError(NodeUnreachableError):
+    """The member accepted the request but did not answer within the read timeout: it may
+    be paused or overloaded rather than gone, so callers leave the verdict to the failure
+    detector instead of marking it suspect."""
+
+
+def _unreachable(what: str, exc: BaseException) -> NodeUnreachableError:
+    if isinstance(exc, TimeoutError):
+        return NodeTimeoutError(f"{what} did not answer in time: {exc!r}")
+    return NodeUnreachableError(f"{what}: {exc!r}")
 
 
 class _Connection(http.client.HTTPConnection):
@@ -54,7 +66,7 @@ class PooledResponse:
             data = self._response.read()
         except (OSError, http.client.HTTPException) as exc:
             self.close()
-            raise NodeUnreachableError(f"{self._key} went away mid-response: {exc!r}") from None
+            raise _unreachable(f"{self._key} went away mid-response", exc) from None
         self._finish()
         return data
 
@@ -68,7 +80,7 @@ class PooledResponse:
                 yield data
         except (OSError, http.client.HTTPException) as exc:
             self.close()
-            raise NodeUnreachableError(f"{self._key} went away mid-response: {exc!r}") from None
+            raise _unreachable(f"{self._key} went away mid-response", exc) from None
         self._finish()
 
     def _finish(self) -> None:
@@ -108,9 +120,9 @@ class HttpPool:
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
-                if reused and attempt == 0:
+                if reused and attempt == 0 and not isinstance(exc, TimeoutError):
                     continue  # the server closed the idle connection: once more, on a new one
-                raise NodeUnreachableError(f"{url} is unreachable: {exc!r}") from None
+                raise _unreachable(f"{url} is unreachable", exc) from None
             return PooledResponse(self, url, conn, response)
         raise AssertionError("unreachable")
 

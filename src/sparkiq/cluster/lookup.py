@@ -98,8 +98,10 @@ class Lookup:
             check_key_query(route.schema, store)
         internal, partition = route.partition_of(key)
         hosted = route.stores[partition]
+        coordinator = self.coordinator
         here = hosted is not None and (
-            self.coordinator is None or self._hosting.caught_up(store, partition)
+            coordinator is None
+            or (self._hosting.caught_up(store, partition) and coordinator.is_fresh())
         )
         return KeyLocation(internal, partition, hosted, here)
 
@@ -188,12 +190,22 @@ class Lookup:
         """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
         others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
         partitions, results = self._partitions(request)
+        coordinator = self.coordinator
+        if coordinator is not None and not coordinator.is_fresh():
+            # Just resumed from a stall: its view and replicas may be old. Refuse, so the
+            # router asking falls through to another replica, until it has resynchronized.
+            for partition in partitions:
+                results[partition] = QueryResult.for_failure(
+                    FailureReason.NOT_PRESENT,
+                    f"node {self.node_id!r} is resynchronizing after a stall: ask another "
+                    f"replica of partition {partition} of {request.store!r}",
+                )
+            return StateQueryResult(results)
         stores = self._hosting.route(request.store).stores
         if request.bound.is_unbounded and not request.is_execution_info_enabled:
             ctx = _PLAIN_CONTEXT
         else:
             ctx = QueryContext(request.bound, request.is_execution_info_enabled)
-        coordinator = self.coordinator
         for partition in partitions:
             hosted = stores[partition]
             if hosted is None:

@@ -1,12 +1,30 @@
-"""Who is in the cluster: seed peers, heartbeats and a failure window.
+"""Who is in the cluster: seed peers, heartbeats and failure detection.
 
 Every ``heartbeat_interval`` a node sends a heartbeat to every member it knows (the seed
 peers and whoever they told it about). A heartbeat carries the sender's id, URL, the
 members it knows and the state of every partition it hosts; the reply carries the same of
-the receiver, so one round trip informs both sides. A member is *live* while it was heard
-from (directly) within ``failure_timeout`` seconds. A router that cannot reach a member
-marks it *suspect*: it is skipped until it is heard from again, so a killed node stops
-receiving queries at the first failed attempt rather than after the failure window.
+the receiver, so one round trip informs both sides. Every heartbeat is validated
+(:func:`sparkiq.cluster.heartbeat.parse_heartbeat`) before anything is recorded, so a
+malformed one changes nothing.
+
+**Live.** A member is live until the failure detector says its silence means it is gone
+(:class:`sparkiq.cluster.detector.Detector`: phi accrual over its heartbeat arrivals, with
+``failure_timeout`` as the floor), so a member that is merely slow is not declared gone. A
+router that cannot reach a member marks it *suspect*: it is skipped until it is heard from
+again, so a killed node stops receiving queries at the first failed attempt rather than after
+the detector's deadline.
+
+**Our own pauses are not their silence.** Silence is measured on a clock that stops
+``2 * heartbeat_interval`` after this node's last heartbeat round (:meth:`Membership.tick`):
+while this node itself is stalled (paused, starved of CPU) it sends nothing and may hear
+nothing, and that must not make it declare everyone else gone. After a stall the
+coordinator first exchanges a round of heartbeats, then moves the clock on.
+
+**Whom a node calls.** Heartbeats (which carry the cluster token) go only to *trusted* URLs:
+the seeds, URLs a member announced in a heartbeat that passed the token check, and URLs
+listed by such a member or in the reply of a trusted URL -- and only of this node's own
+scheme. Members learned second-hand that are never heard from directly are forgotten after
+``forget_after`` seconds, so invented members do not accumulate.
 
 Members are identified by node id; the id of a seed is learned from its first reply.
 """
@@ -16,27 +34,37 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkiq.cluster.config import node_url
+from sparkiq.cluster.detector import ArrivalWindow, Detector
+from sparkiq.cluster.heartbeat import (
+    MAX_MEMBERS,
+    Heartbeat,
+    HeartbeatError,
+    HostedState,
+    check_url,
+    parse_heartbeat,
+)
+
 __all__ = ["HostedState", "Member", "Membership"]
 
 log = logging.getLogger("sparkiq.membership")
-
-#: Per table, per hosted partition: ``(batch_id, state, lag_batches)`` (state: live,
-#: restoring, error; lag: committed batches not applied yet).
-HostedState = dict[str, dict[int, tuple[int, str, int]]]
 
 
 @dataclass
 class Member:
     node_id: str
     url: str
-    last_heard: float = -1e18  # monotonic time of the last direct contact
+    last_heard: float | None = None  # monotonic time of the last direct contact
     suspect_since: float | None = None
     started_at: float = 0.0
     hosted: HostedState = field(default_factory=dict)
+    learned_at: float = 0.0  # monotonic time it was first named
+    arrivals: ArrivalWindow = field(default_factory=ArrivalWindow)
 
 
 class Membership:
@@ -48,31 +76,76 @@ class Membership:
         url: str,
         seeds: list[str],
         *,
+        heartbeat_interval: float = 0.5,
         failure_timeout: float = 3.0,
+        forget_after: float | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.url = url
-        self.seeds = [s for s in seeds if s != url]
+        self.scheme = urllib.parse.urlsplit(url).scheme
+        self.seeds = []
+        for seed in seeds:
+            try:
+                checked = check_url(node_url(seed), self.scheme, "peers")
+            except HeartbeatError as exc:
+                log.warning("%s: ignoring seed %r: %s", node_id, seed, exc)
+                continue
+            if checked != url:
+                self.seeds.append(checked)
+        self.heartbeat_interval = heartbeat_interval
         self.failure_timeout = failure_timeout
+        self.detector = Detector(heartbeat_interval, failure_timeout)
+        self.forget_after = forget_after if forget_after is not None else 20 * failure_timeout
         self.started_at = time.time()
         self._members: dict[str, Member] = {}
         self._lock = threading.Lock()
         self._on_change = on_change
         self._last_live: tuple[str, ...] = (node_id,)
+        self._last_tick: float | None = None
+
+    # -- the clock silence is measured on -------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        """This node's heartbeat loop is running at ``now`` (monotonic)."""
+        self._last_tick = time.monotonic() if now is None else now
+
+    def _clock(self) -> float:
+        now = time.monotonic()
+        last_tick = self._last_tick
+        if last_tick is None:
+            return now
+        return min(now, last_tick + 2 * self.heartbeat_interval)
 
     # -- views -------------------------------------------------------------------------------
 
+    def _is_live(self, member: Member, clock: float) -> bool:
+        if member.last_heard is None or member.suspect_since is not None:
+            return False
+        return not self.detector.gone(member.arrivals, clock - member.last_heard)
+
     def live(self) -> tuple[str, ...]:
         """Ids of the live members, this node included, sorted."""
-        now = time.monotonic()
+        clock = self._clock()
         with self._lock:
-            ids = [
-                m.node_id
-                for m in self._members.values()
-                if now - m.last_heard <= self.failure_timeout and m.suspect_since is None
-            ]
+            ids = [m.node_id for m in self._members.values() if self._is_live(m, clock)]
         return tuple(sorted({self.node_id, *ids}))
+
+    def silence(self, node_id: str) -> float:
+        """Seconds since ``node_id`` was last heard from (infinite if never; 0 for this node)."""
+        if node_id == self.node_id:
+            return 0.0
+        clock = self._clock()
+        with self._lock:
+            member = self._members.get(node_id)
+            if member is None or member.last_heard is None:
+                return float("inf")
+            return max(0.0, clock - member.last_heard)
+
+    def is_suspect(self, node_id: str) -> bool:
+        with self._lock:
+            member = self._members.get(node_id)
+            return member is not None and member.suspect_since is not None
 
     def url_of(self, node_id: str) -> str | None:
         if node_id == self.node_id:
@@ -86,40 +159,66 @@ class Membership:
             member = self._members.get(node_id)
             return {} if member is None else member.hosted
 
+    def hosting(self, table: str, partition: int) -> list[str]:
+        """Members (other than this node), not suspect, whose last heartbeat said they host
+        ``partition`` of ``table`` -- whether or not the detector still counts them live."""
+        with self._lock:
+            return sorted(
+                m.node_id
+                for m in self._members.values()
+                if m.suspect_since is None and partition in m.hosted.get(table, {})
+            )
+
     def members(self) -> dict[str, Member]:
         with self._lock:
             return dict(self._members)
 
+    def deadline(self, node_id: str) -> float | None:
+        """The silence (s) at which ``node_id`` would now be declared gone."""
+        with self._lock:
+            member = self._members.get(node_id)
+            arrivals = None if member is None else member.arrivals
+        return None if arrivals is None else self.detector.deadline(arrivals)
+
     def targets(self) -> list[str]:
-        """URLs to send heartbeats to: every known member and every seed."""
+        """URLs to send heartbeats to: every seed and every known (trusted) member."""
         with self._lock:
             urls = {m.url for m in self._members.values()}
         return sorted(urls | set(self.seeds))
 
     # -- updates -----------------------------------------------------------------------------
 
-    def heard(self, doc: Mapping[str, Any]) -> None:
-        """Record a heartbeat (or a heartbeat's reply) received from another member."""
-        node_id, url = doc.get("node_id"), doc.get("url")
-        if not isinstance(node_id, str) or not isinstance(url, str) or node_id == self.node_id:
+    def heard(self, doc: Mapping[str, Any] | Heartbeat) -> None:
+        """Record a heartbeat (or a heartbeat's reply) received from another member.
+
+        Raises :class:`~sparkiq.cluster.heartbeat.HeartbeatError` for a malformed one,
+        having recorded nothing. Callers pass only heartbeats that passed the token check
+        and replies from URLs of :meth:`targets` (see "Whom a node calls")."""
+        beat = doc if isinstance(doc, Heartbeat) else parse_heartbeat(doc, self.scheme)
+        if beat.node_id == self.node_id:
             return
-        hosted = {
-            table: {int(p): (int(s[0]), str(s[1]), int(s[2])) for p, s in parts.items()}
-            for table, parts in (doc.get("hosted") or {}).items()
-        }
+        now = time.monotonic()
         with self._lock:
-            member = self._members.get(node_id)
+            member = self._members.get(beat.node_id)
             if member is None:
-                member = self._members[node_id] = Member(node_id, url)
-                log.info("%s: member %s joined at %s", self.node_id, node_id, url)
-            member.url = url
-            member.last_heard = time.monotonic()
+                if len(self._members) >= MAX_MEMBERS:
+                    log.warning("%s: member limit reached; ignoring %s", self.node_id, beat.url)
+                    return
+                member = self._members[beat.node_id] = Member(beat.node_id, beat.url)
+                member.learned_at = now
+                log.info("%s: member %s joined at %s", self.node_id, beat.node_id, beat.url)
+            member.url = beat.url
+            member.arrivals.arrived(now, self.failure_timeout)
+            member.last_heard = now
             member.suspect_since = None
-            member.started_at = float(doc.get("started_at") or 0.0)
-            member.hosted = hosted
-            for other_id, other_url in (doc.get("members") or {}).items():
-                if other_id != self.node_id and other_id not in self._members:
-                    self._members[other_id] = Member(other_id, other_url)
+            member.started_at = beat.started_at
+            member.hosted = beat.hosted
+            for other_id, other_url in beat.members.items():
+                if other_id == self.node_id or other_id in self._members:
+                    continue
+                if len(self._members) >= MAX_MEMBERS:
+                    break
+                self._members[other_id] = Member(other_id, other_url, learned_at=now)
         self._check_change()
 
     def suspect(self, node_id: str) -> None:
@@ -140,7 +239,13 @@ class Membership:
             self.suspect(node_id)
 
     def check(self) -> None:
-        """Notice members that went silent (called on every heartbeat round)."""
+        """Notice members that went silent, forget invented ones (every heartbeat round)."""
+        now = time.monotonic()
+        with self._lock:
+            for node_id, member in list(self._members.items()):
+                if member.last_heard is None and now - member.learned_at > self.forget_after:
+                    log.info("%s: forgetting %s, never heard from", self.node_id, node_id)
+                    del self._members[node_id]
         self._check_change()
 
     def _check_change(self) -> None:
@@ -154,9 +259,11 @@ class Membership:
                 self._on_change()
 
     def heartbeat_doc(self, hosted: HostedState) -> dict[str, Any]:
-        """What this node tells others about itself."""
+        """What this node tells others about itself (the format of
+        :mod:`sparkiq.cluster.heartbeat`)."""
         with self._lock:
-            known = {m.node_id: m.url for m in self._members.values()}
+            # only members heard directly: second-hand names must not echo around forever
+            known = {m.node_id: m.url for m in self._members.values() if m.last_heard is not None}
         return {
             "node_id": self.node_id,
             "url": self.url,

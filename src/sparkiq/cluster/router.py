@@ -2,30 +2,48 @@
 
 For each partition a request needs, the router lists *candidates*: the partition's replicas
 by rendezvous order (active, then standbys), then any other live member still hosting it
-(an old owner during a handoff). Replicas known to be caught up go first, so a partition
-that moved keeps being answered by its old owner until the new one has restored it. Sub-
-requests go out in parallel, one per partition (range results then stream from the node
-that holds them). When a candidate is unreachable, is not hosting the partition, or is
-behind the requested bound, the next one is tried; only when every candidate failed does
-the partition's result carry the failure (the most informative one seen), while the
-other partitions still answer. ``require_active()`` restricts candidates to the active.
+(an old owner during a handoff), and last any member not suspect whose latest heartbeat
+said it hosts the partition even though the failure detector no longer counts it live
+(views of the membership differ between nodes while heartbeats are late; a partition that
+is hosted somewhere must not be refused because this node's view is behind). Replicas
+known to be caught up go first, then members heard from recently, so a partition that moved
+keeps being answered by its old owner until the new one has restored it, and a member gone
+quiet is asked last. Sub-requests go out in parallel, one per partition (range results then
+stream from the node that holds them).
+
+When a candidate is unreachable, is not hosting the partition, or is behind the requested
+bound, the next one is tried. A candidate that does not answer is not waited for blindly:
+once its sub-request has been out for ``hedge_after`` seconds *and* the member has been
+silent (no heartbeat) that long, the next candidate is asked as well and the first answer
+wins -- a paused node costs that delay, not the read timeout. When every candidate failed,
+the router waits for one fresh heartbeat round and tries once more on the new view; only
+then does the partition's result carry the failure (the most informative one seen), while
+the other partitions still answer. ``require_active()`` restricts candidates to the active.
+
+Before routing, a node that was itself stalled waits (briefly) until it has resynchronized
+(:meth:`~sparkiq.cluster.coordinator.Coordinator.is_fresh`), so it never routes on the view
+it had before a pause.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
-from typing import Any
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from typing import Any, Protocol
 
 from sparkiq.cluster.assignment import Assignment
+from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import Membership
 from sparkiq.cluster.transport import NodeUnreachableError, Transport
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.wire.protocol import RemoteError
 
-__all__ = ["Router"]
+__all__ = ["FreshView", "Router"]
 
 log = logging.getLogger("sparkiq.router")
 
@@ -37,7 +55,22 @@ _RETRY_RANK = {
     FailureReason.NOT_PRESENT: 0,
 }
 
+#: How often a router waiting on sub-requests looks at the members' silence.
+_POLL = 0.05
+
 LocalAnswer = Callable[[StateQueryRequest], StateQueryResult[Any]]
+_Remote = dict[int, QueryResult[Any]]
+
+
+class FreshView(Protocol):
+    """What the router needs of the coordinator to route on a current view."""
+
+    failure_timeout: float
+    heartbeat_interval: float
+
+    def wait_fresh(self, timeout: float) -> bool: ...
+
+    def refresh(self, timeout: float) -> bool: ...
 
 
 class Router:
@@ -51,6 +84,8 @@ class Router:
         local_answer: LocalAnswer,
         local_caught_up: Callable[[str, int], bool],
         executor: Executor,
+        *,
+        fresh_view: FreshView | None = None,
     ) -> None:
         self._membership = membership
         self._transport = transport
@@ -58,25 +93,50 @@ class Router:
         self._local_answer = local_answer
         self._local_caught_up = local_caught_up
         self._executor = executor
+        self._view = fresh_view
+        interval = fresh_view.heartbeat_interval if fresh_view is not None else 0.5
+        self.hedge_after = max(2 * interval, 0.2)
+        # Sub-requests to other nodes run here, never on ``executor`` (which runs the
+        # per-partition fan-out that waits for them): no pool ever waits on itself.
+        self._io = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sparkiq-subrequest")
         self.forwarded = 0  # sub-requests sent to other nodes (for metrics)
+        self.hedged = 0  # candidates asked because an earlier one was silent (for metrics)
+
+    def close(self) -> None:
+        self._io.shutdown(wait=False, cancel_futures=True)
 
     def candidates(self, table: str, partition: int, require_active: bool) -> list[str]:
-        """Members to ask for ``partition``, best first."""
+        """Members to ask for ``partition``, best first (see the module docstring)."""
         me = self._membership.node_id
         assignment = self._assignment()
         replicas = list(assignment.replicas(table, partition))
         if require_active:
             return replicas[:1]
         live = self._membership.live()
+        ordered = [m for m in replicas if m in live]
         for member in live:
-            if member not in replicas and partition in self._hosted(member, table):
-                replicas.append(member)  # an old owner still holding it
+            if member in ordered:
+                continue
+            if member == me:
+                if self._local_caught_up(table, partition):
+                    ordered.append(me)  # our old replica, still held
+            elif partition in self._hosted(member, table):
+                ordered.append(member)  # an old owner still holding it
 
-        def rank(member: str) -> tuple[int, int, int]:
+        index = {m: i for i, m in enumerate(ordered)}
+
+        def rank(member: str) -> tuple[int, int, int, int]:
             caught_up = self._caught_up(member, table, partition)
-            return (0 if caught_up else 1, 0 if member == me else 1, replicas.index(member))
+            quiet = self._membership.silence(member) >= self.hedge_after
+            return (
+                0 if caught_up else 1,
+                1 if quiet else 0,
+                0 if member == me else 1,
+                index[member],
+            )
 
-        return sorted((m for m in replicas if m in live), key=rank)
+        fallback = [m for m in self._membership.hosting(table, partition) if m not in index]
+        return sorted(ordered, key=rank) + fallback
 
     def _hosted(self, member: str, table: str) -> dict[int, tuple[int, str, int]]:
         return self._membership.hosted_state(member).get(table, {})
@@ -90,6 +150,9 @@ class Router:
     def route(
         self, request: StateQueryRequest, partitions: list[int], token: str | None
     ) -> StateQueryResult[Any]:
+        view = self._view
+        if view is not None:
+            view.wait_fresh(view.failure_timeout)
         if len(partitions) == 1:
             p = partitions[0]
             return StateQueryResult({p: self._answer(request, p, token)})
@@ -97,34 +160,15 @@ class Router:
         return StateQueryResult({p: f.result() for p, f in futures.items()})
 
     def _answer(self, request: StateQueryRequest, partition: int, token: str | None) -> Any:
-        sub = request.with_partitions((partition,))
-        best: QueryResult[Any] | None = None
-        tried: list[str] = []
-        for member in self.candidates(request.store, partition, request.is_require_active):
-            tried.append(member)
-            try:
-                if member == self._membership.node_id:
-                    result = self._local_answer(sub).partition_results[partition]
-                else:
-                    url = self._membership.url_of(member)
-                    if url is None:
-                        continue
-                    self.forwarded += 1
-                    result = self._transport.query(url, sub, token)[partition]
-            except NodeUnreachableError as exc:
-                self._membership.suspect(member)
-                log.info("partition %d of %r: %s", partition, request.store, exc)
-                continue
-            except RemoteError as exc:
-                if exc.code == "unauthorized":
-                    raise
-                log.info("partition %d of %r: %s", partition, request.store, exc)
-                continue
-            reason = result.failure_reason
-            if reason is None or reason not in _RETRY_RANK:
-                return result
-            if best is None or _RETRY_RANK[reason] > _RETRY_RANK.get(best.failure_reason, -1):  # type: ignore[arg-type]
-                best = result
+        best, tried = self._attempt(request, partition, token)
+        if _final(best):
+            return best
+        view = self._view
+        if view is not None and view.refresh(view.failure_timeout):
+            again, tried_again = self._attempt(request, partition, token)
+            if _final(again) or _better(again, best):
+                best = again
+            tried += tried_again
         if best is not None:
             return best
         return QueryResult.for_failure(
@@ -132,3 +176,110 @@ class Router:
             f"no live node could answer partition {partition} of {request.store!r} "
             f"(tried {tried or 'none'}): retry once the cluster has recovered",
         )
+
+    def _attempt(
+        self, request: StateQueryRequest, partition: int, token: str | None
+    ) -> tuple[QueryResult[Any] | None, list[str]]:
+        """Ask the candidates in turn (hedging past silent ones); return the first answer
+        that is not a retryable failure, else the most informative failure, and who was
+        asked."""
+        me = self._membership.node_id
+        sub = request.with_partitions((partition,))
+        queue = deque(self.candidates(request.store, partition, request.is_require_active))
+        pending: dict[Future[_Remote], tuple[str, float]] = {}
+        best: QueryResult[Any] | None = None
+        tried: list[str] = []
+        try:
+            while queue or pending:
+                if queue and all(self._overdue(m, t) for m, t in pending.values()):
+                    member = queue.popleft()
+                    if pending:
+                        self.hedged += 1
+                    tried.append(member)
+                    if member == me:
+                        mine = self._local_answer(sub).partition_results[partition]
+                        if _final(mine):
+                            return mine, tried
+                        best = mine if _better(mine, best) else best
+                        continue
+                    url = self._membership.url_of(member)
+                    if url is None:
+                        continue
+                    self.forwarded += 1
+                    future = self._io.submit(self._transport.query, url, sub, token)
+                    pending[future] = (member, time.monotonic())
+                    continue
+                done, _ = futures_wait(pending, timeout=_POLL, return_when=FIRST_COMPLETED)
+                for future in done:
+                    member, _ = pending.pop(future)
+                    result = self._remote_result(future, member, partition, request.store)
+                    if result is None:
+                        continue
+                    if _final(result):
+                        return result, tried
+                    best = result if _better(result, best) else best
+                if not done and not queue:
+                    self._give_up_on_gone(pending)
+            return best, tried
+        finally:
+            for future in pending:  # abandoned: close whatever they stream when they finish
+                future.add_done_callback(_discard)
+
+    def _overdue(self, member: str, sent_at: float) -> bool:
+        """Whether to stop waiting for ``member`` alone: its sub-request has been out for
+        ``hedge_after`` s and it has not been heard from for as long."""
+        wait = self.hedge_after
+        return (
+            time.monotonic() - sent_at >= wait and self._membership.silence(member) >= wait
+        ) or self._membership.is_suspect(member)
+
+    def _give_up_on_gone(self, pending: dict[Future[_Remote], tuple[str, float]]) -> None:
+        """Nobody else to ask: stop waiting for members the detector declared gone."""
+        live = self._membership.live()
+        for future, (member, _) in list(pending.items()):
+            if member not in live and self._overdue(member, pending[future][1]):
+                log.info("giving up on %s: it went silent", member)
+                del pending[future]
+                future.add_done_callback(_discard)
+
+    def _remote_result(
+        self, future: Future[_Remote], member: str, partition: int, store: str
+    ) -> QueryResult[Any] | None:
+        try:
+            return future.result()[partition]
+        except NodeTimeoutError as exc:  # slow or paused: the detector decides
+            log.info("partition %d of %r: %s", partition, store, exc)
+        except NodeUnreachableError as exc:
+            self._membership.suspect(member)
+            log.info("partition %d of %r: %s", partition, store, exc)
+        except RemoteError as exc:
+            if exc.code == "unauthorized":
+                raise
+            log.info("partition %d of %r: %s", partition, store, exc)
+        return None
+
+
+def _final(result: QueryResult[Any] | None) -> bool:
+    """An answer, or a failure no other replica would avoid."""
+    if result is None:
+        return False
+    reason = result.failure_reason
+    return reason is None or reason not in _RETRY_RANK
+
+
+def _better(result: QueryResult[Any] | None, than: QueryResult[Any] | None) -> bool:
+    if result is None or result.failure_reason is None:
+        return result is not None
+    if than is None or than.failure_reason is None:
+        return than is None
+    return _RETRY_RANK[result.failure_reason] > _RETRY_RANK.get(than.failure_reason, -1)
+
+
+def _discard(future: Future[_Remote]) -> None:
+    """Close the streamed results of a sub-request nobody waits for any more."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    for result in future.result().values():
+        close = getattr(result.result, "close", None)
+        if callable(close):
+            close()

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from sparkiq.cluster.httppool import HttpPool
+from sparkiq.cluster.httppool import HttpPool, NodeTimeoutError
 from sparkiq.errors import NodeUnreachableError, SparkiqError
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import QueryResult
@@ -27,6 +27,7 @@ from sparkiq.wire.values import pack, unpack
 __all__ = [
     "HttpTransport",
     "LocalTransport",
+    "NodeTimeoutError",
     "NodeUnreachableError",
     "Transport",
 ]
@@ -86,10 +87,21 @@ class LocalTransport:
 
 
 class HttpTransport:
-    """The binary protocol over HTTP/1.1 keep-alive connections, pooled per member."""
+    """The binary protocol over HTTP/1.1 keep-alive connections, pooled per member.
 
-    def __init__(self, *, connect_timeout: float = 1.0, read_timeout: float = 30.0) -> None:
+    Heartbeats use a pool of their own with a short read timeout (``heartbeat_timeout``):
+    a reply that late says nothing the failure detector does not already know, and a
+    heartbeat must never wait behind a long query on the same connection."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout: float = 1.0,
+        read_timeout: float = 30.0,
+        heartbeat_timeout: float = 2.0,
+    ) -> None:
         self._pool = HttpPool(connect_timeout=connect_timeout, timeout=read_timeout)
+        self._beats = HttpPool(connect_timeout=connect_timeout, timeout=heartbeat_timeout)
 
     def _headers(self, token: str | None) -> dict[str, str]:
         headers = {"content-type": protocol.CONTENT_TYPE, "accept": protocol.CONTENT_TYPE}
@@ -115,17 +127,24 @@ class HttpTransport:
             raise
 
     def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
-        response = self._pool.request(
+        response = self._beats.request(
             url, "POST", "/internal/heartbeat", pack(doc), self._headers(token)
         )
         data = response.read()
         if response.status != 200:
             raise _refusal(url, response.status, data)
-        reply: dict[str, Any] = unpack(data)
+        try:
+            reply: dict[str, Any] = unpack(data)
+        except Exception:  # whatever answered is not a node: its reply is not a heartbeat
+            raise protocol.RemoteError(
+                f"{url} answered the heartbeat with something that is not one",
+                code="invalid_heartbeat",
+            ) from None
         return reply
 
     def close(self) -> None:
         self._pool.close()
+        self._beats.close()
 
 
 def _refusal(url: str, status: int, body: bytes) -> SparkiqError:

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.errors import (
     AuthenticationError,
     InvalidQueryError,
@@ -144,7 +145,16 @@ class RestApp:
         if path == "/internal/heartbeat":
             _allow(method, "POST")
             body = await self._body(receive)
-            reply = self.node.on_heartbeat(unpack(body))
+            try:
+                doc = unpack(body)
+            except Exception:  # msgpack's errors vary by cause; all mean the same here
+                raise HttpError(
+                    400, "invalid_heartbeat", "the body is not a packed heartbeat", "body"
+                ) from None
+            try:
+                reply = self.node.on_heartbeat(doc)
+            except HeartbeatError as exc:  # nothing was recorded: the membership is unchanged
+                raise HttpError(400, "invalid_heartbeat", exc.message, exc.field) from None
             await _send(send, 200, pack(reply), _BINARY)
             return "/internal/heartbeat", 200
         if parts[0] == "stores" and len(parts) == 3 and parts[2] == "query":

@@ -1,0 +1,174 @@
+"""The heartbeat document, and its validation: a heartbeat is input like any other.
+
+Wire format (packed with :func:`sparkiq.wire.values.pack`; the reply has the same shape)::
+
+    {"node_id": str,                      # 1..128 printable characters
+     "url": str,                          # the sender's base URL (see below)
+     "started_at": float,                 # wall-clock seconds, finite, >= 0
+     "members": {node_id: url, ...},      # the members the sender knows (<= MAX_MEMBERS)
+     "hosted": {table: {"<partition>": [batch_id, state, lag_batches]}}}
+
+``state`` is ``live``, ``restoring`` or ``error``; ``batch_id`` is an int >= -1 (-1: nothing
+applied), ``lag_batches`` an int >= 0. A URL is ``scheme://host[:port]`` with no user info,
+path, query or fragment, at most 2048 characters; its scheme must be the receiver's own (an
+``http`` node never learns an ``https`` URL and vice versa, so a heartbeat cannot make it
+send the cluster token over another scheme).
+
+:func:`parse_heartbeat` checks every field's type and bounds before anything is recorded and
+raises :class:`HeartbeatError` (a ``ValueError``; the REST layer answers it with ``400
+invalid_heartbeat`` naming the field), so a malformed heartbeat changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sparkiq.errors import SparkiqError
+
+__all__ = [
+    "MAX_MEMBERS",
+    "HeartbeatError",
+    "Heartbeat",
+    "HostedState",
+    "check_url",
+    "parse_heartbeat",
+]
+
+#: Per table, per hosted partition: ``(batch_id, state, lag_batches)`` (state: live,
+#: restoring, error; lag: committed batches not applied yet).
+HostedState = dict[str, dict[int, tuple[int, str, int]]]
+
+MAX_MEMBERS = 1024
+_MAX_ID = 128
+_MAX_URL = 2048
+_MAX_TABLE = 256
+_MAX_TABLES = 4096
+_MAX_PARTITION = 1 << 20
+_MAX_INT = (1 << 63) - 1
+_STATES = frozenset({"live", "restoring", "error"})
+
+
+class HeartbeatError(SparkiqError, ValueError):
+    """A heartbeat (or a heartbeat's reply) is malformed; ``field`` names the culprit."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(f"invalid heartbeat: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A validated heartbeat."""
+
+    node_id: str
+    url: str
+    started_at: float
+    members: dict[str, str]
+    hosted: HostedState
+
+
+def check_url(value: object, scheme: str, field: str) -> str:
+    """``value`` as a member URL of ``scheme`` (see the module docstring), or raise."""
+    if not isinstance(value, str) or not 0 < len(value) <= _MAX_URL:
+        raise HeartbeatError(f"{field} must be a URL of at most {_MAX_URL} characters", field)
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port
+    except ValueError:
+        raise HeartbeatError(f"{field} is not a URL: {value[:100]!r}", field) from None
+    if parts.scheme != scheme:
+        raise HeartbeatError(
+            f"{field} must be a {scheme}:// URL like this node's own, got {value[:100]!r}", field
+        )
+    if scheme == "local":  # the in-process transport: local://<node id>
+        ok = bool(parts.netloc) and not (parts.path or parts.query or parts.fragment)
+    else:
+        ok = (
+            bool(parts.hostname)
+            and (port is None or port > 0)
+            and parts.username is None
+            and parts.path in ("", "/")
+            and not parts.query
+            and not parts.fragment
+            and not any(c.isspace() for c in value)
+        )
+    if not ok:
+        raise HeartbeatError(f"{field} must be {scheme}://host[:port], got {value[:100]!r}", field)
+    return value.rstrip("/")
+
+
+def _node_id(value: object, field: str) -> str:
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= _MAX_ID
+        or not value.isprintable()
+        or value != value.strip()
+    ):
+        raise HeartbeatError(
+            f"{field} must be a node id of 1 to {_MAX_ID} printable characters", field
+        )
+    return value
+
+
+def _int(value: object, low: int, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _MAX_INT:
+        raise HeartbeatError(f"{field} must be an integer >= {low}", field)
+    return value
+
+
+def _hosted(value: object) -> HostedState:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or len(value) > _MAX_TABLES:
+        raise HeartbeatError(f"hosted must be a map of at most {_MAX_TABLES} tables", "hosted")
+    out: HostedState = {}
+    for table, parts in value.items():
+        if not isinstance(table, str) or not 0 < len(table) <= _MAX_TABLE:
+            raise HeartbeatError("hosted: table names must be non-empty strings", "hosted")
+        if not isinstance(parts, Mapping) or len(parts) > _MAX_PARTITION:
+            raise HeartbeatError(f"hosted[{table!r}] must be a map of partitions", "hosted")
+        states: dict[int, tuple[int, str, int]] = {}
+        for key, state in parts.items():
+            where = f"hosted[{table!r}][{key!r}]"
+            if not isinstance(key, str) or not key.isdigit() or len(key) > 7:
+                raise HeartbeatError(f"{where}: partitions are decimal strings", "hosted")
+            partition = int(key)
+            if partition >= _MAX_PARTITION:
+                raise HeartbeatError(f"{where}: partition out of range", "hosted")
+            if not isinstance(state, list | tuple) or len(state) != 3:
+                raise HeartbeatError(f"{where} must be [batch_id, state, lag_batches]", "hosted")
+            batch, name, lag = state
+            if name not in _STATES:
+                raise HeartbeatError(f"{where}: state must be one of {sorted(_STATES)}", "hosted")
+            states[partition] = (_int(batch, -1, "hosted"), name, _int(lag, 0, "hosted"))
+        out[table] = states
+    return out
+
+
+def parse_heartbeat(doc: object, scheme: str) -> Heartbeat:
+    """Validate a heartbeat document received by a node whose URL has ``scheme``."""
+    if not isinstance(doc, Mapping):
+        raise HeartbeatError("a heartbeat is a map", "body")
+    node_id = _node_id(doc.get("node_id"), "node_id")
+    url = check_url(doc.get("url"), scheme, "url")
+    started_at = doc.get("started_at", 0.0)
+    if (
+        isinstance(started_at, bool)
+        or not isinstance(started_at, int | float)
+        or not math.isfinite(started_at)
+        or started_at < 0
+    ):
+        raise HeartbeatError("started_at must be a finite number of seconds >= 0", "started_at")
+    members_doc = doc.get("members") or {}
+    if not isinstance(members_doc, Mapping) or len(members_doc) > MAX_MEMBERS:
+        raise HeartbeatError(
+            f"members must be a map of at most {MAX_MEMBERS} node ids to URLs", "members"
+        )
+    members = {
+        _node_id(other, "members"): check_url(other_url, scheme, "members")
+        for other, other_url in members_doc.items()
+    }
+    return Heartbeat(node_id, url, float(started_at), members, _hosted(doc.get("hosted")))

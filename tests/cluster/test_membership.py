@@ -1,0 +1,198 @@
+"""Membership as input and as judgement: heartbeats are validated field by field (in the
+class and over HTTP), failure detection tolerates jitter but not silence, and a node's own
+stall is not taken for the others' silence."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sparkiq import Node
+from sparkiq.cluster.detector import ArrivalWindow, Detector
+from sparkiq.cluster.heartbeat import HeartbeatError, parse_heartbeat
+from sparkiq.cluster.membership import Membership
+from sparkiq.wire.values import pack
+from tests.changelog.helpers import make_table
+
+TOKEN = "s3cret"
+
+
+def beat(node_id: str = "n1", url: str = "http://127.0.0.1:9001", **changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "node_id": node_id,
+        "url": url,
+        "started_at": 1700000000.5,
+        "members": {},
+        "hosted": {"t": {"0": [4, "live", 0], "3": [2, "restoring", 2]}},
+    }
+    return doc | changes
+
+
+BAD = [
+    ({"members": {"ghost": 5}}, "members"),
+    ({"members": {"ghost": "https://10.0.0.9:443"}}, "members"),
+    ({"members": {"": "http://127.0.0.1:9"}}, "members"),
+    ({"members": ["n2"]}, "members"),
+    ({"started_at": "abc"}, "started_at"),
+    ({"started_at": float("nan")}, "started_at"),
+    ({"started_at": True}, "started_at"),
+    ({"node_id": 7}, "node_id"),
+    ({"node_id": "x" * 129}, "node_id"),
+    ({"node_id": " n1"}, "node_id"),
+    ({"url": "https://127.0.0.1:9001"}, "url"),
+    ({"url": "http://user:pw@127.0.0.1:9001"}, "url"),
+    ({"url": "http://127.0.0.1:9001/steal?x=1"}, "url"),
+    ({"url": "http://"}, "url"),
+    ({"url": "http://127.0.0.1:99999"}, "url"),
+    ({"url": None}, "url"),
+    ({"hosted": {"t": {"0": [4, "bogus", 0]}}}, "hosted"),
+    ({"hosted": {"t": {"x": [4, "live", 0]}}}, "hosted"),
+    ({"hosted": {"t": {"0": [True, "live", 0]}}}, "hosted"),
+    ({"hosted": {"t": {"0": [4, "live", -1]}}}, "hosted"),
+    ({"hosted": {"t": {"0": [4, "live"]}}}, "hosted"),
+    ({"hosted": {"t": [1, 2]}}, "hosted"),
+    ({"hosted": "t"}, "hosted"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD, ids=[repr(c) for c, _ in BAD])
+def test_every_malformed_field_is_refused_by_name(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(HeartbeatError) as caught:
+        parse_heartbeat(beat(**change), "http")
+    assert caught.value.field == field
+
+
+def test_a_valid_heartbeat_parses_to_typed_values() -> None:
+    parsed = parse_heartbeat(beat(members={"n2": "http://127.0.0.1:9002/"}), "http")
+    assert parsed.node_id == "n1" and parsed.url == "http://127.0.0.1:9001"
+    assert parsed.members == {"n2": "http://127.0.0.1:9002"}
+    assert parsed.hosted == {"t": {0: (4, "live", 0), 3: (2, "restoring", 2)}}
+    assert parsed.started_at == 1700000000.5
+    local = parse_heartbeat(beat(url="local://n1"), "local")
+    assert local.url == "local://n1"
+
+
+def test_one_bad_heartbeat_changes_nothing_and_poisons_nothing() -> None:
+    membership = Membership("n0", "http://127.0.0.1:9000", ["127.0.0.1:9001"])
+    membership.heard(beat())
+    before = {k: (m.url, m.started_at) for k, m in membership.members().items()}
+    for change, _ in BAD:
+        with pytest.raises(HeartbeatError):
+            membership.heard(beat(node_id="n2", url="http://127.0.0.1:9002") | change)
+    assert {k: (m.url, m.started_at) for k, m in membership.members().items()} == before
+    assert membership.targets() == ["http://127.0.0.1:9001"]
+    membership.heard(beat(node_id="n2", url="http://127.0.0.1:9002"))  # later rounds still work
+    assert membership.live() == ("n0", "n1", "n2")
+    assert membership.targets() == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+
+
+def test_seeds_of_another_scheme_are_not_called() -> None:
+    membership = Membership(
+        "n0", "http://127.0.0.1:9000", ["http://127.0.0.1:9001", "https://10.0.0.1:443"]
+    )
+    assert membership.targets() == ["http://127.0.0.1:9001"]
+
+
+def test_second_hand_members_are_forgotten_unless_heard() -> None:
+    membership = Membership("n0", "http://127.0.0.1:9000", [], forget_after=0.0)
+    membership.heard(beat(members={"ghost": "http://127.0.0.1:1"}))
+    assert "ghost" in membership.members()
+    assert "ghost" not in membership.heartbeat_doc({})["members"]  # never heard: not gossiped
+    membership.check()
+    assert set(membership.members()) == {"n1"}
+    assert "n1" in membership.heartbeat_doc({})["members"]
+
+
+def arrivals(gaps: list[float]) -> ArrivalWindow:
+    window, now = ArrivalWindow(), 0.0
+    window.arrived(now, 10.0)
+    for gap in gaps:
+        now += gap
+        window.arrived(now, 10.0)
+    return window
+
+
+def test_a_regular_member_is_judged_by_the_fixed_floor() -> None:
+    detector = Detector(interval=0.1, floor=1.0)
+    window = arrivals([0.1] * 50)
+    assert not detector.gone(window, 0.99)
+    assert detector.gone(window, 1.0)
+    assert detector.deadline(window) == 1.0
+
+
+def test_a_jittery_member_gets_more_time_but_not_forever() -> None:
+    detector = Detector(interval=0.1, floor=1.0)
+    jittery = arrivals([0.1, 0.9, 0.1, 0.8, 0.1, 1.0, 0.2, 0.7] * 6)
+    assert not detector.gone(jittery, 1.5)  # a late heartbeat is not a dead node
+    deadline = detector.deadline(jittery)
+    assert 1.5 < deadline <= detector.ceiling == 5.0
+    assert detector.gone(jittery, deadline + 0.01)
+    assert detector.phi(jittery, 0.2) < detector.phi(jittery, 2.0) < detector.phi(jittery, 4.0)
+
+
+def test_outages_are_not_sampled_as_jitter() -> None:
+    window = ArrivalWindow()
+    for t in (0.0, 0.1, 0.2, 10.2, 10.3):
+        window.arrived(t, 1.0)
+    assert [round(s, 6) for s in window.samples] == [0.1, 0.1, 0.1]
+
+
+def test_this_nodes_own_stall_is_not_the_others_silence() -> None:
+    membership = Membership(
+        "n0", "http://127.0.0.1:9000", [], heartbeat_interval=0.1, failure_timeout=1.0
+    )
+    membership.heard(beat())
+    membership.tick()
+    member = membership.members()["n1"]
+    member.last_heard -= 5.0  # type: ignore[operator]  # silent for 5 s ...
+    membership.tick(time.monotonic() - 5.0)  # ... while this node's own loop did not run
+    assert membership.live() == ("n0", "n1")
+    membership.tick()  # the loop runs again (after its round): now the silence counts
+    assert membership.live() == ("n0",)
+
+
+@pytest.fixture
+def http_node(tmp_path: Path) -> Iterator[Node]:
+    make_table(str(tmp_path), partitions=2)
+    node = Node(
+        str(tmp_path),
+        node_id="n0",
+        listen="127.0.0.1:0",
+        peers=[],
+        token=TOKEN,
+        heartbeat_interval=0.1,
+        failure_timeout=1.0,
+    ).start()
+    yield node
+    node.stop()
+
+
+def post(node: Node, body: bytes, token: str | None = TOKEN) -> httpx.Response:
+    headers = {"content-type": "application/x-sparkiq-v1"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return httpx.post(f"{node.url}/internal/heartbeat", content=body, headers=headers)
+
+
+def test_the_heartbeat_route_answers_400_and_keeps_membership(http_node: Node) -> None:
+    assert http_node.coordinator is not None
+    membership = http_node.coordinator.membership
+    for change, field in BAD:
+        response = post(http_node, pack(beat(**change)))
+        assert response.status_code == 400, (change, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "invalid_heartbeat" and error["field"] == field
+        assert membership.members() == {}
+    garbage = post(http_node, b"\xc1\xff not msgpack")
+    assert garbage.status_code == 400 and garbage.json()["error"]["field"] == "body"
+    assert post(http_node, pack(beat()), token=None).status_code == 401
+    assert membership.members() == {}
+    good = post(http_node, pack(beat()))
+    assert good.status_code == 200
+    assert set(membership.members()) == {"n1"}
+    assert membership.targets() == ["http://127.0.0.1:9001"]
