@@ -72,7 +72,8 @@ class Node:
     the REST API and the node protocol over HTTP; with ``peers`` (seed addresses) or a
     ``transport`` it joins a cluster: partitions are assigned to one active and ``standbys``
     standby nodes by rendezvous hashing over the live members (heartbeats every
-    ``heartbeat_interval`` s; a member silent for ``failure_timeout`` s is gone), the node
+    ``heartbeat_interval`` s; a member is gone when phi-accrual suspicion of its silence is high
+    and it has been silent at least ``failure_timeout`` s), the node
     hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
     partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
     authentication for HTTP callers and between nodes. ``advertise`` is the URL other nodes
