@@ -84,6 +84,9 @@ _FUNCS: dict[type[exp.Expression], Callable[[Any], Any]] = {
 }
 
 
+_MAX_NUMBER_CHARS = 100  # any SQL number type fits, with sign, point and exponent
+
+
 def _truth(value: Any) -> bool | None:
     return None if value is None else bool(value)
 
@@ -365,6 +368,11 @@ def _constant(node: exp.Expression) -> tuple[Any, str | None]:
         if node.is_string:
             return node.this, "str"
         text = str(node.this)
+        if len(text) > _MAX_NUMBER_CHARS:  # before int(), whose cost grows with the digits
+            raise PushQueryError(
+                f"the number {text[:20]}... has {len(text)} characters; push queries take "
+                f"numbers of at most {_MAX_NUMBER_CHARS}"
+            )
         return (int(text) if text.lstrip("-").isdigit() else float(text)), "num"
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.this.is_string:
         for kind, name in (("date", "date"), ("ts", "timestamp")):
