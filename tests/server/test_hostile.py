@@ -184,3 +184,16 @@ def test_huge_numbers_in_push_queries_are_refused_or_harmless(hostile: Hostile) 
     sql = f"SELECT * FROM xk WHERE v = {long_digits} EMIT CHANGES"
     error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
     assert "at most 100" in error["message"]
+
+
+# -- 2. the sandbox ----------------------------------------------------------------------------
+
+
+def test_a_cte_name_outside_its_scope_does_not_read_the_catalog(hostile: Hostile) -> None:
+    sql = (
+        "SELECT name, setting FROM (WITH pg_settings AS (SELECT 1 AS a) SELECT * FROM "
+        "pg_settings) x, pg_settings"
+    )
+    error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+    assert error["code"] == "unknown_table"
+    assert error["field"] == "pg_settings"
