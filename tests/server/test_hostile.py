@@ -197,3 +197,59 @@ def test_a_cte_name_outside_its_scope_does_not_read_the_catalog(hostile: Hostile
     error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
     assert error["code"] == "unknown_table"
     assert error["field"] == "pg_settings"
+
+
+# -- 3. push queries -----------------------------------------------------------------------------
+
+
+def test_push_statements_have_the_pull_length_limit(hostile: Hostile) -> None:
+    sql = f"SELECT * FROM t WHERE k = '{'x' * 150_000}' EMIT CHANGES"
+    error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+    assert error["code"] == "statement_too_long"
+    assert "max_statement_chars=100000" in error["message"]
+
+
+def test_pull_statements_are_measured_before_any_regex(hostile: Hostile) -> None:
+    for sql in ("SELECT 1 " + "/* " * 40_000, " " * 150_000 + "SELECT 1", "SELECT '" * 20_000):
+        error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+        assert error["code"] == "statement_too_long"
+
+
+def test_a_backtracking_like_pattern_costs_nothing(hostile: Hostile) -> None:
+    """A LIKE that a regex engine would backtrack on for hours, evaluated on every row of a
+    snapshot: the first change arrives within a second and lookups never wait."""
+    long_key = " || ".join(["k"] * 40)  # 'w001w001...': 40 'w's to try '%w%w...' against
+    pattern = "%w" * 14 + "%x"
+    sql = f"SELECT k FROM w WHERE k = 'w001' OR {long_key} LIKE '{pattern}' EMIT CHANGES"
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(headers=auth(), timeout=10) as client:
+            while not done.is_set():
+                started = time.monotonic()
+                assert client.get(hostile.url(PROBE_PATH)).status_code == 200
+                latencies.append(time.monotonic() - started)
+                time.sleep(0.01)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with httpx.stream(
+            "POST",
+            hostile.url("/query"),
+            json={"sql": sql, "snapshot": True},
+            headers=auth(),
+            timeout=30,
+        ) as response:
+            assert response.status_code == 200
+            first = orjson.loads(next(response.iter_lines()))
+            elapsed = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join(15)
+    assert first["row"] == {"k": "w001"} and first["snapshot"] is True
+    assert elapsed < BOUND, f"first change after {elapsed:.2f} s"
+    assert latencies and max(latencies) < BOUND
+    assert_healthy(hostile)
