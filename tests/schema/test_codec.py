@@ -347,6 +347,11 @@ def test_user_values_are_converted_like_pyspark() -> None:
         (["decimal(5,2)"], 1000, "got int 1000: it needs more than 5 digits"),
         (["decimal(5,2)"], 1.5, "got float 1.5: pass a decimal.Decimal"),
         (["decimal(5,2)"], Decimal("NaN"), "not finite"),
+        # exponents far out of range are judged from the digits, never computed
+        (["decimal(5,2)"], Decimal("1e30000000"), "decimal(5,2) holds -999.99 to 999.99"),
+        (["decimal(5,2)"], Decimal("-1e99999999999"), "holds -999.99 to 999.99"),
+        (["decimal(5,2)"], Decimal("1e-99999999999"), "more than 2 fractional digits"),
+        (["decimal(5,2)"], 10**1000, "needs more than 5 digits"),
         (["string", "date"], "AA", "the key has 2 columns ['k0', 'k1']; got str 'AA'"),
         (["string", "date"], ("AA",), "pass a tuple of 2 values in that order"),
         (["string", "date"], ("AA", "2024-01-01"), "key column 'k1' is date; got str"),

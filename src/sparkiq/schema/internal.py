@@ -53,6 +53,7 @@ __all__ = [
     "date_to_internal",
     "decimal_from_internal",
     "decimal_unscaled",
+    "MAX_DECIMAL_DIGITS",
     "timestamp_from_internal",
     "timestamp_ntz_from_internal",
     "timestamp_ntz_to_internal",
@@ -121,24 +122,35 @@ def timestamp_ntz_from_internal(micros: int) -> dt.datetime:
     return _EPOCH + dt.timedelta(microseconds=micros)
 
 
-def decimal_unscaled(value: Decimal, scale: int) -> int | None:
+#: Spark's largest decimal precision (``DecimalType.MAX_PRECISION``).
+MAX_DECIMAL_DIGITS = 38
+
+
+def decimal_unscaled(
+    value: Decimal, scale: int, max_digits: int = MAX_DECIMAL_DIGITS
+) -> int | None:
     """``value * 10**scale`` as an exact int, or None if that is not an integer (or NaN/inf).
 
-    Integer arithmetic on the digits: ``Decimal.scaleb`` would round to the context's
-    28 digits, and Spark decimals have up to 38.
+    Raises :class:`OverflowError` when the result would have more than ``max_digits`` digits.
+    Both are decided from the digit count and the exponent *before* any arithmetic: a key
+    like ``1e30000000`` arrives from the network, and ``10**30000000`` would hold the GIL
+    for a minute. Integer arithmetic on the digits: ``Decimal.scaleb`` would round to the
+    context's 28 digits, and Spark decimals have up to 38.
     """
     sign, digits, exponent = value.as_tuple()
     if not isinstance(exponent, int):
         return None
-    coefficient = int("".join(map(str, digits))) if digits else 0
-    shift = exponent + scale
-    unscaled: int
-    if shift >= 0:
-        unscaled = coefficient * 10**shift
-    else:
-        unscaled, remainder = divmod(coefficient, 10**-shift)
-        if remainder:
-            return None
+    significant = len(digits)
+    while significant and digits[significant - 1] == 0:
+        significant -= 1  # trailing zeros move into the exponent
+    if not significant:
+        return 0  # zero, whatever its exponent
+    shift = exponent + len(digits) - significant + scale
+    if shift < 0:
+        return None  # the last significant digit is not zero, so this is no integer
+    if significant + shift > max_digits:
+        raise OverflowError(f"more than {max_digits} digits")
+    unscaled: int = int("".join(map(str, digits[:significant]))) * 10**shift
     return -unscaled if sign else unscaled
 
 
@@ -280,6 +292,11 @@ def binary_checker(dtype: TypeParams, reject: Reject) -> Callable[[Any], Any]:
 def decimal_checker(dtype: TypeParams, reject: Reject) -> Callable[[Any], Any]:
     precision, scale = dtype.precision, dtype.scale
     limit = 10**precision
+    largest = decimal_from_internal(limit - 1, scale)
+    advice = (
+        f"it needs more than {precision} digits ({precision - scale} before the point): "
+        f"decimal({precision},{scale}) holds -{largest} to {largest}; pass a smaller value"
+    )
 
     def check_decimal(value: Any) -> Any:
         if value is None:
@@ -287,7 +304,14 @@ def decimal_checker(dtype: TypeParams, reject: Reject) -> Callable[[Any], Any]:
         number = _as_int(value)
         if number is None and not isinstance(value, Decimal):
             reject(value, "pass a decimal.Decimal (e.g. Decimal('1.25')) or an int")
-        unscaled = decimal_unscaled(value if number is None else Decimal(number), scale)
+        if number is not None and number.bit_length() > 4 * precision:
+            reject(value, advice)  # far out of range: no Decimal of a huge int
+        try:
+            unscaled = decimal_unscaled(
+                value if number is None else Decimal(number), scale, precision
+            )
+        except OverflowError:
+            reject(value, advice)
         if unscaled is None:
             reject(
                 value,
@@ -295,11 +319,7 @@ def decimal_checker(dtype: TypeParams, reject: Reject) -> Callable[[Any], Any]:
                 "pass a Decimal rounded to the column's scale",
             )
         if abs(unscaled) >= limit:
-            reject(
-                value,
-                f"it needs more than {precision} digits ({precision - scale} before the "
-                "point); pass a smaller value",
-            )
+            reject(value, advice)
         return unscaled
 
     return check_decimal

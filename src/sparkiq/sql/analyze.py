@@ -22,7 +22,16 @@ from sparkiq.sql.errors import SqlUnknownNameError, closest, snippet_at
 from sparkiq.sql.parse import Parsed
 from sparkiq.sql.source import QuerySource
 
-__all__ = ["Analysis", "TableRef", "Term", "analyze", "conjuncts", "literal_like", "resolve"]
+__all__ = [
+    "Analysis",
+    "TableRef",
+    "Term",
+    "analyze",
+    "conjuncts",
+    "literal_like",
+    "resolve",
+    "stored_tables",
+]
 
 _COMPARE: dict[type[exp.Expr], str] = {
     exp.EQ: "=",
@@ -115,17 +124,63 @@ def _is_simple(tree: exp.Query) -> bool:
     return True
 
 
+def stored_tables(tree: exp.Expr) -> list[exp.Table]:
+    """The table references of ``tree`` that DuckDB resolves in its catalog, in
+    ``find_all`` order: every ``Table`` except those naming a CTE visible where they stand.
+
+    This is the sandbox's name resolution: each of these must be a materialized table, so
+    it has to agree with DuckDB exactly where that matters. A CTE is visible in the body of
+    its query (subqueries included) and in the CTEs after it in the same ``WITH``, never
+    outside its query, nor in itself, nor in earlier CTEs; a ``WITH RECURSIVE`` CTE whose
+    body is a ``UNION [ALL]`` also sees itself in the recursive term, the union's last
+    operand (its anchor, an ``EXCEPT`` or an ``INTERSECT`` read the catalog: measured on
+    DuckDB). The nearest ``WITH`` is asked first, so inner CTEs shadow outer ones. Doubt
+    errs towards "a table": an unknown table is refused, never read from the catalog.
+    """
+    return [t for t in tree.find_all(exp.Table) if not _names_visible_cte(t)]
+
+
+def _names_visible_cte(table: exp.Table) -> bool:
+    name = table.name.lower()
+    path: set[int] = set()  # ids of the nodes from ``table`` up to the current one
+    child: exp.Expr = table
+    node = table.parent
+    while node is not None:
+        path.add(id(child))
+        if isinstance(node, exp.With):
+            ctes = node.expressions
+            index = next(i for i, c in enumerate(ctes) if c is child)
+            if any(c.alias_or_name.lower() == name for c in ctes[:index]):
+                return True
+            own = ctes[index]
+            body = own.this
+            if (
+                node.args.get("recursive")
+                and own.alias_or_name.lower() == name
+                and type(body) is exp.Union
+                and id(body.expression) in path
+            ):
+                return True
+        elif not isinstance(node, exp.CTE):
+            clause = node.args.get("with_") or node.args.get("with")
+            if (
+                isinstance(clause, exp.With)
+                and child is not clause
+                and any(c.alias_or_name.lower() == name for c in clause.expressions)
+            ):
+                return True
+        child, node = node, node.parent
+    return False
+
+
 def analyze(parsed: Parsed, source: QuerySource, tables: Iterable[str]) -> Analysis:
     """Resolve tables and columns of ``parsed`` against ``source`` (see module doc)."""
     tree = parsed.tree
     known = list(tables)
     lowered = {t.lower(): t for t in known}
-    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     refs: list[TableRef] = []
-    for node in tree.find_all(exp.Table):
+    for node in stored_tables(tree):
         name = node.name
-        if name.lower() in ctes:
-            continue
         actual = lowered.get(name.lower())
         if actual is None:
             ident = node.this

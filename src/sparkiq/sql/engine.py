@@ -88,6 +88,7 @@ class SqlEngine:
         plan = self._by_text.get(text)
         if plan is not None:
             return plan, (), False
+        self.limits.check_statement(text)  # before the shape regex reads it
         shaped = shape_of(text)
         if shaped is not None:
             template = self._by_shape.get(shaped[0])
@@ -99,12 +100,6 @@ class SqlEngine:
         return plan, (), False
 
     def _full_plan(self, text: str) -> Plan:
-        if len(text) > self.limits.max_statement_chars:
-            raise SqlLimitError(
-                f"the statement has {len(text)} characters, more than "
-                f"SqlLimits.max_statement_chars={self.limits.max_statement_chars}",
-                code="statement_too_long",
-            )
         parsed = parse(text)
         analysis = analyze(parsed, self.source, self.source.tables)
         plan = build_plan(analysis)

@@ -38,6 +38,11 @@ from sparkiq.sql.arrow import WINDOWEND, WINDOWSTART
 __all__ = ["KeyAccess", "NoValue", "bind_access", "literal_value"]
 
 
+#: Largest decimal exponent of a literal that may become a key value: no key type holds
+#: more than 38 digits. Checked before any arithmetic, so ``1e99999999999`` costs nothing.
+_MAX_EXPONENT = 80
+
+
 class NoValue(Exception):
     """A literal cannot be used as a key value (the predicate stays a filter only)."""
 
@@ -76,7 +81,9 @@ def literal_value(node: exp.Expr, params: Sequence[Any]) -> Any:
         return bool(node.this)
     if isinstance(node, exp.Neg):
         value = literal_value(node.this, params)
-        if isinstance(value, int | Decimal) and not isinstance(value, bool):
+        if isinstance(value, Decimal):
+            return value.copy_negate()  # exact: no context, so no overflow
+        if isinstance(value, int) and not isinstance(value, bool):
             return -value
         raise NoValue
     if isinstance(node, exp.Cast):
@@ -99,7 +106,10 @@ def literal_value(node: exp.Expr, params: Sequence[Any]) -> Any:
         try:
             return int(text)
         except ValueError:
-            return Decimal(text)
+            number = Decimal(text)
+        if not number.is_finite() or abs(number.adjusted()) > _MAX_EXPONENT:
+            raise NoValue  # no key column holds it; DuckDB's filter decides alone
+        return number
     raise NoValue
 
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, fields
 
 from sparkiq.errors import ConfigError
+from sparkiq.sql.errors import SqlLimitError
 
 __all__ = ["SqlLimits"]
 
@@ -19,7 +20,8 @@ __all__ = ["SqlLimits"]
 class SqlLimits:
     """Limits of one :class:`~sparkiq.sql.SqlEngine`.
 
-    - ``max_statement_chars``: longest statement text accepted.
+    - ``max_statement_chars``: longest statement text accepted, pull or push
+      (:meth:`check_statement`).
     - ``max_result_rows``: most rows one answer (or one page) may hold; larger results must
       use ``LIMIT`` or paging.
     - ``timeout_seconds``: wall-clock budget of one statement; DuckDB work is interrupted
@@ -61,6 +63,16 @@ class SqlLimits:
             raise ConfigError(
                 f"SqlLimits.default_page_size ({self.default_page_size}) exceeds max_page_size "
                 f"({self.max_page_size})"
+            )
+
+    def check_statement(self, text: str) -> None:
+        """Refuse a statement longer than ``max_statement_chars`` (pull and push queries
+        alike), before anything else reads it: a regex, the shape cache or the parser."""
+        if len(text) > self.max_statement_chars:
+            raise SqlLimitError(
+                f"the statement has {len(text)} characters, more than "
+                f"SqlLimits.max_statement_chars={self.max_statement_chars}",
+                code="statement_too_long",
             )
 
     @staticmethod

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from sqlglot import exp
 
 from sparkiq.sql.aggregate import decompose
-from sparkiq.sql.analyze import Analysis, TableRef, Term, conjuncts, resolve
+from sparkiq.sql.analyze import Analysis, TableRef, Term, conjuncts, resolve, stored_tables
 from sparkiq.sql.arrow import KEY_COLUMN
 from sparkiq.sql.fragment import PART
 from sparkiq.sql.keys import KeyAccess
@@ -102,8 +102,7 @@ def _relation(alias: str, relation: str) -> exp.Table:
 def _replace_tables(tree: exp.Query, analysis: Analysis) -> exp.Query:
     """A copy of the query reading relation ``__sq_rN`` for the N-th table reference."""
     copy = tree.copy()
-    ctes = {c.alias_or_name.lower() for c in copy.find_all(exp.CTE)}
-    tables = [t for t in copy.find_all(exp.Table) if t.name.lower() not in ctes]
+    tables = stored_tables(copy)
     for index, (node, ref) in enumerate(zip(tables, analysis.tables, strict=True)):
         node.replace(_relation(ref.alias, relation_name(index)))
     return copy

@@ -19,7 +19,6 @@ Subscriptions and the hub that runs plans are in :mod:`sparkiq.sql.subscription`
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +29,10 @@ from sqlglot import exp
 from sparkiq.errors import InvalidQueryError
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
+from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.statement import emit_changes_at
 
-__all__ = ["SUPPORTED", "PushPlan", "PushQueryError", "plan_push_query"]
+__all__ = ["SUPPORTED", "PushPlan", "PushQueryError", "like_matcher", "plan_push_query"]
 
 Row = dict[str, Any]
 Fn = Callable[[Row], Any]
@@ -84,6 +84,9 @@ _FUNCS: dict[type[exp.Expression], Callable[[Any], Any]] = {
 }
 
 
+_MAX_NUMBER_CHARS = 100  # any SQL number type fits, with sign, point and exponent
+
+
 def _truth(value: Any) -> bool | None:
     return None if value is None else bool(value)
 
@@ -100,13 +103,20 @@ class PushPlan:
     project: Fn
 
 
-def plan_push_query(text: str, resolve: Callable[[str], tuple[str, TableSchema]]) -> PushPlan:
+def plan_push_query(
+    text: str,
+    resolve: Callable[[str], tuple[str, TableSchema]],
+    limits: SqlLimits | None = None,
+) -> PushPlan:
     """Parse and compile ``text``; raises :class:`PushQueryError` saying what is supported.
 
     ``resolve(name)`` gives a table's exact name and schema (SQL names are case-insensitive).
+    ``limits`` (default: :meth:`SqlLimits.from_env`, as pull queries) bounds the statement's
+    length: a longer one raises :class:`~sparkiq.sql.errors.SqlLimitError` before it is read.
     """
     if not isinstance(text, str):
         raise PushQueryError(f"a push query is a SQL string, got {type(text).__name__}")
+    (SqlLimits.from_env() if limits is None else limits).check_statement(text)
     emit = emit_changes_at(text)
     if emit is None:
         raise PushQueryError(
@@ -310,11 +320,12 @@ class _Compiler:
         pattern = node.expression
         if not (isinstance(pattern, exp.Literal) and pattern.is_string):
             raise PushQueryError(f"LIKE takes a string literal pattern: {node.sql()!r}")
-        parts = [".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern.this]
-        flags = re.DOTALL | (re.IGNORECASE if isinstance(node, exp.ILike) else 0)
-        regex = re.compile("".join(parts), flags)
+        fold = isinstance(node, exp.ILike)
+        matches = like_matcher(pattern.this.lower() if fold else pattern.this)
         left, _ = self.expr(node.this)
-        return _null_safe(left, lambda v: regex.fullmatch(str(v)) is not None)
+        if fold:
+            return _null_safe(left, lambda v: matches(str(v).lower()))
+        return _null_safe(left, lambda v: matches(str(v)))
 
     def _arith(self, node: exp.Expression, op: Callable[[Any, Any], Any]) -> tuple[Fn, str | None]:
         (left, lk), (right, rk) = self.expr(node.this), self.expr(node.expression)
@@ -323,6 +334,78 @@ class _Compiler:
         if {lk, rk} - {"num", None}:
             raise PushQueryError(f"arithmetic needs numbers: {node.sql()!r} ({lk}, {rk})")
         return _null_safe2(left, right, op), "num"
+
+
+def like_matcher(pattern: str) -> Callable[[str], bool]:
+    """A function telling whether a whole string matches the LIKE ``pattern`` (``%`` any
+    run of characters, ``_`` one character, everything else itself), without backtracking.
+
+    A pattern without ``_`` splits at ``%`` into literal pieces: the first must start the
+    string, the last end it, and the middle ones are found leftmost-first in order, which
+    is exact for ``%`` and reads the string once (``str.find`` does not backtrack). With
+    ``_``, the pattern runs as a bit-parallel automaton (one bit per pattern position, all
+    positions advanced together per character): ``O(len(value) * len(pattern) / 64)``.
+    Either way the cost is bounded by the lengths, never exponential as a regex from
+    ``%a%a%a%a%b`` would be.
+    """
+    while "%%" in pattern:
+        pattern = pattern.replace("%%", "%")
+    if "_" in pattern:
+        return _like_automaton(pattern)
+    pieces = pattern.split("%")
+    if len(pieces) == 1:
+        return lambda value: value == pattern
+    first, middle, last = pieces[0], pieces[1:-1], pieces[-1]
+    fixed = len(first) + len(last)
+
+    def matches(value: str) -> bool:
+        if len(value) < fixed or not value.startswith(first) or not value.endswith(last):
+            return False
+        at, end = len(first), len(value) - len(last)
+        for piece in middle:
+            found = value.find(piece, at, end)
+            if found < 0:
+                return False
+            at = found + len(piece)
+        return True
+
+    return matches
+
+
+def _like_automaton(pattern: str) -> Callable[[str], bool]:
+    """Shift-And over the pattern's positions: bit ``i`` set means the first ``i`` tokens
+    match the text read so far. A ``%`` token (never two in a row) may match nothing, so
+    a state before it also enters the state after it; after a ``%`` the state stays put on
+    any character."""
+    size = len(pattern)
+    any_char = 0  # bit i + 1 for each '_' token i
+    percent = 0  # bit i + 1 for each '%' token i
+    by_char: dict[str, int] = {}
+    for i, token in enumerate(pattern):
+        bit = 1 << (i + 1)
+        if token == "_":
+            any_char |= bit
+        elif token == "%":
+            percent |= bit
+        else:
+            by_char[token] = by_char.get(token, 0) | bit
+    masks = {c: m | any_char for c, m in by_char.items()}
+    accept = 1 << size
+
+    def closure(states: int) -> int:
+        return states | ((states << 1) & percent)
+
+    start = closure(1)
+
+    def matches(value: str) -> bool:
+        states = start
+        for char in value:
+            states = closure(((states << 1) & masks.get(char, any_char)) | (states & percent))
+            if not states:
+                return False
+        return bool(states & accept)
+
+    return matches
 
 
 def _getter(name: str) -> Fn:
@@ -365,6 +448,11 @@ def _constant(node: exp.Expression) -> tuple[Any, str | None]:
         if node.is_string:
             return node.this, "str"
         text = str(node.this)
+        if len(text) > _MAX_NUMBER_CHARS:  # before int(), whose cost grows with the digits
+            raise PushQueryError(
+                f"the number {text[:20]}... has {len(text)} characters; push queries take "
+                f"numbers of at most {_MAX_NUMBER_CHARS}"
+            )
         return (int(text) if text.lstrip("-").isdigit() else float(text)), "num"
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.this.is_string:
         for kind, name in (("date", "date"), ("ts", "timestamp")):

@@ -73,9 +73,26 @@ def dumps(value: Any) -> bytes:
 # -- keys --------------------------------------------------------------------------------------
 
 
+#: Longest number text a key accepts: DECIMAL(38) with sign, point and exponent fits, and
+#: nothing longer reaches ``int()`` or ``Decimal()`` (whose cost grows with the digits).
+MAX_NUMBER_CHARS = 100
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut short: error messages never echo megabytes back."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _scalar(dtype: DataType, value: Any, field: str) -> Any:
     kind = KINDS.get(dtype.name)
     python = None if kind is None else kind.python
+    if python in (int, float, Decimal) and isinstance(value, str) and len(value) > MAX_NUMBER_CHARS:
+        raise field_error(
+            field,
+            f"{_shown(value)} has {len(value)} characters; a {dtype.simple_string()} key "
+            f"is at most {MAX_NUMBER_CHARS}",
+        )
     try:
         if value is None:
             return None
@@ -115,12 +132,12 @@ def _scalar(dtype: DataType, value: Any, field: str) -> Any:
             return base64.b64decode(value, validate=True)
     except (ValueError, InvalidOperation, binascii.Error) as exc:
         raise field_error(
-            field, f"{value!r} is not a valid {dtype.simple_string()}: {exc}"
+            field, f"{_shown(value)} is not a valid {dtype.simple_string()}: {exc}"
         ) from None
     raise field_error(
         field,
         f"expected a {dtype.simple_string()} value"
-        f"{_HINTS.get(python, '')}, got {type(value).__name__} {value!r}",
+        f"{_HINTS.get(python, '')}, got {type(value).__name__} {_shown(value)}",
     )
 
 
@@ -170,7 +187,7 @@ def _time(value: Any, field: str) -> dt.datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise field_error(field, f"expected an ISO timestamp string, got {value!r}")
+        raise field_error(field, f"expected an ISO timestamp string, got {_shown(value)}")
     try:
         return dt.datetime.fromisoformat(value)
     except ValueError as exc:
@@ -182,7 +199,7 @@ def _query_from_json(schema: TableSchema, doc: Any) -> Query:
         raise field_error("query", 'expected an object such as {"type": "key", "key": ...}')
     kind = doc.get("type")
     if kind not in _QUERY_TYPES:
-        raise field_error("query.type", f"expected one of {list(_QUERY_TYPES)}, got {kind!r}")
+        raise field_error("query.type", f"expected one of {list(_QUERY_TYPES)}, got {_shown(kind)}")
     if kind == "key":
         if "key" not in doc:
             raise field_error("query.key", "a key query needs a key")
@@ -205,7 +222,9 @@ def _query_from_json(schema: TableSchema, doc: Any) -> Query:
             return query.with_result_order(ResultOrder(order))
         except ValueError:
             orders = [o.value for o in ResultOrder]
-            raise field_error("query.order", f"expected one of {orders}, got {order!r}") from None
+            raise field_error(
+                "query.order", f"expected one of {orders}, got {_shown(order)}"
+            ) from None
     time_from = _time(doc.get("from"), "query.from")
     time_to = _time(doc.get("to"), "query.to")
     if kind == "window_key":
@@ -254,7 +273,7 @@ def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQuer
 
 def position_from_token(token: Any, field: str = "bound") -> Position:
     if not isinstance(token, str):
-        raise field_error(field, f"expected a position token string, got {token!r}")
+        raise field_error(field, f"expected a position token string, got {_shown(token)}")
     try:
         return Position.from_token(token)
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,255 @@
+"""Hostile input against a real node over HTTP on 127.0.0.1.
+
+Every case sends one malicious request and asserts three things: the node refuses it (4xx)
+within a second, a key lookup issued meanwhile on another connection still answers within a
+second (nothing held the event loop or the GIL), and the node answers correctly afterwards.
+Every error body is also checked for leaks: no filesystem path, no Python class name.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from sparkiq import Node
+from tests.cluster.cluster_helpers import start_http_cluster
+from tests.sql.tables import build_world
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "hostile-token"
+BOUND = 1.0  # seconds: a refusal, and any concurrent lookup, must come back within this
+PROBE_PATH = "/stores/ik/keys/1"  # ik holds keys -50, -47, ...: key 1 is the 18th row
+PROBE_ROW = {"key": 1, "v": 17}
+LEAKS = ("/tmp", "sqlglot", "Traceback", "pytest-of")
+
+
+@dataclass
+class Hostile:
+    node: Node
+    state_dir: str
+
+    def url(self, path: str) -> str:
+        return f"{self.node.url}{path}"
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    state_dir = str(tmp_path_factory.mktemp("hostile"))
+    build_world(state_dir)
+    (node,) = start_http_cluster(state_dir, 1, token=TOKEN)
+    yield Hostile(node, state_dir)
+    node.stop()
+
+
+def auth() -> dict[str, str]:
+    return {"authorization": f"Bearer {TOKEN}"}
+
+
+def assert_no_leak(h: Hostile, response: httpx.Response) -> None:
+    text = response.text
+    for leak in (*LEAKS, h.state_dir):
+        assert leak not in text, (leak, text[:500])
+
+
+def assert_healthy(h: Hostile) -> None:
+    """The node still answers a lookup correctly."""
+    response = httpx.get(h.url(PROBE_PATH), headers=auth(), timeout=10)
+    assert response.status_code == 200
+    assert response.json()["row"] == PROBE_ROW
+
+
+def refused(
+    h: Hostile,
+    method: str,
+    path: str,
+    *,
+    json: Any = None,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    status: int | tuple[int, ...] = 400,
+) -> httpx.Response:
+    """Send one hostile request while another connection keeps looking a key up; assert a
+    quick 4xx, quick concurrent lookups and a healthy node afterwards."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(headers=auth(), timeout=10) as client:
+            while not done.is_set():
+                started = time.monotonic()
+                response = client.get(h.url(PROBE_PATH))
+                latencies.append(time.monotonic() - started)
+                if response.status_code != 200 or response.json()["row"] != PROBE_ROW:
+                    failures.append(response.text)
+                time.sleep(0.01)
+
+    assert_healthy(h)  # warm: the probe measures the hostile request, not a cold start
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    time.sleep(0.05)
+    body = orjson.dumps(json) if json is not None else content
+    started = time.monotonic()
+    try:
+        response = httpx.request(
+            method, h.url(path), content=body, headers=auth() | (headers or {}), timeout=30
+        )
+        elapsed = time.monotonic() - started
+        time.sleep(0.05)
+    finally:
+        done.set()
+        thread.join(15)
+    statuses = status if isinstance(status, tuple) else (status,)
+    assert response.status_code in statuses, response.text[:500]
+    assert elapsed < BOUND, f"{path}: answered after {elapsed:.2f} s"
+    assert not failures, failures[:3]
+    assert latencies, "no concurrent lookup completed"
+    assert max(latencies) < BOUND, f"a concurrent lookup took {max(latencies):.2f} s"
+    assert_no_leak(h, response)
+    assert_healthy(h)
+    return response
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    error = response.json()["error"]
+    assert isinstance(error, dict)
+    return error
+
+
+# -- 1. numbers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key", ["1e30000000", "-1e30000000", "1e99999999999", "0e99999999999", "1e-99999999999"]
+)
+def test_huge_decimal_key_exponents_are_refused_quickly(hostile: Hostile, key: str) -> None:
+    if key == "0e99999999999":  # zero, whatever the exponent: a valid key with no row
+        response = httpx.get(hostile.url(f"/stores/xk/keys/{key}"), headers=auth(), timeout=5)
+        assert response.status_code == 404
+        return
+    error = error_of(refused(hostile, "GET", f"/stores/xk/keys/{key}"))
+    assert error["code"] == "invalid_query"
+    assert "'key'" in error["message"]
+    if "-" not in key.lstrip("-"):  # too large, not too precise
+        assert "-999999999.999 to 999999999.999" in error["message"]
+    else:
+        assert "fractional digits" in error["message"]
+
+
+def test_huge_decimal_key_in_a_json_request_is_refused_quickly(hostile: Hostile) -> None:
+    body = {"query": {"type": "key", "key": "1e30000000"}}
+    error = error_of(refused(hostile, "POST", "/stores/xk/query", json=body))
+    assert error["field"] == "query.key" or "'key'" in error["message"]
+
+
+def test_overlong_number_keys_are_refused_quickly(hostile: Hostile) -> None:
+    for table in ("xk", "ik", "lk"):
+        error = error_of(refused(hostile, "GET", f"/stores/{table}/keys/{'9' * 50_000}"))
+        assert "at most 100" in error["message"]
+        assert len(error["message"]) < 300  # the key is not echoed back whole
+
+
+def test_huge_decimal_literal_in_sql_answers_quickly_and_correctly(hostile: Hostile) -> None:
+    for sql in (
+        "SELECT * FROM xk WHERE key = 1e99999999999",
+        "SELECT * FROM xk WHERE key IN (1e99999999999, -1e30000000)",
+        "SELECT * FROM xk WHERE key > 1e99999999999",
+        "SELECT * FROM xk WHERE key = 0e99999999999",
+        "SELECT * FROM xk WHERE key = 1e-99999999999",
+        "SELECT * FROM xk WHERE key = -1e99999999999",
+        "SELECT * FROM xk WHERE key BETWEEN -1e99999999999 AND -1e30000000",
+    ):
+        for _ in range(2):  # the second run binds the cached plan's template
+            started = time.monotonic()
+            response = httpx.post(
+                hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30
+            )
+            assert time.monotonic() - started < BOUND, sql
+            assert_no_leak(hostile, response)
+            assert response.status_code == 200, response.text
+            assert response.json()["rows"] == [], sql  # no decimal(12,3) is that far out
+    assert_healthy(hostile)
+
+
+def test_huge_numbers_in_push_queries_are_refused_or_harmless(hostile: Hostile) -> None:
+    long_digits = "9" * 5000
+    sql = f"SELECT * FROM xk WHERE v = {long_digits} EMIT CHANGES"
+    error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+    assert "at most 100" in error["message"]
+
+
+# -- 2. the sandbox ----------------------------------------------------------------------------
+
+
+def test_a_cte_name_outside_its_scope_does_not_read_the_catalog(hostile: Hostile) -> None:
+    sql = (
+        "SELECT name, setting FROM (WITH pg_settings AS (SELECT 1 AS a) SELECT * FROM "
+        "pg_settings) x, pg_settings"
+    )
+    error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+    assert error["code"] == "unknown_table"
+    assert error["field"] == "pg_settings"
+
+
+# -- 3. push queries -----------------------------------------------------------------------------
+
+
+def test_push_statements_have_the_pull_length_limit(hostile: Hostile) -> None:
+    sql = f"SELECT * FROM t WHERE k = '{'x' * 150_000}' EMIT CHANGES"
+    error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+    assert error["code"] == "statement_too_long"
+    assert "max_statement_chars=100000" in error["message"]
+
+
+def test_pull_statements_are_measured_before_any_regex(hostile: Hostile) -> None:
+    for sql in ("SELECT 1 " + "/* " * 40_000, " " * 150_000 + "SELECT 1", "SELECT '" * 20_000):
+        error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+        assert error["code"] == "statement_too_long"
+
+
+def test_a_backtracking_like_pattern_costs_nothing(hostile: Hostile) -> None:
+    """A LIKE that a regex engine would backtrack on for hours, evaluated on every row of a
+    snapshot: the first change arrives within a second and lookups never wait."""
+    long_key = " || ".join(["k"] * 40)  # 'w001w001...': 40 'w's to try '%w%w...' against
+    pattern = "%w" * 14 + "%x"
+    sql = f"SELECT k FROM w WHERE k = 'w001' OR {long_key} LIKE '{pattern}' EMIT CHANGES"
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(headers=auth(), timeout=10) as client:
+            while not done.is_set():
+                started = time.monotonic()
+                assert client.get(hostile.url(PROBE_PATH)).status_code == 200
+                latencies.append(time.monotonic() - started)
+                time.sleep(0.01)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with httpx.stream(
+            "POST",
+            hostile.url("/query"),
+            json={"sql": sql, "snapshot": True},
+            headers=auth(),
+            timeout=30,
+        ) as response:
+            assert response.status_code == 200
+            first = orjson.loads(next(response.iter_lines()))
+            elapsed = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join(15)
+    assert first["row"] == {"k": "w001"} and first["snapshot"] is True
+    assert elapsed < BOUND, f"first change after {elapsed:.2f} s"
+    assert latencies and max(latencies) < BOUND
+    assert_healthy(hostile)
