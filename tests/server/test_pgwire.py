@@ -298,3 +298,14 @@ def test_numeric_values_of_every_scale_survive_binary(conn: psycopg.Connection[A
     text_rows = conn.execute("SELECT * FROM xk ORDER BY key").fetchall()
     assert rows == text_rows
     assert all(isinstance(key, Decimal) for key, _ in rows)
+
+
+def test_prepared_statements_are_reused(conn: psycopg.Connection[Any], node: Node) -> None:
+    # psycopg prepares a statement (a named Parse, then Bind/Execute only) from its 5th run.
+    for i in range(1, 12):
+        key = f"k{i:03d}"
+        rows = conn.execute("SELECT k, n FROM t WHERE k = %s", [key]).fetchall()
+        assert rows == node.sql(f"SELECT k, n FROM t WHERE k = '{key}'").tuples()
+    assert conn.execute("SELECT k, n FROM t WHERE k = %s", ["k001"], prepare=True).fetchall() == [
+        ("k001", 1)
+    ]

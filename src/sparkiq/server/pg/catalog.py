@@ -117,9 +117,14 @@ def server_parameters(version_text: str) -> dict[str, str]:
 class Catalog:
     """Answers statements for every connection of one endpoint (thread-safe)."""
 
-    def __init__(self, node: ServedNode, parameters: Mapping[str, str]) -> None:
+    def __init__(
+        self, node: ServedNode, parameters: Mapping[str, str], max_statements: int = 32
+    ) -> None:
         self.node = node
         self.parameters = dict(parameters)
+        # Each connection thread gets its own DuckDB from the engine: bounding how many run
+        # at once bounds their memory as the REST API's 32 SQL threads bound its own.
+        self._running = threading.BoundedSemaphore(max_statements)
         self._lock = threading.Lock()
         self._db: duckdb.DuckDBPyConnection | None = None
         self._described: dict[str, TableSchema] = {}
@@ -133,7 +138,8 @@ class Catalog:
             return session(self, text, words, settings)
         if _CATALOG.search(text):
             return self._catalog_query(text)
-        result = self.node.sql(text)
+        with self._running:
+            result = self.node.sql(text)
         tables = set(self.node.tables)
         named = {w for w in _WORDS.findall(text) if w in tables}
         schemas = [self.node.schema(t) for t in sorted(named)]
