@@ -25,6 +25,7 @@ from bench import (
     freshness,
     http,
     lookup,
+    pgwire,
     push,
     restore,
     sink,
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, Callable[[bool], Report]] = {
     "http": http.run,
     "failover": failover.run,
     "sql_scan": sql_scan.run,
+    "pgwire": pgwire.run,
     "push": push.run,
     "apply": apply.run,
     "restore": restore.run,
@@ -128,6 +130,13 @@ CONTEXT = {
         "A SQL key lookup with a plain column list never reaches DuckDB: its plan is cached "
         "by statement shape and it runs one KeyQuery."
     ),
+    "pgwire": (
+        "The same SQL key lookup three ways, one round trip at a time. Over the Postgres "
+        "protocol each connection has its own thread that runs `node.sql` directly; REST "
+        "hops from the event loop to the SQL thread pool and back and encodes JSON. psycopg's "
+        "extended protocol sends Parse/Bind/Describe/Execute/Sync in one write; the simple "
+        "protocol one Query message."
+    ),
     "push": (
         "Latency is from just before the commit record is written to the subscriber "
         "receiving the probe row. With `notify()` the writer wakes the hub at once (the "
@@ -147,7 +156,7 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "local disk), over HTTP (`sparkiq serve` processes and a load generator on 127.0.0.1) "
         "and of its SQL engine. Each lives in `bench/` and prints its table when run alone "
         "(`.venv/bin/python -m bench.lookup`, `bench.http`, `bench.failover`, "
-        "`bench.sql_scan`, `bench.push`, `bench.apply`, `bench.restore`, "
+        "`bench.sql_scan`, `bench.pgwire`, `bench.push`, `bench.apply`, `bench.restore`, "
         "`bench.follower_tail`, `bench.statestore`, `bench.sink`, `bench.freshness`; "
         "`--quick` for a smaller run).",
         "",

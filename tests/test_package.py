@@ -416,6 +416,7 @@ RUNTIME_DEPENDENCIES = {
     "httpx": (IMPORTED, "httpx"),
     "orjson": (IMPORTED, "orjson"),
     "prometheus-client": (IMPORTED, "prometheus_client"),
+    "pygwire": (IMPORTED, "pygwire"),
 }
 
 

@@ -32,6 +32,7 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("local_dir", str, "where this node keeps its replicas", "<state_dir>/replicas/<node_id>"),
     ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
     ("failure_timeout", float, "a member silent this long is gone", "3"),
+    ("pg_listen", str, "host:port to serve the Postgres wire protocol on (psql, psycopg)", ""),
 )
 
 
@@ -178,6 +179,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sparkiq serve: {exc}", file=sys.stderr)
         return 2
     print(f"sparkiq node {node.node_id} serving {node.tables} at {node.url}", flush=True)
+    if node.pg_address is not None:
+        print("Postgres wire protocol on {}:{}".format(*node.pg_address), flush=True)
     try:
         stop.wait()
     finally:

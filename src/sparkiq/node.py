@@ -11,7 +11,8 @@ each has one job:
   partitions as the assignment changes;
 * :class:`~sparkiq.sql.SqlEngine` and :class:`~sparkiq.sql.push.SubscriptionHub` -- SQL pull
   and push queries over what :class:`Lookup` reads;
-* :func:`~sparkiq.server.start_server` -- the REST API and node protocol over HTTP.
+* :func:`~sparkiq.server.start_server` -- the REST API and node protocol over HTTP;
+* :func:`~sparkiq.server.pg.start_pg_server` -- the Postgres wire protocol (``pg_listen``).
 
 This module sits above ``cluster``, ``sql`` and ``server`` (and below ``spark``), so the
 rooms never import upward.
@@ -48,6 +49,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 from sparkiq.server import RunningServer, bind_socket, start_server
+from sparkiq.server.pg import PgServer, start_pg_server
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
 
@@ -79,11 +81,17 @@ class Node:
     authentication for HTTP callers and between nodes. ``advertise`` is the URL other nodes
     and clients use to reach this one (default: from ``listen``).
 
+    **Postgres wire protocol.** With ``pg_listen`` (``"host:port"``, port 0 picks a free
+    one; :attr:`pg_address` is where it listens once started) the node also answers psql,
+    psycopg and other Postgres clients with pull queries (docs/postgres.md); the password
+    is ``token`` when the node has one. It does not make the node clustered.
+
     **Settings from the environment.** ``node_id``, ``listen``, ``advertise``, ``peers``
     (comma-separated), ``standbys``, ``token``, ``local_dir``, ``heartbeat_interval`` and
     ``failure_timeout`` default to ``SPARKIQ_NODE_ID``, ``SPARKIQ_LISTEN``,
     ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``, ``SPARKIQ_TOKEN``,
-    ``SPARKIQ_LOCAL_DIR``, ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT``;
+    ``SPARKIQ_LOCAL_DIR``, ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT``
+    (and ``pg_listen`` to ``SPARKIQ_PG_LISTEN``);
     pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
@@ -105,6 +113,7 @@ class Node:
         release_grace: float = NOT_GIVEN,
         store: str = NOT_GIVEN,
         poll_interval: float = NOT_GIVEN,
+        pg_listen: str | None = NOT_GIVEN,
         transport: Transport | None = None,
         partitions: Mapping[str, Iterable[int]] | None = None,
         tables: Iterable[str] | None = None,
@@ -124,6 +133,7 @@ class Node:
             "release_grace": release_grace,
             "store": store,
             "poll_interval": poll_interval,
+            "pg_listen": pg_listen,
         }
         given = {k: v for k, v in settings.items() if v is not NOT_GIVEN}
         if config is None:
@@ -164,6 +174,8 @@ class Node:
         self._lookup = Lookup(self._hosting, node_id=config.node_id)
         self._lookup.token = config.token
         self._server: RunningServer | None = None
+        self._pg: PgServer | None = None
+        self.pg_address: tuple[str, int] | None = None
         self._started = False
         self._lifecycle = threading.RLock()
         self._sql: SqlEngine | None = None
@@ -202,6 +214,11 @@ class Node:
             if self.clustered:
                 self._start_cluster()
             self._hosting.start_tailing()
+            if self.config.pg_listen:
+                self._pg = start_pg_server(
+                    self, bind_socket(self.config.pg_listen), token=self.config.token
+                )
+                self.pg_address = self._pg.address
             self._started = True
         return self
 
@@ -253,6 +270,9 @@ class Node:
         Idempotent."""
         with self._lifecycle:
             self._hosting.stop_tailing()
+            if self._pg is not None:
+                self._pg.stop()
+                self._pg = None
             if self._server is not None:
                 self._server.stop()
                 self._server = None

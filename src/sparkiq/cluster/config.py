@@ -40,6 +40,7 @@ ENV_VARIABLES: dict[str, str] = {
     "local_dir": "SPARKIQ_LOCAL_DIR",
     "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
+    "pg_listen": "SPARKIQ_PG_LISTEN",
 }
 
 _STORES = ("rocksdb", "memory")
@@ -72,6 +73,7 @@ class NodeConfig:
     heartbeat_interval: float = 0.5
     failure_timeout: float = 3.0
     release_grace: float = 5.0
+    pg_listen: str | None = None
 
     @property
     def clustered(self) -> bool:
@@ -120,7 +122,7 @@ class NodeConfig:
 
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
     out = dict(values)
-    for name in ("listen", "advertise", "token", "local_dir"):
+    for name in ("listen", "advertise", "token", "local_dir", "pg_listen"):
         if name in out:  # "" means unset, as it does for the variables
             out[name] = _optional_text(out[name], name, origin[name])
     if "node_id" in out:

@@ -82,6 +82,8 @@ class Kind:
     - ``push``: how the push evaluator types and compares values (``str``, ``num``,
       ``bool``, ``date``, ``ts``, ``bytes``; None: not comparable).
     - ``simple``: Spark's SQL spelling (``simpleString``) when it is not ``name``.
+    - ``pg``: the Postgres type the wire protocol endpoint describes the column as, and
+      ``pg_oid`` its type OID (``pg_type.oid``); nested kinds are ``json``.
     """
 
     name: str
@@ -97,6 +99,8 @@ class Kind:
     expects: str = ""
     push: str | None = None
     simple: str = ""
+    pg: str = "text"
+    pg_oid: int = 25
 
     @property
     def key(self) -> bool:
@@ -189,35 +193,40 @@ _DAYS = "an int, days since 1970-01-01, in [-2**31, 2**31 - 1]"
 # fmt: off
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("string", "string", "str", python=str, arrow=pa.string(),
-         check=string_checker, expects="a str", push="str"),
+         check=string_checker, expects="a str", push="str", pg="text", pg_oid=25),
     Kind("binary", "binary", "bin", python=bytes, arrow=pa.binary(),
-         check=binary_checker, expects="bytes", push="bytes"),
+         check=binary_checker, expects="bytes", push="bytes", pg="bytea", pg_oid=17),
     Kind("boolean", "boolean", "bool", python=bool, arrow=pa.bool_(),
-         check=boolean_checker, expects="a bool", push="bool"),
+         check=boolean_checker, expects="a bool", push="bool", pg="bool", pg_oid=16),
     Kind("byte", "int", "int", 8, int, arrow=pa.int8(), simple="tinyint",
-         check=int_checker(8), expects="an int in [-128, 127]", push="num"),
+         check=int_checker(8), expects="an int in [-128, 127]", push="num",
+         pg="int2", pg_oid=21),
     Kind("short", "int", "int", 16, int, arrow=pa.int16(), simple="smallint",
-         check=int_checker(16), expects="an int in [-32768, 32767]", push="num"),
+         check=int_checker(16), expects="an int in [-32768, 32767]", push="num",
+         pg="int2", pg_oid=21),
     Kind("integer", "int", "int", 32, int, arrow=pa.int32(), simple="int",
-         check=int_checker(32), expects="an int in [-2**31, 2**31 - 1]", push="num"),
+         check=int_checker(32), expects="an int in [-2**31, 2**31 - 1]", push="num",
+         pg="int4", pg_oid=23),
     Kind("long", "int", "int", 64, int, arrow=pa.int64(), simple="bigint",
-         check=int_checker(64), expects="an int in [-2**63, 2**63 - 1]", push="num"),
+         check=int_checker(64), expects="an int in [-2**63, 2**63 - 1]", push="num",
+         pg="int8", pg_oid=20),
     Kind("date", "int", "int", 32, dt.date, arrow=pa.date32(), stored_arrow=pa.int32(),
-         temporal=_DATE, check=date_checker, expects=_DAYS, push="date"),
+         temporal=_DATE, check=date_checker, expects=_DAYS, push="date", pg="date", pg_oid=1082),
     Kind("timestamp", "int", "int", 64, dt.datetime, zoned=True, stored_arrow=pa.int64(),
-         temporal=_TIMESTAMP, check=timestamp_checker, expects=_MICROS, push="ts"),
+         temporal=_TIMESTAMP, check=timestamp_checker, expects=_MICROS, push="ts",
+         pg="timestamptz", pg_oid=1184),
     Kind("timestamp_ntz", "int", "int", 64, dt.datetime, arrow=pa.timestamp("us"),
          stored_arrow=pa.int64(), temporal=_TIMESTAMP_NTZ, check=timestamp_ntz_checker,
-         expects=_MICROS, push="ts"),
+         expects=_MICROS, push="ts", pg="timestamp", pg_oid=1114),
     Kind("float", "float", "float", 32, float, arrow=pa.float32(),
-         check=float_checker(32), expects="a float", push="num"),
+         check=float_checker(32), expects="a float", push="num", pg="float4", pg_oid=700),
     Kind("double", "float", "float", 64, float, arrow=pa.float64(),
-         check=float_checker(64), expects="a float", push="num"),
+         check=float_checker(64), expects="a float", push="num", pg="float8", pg_oid=701),
     Kind("decimal", "decimal", "str", python=Decimal, stored_arrow=pa.string(),
-         check=decimal_checker, push="num"),
+         check=decimal_checker, push="num", pg="numeric", pg_oid=1700),
     Kind("void", "void", "nil", arrow=pa.null()),
-    Kind("struct", "struct", "array"),
-    Kind("array", "array", "array"),
-    Kind("map", "map", "array"),
+    Kind("struct", "struct", "array", pg="json", pg_oid=114),
+    Kind("array", "array", "array", pg="json", pg_oid=114),
+    Kind("map", "map", "array", pg="json", pg_oid=114),
 )}
 # fmt: on

@@ -1,0 +1,361 @@
+"""One Postgres client connection: startup, password, then simple and extended queries.
+
+Messages are framed and encoded by ``pygwire`` (a sans-I/O codec of the protocol); this
+module decides what to answer. A connection runs in its own thread on a blocking socket:
+a key lookup is answered without a hop to another thread.
+
+Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
+
+- TLS and GSS encryption requests are declined (``N``); the client goes on in plain text
+  or gives up, as its ``sslmode`` says.
+- With a node token the password is asked in clear text (as the token travels in an HTTP
+  ``Authorization`` header) and compared in constant time; a wrong one ends the connection
+  with SQLSTATE 28P01. Without a token every client is trusted.
+- Extended protocol: ``Parse`` keeps the text; ``Bind`` substitutes the parameters as SQL
+  literals (:func:`~sparkiq.server.pg.statements.bind_parameters`); ``Describe`` of a portal
+  runs it (the rows are then sent by ``Execute``); ``Describe`` of a statement runs it with
+  NULL parameters to learn the columns. After an error every message up to ``Sync`` is
+  skipped, as a server must.
+- ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and only change the transaction status
+  reported; every statement reads at its own position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pygwire import BackendConnection, TransactionStatus
+from pygwire import messages as m
+
+from sparkiq.errors import AuthenticationError
+from sparkiq.server.pg.catalog import Answer, Catalog
+from sparkiq.server.pg.errors import error_fields
+from sparkiq.server.pg.statements import bind_parameters, parameter_count, split_statements
+from sparkiq.server.pg.types import PgColumn
+from sparkiq.sql.errors import SqlUnknownNameError
+
+__all__ = ["PgSession"]
+
+log = logging.getLogger("sparkiq.server.pg")
+
+_RECV = 65536
+
+
+class _Closed(Exception):
+    """The client went away (or must be sent away): end the connection quietly."""
+
+
+@dataclass
+class _Statement:
+    text: str
+    param_oids: list[int]
+    columns: list[PgColumn] | None = None  # as described to the client, once asked
+
+
+@dataclass
+class _Portal:
+    statement: _Statement
+    text: str
+    result_formats: list[int]
+    answer: Answer | None = None
+    sent: int = 0
+    encoders: list[Callable[[Any], bytes]] = field(default_factory=list)
+
+
+class PgSession:
+    """Serves one connection on ``sock`` until the client leaves or :meth:`close`."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        catalog: Catalog,
+        *,
+        token: str | None,
+        startup_timeout: float,
+        parameters: dict[str, str],
+    ) -> None:
+        self.sock = sock
+        self.catalog = catalog
+        self.token = token
+        self.startup_timeout = startup_timeout
+        self.parameters = parameters
+        self.conn = BackendConnection()
+        self.out: list[bytes] = []
+        self.in_transaction = False
+        self.failed = False  # extended protocol: an error was sent, skip until Sync
+        self.statements: dict[str, _Statement] = {}
+        self.portals: dict[str, _Portal] = {}
+        self.settings: dict[str, str] = {}
+        self.user = ""
+
+    # -- I/O ---------------------------------------------------------------------------------
+
+    def _send(self, msg: Any) -> None:
+        self.out.append(self.conn.send(msg))
+
+    def _flush(self) -> None:
+        if self.out:
+            data, self.out = b"".join(self.out), []
+            self.sock.sendall(data)
+
+    def _messages(self) -> Any:
+        while True:
+            data = self.sock.recv(_RECV)
+            if not data:
+                raise _Closed
+            yield from self.conn.receive(data)
+
+    def close(self) -> None:
+        """End the connection from another thread (the node stops)."""
+        with contextlib.suppress(OSError):  # already closed by the client
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    # -- the connection ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.settimeout(self.startup_timeout)
+            if not self._startup():
+                return
+            self.sock.settimeout(None)
+            self._serve()
+        except (_Closed, TimeoutError, ConnectionError, OSError):
+            pass
+        except Exception:
+            log.exception("pg connection failed")
+        finally:
+            with contextlib.suppress(OSError):
+                self._flush()
+            self.sock.close()
+
+    def _startup(self) -> bool:
+        messages = self._messages()
+        for msg in messages:
+            if isinstance(msg, m.SSLRequest | m.GSSEncRequest):
+                self._send(m.SSLResponse(accepted=False))
+                self._flush()
+            elif isinstance(msg, m.CancelRequest):
+                return False  # cancellation is not supported: statements are bounded in time
+            elif isinstance(msg, m.StartupMessage):
+                self.user = msg.params.get("user", "")
+                if self.token is not None:
+                    self._send(m.AuthenticationCleartextPassword())
+                    self._flush()
+                    reply = next(messages)
+                    password = reply.password if isinstance(reply, m.PasswordMessage) else b""
+                    if isinstance(password, str):
+                        password = password.encode()
+                    if not hmac.compare_digest(password, self.token.encode()):
+                        fields = error_fields(AuthenticationError("x"))
+                        fields.update(
+                            S="FATAL",
+                            V="FATAL",
+                            M=f'password authentication failed for user "{self.user}" '
+                            "(the password is the node's token)",
+                        )
+                        self._send(m.ErrorResponse(fields=fields))
+                        return False
+                self._send(m.AuthenticationOk())
+                for name, value in self.parameters.items():
+                    self._send(m.ParameterStatus(name=name, value=value))
+                self._send(m.BackendKeyData(process_id=os.getpid(), secret_key=os.urandom(4)))
+                self._ready()
+                return True
+        return False
+
+    def _ready(self) -> None:
+        status = TransactionStatus.IN_TRANSACTION if self.in_transaction else TransactionStatus.IDLE
+        self._send(m.ReadyForQuery(status=status))
+        self._flush()
+
+    def _serve(self) -> None:
+        for msg in self._messages():
+            if isinstance(msg, m.Terminate):
+                return
+            if isinstance(msg, m.Query):
+                self._simple(msg.query_string)
+            elif isinstance(msg, m.Sync):
+                self.failed = False
+                self._ready()
+            elif isinstance(msg, m.Flush):
+                self._flush()
+            elif self.failed:
+                continue
+            else:
+                try:
+                    self._extended(msg)
+                except Exception as exc:
+                    self.failed = True
+                    self._send(m.ErrorResponse(fields=error_fields(exc, _text_of(msg, self))))
+
+    # -- simple query protocol ---------------------------------------------------------------
+
+    def _simple(self, query: str) -> None:
+        for text in split_statements(query):
+            if not text:
+                self._send(m.EmptyQueryResponse())
+                continue
+            try:
+                answer = self._run(text)
+            except Exception as exc:
+                self._send(m.ErrorResponse(fields=error_fields(exc, text)))
+                break  # the rest of a multi-statement query is not run, as in Postgres
+            if answer.columns is not None:
+                self._send(m.RowDescription(fields=_fields(answer.columns, [])))
+                self._rows(answer, [c.encoder(False) for c in answer.columns], 0, None)
+            self._send(m.CommandComplete(tag=answer.tag))
+        self._ready()
+
+    def _run(self, text: str) -> Answer:
+        answer = self.catalog.answer(text, self.settings)
+        if answer.tag in ("BEGIN", "START TRANSACTION"):
+            self.in_transaction = True
+        elif answer.tag in ("COMMIT", "ROLLBACK"):
+            self.in_transaction = False
+        return answer
+
+    def _rows(
+        self,
+        answer: Answer,
+        encoders: Sequence[Callable[[Any], bytes]],
+        start: int,
+        count: int | None,
+    ) -> int:
+        rows = answer.rows
+        end = len(rows) if count is None else min(len(rows), start + count)
+        names = [c.name for c in answer.columns or ()]
+        pairs = list(zip(names, encoders, strict=True))
+        for row in rows[start:end]:
+            values = [None if (v := row.get(n)) is None else enc(v) for n, enc in pairs]
+            self._send(m.DataRow(columns=values))
+            if len(self.out) >= 256:
+                self._flush()
+        return end - start
+
+    # -- extended query protocol -------------------------------------------------------------
+
+    def _extended(self, msg: Any) -> None:
+        if isinstance(msg, m.Parse):
+            oids = list(msg.param_types)
+            count = max(len(oids), parameter_count(msg.query))
+            oids += [0] * (count - len(oids))
+            self.statements[msg.statement] = _Statement(msg.query, oids)
+            self._send(m.ParseComplete())
+        elif isinstance(msg, m.Bind):
+            statement = self._statement(msg.statement)
+            text = bind_parameters(
+                statement.text, msg.param_values, msg.param_formats, statement.param_oids
+            )
+            self.portals[msg.portal] = _Portal(statement, text, list(msg.result_formats))
+            self._send(m.BindComplete())
+        elif isinstance(msg, m.Describe):
+            if msg.kind == "S":
+                statement = self._statement(msg.name)
+                oids = [oid or 25 for oid in statement.param_oids]
+                self._send(m.ParameterDescription(type_oids=oids))
+                if statement.columns is None:
+                    nulls: list[bytes | None] = [None] * len(oids)
+                    text = bind_parameters(statement.text, nulls, [], statement.param_oids)
+                    statement.columns = self._run(text).columns if text.strip() else None
+                self._describe(statement.columns, [])
+            else:
+                portal = self._portal(msg.name)
+                answer = self._answer(portal)
+                self._describe(answer.columns, portal.result_formats)
+        elif isinstance(msg, m.Execute):
+            self._execute(self._portal(msg.portal), msg.max_rows)
+        elif isinstance(msg, m.Close):
+            (self.statements if msg.kind == "S" else self.portals).pop(msg.name, None)
+            self._send(m.CloseComplete())
+        else:
+            raise _Closed  # a message this endpoint does not speak (COPY, function calls)
+
+    def _statement(self, name: str) -> _Statement:
+        statement = self.statements.get(name)
+        if statement is None:
+            raise _unknown("prepared statement", name)
+        return statement
+
+    def _portal(self, name: str) -> _Portal:
+        portal = self.portals.get(name)
+        if portal is None:
+            raise _unknown("portal", name)
+        return portal
+
+    def _answer(self, portal: _Portal) -> Answer:
+        if portal.answer is None:
+            if not portal.text.strip():
+                portal.answer = Answer(None, [], "")
+            else:
+                answer = self._run(portal.text)
+                described = portal.statement.columns
+                # Keep the types the statement was described with: clients decode by them.
+                if (
+                    answer.columns is not None
+                    and described is not None
+                    and [c.name for c in described] == [c.name for c in answer.columns]
+                ):
+                    answer = Answer(described, answer.rows, answer.tag)
+                portal.answer = answer
+            columns = portal.answer.columns or []
+            portal.encoders = [
+                c.encoder(_format_of(portal.result_formats, i) == 1) for i, c in enumerate(columns)
+            ]
+        return portal.answer
+
+    def _describe(self, columns: list[PgColumn] | None, formats: list[int]) -> None:
+        if columns is None:
+            self._send(m.NoData())
+        else:
+            self._send(m.RowDescription(fields=_fields(columns, formats)))
+
+    def _execute(self, portal: _Portal, max_rows: int) -> None:
+        answer = self._answer(portal)
+        if not answer.tag and answer.columns is None:
+            self._send(m.EmptyQueryResponse())
+            return
+        if answer.columns is not None:
+            count = max_rows if max_rows > 0 else None
+            portal.sent += self._rows(answer, portal.encoders, portal.sent, count)
+            if portal.sent < len(answer.rows):
+                self._send(m.PortalSuspended())
+                return
+        self._send(m.CommandComplete(tag=answer.tag))
+
+
+def _format_of(formats: Sequence[int], index: int) -> int:
+    if not formats:
+        return 0
+    return formats[0] if len(formats) == 1 else formats[index]
+
+
+def _fields(columns: Sequence[PgColumn], formats: Sequence[int]) -> list[m.FieldDescription]:
+    return [
+        m.FieldDescription(
+            name=c.name,
+            type_oid=c.type.oid,
+            type_size=c.type.size,
+            type_modifier=-1,
+            format_code=_format_of(formats, i),
+        )
+        for i, c in enumerate(columns)
+    ]
+
+
+def _unknown(what: str, name: str) -> Exception:
+    return SqlUnknownNameError(f"{what} {name!r} does not exist", code="unknown_statement")
+
+
+def _text_of(msg: Any, session: PgSession) -> str | None:
+    if isinstance(msg, m.Parse):
+        return str(msg.query)
+    portal = session.portals.get(getattr(msg, "portal", getattr(msg, "name", "")))
+    return portal.text if portal is not None else None

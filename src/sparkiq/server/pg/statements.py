@@ -1,0 +1,161 @@
+"""Reading statement text the way the endpoint needs it: splitting a simple query into
+statements and binding ``$n`` parameters as SQL literals.
+
+Both scan the text once, skipping string literals, quoted identifiers and comments, so a
+``;`` or ``$1`` inside them is left alone.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from decimal import Decimal
+
+from sparkiq.sql.errors import SqlUnsupportedError
+
+__all__ = ["bind_parameters", "parameter_count", "split_statements"]
+
+_NUMERIC_OIDS = frozenset({20, 21, 23, 26, 700, 701, 1700})
+_BINARY_DECODERS: dict[int, Callable[[bytes], str]] = {
+    16: lambda b: "TRUE" if b != b"\x00" else "FALSE",
+    20: lambda b: str(struct.unpack("!q", b)[0]),
+    21: lambda b: str(struct.unpack("!h", b)[0]),
+    23: lambda b: str(struct.unpack("!i", b)[0]),
+    700: lambda b: repr(struct.unpack("!f", b)[0]),
+    701: lambda b: repr(struct.unpack("!d", b)[0]),
+}
+_TEXT_OIDS = frozenset({0, 18, 19, 25, 705, 1042, 1043})
+_PARAM = re.compile(r"\$(\d+)")
+
+
+def _segments(text: str) -> Iterator[tuple[bool, int, int]]:
+    """``(is_code, start, end)`` pieces of ``text``: code, or a literal/identifier/comment."""
+    i, n, start = 0, len(text), 0
+    while i < n:
+        c = text[i]
+        end = -1
+        if c in "'\"":
+            j = i + 1
+            while j < n:
+                if text[j] == c:
+                    if j + 1 < n and text[j + 1] == c:  # '' or "" escapes the quote
+                        j += 2
+                        continue
+                    break
+                j += 1
+            end = min(j + 1, n)
+        elif text.startswith("--", i):
+            newline = text.find("\n", i)
+            end = n if newline < 0 else newline
+        elif text.startswith("/*", i):
+            close = text.find("*/", i + 2)
+            end = n if close < 0 else close + 2
+        if end < 0:
+            i += 1
+            continue
+        if start < i:
+            yield True, start, i
+        yield False, i, end
+        start = i = end
+    if start < n:
+        yield True, start, n
+
+
+def split_statements(text: str) -> list[str]:
+    """The statements of a simple query, stripped, in order (empty ones kept as ``""``
+    only when the whole text is empty)."""
+    parts: list[str] = []
+    current: list[str] = []
+    for is_code, start, end in _segments(text):
+        piece = text[start:end]
+        if not is_code:
+            current.append(piece)
+            continue
+        pieces = piece.split(";")
+        current.append(pieces[0])
+        for more in pieces[1:]:
+            parts.append("".join(current).strip())
+            current = [more]
+    parts.append("".join(current).strip())
+    statements = [p for p in parts if p]
+    return statements or [""]
+
+
+def parameter_count(text: str) -> int:
+    """The highest ``$n`` in the code of ``text`` (0 when there is none)."""
+    highest = 0
+    for is_code, start, end in _segments(text):
+        if is_code:
+            for match in _PARAM.finditer(text, start, end):
+                highest = max(highest, int(match.group(1)))
+    return highest
+
+
+def bind_parameters(
+    text: str,
+    values: Sequence[bytes | None],
+    formats: Sequence[int],
+    oids: Sequence[int],
+) -> str:
+    """``text`` with each ``$n`` replaced by the SQL literal of the n-th value (Bind's
+    values, format codes and the statement's parameter type OIDs; 0 = unspecified)."""
+    if not values:
+        return text
+    literals = [
+        _literal(value, _format_of(formats, i), oids[i] if i < len(oids) else 0)
+        for i, value in enumerate(values)
+    ]
+    out: list[str] = []
+    for is_code, start, end in _segments(text):
+        if not is_code:
+            out.append(text[start:end])
+            continue
+
+        def replace(match: re.Match[str]) -> str:
+            index = int(match.group(1)) - 1
+            if not 0 <= index < len(literals):
+                raise SqlUnsupportedError(
+                    f"parameter ${index + 1} has no value ({len(literals)} were bound)",
+                    code="parameters",
+                )
+            return literals[index]
+
+        out.append(_PARAM.sub(replace, text[start:end]))
+    return "".join(out)
+
+
+def _format_of(formats: Sequence[int], index: int) -> int:
+    if not formats:
+        return 0
+    return formats[0] if len(formats) == 1 else formats[index]
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _literal(value: bytes | None, fmt: int, oid: int) -> str:
+    if value is None:
+        return "NULL"
+    if fmt == 1:
+        if oid in _BINARY_DECODERS:
+            return _BINARY_DECODERS[oid](value)
+        if oid in _TEXT_OIDS:
+            return _quote(value.decode())
+        raise SqlUnsupportedError(
+            f"binary parameters of type OID {oid} are not supported; send it as text",
+            code="parameters",
+        )
+    text = value.decode()
+    if oid in _NUMERIC_OIDS:
+        try:
+            Decimal(text)
+        except ArithmeticError:
+            raise SqlUnsupportedError(
+                f"parameter {text!r} is not a number", code="parameters"
+            ) from None
+        return text
+    if oid == 16:
+        return "TRUE" if text.lower() in ("t", "true", "1", "yes", "on") else "FALSE"
+    return _quote(text)

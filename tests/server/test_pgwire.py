@@ -1,0 +1,311 @@
+"""The Postgres wire protocol endpoint, through real clients: psycopg 3 and Debian's psql.
+
+Every tier 0-4 statement of the differential suite runs through psycopg (text and binary
+results) and must give the rows ``Node.sql`` gives on the same node.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from pygwire import FrontendConnection
+from pygwire import messages as m
+
+from sparkiq import Node
+from sparkiq.schema.kinds import KINDS
+from sparkiq.server.pg.types import TYPE_OIDS
+from sparkiq.wire.jsonapi import dumps
+from tests.sql.tables import build_world
+from tests.sql.test_differential import QUERIES
+
+TOKEN = "pg-secret"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    root = str(tmp_path_factory.mktemp("pgworld"))
+    build_world(root)
+    with Node(root, store="memory", node_id="pg", token=TOKEN, pg_listen="127.0.0.1:0") as n:
+        n.poll_once()
+        yield n
+
+
+def _dsn(node: Node, password: str = TOKEN) -> str:
+    assert node.pg_address is not None
+    host, port = node.pg_address
+    return f"host={host} port={port} user=tester dbname=sparkiq password={password}"
+
+
+@pytest.fixture(scope="module")
+def conn(node: Node) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(_dsn(node), autocommit=True) as c:
+        yield c
+
+
+def _normal(value: Any) -> Any:
+    """A value as both sides can be compared: aware datetimes as naive local time (what
+    PySpark gives), nested values as their JSON, floats to 12 significant digits (DuckDB's
+    parallel aggregates differ in the last bits from one run to the next)."""
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone().replace(tzinfo=None)
+    if isinstance(value, dict | list):
+        return json.loads(dumps(value))
+    return value
+
+
+def _rows(rows: list[tuple[Any, ...]], ordered: bool) -> list[tuple[Any, ...]]:
+    out = [tuple(_normal(v) for v in row) for row in rows]
+    return out if ordered else sorted(out, key=repr)
+
+
+@pytest.mark.parametrize(("sql", "ordered"), QUERIES, ids=[q for q, _ in QUERIES])
+def test_psycopg_gets_the_rows_node_sql_gives(
+    node: Node, conn: psycopg.Connection[Any], sql: str, ordered: bool
+) -> None:
+    expected = node.sql(sql)
+    cursor = conn.execute(sql)
+    assert cursor.description is not None
+    assert [d.name for d in cursor.description] == expected.columns
+    assert _rows(cursor.fetchall(), ordered) == _rows(expected.tuples(), ordered)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM ck ORDER BY region, id LIMIT 20",
+        "SELECT * FROM w ORDER BY k LIMIT 20",
+        "SELECT * FROM xk ORDER BY key",
+        "SELECT * FROM tk ORDER BY key LIMIT 5",
+        "SELECT count(*), sum(n), avg(n) FROM t",
+    ],
+)
+def test_binary_results_equal_text_results(conn: psycopg.Connection[Any], sql: str) -> None:
+    text = conn.execute(sql).fetchall()
+    binary = conn.cursor(binary=True).execute(sql).fetchall()
+    assert binary == text
+    assert text  # the statements return rows
+
+
+def test_type_oids_follow_the_kinds_table(conn: psycopg.Connection[Any]) -> None:
+    cursor = conn.execute("SELECT * FROM ck LIMIT 1")
+    assert cursor.description is not None
+    oids = {d.name: d.type_code for d in cursor.description}
+    assert oids == {"region": 25, "id": 23, "amount": 1700, "ts": 1184}
+    cursor = conn.execute("SELECT * FROM w LIMIT 1")
+    assert cursor.description is not None
+    oids = {d.name: d.type_code for d in cursor.description}
+    assert oids == {"k": 25, "n": 20, "tag": 25, "price": 701, "day": 1082, "info": 114}
+    cursor = conn.execute(
+        "SELECT count(*) AS c, max(price) AS p, upper(tag) AS u FROM w GROUP BY 3"
+    )
+    assert cursor.description is not None
+    assert [d.type_code for d in cursor.description] == [20, 701, 25]
+    expected = {
+        "string": "text",
+        "long": "int8",
+        "integer": "int4",
+        "short": "int2",
+        "byte": "int2",
+        "double": "float8",
+        "float": "float4",
+        "boolean": "bool",
+        "date": "date",
+        "timestamp": "timestamptz",
+        "timestamp_ntz": "timestamp",
+        "decimal": "numeric",
+        "binary": "bytea",
+        "struct": "json",
+        "array": "json",
+        "map": "json",
+    }
+    assert {name: KINDS[name].pg for name in expected} == expected
+    for kind in KINDS.values():
+        assert TYPE_OIDS[kind.pg] == kind.pg_oid, kind.name
+
+
+def test_parameters_are_bound_as_literals(conn: psycopg.Connection[Any], node: Node) -> None:
+    assert conn.execute("SELECT * FROM t WHERE k = %s", ["k006"]).fetchall() == [("k006", 60)]
+    rows = conn.execute("SELECT key, v FROM ik WHERE key = %s", [-47]).fetchall()
+    assert rows == node.sql("SELECT key, v FROM ik WHERE key = -47").tuples()
+    rows = conn.execute("SELECT k FROM t WHERE k = %s", ["it's; $1"]).fetchall()
+    assert rows == []
+
+
+@pytest.mark.parametrize(
+    ("sql", "sqlstate"),
+    [
+        ("SELEC * FROM t", "42601"),
+        ("SELECT * FROM nope", "42P01"),
+        ("SELECT nope FROM t", "42703"),
+        ("DELETE FROM t WHERE k = 'k001'", "42501"),
+        ("SELECT * FROM t", "54000"),  # over SqlLimits.max_result_rows (set below)
+    ],
+)
+def test_errors_carry_sqlstate_and_the_connection_stays_usable(
+    node: Node, sql: str, sqlstate: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARKIQ_SQL_MAX_RESULT_ROWS", "10")
+    node._sql = None  # the engine reads its limits when it is made
+    try:
+        with psycopg.connect(_dsn(node), autocommit=True) as c:
+            with pytest.raises(psycopg.Error) as caught:
+                c.execute(sql)
+            assert caught.value.sqlstate == sqlstate
+            assert c.execute("SELECT n FROM t WHERE k = 'k005'").fetchall() == [(5,)]
+            with pytest.raises(psycopg.Error):  # the simple protocol too
+                c.cursor().execute(sql, prepare=False)
+            assert c.execute("SELECT 1 AS one").fetchall() == [(1,)]
+        with psycopg.connect(_dsn(node)) as c:  # in a transaction, as psycopg's default
+            with pytest.raises(psycopg.Error):
+                c.execute(sql)
+            c.rollback()
+            assert c.execute("SELECT n FROM t WHERE k = 'k006'").fetchall() == [(60,)]
+    finally:
+        node._sql = None
+
+
+def _raw_startup(node: Node, password: str) -> dict[str, str]:
+    """The ErrorResponse fields a raw client gets for ``password`` (or {} on success)."""
+    assert node.pg_address is not None
+    sock = socket.create_connection(node.pg_address, timeout=10)
+    client = FrontendConnection()
+    try:
+        sock.sendall(client.send(m.StartupMessage(params={"user": "raw", "database": "x"})))
+        while True:
+            data = sock.recv(65536)
+            assert data, "the server closed the connection without an answer"
+            for msg in client.receive(data):
+                if isinstance(msg, m.AuthenticationCleartextPassword):
+                    sock.sendall(client.send(m.PasswordMessage(password=password)))
+                elif isinstance(msg, m.ErrorResponse):
+                    return dict(msg.fields)
+                elif isinstance(msg, m.ReadyForQuery):
+                    return {}
+    finally:
+        sock.close()
+
+
+def test_the_password_is_the_node_token(node: Node) -> None:
+    fields = _raw_startup(node, "wrong")
+    assert fields["C"] == "28P01"
+    assert fields["S"] == "FATAL"
+    assert _raw_startup(node, TOKEN) == {}
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(_dsn(node, "wrong"))
+
+
+def test_session_statements_and_version(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SET application_name = 'grafana'")
+    conn.execute("SET DateStyle TO ISO")
+    conn.execute("SET extra_float_digits = 3")
+    assert conn.execute("SHOW application_name").fetchall() == [("grafana",)]
+    assert conn.execute("SHOW server_version").fetchone()[0].startswith("14.0")  # type: ignore[index]
+    version = conn.execute("SELECT version()").fetchall()
+    assert version[0][0].startswith("PostgreSQL 14.0 (sparkiq")
+    tables = conn.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1"
+    ).fetchall()
+    assert [t for (t,) in tables] == ["ck", "dk", "ik", "lk", "t", "tk", "w", "win", "xk"]
+    columns = conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'ck' "
+        "ORDER BY ordinal_position"
+    ).fetchall()
+    assert [c for (c,) in columns] == ["region", "id", "amount", "ts"]
+
+
+def _psql(node: Node, command: str, password: str = TOKEN) -> subprocess.CompletedProcess[str]:
+    assert node.pg_address is not None
+    host, port = node.pg_address
+    env = dict(os.environ, PGPASSWORD=password, PGCONNECT_TIMEOUT="10")
+    return subprocess.run(
+        [
+            *("psql", "-X", "-h", host, "-p", str(port), "-U", "tester", "-d", "sparkiq"),
+            *("-A", "-F", "|", "-c", command),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+psql_needed = pytest.mark.skipif(
+    shutil.which("psql") is None, reason="psql (Debian's postgresql-client) is not installed"
+)
+
+
+@psql_needed
+def test_psql_runs_queries_and_lists_tables_and_columns(node: Node) -> None:
+    done = _psql(node, "SELECT k, n FROM t WHERE k IN ('k001', 'k002') ORDER BY k")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["k|n", "k001|1", "k002|2", "(2 rows)"]
+    done = _psql(node, "\\dt")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1] == "Schema|Name|Type|Owner"
+    assert "public|ck|table|sparkiq" in lines
+    assert "public|win|table|sparkiq" in lines
+    done = _psql(node, "\\d ck")
+    assert done.returncode == 0, done.stderr
+    columns = [line.split("|")[:2] for line in done.stdout.splitlines()[2:6]]
+    assert columns == [
+        ["region", "text"],
+        ["id", "int4"],
+        ["amount", "numeric(10,2)"],
+        ["ts", "timestamptz"],
+    ]
+
+
+@psql_needed
+def test_psql_errors_and_wrong_password(node: Node) -> None:
+    done = _psql(node, "SELECT nope FROM t")
+    assert done.returncode == 1
+    assert "unknown column 'nope'" in done.stderr
+    done = _psql(node, "SELECT 1 AS x", password="wrong")
+    assert done.returncode == 2
+    assert "password authentication failed" in done.stderr
+
+
+def test_stop_closes_the_endpoint(tmp_path: Any) -> None:
+    build_world(str(tmp_path))
+    node = Node(str(tmp_path), store="memory", pg_listen="127.0.0.1:0").start()
+    node.poll_once()
+    assert node.pg_address is not None
+    address = node.pg_address
+    with psycopg.connect(f"host={address[0]} port={address[1]} user=u dbname=d") as c:
+        assert c.execute("SELECT n FROM t WHERE k = 'k005'").fetchall() == [(5,)]
+        node.stop()
+        with pytest.raises(psycopg.OperationalError):
+            c.execute("SELECT 1")
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(f"host={address[0]} port={address[1]} user=u dbname=d", connect_timeout=5)
+
+
+def test_numeric_values_of_every_scale_survive_binary(conn: psycopg.Connection[Any]) -> None:
+    rows = conn.cursor(binary=True).execute("SELECT * FROM xk ORDER BY key").fetchall()
+    text_rows = conn.execute("SELECT * FROM xk ORDER BY key").fetchall()
+    assert rows == text_rows
+    assert all(isinstance(key, Decimal) for key, _ in rows)
+
+
+def test_prepared_statements_are_reused(conn: psycopg.Connection[Any], node: Node) -> None:
+    # psycopg prepares a statement (a named Parse, then Bind/Execute only) from its 5th run.
+    for i in range(1, 12):
+        key = f"k{i:03d}"
+        rows = conn.execute("SELECT k, n FROM t WHERE k = %s", [key]).fetchall()
+        assert rows == node.sql(f"SELECT k, n FROM t WHERE k = '{key}'").tuples()
+    assert conn.execute("SELECT k, n FROM t WHERE k = %s", ["k001"], prepare=True).fetchall() == [
+        ("k001", 1)
+    ]
