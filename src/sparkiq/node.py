@@ -380,7 +380,7 @@ class Node:
 
         A clustered node asks the node hosting the key's partition when it does not hold it
         caught up itself; a partition no node can answer raises :class:`SparkiqError`."""
-        return self._lookup.get_with_position(store, key)[0]
+        return self._lookup.get(store, key)
 
     def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
         """Like :meth:`get`, with the position of the partition the row was read at (the

@@ -85,6 +85,7 @@ class TableRoute:
     codec: KeyCodec
     partitioner: Partitioner
     stores: list[PartitionStore | None]
+    windowed: bool  # a plain field, not a property: every key lookup reads it
 
     @property
     def schema(self) -> TableSchema:
@@ -159,7 +160,14 @@ class Hosting:
             raise self.unknown(store) from None
 
     def routes(self) -> dict[str, TableRoute]:
+        """A copy of the routes by table name."""
         return dict(self._routes)
+
+    @property
+    def live_routes(self) -> Mapping[str, TableRoute]:
+        """The routes by table name, live: the same dict for the hosting's lifetime, its
+        entries replaced under ``_lock`` (a reader reads an entry once, atomically)."""
+        return self._routes
 
     def replica(self, store: str) -> TableReplica:
         """The hosted replica of table ``store`` (its changelog, partitions and stores)."""
@@ -240,6 +248,7 @@ class Hosting:
             KeyCodec(replica.schema),
             Partitioner(replica.schema.key_types, manifest.partitions),
             stores,
+            windowed=replica.schema.window_column is not None,
         )
         with self._lock:
             self._tables[name] = replica

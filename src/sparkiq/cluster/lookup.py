@@ -18,8 +18,7 @@ otherwise routes to a node that hosts the partition (see :mod:`sparkiq.cluster.r
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, TableRoute
@@ -39,11 +38,11 @@ _PLAIN_CONTEXT = QueryContext()
 _BUILTIN_KEY_HANDLER = handler_for(PartitionStore, KeyQuery)
 
 
-@dataclass(frozen=True, slots=True)
-class KeyLocation:
+class KeyLocation(NamedTuple):
     """Where a key is: its internal form, its partition, the replica hosted here (None if
     not hosted) and whether this node reads it itself (hosted, and caught up when
-    clustered)."""
+    clustered). A named tuple, not a frozen dataclass: it is built on every key lookup, and
+    builds in half the time."""
 
     internal: tuple[Any, ...]
     partition: int
@@ -60,6 +59,7 @@ class Lookup:
 
     def __init__(self, hosting: Hosting, *, node_id: str, url: str | None = None) -> None:
         self._hosting = hosting
+        self._routes = hosting.live_routes  # read without a call on every key lookup
         self.node_id = node_id
         self.url = url
         self.token: str | None = None  # forwarded by query() when routing on our own behalf
@@ -93,10 +93,13 @@ class Lookup:
         return self._hosting.route(store).partition_of(key)[1]
 
     def locate(self, store: str, key: Any) -> KeyLocation:
-        route = self._hosting.route(store)
-        if handler_for(PartitionStore, KeyQuery) is _BUILTIN_KEY_HANDLER:
+        route = self._routes.get(store) or self._hosting.route(store)  # unknown: raises
+        # The built-in key rule refuses only windowed tables: the common case skips asking
+        # the registry here (read_key asks it before reading).
+        if route.windowed and handler_for(PartitionStore, KeyQuery) is _BUILTIN_KEY_HANDLER:
             check_key_query(route.schema, store)
-        internal, partition = route.partition_of(key)
+        internal = route.codec.to_internal(key)
+        partition = route.partitioner(internal)
         hosted = route.stores[partition]
         coordinator = self.coordinator
         here = hosted is not None and (
@@ -106,7 +109,9 @@ class Lookup:
         return KeyLocation(internal, partition, hosted, here)
 
     def read_key(self, location: KeyLocation, key: Any) -> tuple[dict[str, Any] | None, Position]:
-        """``(row, position)`` of a key this node reads itself (``location.here``)."""
+        """``(row, position)`` of a key this node reads itself (``location.here``): the
+        built-in handler's read without building query and result objects, or a handler
+        the user registered for ``KeyQuery`` through :func:`~sparkiq.stores.dispatch.execute`."""
         store = location.store
         assert store is not None
         if handler_for(type(store), KeyQuery) is _BUILTIN_KEY_HANDLER:
