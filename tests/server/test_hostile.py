@@ -8,6 +8,7 @@ Every error body is also checked for leaks: no filesystem path, no Python class 
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ import orjson
 import pytest
 
 from sparkiq import Node
+from sparkiq.sql.parse import MAX_NESTING
+from sparkiq.wire.values import pack
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.sql.tables import build_world
 
@@ -253,3 +256,124 @@ def test_a_backtracking_like_pattern_costs_nothing(hostile: Hostile) -> None:
     assert elapsed < BOUND, f"first change after {elapsed:.2f} s"
     assert latencies and max(latencies) < BOUND
     assert_healthy(hostile)
+
+
+# -- 4. nesting, extreme window bounds, malformed node-protocol bodies ------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT " + "(" * 100 + "1" + ")" * 100,
+        "SELECT * FROM t WHERE " + "(" * 100 + "n = 1" + ")" * 100,
+        "SELECT " + "abs(" * 100 + "1" + ")" * 100,
+        "SELECT " + "(SELECT " * 100 + "1" + ")" * 100,
+        "SELECT " + "CASE WHEN TRUE THEN " * 100 + "1" + " END" * 100,
+        "SELECT " + "NOT " * 2000 + "TRUE",  # no parentheses: sqlglot's own recursion
+        "SELECT * FROM t WHERE " + "(" * 100 + "n = 1" + ")" * 100 + " EMIT CHANGES",
+        "SELECT * FROM t WHERE " + "NOT " * 2000 + "n = 1 EMIT CHANGES",
+    ],
+)
+def test_deep_nesting_is_a_400(hostile: Hostile, sql: str) -> None:
+    error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+    assert error["code"] == "nesting_too_deep"
+    assert "nest" in error["message"]
+
+
+def test_nesting_up_to_the_limit_answers(hostile: Hostile) -> None:
+    for sql in (
+        "SELECT " + "(" * MAX_NESTING + "1" + ")" * MAX_NESTING + " AS x",
+        "SELECT " + "(SELECT " * (MAX_NESTING - 1) + "1 AS x" + ")" * (MAX_NESTING - 1) + " AS x",
+        "SELECT " + "abs(" * MAX_NESTING + "1" + ")" * MAX_NESTING + " AS x",
+    ):
+        response = httpx.post(hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30)
+        assert response.status_code == 200, response.text[:300]
+        assert response.json()["rows"] == [{"x": 1}]
+    # a long AND chain is deep as a tree but not nested: it answers
+    sql = "SELECT count(*) AS c FROM t WHERE " + " AND ".join(["n >= 0"] * 3000)
+    response = httpx.post(hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30)
+    assert response.status_code == 200, response.text[:300]
+    assert response.json()["rows"][0]["c"] > 0
+
+
+WINDOWS_OF_A = 12  # tests.sql.tables: key 'a' has a window every 2 hours of one day
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper"),
+    [
+        ("0001-01-01T00:00:00", "9999-12-31T23:59:59.999999"),
+        ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59.999999-14:00"),
+        ("0001-01-01T00:00:00Z", None),
+    ],
+)
+def test_extreme_window_bounds_answer(hostile: Hostile, lower: str, upper: str | None) -> None:
+    for doc in (
+        {"type": "window_key", "key": "a", "from": lower, "to": upper},
+        {"type": "window_range", "from": lower, "to": upper},
+    ):
+        response = httpx.post(
+            hostile.url("/stores/win/query"), json={"query": doc}, headers=auth(), timeout=30
+        )
+        assert response.status_code == 200, response.text[:300]
+        rows = [r for p in response.json()["partitions"].values() for r in p["rows"]]
+        if doc["type"] == "window_key":
+            assert len(rows) == WINDOWS_OF_A
+        else:
+            assert len(rows) > WINDOWS_OF_A
+
+
+def test_extreme_window_bounds_over_the_node_protocol(hostile: Hostile) -> None:
+    east = dt.timezone(dt.timedelta(hours=14))
+    west = dt.timezone(dt.timedelta(hours=-14))
+    for lower, upper in (
+        (dt.datetime.min, dt.datetime.max),
+        (dt.datetime.min.replace(tzinfo=east), dt.datetime.max.replace(tzinfo=west)),
+    ):
+        body = pack(
+            {
+                "v": 1,
+                "store": "win",
+                "query": {
+                    "type": "WindowKeyQuery",
+                    "fields": {"key": "a", "time_from": lower, "time_to": upper},
+                },
+            }
+        )
+        response = httpx.post(
+            hostile.url("/internal/query"), content=body, headers=auth(), timeout=30
+        )
+        assert response.status_code == 200, response.content[:300]
+
+
+def _request(fields: Any, query_type: str = "KeyQuery", store: Any = "ik", **extra: Any) -> bytes:
+    query = {"type": query_type, "fields": fields}
+    return pack({"v": 1, "store": store, "query": query, **extra})
+
+
+MALFORMED_INTERNAL = {
+    "empty": b"",
+    "not msgpack": b"\x80",
+    "a number": pack(5),
+    "an array": pack([1, 2]),
+    "another version": pack({"v": 2}),
+    "no query": pack({"v": 1, "store": "ik"}),
+    "query not a map": pack({"v": 1, "store": "ik", "query": 5}),
+    "fields not a map": _request([1]),
+    "unknown field": _request({"nope": 1}),
+    "key of another type": _request({"key": "x"}),
+    "key of a map": _request({"key": {"a": 1}}),
+    "store not a string": _request({"key": 1}, store=5),
+    "partitions of strings": _request({"key": 1}, partitions="ab"),
+    "bound not a token": _request({"key": 1}, bound=5),
+    "bound corrupted": _request({"key": 1}, bound="p1.zzz"),
+    "window bound a string": _request({"key": "a", "time_from": "x"}, "WindowKeyQuery", "win"),
+    "window bound a number": _request({"time_to": 5}, "WindowRangeQuery", "win"),
+    "nested 100000 deep": b"\x91" * 100_000,
+}
+
+
+@pytest.mark.parametrize("body", MALFORMED_INTERNAL.values(), ids=MALFORMED_INTERNAL.keys())
+def test_malformed_internal_query_bodies_are_a_400(hostile: Hostile, body: bytes) -> None:
+    error = error_of(refused(hostile, "POST", "/internal/query", content=body))
+    assert error["message"]

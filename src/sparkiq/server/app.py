@@ -448,6 +448,12 @@ def _classify(exc: Exception) -> HttpError:
         error = HttpError(status, code, exc.message, _field_of(exc))
         error.extra = _sql_details(exc)  # type: ignore[attr-defined]
         return error
+    if isinstance(exc, RecursionError):
+        # Only input nests this deeply (a SQL expression chain, a MessagePack body of
+        # nested arrays): the stack has unwound, nothing is broken, the caller must flatten.
+        return HttpError(
+            400, "nesting_too_deep", "the request nests too deeply to be read; flatten it"
+        )
     if isinstance(exc, protocol.RemoteError | NodeUnreachableError):
         return HttpError(502, "upstream_unavailable", exc.message)
     if isinstance(exc, SparkiqError):
