@@ -9,18 +9,22 @@ Every error body is also checked for leaks: no filesystem path, no Python class 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+import sparkiq.server
 from sparkiq import Node
 from sparkiq.errors import ChangelogError, InvalidQueryError, StoreError
+from sparkiq.server.app import PUBLIC_PATHS
 from sparkiq.sql.parse import MAX_NESTING
 from sparkiq.wire.values import pack
 from tests.cluster.cluster_helpers import start_http_cluster
@@ -415,3 +419,22 @@ def test_error_messages_carry_no_paths_or_class_names(
         assert "'ik'" in message or "partition 2" in message or "KeyQuery" in message, message
     monkeypatch.undo()
     assert_healthy(hostile)
+
+
+# -- 7. what is public ---------------------------------------------------------------------------
+
+
+def test_public_paths_are_the_documented_ones_and_hold_no_data(hostile: Hostile) -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "rest.md").read_text()
+    sentence = docs[docs.index("except these public paths") :].split("\n\n")[0]
+    documented = set(re.findall(r"`(/[a-z.]*)`", sentence))
+    assert documented == PUBLIC_PATHS
+    page = (Path(sparkiq.server.__file__).parent / "console.html").read_bytes()
+    for path in sorted(PUBLIC_PATHS):
+        response = httpx.get(hostile.url(path), timeout=10)  # no token
+        assert response.status_code == 200, path
+        if path in ("/", "/console"):
+            assert response.content == page  # the static page: nothing of the node's data
+            assert response.headers["x-frame-options"] == "DENY"
+    for path in ("/stores", "/metadata", "/metrics", PROBE_PATH):
+        assert httpx.get(hostile.url(path), timeout=10).status_code == 401, path

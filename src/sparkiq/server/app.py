@@ -54,7 +54,7 @@ from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import jsonapi, protocol
 from sparkiq.wire.values import pack, unpack
 
-__all__ = ["RestApp", "scrub"]
+__all__ = ["PUBLIC_PATHS", "RestApp", "scrub"]
 
 log = logging.getLogger("sparkiq.server")
 
@@ -64,8 +64,17 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = [(b"content-type", protocol.CONTENT_TYPE.encode())]
-_PUBLIC = {"/healthz", "/readyz", "/openapi.json", "/", "/console"}
-_HTML = [(b"content-type", b"text/html; charset=utf-8")]
+#: Paths answered without a token (docs/rest.md lists the same, a test checks it): probes,
+#: the API description, and the console page, which is static (no data) and sends the token
+#: its user types with every request it makes.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/console"})
+_HTML = [
+    (b"content-type", b"text/html; charset=utf-8"),
+    # the page keeps the token in the browser: no framing by other sites, no referrer
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 _request_ids = itertools.count(1)
 
 
@@ -135,7 +144,7 @@ class RestApp:
         path: str = scope["path"]
         method: str = scope["method"]
         parts = path.strip("/").split("/")
-        if path not in _PUBLIC:
+        if path not in PUBLIC_PATHS:
             self.node.check_token(_bearer(scope))
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
             _allow(method, "GET")
