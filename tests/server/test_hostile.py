@@ -8,17 +8,25 @@ Every error body is also checked for leaks: no filesystem path, no Python class 
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+import sparkiq.server
 from sparkiq import Node
+from sparkiq.errors import ChangelogError, InvalidQueryError, StoreError
+from sparkiq.server.app import PUBLIC_PATHS
+from sparkiq.sql.parse import MAX_NESTING
+from sparkiq.wire.values import pack
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.sql.tables import build_world
 
@@ -66,6 +74,51 @@ def assert_healthy(h: Hostile) -> None:
     assert response.json()["row"] == PROBE_ROW
 
 
+class Probe:
+    """Key lookups on their own connection, one after another, for as long as it runs:
+    ``with Probe(h) as probe:`` returns once one lookup has answered (a cold client is not
+    the hostile request's fault); leaving waits for one more lookup, issued after the
+    hostile request was sent, then checks every lookup answered correctly and quickly."""
+
+    def __init__(self, h: Hostile) -> None:
+        self.h = h
+        self.spans: list[tuple[float, float]] = []
+        self.failures: list[str] = []
+        self.done = threading.Event()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(headers=auth(), timeout=10) as client:
+            while not self.done.is_set():
+                started = time.monotonic()
+                response = client.get(self.h.url(PROBE_PATH))
+                self.spans.append((started, time.monotonic()))
+                if response.status_code != 200 or response.json()["row"] != PROBE_ROW:
+                    self.failures.append(response.text)
+                self.ready.set()
+                time.sleep(0.005)
+
+    def __enter__(self) -> Probe:
+        self.thread.start()
+        assert self.ready.wait(15), "the probe's first lookup never answered"
+        self.since = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any(s > self.since for s, _ in self.spans):
+            time.sleep(0.01)
+        self.done.set()
+        self.thread.join(15)
+        if exc[0] is not None:
+            return
+        assert not self.failures, self.failures[:3]
+        meanwhile = [end - start for start, end in self.spans if end > self.since]
+        assert meanwhile, "no lookup answered while or after the hostile request ran"
+        assert max(meanwhile) < BOUND, f"a concurrent lookup took {max(meanwhile):.2f} s"
+
+
 def refused(
     h: Hostile,
     method: str,
@@ -78,41 +131,17 @@ def refused(
 ) -> httpx.Response:
     """Send one hostile request while another connection keeps looking a key up; assert a
     quick 4xx, quick concurrent lookups and a healthy node afterwards."""
-    latencies: list[float] = []
-    failures: list[str] = []
-    done = threading.Event()
-
-    def probe() -> None:
-        with httpx.Client(headers=auth(), timeout=10) as client:
-            while not done.is_set():
-                started = time.monotonic()
-                response = client.get(h.url(PROBE_PATH))
-                latencies.append(time.monotonic() - started)
-                if response.status_code != 200 or response.json()["row"] != PROBE_ROW:
-                    failures.append(response.text)
-                time.sleep(0.01)
-
-    assert_healthy(h)  # warm: the probe measures the hostile request, not a cold start
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    time.sleep(0.05)
+    assert_healthy(h)
     body = orjson.dumps(json) if json is not None else content
-    started = time.monotonic()
-    try:
+    with Probe(h):
+        started = time.monotonic()
         response = httpx.request(
             method, h.url(path), content=body, headers=auth() | (headers or {}), timeout=30
         )
         elapsed = time.monotonic() - started
-        time.sleep(0.05)
-    finally:
-        done.set()
-        thread.join(15)
     statuses = status if isinstance(status, tuple) else (status,)
     assert response.status_code in statuses, response.text[:500]
     assert elapsed < BOUND, f"{path}: answered after {elapsed:.2f} s"
-    assert not failures, failures[:3]
-    assert latencies, "no concurrent lookup completed"
-    assert max(latencies) < BOUND, f"a concurrent lookup took {max(latencies):.2f} s"
     assert_no_leak(h, response)
     assert_healthy(h)
     return response
@@ -221,21 +250,8 @@ def test_a_backtracking_like_pattern_costs_nothing(hostile: Hostile) -> None:
     long_key = " || ".join(["k"] * 40)  # 'w001w001...': 40 'w's to try '%w%w...' against
     pattern = "%w" * 14 + "%x"
     sql = f"SELECT k FROM w WHERE k = 'w001' OR {long_key} LIKE '{pattern}' EMIT CHANGES"
-    latencies: list[float] = []
-    done = threading.Event()
-
-    def probe() -> None:
-        with httpx.Client(headers=auth(), timeout=10) as client:
-            while not done.is_set():
-                started = time.monotonic()
-                assert client.get(hostile.url(PROBE_PATH)).status_code == 200
-                latencies.append(time.monotonic() - started)
-                time.sleep(0.01)
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    started = time.monotonic()
-    try:
+    with Probe(hostile):
+        started = time.monotonic()
         with httpx.stream(
             "POST",
             hostile.url("/query"),
@@ -246,10 +262,179 @@ def test_a_backtracking_like_pattern_costs_nothing(hostile: Hostile) -> None:
             assert response.status_code == 200
             first = orjson.loads(next(response.iter_lines()))
             elapsed = time.monotonic() - started
-    finally:
-        done.set()
-        thread.join(15)
     assert first["row"] == {"k": "w001"} and first["snapshot"] is True
     assert elapsed < BOUND, f"first change after {elapsed:.2f} s"
-    assert latencies and max(latencies) < BOUND
     assert_healthy(hostile)
+
+
+# -- 4. nesting, extreme window bounds, malformed node-protocol bodies ------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT " + "(" * 100 + "1" + ")" * 100,
+        "SELECT * FROM t WHERE " + "(" * 100 + "n = 1" + ")" * 100,
+        "SELECT " + "abs(" * 100 + "1" + ")" * 100,
+        "SELECT " + "(SELECT " * 100 + "1" + ")" * 100,
+        "SELECT " + "CASE WHEN TRUE THEN " * 100 + "1" + " END" * 100,
+        "SELECT " + "NOT " * 2000 + "TRUE",  # no parentheses: sqlglot's own recursion
+        "SELECT * FROM t WHERE " + "(" * 100 + "n = 1" + ")" * 100 + " EMIT CHANGES",
+        "SELECT * FROM t WHERE " + "NOT " * 2000 + "n = 1 EMIT CHANGES",
+    ],
+)
+def test_deep_nesting_is_a_400(hostile: Hostile, sql: str) -> None:
+    error = error_of(refused(hostile, "POST", "/query", json={"sql": sql}))
+    assert error["code"] == "nesting_too_deep"
+    assert "nest" in error["message"]
+
+
+def test_nesting_up_to_the_limit_answers(hostile: Hostile) -> None:
+    for sql in (
+        "SELECT " + "(" * MAX_NESTING + "1" + ")" * MAX_NESTING + " AS x",
+        "SELECT " + "(SELECT " * (MAX_NESTING - 1) + "1 AS x" + ")" * (MAX_NESTING - 1) + " AS x",
+        "SELECT " + "abs(" * MAX_NESTING + "1" + ")" * MAX_NESTING + " AS x",
+    ):
+        response = httpx.post(hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30)
+        assert response.status_code == 200, response.text[:300]
+        assert response.json()["rows"] == [{"x": 1}]
+    # a long AND chain is deep as a tree but not nested: it answers
+    sql = "SELECT count(*) AS c FROM t WHERE " + " AND ".join(["n >= 0"] * 3000)
+    response = httpx.post(hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30)
+    assert response.status_code == 200, response.text[:300]
+    assert response.json()["rows"][0]["c"] > 0
+
+
+WINDOWS_OF_A = 12  # tests.sql.tables: key 'a' has a window every 2 hours of one day
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper"),
+    [
+        ("0001-01-01T00:00:00", "9999-12-31T23:59:59.999999"),
+        ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59.999999-14:00"),
+        ("0001-01-01T00:00:00Z", None),
+    ],
+)
+def test_extreme_window_bounds_answer(hostile: Hostile, lower: str, upper: str | None) -> None:
+    for doc in (
+        {"type": "window_key", "key": "a", "from": lower, "to": upper},
+        {"type": "window_range", "from": lower, "to": upper},
+    ):
+        response = httpx.post(
+            hostile.url("/stores/win/query"), json={"query": doc}, headers=auth(), timeout=30
+        )
+        assert response.status_code == 200, response.text[:300]
+        rows = [r for p in response.json()["partitions"].values() for r in p["rows"]]
+        if doc["type"] == "window_key":
+            assert len(rows) == WINDOWS_OF_A
+        else:
+            assert len(rows) > WINDOWS_OF_A
+
+
+def test_extreme_window_bounds_over_the_node_protocol(hostile: Hostile) -> None:
+    east = dt.timezone(dt.timedelta(hours=14))
+    west = dt.timezone(dt.timedelta(hours=-14))
+    for lower, upper in (
+        (dt.datetime.min, dt.datetime.max),
+        (dt.datetime.min.replace(tzinfo=east), dt.datetime.max.replace(tzinfo=west)),
+    ):
+        body = pack(
+            {
+                "v": 1,
+                "store": "win",
+                "query": {
+                    "type": "WindowKeyQuery",
+                    "fields": {"key": "a", "time_from": lower, "time_to": upper},
+                },
+            }
+        )
+        response = httpx.post(
+            hostile.url("/internal/query"), content=body, headers=auth(), timeout=30
+        )
+        assert response.status_code == 200, response.content[:300]
+
+
+def _request(fields: Any, query_type: str = "KeyQuery", store: Any = "ik", **extra: Any) -> bytes:
+    query = {"type": query_type, "fields": fields}
+    return pack({"v": 1, "store": store, "query": query, **extra})
+
+
+MALFORMED_INTERNAL = {
+    "empty": b"",
+    "not msgpack": b"\x80",
+    "a number": pack(5),
+    "an array": pack([1, 2]),
+    "another version": pack({"v": 2}),
+    "no query": pack({"v": 1, "store": "ik"}),
+    "query not a map": pack({"v": 1, "store": "ik", "query": 5}),
+    "fields not a map": _request([1]),
+    "unknown field": _request({"nope": 1}),
+    "key of another type": _request({"key": "x"}),
+    "key of a map": _request({"key": {"a": 1}}),
+    "store not a string": _request({"key": 1}, store=5),
+    "partitions of strings": _request({"key": 1}, partitions="ab"),
+    "bound not a token": _request({"key": 1}, bound=5),
+    "bound corrupted": _request({"key": 1}, bound="p1.zzz"),
+    "window bound a string": _request({"key": "a", "time_from": "x"}, "WindowKeyQuery", "win"),
+    "window bound a number": _request({"time_to": 5}, "WindowRangeQuery", "win"),
+    "nested 100000 deep": b"\x91" * 100_000,
+}
+
+
+@pytest.mark.parametrize("body", MALFORMED_INTERNAL.values(), ids=MALFORMED_INTERNAL.keys())
+def test_malformed_internal_query_bodies_are_a_400(hostile: Hostile, body: bytes) -> None:
+    error = error_of(refused(hostile, "POST", "/internal/query", content=body))
+    assert error["message"]
+
+
+# -- 6. no paths or Python internals in messages ----------------------------------------------
+
+
+def test_error_messages_carry_no_paths_or_class_names(
+    hostile: Hostile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Errors raised deep inside (a replica's RocksDB, a SQL library) reach the caller with
+    what they say about tables and partitions, without paths or Python class names."""
+    replica = f"{hostile.state_dir}/replicas/n0/ik/2/rocksdb"
+    failures: list[Exception] = [
+        StoreError(f"RocksDB store at '{replica}' failed: IO error: {replica}/LOCK (table 'ik')"),
+        ChangelogError("table 'ik': cannot read 's3://bucket/warehouse/ik/_manifest.json': denied"),
+        InvalidQueryError("cannot compare <class 'sqlglot.expressions.Column'> in partition 2"),
+        InvalidQueryError("KeyQuery: KeyQuery.__init__() got an unexpected keyword argument"),
+        InvalidQueryError("expected sqlglot.expressions.Select for table 'ik'"),
+    ]
+    for failure in failures:
+
+        def fail(*args: Any, failure: Exception = failure) -> Any:
+            raise failure
+
+        monkeypatch.setattr(hostile.node, "local_lookup", fail)
+        response = httpx.get(hostile.url(PROBE_PATH), headers=auth(), timeout=10)
+        assert 400 <= response.status_code < 600
+        assert_no_leak(hostile, response)
+        message = error_of(response)["message"]
+        for word in ("<class", "__init__", "expressions.", "s3://", "rocksdb/LOCK"):
+            assert word not in message, message
+        assert "'ik'" in message or "partition 2" in message or "KeyQuery" in message, message
+    monkeypatch.undo()
+    assert_healthy(hostile)
+
+
+# -- 7. what is public ---------------------------------------------------------------------------
+
+
+def test_public_paths_are_the_documented_ones_and_hold_no_data(hostile: Hostile) -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "rest.md").read_text()
+    sentence = docs[docs.index("except these public paths") :].split("\n\n")[0]
+    documented = set(re.findall(r"`(/[a-z.]*)`", sentence))
+    assert documented == PUBLIC_PATHS
+    page = (Path(sparkiq.server.__file__).parent / "console.html").read_bytes()
+    for path in sorted(PUBLIC_PATHS):
+        response = httpx.get(hostile.url(path), timeout=10)  # no token
+        assert response.status_code == 200, path
+        if path in ("/", "/console"):
+            assert response.content == page  # the static page: nothing of the node's data
+            assert response.headers["x-frame-options"] == "DENY"
+    for path in ("/stores", "/metadata", "/metrics", PROBE_PATH):
+        assert httpx.get(hostile.url(path), timeout=10).status_code == 401, path

@@ -10,6 +10,8 @@ import time
 import pytest
 
 from sparkiq import Node
+from sparkiq.errors import ConfigError
+from sparkiq.spark import ddl
 from sparkiq.sql import SqlEngine, SqlError, SqlUnknownNameError, SqlUnsupportedError
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.push_plan import like_matcher
@@ -238,3 +240,17 @@ def test_like_never_backtracks(pattern: str) -> None:
     started = time.monotonic()
     assert not like_matcher(pattern)(value)
     assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("quote", ["'", '"'])
+def test_ddl_show_reads_comment_openers_in_linear_time(quote: str) -> None:
+    """SHOW's rest of line is scanned for comments once: 34,000 "/*" that never close
+    (inside a quoted word the tokenizer accepts) are refused at once, the message short."""
+    text = f"SHOW TABLES {quote}" + "/* " * 34_000 + quote
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        ddl.parse(text)
+    assert time.monotonic() - started < 1.0
+    assert "is not supported" in str(caught.value) and len(str(caught.value)) < 1000
+    assert isinstance(ddl.parse("SHOW /* a */ TABLES -- b\n;"), ddl.ShowTables)

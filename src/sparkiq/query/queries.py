@@ -116,6 +116,9 @@ class WindowKeyQuery(Query):
 
     single_key = True
 
+    def __post_init__(self) -> None:
+        _check_window_starts(self.time_from, self.time_to)
+
     @staticmethod
     def with_key_and_window_starts(
         key: Any, time_from: dt.datetime | None, time_to: dt.datetime | None
@@ -141,8 +144,22 @@ class WindowRangeQuery(Query):
     time_from: dt.datetime | None = None
     time_to: dt.datetime | None = None
 
+    def __post_init__(self) -> None:
+        _check_window_starts(self.time_from, self.time_to)
+
     @staticmethod
     def with_window_starts(
         time_from: dt.datetime | None, time_to: dt.datetime | None
     ) -> WindowRangeQuery:
         return WindowRangeQuery(time_from, time_to)
+
+
+def _check_window_starts(*bounds: object) -> None:
+    """Window bounds are datetimes (queries also arrive from the network)."""
+    for name, bound in zip(("time_from", "time_to"), bounds, strict=True):
+        if bound is not None and not isinstance(bound, dt.datetime):
+            shown = repr(bound)
+            raise TypeError(
+                f"{name} must be a datetime.datetime or None, got {type(bound).__name__} "
+                f"{shown if len(shown) <= 40 else shown[:37] + '...'}"
+            )

@@ -26,7 +26,6 @@ the key codec builds one per key column, once per schema.
 
 from __future__ import annotations
 
-import calendar
 import datetime as dt
 import math
 import numbers
@@ -62,6 +61,7 @@ __all__ = [
 
 _EPOCH_ORDINAL = dt.date(1970, 1, 1).toordinal()
 _EPOCH = dt.datetime(1970, 1, 1)
+_NO_OFFSET = dt.timedelta(0)
 _ONE_US = dt.timedelta(microseconds=1)
 _FLOAT32 = struct.Struct("<f")
 
@@ -102,9 +102,12 @@ def timestamp_to_internal(value: dt.datetime) -> int:
 
     A naive datetime is *local* time (the process's ``TZ``); an aware one is converted to UTC.
     """
-    seconds = (
-        calendar.timegm(value.utctimetuple()) if value.tzinfo else time.mktime(value.timetuple())
-    )
+    if value.tzinfo is not None:
+        # timedelta arithmetic, exact: utctimetuple() fails where the instant's UTC date
+        # leaves datetime's range (year 1 at +14:00 is year 0 in UTC)
+        offset = value.utcoffset() or _NO_OFFSET
+        return (value.replace(tzinfo=None) - _EPOCH - offset) // _ONE_US
+    seconds = time.mktime(value.timetuple())
     return int(seconds) * 1_000_000 + value.microsecond
 
 
@@ -114,8 +117,9 @@ def timestamp_from_internal(micros: int) -> dt.datetime:
 
 
 def timestamp_ntz_to_internal(value: dt.datetime) -> int:
-    """The wall clock of a naive datetime as microseconds since 1970-01-01 00:00."""
-    return (value - _EPOCH) // _ONE_US
+    """The wall clock of a datetime as microseconds since 1970-01-01 00:00 (a time zone is
+    ignored, as PySpark's ``TimestampNTZType.toInternal`` does)."""
+    return (value.replace(tzinfo=None) - _EPOCH) // _ONE_US
 
 
 def timestamp_ntz_from_internal(micros: int) -> dt.datetime:

@@ -29,6 +29,8 @@ import asyncio
 import importlib.resources
 import itertools
 import logging
+import os
+import re
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator
@@ -53,7 +55,7 @@ from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import jsonapi, protocol
 from sparkiq.wire.values import pack, unpack
 
-__all__ = ["RestApp"]
+__all__ = ["PUBLIC_PATHS", "RestApp", "scrub"]
 
 log = logging.getLogger("sparkiq.server")
 
@@ -63,8 +65,17 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
 _BINARY = [(b"content-type", protocol.CONTENT_TYPE.encode())]
-_PUBLIC = {"/healthz", "/readyz", "/openapi.json", "/", "/console"}
-_HTML = [(b"content-type", b"text/html; charset=utf-8")]
+#: Paths answered without a token (docs/rest.md lists the same, a test checks it): probes,
+#: the API description, and the console page, which is static (no data) and sends the token
+#: its user types with every request it makes.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/console"})
+_HTML = [
+    (b"content-type", b"text/html; charset=utf-8"),
+    # the page keeps the token in the browser: no framing by other sites, no referrer
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 _request_ids = itertools.count(1)
 
 
@@ -101,6 +112,12 @@ class RestApp:
         self._console = (
             importlib.resources.files("sparkiq.server").joinpath("console.html").read_bytes()
         )
+        # directories whose paths never reach a caller, even relative ones (see scrub)
+        self._roots = _roots(
+            getattr(node, "state_dir", None),
+            getattr(getattr(node, "config", None), "local_dir", None),
+            os.getcwd(),
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -114,11 +131,9 @@ class RestApp:
         status = 500
         try:
             route, status = await self._dispatch(scope, receive, send)
-        except HttpError as exc:
-            status = exc.status
-            await _send_error(send, exc)
         except Exception as exc:  # errors that are the caller's become 4xx, the rest 500
-            error = _classify(exc)
+            error = exc if isinstance(exc, HttpError) else _classify(exc)
+            error.message = scrub(error.message, self._roots)
             status = error.status
             await _send_error(send, error)
         finally:
@@ -130,7 +145,7 @@ class RestApp:
         path: str = scope["path"]
         method: str = scope["method"]
         parts = path.strip("/").split("/")
-        if path not in _PUBLIC:
+        if path not in PUBLIC_PATHS:
             self.node.check_token(_bearer(scope))
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
             _allow(method, "GET")
@@ -458,6 +473,12 @@ def _classify(exc: Exception) -> HttpError:
         error = HttpError(status, code, exc.message, _field_of(exc))
         error.extra = _sql_details(exc)  # type: ignore[attr-defined]
         return error
+    if isinstance(exc, RecursionError):
+        # Only input nests this deeply (a SQL expression chain, a MessagePack body of
+        # nested arrays): the stack has unwound, nothing is broken, the caller must flatten.
+        return HttpError(
+            400, "nesting_too_deep", "the request nests too deeply to be read; flatten it"
+        )
     if isinstance(exc, protocol.RemoteError | NodeUnreachableError):
         return HttpError(502, "upstream_unavailable", exc.message)
     if isinstance(exc, SparkiqError):
@@ -467,6 +488,53 @@ def _classify(exc: Exception) -> HttpError:
     return HttpError(
         500, "internal_error", f"internal error (request id {request_id}); see the node's log"
     )
+
+
+# An absolute path (with at least two segments, not one of this API's routes), a Windows
+# path, or a storage URI (s3://, file://, ...; not http(s), which name nodes), each up to
+# whitespace, a quote or punctuation that ends it.
+_PATH = re.compile(
+    r"""(?:\b(?!https?://)[a-z][a-z0-9+.-]*://
+         | \b[A-Za-z]:\\
+         | (?<![\w/.:])/(?!(?:stores|internal|metadata|query|openapi)\b)(?=[^\s'"]*/)
+        )[^\s'",;()\]\[]*""",
+    re.VERBOSE | re.IGNORECASE,
+)
+# Python's own words: class reprs, module-qualified names of our libraries, dunder calls
+_PYTHON = re.compile(
+    r"""<class\s+'[^']*'>
+      | \b(?:sqlglot|sparkiq|duckdb|pyarrow|msgspec|orjson|rocksdict|builtins|uvicorn)(?:\.\w+)+
+      | \b\w+\.__\w+__\(\)\s*""",
+    re.VERBOSE,
+)
+
+
+def _roots(*directories: object) -> tuple[str, ...]:
+    found = set()
+    for directory in directories:
+        if isinstance(directory, str) and directory and "://" not in directory:
+            found |= {directory.rstrip("/"), os.path.abspath(directory)}
+    return tuple(sorted((d for d in found if len(d) > 1), key=len, reverse=True))
+
+
+def scrub(message: str, roots: tuple[str, ...] = ()) -> str:
+    """``message`` without filesystem paths, storage URIs or Python internals, for a caller.
+
+    Paths under ``roots`` (the state and local directories, relative or not) and every
+    absolute path or URI become ``<path>``; class reprs and module-qualified names become
+    ``a value``; a traceback is cut off. What the message says about tables, columns and
+    partitions stays."""
+    if "Traceback" in message:
+        message = message[: message.index("Traceback")].rstrip() or "internal error"
+    for root in roots:
+        if root in message:
+            message = re.sub(re.escape(root) + r"[^\s'\",;()]*", "<path>", message)
+    message = _PATH.sub("<path>", message)
+    return _PYTHON.sub(_python_word, message)
+
+
+def _python_word(match: re.Match[str]) -> str:
+    return "" if "__" in match.group() else "a value"
 
 
 def _field_of(exc: Exception) -> str | None:

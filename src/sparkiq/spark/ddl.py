@@ -82,7 +82,9 @@ _DDL_WORDS = frozenset({"CREATE", "DROP", "SHOW", "DESCRIBE", "DESC"})
 _REFUSED_WORDS = frozenset(
     {"ALTER", "INSERT", "UPDATE", "DELETE", "MERGE", "TRUNCATE", "REPLACE", "UPSERT", "RENAME"}
 )
-_COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
+# An open comment runs to the end (as in sparkiq.sql.statement): each match then ends at
+# the first "*/" or at the end, so many "/*" without "*/" cost one pass, not one per "/*".
+_COMMENT = re.compile(r"--[^\n]*|/\*.*?(?:\*/|\Z)", re.DOTALL)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_WORDS = frozenset({TokenType.STRING, TokenType.IDENTIFIER, TokenType.NUMBER})
 
@@ -420,7 +422,8 @@ class _Parser:
         rest = self.text[self.tokens[0].end + 1 :]
         words = _COMMENT.sub(" ", rest).replace(";", " ").split()
         if [w.upper() for w in words] != ["TABLES"]:
-            raise _unsupported(f"SHOW {' '.join(words)}")
+            shown = " ".join(words[:8])
+            raise _unsupported(f"SHOW {shown if len(shown) <= 60 else shown[:57] + '...'}")
         return ShowTables()
 
     def describe(self) -> DescribeTable:

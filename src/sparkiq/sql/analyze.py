@@ -343,11 +343,21 @@ def _resolve_columns(
 
 
 def conjuncts(node: exp.Expr) -> list[exp.Expr]:
-    if isinstance(node, exp.And):
-        return conjuncts(node.this) + conjuncts(node.expression)
-    if isinstance(node, exp.Paren):
-        return conjuncts(node.this)
-    return [node]
+    """The operands of a tree of ``AND`` (parentheses looked through), left to right.
+
+    Iterative: ``a AND b AND ...`` parses as a left-deep tree as deep as the statement is
+    long, so recursion would fail on a few thousand conjuncts."""
+    found: list[exp.Expr] = []
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, exp.And):
+            pending += [current.expression, current.this]
+        elif isinstance(current, exp.Paren):
+            pending.append(current.this)
+        else:
+            found.append(current)
+    return found
 
 
 def _owner(conjunct: exp.Expr, refs: list[TableRef], analysis: Analysis) -> TableRef | None:

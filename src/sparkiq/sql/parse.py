@@ -21,13 +21,24 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from sparkiq.sql.errors import SqlSyntaxError, SqlUnsupportedError, snippet_at
+from sparkiq.sql.errors import SqlLimitError, SqlSyntaxError, SqlUnsupportedError, snippet_at
 from sparkiq.sql.statement import first_word, is_push_query
 
-__all__ = ["Parsed", "check_tree", "parse", "shape_of"]
+__all__ = ["MAX_NESTING", "Parsed", "check_nesting", "check_tree", "parse", "shape_of"]
 
 DIALECT = "duckdb"
 
+#: Deepest nesting of parentheses and ``CASE ... END`` a statement may have. sqlglot's
+#: parser recurses about 25 Python frames per level and fails near 40 levels; the limit is
+#: checked on the text, in linear time, before sqlglot reads it.
+MAX_NESTING = 32
+# What counts: ( ) CASE END outside string literals, quoted identifiers and comments (an
+# open one runs to the end). Each alternative is linear: no nested quantifiers.
+_NESTING = re.compile(
+    r"""'[^']*'? | "[^"]*"? | --[^\n]* | /\*.*?(?:\*/|\Z)
+      | (?P<open>\(|\bcase\b) | (?P<close>\)|\bend\b)""",
+    re.IGNORECASE | re.DOTALL | re.VERBOSE,
+)
 _SLOW_CHARS = re.compile(r"''|\"|--|/\*|[?$:]")
 _DIGIT = re.compile(r"(?<![\w$])\d")
 _MAX_NUMBER_CHARS = 80  # beyond DECIMAL(38) with an exponent; far below int()'s limit
@@ -98,12 +109,15 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
                 "EXPLAIN ANALYZE is not supported; use EXPLAIN SELECT ... to see the plan",
                 code="unsupported_statement",
             )
+    check_nesting(body)
     try:
         statements = [s for s in sqlglot.parse(body, read=DIALECT) if s is not None]
     except ParseError as exc:
         raise _syntax_error(text, exc) from None
     except TokenError as exc:
         raise SqlSyntaxError(f"the statement cannot be tokenized: {exc}") from None
+    except RecursionError:  # deep without parentheses (NOT NOT NOT ...): same answer
+        raise too_deep() from None
     if not statements:
         raise SqlSyntaxError("the statement is empty; write SELECT ... FROM <table>")
     if len(statements) > 1:
@@ -112,9 +126,42 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
             code="multiple_statements",
         )
     tree = statements[0]
-    check_tree(tree, text, placeholders=placeholders)
+    try:
+        check_tree(tree, text, placeholders=placeholders)
+    except RecursionError:
+        raise too_deep() from None
     assert isinstance(tree, exp.Query)
     return Parsed(tree, explain, text)
+
+
+def check_nesting(text: str) -> None:
+    """Refuse a statement nested deeper than :data:`MAX_NESTING` (see there)."""
+    if "(" not in text and "case" not in text.lower():
+        return
+    depth = 0
+    for match in _NESTING.finditer(text):
+        if match.lastgroup == "open":
+            depth += 1
+            if depth > MAX_NESTING:
+                line = text.count("\n", 0, match.start()) + 1
+                column = match.start() - (text.rfind("\n", 0, match.start()) + 1) + 1
+                raise too_deep(line, column, snippet_at(text, line, column))
+        elif match.lastgroup == "close":
+            depth = max(depth - 1, 0)
+
+
+def too_deep(
+    line: int | None = None, column: int | None = None, snippet: str | None = None
+) -> SqlLimitError:
+    """The error for a statement nested too deeply (by the count, or for the parser)."""
+    return SqlLimitError(
+        f"the statement nests parentheses, subqueries or CASE deeper than {MAX_NESTING} "
+        "levels; flatten it (e.g. a CTE per level, or IN (...) instead of nested ORs)",
+        code="nesting_too_deep",
+        line=line,
+        column=column,
+        snippet=snippet,
+    )
 
 
 def _syntax_error(text: str, exc: ParseError) -> SqlSyntaxError:

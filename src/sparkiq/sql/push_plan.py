@@ -30,6 +30,7 @@ from sparkiq.errors import InvalidQueryError
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 from sparkiq.sql.limits import SqlLimits
+from sparkiq.sql.parse import check_nesting, too_deep
 from sparkiq.sql.statement import emit_changes_at
 
 __all__ = ["SUPPORTED", "PushPlan", "PushQueryError", "like_matcher", "plan_push_query"]
@@ -123,8 +124,11 @@ def plan_push_query(
             f"not a push query: {text.strip()[:80]!r} does not end with EMIT CHANGES (for a "
             "query that returns the current rows once, run a pull query with sql())"
         )
+    check_nesting(text[:emit])
     try:
         tree = sqlglot.parse_one(text[:emit])
+    except RecursionError:  # deep without parentheses (NOT NOT NOT ...)
+        raise too_deep() from None
     except sqlglot.errors.ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         raise PushQueryError(
@@ -146,8 +150,11 @@ def plan_push_query(
     names = {table.lower()} | ({table_node.alias.lower()} if table_node.alias else set())
     compiler = _Compiler(schema, names)
     where = tree.args.get("where")
-    predicate = None if where is None else compiler.predicate(where.this)
-    columns, project = compiler.projection(tree.expressions)
+    try:
+        predicate = None if where is None else compiler.predicate(where.this)
+        columns, project = compiler.projection(tree.expressions)
+    except RecursionError:  # a chain of thousands of ANDs is a tree that deep
+        raise too_deep() from None
     return PushPlan(" ".join(text.split()), table, columns, predicate, project)
 
 
