@@ -142,16 +142,36 @@ def _parser() -> argparse.ArgumentParser:
 
     query = commands.add_parser(
         "query",
-        help="run a SQL pull query against a node and print the rows as JSON lines",
+        help="run a SQL query against a node and print the rows (a table; --json, --csv)",
+        description="Runs a pull query and prints its rows, or a push query "
+        "(... EMIT CHANGES) and prints each change as it is committed until Ctrl-C.",
     )
     query.add_argument("sql", help="the statement, e.g. \"SELECT * FROM t WHERE k = 'a'\"")
-    query.add_argument(
+    _connection_options(query)
+    forms = query.add_mutually_exclusive_group()
+    forms.add_argument(
+        "--json", dest="form", action="store_const", const="json", help="one JSON object a line"
+    )
+    forms.add_argument(
+        "--csv", dest="form", action="store_const", const="csv", help="CSV with a header line"
+    )
+    query.set_defaults(form="table")
+
+    tables = commands.add_parser("tables", help="list the tables a node serves")
+    _connection_options(tables)
+
+    return parser
+
+
+def _connection_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
         "--url",
         default=_env("URL", "http://127.0.0.1:8081"),
         help="a node's URL [SPARKIQ_URL, default http://127.0.0.1:8081]",
     )
-    query.add_argument("--token", default=_env("TOKEN", None), help="[SPARKIQ_TOKEN]")
-    return parser
+    command.add_argument(
+        "--token", default=_env("TOKEN", None), help="the node's bearer token [SPARKIQ_TOKEN]"
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -190,19 +210,71 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _query(args: argparse.Namespace) -> int:
     from sparkiq.client import Client
-    from sparkiq.errors import SparkiqError
-    from sparkiq.wire.jsonapi import dumps
+    from sparkiq.output import ChangePrinter, print_rows
+    from sparkiq.sql.statement import is_push_query
 
     with Client(args.url, token=args.token) as client:
-        try:
+        if is_push_query(args.sql):
+            printer = ChangePrinter(sys.stdout, args.form)
+            with _Failure("query", args) as failure, client.stream(args.sql) as changes:
+                try:
+                    for change in changes:
+                        printer(change)
+                except KeyboardInterrupt:
+                    pass  # Ctrl-C ends a push query: it runs until then
+            return failure.code
+        with _Failure("query", args) as failure:
             answer = client.sql(args.sql)
-        except SparkiqError as exc:
-            print(f"sparkiq query: {exc}", file=sys.stderr)
-            return 1
-    for row in answer.rows:
-        sys.stdout.write(dumps(row).decode() + "\n")
+        if failure.code:
+            return failure.code
+    print_rows(sys.stdout, answer.columns, answer.rows, args.form)
     print(f"-- {len(answer.rows)} rows at position {answer.position.to_token()}", file=sys.stderr)
     return 0
+
+
+def _tables(args: argparse.Namespace) -> int:
+    from sparkiq.client import Client
+    from sparkiq.output import print_rows
+
+    with Client(args.url, token=args.token) as client, _Failure("tables", args) as failure:
+        stores = client.stores()
+    if failure.code:
+        return failure.code
+    rows = [
+        {
+            "table": s["name"],
+            "key": ", ".join(s["key_columns"]),
+            "window": s.get("window_column") or "",
+            "partitions": s["partitions"],
+        }
+        for s in stores
+    ]
+    print_rows(sys.stdout, ["table", "key", "window", "partitions"], rows, "table")
+    return 0
+
+
+class _Failure:
+    """``with _Failure(command, args) as failure:`` turns an error of a call to a node into
+    one line on stderr and an exit code in ``failure.code`` (0 when the block succeeded): 2
+    for what the user fixes by how they call (no node at --url, a token missing or wrong),
+    1 for a refused query. No traceback either way."""
+
+    def __init__(self, command: str, args: argparse.Namespace) -> None:
+        self.code, self._command, self._args = 0, command, args
+
+    def __enter__(self) -> _Failure:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        from sparkiq.errors import SparkiqError
+        from sparkiq.output import failure_message
+
+        if not isinstance(exc, SparkiqError):
+            return False
+        hint = failure_message(exc, self._args.url, self._args.token)
+        self.code = 2 if hint else 1
+        print(f"sparkiq {self._command}: {hint or exc}", file=sys.stderr)
+        return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "query":
         return _query(args)
+    if args.command == "tables":
+        return _tables(args)
     return 2
 
 
