@@ -418,6 +418,7 @@ RUNTIME_DEPENDENCIES = {
     "prometheus-client": (IMPORTED, "prometheus_client"),
     "pygwire": (IMPORTED, "pygwire"),
     "rich": (IMPORTED, "rich"),
+    "prompt-toolkit": (IMPORTED, "prompt_toolkit"),
 }
 
 

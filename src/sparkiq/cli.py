@@ -160,6 +160,15 @@ def _parser() -> argparse.ArgumentParser:
     tables = commands.add_parser("tables", help="list the tables a node serves")
     _connection_options(tables)
 
+    shell = commands.add_parser(
+        "shell",
+        help="an interactive SQL shell against a node",
+        description="Statements end with ';' and may span lines. Tab completes keywords, "
+        "tables and columns; history is kept in $SPARKIQ_HISTORY (default "
+        "~/.sparkiq/history). \\q or Ctrl-D leaves.",
+    )
+    _connection_options(shell)
+
     return parser
 
 
@@ -302,6 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _query(args)
     if args.command == "tables":
         return _tables(args)
+    if args.command == "shell":
+        from sparkiq.shell import run_shell
+
+        return run_shell(args.url, args.token)
     return 2
 
 
