@@ -98,6 +98,16 @@ def _parser() -> argparse.ArgumentParser:
         help="a node's local_dir whose replicas to show (repeatable); by default every node "
         "under <state_dir>/replicas [SPARKIQ_LOCAL_DIR]",
     )
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="show it again every SECONDS (default 2) until Ctrl-C: redrawn in place on a "
+        "terminal, one block after another otherwise",
+    )
 
     compact = commands.add_parser(
         "compact",
@@ -302,7 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         local_dirs = args.local_dir or (
             [os.environ["SPARKIQ_LOCAL_DIR"]] if "SPARKIQ_LOCAL_DIR" in os.environ else None
         )
-        return _status(args.state_dir, local_dirs)
+        if args.watch is not None:
+            return _watch_status(args.state_dir, local_dirs, args.watch)
+        code, text = _status_text(args.state_dir, local_dirs)
+        print(text, file=sys.stdout if code == 0 else sys.stderr)
+        return code
     if args.command == "compact":
         return _compact(args.state_dir, args.table, args.retention)
     if args.command == "serve":
@@ -321,15 +335,43 @@ def main(argv: Sequence[str] | None = None) -> int:
 _NODE_ROW = "{:<24} {:>4} {:<9} {:>7} {:>5} {:>10} {:>12} {:>6}"
 
 
-def _status(state_dir: str, local_dirs: list[str] | None) -> int:
+def _watch_status(state_dir: str, local_dirs: list[str] | None, every: float) -> int:
+    """``sparkiq status --watch``: the status every ``every`` seconds until Ctrl-C."""
+    if every <= 0:
+        print("sparkiq status: --watch takes a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        if sys.stdout.isatty():
+            from rich.live import Live
+            from rich.text import Text
+
+            with Live(auto_refresh=False, transient=False) as live:
+                while True:
+                    stamp = time.strftime("%H:%M:%S")
+                    text = _status_text(state_dir, local_dirs)[1]
+                    live.update(Text(f"{text}\n\n{stamp}, every {every:g} s; Ctrl-C stops"))
+                    live.refresh()
+                    time.sleep(every)
+        while True:  # not a terminal: nothing to redraw, each update follows the last
+            print(f"-- {time.strftime('%H:%M:%S')}", flush=True)
+            print(_status_text(state_dir, local_dirs)[1] + "\n", flush=True)
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _status_text(state_dir: str, local_dirs: list[str] | None) -> tuple[int, str]:
+    """The status report and the exit code that goes with it (1: no tables)."""
+    lines: list[str] = []
+    add = lines.append
+
     from sparkiq.changelog import Changelog, list_tables
     from sparkiq.changelog.snapshot import snapshot_summary
 
     tables = list_tables(state_dir)
     if not tables:
-        print(f"no sparkiq tables in {state_dir!r}", file=sys.stderr)
-        return 1
-    print(
+        return 1, f"no sparkiq tables in {state_dir!r}"
+    add(
         f"{'table':<24} {'parts':>5} {'key':<20} {'batches kept':>14} {'newest':>7} {'snapshot':>9}"
     )
     for name in tables:
@@ -343,9 +385,7 @@ def _status(state_dir: str, local_dirs: list[str] | None) -> int:
             f" [{manifest.window_column}]" if manifest.window_column else ""
         )
         newest = batches[-1] if batches else "-"
-        print(
-            f"{name:<24} {manifest.partitions:>5} {key:<20} {kept:>14} {newest!s:>7} {snapshot:>9}"
-        )
+        add(f"{name:<24} {manifest.partitions:>5} {key:<20} {kept:>14} {newest!s:>7} {snapshot:>9}")
     if local_dirs is None and "://" not in state_dir:
         root = os.path.join(os.path.abspath(state_dir), "replicas")
         local_dirs = (
@@ -357,19 +397,19 @@ def _status(state_dir: str, local_dirs: list[str] | None) -> int:
             with open(path) as handle:
                 doc = json.load(handle)
         except (OSError, ValueError):
-            print(f"\nnode at {local_dir}: no status.json (never started, or not a node)")
+            add(f"\nnode at {local_dir}: no status.json (never started, or not a node)")
             continue
         age = time.time() - float(doc.get("updated_at", 0))
-        print(f"\nnode {doc.get('node_id')!r} ({local_dir}), updated {age:.0f} s ago")
+        add(f"\nnode {doc.get('node_id')!r} ({local_dir}), updated {age:.0f} s ago")
         header = ("table", "part", "state", "batch", "lag", "rows", "bytes", "ETA")
-        print("  " + _NODE_ROW.format(*header))
+        add("  " + _NODE_ROW.format(*header))
         for p in doc.get("partitions", []):
             eta = "-" if p.get("eta_seconds") is None else f"{p['eta_seconds']:.0f}s"
             fields = ("table", "partition", "state", "batch_id", "lag_batches", "restored_rows")
-            print("  " + _NODE_ROW.format(*(p[f] for f in fields), p["restored_bytes"], eta))
+            add("  " + _NODE_ROW.format(*(p[f] for f in fields), p["restored_bytes"], eta))
             if p.get("error"):
-                print(f"      error: {p['error']}")
-    return 0
+                add(f"      error: {p['error']}")
+    return 0, "\n".join(lines)
 
 
 def _compact(state_dir: str, tables: list[str] | None, retention: float | None) -> int:
