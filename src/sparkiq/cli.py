@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
         help="partitions per table [SPARKIQ_DEMO_PARTITIONS, default 4]",
     )
     demo.add_argument(
+        "--listen",
+        default=_env("DEMO_LISTEN", "127.0.0.1:8081"),
+        help="host:port of the demo's node and web console; the next free port when taken "
+        "[SPARKIQ_DEMO_LISTEN, default 127.0.0.1:8081]",
+    )
+    demo.add_argument(
         "--fresh",
         action="store_true",
         help="delete --state-dir first instead of resuming from it",
@@ -307,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rate=args.rate,
             partitions=args.partitions,
             fresh=args.fresh,
+            listen=args.listen,
         )
     if args.command == "status":
         local_dirs = args.local_dir or (

@@ -41,7 +41,7 @@ KEYWORDS = (
     "AS", "DISTINCT", "GROUP", "BY", "HAVING", "ORDER", "ASC", "DESC", "LIMIT", "OFFSET",
     "JOIN", "LEFT", "INNER", "ON", "COUNT", "SUM", "MIN", "MAX", "AVG", "CASE", "WHEN",
     "THEN", "ELSE", "END", "CAST", "EMIT", "CHANGES", "EXPLAIN", "CREATE", "DROP", "TABLE",
-    "WINDOW_START", "WINDOW_END", "TRUE", "FALSE",
+    "WINDOWSTART", "WINDOWEND", "TRUE", "FALSE",
 )  # fmt: skip
 
 _HELP = """\
