@@ -119,6 +119,7 @@ def test_query_prints_json_lines_from_a_node(tmp_path: Path) -> None:
         ok = sparkiq(
             "query",
             "SELECT k, n FROM t WHERE n >= 2 ORDER BY k",
+            "--json",
             "--url",
             node.url,
             "--token",
@@ -130,5 +131,108 @@ def test_query_prints_json_lines_from_a_node(tmp_path: Path) -> None:
         bad = sparkiq("query", "SELECT nope FROM t", "--url", node.url, "--token", "tok")
         assert bad.returncode == 1
         assert "nope" in bad.stderr
+        # the API's caret snippet, under the unknown column
+        assert "SELECT nope FROM t\n       ^" in bad.stderr
+        assert "Traceback" not in bad.stderr
         refused = sparkiq("query", "SELECT * FROM t", "--url", node.url)
-        assert refused.returncode == 1 and "token" in refused.stderr
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert refused.stderr == (
+            "sparkiq query: the node needs a token: pass --token or SPARKIQ_TOKEN\n"
+        )
+        wrong = sparkiq("query", "SELECT * FROM t", "--url", node.url, "--token", "nope")
+        assert wrong.returncode == 2
+        assert "refused the token: check --token or SPARKIQ_TOKEN" in wrong.stderr
+
+
+def test_query_prints_a_table_by_default_and_csv_for_scripts(tmp_path: Path) -> None:
+    changelog = make_table(str(tmp_path), partitions=2)
+    write_batch(changelog, 0, {"a": 1, "b": 22, "c,d": 333})
+    with Node(str(tmp_path), node_id="q", listen="127.0.0.1:0") as node:
+        node.poll_once()
+        assert node.url is not None
+        table = sparkiq("query", "SELECT k, n FROM t ORDER BY k", "--url", node.url)
+        assert table.returncode == 0, table.stderr
+        cells = [
+            [cell.strip() for cell in line.strip("│┃").split("│")]
+            for line in table.stdout.splitlines()
+            if line.startswith("│")
+        ]
+        assert cells == [["a", "1"], ["b", "22"], ["c,d", "333"]]
+        assert "┃ k   ┃   n ┃" in table.stdout  # numbers are right-aligned
+        assert "3 rows at position p1." in table.stderr
+
+        csv = sparkiq("query", "SELECT k, n FROM t ORDER BY k", "--csv", "--url", node.url)
+        assert csv.returncode == 0, csv.stderr
+        assert csv.stdout.splitlines() == ["k,n", "a,1", "b,22", '"c,d",333']
+
+        both = sparkiq("query", "SELECT 1", "--csv", "--json", "--url", node.url)
+        assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_query_streams_a_push_query_as_changes_arrive(tmp_path: Path) -> None:
+    import time
+
+    changelog = make_table(str(tmp_path), partitions=2)
+    write_batch(changelog, 0, {"a": 1})
+    with Node(str(tmp_path), node_id="q", listen="127.0.0.1:0", poll_interval=0.05) as node:
+        node.poll_once()
+        assert node.url is not None
+        for form, expected in (
+            ("--csv", ["batch,k,n", "1,b,2", "2,b deleted"]),
+            ("--json", ['{"key":"c","row":{"k":"c","n":3},"batch_id":3,"position":"p1.']),
+        ):
+            command = ["query", form, "--url", node.url, "SELECT k, n FROM t EMIT CHANGES"]
+            process = subprocess.Popen(
+                [sys.executable, "-m", "sparkiq.cli", *command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                time.sleep(3)  # the subscription is open before the batch commits
+                if form == "--csv":
+                    write_batch(changelog, 1, {"b": 2})
+                    write_batch(changelog, 2, {"b": None})
+                else:
+                    write_batch(changelog, 3, {"c": 3})
+                assert process.stdout is not None
+                lines = [process.stdout.readline().rstrip("\n") for _ in expected]
+                # printed while the stream is still open: nothing waits for its end
+                assert process.poll() is None
+            finally:
+                process.terminate()
+                process.wait(10)
+            if form == "--csv":
+                assert lines == expected
+            else:
+                assert lines[0].startswith(expected[0])
+                assert lines[0].endswith(',"snapshot":false}')
+
+
+def test_tables_lists_the_tables_of_a_node(tmp_path: Path) -> None:
+    changelog = make_table(str(tmp_path), partitions=3)
+    write_batch(changelog, 0, {"a": 1})
+    with Node(str(tmp_path), node_id="q", listen="127.0.0.1:0") as node:
+        node.poll_once()
+        assert node.url is not None
+        result = sparkiq("tables", "--url", node.url)
+    assert result.returncode == 0, result.stderr
+    rows = [
+        [cell.strip() for cell in line.strip("│").split("│")]
+        for line in result.stdout.splitlines()
+        if line.startswith("│")
+    ]
+    assert rows == [["t", "k", "", "3"]]
+
+
+def test_an_unreachable_node_gets_a_hint_not_a_traceback() -> None:
+    from tests.cluster.serve_processes import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    for command in ("tables", "query"):
+        result = sparkiq(command, *(["SELECT 1"] if command == "query" else []), "--url", url)
+        assert result.returncode == 2
+        assert result.stderr == (
+            f"sparkiq {command}: cannot reach {url}: is `sparkiq serve` running? "
+            "set --url or SPARKIQ_URL\n"
+        )

@@ -32,7 +32,7 @@ LAYERS = [
     {"client"},
     # `from sparkiq import X` runs sparkiq/__init__, which imports every layer: only the top
     # layer may do it.
-    {"cli", "demo", "testing", "__init__"},
+    {"cli", "output", "shell", "demo", "testing", "__init__"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
@@ -417,6 +417,8 @@ RUNTIME_DEPENDENCIES = {
     "orjson": (IMPORTED, "orjson"),
     "prometheus-client": (IMPORTED, "prometheus_client"),
     "pygwire": (IMPORTED, "pygwire"),
+    "rich": (IMPORTED, "rich"),
+    "prompt-toolkit": (IMPORTED, "prompt_toolkit"),
 }
 
 

@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
         help="partitions per table [SPARKIQ_DEMO_PARTITIONS, default 4]",
     )
     demo.add_argument(
+        "--listen",
+        default=_env("DEMO_LISTEN", "127.0.0.1:8081"),
+        help="host:port of the demo's node and web console; the next free port when taken "
+        "[SPARKIQ_DEMO_LISTEN, default 127.0.0.1:8081]",
+    )
+    demo.add_argument(
         "--fresh",
         action="store_true",
         help="delete --state-dir first instead of resuming from it",
@@ -97,6 +103,16 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="a node's local_dir whose replicas to show (repeatable); by default every node "
         "under <state_dir>/replicas [SPARKIQ_LOCAL_DIR]",
+    )
+    status.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="show it again every SECONDS (default 2) until Ctrl-C: redrawn in place on a "
+        "terminal, one block after another otherwise",
     )
 
     compact = commands.add_parser(
@@ -142,16 +158,45 @@ def _parser() -> argparse.ArgumentParser:
 
     query = commands.add_parser(
         "query",
-        help="run a SQL pull query against a node and print the rows as JSON lines",
+        help="run a SQL query against a node and print the rows (a table; --json, --csv)",
+        description="Runs a pull query and prints its rows, or a push query "
+        "(... EMIT CHANGES) and prints each change as it is committed until Ctrl-C.",
     )
     query.add_argument("sql", help="the statement, e.g. \"SELECT * FROM t WHERE k = 'a'\"")
-    query.add_argument(
+    _connection_options(query)
+    forms = query.add_mutually_exclusive_group()
+    forms.add_argument(
+        "--json", dest="form", action="store_const", const="json", help="one JSON object a line"
+    )
+    forms.add_argument(
+        "--csv", dest="form", action="store_const", const="csv", help="CSV with a header line"
+    )
+    query.set_defaults(form="table")
+
+    tables = commands.add_parser("tables", help="list the tables a node serves")
+    _connection_options(tables)
+
+    shell = commands.add_parser(
+        "shell",
+        help="an interactive SQL shell against a node",
+        description="Statements end with ';' and may span lines. Tab completes keywords, "
+        "tables and columns; history is kept in $SPARKIQ_HISTORY (default "
+        "~/.sparkiq/history). \\q or Ctrl-D leaves.",
+    )
+    _connection_options(shell)
+
+    return parser
+
+
+def _connection_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
         "--url",
         default=_env("URL", "http://127.0.0.1:8081"),
         help="a node's URL [SPARKIQ_URL, default http://127.0.0.1:8081]",
     )
-    query.add_argument("--token", default=_env("TOKEN", None), help="[SPARKIQ_TOKEN]")
-    return parser
+    command.add_argument(
+        "--token", default=_env("TOKEN", None), help="the node's bearer token [SPARKIQ_TOKEN]"
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -190,19 +235,71 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _query(args: argparse.Namespace) -> int:
     from sparkiq.client import Client
-    from sparkiq.errors import SparkiqError
-    from sparkiq.wire.jsonapi import dumps
+    from sparkiq.output import ChangePrinter, print_rows
+    from sparkiq.sql.statement import is_push_query
 
     with Client(args.url, token=args.token) as client:
-        try:
+        if is_push_query(args.sql):
+            printer = ChangePrinter(sys.stdout, args.form)
+            with _Failure("query", args) as failure, client.stream(args.sql) as changes:
+                try:
+                    for change in changes:
+                        printer(change)
+                except KeyboardInterrupt:
+                    pass  # Ctrl-C ends a push query: it runs until then
+            return failure.code
+        with _Failure("query", args) as failure:
             answer = client.sql(args.sql)
-        except SparkiqError as exc:
-            print(f"sparkiq query: {exc}", file=sys.stderr)
-            return 1
-    for row in answer.rows:
-        sys.stdout.write(dumps(row).decode() + "\n")
+        if failure.code:
+            return failure.code
+    print_rows(sys.stdout, answer.columns, answer.rows, args.form)
     print(f"-- {len(answer.rows)} rows at position {answer.position.to_token()}", file=sys.stderr)
     return 0
+
+
+def _tables(args: argparse.Namespace) -> int:
+    from sparkiq.client import Client
+    from sparkiq.output import print_rows
+
+    with Client(args.url, token=args.token) as client, _Failure("tables", args) as failure:
+        stores = client.stores()
+    if failure.code:
+        return failure.code
+    rows = [
+        {
+            "table": s["name"],
+            "key": ", ".join(s["key_columns"]),
+            "window": s.get("window_column") or "",
+            "partitions": s["partitions"],
+        }
+        for s in stores
+    ]
+    print_rows(sys.stdout, ["table", "key", "window", "partitions"], rows, "table")
+    return 0
+
+
+class _Failure:
+    """``with _Failure(command, args) as failure:`` turns an error of a call to a node into
+    one line on stderr and an exit code in ``failure.code`` (0 when the block succeeded): 2
+    for what the user fixes by how they call (no node at --url, a token missing or wrong),
+    1 for a refused query. No traceback either way."""
+
+    def __init__(self, command: str, args: argparse.Namespace) -> None:
+        self.code, self._command, self._args = 0, command, args
+
+    def __enter__(self) -> _Failure:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        from sparkiq.errors import SparkiqError
+        from sparkiq.output import failure_message
+
+        if not isinstance(exc, SparkiqError):
+            return False
+        hint = failure_message(exc, self._args.url, self._args.token)
+        self.code = 2 if hint else 1
+        print(f"sparkiq {self._command}: {hint or exc}", file=sys.stderr)
+        return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,33 +313,72 @@ def main(argv: Sequence[str] | None = None) -> int:
             rate=args.rate,
             partitions=args.partitions,
             fresh=args.fresh,
+            listen=args.listen,
         )
     if args.command == "status":
         local_dirs = args.local_dir or (
             [os.environ["SPARKIQ_LOCAL_DIR"]] if "SPARKIQ_LOCAL_DIR" in os.environ else None
         )
-        return _status(args.state_dir, local_dirs)
+        if args.watch is not None:
+            return _watch_status(args.state_dir, local_dirs, args.watch)
+        code, text = _status_text(args.state_dir, local_dirs)
+        print(text, file=sys.stdout if code == 0 else sys.stderr)
+        return code
     if args.command == "compact":
         return _compact(args.state_dir, args.table, args.retention)
     if args.command == "serve":
         return _serve(args)
     if args.command == "query":
         return _query(args)
+    if args.command == "tables":
+        return _tables(args)
+    if args.command == "shell":
+        from sparkiq.shell import run_shell
+
+        return run_shell(args.url, args.token)
     return 2
 
 
 _NODE_ROW = "{:<24} {:>4} {:<9} {:>7} {:>5} {:>10} {:>12} {:>6}"
 
 
-def _status(state_dir: str, local_dirs: list[str] | None) -> int:
+def _watch_status(state_dir: str, local_dirs: list[str] | None, every: float) -> int:
+    """``sparkiq status --watch``: the status every ``every`` seconds until Ctrl-C."""
+    if every <= 0:
+        print("sparkiq status: --watch takes a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        if sys.stdout.isatty():
+            from rich.live import Live
+            from rich.text import Text
+
+            with Live(auto_refresh=False, transient=False) as live:
+                while True:
+                    stamp = time.strftime("%H:%M:%S")
+                    text = _status_text(state_dir, local_dirs)[1]
+                    live.update(Text(f"{text}\n\n{stamp}, every {every:g} s; Ctrl-C stops"))
+                    live.refresh()
+                    time.sleep(every)
+        while True:  # not a terminal: nothing to redraw, each update follows the last
+            print(f"-- {time.strftime('%H:%M:%S')}", flush=True)
+            print(_status_text(state_dir, local_dirs)[1] + "\n", flush=True)
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _status_text(state_dir: str, local_dirs: list[str] | None) -> tuple[int, str]:
+    """The status report and the exit code that goes with it (1: no tables)."""
+    lines: list[str] = []
+    add = lines.append
+
     from sparkiq.changelog import Changelog, list_tables
     from sparkiq.changelog.snapshot import snapshot_summary
 
     tables = list_tables(state_dir)
     if not tables:
-        print(f"no sparkiq tables in {state_dir!r}", file=sys.stderr)
-        return 1
-    print(
+        return 1, f"no sparkiq tables in {state_dir!r}"
+    add(
         f"{'table':<24} {'parts':>5} {'key':<20} {'batches kept':>14} {'newest':>7} {'snapshot':>9}"
     )
     for name in tables:
@@ -256,9 +392,7 @@ def _status(state_dir: str, local_dirs: list[str] | None) -> int:
             f" [{manifest.window_column}]" if manifest.window_column else ""
         )
         newest = batches[-1] if batches else "-"
-        print(
-            f"{name:<24} {manifest.partitions:>5} {key:<20} {kept:>14} {newest!s:>7} {snapshot:>9}"
-        )
+        add(f"{name:<24} {manifest.partitions:>5} {key:<20} {kept:>14} {newest!s:>7} {snapshot:>9}")
     if local_dirs is None and "://" not in state_dir:
         root = os.path.join(os.path.abspath(state_dir), "replicas")
         local_dirs = (
@@ -270,19 +404,19 @@ def _status(state_dir: str, local_dirs: list[str] | None) -> int:
             with open(path) as handle:
                 doc = json.load(handle)
         except (OSError, ValueError):
-            print(f"\nnode at {local_dir}: no status.json (never started, or not a node)")
+            add(f"\nnode at {local_dir}: no status.json (never started, or not a node)")
             continue
         age = time.time() - float(doc.get("updated_at", 0))
-        print(f"\nnode {doc.get('node_id')!r} ({local_dir}), updated {age:.0f} s ago")
+        add(f"\nnode {doc.get('node_id')!r} ({local_dir}), updated {age:.0f} s ago")
         header = ("table", "part", "state", "batch", "lag", "rows", "bytes", "ETA")
-        print("  " + _NODE_ROW.format(*header))
+        add("  " + _NODE_ROW.format(*header))
         for p in doc.get("partitions", []):
             eta = "-" if p.get("eta_seconds") is None else f"{p['eta_seconds']:.0f}s"
             fields = ("table", "partition", "state", "batch_id", "lag_batches", "restored_rows")
-            print("  " + _NODE_ROW.format(*(p[f] for f in fields), p["restored_bytes"], eta))
+            add("  " + _NODE_ROW.format(*(p[f] for f in fields), p["restored_bytes"], eta))
             if p.get("error"):
-                print(f"      error: {p['error']}")
-    return 0
+                add(f"      error: {p['error']}")
+    return 0, "\n".join(lines)
 
 
 def _compact(state_dir: str, tables: list[str] | None, retention: float | None) -> int:

@@ -39,6 +39,7 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.sql.change import Change
+from sparkiq.sql.errors import SqlError
 from sparkiq.sql.result import SqlResult
 from sparkiq.wire import jsonapi, protocol
 from sparkiq.wire.values import unpack
@@ -157,6 +158,12 @@ class Client:
         text = urllib.parse.quote(_key_text(key), safe="")
         doc = self._get_json(f"/metadata/stores/{urllib.parse.quote(store, safe='')}/keys/{text}")
         return KeyQueryMetadata.from_dict(doc)
+
+    def stores(self) -> list[dict[str, Any]]:
+        """The tables the cluster serves, as ``GET /stores`` lists them: name, key_columns,
+        window_column, partitions and the Spark schema's JSON."""
+        stores: list[dict[str, Any]] = self._get_json("/stores")["stores"]
+        return stores
 
     def all_metadata(self) -> list[dict[str, Any]]:
         nodes: list[dict[str, Any]] = self._get_json("/metadata")["nodes"]
@@ -351,6 +358,17 @@ def _error(response: httpx.Response) -> SparkiqError:
         return AuthenticationError(message)
     if code == "unknown_store":
         return UnknownStoreError(message)
+    if response.status_code == 400 and isinstance(error, dict) and "line" in error:
+        # a SQL error keeps where it is, so callers can show the caret snippet
+        return SqlError(
+            message,
+            code=code,
+            line=error.get("line"),
+            column=error.get("column"),
+            snippet=error.get("snippet"),
+            field=field,
+            candidates=error.get("candidates") or (),
+        )
     if response.status_code == 400:
         exc = InvalidQueryError(message)
         exc.field = field  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""``sparkiq demo``: a shop pipeline on Spark's built-in ``rate`` source, queried live.
+"""``sparkiq demo``: a shop pipeline on Spark's built-in ``rate`` source, served live.
 
 The generator turns each ``rate`` row into an order: a product ``p-0``..``p-49``, a user
 ``u-0``..``u-199`` and an amount. Three tables are materialized:
@@ -7,20 +7,39 @@ The generator turns each ``rate`` row into an order: a product ``p-0``..``p-49``
 - ``orders_by_user`` (key ``user``): orders and last order time per user;
 - ``revenue_per_window`` (key ``product``, 10-second tumbling windows).
 
-Every two seconds the demo prints a key lookup, a range query and a window query with the
-positions they were served at.
+What a user sees, in order: the web console's URL (the first line, before Spark starts: a
+node serving the state_dir over HTTP, with the console at ``/``), where Spark's log goes,
+then a compact summary of the live tables, redrawn in place on a terminal (one line per
+update when stdout is not one). Ctrl-C stops the Spark queries, then the node, then Spark,
+with nothing from Spark on the screen: the JVM's output goes to ``<state_dir>/logs/spark.log``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["build_orders", "run_demo"]
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from sparkiq.errors import SparkiqError
+from sparkiq.node import Node
+
+__all__ = ["DEMO_LISTEN", "build_orders", "run_demo"]
+
+#: Where the demo's node listens unless told: the address `sparkiq query`/`shell` try first.
+DEMO_LISTEN = "127.0.0.1:8081"
+
+TABLES = ("revenue_by_product", "orders_by_user", "revenue_per_window")
 
 
 def build_orders(spark: Any, rate: int) -> Any:
@@ -40,109 +59,233 @@ def build_orders(spark: Any, rate: int) -> Any:
     )
 
 
-def _spark() -> Any:
-    from sparkiq.testing import spark_session
+@contextlib.contextmanager
+def _output_to(path: str) -> Iterator[None]:
+    """Inside the block, file descriptors 1 and 2 write to ``path``. A process started
+    inside (the JVM, and the Python workers it forks later) keeps writing there after the
+    block; this process gets its terminal back."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log):
+            os.close(fd)
 
-    # The tests' local session, with the UI on: the demo is for watching
-    return spark_session("sparkiq-demo", config={"spark.ui.enabled": "true"})
+
+def _spark(log_path: str) -> Any:
+    from sparkiq.testing import LOCAL_SPARK_CONF, spark_session
+
+    with _output_to(log_path):
+        return spark_session(
+            "sparkiq-demo",
+            config={
+                "spark.ui.enabled": "true",  # the demo is for watching
+                # WARN and above, all into the log file (the JVM's stderr is that file); the
+                # thread stack size the tests' session sets is kept
+                "spark.log.level": "WARN",
+                "spark.driver.extraJavaOptions": LOCAL_SPARK_CONF["spark.driver.extraJavaOptions"],
+            },
+        )
 
 
-def run_demo(state_dir: str, duration: float, rate: int, partitions: int, fresh: bool) -> int:
+def _start_node(state_dir: str, listen: str) -> Node:
+    """The demo's serving node, with the console; on the next free port when ``listen``'s
+    is taken (another demo, a `sparkiq serve`)."""
+    options: dict[str, Any] = {"node_id": "demo", "peers": None, "token": None, "standbys": 0}
+    try:
+        return Node(state_dir, listen=listen, **options).start()
+    except (OSError, SparkiqError):
+        host = listen.rsplit(":", 1)[0]
+        return Node(state_dir, listen=f"{host}:0", **options).start()
+
+
+class _Summary:
+    """What the demo shows of the live tables, read through the node as any client would."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def read(self) -> dict[str, Any] | None:
+        """The facts of one update, or None before the first micro-batch is served."""
+        node = self.node
+        batches = {s.table: s.batch_id for s in node.status()}
+        if not batches or max(batches.values()) < 0 or set(TABLES) - set(node.tables):
+            return None
+        top = node.sql(
+            "SELECT product, orders, revenue FROM revenue_by_product ORDER BY revenue DESC LIMIT 3"
+        ).rows
+        windows = node.sql(
+            "SELECT WINDOWSTART AS window_start, revenue FROM revenue_per_window "
+            "WHERE product = 'p-7' ORDER BY window_start DESC LIMIT 3"
+        ).rows
+        if not top:  # the first batch is committed but not yet applied here
+            return None
+        counts = node.sql("SELECT count(*) AS n FROM orders_by_user").rows
+        return {
+            "time": time.strftime("%H:%M:%S"),
+            "batches": batches,
+            "p7": node.get("revenue_by_product", "p-7"),
+            "top": top,
+            "u0": node.get("orders_by_user", "u-0"),
+            "users": counts[0]["n"] if counts else 0,
+            "windows": windows,
+        }
+
+    @staticmethod
+    def line(facts: dict[str, Any]) -> str:
+        """One update as one line (stdout is not a terminal)."""
+        batch = max(facts["batches"].values())
+        p7 = facts["p7"] or {}
+        top = ", ".join(f"{r['product']} {r['revenue']}" for r in facts["top"])
+        u0 = (facts["u0"] or {}).get("orders", 0)
+        windows = ", ".join(
+            f"{r['window_start']:%H:%M:%S} {r['revenue']}" for r in facts["windows"]
+        )
+        return (
+            f"[{facts['time']}] batch {batch} | p-7 revenue {p7.get('revenue')} "
+            f"({p7.get('orders')} orders) | top {top} | u-0 {u0} orders, "
+            f"{facts['users']} users | p-7 windows {windows}"
+        )
+
+    @staticmethod
+    def panel(facts: dict[str, Any] | None, url: str, log_path: str) -> Group:
+        """One update for a terminal, redrawn in place."""
+        head = Text.assemble(
+            ("console ", "dim"), (url, "bold cyan"), ("   spark log ", "dim"), log_path
+        )
+        if facts is None:
+            return Group(head, Text("waiting for the first micro-batch...", style="yellow"))
+        tables = Table("table", "batch", box=None, header_style="dim")
+        for name in TABLES:
+            tables.add_row(name, str(facts["batches"].get(name, "-")))
+        top = Table("top products", "orders", "revenue", box=None, header_style="dim")
+        for row in facts["top"]:
+            top.add_row(row["product"], str(row["orders"]), str(row["revenue"]))
+        p7 = facts["p7"] or {}
+        u0 = facts["u0"] or {}
+        lookups = Text(
+            f"get revenue_by_product 'p-7' -> {p7.get('orders')} orders, "
+            f"revenue {p7.get('revenue')}\n"
+            f"get orders_by_user 'u-0'      -> {u0.get('orders')} orders "
+            f"({facts['users']} users)\n"
+            f"p-7 per 10 s window          -> {_windows(facts)}"
+        )
+        grid = Table.grid(padding=(0, 4))
+        grid.add_row(tables, top)
+        foot = Text(f"{facts['time']}  Ctrl-C stops", style="dim")
+        return Group(head, Text(), grid, Text(), lookups, Text(), foot)
+
+
+def run_demo(
+    state_dir: str,
+    duration: float,
+    rate: int,
+    partitions: int,
+    fresh: bool,
+    listen: str = DEMO_LISTEN,
+) -> int:
+    """Run the demo until Ctrl-C (or ``duration`` seconds when > 0); the exit code."""
     from pyspark.sql import functions as F
 
     import sparkiq
-    from sparkiq import PositionBound, RangeQuery, StateQueryRequest, WindowKeyQuery
 
     if fresh and os.path.isdir(state_dir):
         shutil.rmtree(state_dir)
-    print(f"sparkiq demo: state in {os.path.abspath(state_dir)}; starting Spark...", flush=True)
-    spark = _spark()
+    logs = os.path.join(state_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    log_path = os.path.abspath(os.path.join(logs, "spark.log"))
+
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    node = _start_node(state_dir, listen)
+    url = node.url or ""
+    print(f"sparkiq console: {url}/", flush=True)
+    print(
+        f"state in {os.path.abspath(state_dir)}; Spark's log in {log_path}\n"
+        f"query it: sparkiq shell --url {url}   (or sparkiq query, or the console)\n"
+        "starting Spark...",
+        flush=True,
+    )
+    spark = _spark(log_path)
     orders = build_orders(spark, rate)
     app = sparkiq.App(spark, state_dir=state_dir, name="shop")
+    every: dict[str, Any] = {
+        "key": "product",
+        "partitions": partitions,
+        "trigger": {"processingTime": "1 second"},
+    }
     app.materialize(
         "revenue_by_product",
         orders.groupBy("product").agg(
             F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("revenue")
         ),
-        key="product",
-        partitions=partitions,
-        trigger={"processingTime": "1 second"},
+        **every,
     )
     app.materialize(
         "orders_by_user",
         orders.groupBy("user").agg(F.count("*").alias("orders"), F.max("ts").alias("last_order")),
-        key="user",
-        partitions=partitions,
-        trigger={"processingTime": "1 second"},
+        **(every | {"key": "user"}),
     )
     app.materialize(
         "revenue_per_window",
         orders.groupBy("product", F.window("ts", "10 seconds")).agg(
             F.round(F.sum("amount"), 2).alias("revenue")
         ),
-        key="product",
         window="window",
-        partitions=partitions,
-        trigger={"processingTime": "1 second"},
+        **every,
     )
-
-    stopping = False
-
-    def on_signal(signum: int, frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    previous = signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    app.start()
-    print(
-        "Tables: revenue_by_product, orders_by_user, revenue_per_window. Query them from Python:\n"
-        "  app.get('revenue_by_product', 'p-7')\n"
-        "  app.query(StateQueryRequest.in_store('revenue_by_product')"
-        ".with_query(RangeQuery.with_range('p-10', 'p-19')))\n"
-        "Press Ctrl-C to stop.\n",
-        flush=True,
-    )
+    summary = _Summary(node)
     started = time.monotonic()
     try:
-        while not stopping and (duration <= 0 or time.monotonic() - started < duration):
-            time.sleep(0.25)
-            if int((time.monotonic() - started) * 4) % 8:
-                continue
-            if app.node is not None and max(s.batch_id for s in app.node.status()) < 0:
-                print(f"[{time.strftime('%H:%M:%S')}] waiting for the first micro-batch...")
-                continue
-            row = app.get("revenue_by_product", "p-7")
-            ranged = app.query(
-                StateQueryRequest.in_store("revenue_by_product")
-                .with_query(RangeQuery.with_range("p-10", "p-14"))
-                .with_position_bound(PositionBound.unbounded())
-            )
-            in_range = sorted(
-                (key, r["revenue"])
-                for result in ranged.partition_results.values()
-                if result.is_success and result.result is not None
-                for key, r in result.result
-            )
-            windows = app.query(
-                StateQueryRequest.in_store("revenue_per_window").with_query(
-                    WindowKeyQuery.with_key("p-7")
-                )
-            ).only_partition_result()
-            last_windows = list(windows.result or ())[-3:]
-            user = app.get("orders_by_user", "u-0")
-            batch = ranged.position.to_map().get("revenue_by_product", {})
-            print(f"[{time.strftime('%H:%M:%S')}] batch {max(batch.values(), default=-1)}")
-            print(f"  get revenue_by_product 'p-7'      -> {row}")
-            print(f"  range revenue 'p-10'..'p-14'      -> {in_range}")
-            print(f"  get orders_by_user 'u-0'          -> {user}")
-            for (_, start), w in last_windows:
-                print(f"  window p-7 {start:%H:%M:%S}             -> revenue {w['revenue']}")
-            sys.stdout.flush()
+        # The node serves queries; the App only writes (its own local node would hold a
+        # second copy of every replica).
+        app.start(local_node=False)
+        node.refresh_tables()
+
+        def finished() -> bool:
+            return stop.is_set() or (duration > 0 and time.monotonic() - started >= duration)
+
+        if sys.stdout.isatty():
+            with Live(summary.panel(None, url, log_path), auto_refresh=False) as live:
+                while not finished():
+                    live.update(summary.panel(_read(summary), url, log_path), refresh=True)
+                    stop.wait(1.0)
+        else:
+            while not finished():
+                facts = _read(summary)
+                print(summary.line(facts) if facts else "waiting for the first micro-batch...")
+                sys.stdout.flush()
+                stop.wait(2.0)
     finally:
         print("stopping...", flush=True)
-        app.stop()
-        spark.stop()
+        # The queries first, between micro-batches, then the node, then Spark: stopping
+        # Spark under running queries is what makes it log errors.
+        app.stop(timeout=10.0)  # a loaded machine's batch takes seconds: let it finish
+        node.stop()
+        with _output_to(log_path):
+            spark.stop()
         signal.signal(signal.SIGINT, previous)
-    print(f"stopped. Run `sparkiq status --state-dir {state_dir}` to inspect the changelog.")
+    print(f"stopped. `sparkiq status --state-dir {state_dir}` shows the tables' changelog.")
     return 0
+
+
+def _windows(facts: dict[str, Any]) -> str:
+    return ", ".join(f"{r['window_start']:%H:%M:%S} {r['revenue']}" for r in facts["windows"])
+
+
+def _read(summary: _Summary) -> dict[str, Any] | None:
+    try:
+        return summary.read()
+    except SparkiqError:  # a table still opening its first replica: next update
+        return None

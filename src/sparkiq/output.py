@@ -1,0 +1,142 @@
+"""How the command line prints rows: a table for people, JSON lines or CSV for scripts.
+
+Pull results are printed whole (:func:`print_rows`); a push query's changes are printed one
+at a time as they arrive (:class:`ChangePrinter`), so nothing waits for the stream to end.
+Errors a user can fix get one sentence that says how (:func:`failure_message`).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import decimal
+from collections.abc import Sequence
+from typing import IO, Any, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+from sparkiq.errors import AuthenticationError, NodeUnreachableError
+from sparkiq.sql.change import Change
+from sparkiq.wire.jsonapi import dumps
+
+__all__ = ["FORMATS", "ChangePrinter", "Format", "failure_message", "print_rows", "text_of"]
+
+Format = Literal["table", "json", "csv"]
+FORMATS: tuple[Format, ...] = ("table", "json", "csv")
+
+
+def text_of(value: Any) -> str:
+    """One value as a table or CSV cell shows it: NULL as empty, timestamps in ISO form,
+    nested values as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat(sep=" ") if isinstance(value, dt.datetime) else value.isoformat()
+    if isinstance(value, str | int | float | decimal.Decimal | bool):
+        return str(value)
+    return dumps(value).decode()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | decimal.Decimal) and not isinstance(value, bool)
+
+
+def print_rows(
+    out: IO[str],
+    columns: Sequence[str],
+    rows: Sequence[dict[str, Any]],
+    form: Format,
+    *,
+    console: Console | None = None,
+) -> None:
+    """``rows`` in ``form``: a table (on ``console``, else one writing to ``out``), one JSON
+    object per line, or CSV with a header line."""
+    if form == "json":
+        for row in rows:
+            out.write(dumps(row).decode() + "\n")
+    elif form == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([text_of(row.get(c)) for c in columns])
+    else:
+        table = Table(header_style="bold")
+        for column in columns:
+            values = [row.get(column) for row in rows if row.get(column) is not None]
+            numeric = bool(values) and all(_is_number(v) for v in values)
+            table.add_column(column, justify="right" if numeric else "left")
+        for row in rows:
+            table.add_row(*(text_of(row.get(c)) for c in columns))
+        if console is None:
+            # piped: no terminal width to fit, so columns keep their values whole
+            console = Console(file=out, width=None if out.isatty() else 10_000)
+        console.print(table)
+    out.flush()
+
+
+class ChangePrinter:
+    """Prints a push query's changes as they arrive.
+
+    ``json``: the change as the REST stream gives it (key, row, batch_id, position,
+    snapshot). ``csv`` and ``table``: ``batch``, then the row's columns (taken from the first
+    row seen); a deleted key shows its key and ``deleted``.
+    """
+
+    def __init__(self, out: IO[str], form: Format) -> None:
+        self._out, self._form = out, form
+        self._columns: list[str] | None = None
+        self._widths: list[int] = []
+        self._csv = csv.writer(out, lineterminator="\n")
+
+    def __call__(self, change: Change) -> None:
+        if self._form == "json":
+            doc = {
+                "key": change.key,
+                "row": change.row,
+                "batch_id": change.batch_id,
+                "position": change.position.to_token(),
+                "snapshot": change.snapshot,
+            }
+            self._out.write(dumps(doc).decode() + "\n")
+        else:
+            if self._columns is None and change.row is not None:
+                self._columns = list(change.row)
+                self._header(["batch", *self._columns])
+            if change.row is None:  # a deleted key (or one that stopped matching)
+                cells = [str(change.batch_id), f"{text_of(change.key)} deleted"]
+            else:
+                columns = self._columns or []
+                cells = [str(change.batch_id), *(text_of(change.row.get(c)) for c in columns)]
+            if self._form == "csv":
+                self._csv.writerow(cells)
+            else:
+                self._out.write(self._line(cells) + "\n")
+        self._out.flush()
+
+    def _header(self, names: list[str]) -> None:
+        if self._form == "csv":
+            self._csv.writerow(names)
+            return
+        # A stream has no end to measure widths at: each column gets room for its name and
+        # a typical value, and a longer value pushes the rest of its line to the right.
+        self._widths = [max(len(n), 12) for n in names]
+        self._out.write(self._line(names) + "\n")
+        self._out.write("-+-".join("-" * w for w in self._widths) + "\n")
+
+    def _line(self, cells: list[str]) -> str:
+        widths = self._widths or [12] * len(cells)
+        return " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip()
+
+
+def failure_message(exc: Exception, url: str, token: str | None) -> str | None:
+    """What to tell a user whose call to the node at ``url`` (made with ``token``) failed in
+    a way they can fix: the node is not there, a token is missing or wrong. None for any
+    other failure."""
+    if isinstance(exc, NodeUnreachableError):
+        return f"cannot reach {url}: is `sparkiq serve` running? set --url or SPARKIQ_URL"
+    if isinstance(exc, AuthenticationError):
+        if token:
+            return "the node refused the token: check --token or SPARKIQ_TOKEN"
+        return "the node needs a token: pass --token or SPARKIQ_TOKEN"
+    return None

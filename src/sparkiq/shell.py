@@ -1,0 +1,205 @@
+"""``sparkiq shell``: an interactive SQL shell against a node, in the manner of ksql's CLI.
+
+A statement may span lines and runs when a line ends with ``;``. Pull queries print a table
+and the position read at; push queries (``... EMIT CHANGES``) print changes as they commit
+until Ctrl-C, which returns to the prompt. Tab completes SQL keywords and the node's table
+and column names (read from ``GET /stores`` at start and by ``\\dt``). History is kept in
+``$SPARKIQ_HISTORY`` (default ``~/.sparkiq/history``). ``\\q`` or Ctrl-D leaves.
+
+Errors are printed as the node gives them (a SQL error with its line, column and caret
+snippet) and the shell goes on; only a node that cannot be reached at start, or refuses the
+token, ends it (exit code 2, as every command that talks to a node).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit.completion import CompleteEvent, Completer, Completion
+from prompt_toolkit.document import Document
+from prompt_toolkit.history import FileHistory
+from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+from rich.console import Console
+from rich.text import Text
+
+from sparkiq.client import Client
+from sparkiq.errors import SparkiqError
+from sparkiq.output import ChangePrinter, failure_message, print_rows
+from sparkiq.sql.statement import is_push_query
+
+__all__ = ["KEYWORDS", "SqlCompleter", "history_path", "run_shell"]
+
+#: What Tab offers besides names: the words of the statements a node runs.
+KEYWORDS = (
+    "SELECT", "FROM", "WHERE", "AND", "OR", "NOT", "IN", "IS", "NULL", "BETWEEN", "LIKE",
+    "AS", "DISTINCT", "GROUP", "BY", "HAVING", "ORDER", "ASC", "DESC", "LIMIT", "OFFSET",
+    "JOIN", "LEFT", "INNER", "ON", "COUNT", "SUM", "MIN", "MAX", "AVG", "CASE", "WHEN",
+    "THEN", "ELSE", "END", "CAST", "EMIT", "CHANGES", "EXPLAIN", "CREATE", "DROP", "TABLE",
+    "WINDOWSTART", "WINDOWEND", "TRUE", "FALSE",
+)  # fmt: skip
+
+_HELP = """\
+  SQL statements end with ';' and may span lines. Tab completes keywords, tables, columns.
+  \\dt          list the tables (and refresh completion)
+  \\q, Ctrl-D   leave
+  Ctrl-C       cancel the line, or stop a push query"""
+
+_PROMPT = "sparkiq> "
+_CONTINUATION = "      -> "
+
+
+def history_path() -> Path:
+    """Where the shell keeps its history: ``$SPARKIQ_HISTORY``, else ``~/.sparkiq/history``."""
+    given = os.environ.get("SPARKIQ_HISTORY")
+    return Path(given) if given else Path.home() / ".sparkiq" / "history"
+
+
+class SqlCompleter(Completer):
+    """Completes the word before the cursor from table names, column names and
+    :data:`KEYWORDS`; after ``FROM`` or ``JOIN`` only table names are offered."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[str]] = {}
+
+    def learn(self, stores: Iterable[dict[str, Any]]) -> None:
+        """Take table and column names from ``GET /stores``' entries."""
+        tables = {}
+        for store in stores:
+            schema = store.get("schema")
+            doc = json.loads(schema) if isinstance(schema, str) else schema or {}
+            tables[store["name"]] = [field["name"] for field in doc.get("fields", ())]
+        self.tables = tables
+
+    def get_completions(
+        self, document: Document, complete_event: CompleteEvent
+    ) -> Iterator[Completion]:
+        word = document.get_word_before_cursor()
+        if not word or not (word[0].isalpha() or word[0] == "_"):
+            return
+        before = document.text_before_cursor[: -len(word)].split()
+        previous = before[-1].upper() if before else ""
+        names: list[str] = list(self.tables)
+        if previous not in ("FROM", "JOIN"):
+            columns = sorted({c for cols in self.tables.values() for c in cols})
+            names = columns + names + list(KEYWORDS)
+        seen = set()
+        lower = word.lower()
+        for name in names:
+            if name.lower().startswith(lower) and name not in seen:
+                seen.add(name)
+                yield Completion(name, start_position=-len(word))
+
+
+def _bindings() -> KeyBindings:
+    bindings = KeyBindings()
+
+    @bindings.add("enter")
+    def _enter(event: KeyPressEvent) -> None:
+        # Enter runs a statement once it ends with ';' (or is a backslash command or empty);
+        # before that it starts a new line of the same statement.
+        buffer = event.current_buffer
+        text = buffer.text.strip()
+        if not text or text.endswith(";") or text.startswith("\\"):
+            buffer.validate_and_handle()
+        else:
+            buffer.insert_text("\n")
+
+    return bindings
+
+
+class _Shell:
+    def __init__(self, client: Client, url: str, token: str | None) -> None:
+        self.client, self.url, self.token = client, url, token
+        self.console = Console()
+        self.completer = SqlCompleter()
+
+    def refresh(self) -> list[dict[str, Any]]:
+        stores = self.client.stores()
+        self.completer.learn(stores)
+        return stores
+
+    def error(self, exc: SparkiqError) -> None:
+        text = failure_message(exc, self.url, self.token) or str(exc)
+        # a Text, not markup: error messages quote brackets and names verbatim
+        self.console.print(Text("ERROR ", style="bold red") + Text(text), highlight=False)
+
+    def run(self, statement: str) -> None:
+        if statement in ("\\dt", "\\d"):
+            rows = [
+                {
+                    "table": s["name"],
+                    "key": ", ".join(s["key_columns"]),
+                    "window": s.get("window_column") or "",
+                    "partitions": s["partitions"],
+                }
+                for s in self.refresh()
+            ]
+            columns = ["table", "key", "window", "partitions"]
+            print_rows(sys.stdout, columns, rows, "table", console=self.console)
+            return
+        if statement.startswith("\\"):
+            self.console.print(_HELP, highlight=False, markup=False)
+            return
+        sql = statement.rstrip().rstrip(";").rstrip()
+        if is_push_query(sql):
+            printer = ChangePrinter(sys.stdout, "table")
+            self.console.print("[dim]streaming changes; Ctrl-C stops[/dim]")
+            with self.client.stream(sql) as changes:
+                try:
+                    for change in changes:
+                        printer(change)
+                except KeyboardInterrupt:
+                    pass
+            return
+        answer = self.client.sql(sql)
+        print_rows(sys.stdout, answer.columns, answer.rows, "table", console=self.console)
+        noun = "row" if len(answer.rows) == 1 else "rows"
+        self.console.print(
+            f"[dim]{len(answer.rows)} {noun} at position {answer.position.to_token()}[/dim]",
+            highlight=False,
+        )
+
+
+def run_shell(url: str, token: str | None) -> int:
+    """The shell's loop, until ``\\q`` or end of input; the process exit code."""
+    with Client(url, token=token) as client:
+        shell = _Shell(client, url, token)
+        try:
+            shell.refresh()
+        except SparkiqError as exc:
+            hint = failure_message(exc, url, token)
+            print(f"sparkiq shell: {hint or exc}", file=sys.stderr)
+            return 2 if hint else 1
+        path = history_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        session: PromptSession[str] = PromptSession(
+            history=FileHistory(str(path)),
+            completer=shell.completer,
+            multiline=True,
+            key_bindings=_bindings(),
+            prompt_continuation=_CONTINUATION,
+            complete_while_typing=False,
+        )
+        print(f"connected to {url}; {len(shell.completer.tables)} tables. \\? for help.")
+        while True:
+            try:
+                statement = session.prompt(_PROMPT).strip()
+            except KeyboardInterrupt:
+                continue  # Ctrl-C drops the line being typed
+            except EOFError:
+                break
+            if statement in ("\\q", "quit", "exit"):
+                break
+            if not statement or statement == ";":
+                continue
+            try:
+                shell.run(statement)
+            except SparkiqError as exc:
+                shell.error(exc)
+    return 0

@@ -1,0 +1,66 @@
+"""``sparkiq demo`` as a user runs it, with stdout piped (not a terminal): the console URL
+first and answering, Spark's log in its file and not on the screen, live values, exit 0."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+UPDATE = re.compile(
+    r"^\[\d\d:\d\d:\d\d\] batch (\d+) \| p-7 revenue ([\d.]+) \((\d+) orders\) \| top p-\d+ "
+)
+
+
+def test_demo_prints_the_console_first_keeps_spark_quiet_and_shows_values(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "demo-state"
+    command = ["demo", "--duration", "20", "--state-dir", str(state), "--listen", "127.0.0.1:0"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sparkiq.cli", *command, "--rate", "50", "--partitions", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stderr: list[str] = []
+    assert process.stdout is not None and process.stderr is not None
+    errors = process.stderr
+    reader = threading.Thread(target=lambda: stderr.extend(errors), daemon=True)
+    reader.start()
+    try:
+        first = process.stdout.readline()
+        match = re.fullmatch(r"sparkiq console: (http://127\.0\.0\.1:\d+/)\n", first)
+        assert match, first
+        console = httpx.get(match.group(1), timeout=10)
+        assert console.status_code == 200
+        assert "<html" in console.text.lower()
+        rest = process.stdout.read()
+        assert process.wait(120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reader.join(10)
+    out = [first, *rest.splitlines(keepends=True)]
+    log = state / "logs" / "spark.log"
+    assert f"Spark's log in {log}" in rest
+    # nothing from Spark on the screen: its log went to the file it names
+    noisy = [line for line in out + stderr if re.search(r"\b(WARN|ERROR)\b", line)]
+    assert noisy == []
+    assert stderr == []
+    assert re.search(r"\b(WARN|INFO)\b", log.read_text())
+    updates = [UPDATE.match(line) for line in rest.splitlines()]
+    values = [m for m in updates if m]
+    assert values, rest
+    # the summary moves: later updates have read later batches
+    assert int(values[-1].group(1)) >= int(values[0].group(1))
+    assert all(float(m.group(2)) > 0 and int(m.group(3)) > 0 for m in values)
+    assert rest.splitlines()[-1].startswith("stopped.")
