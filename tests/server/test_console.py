@@ -190,7 +190,6 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
                 assert page_grid(page, "t") == want
                 assert page.inner_text("table.grid thead").split() == ["partition", "n0", "n1"]
                 assert page.inner_text("#ready") == "ready"
-                screenshot(page, shots, "cluster")
 
                 # table view: schema, partitions, count and sample rows as the REST API has them
                 page.click("#stores li button.name")
@@ -252,6 +251,10 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
                 assert page.inner_text("#lookup-error").startswith("key_not_found: ")
                 assert rest(nodes[0], "GET", "/stores/t/keys/k29").status_code == 404
 
+                check_sql_editor(page, nodes[0], shots)
+                check_push_view(page, nodes, changelog, shots)
+                check_charts(page, nodes[0], shots)
+
                 # a node stops: its column stays, marked gone, and n0 takes every partition
                 page.click("#tab-cluster")
                 nodes[1].stop()
@@ -267,13 +270,16 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
                 while True:
                     metadata = rest(nodes[0], "GET", "/metadata").json()
                     grid = page_grid(page, "t")
-                    if all(row[0].startswith("active · batch 1") for row in grid):
+                    if len(metadata["nodes"]) == 1 and [r[0] for r in grid] == [
+                        r[0] for r in expected_grid(metadata, "t", 4)
+                    ]:
                         break
                     assert time.monotonic() < deadline, grid
                     time.sleep(0.2)
                 assert [n["node_id"] for n in metadata["nodes"]] == ["n0"]
                 for p_, row in enumerate(grid):
                     assert row[1] == "gone"
+                    assert row[0] == "active · batch 3 · lag 0 · live"
                     assert p_ in metadata["nodes"][0]["active"]["t"]
                 screenshot(page, shots, "cluster-node-gone")
             finally:
@@ -281,3 +287,132 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
     finally:
         for node in reversed(nodes):
             node.stop()
+
+
+def rows_of(page: Any, selector: str) -> list[list[str]]:
+    cells: list[list[str]] = page.eval_on_selector(
+        selector, "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))"
+    )
+    return cells
+
+
+def check_sql_editor(page: Any, node: Node, shots: Path) -> None:
+    """Paging with the API's continuation token, the position shown, EXPLAIN, the bound."""
+    sql = "SELECT k, n FROM t"
+    page.click("#tab-sql")
+    page.fill("#sql", sql)
+    page.fill("#page-size", "10")
+    page.press("#sql", "Control+Enter")
+    page.wait_for_function("document.getElementById('status').textContent.includes('page 1')")
+    pages = [rest(node, "POST", "/query", json={"sql": sql, "page_size": 10}).json()]
+    while pages[-1].get("next_page_token"):
+        doc = {"sql": sql, "page_size": 10, "page_token": pages[-1]["next_page_token"]}
+        pages.append(rest(node, "POST", "/query", json=doc).json())
+    assert [len(p["rows"]) for p in pages] == [10, 10, 9]
+    seen = []
+    for number, want in enumerate(pages, 1):
+        if number > 1:
+            page.click("#next-page")
+            page.wait_for_function(
+                f"document.getElementById('status').textContent.includes('(page {number},')"
+            )
+        shown = rows_of(page, "#result tbody")
+        assert shown == [[r["k"], str(r["n"])] for r in want["rows"]]
+        assert page.inner_text("#position") == want["position"]
+        assert page.is_disabled("#next-page") == (number == len(pages))
+        seen += [k for k, _ in shown]
+        if number == 1:
+            assert "more: Next page" in page.inner_text("#status")
+            screenshot(page, shots, "sql")
+    assert sorted(seen) == sorted({f"k{i:02d}" for i in range(29)})
+
+    explain = "SELECT * FROM t WHERE k = 'k03'"
+    page.fill("#sql", explain)
+    page.click("#explain")
+    page.wait_for_selector("#result pre")
+    plan = rest(node, "POST", "/query", json={"sql": "EXPLAIN " + explain}).json()["explain"]
+    assert json.loads(page.inner_text("#result pre")) == plan
+    assert plan["tables"][0]["access"] == "key_lookup"
+    screenshot(page, shots, "explain")
+
+    # "read at least at": the next query sends the last position as its bound
+    page.fill("#sql", "SELECT n FROM t WHERE k = 'k03'")
+    page.press("#sql", "Control+Enter")
+    page.wait_for_function("document.getElementById('status').textContent.includes('1 rows')")
+    position = page.inner_text("#position")
+    lookup = {"sql": "SELECT n FROM t WHERE k = 'k03'"}
+    assert position == rest(node, "POST", "/query", json=lookup).json()["position"]
+    page.check("#bound")
+    with page.expect_request("**/query") as request:
+        page.click("#run")
+    assert request.value.post_data_json["bound"] == position
+    page.wait_for_selector("#result tbody tr")  # the result was cleared when the request left
+    assert rows_of(page, "#result tbody") == [["303"]]
+    page.uncheck("#bound")
+
+
+def check_push_view(page: Any, nodes: list[Node], changelog: Any, shots: Path) -> None:
+    """EMIT CHANGES rows appear as batches commit, newest first; Stop ends the stream."""
+    page.click("#tab-push")
+    assert page.input_value("#push-sql") == "SELECT * FROM t EMIT CHANGES"
+    page.fill("#push-sql", "SELECT k, n FROM t WHERE n >= 1000 EMIT CHANGES")
+    page.press("#push-sql", "Enter")
+    page.wait_for_function(
+        "document.getElementById('push-status').textContent.startsWith('streaming')"
+    )
+    write_batch(changelog, 2, {"k05": 1005, "new": 2000, "k06": 6})
+    for node in nodes:
+        node.poll_once()
+    page.wait_for_selector("#push-result tbody tr:nth-child(2)")
+    first = rows_of(page, "#push-result tbody")
+    assert sorted(r[1:4] for r in first) == [["k05", "k05", "1005"], ["new", "new", "2000"]]
+    assert all(r[4] == "2" for r in first)
+    write_batch(changelog, 3, {"k07": 1007})
+    for node in nodes:
+        node.poll_once()
+    page.wait_for_selector("#push-result tbody tr:nth-child(3)")
+    rows = rows_of(page, "#push-result tbody")
+    assert rows[0][1:5] == ["k07", "k07", "1007", "3"]  # newest first
+    assert rows[1:] == first
+    assert page.inner_text("#push-status") == "streaming: 3 changes, last at batch 3"
+    assert page.inner_text("#push-result thead").split() == [
+        "received",
+        "key",
+        "k",
+        "n",
+        "batch",
+        "position",
+    ]
+    screenshot(page, shots, "push")
+    page.click("#push-stop")
+    page.wait_for_function(
+        "document.getElementById('push-status').textContent === 'stopped after 3 changes'"
+    )
+
+
+def check_charts(page: Any, node: Node, shots: Path) -> None:
+    """Lag and query-rate sparklines, sampled every refresh, agree with the API."""
+    page.click("#tab-cluster")
+    page.wait_for_function(
+        "Number(document.getElementById('chart-lag-t').dataset.points) >= 5"
+        " && Number(document.getElementById('chart-rate').dataset.max) > 0"
+    )
+    metadata = rest(node, "GET", "/metadata").json()
+    lag = max(
+        st["lag_batches"]
+        for n in metadata["nodes"]
+        for p, st in n["hosted"]["t"].items()
+        if int(p) in n["active"]["t"]
+    )
+    chart = page.locator("#chart-lag-t")
+    assert chart.get_attribute("data-last") == str(lag) == "0"
+    assert page.locator("#chart-lag-t polyline").get_attribute("points").count(",") >= 5
+    assert "0 batches" in page.inner_text("#charts")
+    assert "queries/s" in page.inner_text("#charts")
+    page.wait_for_function(
+        "document.querySelectorAll('table.grid tbody td').length === 8"
+        " && [...document.querySelectorAll('table.grid tbody td')]"
+        ".every(c => c.textContent.includes('batch 3'))"
+    )
+    assert page_grid(page, "t") == expected_grid(metadata, "t", 4)
+    screenshot(page, shots, "cluster")
