@@ -3,13 +3,22 @@ rows shown, an error located, a push query's changes streamed as they are commit
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 
 from sparkiq import Node
 from tests.changelog.helpers import make_table, write_batch
+from tests.cluster.cluster_helpers import start_http_cluster
+
+if TYPE_CHECKING:
+    from playwright.sync_api import ViewportSize
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -60,3 +69,350 @@ def test_console_runs_pull_and_push_queries(tmp_path: Path) -> None:
                 page.click("#stop")
             finally:
                 browser.close()
+
+
+# --- cluster and table views against a real 2-node cluster ---------------------------------
+
+TOKEN = "tok"
+VIEWPORT: ViewportSize = {"width": 1366, "height": 768}
+#: the screenshots the docs show (docs/console.md), rewritten by every run of the test
+DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+
+
+def rest(node: Node, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    return httpx.request(method, f"{node.url}{path}", headers=headers, timeout=10, **kwargs)
+
+
+def expected_grid(metadata: dict[str, Any], store: str, partitions: int) -> list[list[str]]:
+    """What the cluster view's cells must say, computed from ``GET /metadata``."""
+    grid = []
+    for p in range(partitions):
+        row = []
+        for node in sorted(metadata["nodes"], key=lambda n: n["node_id"]):
+            if p in node["active"].get(store, []):
+                role = "active"
+            elif p in node["standby"].get(store, []):
+                role = "standby"
+            elif str(p) in node["hosted"].get(store, {}):
+                role = "hosted"
+            else:
+                row.append("")
+                continue
+            state = node["hosted"].get(store, {}).get(str(p))
+            parts = [role]
+            if state is not None:
+                parts += [
+                    f"batch {state['batch_id']}",
+                    f"lag {state['lag_batches']}",
+                    state["state"],
+                ]
+            row.append(" · ".join(parts))
+        grid.append(row)
+    return grid
+
+
+def page_grid(page: Any, store: str) -> list[list[str]]:
+    cells: list[list[str]] = page.eval_on_selector(
+        f"table.grid[data-store='{store}'] tbody",
+        "b => [...b.rows].map(r => [...r.cells].slice(1).map(c => c.textContent))",
+    )
+    return cells
+
+
+def screenshot(page: Any, shots: Path, name: str) -> Path:
+    """Save the viewport as ``name``.png, check it is not blank, copy it to the docs."""
+    path = shots / f"{name}.png"
+    page.screenshot(path=str(path))
+    assert_not_blank(page.context.browser, path)
+    DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, DOCS_SHOTS / path.name)
+    return path
+
+
+def assert_not_blank(browser: Any, path: Path) -> None:
+    """The image is 1366x768 and not one colour: the browser decodes it and counts colours."""
+    page = browser.new_page()
+    try:
+        data = base64.b64encode(path.read_bytes()).decode()
+        width, height, colours, top_share = page.evaluate(
+            """async (data) => {
+                const img = new Image(); img.src = "data:image/png;base64," + data;
+                await img.decode();
+                const c = document.createElement("canvas");
+                c.width = img.width; c.height = img.height;
+                const ctx = c.getContext("2d"); ctx.drawImage(img, 0, 0);
+                const px = ctx.getImageData(0, 0, c.width, c.height).data, counts = new Map();
+                for (let i = 0; i < px.length; i += 4) {
+                    const k = (px[i] << 16) | (px[i + 1] << 8) | px[i + 2];
+                    counts.set(k, (counts.get(k) || 0) + 1);
+                }
+                return [img.width, img.height, counts.size,
+                        Math.max(...counts.values()) / (px.length / 4)];
+            }""",
+            data,
+        )
+    finally:
+        page.close()
+    assert (width, height) == (VIEWPORT["width"], VIEWPORT["height"])
+    assert colours > 50, f"{path.name}: only {colours} colours"
+    assert top_share < 0.95, f"{path.name}: {top_share:.0%} of the image is one colour"
+
+
+def test_console_cluster_and_table_views(tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    state, shots = tmp_path / "state", tmp_path / "shots"
+    shots.mkdir()
+    changelog = make_table(str(state), partitions=4)
+    write_batch(changelog, 0, {f"k{i:02d}": i for i in range(30)})
+    write_batch(changelog, 1, {"k03": 303, "k29": None})
+    nodes = start_http_cluster(str(state), 2, token=TOKEN, standbys=1)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport=VIEWPORT)
+                page.goto(f"{nodes[0].url}/")
+                page.fill("#token", TOKEN)
+                page.dispatch_event("#token", "change")
+
+                # cluster view: every cell as GET /metadata has it
+                page.wait_for_selector("table.grid[data-store='t'] tbody tr")
+                metadata = rest(nodes[0], "GET", "/metadata").json()
+                assert [n["node_id"] for n in metadata["nodes"]] == ["n0", "n1"]
+                want = expected_grid(metadata, "t", 4)
+                assert all("active · batch 1 · lag 0 · live" in row for row in want)
+                assert all(any(c.startswith("standby · batch 1") for c in row) for row in want)
+                page.wait_for_function(
+                    "document.querySelectorAll('table.grid thead th').length === 3"
+                )
+                assert page_grid(page, "t") == want
+                assert page.inner_text("table.grid thead").split() == ["partition", "n0", "n1"]
+                assert page.inner_text("#ready") == "ready"
+
+                # table view: schema, partitions, count and sample rows as the REST API has them
+                page.click("#stores li button.name")
+                page.wait_for_function(
+                    "document.getElementById('table-count').textContent.endsWith('rows')"
+                )
+                count = rest(
+                    nodes[0], "POST", "/query", json={"sql": "SELECT count(*) AS n FROM t"}
+                )
+                assert page.inner_text("#table-count") == f"{count.json()['rows'][0]['n']} rows"
+                assert page.inner_text("#table-count") == "29 rows"
+                store = rest(nodes[0], "GET", "/stores").json()["stores"][0]
+                schema = page.eval_on_selector(
+                    "#table-schema tbody",
+                    "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
+                )
+                assert schema == [
+                    [
+                        f["name"],
+                        f["type"],
+                        "yes" if f["nullable"] else "no",
+                        "key" if f["name"] in store["key_columns"] else "",
+                    ]
+                    for f in json.loads(store["schema"])["fields"]
+                ]
+                assert schema == [["k", "string", "yes", "key"], ["n", "long", "yes", ""]]
+                partitions = page.eval_on_selector(
+                    "#table-partitions tbody",
+                    "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
+                )
+                for p_, row in enumerate(partitions):
+                    active = [n["node_id"] for n in metadata["nodes"] if p_ in n["active"]["t"]]
+                    standby = [n["node_id"] for n in metadata["nodes"] if p_ in n["standby"]["t"]]
+                    assert row == [str(p_), active[0], ", ".join(standby), "1", "0", "live"]
+                page.wait_for_selector("#table-sample tbody tr")
+                sample = page.eval_on_selector(
+                    "#table-sample tbody",
+                    "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
+                )
+                assert len(sample) == 20
+                truth = {f"k{i:02d}": str(i) for i in range(29)} | {"k03": "303"}
+                assert all(truth[k] == n for k, n in sample), sample
+                assert len({k for k, _ in sample}) == 20
+
+                # key lookup: Enter submits; the row and partition are those of GET /stores/t/keys
+                page.fill("#lookup-key", "k03")
+                page.press("#lookup-key", "Enter")
+                page.wait_for_selector("#lookup-result table")
+                key_doc = rest(nodes[0], "GET", "/stores/t/keys/k03").json()
+                assert key_doc["row"] == {"k": "k03", "n": 303}
+                assert page.inner_text("#lookup-result tbody").split() == ["k03", "303"]
+                assert f"partition {key_doc['partition']} ·" in page.inner_text("#lookup-result")
+                screenshot(page, shots, "table")
+                page.fill("#lookup-key", "k29")  # deleted: the API's 404, shown as it gives it
+                page.press("#lookup-key", "Enter")
+                page.wait_for_function(
+                    "document.getElementById('lookup-error').textContent.length > 0"
+                )
+                assert page.inner_text("#lookup-error").startswith("key_not_found: ")
+                assert rest(nodes[0], "GET", "/stores/t/keys/k29").status_code == 404
+
+                check_sql_editor(page, nodes[0], shots)
+                check_push_view(page, nodes, changelog, shots)
+                check_charts(page, nodes[0], shots)
+
+                # a node stops: its column stays, marked gone, and n0 takes every partition
+                page.click("#tab-cluster")
+                nodes[1].stop()
+                page.wait_for_selector("table.grid thead th.gone", timeout=20_000)
+                assert page.inner_text("table.grid thead").split() == [
+                    "partition",
+                    "n0",
+                    "n1",
+                    "(gone)",
+                ]
+                assert "gone" in page.inner_text("#nodes li.gone")
+                deadline = time.monotonic() + 20
+                while True:
+                    metadata = rest(nodes[0], "GET", "/metadata").json()
+                    grid = page_grid(page, "t")
+                    if len(metadata["nodes"]) == 1 and [r[0] for r in grid] == [
+                        r[0] for r in expected_grid(metadata, "t", 4)
+                    ]:
+                        break
+                    assert time.monotonic() < deadline, grid
+                    time.sleep(0.2)
+                assert [n["node_id"] for n in metadata["nodes"]] == ["n0"]
+                for p_, row in enumerate(grid):
+                    assert row[1] == "gone"
+                    assert row[0] == "active · batch 3 · lag 0 · live"
+                    assert p_ in metadata["nodes"][0]["active"]["t"]
+                screenshot(page, shots, "cluster-node-gone")
+            finally:
+                browser.close()
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+
+
+def rows_of(page: Any, selector: str) -> list[list[str]]:
+    cells: list[list[str]] = page.eval_on_selector(
+        selector, "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))"
+    )
+    return cells
+
+
+def check_sql_editor(page: Any, node: Node, shots: Path) -> None:
+    """Paging with the API's continuation token, the position shown, EXPLAIN, the bound."""
+    sql = "SELECT k, n FROM t"
+    page.click("#tab-sql")
+    page.fill("#sql", sql)
+    page.fill("#page-size", "10")
+    page.press("#sql", "Control+Enter")
+    page.wait_for_function("document.getElementById('status').textContent.includes('page 1')")
+    pages = [rest(node, "POST", "/query", json={"sql": sql, "page_size": 10}).json()]
+    while pages[-1].get("next_page_token"):
+        doc = {"sql": sql, "page_size": 10, "page_token": pages[-1]["next_page_token"]}
+        pages.append(rest(node, "POST", "/query", json=doc).json())
+    assert [len(p["rows"]) for p in pages] == [10, 10, 9]
+    seen = []
+    for number, want in enumerate(pages, 1):
+        if number > 1:
+            page.click("#next-page")
+            page.wait_for_function(
+                f"document.getElementById('status').textContent.includes('(page {number},')"
+            )
+        shown = rows_of(page, "#result tbody")
+        assert shown == [[r["k"], str(r["n"])] for r in want["rows"]]
+        assert page.inner_text("#position") == want["position"]
+        assert page.is_disabled("#next-page") == (number == len(pages))
+        seen += [k for k, _ in shown]
+        if number == 1:
+            assert "more: Next page" in page.inner_text("#status")
+            screenshot(page, shots, "sql")
+    assert sorted(seen) == sorted({f"k{i:02d}" for i in range(29)})
+
+    explain = "SELECT * FROM t WHERE k = 'k03'"
+    page.fill("#sql", explain)
+    page.click("#explain")
+    page.wait_for_selector("#result pre")
+    plan = rest(node, "POST", "/query", json={"sql": "EXPLAIN " + explain}).json()["explain"]
+    assert json.loads(page.inner_text("#result pre")) == plan
+    assert plan["tables"][0]["access"] == "key_lookup"
+    screenshot(page, shots, "explain")
+
+    # "read at least at": the next query sends the last position as its bound
+    page.fill("#sql", "SELECT n FROM t WHERE k = 'k03'")
+    page.press("#sql", "Control+Enter")
+    page.wait_for_function("document.getElementById('status').textContent.includes('1 rows')")
+    position = page.inner_text("#position")
+    lookup = {"sql": "SELECT n FROM t WHERE k = 'k03'"}
+    assert position == rest(node, "POST", "/query", json=lookup).json()["position"]
+    page.check("#bound")
+    with page.expect_request("**/query") as request:
+        page.click("#run")
+    assert request.value.post_data_json["bound"] == position
+    page.wait_for_selector("#result tbody tr")  # the result was cleared when the request left
+    assert rows_of(page, "#result tbody") == [["303"]]
+    page.uncheck("#bound")
+
+
+def check_push_view(page: Any, nodes: list[Node], changelog: Any, shots: Path) -> None:
+    """EMIT CHANGES rows appear as batches commit, newest first; Stop ends the stream."""
+    page.click("#tab-push")
+    assert page.input_value("#push-sql") == "SELECT * FROM t EMIT CHANGES"
+    page.fill("#push-sql", "SELECT k, n FROM t WHERE n >= 1000 EMIT CHANGES")
+    page.press("#push-sql", "Enter")
+    page.wait_for_function(
+        "document.getElementById('push-status').textContent.startsWith('streaming')"
+    )
+    write_batch(changelog, 2, {"k05": 1005, "new": 2000, "k06": 6})
+    for node in nodes:
+        node.poll_once()
+    page.wait_for_selector("#push-result tbody tr:nth-child(2)")
+    first = rows_of(page, "#push-result tbody")
+    assert sorted(r[1:4] for r in first) == [["k05", "k05", "1005"], ["new", "new", "2000"]]
+    assert all(r[4] == "2" for r in first)
+    write_batch(changelog, 3, {"k07": 1007})
+    for node in nodes:
+        node.poll_once()
+    page.wait_for_selector("#push-result tbody tr:nth-child(3)")
+    rows = rows_of(page, "#push-result tbody")
+    assert rows[0][1:5] == ["k07", "k07", "1007", "3"]  # newest first
+    assert rows[1:] == first
+    assert page.inner_text("#push-status") == "streaming: 3 changes, last at batch 3"
+    assert page.inner_text("#push-result thead").split() == [
+        "received",
+        "key",
+        "k",
+        "n",
+        "batch",
+        "position",
+    ]
+    screenshot(page, shots, "push")
+    page.click("#push-stop")
+    page.wait_for_function(
+        "document.getElementById('push-status').textContent === 'stopped after 3 changes'"
+    )
+
+
+def check_charts(page: Any, node: Node, shots: Path) -> None:
+    """Lag and query-rate sparklines, sampled every refresh, agree with the API."""
+    page.click("#tab-cluster")
+    page.wait_for_function(
+        "Number(document.getElementById('chart-lag-t').dataset.points) >= 5"
+        " && Number(document.getElementById('chart-rate').dataset.max) > 0"
+    )
+    metadata = rest(node, "GET", "/metadata").json()
+    lag = max(
+        st["lag_batches"]
+        for n in metadata["nodes"]
+        for p, st in n["hosted"]["t"].items()
+        if int(p) in n["active"]["t"]
+    )
+    chart = page.locator("#chart-lag-t")
+    assert chart.get_attribute("data-last") == str(lag) == "0"
+    assert page.locator("#chart-lag-t polyline").get_attribute("points").count(",") >= 5
+    assert "0 batches" in page.inner_text("#charts")
+    assert "queries/s" in page.inner_text("#charts")
+    page.wait_for_function(
+        "document.querySelectorAll('table.grid tbody td').length === 8"
+        " && [...document.querySelectorAll('table.grid tbody td')]"
+        ".every(c => c.textContent.includes('batch 3'))"
+    )
+    assert page_grid(page, "t") == expected_grid(metadata, "t", 4)
+    screenshot(page, shots, "cluster")
