@@ -2,6 +2,8 @@
 
 - :func:`spark_session`: a small local SparkSession tuned for tests (two cores, few shuffle
   partitions, no UI, UTC), or a Spark Connect session when given ``remote=``.
+- :func:`connect_server`: a local Spark Connect server in its own JVM, for
+  ``spark_session(remote=...)``.
 - :func:`temporary_state_dir`: a state directory removed afterwards.
 - :class:`JsonSource`: a folder of JSON files as a streaming source, fed batch by batch;
   :meth:`JsonSource.feed` returns once the App has applied the batch, so the next query sees
@@ -39,6 +41,7 @@ __all__ = [
     "JsonSource",
     "TableDiff",
     "assert_table_matches",
+    "connect_server",
     "diff_table",
     "spark_session",
     "table_rows",
@@ -107,6 +110,87 @@ def spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def connect_server(
+    master: str = "local[2]",
+    *,
+    config: Mapping[str, str] | None = None,
+    timeout: float = 180.0,
+) -> Iterator[str]:
+    """Run a Spark Connect server (PySpark's own, ``pyspark[connect]``) for the block; yields
+    its address, ``sc://127.0.0.1:<port>``.
+
+    The server is a separate JVM started with ``spark-submit`` from the installed PySpark,
+    so a process can hold a classic session and a Connect session at once (PySpark's
+    ``remote("local")`` refuses to start a server next to an existing SparkContext). It
+    listens on 127.0.0.1 on a free port, runs ``master`` with :data:`LOCAL_SPARK_CONF` and
+    ``config``, starts its Python workers with this interpreter, and is stopped (with its
+    process group) when the block ends. When it does not start within ``timeout``, the
+    error quotes the end of its log.
+    """
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from pyspark.find_spark_home import _find_spark_home
+
+    home = _find_spark_home()
+    settings = {**LOCAL_SPARK_CONF, **(config or {})}
+    with socket.socket() as probe:  # a port free now (the server takes it moments later)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings.update(
+        {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(port),
+        }
+    )
+    command = [os.path.join(home, "bin", "spark-submit"), "--master", master]
+    for key, value in settings.items():
+        command += ["--conf", f"{key}={value}"]
+    command += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    workdir = tempfile.mkdtemp(prefix="sparkiq-connect-")
+    log_path = os.path.join(workdir, "spark-connect.log")
+    env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable}
+    env.pop("SPARK_REMOTE", None)
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped with everything it ran
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    with open(log_path, encoding="utf-8", errors="replace") as log_file:
+                        tail = log_file.read()[-3000:]
+                    raise RuntimeError(
+                        f"the Spark Connect server did not start on port {port} (exit code "
+                        f"{process.poll()}); the end of its log:\n{tail}"
+                    ) from None
+                time.sleep(0.2)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -115,8 +115,7 @@ def test_a_filtered_follower_equals_the_owner_and_enrich_equals_a_join(
         for index in range(3):
             write_orders(source, index, rng)
             app.process_all_available()
-            assert table.sink is not None
-            last = table.sink.last_batch_id
+            last = table.committed_batch_id
             assert last == index
             assert follower.wait_for(last, timeout=30)
             for product in PRODUCTS:

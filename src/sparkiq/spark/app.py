@@ -17,6 +17,12 @@ where it stopped: Spark from its checkpoint, the replicas from their local files
 Tables can also be defined in SQL over streams registered by name: :meth:`App.sql` runs
 ``CREATE TABLE ... AS SELECT``, ``DROP TABLE``, ``SHOW TABLES`` and ``DESCRIBE`` on the writer
 (see :mod:`sparkiq.spark.ddl`) and hands pull queries to the local node.
+
+The same code runs with a classic and a Spark Connect session. The ``foreachBatch`` sink
+(:class:`~sparkiq.spark.sink.TableSink`) carries plain data only, because under Connect it
+runs in the server's Python process; everything the driver does about a commit - waking the
+local node, scheduling snapshots, :meth:`App.process_all_available` - starts from reading the
+changelog on the driver (:class:`_CommitWatcher`), never from state kept by the sink.
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ from typing import Any
 
 from sparkiq.changelog import (
     Changelog,
-    CommitRecord,
     TableManifest,
     check_table_name,
     open_storage,
@@ -47,7 +52,7 @@ from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.spark import ddl
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
-from sparkiq.spark.sink import TableSink, pyarrow_uri, spark_uri
+from sparkiq.spark.sink import TableSink, pyarrow_uri, spark_uri, write_task_count
 
 __all__ = ["App", "Table"]
 
@@ -68,6 +73,8 @@ class Table:
     sink: TableSink | None = None
     maintenance: TableMaintenance | None = None
     sql: str | None = None  # the CREATE TABLE statement that defined it; None: materialize()
+    #: The newest batch the driver has seen committed in the changelog (-1: none yet).
+    committed_batch_id: int = -1
 
     @property
     def partitions(self) -> int:
@@ -144,6 +151,7 @@ class App:
         self.node: Node | None = None
         self._started = False
         self._lock = threading.Lock()
+        self._watcher: _CommitWatcher | None = None
 
     # -- defining tables ---------------------------------------------------------------------
 
@@ -312,6 +320,8 @@ class App:
                 self.node = self._new_node().start()
             for table in self._tables.values():
                 self._start_query(table)
+            self._watcher = _CommitWatcher(self, self._poll_interval)
+            self._watcher.start()
             self._started = True
         return self
 
@@ -371,18 +381,16 @@ class App:
             )
 
     def _start_query(self, table: Table) -> None:
-        maintenance = table.maintenance = TableMaintenance(
+        table.maintenance = TableMaintenance(
             self.spark, self.state_dir, table.name, self.snapshot_every, self.retention
         )
-
-        def on_commit(record: CommitRecord) -> None:
-            node = self.node  # looked up per commit: DROP TABLE may restart the node
-            if node is not None:
-                node.notify(record.table)
-            maintenance.on_commit(record)
-
+        committed = Changelog(self.state_dir, table.name).committed_batch_ids()
+        table.committed_batch_id = committed[-1] if committed else -1
         sink = TableSink(
-            self.state_dir, table.manifest, self._checkpoint_location(table.name), on_commit
+            self.state_dir,
+            table.manifest,
+            self._checkpoint_location(table.name),
+            write_task_count(self.spark, table.manifest.partitions),
         )
         writer = (
             table.dataframe.writeStream.queryName(f"sparkiq.{self.name}.{table.name}")
@@ -413,7 +421,12 @@ class App:
 
     def process_all_available(self, timeout: float | None = None) -> None:
         """Wait until every query processed all available input and the local node applied
-        every batch committed so far. Raises if a query failed."""
+        every batch committed so far. Raises if a query failed.
+
+        What "committed so far" means is read from the changelog on the driver, after Spark
+        reports the input processed: the newest commit record of each table (a batch's
+        commit record is written before its ``foreachBatch`` call returns). It never relies
+        on the sink object, which under Spark Connect is a copy in another process."""
         self._require_started()
         for table in self._tables.values():
             query = table.query
@@ -423,11 +436,11 @@ class App:
                 raise SparkiqError(
                     f"the Spark query of {table.name!r} failed: {error}", store=table.name
                 )
+            self._read_commits(table, query)
         if self.node is None:
             return
         for table in self._tables.values():
-            assert table.sink is not None
-            batch_id = table.sink.last_batch_id
+            batch_id = table.committed_batch_id
             if batch_id >= 0 and not self.node.wait_for(table.name, batch_id, timeout):
                 failing = [s for s in self.node.status() if s.table == table.name and s.error]
                 raise SparkiqError(
@@ -435,6 +448,32 @@ class App:
                     + (f": {failing[0].error}" if failing else f" within {timeout} s"),
                     store=table.name,
                 )
+
+    def _read_commits(self, table: Table, query: Any) -> None:
+        """Bring ``table.committed_batch_id`` up to the newest commit record of its changelog
+        and check it against the query's last progress: a batch Spark reports done with
+        input must be committed."""
+        newest = _newest_commit(Changelog(self.state_dir, table.name), table.committed_batch_id)
+        table.committed_batch_id = max(table.committed_batch_id, newest)
+        progress = query.lastProgress
+        if progress is None:
+            return
+        done, rows = _progress_field(progress, "batchId"), _progress_field(progress, "numInputRows")
+        if rows and done is not None and int(done) > table.committed_batch_id:
+            raise SparkiqError(
+                f"Spark reports batch {done} of {table.name!r} done but the changelog's newest "
+                f"commit is batch {table.committed_batch_id}",
+                store=table.name,
+            )
+
+    def _on_commit(self, table: Table, batch_id: int) -> None:
+        """The commit watcher saw ``batch_id`` of ``table`` committed."""
+        table.committed_batch_id = max(table.committed_batch_id, batch_id)
+        node = self.node  # looked up per commit: DROP TABLE may restart the node
+        if node is not None:
+            node.notify(table.name)
+        if table.maintenance is not None:
+            table.maintenance.on_commit(batch_id)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the Spark queries, then the local node. Idempotent.
@@ -444,6 +483,9 @@ class App:
         re-runs on restart) but wastes its work and makes Spark log the interruption.
         """
         with self._lock:
+            watcher, self._watcher = self._watcher, None
+            if watcher is not None:
+                watcher.stop()
             for table in self._tables.values():
                 self._stop_query(table, timeout)
             if self.node is not None:
@@ -567,6 +609,62 @@ class App:
                 store=store,
             )
         return node.get(store, key)
+
+
+class _CommitWatcher:
+    """A driver thread following every started table's changelog for new commit records.
+
+    Each round probes the file of the next batch of each table (one existence check, as
+    the node's tailer does) and reports every new one to :meth:`App._on_commit`: the local
+    node is woken and snapshots fall due. It runs every ``interval`` seconds; the sink,
+    which may run in another process (Spark Connect), never calls back into the App.
+    """
+
+    def __init__(self, app: App, interval: float) -> None:
+        self._app = app
+        self._interval = interval
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"sparkiq-commits-{app.name}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            for table in list(self._app._tables.values()):
+                if table.query is None:
+                    continue
+                try:
+                    changelog = Changelog(self._app.state_dir, table.name)
+                    while changelog.has_commit(table.committed_batch_id + 1):
+                        self._app._on_commit(table, table.committed_batch_id + 1)
+                except Exception:  # a storage hiccup: look again next round
+                    log.warning("watching commits of %s", table.name, exc_info=True)
+
+
+def _newest_commit(changelog: Changelog, known: int) -> int:
+    """The newest committed batch id of ``changelog`` (-1: none), probing forward from
+    ``known`` when that batch is still there, else listing the commits."""
+    if known < 0 or not changelog.has_commit(known):
+        committed = changelog.committed_batch_ids()
+        known = committed[-1] if committed else -1
+    while changelog.has_commit(known + 1):
+        known += 1
+    return known
+
+
+def _progress_field(progress: Any, name: str) -> Any:
+    """A field of ``query.lastProgress``: a dict, or a progress object, by Spark version."""
+    if isinstance(progress, dict):
+        return progress.get(name)
+    return getattr(progress, name, None)
 
 
 def _wait_between_batches(query: Any, timeout: float) -> None:

@@ -1,8 +1,9 @@
 """Changelog maintenance by the writer: periodic snapshots as a Spark job, then retention.
 
 The writer is the only process that writes a table's changelog, so it also maintains it.
-Every ``snapshot_every`` committed batches, a background thread on the driver submits one
-Spark job with a task per partition; each task builds its partition's snapshot from the
+Every ``snapshot_every`` committed batches (the App's commit watcher reads them from the
+changelog on the driver), a background thread on the driver submits one Spark job with a task
+per partition; each task builds its partition's snapshot from the
 previous snapshot and the segments since (:func:`sparkiq.changelog.snapshot.write_snapshot`)
 on an executor, in parallel, without stopping the streaming query or its readers. When every
 partition's snapshot is written, the driver applies retention.
@@ -10,16 +11,21 @@ partition's snapshot is written, the driver applies retention.
 Why a Spark job: the work is per partition and embarrassingly parallel, the executors already
 have the changelog's filesystem configured and sparkiq installed, and it needs no serving
 node (nodes never write the changelog). ``sparkiq compact`` does the same from a shell.
+
+The job is a DataFrame job (``spark.range`` with one row per partition, ``mapInArrow``), not
+an RDD job: it runs the same with a classic and a Spark Connect session.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from functools import partial
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from sparkiq.changelog import Changelog, CommitRecord
+import pyarrow as pa
+
+from sparkiq.changelog import Changelog
 from sparkiq.changelog.retention import RetentionReport, apply_retention
 from sparkiq.changelog.snapshot import write_snapshot
 
@@ -31,6 +37,21 @@ log = logging.getLogger("sparkiq.maintenance")
 def _snapshot_partition(state_dir: str, table: str, batch_id: int, partition: int) -> int:
     info = write_snapshot(Changelog(state_dir, table), partition, batch_id)
     return info.rows
+
+
+def _snapshot_writer(
+    state_dir: str, table: str, batch_id: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function each task runs (on an executor): snapshot the partitions it is given
+    (the ``id`` column) and yield how many rows each snapshot holds."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            partitions = batch.column("id").to_pylist()
+            rows = [_snapshot_partition(state_dir, table, batch_id, p) for p in partitions]
+            yield pa.record_batch({"rows": pa.array(rows, pa.int64())})
+
+    return write
 
 
 def compact_table(
@@ -53,17 +74,16 @@ def compact_table(
         if not committed:
             return -1, 0, None
         batch_id = committed[-1]
-    partitions = list(range(changelog.manifest().partitions))
-    task = partial(_snapshot_partition, state_dir, table, batch_id)
+    count = changelog.manifest().partitions
     if spark is not None:
-        context = spark.sparkContext
-        context.setJobDescription(f"sparkiq: snapshot {table} at batch {batch_id}")
-        try:
-            rows = sum(context.parallelize(partitions, len(partitions)).map(task).collect())
-        finally:
-            context.setJobDescription(None)
+        # One row, so one task, per partition: snapshots are written in parallel, each by
+        # the executor that runs its task.
+        job = spark.range(0, count, 1, count).mapInArrow(
+            _snapshot_writer(state_dir, table, batch_id), "rows long"
+        )
+        rows = sum(int(r["rows"]) for r in job.collect())
     else:
-        rows = sum(task(p) for p in partitions)
+        rows = sum(_snapshot_partition(state_dir, table, batch_id, p) for p in range(count))
     report = None
     if retention_seconds is not None:
         report = apply_retention(changelog, retention_seconds)
@@ -71,7 +91,8 @@ def compact_table(
 
 
 class TableMaintenance:
-    """Schedules snapshots and retention for one table from its sink's commits.
+    """Schedules snapshots and retention for one table from its commits (as the App's
+    commit watcher sees them in the changelog).
 
     At most one maintenance run per table is in flight; a commit that falls due while one
     runs is skipped (the next due commit catches up). Failures are logged and retried at the
@@ -95,18 +116,17 @@ class TableMaintenance:
         self.last_error: str | None = None
         self.last_snapshot_batch = -1
 
-    def on_commit(self, record: CommitRecord) -> None:
+    def on_commit(self, batch_id: int) -> None:
+        """Batch ``batch_id`` was committed: start a maintenance run if one is due."""
         every = self.snapshot_every
-        if not every or record.batch_id == 0 or record.batch_id % every:
+        if not every or batch_id == 0 or batch_id % every:
             return
         if self._thread is not None and self._thread.is_alive():
-            log.info(
-                "%s: maintenance still running; skipping batch %d", self.table, record.batch_id
-            )
+            log.info("%s: maintenance still running; skipping batch %d", self.table, batch_id)
             return
         self._thread = threading.Thread(
             target=self.run,
-            args=(record.batch_id,),
+            args=(batch_id,),
             name=f"sparkiq-maintenance-{self.table}",
             daemon=True,
         )

@@ -15,6 +15,11 @@ For every micro-batch ``b`` of the table's streaming query:
 A crash before step 4 leaves segments no commit record lists: readers ignore them and the
 re-run rewrites identical files (a segment's bytes are a function of its rows). A crash after
 step 4 makes the re-run a no-op. Either way each batch is applied exactly once.
+
+The sink holds plain data only (table name, manifest, ``state_dir`` and checkpoint URIs):
+with Spark Connect the function is pickled and runs in a Python process the Connect server
+starts, not in the application's process, so nothing it does can reach the :class:`App`.
+The driver learns of commits by reading the changelog (see :mod:`sparkiq.spark.app`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from sparkiq.changelog.storage import open_storage
 from sparkiq.errors import ChangelogError
 from sparkiq.schema.codec import KeyCodec, RowCodec
 
-__all__ = ["CRASH_ENV", "TableSink", "pyarrow_uri", "spark_uri"]
+__all__ = ["CRASH_ENV", "TableSink", "pyarrow_uri", "spark_uri", "write_task_count"]
 
 log = logging.getLogger("sparkiq.sink")
 
@@ -48,33 +53,36 @@ _META_SCHEMA = "partition int, rows long, size long, sha256 string"
 
 
 class TableSink:
-    """``foreachBatch`` target writing one table's changelog. Picklable parts only are
-    shipped to executors (see :func:`_segment_writer`)."""
+    """``foreachBatch`` target writing one table's changelog.
+
+    Every attribute is plain, picklable data, and the object keeps no state between batches:
+    under Spark Connect it runs as a pickled copy in the server's Python process. The
+    changelog is the only thing it changes; readers learn of a batch from its commit record.
+    ``write_tasks`` caps how many tasks write segments (see :func:`write_task_count`).
+    """
 
     def __init__(
         self,
         state_dir: str,
         manifest: TableManifest,
         checkpoint_location: str,
-        on_commit: Callable[[CommitRecord], None] | None = None,
+        write_tasks: int,
     ) -> None:
         self.state_dir = state_dir
         self.checkpoint_location = checkpoint_location
         self.manifest = manifest
-        self.changelog = Changelog(state_dir, manifest.name)
-        self.on_commit = on_commit
-        self.last_batch_id = -1
+        self.write_tasks = max(1, min(manifest.partitions, write_tasks))
 
     def __call__(self, df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         table = self.manifest.name
-        if self.changelog.has_commit(batch_id):
+        changelog = Changelog(self.state_dir, table)
+        if changelog.has_commit(batch_id):
             # Spark still needs the batch evaluated on every partition so that its state
             # stores commit (Spark 4 validates this); the changelog must not change.
             log.info("%s: batch %d already committed; evaluating its re-run only", table, batch_id)
             df.write.format("noop").mode("overwrite").save()
-            self.last_batch_id = max(self.last_batch_id, batch_id)
             return
         offsets = read_source_offsets(self.checkpoint_location, batch_id)
         keys = [F.col(f"`{c}`") for c in self.manifest.key_columns]
@@ -83,7 +91,7 @@ class TableSink:
         )
         writer = _segment_writer(self.state_dir, self.manifest, batch_id)
         facts = (
-            tagged.repartition(self._write_tasks(df), PARTITION_COLUMN)
+            tagged.repartition(self.write_tasks, PARTITION_COLUMN)
             .mapInArrow(writer, _META_SCHEMA)
             .collect()
         )
@@ -104,19 +112,22 @@ class TableSink:
             committed_at=time.time(),
         )
         _maybe_crash("before_commit", table, batch_id)
-        self.changelog.write_commit(record)
-        self.last_batch_id = batch_id
+        changelog.write_commit(record)
         _maybe_crash("after_commit", table, batch_id)
-        if self.on_commit is not None:
-            self.on_commit(record)
 
-    def _write_tasks(self, df: Any) -> int:
-        """How many tasks write segments: one per partition, but no more than the cores
-        Spark has, since each Python task costs far more to start than its share of the
-        writing. A task writes one segment for each partition it receives; all rows of a
-        partition go to one task, so there is still exactly one segment per partition."""
-        cores = int(df.sparkSession.sparkContext.defaultParallelism)
-        return max(1, min(self.manifest.partitions, cores))
+
+def write_task_count(spark: Any, partitions: int) -> int:
+    """How many tasks write a batch's segments: one per partition, but no more than the
+    session's shuffle partitions (``spark.sql.shuffle.partitions``, read on the driver, the
+    same with a classic and a Spark Connect session), since each Python task costs far more
+    to start than its share of the writing. A task writes one segment for each partition it
+    receives; all rows of a partition go to one task, so there is still exactly one segment
+    per partition."""
+    try:
+        shuffle = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    except (TypeError, ValueError):  # an unset or odd value: one task per partition
+        shuffle = partitions
+    return max(1, min(partitions, shuffle))
 
 
 def _segment_writer(
