@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         "--duration",
         type=float,
         default=float(_env("DEMO_DURATION", 0)),
-        help="stop after this many seconds; 0 runs until Ctrl-C [SPARKIQ_DEMO_DURATION]",
+        help="stop this many seconds after the tables first answer; 0 runs until Ctrl-C "
+        "[SPARKIQ_DEMO_DURATION]",
     )
     demo.add_argument(
         "--rate",
