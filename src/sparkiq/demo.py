@@ -104,9 +104,11 @@ def _start_node(state_dir: str, listen: str) -> Node:
     """The demo's serving node, with the console; on the next free port when ``listen``'s
     is taken (another demo, a `sparkiq serve`)."""
     options: dict[str, Any] = {"node_id": "demo", "peers": None, "token": None, "standbys": 0}
+    first = Node(state_dir, listen=listen, **options)
     try:
-        return Node(state_dir, listen=listen, **options).start()
+        return first.start()
     except (OSError, SparkiqError):
+        first.stop()  # closes the replicas it opened before the port was refused
         host = listen.rsplit(":", 1)[0]
         return Node(state_dir, listen=f"{host}:0", **options).start()
 
