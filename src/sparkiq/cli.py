@@ -50,8 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="run a self-contained streaming pipeline and query its tables live",
-        description="Runs a shop pipeline on a built-in event generator, materializes three "
-        "tables and prints live query results as they change. Stop with Ctrl-C.",
+        description="Starts a node with the web console (its URL is the first line), runs a "
+        "shop pipeline on a built-in event generator into three tables and shows a live "
+        "summary of them. Spark's log goes to <state_dir>/logs/spark.log. Stop with Ctrl-C.",
     )
     demo.add_argument(
         "--state-dir",
@@ -62,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         "--duration",
         type=float,
         default=float(_env("DEMO_DURATION", 0)),
-        help="stop after this many seconds; 0 runs until Ctrl-C [SPARKIQ_DEMO_DURATION]",
+        help="stop this many seconds after the tables first answer; 0 runs until Ctrl-C "
+        "[SPARKIQ_DEMO_DURATION]",
     )
     demo.add_argument(
         "--rate",
@@ -78,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--listen",
-        default=_env("DEMO_LISTEN", "127.0.0.1:8081"),
+        default=_env("DEMO_LISTEN", _SERVE_LISTEN),  # where `query` and `shell` look first
         help="host:port of the demo's node and web console; the next free port when taken "
         "[SPARKIQ_DEMO_LISTEN, default 127.0.0.1:8081]",
     )

@@ -39,6 +39,9 @@ __all__ = ["DEMO_LISTEN", "build_orders", "run_demo"]
 #: Where the demo's node listens unless told: the address `sparkiq query`/`shell` try first.
 DEMO_LISTEN = "127.0.0.1:8081"
 
+#: How long the demo waits for its first served micro-batch before giving up.
+_FIRST_BATCH_TIMEOUT = 300.0
+
 TABLES = ("revenue_by_product", "orders_by_user", "revenue_per_window")
 
 
@@ -101,9 +104,11 @@ def _start_node(state_dir: str, listen: str) -> Node:
     """The demo's serving node, with the console; on the next free port when ``listen``'s
     is taken (another demo, a `sparkiq serve`)."""
     options: dict[str, Any] = {"node_id": "demo", "peers": None, "token": None, "standbys": 0}
+    first = Node(state_dir, listen=listen, **options)
     try:
-        return Node(state_dir, listen=listen, **options).start()
+        return first.start()
     except (OSError, SparkiqError):
+        first.stop()  # closes the replicas it opened before the port was refused
         host = listen.rsplit(":", 1)[0]
         return Node(state_dir, listen=f"{host}:0", **options).start()
 
@@ -160,7 +165,7 @@ class _Summary:
     def panel(facts: dict[str, Any] | None, url: str, log_path: str) -> Group:
         """One update for a terminal, redrawn in place."""
         head = Text.assemble(
-            ("console ", "dim"), (url, "bold cyan"), ("   spark log ", "dim"), log_path
+            ("console ", "dim"), (f"{url}/", "bold cyan"), ("   spark log ", "dim"), log_path
         )
         if facts is None:
             return Group(head, Text("waiting for the first micro-batch...", style="yellow"))
@@ -193,7 +198,9 @@ def run_demo(
     fresh: bool,
     listen: str = DEMO_LISTEN,
 ) -> int:
-    """Run the demo until Ctrl-C (or ``duration`` seconds when > 0); the exit code."""
+    """Run the demo until Ctrl-C or, when ``duration`` > 0, for ``duration`` seconds once the
+    tables first answer (Spark's start and first micro-batch take from seconds to a minute,
+    depending on the machine); the exit code (1: nothing served within five minutes)."""
     from pyspark.sql import functions as F
 
     import sparkiq
@@ -203,10 +210,6 @@ def run_demo(
     logs = os.path.join(state_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     log_path = os.path.abspath(os.path.join(logs, "spark.log"))
-
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     node = _start_node(state_dir, listen)
     url = node.url or ""
@@ -218,6 +221,11 @@ def run_demo(
         flush=True,
     )
     spark = _spark(log_path)
+    # After Spark starts: its context installs a SIGINT handler that cancels every job and
+    # raises KeyboardInterrupt anywhere; Ctrl-C must only ask the loop below to stop.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     orders = build_orders(spark, rate)
     app = sparkiq.App(spark, state_dir=state_dir, name="shop")
     every: dict[str, Any] = {
@@ -246,27 +254,47 @@ def run_demo(
         **every,
     )
     summary = _Summary(node)
-    started = time.monotonic()
+    live_since: float | None = None  # when the tables first answered
+    waiting_since = time.monotonic()
+    code = 0
     try:
         # The node serves queries; the App only writes (its own local node would hold a
         # second copy of every replica).
         app.start(local_node=False)
         node.refresh_tables()
 
+        def update() -> dict[str, Any] | None:
+            nonlocal live_since
+            facts = _read(summary)
+            if facts is not None and live_since is None:
+                live_since = time.monotonic()
+            return facts
+
         def finished() -> bool:
-            return stop.is_set() or (duration > 0 and time.monotonic() - started >= duration)
+            if stop.is_set():
+                return True
+            if live_since is None:
+                return time.monotonic() - waiting_since > _FIRST_BATCH_TIMEOUT
+            return duration > 0 and time.monotonic() - live_since >= duration
 
         if sys.stdout.isatty():
             with Live(summary.panel(None, url, log_path), auto_refresh=False) as live:
                 while not finished():
-                    live.update(summary.panel(_read(summary), url, log_path), refresh=True)
+                    live.update(summary.panel(update(), url, log_path), refresh=True)
                     stop.wait(1.0)
         else:
             while not finished():
-                facts = _read(summary)
+                facts = update()
                 print(summary.line(facts) if facts else "waiting for the first micro-batch...")
                 sys.stdout.flush()
                 stop.wait(2.0)
+        if live_since is None and not stop.is_set():
+            print(
+                f"sparkiq demo: no micro-batch was served in {_FIRST_BATCH_TIMEOUT:.0f} s; "
+                f"see {log_path}",
+                file=sys.stderr,
+            )
+            code = 1
     finally:
         print("stopping...", flush=True)
         # The queries first, between micro-batches, then the node, then Spark: stopping
@@ -277,7 +305,7 @@ def run_demo(
             spark.stop()
         signal.signal(signal.SIGINT, previous)
     print(f"stopped. `sparkiq status --state-dir {state_dir}` shows the tables' changelog.")
-    return 0
+    return code
 
 
 def _windows(facts: dict[str, Any]) -> str:

@@ -4,6 +4,8 @@ first and answering, Spark's log in its file and not on the screen, live values,
 from __future__ import annotations
 
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -11,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.cli.terminal import Terminal
 
 pytestmark = pytest.mark.slow
 
@@ -64,3 +68,36 @@ def test_demo_prints_the_console_first_keeps_spark_quiet_and_shows_values(
     assert int(values[-1].group(1)) >= int(values[0].group(1))
     assert all(float(m.group(2)) > 0 and int(m.group(3)) > 0 for m in values)
     assert rest.splitlines()[-1].startswith("stopped.")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (.ci/run)")
+def test_demo_on_a_terminal_redraws_in_place_and_stops_cleanly_on_ctrl_c(
+    tmp_path: Path, terminal: Terminal
+) -> None:
+    state = tmp_path / "demo-state"
+    command = (
+        f"{shlex.quote(sys.executable)} -m sparkiq.cli demo --state-dir {shlex.quote(str(state))}"
+        " --listen 127.0.0.1:0 --rate 50 --partitions 2"
+    )
+    terminal.start(command, {})
+    screen = terminal.wait_for(lambda s: "Ctrl-C stops" in s, timeout=240)
+    assert screen.splitlines()[0].startswith("sparkiq console: http://127.0.0.1:")
+
+    def batches(screen: str) -> list[int]:
+        return [
+            int(line.split()[1])
+            for line in screen.splitlines()
+            if line.startswith(" revenue_by_product ")
+        ]
+
+    first = batches(screen)
+    screen = terminal.wait_for(lambda s: batches(s) and batches(s)[0] > first[0], timeout=60)
+    # several updates later the summary is on the screen once: redrawn, not scrolled
+    assert len(batches(screen)) == 1
+    assert screen.count("Ctrl-C stops") == 1
+    terminal.keys("C-c")
+    screen = terminal.wait_for(lambda s: "EXIT=" in s, timeout=120)
+    assert "EXIT=0" in screen
+    assert "stopping...\nstopped." in screen
+    for word in ("Traceback", "WARN", "ERROR", "KeyboardInterrupt"):
+        assert word not in screen

@@ -31,11 +31,14 @@ def test_shell_runs_queries_completes_names_shows_errors_and_exits(
     tmp_path: Path, terminal: Terminal
 ) -> None:
     state = tmp_path / "state"
-    write_batch(make_table(str(state), partitions=2), 0, {"a": 1, "b": 22, "c": 333})
+    table = make_table(str(state), partitions=2)
+    write_batch(table, 0, {"a": 1, "b": 22, "c": 333})
     orders = create_changelog(str(state), "orders_by_customer", ORDERS_SCHEMA, ["order_id"])
     write_rows(orders, 0, {"o1": {"order_id": "o1", "customer": "ann"}}, None)
     history = tmp_path / "history"
-    with Node(str(state), node_id="sh", listen="127.0.0.1:0", token="tok") as node:
+    with Node(
+        str(state), node_id="sh", listen="127.0.0.1:0", token="tok", poll_interval=0.05
+    ) as node:
         node.poll_once()
         assert node.url is not None
         command = f"{shlex.quote(sys.executable)} -m sparkiq.cli shell --url {node.url}"
@@ -68,6 +71,18 @@ def test_shell_runs_queries_completes_names_shows_errors_and_exits(
         terminal.keys("Enter")
         screen = terminal.wait_for(lambda s: "1 row at position" in s)
         assert "│ ann      │" in screen
+
+        # a push query prints changes as batches commit; Ctrl-C returns to the prompt
+        terminal.type("SELECT k, n FROM t WHERE n > 100 EMIT CHANGES;")
+        terminal.keys("Enter")
+        terminal.wait_for(lambda s: "streaming changes; Ctrl-C stops" in s)
+        write_batch(table, 1, {"d": 4000, "e": 5})
+        screen = terminal.wait_for(lambda s: "4000" in s)
+        changes = [line.split("|") for line in screen.splitlines() if "|" in line]
+        assert [c.strip() for c in changes[0]] == ["batch", "k", "n"]
+        assert [[c.strip() for c in change] for change in changes[1:]] == [["1", "d", "4000"]]
+        terminal.keys("C-c")
+        terminal.wait_for(lambda s: s.rstrip().endswith("sparkiq>"))
 
         # an error as the API gives it, with its caret; the shell goes on
         terminal.type("SELECT nope FROM t;")
