@@ -4,8 +4,8 @@ A :class:`sparkiq.App` materializes ``groupBy("k").agg(max(v))`` over a file sou
 step adds one file (1,000 rows plus the row ``("probe", i)``), so micro-batch ``i`` moves
 the probe key's value to ``i``. Two readers watch the probe key:
 
-* the App's local node, in the same process: the sink notifies it after each commit
-  (the embedded path); a thread calls ``app.get`` every 0.5 ms;
+* the App's local node, in the same process: the App's commit watcher notifies it when it
+  sees the commit record (the embedded path); a thread calls ``app.get`` every 0.5 ms;
 * an external :class:`~sparkiq.Node` over the same ``state_dir`` in another process, with
   its own replicas, tailing the changelog at its default poll interval (the writer/server
   split); it calls ``node.get`` every 0.5 ms and reports when the value changes.
@@ -123,18 +123,20 @@ def run(quick: bool = False) -> Report:
         app = App(spark, state_dir=state_dir, name="bench")
         app.materialize(TABLE, df.groupBy("k").agg(F.max("v").alias("v")), key="k", partitions=8)
         app.start()
-        # Hook the sink's commit callback (which notifies the local node) to learn when each
-        # commit record became visible: committed_at is taken just before it is written.
-        sink = app.tables[TABLE].sink
-        assert sink is not None and sink.on_commit is not None
+        # Hook the local node's notification, which the App's commit watcher sends when it
+        # sees a new commit record in the changelog (it polls every poll_interval), to learn
+        # when each commit record became visible to the driver.
+        table = app.tables[TABLE]
+        node = app.node
+        assert node is not None
         visible_at: dict[int, float] = {}
-        notify = sink.on_commit
+        notify = node.notify
 
-        def on_commit(record: Any) -> None:
-            visible_at[record.batch_id] = time.time()
-            notify(record)
+        def on_notify(name: str | None = None) -> None:
+            visible_at.setdefault(table.committed_batch_id, time.time())
+            notify(name)
 
-        sink.on_commit = on_commit
+        node.notify = on_notify  # type: ignore[method-assign,assignment]
         local_seen: dict[int, float] = {}
         stop = threading.Event()
         external = subprocess.Popen(
@@ -181,7 +183,7 @@ def run(quick: bool = False) -> Report:
                     drain()
                     time.sleep(0.005)
                 app.process_all_available()
-                batch_of[index] = sink.last_batch_id
+                batch_of[index] = table.committed_batch_id
         finally:
             stop.set()
             assert external.stdin is not None

@@ -103,9 +103,11 @@ CONTEXT = {
     "freshness": (
         "`committed_at` is taken just before the commit record is written, so the record's "
         "write (fsync, rename) is part of every figure; it is shown on its own as the floor. "
-        "The local node is woken by the sink right after the record is written; the external "
-        "node finds it at its next poll, so it adds up to one poll interval on average half "
-        "of it. Both then read, verify and apply the batch's segments."
+        "The local node is woken by the App's commit watcher, which polls the changelog every "
+        "poll interval on the driver (the sink may run in another process: Spark Connect); "
+        "the external node finds the record at its next poll. Each adds up to one poll "
+        "interval, on average half of it. Both then read, verify and apply the batch's "
+        "segments."
     ),
     "http": (
         "Server and load generator share the two cores, so each figure is also bounded by the "

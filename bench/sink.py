@@ -14,19 +14,24 @@ Per-batch durations come from ``query.recentProgress`` (``durationMs.triggerExec
 whole micro-batch, and ``durationMs.addBatch``, the sink's part), leaving out the first
 batches of each run (warm-up). Full runs alternate baseline and App three times.
 
-Run: ``python -m bench.sink [--quick]``.
+With ``--connect`` the same runs go through Spark Connect: a local Connect server (its own
+JVM, ``local[2]``, the same settings) runs the queries, and each ``foreachBatch`` call runs
+in a Python process the server starts, which drives the batch through the server again.
+
+Run: ``python -m bench.sink [--quick] [--connect]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bench._common import (
     Report,
-    entry_point,
     median,
     scratch_dir,
     spark_session,
@@ -101,16 +106,34 @@ def _run_app(spark: Any, source: str, root: str) -> list[tuple[int, int, int]]:
         app.stop()
 
 
-def run(quick: bool = False) -> Report:
+@contextlib.contextmanager
+def _session(connect: bool) -> Iterator[Any]:
+    """The classic local session, or a Spark Connect session to a local Connect server."""
+    if not connect:
+        yield spark_session()
+        return
+    from sparkiq.testing import connect_server
+    from sparkiq.testing import spark_session as test_session
+
+    with connect_server() as address:
+        session = test_session("sparkiq-bench", remote=address)
+        try:
+            yield session
+        finally:
+            session.stop()
+
+
+def run(quick: bool = False, connect: bool = False) -> Report:
     batches = 8 if quick else 12
     rounds = 1 if quick else 3
     report = Report(
-        name="sink",
-        title="Sink overhead per micro-batch",
+        name="sink_connect" if connect else "sink",
+        title="Sink overhead per micro-batch" + (" under Spark Connect" if connect else ""),
         measures=(
             "duration of one micro-batch of a streaming aggregation (file source, one file of "
             f"{ROWS_PER_FILE:,} rows per batch, keys drawn from {KEYSPACE:,}, local[2], 4 shuffle "
-            f"partitions), from `recentProgress`; {batches - WARMUP_BATCHES} batches per run "
+            + ("partitions, through a local Spark Connect server" if connect else "partitions")
+            + f"), from `recentProgress`; {batches - WARMUP_BATCHES} batches per run "
             f"after {WARMUP_BATCHES} warm-up batches, {rounds} run(s) per sink, alternating"
         ),
         baseline=(
@@ -121,10 +144,9 @@ def run(quick: bool = False) -> Report:
         columns=["sink", "batches", "triggerExecution median ms", "addBatch median ms"],
         quick=quick,
     )
-    spark = spark_session()
     rng = random.Random(9)
     results: dict[str, list[tuple[int, int, int]]] = {"baseline (noop)": [], "sparkiq App": []}
-    with scratch_dir("sink") as root:
+    with scratch_dir("sink") as root, _session(connect) as spark:
         source = os.path.join(root, "in")
         os.makedirs(source)
         for index in range(batches):
@@ -169,7 +191,16 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-main = entry_point(run, __doc__)
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse ``--quick`` and ``--connect``, run, print the report, return its figures."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller, faster run")
+    parser.add_argument("--connect", action="store_true", help="run through Spark Connect")
+    args = parser.parse_args(argv)
+    report = run(args.quick, args.connect)
+    report.print()
+    return report.as_dict()
+
 
 if __name__ == "__main__":
     main()

@@ -99,9 +99,14 @@ def spark_session(
     settings.update({k: str(v) for k, v in named.items() if v is not None})
     settings.update({k: str(v) for k, v in (config or {}).items()})
     remote = remote or os.environ.get("SPARK_REMOTE")
-    builder = SparkSession.builder.appName(app_name)
+    builder: Any = SparkSession.builder.appName(app_name)
     if remote:
-        builder = builder.remote(remote)
+        # Connect's own builder: PySpark's generic one refuses a Connect session in a
+        # process that already runs a classic one (SESSION_ALREADY_EXIST), as tests do.
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # what the generic builder marks
+        builder = ConnectSession.builder.appName(app_name).remote(remote)
         overridden = set(config or {})
         settings = {k: v for k, v in settings.items() if k in _REMOTE_CONF or k in overridden}
     else:

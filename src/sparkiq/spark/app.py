@@ -683,6 +683,8 @@ def _use_this_python_for_local_workers(spark: Any) -> None:
     ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` always wins, and cluster masters are left
     alone (their executors need sparkiq installed, see docs/guide.md).
     """
+    # The one place that looks at the session's kind: a Spark Connect session has no
+    # sparkContext (PySpark raises an AttributeError), and its server picks its workers' Python.
     context = getattr(spark, "sparkContext", None)
     if context is None or not str(getattr(context, "master", "")).startswith("local"):
         return

@@ -1,0 +1,177 @@
+"""The App under Spark Connect: the same pipelines, answers and maintenance as with a classic
+session. The Connect server is a second JVM (the `connect_spark` fixture starts it once for
+this module's tests), so the tests here are few and each covers much.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+from sparkiq import App, Node, RangeQuery, StateQueryRequest
+from sparkiq.changelog import Changelog
+from sparkiq.changelog.snapshot import list_snapshots
+from sparkiq.spark.sink import TableSink
+from tests.spark.test_differential import (
+    SCHEMA,
+    aggregations,
+    batch_truth,
+    full_scan,
+    normalize,
+    write_orders,
+)
+
+
+def test_the_sink_is_plain_data(spark: Any, tmp_path: Path) -> None:
+    """What foreachBatch ships holds no App, node, lock or session: it pickles with the
+    standard pickle and keeps its layout."""
+    from pyspark.sql import functions as F
+
+    source = tmp_path / "in"
+    source.mkdir()
+    df = spark.readStream.schema("k string, n long").json(str(source))
+    app = App(spark, state_dir=str(tmp_path / "state"))
+    app.materialize("sums", df.groupBy("k").agg(F.sum("n").alias("n")), key="k", partitions=3)
+    app.start(local_node=True)
+    try:
+        sink = app.tables["sums"].sink
+        assert isinstance(sink, TableSink)
+        copy = pickle.loads(pickle.dumps(sink))
+        assert vars(copy).keys() == {
+            "state_dir",
+            "checkpoint_location",
+            "manifest",
+            "write_tasks",
+        }
+        assert copy.manifest == sink.manifest and copy.state_dir == str(tmp_path / "state")
+        assert copy.write_tasks == 3  # min(partitions, spark.sql.shuffle.partitions = 4)
+    finally:
+        app.stop()
+
+
+def test_readme_quickstart_and_ddl_under_connect(
+    connect_spark: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from pyspark.sql import functions as F
+
+    monkeypatch.chdir(tmp_path)
+    spark = connect_spark
+    # The README's quickstart, word for word but for the session and the state_dir.
+    pathlib.Path("orders").mkdir(exist_ok=True)
+    pathlib.Path("orders/1.json").write_text('{"product": "p-17", "amount": 123.0}\n')
+    orders = spark.readStream.schema("product string, amount double").json(str(tmp_path / "orders"))
+    app = App(spark, state_dir=str(tmp_path / "shop-state"), name="shop")
+    app.materialize(
+        "revenue_by_product",
+        orders.groupBy("product").agg(F.sum("amount").alias("revenue")),
+        key="product",
+        partitions=8,
+    )
+    app.start()
+    try:
+        app.process_all_available()
+        assert app.get("revenue_by_product", "p-17") == {"product": "p-17", "revenue": 123.0}
+        res = app.query(
+            StateQueryRequest.in_store("revenue_by_product").with_query(
+                RangeQuery.with_range("p-10", "p-19")
+            )
+        )
+        rows = [row for r in res.partition_results.values() for _, row in r.result]
+        assert rows == [{"product": "p-17", "revenue": 123.0}]
+        assert res.position.partition_offsets("revenue_by_product")
+        assert app.sql("SELECT product, revenue FROM revenue_by_product WHERE revenue > 100").rows
+        # DDL on the writer: a table defined in SQL over a registered stream.
+        app.register_stream("orders", orders)
+        app.sql(
+            "CREATE TABLE big_orders WITH (KEY = 'product', PARTITIONS = 2) AS "
+            "SELECT product, count(*) AS n, max(amount) AS top FROM orders "
+            "WHERE amount > 10 GROUP BY product"
+        )
+        pathlib.Path("orders/2.json").write_text(
+            '{"product": "p-17", "amount": 5.0}\n{"product": "p-3", "amount": 50.0}\n'
+        )
+        app.process_all_available()
+        assert app.get("revenue_by_product", "p-17") == {"product": "p-17", "revenue": 128.0}
+        assert app.get("big_orders", "p-17") == {"product": "p-17", "n": 1, "top": 123.0}
+        assert app.get("big_orders", "p-3") == {"product": "p-3", "n": 1, "top": 50.0}
+        assert [(r["table"], r["defined_by"]) for r in app.sql("SHOW TABLES").rows] == [
+            ("big_orders", "sql"),
+            ("revenue_by_product", "materialize"),
+        ]
+        app.sql("DROP TABLE big_orders")
+        assert "big_orders" not in app.tables
+    finally:
+        app.stop()
+
+
+def test_differential_pipeline_snapshots_and_compact_under_connect(
+    connect_spark: Any, tmp_path: Path
+) -> None:
+    """Three tables equal Spark batch mode after every batch; process_all_available returns
+    only once the local replicas applied the newest commit; snapshots are written in the
+    background and by compact(), as DataFrame jobs, and a fresh node restores from them."""
+    from pyspark.sql import functions as F
+
+    spark = connect_spark
+    source = tmp_path / "in"
+    source.mkdir()
+    state = tmp_path / "state"
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    tables = aggregations(stream)
+    app = App(spark, state_dir=str(state), name="diff", snapshot_every=2, retention=None)
+    app.materialize("by_product", tables["by_product"], key="product", partitions=5)
+    app.materialize("by_user_day", tables["by_user_day"], key=["user_id", "day"], partitions=3)
+    app.materialize(
+        "orders",
+        stream.select(
+            "order_id", "product", "amount", "status", (F.col("status") == "deleted").alias("gone")
+        ),
+        key="order_id",
+        partitions=6,
+        tombstone="gone",
+    )
+    app.start()
+    rng = random.Random(2027)
+    try:
+        for index in range(3):
+            write_orders(source, index, rng)
+            app.process_all_available()
+            # No waiting here: the replicas already hold the newest commit of every table.
+            assert app.node is not None
+            for name in ("by_product", "by_user_day", "orders"):
+                newest = Changelog(str(state), name).committed_batch_ids()[-1]
+                assert newest == index == app.tables[name].committed_batch_id
+                offsets = app.node.position(name).partition_offsets(name)
+                assert set(offsets.values()) == {index}, (name, offsets)
+            truth = batch_truth(spark, source)
+            for store in ("by_product", "by_user_day", "orders"):
+                scanned = {
+                    k: normalize(v) for k, v in full_scan(app, store, RangeQuery.with_no_bounds())
+                }
+                assert scanned == {k: normalize(v) for k, v in truth[store].items()}, store
+            for key, row in truth["by_product"].items():
+                assert normalize(app.get("by_product", key)) == normalize(row)
+
+        maintenance = app.tables["orders"].maintenance
+        assert maintenance is not None
+        maintenance.wait(120)  # batch 2 fell due (snapshot_every=2) in the background
+        assert maintenance.last_error is None
+        assert maintenance.last_snapshot_batch == 2
+        orders_log = Changelog(str(state), "orders")
+        assert all(list_snapshots(orders_log, p)[-1].batch_id == 2 for p in range(6))
+
+        write_orders(source, 3, rng)
+        app.process_all_available()
+        app.compact("by_product")
+        products = Changelog(str(state), "by_product")
+        assert all(list_snapshots(products, p)[-1].batch_id == 3 for p in range(5))
+        truth = batch_truth(spark, source)
+        with Node(str(state), node_id="fresh", store="memory") as node:
+            node.poll_once()
+            got = {k: normalize(node.get("by_product", k)) for k in truth["by_product"]}
+            assert got == {k: normalize(v) for k, v in truth["by_product"].items()}
+    finally:
+        app.stop()
