@@ -109,6 +109,25 @@ def wait_cluster(
     raise AssertionError(f"cluster {urls} did not reach {members} ready members")
 
 
+def make_nodes(state_dir: str, log_dir: str, count: int) -> list[ServeProcess]:
+    """``count`` nodes n0, n1, ... on free ports, all seeded by n0; none started yet."""
+    ports = [free_port() for _ in range(count)]
+    seed = f"127.0.0.1:{ports[0]}"
+    return [
+        ServeProcess(state_dir, f"n{i}", ports[i], [seed] if i else [], log_dir)
+        for i in range(count)
+    ]
+
+
+def start_nodes(nodes: list[ServeProcess]) -> None:
+    """Starts ``nodes`` and waits until each is up and they form one ready cluster."""
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        node.wait_up()
+    wait_cluster([n.url for n in nodes], len(nodes))
+
+
 class BatchWriter(threading.Thread):
     """Commits a batch every ``interval`` s in which every key's ``n`` is the batch id, so
     any answer is checkable: a row must carry the batch id of the position it came with."""

@@ -8,72 +8,20 @@ it was served at. A client queries continuously through one node; we record ever
 from __future__ import annotations
 
 import json
-import random
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from sparkiq import Client, KeyQuery, StateQueryRequest, partition_for
-from sparkiq.errors import SparkiqError
+from sparkiq import Client, partition_for
 from tests.changelog.helpers import make_table
-from tests.cluster.serve_processes import (
-    BatchWriter,
-    ServeProcess,
-    free_port,
-    wait_cluster,
-)
+from tests.cluster.load import Answer, Load
+from tests.cluster.serve_processes import BatchWriter, make_nodes, start_nodes, wait_cluster
 
 KEYS = [f"k{i:03d}" for i in range(64)]
 PARTITIONS = 8
-
-
-@dataclass
-class Answer:
-    at: float
-    key: str
-    partition: int
-    ok: bool
-    batch: int = -1
-    consistent: bool = True
-
-
-class Load(threading.Thread):
-    """Queries random keys through a Client until stopped; records every answer."""
-
-    def __init__(self, client: Client) -> None:
-        super().__init__(daemon=True)
-        self.client = client
-        self.answers: list[Answer] = []
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        rng = random.Random(7)
-        while not self.stop_event.is_set():
-            key = rng.choice(KEYS)
-            request = StateQueryRequest.in_store("t").with_query(KeyQuery.with_key(key))
-            now = time.monotonic()
-            try:
-                result = self.client.query(request)
-            except SparkiqError:
-                self.answers.append(Answer(now, key, -1, False))
-                continue
-            ((partition, answer),) = result.partition_results.items()
-            if answer.is_failure:
-                self.answers.append(Answer(now, key, partition, False))
-                continue
-            batch = answer.position.to_map()["t"][partition]
-            consistent = answer.result is not None and answer.result["n"] == batch
-            self.answers.append(Answer(now, key, partition, True, batch, consistent))
-
-    def stop(self) -> list[Answer]:
-        self.stop_event.set()
-        self.join()
-        return self.answers
 
 
 @pytest.fixture
@@ -82,17 +30,8 @@ def cluster(tmp_path: Path) -> Any:
     changelog = make_table(state_dir, partitions=PARTITIONS)
     writer = BatchWriter(changelog, KEYS)
     writer.write_one()
-    ports = [free_port() for _ in range(4)]
-    seed = f"127.0.0.1:{ports[0]}"
-    nodes = [
-        ServeProcess(state_dir, f"n{i}", ports[i], [seed] if i else [], str(tmp_path))
-        for i in range(4)
-    ]
-    for node in nodes[:3]:
-        node.start()
-    for node in nodes[:3]:
-        node.wait_up()
-    wait_cluster([n.url for n in nodes[:3]], 3)
+    nodes = make_nodes(state_dir, str(tmp_path), 4)
+    start_nodes(nodes[:3])
     writer.start()
     yield nodes, writer
     writer.stop()
@@ -122,7 +61,7 @@ def test_kill_minus_nine_of_an_active_node(cluster: Any) -> None:
     active_on_victim = metadata(entry.url)["n1"]["active"]["t"]
     assert active_on_victim, "n1 should be active for some partitions"
     with Client(entry.url) as client:
-        load = Load(client)
+        load = Load(client, KEYS)
         load.start()
         time.sleep(1.5)
         killed_at = time.monotonic()
@@ -136,16 +75,16 @@ def test_kill_minus_nine_of_an_active_node(cluster: Any) -> None:
         answers = load.stop()
     check_answers(answers)
     # Every partition the victim was active for is answered again within 2 s of the kill.
-    after = [a for a in answers if a.at >= killed_at]
+    after = [a for a in answers if a.sent >= killed_at]
     for partition in active_on_victim:
-        served = [a.at for a in after if a.partition == partition and a.ok]
+        served = [a.sent for a in after if a.partition == partition and a.ok]
         assert served, f"partition {partition} was never answered after the kill"
         failover = served[0] - killed_at
         assert failover < 2.0, f"partition {partition} took {failover:.2f} s to fail over"
-        failures = [a.at - killed_at for a in after if a.partition == partition and not a.ok]
+        failures = [a.sent - killed_at for a in after if a.partition == partition and not a.ok]
         assert all(f < 2.0 for f in failures), failures
     # Anything not a routed failure within the window is an answer.
-    late_failures = [a for a in after if not a.ok and a.at - killed_at >= 2.0]
+    late_failures = [a for a in after if not a.ok and a.sent - killed_at >= 2.0]
     assert late_failures == []
     # The restarted node resumed from its local files (it applied only what it missed).
     status = json.loads((Path(victim.state_dir) / "replicas" / "n1" / "status.json").read_text())
@@ -180,7 +119,7 @@ def test_a_fourth_node_joins_under_load(cluster: Any) -> None:
     nodes, _ = cluster
     before = metadata(nodes[0].url)
     with Client(nodes[0].url) as client:
-        load = Load(client)
+        load = Load(client, KEYS)
         load.start()
         time.sleep(1.0)
         joined_at = time.monotonic()
@@ -191,7 +130,7 @@ def test_a_fourth_node_joins_under_load(cluster: Any) -> None:
         time.sleep(1.0)
         answers = load.stop()
     check_answers(answers)
-    during = [a for a in answers if a.at >= joined_at]
+    during = [a for a in answers if a.sent >= joined_at]
     assert during and all(a.ok for a in during), [a for a in during if not a.ok][:5]
     after = metadata(nodes[0].url)
     taken = after["n3"]["active"]["t"]

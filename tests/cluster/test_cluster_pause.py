@@ -13,78 +13,24 @@ for it (the test prints it; the target is under 2 s).
 from __future__ import annotations
 
 import itertools
-import random
 import re
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from sparkiq import Client, KeyQuery, StateQueryRequest
-from sparkiq.errors import SparkiqError
 from tests.changelog.helpers import make_table
-from tests.cluster.serve_processes import BatchWriter, ServeProcess, free_port, wait_cluster
+from tests.cluster.load import Answer, Load
+from tests.cluster.serve_processes import BatchWriter, make_nodes, start_nodes
 
 KEYS = [f"k{i:03d}" for i in range(64)]
 PARTITIONS = 8
 PAUSE_S = 10.0
 TARGET_GAP_S = 2.0
-
-
-@dataclass
-class Answer:
-    sent: float
-    done: float
-    key: str
-    partition: int
-    ok: bool
-    batch: int = -1
-    consistent: bool = True
-    error: str = ""
-
-
-class Load(threading.Thread):
-    """Queries random keys through one node until stopped; records every answer."""
-
-    def __init__(self, url: str, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.url, self.seed = url, seed
-        self.answers: list[Answer] = []
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        rng = random.Random(self.seed)
-        with Client(self.url) as client:
-            while not self.stop_event.is_set():
-                key = rng.choice(KEYS)
-                request = StateQueryRequest.in_store("t").with_query(KeyQuery.with_key(key))
-                sent = time.monotonic()
-                try:
-                    result = client.query(request)
-                except SparkiqError as exc:
-                    self.answers.append(
-                        Answer(sent, time.monotonic(), key, -1, False, error=str(exc))
-                    )
-                    continue
-                done = time.monotonic()
-                ((partition, answer),) = result.partition_results.items()
-                if answer.is_failure:
-                    error = f"{answer.failure_reason}: {answer.failure_message}"
-                    self.answers.append(Answer(sent, done, key, partition, False, error=error))
-                    continue
-                batch = answer.position.to_map()["t"][partition]
-                consistent = answer.result is not None and answer.result["n"] == batch
-                self.answers.append(Answer(sent, done, key, partition, True, batch, consistent))
-
-    def stop(self) -> list[Answer]:
-        self.stop_event.set()
-        self.join()
-        return self.answers
 
 
 @pytest.fixture
@@ -93,17 +39,8 @@ def cluster(tmp_path: Path) -> Any:
     changelog = make_table(state_dir, partitions=PARTITIONS)
     writer = BatchWriter(changelog, KEYS)
     writer.write_one()
-    ports = [free_port() for _ in range(3)]
-    seed = f"127.0.0.1:{ports[0]}"
-    nodes = [
-        ServeProcess(state_dir, f"n{i}", ports[i], [seed] if i else [], str(tmp_path))
-        for i in range(3)
-    ]
-    for node in nodes:
-        node.start()
-    for node in nodes:
-        node.wait_up()
-    wait_cluster([n.url for n in nodes], 3)
+    nodes = make_nodes(state_dir, str(tmp_path), 3)
+    start_nodes(nodes)
     writer.start()
     yield nodes, writer
     writer.stop()
@@ -134,7 +71,7 @@ def test_a_paused_node_costs_no_answer(cluster: Any) -> None:
     active = active_partitions(nodes[0].url)
     victim = max(nodes, key=lambda n: len(active[n.node_id]))
     entries = [n for n in nodes if n is not victim]
-    loads = [Load(n.url, seed) for seed, n in enumerate(entries)]
+    loads = [Load(n.url, KEYS, seed) for seed, n in enumerate(entries)]
     for load in loads:
         load.start()
     threading.Event().wait(1.5)

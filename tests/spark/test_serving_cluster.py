@@ -10,7 +10,7 @@ from typing import Any
 
 from sparkiq import App, Client, Position, PositionBound, RangeQuery, StateQueryRequest
 from sparkiq.changelog import Changelog
-from tests.cluster.serve_processes import ServeProcess, free_port, wait_cluster
+from tests.cluster.serve_processes import ServeProcess, make_nodes, start_nodes
 
 USERS = [f"user{i:02d}" for i in range(40)]
 ITEMS = ["apple", "pear", "fig", "kiwi"]
@@ -76,17 +76,8 @@ def test_writer_and_three_serving_processes(spark: Any, tmp_path: Path) -> None:
     try:
         app.process_all_available()
         assert app.node is None  # the writer serves nothing
-        ports = [free_port() for _ in range(3)]
-        seed = f"127.0.0.1:{ports[0]}"
-        nodes = [
-            ServeProcess(str(state), f"n{i}", ports[i], [seed] if i else [], str(tmp_path))
-            for i in range(3)
-        ]
-        for node in nodes:
-            node.start()
-        for node in nodes:
-            node.wait_up()
-        wait_cluster([n.url for n in nodes], 3)
+        nodes = make_nodes(str(state), str(tmp_path), 3)
+        start_nodes(nodes)
         for round_ in range(2):
             if round_:
                 write_events(source, round_, 300)

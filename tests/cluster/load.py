@@ -1,0 +1,70 @@
+"""Client load for cluster tests: random key lookups against a table ``t`` whose rows carry
+the batch id in ``n``, so every answer can be checked against its own position."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+from sparkiq import Client, KeyQuery, StateQueryRequest
+from sparkiq.errors import SparkiqError
+
+
+@dataclass
+class Answer:
+    sent: float
+    done: float
+    key: str
+    partition: int
+    ok: bool
+    batch: int = -1
+    consistent: bool = True
+    error: str = ""
+
+
+def query_key(client: Client, key: str) -> Answer:
+    """One lookup of ``key`` in ``t``, recorded as an Answer (a failure is an answer too)."""
+    request = StateQueryRequest.in_store("t").with_query(KeyQuery.with_key(key))
+    sent = time.monotonic()
+    try:
+        result = client.query(request)
+    except SparkiqError as exc:
+        return Answer(sent, time.monotonic(), key, -1, False, error=str(exc))
+    done = time.monotonic()
+    ((partition, answer),) = result.partition_results.items()
+    if answer.is_failure:
+        error = f"{answer.failure_reason}: {answer.failure_message}"
+        return Answer(sent, done, key, partition, False, error=error)
+    batch = answer.position.to_map()["t"][partition]
+    consistent = answer.result is not None and answer.result["n"] == batch
+    return Answer(sent, done, key, partition, True, batch, consistent)
+
+
+class Load(threading.Thread):
+    """Queries random keys until stopped; records every answer. ``client`` is a Client, or
+    a node's URL for a Client of the thread's own."""
+
+    def __init__(self, client: Client | str, keys: list[str], seed: int = 7) -> None:
+        super().__init__(daemon=True)
+        self.client, self.keys, self.seed = client, keys, seed
+        self.answers: list[Answer] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        if isinstance(self.client, str):
+            with Client(self.client) as client:
+                self.query_until_stopped(client)
+        else:
+            self.query_until_stopped(self.client)
+
+    def query_until_stopped(self, client: Client) -> None:
+        rng = random.Random(self.seed)
+        while not self.stop_event.is_set():
+            self.answers.append(query_key(client, rng.choice(self.keys)))
+
+    def stop(self) -> list[Answer]:
+        self.stop_event.set()
+        self.join()
+        return self.answers
