@@ -17,9 +17,9 @@ from sparkiq.changelog.snapshot import list_snapshots
 from sparkiq.spark.sink import TableSink
 from tests.spark.test_differential import (
     SCHEMA,
-    aggregations,
     batch_truth,
     full_scan,
+    materialize_tables,
     normalize,
     write_orders,
 )
@@ -113,26 +113,13 @@ def test_differential_pipeline_snapshots_and_compact_under_connect(
     """Three tables equal Spark batch mode after every batch; process_all_available returns
     only once the local replicas applied the newest commit; snapshots are written in the
     background and by compact(), as DataFrame jobs, and a fresh node restores from them."""
-    from pyspark.sql import functions as F
-
     spark = connect_spark
     source = tmp_path / "in"
     source.mkdir()
     state = tmp_path / "state"
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    tables = aggregations(stream)
     app = App(spark, state_dir=str(state), name="diff", snapshot_every=2, retention=None)
-    app.materialize("by_product", tables["by_product"], key="product", partitions=5)
-    app.materialize("by_user_day", tables["by_user_day"], key=["user_id", "day"], partitions=3)
-    app.materialize(
-        "orders",
-        stream.select(
-            "order_id", "product", "amount", "status", (F.col("status") == "deleted").alias("gone")
-        ),
-        key="order_id",
-        partitions=6,
-        tombstone="gone",
-    )
+    materialize_tables(app, stream, per_window=False)
     app.start()
     rng = random.Random(2027)
     try:

@@ -82,21 +82,18 @@ def aggregations(df: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def pipeline(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[App, Path]]:
+def materialize_tables(app: App, stream: Any, per_window: bool = True) -> None:
+    """The tables under test on ``app``: by_product, by_user_day, per_window (unless
+    ``per_window`` is false) and orders, whose deleted orders are tombstones."""
     from pyspark.sql import functions as F
 
-    root = tmp_path_factory.mktemp("differential")
-    source = root / "in"
-    source.mkdir()
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    app = App(spark, state_dir=str(root / "state"), name="diff")
     tables = aggregations(stream)
     app.materialize("by_product", tables["by_product"], key="product", partitions=5)
     app.materialize("by_user_day", tables["by_user_day"], key=["user_id", "day"], partitions=3)
-    app.materialize(
-        "per_window", tables["per_window"], key="product", window="window", partitions=4
-    )
+    if per_window:
+        app.materialize(
+            "per_window", tables["per_window"], key="product", window="window", partitions=4
+        )
     app.materialize(
         "orders",
         stream.select(
@@ -106,6 +103,16 @@ def pipeline(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
         partitions=6,
         tombstone="gone",
     )
+
+
+@pytest.fixture(scope="module")
+def pipeline(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[App, Path]]:
+    root = tmp_path_factory.mktemp("differential")
+    source = root / "in"
+    source.mkdir()
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    app = App(spark, state_dir=str(root / "state"), name="diff")
+    materialize_tables(app, stream)
     app.start()
     yield app, source
     app.stop()
