@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sparkiq import Node
 from tests.changelog.helpers import make_table, write_batch
+from tests.cli.processes import start_cli
 
 
 def sparkiq(*args: str) -> subprocess.CompletedProcess[str]:
@@ -182,12 +183,7 @@ def test_query_streams_a_push_query_as_changes_arrive(tmp_path: Path) -> None:
             ("--json", ['{"key":"c","row":{"k":"c","n":3},"batch_id":3,"position":"p1.']),
         ):
             command = ["query", form, "--url", node.url, "SELECT k, n FROM t EMIT CHANGES"]
-            process = subprocess.Popen(
-                [sys.executable, "-m", "sparkiq.cli", *command],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            process = start_cli(command)
             try:
                 time.sleep(3)  # the subscription is open before the batch commits
                 if form == "--csv":

@@ -6,13 +6,13 @@ from __future__ import annotations
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.changelog.helpers import make_table, write_batch
+from tests.cli.processes import start_cli
 from tests.cli.terminal import Terminal
 
 
@@ -20,12 +20,7 @@ def test_watch_without_a_terminal_prints_one_block_per_update(tmp_path: Path) ->
     changelog = make_table(str(tmp_path), partitions=2)
     write_batch(changelog, 0, {"a": 1})
     command = ["status", "--state-dir", str(tmp_path), "--watch", "0.2"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sparkiq.cli", *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_cli(command)
     try:
         assert process.stdout is not None
         newest = []
