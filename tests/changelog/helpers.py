@@ -141,11 +141,24 @@ def write_rows(
         internal = keys.to_internal(key)
         value = None if row is None else next(encoded)
         by_partition.setdefault(partitioner(internal), {})[keys.encode(internal)] = value
+    return write_encoded(changelog, batch_id, by_partition, commit=commit, position=position)
+
+
+def write_encoded(
+    changelog: Changelog,
+    batch_id: int,
+    by_partition: Mapping[int, Mapping[bytes, bytes | None]],
+    *,
+    commit: bool = True,
+    position: Mapping[str, Mapping[int, int]] | None = None,
+) -> CommitRecord:
+    """Write encoded ``{partition: {key: value or None}}`` as batch ``batch_id``: one
+    segment per partition, then (unless ``commit`` is false) the commit record."""
     segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
     record = CommitRecord(
         table=changelog.table,
         batch_id=batch_id,
-        mode=manifest.output_mode,
+        mode=changelog.manifest().output_mode,
         segments=segments,
         position=position or {},
         committed_at=time.time(),

@@ -17,24 +17,24 @@ returns them), to load into DuckDB directly.
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
-from sparkiq.changelog import Changelog, CommitRecord, TableManifest
+from sparkiq.changelog import Changelog, CommitRecord
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.schema.partitioner import Partitioner
-from sparkiq.schema.types import TableSchema
 from tests.changelog.helpers import (
     WIDE_ARROW,
     apply_changes,
+    create_changelog,
     expected_rows,
     make_table,
     make_wide_table,
     write_batch,
+    write_encoded,
     write_rows,
 )
 
@@ -88,11 +88,7 @@ def create_table(
             for f in arrow_schema
         ],
     }
-    schema = TableSchema.from_spark_json(doc, list(keys), window)
-    manifest = TableManifest(name=name, schema=schema, partitions=partitions, output_mode="update")
-    changelog = Changelog(state_dir, name)
-    manifest.ensure_written(changelog.storage, changelog.manifest_path)
-    return changelog
+    return create_changelog(state_dir, name, doc, keys, window=window, partitions=partitions)
 
 
 def write_table_rows(
@@ -123,17 +119,7 @@ def write_table_rows(
                 else tuple(row[c] for c in schema.key_columns)
             )
             by_partition.setdefault(partitioner(internal), {})[key] = value
-    segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
-    record = CommitRecord(
-        table=changelog.table,
-        batch_id=batch_id,
-        mode=manifest.output_mode,
-        segments=segments,
-        position={},
-        committed_at=time.time(),
-    )
-    changelog.write_commit(record)
-    return record
+    return write_encoded(changelog, batch_id, by_partition)
 
 
 CK_ARROW = pa.schema(
