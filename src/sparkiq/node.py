@@ -12,7 +12,7 @@ each has one job:
 * :class:`~sparkiq.sql.SqlEngine` and :class:`~sparkiq.sql.push.SubscriptionHub` -- SQL pull
   and push queries over what :class:`Lookup` reads;
 * :func:`~sparkiq.server.start_server` -- the REST API and node protocol over HTTP;
-* :func:`~sparkiq.server.pg.start_pg_server` -- the Postgres wire protocol (``pg_listen``).
+* :class:`~sparkiq.server.pg.PgServer` -- the Postgres wire protocol (``pg_listen``).
 
 This module sits above ``cluster``, ``sql`` and ``server`` (and below ``spark``), so the
 rooms never import upward.
@@ -49,7 +49,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 from sparkiq.server import RunningServer, bind_socket, start_server
-from sparkiq.server.pg import PgServer, start_pg_server
+from sparkiq.server.pg import PgServer
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
 
@@ -215,9 +215,9 @@ class Node:
                 self._start_cluster()
             self._hosting.start_tailing()
             if self.config.pg_listen:
-                self._pg = start_pg_server(
+                self._pg = PgServer(
                     self, bind_socket(self.config.pg_listen), token=self.config.token
-                )
+                ).start()
                 self.pg_address = self._pg.address
             self._started = True
         return self

@@ -9,6 +9,6 @@ result columns to Postgres types, ``statements`` splits and binds statement text
 
 from __future__ import annotations
 
-from sparkiq.server.pg.listener import PgServer, start_pg_server
+from sparkiq.server.pg.listener import PgServer
 
-__all__ = ["PgServer", "start_pg_server"]
+__all__ = ["PgServer"]

@@ -17,10 +17,10 @@ from pygwire import messages as m
 
 from sparkiq._version import __version__
 from sparkiq.server.pg.catalog import Catalog, server_parameters
-from sparkiq.server.pg.session import PgSession
+from sparkiq.server.pg.session import PgSession, SessionRules
 from sparkiq.server.served import ServedNode
 
-__all__ = ["PgServer", "start_pg_server"]
+__all__ = ["PgServer"]
 
 log = logging.getLogger("sparkiq.server.pg")
 
@@ -37,13 +37,11 @@ class PgServer:
         max_connections: int = 64,
         startup_timeout: float = 10.0,
     ) -> None:
-        self.node = node
         self.sock = sock
-        self.token = token
         self.max_connections = max_connections
-        self.startup_timeout = startup_timeout
-        self.parameters = server_parameters(__version__)
-        self.catalog = Catalog(node, self.parameters)
+        parameters = server_parameters(__version__)
+        self.catalog = Catalog(node, parameters)
+        self.rules = SessionRules(self.catalog, token, startup_timeout, parameters)
         self.address: tuple[str, int] = sock.getsockname()[:2]
         self._lock = threading.Lock()
         self._sessions: dict[PgSession, threading.Thread] = {}
@@ -69,13 +67,7 @@ class PgServer:
                 if len(self._sessions) >= self.max_connections:
                     _refuse(conn, self.max_connections)
                     continue
-                session = PgSession(
-                    conn,
-                    self.catalog,
-                    token=self.token,
-                    startup_timeout=self.startup_timeout,
-                    parameters=self.parameters,
-                )
+                session = PgSession(conn, self.rules)
                 thread = threading.Thread(
                     target=self._serve, args=(session,), name="sparkiq-pg-conn", daemon=True
                 )
@@ -125,17 +117,3 @@ def _refuse(conn: socket.socket, limit: int) -> None:
         pass
     finally:
         conn.close()
-
-
-def start_pg_server(
-    node: ServedNode,
-    sock: socket.socket,
-    *,
-    token: str | None,
-    max_connections: int = 64,
-    startup_timeout: float = 10.0,
-) -> PgServer:
-    """Serve the Postgres wire protocol for ``node`` on ``sock`` (bound and listening)."""
-    return PgServer(
-        node, sock, token=token, max_connections=max_connections, startup_timeout=startup_timeout
-    ).start()

@@ -41,7 +41,7 @@ from sparkiq.server.pg.statements import bind_parameters, parameter_count, split
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.sql.errors import SqlUnknownNameError
 
-__all__ = ["PgSession"]
+__all__ = ["PgSession", "SessionRules"]
 
 log = logging.getLogger("sparkiq.server.pg")
 
@@ -69,23 +69,28 @@ class _Portal:
     encoders: list[Callable[[Any], bytes]] = field(default_factory=list)
 
 
-class PgSession:
-    """Serves one connection on ``sock`` until the client leaves or :meth:`close`."""
+@dataclass(frozen=True)
+class SessionRules:
+    """What every session of one server shares: the catalog that answers catalog queries,
+    the password (the node's token; None trusts everyone), how long a client may take to
+    start up and log in, and the parameters reported to it after login."""
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        catalog: Catalog,
-        *,
-        token: str | None,
-        startup_timeout: float,
-        parameters: dict[str, str],
-    ) -> None:
+    catalog: Catalog
+    token: str | None
+    startup_timeout: float
+    parameters: dict[str, str]
+
+
+class PgSession:
+    """Serves one connection on ``sock`` under ``rules`` until the client leaves or
+    :meth:`close`."""
+
+    def __init__(self, sock: socket.socket, rules: SessionRules) -> None:
         self.sock = sock
-        self.catalog = catalog
-        self.token = token
-        self.startup_timeout = startup_timeout
-        self.parameters = parameters
+        self.catalog = rules.catalog
+        self.token = rules.token
+        self.startup_timeout = rules.startup_timeout
+        self.parameters = rules.parameters
         self.conn = BackendConnection()
         self.out: list[bytes] = []
         self.in_transaction = False
