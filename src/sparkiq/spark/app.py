@@ -23,6 +23,12 @@ The same code runs with a classic and a Spark Connect session. The ``foreachBatc
 runs in the server's Python process; everything the driver does about a commit - waking the
 local node, scheduling snapshots, :meth:`App.process_all_available` - starts from reading the
 changelog on the driver (:class:`_CommitWatcher`), never from state kept by the sink.
+
+Why this module is over 600 lines: it is the writer's one public object, and what is here is
+the lifecycle of its Spark queries (start, wait, stop, drop), which shares the App's lock.
+The parts that stand alone already live beside it (sink, DDL, maintenance, lookups); the next
+split is the commit watcher and the waiting of :meth:`App.process_all_available` into their own
+module.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ query: :func:`parse` returns None for it and the App hands it to its local node.
 Results are :class:`~sparkiq.sql.SqlResult`, as for pull queries, with ``columns``, ``rows``
 (a list of dicts) and ``position`` (always empty: DDL reads no replica).
 
+Why this module is over 600 lines: it is a small statement language of its own (a tokenizer,
+a parser for four statements and their execution), kept together the way sqlglot keeps a
+dialect together; its parser and its execution are the natural split if it grows.
+
 This module never sees the App itself: :func:`execute` gets a :class:`Writer`, the App's
 tables and streams and the two things DDL may do to it (materialize a table, drop one), so
 imports go one way (the App imports this module).
