@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from sparkiq.schema.arrowrows import PSEUDO_COLUMNS
 from sparkiq.schema.types import TableSchema
-from sparkiq.sql.arrow import PSEUDO_COLUMNS
 from sparkiq.sql.errors import SqlUnknownNameError, closest, snippet_at
 from sparkiq.sql.parse import Parsed
 from sparkiq.sql.source import QuerySource

@@ -28,11 +28,11 @@ import pyarrow as pa
 from sqlglot import exp
 
 from sparkiq.query.position import Position, PositionBound
+from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.analyze import analyze
-from sparkiq.sql.arrow import KEY_COLUMN, ArrowRows
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlError, SqlLimitError, locate
 from sparkiq.sql.explain import explain_plan

@@ -29,8 +29,8 @@ from sqlglot import exp
 
 from sparkiq.query.queries import Query
 from sparkiq.query.result import QueryResult
+from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows
 from sparkiq.schema.types import TableSchema
-from sparkiq.sql.arrow import KEY_COLUMN, ArrowRows
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlUnsupportedError
 from sparkiq.sql.parse import parse

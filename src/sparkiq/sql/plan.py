@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
+from sparkiq.schema.arrowrows import KEY_COLUMN
 from sparkiq.sql.aggregate import decompose
 from sparkiq.sql.analyze import Analysis, TableRef, Term, conjuncts, resolve, stored_tables
-from sparkiq.sql.arrow import KEY_COLUMN
 from sparkiq.sql.fragment import PART
 from sparkiq.sql.keys import KeyAccess
 from sparkiq.sql.paging import PageToken

@@ -19,8 +19,8 @@ from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery, Query, RangeQuery, WindowKeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.arrowrows import ArrowRows
 from sparkiq.schema.types import TableSchema
-from sparkiq.sql.arrow import ArrowRows
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlPartitionError
 from sparkiq.sql.fragment import PART, SqlFragmentQuery

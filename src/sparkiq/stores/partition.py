@@ -9,6 +9,9 @@ newer than the data it is reported with.
   thread and writes that take microseconds, a retry is rare and cheap.
 - Range reads take a store snapshot, which carries the meta blob (and so the position) of the
   same moment.
+- Reads at a given batch (consistent reads across partitions, ``AS OF``) read the
+  partition's :class:`~sparkiq.stores.versions.VersionedRows`, kept when the store is opened
+  with a ``history``: every batch applied here is applied there too, on the same thread.
 
 The position is kept in the store's meta blob, written atomically with the data, so a
 replica restarted from its local files resumes exactly where it stopped.
@@ -21,10 +24,12 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.stores.base import Store, StoreIterator
+from sparkiq.stores.versions import History, PairsIterator, VersionedRows
 
 __all__ = ["PartitionStore", "decode_meta", "encode_meta"]
 
@@ -48,7 +53,14 @@ def decode_meta(blob: bytes | None) -> tuple[int, Position]:
 class PartitionStore:
     """One partition of one table, typed: keys and rows in, keys and rows out."""
 
-    def __init__(self, table: str, partition: int, schema: TableSchema, store: Store) -> None:
+    def __init__(
+        self,
+        table: str,
+        partition: int,
+        schema: TableSchema,
+        store: Store,
+        history: History | None = None,
+    ) -> None:
         self.table = table
         self.partition = partition
         self.schema = schema
@@ -58,6 +70,20 @@ class PartitionStore:
         self._seq = 0
         self._write_lock = threading.Lock()
         self.batch_id, self.position = decode_meta(store.meta())
+        #: The partition's versions as Arrow (None: opened without history).
+        self.versions: VersionedRows | None = None
+        if history is not None:
+            self.versions = VersionedRows(schema, history)
+            if self.batch_id >= 0:
+                with store.range(None, None) as iterator:
+                    pairs = iterator.next_chunk(1 << 62)
+                self.versions.load(
+                    self.batch_id,
+                    self.position,
+                    0.0,
+                    [k for k, _ in pairs],
+                    [v for _, v in pairs],
+                )
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -96,11 +122,29 @@ class PartitionStore:
         *,
         reverse: bool = False,
         upper_exclusive: bool = False,
+        at_batch: int | None = None,
     ) -> tuple[StoreIterator, Position]:
-        """A snapshot iterator over encoded keys and the position of that snapshot."""
+        """A snapshot iterator over encoded keys and the position of that snapshot; with
+        ``at_batch``, the partition's rows at that batch (from its versions)."""
+        if at_batch is not None:
+            version = self.version(at_batch)
+            pairs = version.pairs(lower, upper, reverse=reverse, upper_exclusive=upper_exclusive)
+            return PairsIterator(pairs), version.position
         iterator = self.store.range(lower, upper, reverse=reverse, upper_exclusive=upper_exclusive)
         _, position = decode_meta(iterator.meta)
         return iterator, position
+
+    def version(self, batch_id: int) -> Any:
+        """The partition's rows at ``batch_id`` (a :class:`~sparkiq.stores.versions.Version`);
+        raises :class:`~sparkiq.stores.versions.BatchOutOfHistory` when not retained."""
+        if self.versions is None:
+            raise InvalidQueryError(
+                f"{self.table}[{self.partition}] keeps no history: it can answer only at its "
+                "current batch",
+                store=self.table,
+                partition=self.partition,
+            )
+        return self.versions.version(batch_id)
 
     def decoded(self, iterator: StoreIterator) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Decode ``(encoded key, encoded row)`` pairs into ``(key, row)``."""
@@ -121,6 +165,7 @@ class PartitionStore:
         position: Position,
         *,
         replace_all: bool = False,
+        committed_at: float = 0.0,
     ) -> None:
         """Atomically apply a batch's changes and move to ``position``.
 
@@ -132,6 +177,9 @@ class PartitionStore:
                 f"batch {batch_id} is not after the applied batch {self.batch_id} of "
                 f"{self.table}[{self.partition}]"
             )
+        versions = self.versions
+        if versions is not None:
+            ops = list(ops)
         with self._write_lock:
             meta = encode_meta(batch_id, position)
             self._seq += 1
@@ -140,6 +188,10 @@ class PartitionStore:
                 self.batch_id, self.position = batch_id, position
             finally:
                 self._seq += 1
+        if versions is not None:
+            keys = [k for k, _ in ops]
+            values = [v for _, v in ops]
+            versions.apply(batch_id, position, committed_at, keys, values, replace_all=replace_all)
 
     def close(self) -> None:
         self.store.close()
