@@ -11,7 +11,8 @@ newer than the data it is reported with.
   same moment.
 - Reads at a given batch (consistent reads across partitions, ``AS OF``) read the
   partition's :class:`~sparkiq.stores.versions.VersionedRows`, kept when the store is opened
-  with a ``history``: every batch applied here is applied there too, on the same thread.
+  with a ``history``: every batch is applied there first, on the same thread, so that once
+  ``batch_id`` moves every read path serves it (a failed store write reloads the versions).
 
 The position is kept in the store's meta blob, written atomically with the data, so a
 replica restarted from its local files resumes exactly where it stopped.
@@ -74,16 +75,7 @@ class PartitionStore:
         self.versions: VersionedRows | None = None
         if history is not None:
             self.versions = VersionedRows(schema, history)
-            if self.batch_id >= 0:
-                with store.range(None, None) as iterator:
-                    pairs = iterator.next_chunk(1 << 62)
-                self.versions.load(
-                    self.batch_id,
-                    self.position,
-                    0.0,
-                    [k for k, _ in pairs],
-                    [v for _, v in pairs],
-                )
+            self._load_versions(self.versions)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -114,6 +106,11 @@ class PartitionStore:
             position = self.position
             if self._seq == seq:
                 return raw, position
+
+    def get_at(self, encoded_key: bytes, batch_id: int) -> tuple[bytes | None, Position]:
+        """The encoded row of a key at ``batch_id`` (from the versions) and that position."""
+        version = self.version(batch_id)
+        return version.row(encoded_key), version.position
 
     def scan(
         self,
@@ -179,19 +176,38 @@ class PartitionStore:
             )
         versions = self.versions
         if versions is not None:
+            # Versions first, so that once batch_id moves every read path can serve it.
             ops = list(ops)
+            versions.apply(
+                batch_id,
+                position,
+                committed_at,
+                [k for k, _ in ops],
+                [v for _, v in ops],
+                replace_all=replace_all,
+            )
         with self._write_lock:
             meta = encode_meta(batch_id, position)
             self._seq += 1
             try:
                 self.store.apply(ops, meta, replace_all=replace_all)
                 self.batch_id, self.position = batch_id, position
+            except BaseException:
+                if versions is not None:  # the batch did not land: neither may its versions
+                    self._load_versions(versions)
+                raise
             finally:
                 self._seq += 1
-        if versions is not None:
-            keys = [k for k, _ in ops]
-            values = [v for _, v in ops]
-            versions.apply(batch_id, position, committed_at, keys, values, replace_all=replace_all)
+
+    def _load_versions(self, versions: VersionedRows) -> None:
+        """Reset ``versions`` to the store's contents (opening, or after a failed write)."""
+        batch_id, position = decode_meta(self.store.meta())
+        if batch_id < 0:
+            versions.reset()
+            return
+        with self.store.range(None, None) as iterator:
+            pairs = iterator.next_chunk(1 << 62)
+        versions.load(batch_id, position, 0.0, [k for k, _ in pairs], [v for _, v in pairs])
 
     def close(self) -> None:
         self.store.close()

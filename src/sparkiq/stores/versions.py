@@ -143,6 +143,20 @@ class Version:
             raw = raw.filter(visible_mask(raw, self.batch_id))
         return raw if columns is None else raw.select(list(columns))
 
+    def row(self, key: bytes) -> bytes | None:
+        """The encoded row of ``key`` at ``batch_id`` (None: no row)."""
+        needle = pa.scalar(key, pa.binary())
+        for chunk in self.chunks:
+            hits = pc.indices_nonzero(pc.equal(chunk.column(KEY_COLUMN), needle))
+            for index in hits.to_pylist():
+                if (
+                    chunk.column(VALID_FROM)[index].as_py() <= self.batch_id
+                    and chunk.column(VALID_TO)[index].as_py() > self.batch_id
+                ):
+                    value: bytes = chunk.column(ROW_COLUMN)[index].as_py()
+                    return value
+        return None
+
     def pairs(
         self,
         lower: bytes | None,
@@ -309,6 +323,10 @@ class VersionedRows:
                 {batch_id: (position, committed_at)},
             )
         )
+
+    def reset(self) -> None:
+        """Forget everything (the store holds no batch)."""
+        self._publish(_State((), -1, -1, {}))
 
     def apply(
         self,
