@@ -48,7 +48,7 @@ from sparkiq.sql.plan import (
     key_page_queries,
     literal_int,
 )
-from sparkiq.sql.reader import lookup_rows, range_rows, read_table
+from sparkiq.sql.reader import batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.source import QuerySource
 from sparkiq.sql.template import bind_template, same_plan
@@ -299,6 +299,7 @@ class SqlEngine:
         else:
             fragments = [t.fragment_sql for t in plan.tables]
             columns = [t.columns for t in plan.tables]
+        batches: dict[str, int] = {}  # a table read twice (a self-join) reads one batch
         for table, access, fragment_sql, cols in zip(
             plan.tables, accesses, fragments, columns, strict=True
         ):
@@ -314,7 +315,11 @@ class SqlEngine:
                 _remaining(deadline),
                 lookup_fragment=plan.aggregation == "partial",
                 skip_below=0 if plan.aggregation == "partial" else self.limits.fragment_min_rows,
+                at_batch=batches.get(table.name),
             )
+            served = batch_of(table.name, read.position)
+            if served is not None:
+                batches.setdefault(table.name, served)
             relations[table.relation] = read.table
             position = position.merge(read.position)
         if token is not None:
