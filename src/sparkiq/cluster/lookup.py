@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+import pyarrow as pa
+
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, TableRoute
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
@@ -38,8 +40,16 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.types import TableSchema
-from sparkiq.stores.dispatch import QueryContext, check_key_query, execute, handler_for
+from sparkiq.sql.source import LocalRows
+from sparkiq.stores.dispatch import (
+    CATCH_UP_WAIT,
+    QueryContext,
+    check_key_query,
+    execute,
+    handler_for,
+)
 from sparkiq.stores.partition import PartitionStore
+from sparkiq.stores.versions import BatchOutOfHistory
 
 __all__ = ["KeyLocation", "Lookup"]
 
@@ -274,6 +284,43 @@ class Lookup:
             return request
         batch_id = self.consistent_batch(request.store, partitions, request.bound)
         return request if batch_id < 0 else replace(request, at_batch=batch_id)
+
+    def local_rows(
+        self, store: str, at_batch: int | None, bound: PositionBound
+    ) -> LocalRows | None:
+        """Every partition of ``store`` as Arrow at one batch, when this node hosts them all
+        and can read them itself (see :class:`~sparkiq.sql.source.ColumnarSource`)."""
+        hosting = self._hosting
+        stores = hosting.route(store).stores
+        held = [s for s in stores if s is not None and s.versions is not None]
+        if len(held) != len(stores) or not held:
+            return None
+        coordinator = self.coordinator
+        if coordinator is not None and not (
+            coordinator.is_fresh() and all(hosting.caught_up(store, p) for p in range(len(stores)))
+        ):
+            return None
+        batch_id = at_batch
+        if batch_id is None:
+            batch_id = self.consistent_batch(store, range(len(stores)), bound)
+        if batch_id < 0:
+            return None
+        chunks: list[pa.Table] = []
+        position = Position.empty()
+        for partition_store in held:
+            versions = partition_store.versions
+            assert versions is not None
+            if not versions.wait_for(batch_id, CATCH_UP_WAIT):
+                return None  # the per-partition path waits again, then names the partition
+            try:
+                version = versions.version(batch_id)
+            except BatchOutOfHistory:
+                return None
+            chunks.extend(version.chunks)
+            position = position.merge(version.position)
+        schema = held[0].versions.arrow_schema  # type: ignore[union-attr]
+        raw = pa.concat_tables(chunks) if chunks else schema.empty_table()
+        return LocalRows(raw, batch_id, position)
 
     def consistent_batch(self, store: str, partitions: Iterable[int], bound: PositionBound) -> int:
         """The newest batch of ``store`` that every one of ``partitions`` can serve now, as

@@ -125,8 +125,10 @@ def run(
     arrow: bool = False,
     types: bool = False,
     max_rows: int | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], Any]:
-    """Run ``sql`` with each Arrow table of ``relations`` visible under its name.
+    """Run ``sql`` with each Arrow table of ``relations`` visible under its name (and the
+    named parameters ``$name`` of ``params`` bound).
 
     Returns ``(column names, rows as tuples)``, or ``(names, pyarrow.Table)`` with
     ``arrow=True``, or ``(names, DuckDB type names)`` with ``types=True``. DuckDB is
@@ -145,12 +147,12 @@ def run(
             con.register(name, table)
         try:
             if arrow:
-                relation = con.sql(sql)
+                relation = con.sql(sql, params=params)
                 assert relation is not None
                 table = relation.to_arrow_table()
                 assert table is not None
                 return list(table.column_names), table
-            cursor = con.execute(sql)
+            cursor = con.execute(sql, params)
             names = [d[0] for d in cursor.description or ()]
             if max_rows is None:
                 rows = cursor.fetchall()

@@ -8,7 +8,11 @@
 2. **Fast path.** A single-table statement whose ``WHERE`` fixes every key column with
    ``=``/``IN`` and whose select list is only columns runs as ``KeyQuery`` (or
    ``WindowKeyQuery``) requests with the projection done in Python: no DuckDB.
-3. **General path.** Each table reference is read as point lookups or as one
+3. **Columnar path.** When the source hosts every table the statement scans
+   (:class:`~sparkiq.sql.source.ColumnarSource`: a node hosting them all), each table is its
+   partitions' Arrow versions at one batch, handed to DuckDB without copying behind a CTE
+   that keeps the rows valid at that batch, and the statement runs as one DuckDB query.
+4. **General path.** Otherwise each table reference is read as point lookups or as one
    :class:`~sparkiq.sql.fragment.SqlFragmentQuery` per partition (key range, window bounds,
    pushed filter, top-N or partial aggregate), then the final query runs in DuckDB over the
    concatenated Arrow results.
@@ -50,8 +54,9 @@ from sparkiq.sql.plan import (
 )
 from sparkiq.sql.reader import batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
-from sparkiq.sql.source import QuerySource
+from sparkiq.sql.source import ColumnarSource, QuerySource
 from sparkiq.sql.template import bind_template, same_plan
+from sparkiq.stores.versions import VALID_FROM, VALID_TO
 
 __all__ = ["SqlEngine"]
 
@@ -71,6 +76,7 @@ class SqlEngine:
         self._by_text: OrderedDict[str, Plan] = OrderedDict()
         self._by_shape: dict[str, Plan | None] = {}
         self._codecs: dict[str, tuple[TableSchema, KeyCodec, Partitioner]] = {}
+        self._columnar_texts: dict[tuple[Any, ...], str] = {}
 
     # -- planning ------------------------------------------------------------------------
 
@@ -286,6 +292,10 @@ class SqlEngine:
             and accesses[0].keys is None
             and (token is None or token.mode == "key")
         )
+        if not key_mode:
+            whole = self._columnar(plan, accesses, bound, page_size, token, deadline)
+            if whole is not None:
+                return whole
         final = plan.final
         want = page_size or 0
         if key_mode:
@@ -356,6 +366,87 @@ class SqlEngine:
             next_token = PageToken(plan.digest, "offset", None, returned, position)
         return SqlResult(names, rows, position, next_token.encode() if next_token else None)
 
+    def _columnar(
+        self,
+        plan: Plan,
+        accesses: list[KeyAccess],
+        bound: PositionBound,
+        page_size: int | None,
+        token: PageToken | None,
+        deadline: float,
+    ) -> SqlResult | None:
+        """The statement as one DuckDB query over whole tables read here, or None when a
+        table cannot be read here (the general path then reads it per partition)."""
+        source = self.source
+        if plan.whole is None or not isinstance(source, ColumnarSource):
+            return None
+        relations: dict[str, pa.Table] = {}
+        versions: dict[str, tuple[str, tuple[str, ...], int]] = {}
+        batches: dict[str, int] = {}
+        position = Position.empty()
+        for index, (table, access) in enumerate(zip(plan.tables, accesses, strict=True)):
+            if access.keys is not None:
+                schema = self.source.schema(table.name)
+                rows, read_at, _ = lookup_rows(
+                    source, table.name, schema, access, bound, batches.get(table.name)
+                )
+                relations[table.relation] = ArrowRows(schema, table.columns).from_rows(rows)
+                served = batch_of(table.name, read_at)
+            else:
+                local = source.local_rows(table.name, batches.get(table.name), bound)
+                if local is None:
+                    return None
+                relations[f"__sq_v{index}"] = local.raw
+                versions[table.relation] = (f"__sq_v{index}", table.columns, local.batch_id)
+                read_at, served = local.position, local.batch_id
+            if served is not None:
+                batches.setdefault(table.name, served)
+            position = position.merge(read_at)
+        if token is not None:
+            position = position.merge(token.position)
+        offset = None if page_size is None else (token.returned if token is not None else 0)
+        sql = self._columnar_sql(plan, tuple(versions), page_size, offset)
+        params = {f"sq_b{relation[len('__sq_r') :]}": b for relation, (_, _, b) in versions.items()}
+        cap = self.limits.max_result_rows + 1 if page_size is None else None
+        names, tuples = run(
+            self._pool, sql, relations, timeout=_remaining(deadline), max_rows=cap, params=params
+        )
+        rows = [dict(zip(names, values, strict=True)) for values in tuples]
+        if page_size is None:
+            self._check_size(len(rows))
+            return SqlResult(names, rows, position)
+        next_token = None
+        if len(rows) > page_size:
+            rows = rows[:page_size]
+            returned = (token.returned if token else 0) + len(rows)
+            next_token = PageToken(plan.digest, "offset", None, returned, position).encode()
+        return SqlResult(names, rows, position, next_token)
+
+    def _columnar_sql(
+        self, plan: Plan, columnar: tuple[str, ...], page_size: int | None, offset: int | None
+    ) -> str:
+        """The columnar path's SQL text: generated once per plan and paging shape (sqlglot
+        takes milliseconds to write a statement), the batches left as parameters."""
+        key = (plan.digest, plan.text, columnar, page_size, offset)
+        found = self._columnar_texts.get(key)
+        if found is not None:
+            return found
+        assert plan.whole is not None
+        by_relation = {t.relation: t for t in plan.tables}
+        query = _with_versions(
+            plan.whole,
+            {r: (f"__sq_v{r[len('__sq_r') :]}", by_relation[r].columns) for r in columnar},
+        )
+        if page_size is not None:
+            query = exp.select("*").from_(query.subquery("__sq_page")).limit(page_size + 1)
+            query = query.offset(offset or 0)
+        text = query.sql(dialect=DIALECT)
+        with self._lock:
+            if len(self._columnar_texts) > _CACHE_SIZE:
+                self._columnar_texts.clear()
+            self._columnar_texts[key] = text
+        return text
+
     def _access(self, table: TablePlan, params: tuple[Any, ...] = ()) -> KeyAccess:
         schema, codec, _ = self._codec(table.name)
         return bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
@@ -364,6 +455,33 @@ class SqlEngine:
         described = explain_plan(plan, [self._access(t) for t in plan.tables], self._codec)
         rows = [{"property": k, "value": v} for k, v in _flatten(described)]
         return SqlResult(["property", "value"], rows, Position.empty(), None, described)
+
+
+def _with_versions(query: exp.Query, versions: dict[str, tuple[str, tuple[str, ...]]]) -> exp.Query:
+    """``query`` with a CTE per relation read from versions: ``__sq_rN`` becomes the rows of
+    ``raw`` valid at the batch in parameter ``$sq_bN`` (ahead of the statement's own CTEs,
+    which may read it)."""
+    if not versions:
+        return query
+    ctes = []
+    for relation, (raw, columns) in versions.items():
+        batch = exp.Placeholder(this=f"sq_b{relation[len('__sq_r') :]}")
+        select = exp.select(*[exp.column(c, quoted=True) for c in columns]).from_(raw)
+        select = select.where(
+            exp.and_(
+                exp.LTE(this=exp.column(VALID_FROM, quoted=True), expression=batch.copy()),
+                exp.GT(this=exp.column(VALID_TO, quoted=True), expression=batch.copy()),
+            )
+        )
+        ctes.append(exp.CTE(this=select, alias=exp.TableAlias(this=exp.to_identifier(relation))))
+    copy = query.copy()
+    existing = copy.args.get("with_")
+    recursive = None
+    if existing is not None:
+        ctes += existing.expressions
+        recursive = existing.args.get("recursive")
+    copy.set("with_", exp.With(expressions=ctes, recursive=recursive))
+    return copy
 
 
 def _remaining(deadline: float) -> float:

@@ -10,6 +10,8 @@ values of its own beyond the statement's:
   aggregate;
 - the *final* query the coordinator runs in DuckDB over the fragments' concatenated
   results (relations ``__sq_r0``, ``__sq_r1``...);
+- the *whole* statement over those relations holding plain rows, run in one DuckDB query
+  when every table can be read where the engine runs (no fragments, no partial aggregates);
 - for single-table key lookups whose select list is only columns, a
   :class:`PythonProjection`: no DuckDB at all.
 
@@ -82,6 +84,7 @@ class Plan:
     python: PythonProjection | None
     key_paging: bool
     explain: bool
+    whole: exp.Query | None = None
     final_sql: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -137,6 +140,7 @@ def build_plan(
     tree = parsed.tree
     refs = analysis.tables
     final = _replace_tables(tree, analysis)
+    whole = final
     aggregation: str | None = None
     tables: list[TablePlan] = []
     single = analysis.simple and len(refs) == 1
@@ -198,6 +202,7 @@ def build_plan(
         python,
         key_paging,
         parsed.explain,
+        whole,
     )
 
 

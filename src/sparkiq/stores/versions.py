@@ -226,6 +226,11 @@ class VersionedRows:
     # -- reads -------------------------------------------------------------------------------
 
     @property
+    def arrow_schema(self) -> pa.Schema:
+        """The schema of every chunk: the columns, then the four internal ones."""
+        return self._schema
+
+    @property
     def newest(self) -> int:
         return self._state.newest
 
