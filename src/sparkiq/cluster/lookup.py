@@ -25,6 +25,7 @@ yet (:mod:`sparkiq.stores.dispatch`).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -321,6 +322,10 @@ class Lookup:
         schema = held[0].versions.arrow_schema  # type: ignore[union-attr]
         raw = pa.concat_tables(chunks) if chunks else schema.empty_table()
         return LocalRows(raw, batch_id, position)
+
+    def batch_at_time(self, store: str, when: dt.datetime) -> int:
+        """The newest batch of ``store`` committed at or before ``when`` (naive: local)."""
+        return self._hosting.batch_at_time(store, when.timestamp())
 
     def consistent_batch(self, store: str, partitions: Iterable[int], bound: PositionBound) -> int:
         """The newest batch of ``store`` that every one of ``partitions`` can serve now, as

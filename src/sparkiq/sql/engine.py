@@ -23,6 +23,7 @@ mutated in place, under a lock.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 from sqlglot import exp
 
+from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows
 from sparkiq.schema.codec import KeyCodec
@@ -38,7 +40,7 @@ from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.analyze import analyze
 from sparkiq.sql.duck import DuckPool, run
-from sparkiq.sql.errors import SqlError, SqlLimitError, locate
+from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError, locate
 from sparkiq.sql.explain import explain_plan
 from sparkiq.sql.keys import KeyAccess, bind_access
 from sparkiq.sql.limits import SqlLimits
@@ -135,7 +137,8 @@ class SqlEngine:
     def _remember_shape(self, shape: str, params: tuple[Any, ...], plan: Plan) -> None:
         """Keep a template for ``shape`` if binding it reproduces ``plan`` exactly."""
         template: Plan | None = None
-        if plan.aggregation is None and not plan.explain and params:
+        as_of = any(t.as_of is not None for t in plan.tables)
+        if plan.aggregation is None and not plan.explain and params and not as_of:
             try:
                 parsed = parse(shape, placeholders=True)
                 candidate = build_plan(analyze(parsed, self.source, self.source.tables))
@@ -215,10 +218,13 @@ class SqlEngine:
         table = plan.tables[0]
         schema, codec, _ = self._codec(table.name)
         access = bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
+        at_batch = self._as_of(table)
         if access.keys is not None and access.exact:
-            rows, position, _ = lookup_rows(self.source, table.name, schema, access, bound)
+            rows, position, _ = lookup_rows(
+                self.source, table.name, schema, access, bound, at_batch
+            )
         elif access.range_bounds is not None and page_size is None:
-            rows, position = range_rows(self.source, table.name, access, bound)
+            rows, position = range_rows(self.source, table.name, access, bound, at_batch)
         else:
             return None
         projection = plan.python
@@ -325,10 +331,10 @@ class SqlEngine:
                 _remaining(deadline),
                 lookup_fragment=plan.aggregation == "partial",
                 skip_below=0 if plan.aggregation == "partial" else self.limits.fragment_min_rows,
-                at_batch=batches.get(table.name),
+                at_batch=self._at_batch(table, batches),
             )
             served = batch_of(table.name, read.position)
-            if served is not None:
+            if served is not None and table.as_of is None:
                 batches.setdefault(table.name, served)
             relations[table.relation] = read.table
             position = position.merge(read.position)
@@ -388,18 +394,18 @@ class SqlEngine:
             if access.keys is not None:
                 schema = self.source.schema(table.name)
                 rows, read_at, _ = lookup_rows(
-                    source, table.name, schema, access, bound, batches.get(table.name)
+                    source, table.name, schema, access, bound, self._at_batch(table, batches)
                 )
                 relations[table.relation] = ArrowRows(schema, table.columns).from_rows(rows)
                 served = batch_of(table.name, read_at)
             else:
-                local = source.local_rows(table.name, batches.get(table.name), bound)
+                local = source.local_rows(table.name, self._at_batch(table, batches), bound)
                 if local is None:
                     return None
                 relations[f"__sq_v{index}"] = local.raw
                 versions[table.relation] = (f"__sq_v{index}", table.columns, local.batch_id)
                 read_at, served = local.position, local.batch_id
-            if served is not None:
+            if served is not None and table.as_of is None:
                 batches.setdefault(table.name, served)
             position = position.merge(read_at)
         if token is not None:
@@ -421,6 +427,30 @@ class SqlEngine:
             returned = (token.returned if token else 0) + len(rows)
             next_token = PageToken(plan.digest, "offset", None, returned, position).encode()
         return SqlResult(names, rows, position, next_token)
+
+    def _as_of(self, table: TablePlan) -> int | None:
+        """The batch a table reference's ``AS OF`` names (None: no AS OF)."""
+        as_of = table.as_of
+        if as_of is None or isinstance(as_of, int):
+            return as_of
+        source = self.source
+        if not isinstance(as_of, dt.datetime) or not isinstance(source, ColumnarSource):
+            raise SqlUnsupportedError(
+                f"AS OF TIMESTAMP on {table.name!r} is not supported by this source; use a "
+                "batch id (AS OF 12)",
+                code="unsupported_as_of",
+            )
+        try:
+            return source.batch_at_time(table.name, as_of)
+        except InvalidQueryError as exc:
+            raise SqlError(exc.message, code="bad_as_of", field=table.name) from None
+
+    def _at_batch(self, table: TablePlan, batches: dict[str, int]) -> int | None:
+        """The batch to read a table reference at: its AS OF, else the batch this
+        statement already read the table at (None: the source picks one)."""
+        if table.as_of is not None:
+            return self._as_of(table)
+        return batches.get(table.name)
 
     def _columnar_sql(
         self, plan: Plan, columnar: tuple[str, ...], page_size: int | None, offset: int | None

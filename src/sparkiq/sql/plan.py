@@ -20,6 +20,7 @@ Aggregates are rewritten by :mod:`sparkiq.sql.aggregate`.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -55,6 +56,7 @@ class TablePlan:
     pushed: str | None
     top_n: bool = False
     filter: exp.Select | None = None
+    as_of: int | dt.datetime | str | None = None
 
     @property
     def fragment_sql(self) -> str | None:
@@ -180,6 +182,7 @@ def build_plan(
                 pushed_text,
                 top_n,
                 _fragment(ref, _columns(ref)) if ref.conjuncts and analysis.simple else None,
+                ref.as_of,
             )
         )
     python = _python_projection(analysis) if single else None

@@ -125,7 +125,11 @@ def _lookup_rows(
 
 
 def range_rows(
-    source: QuerySource, store: str, access: KeyAccess, bound: PositionBound
+    source: QuerySource,
+    store: str,
+    access: KeyAccess,
+    bound: PositionBound,
+    at_batch: int | None = None,
 ) -> tuple[list[dict[str, Any]], Position]:
     """Rows of a one-column key range (``access.range_bounds``) through ``RangeQuery`` on
     every partition: inclusive bounds in the stores, exclusive ends and null keys filtered
@@ -138,7 +142,7 @@ def range_rows(
         low is not None,
         high is not None,
     )
-    result = source.query(_request(store, query, bound))
+    result = source.query(_request(store, query, bound, at_batch))
     check(store, result)
     rows: list[dict[str, Any]] = []
     for answer in result.partition_results.values():

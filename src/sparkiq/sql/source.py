@@ -12,6 +12,7 @@ a statement as one DuckDB query over those rows, without per-partition fragments
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -69,4 +70,8 @@ class ColumnarSource(Protocol):
         """Every partition of ``store`` at ``at_batch`` (None: the newest batch all of them
         can serve, not below ``bound``), or None when this source cannot read them all
         here now (the engine then reads per partition, which reports why)."""
+        ...
+
+    def batch_at_time(self, store: str, when: dt.datetime) -> int:
+        """The batch of ``store`` that was current at ``when`` (``AS OF TIMESTAMP``)."""
         ...
