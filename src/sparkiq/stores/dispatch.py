@@ -222,11 +222,15 @@ def check_key_query(schema: TableSchema, table: str) -> None:
 def _key_query(store: PartitionStore, query: KeyQuery, ctx: QueryContext) -> QueryResult[Any]:
     check_key_query(store.schema, store.table)
     internal = store.keys.to_internal(query.key)
-    if ctx.at_batch is not None:
+    row, position = store.get(internal)
+    # RocksDB holds the newest batch only; its position, consistent with the row, says
+    # whether that is the batch asked for (the common case, kept on the fast path).
+    if (
+        ctx.at_batch is not None
+        and position.to_map().get(store.table, {}).get(store.partition) != ctx.at_batch
+    ):
         raw, position = store.get_at(store.keys.encode(internal), ctx.at_batch)
         row = None if raw is None else store.rows.decode(raw)
-        return QueryResult.for_result(row, position)
-    row, position = store.get(internal)
     return QueryResult.for_result(row, position)
 
 
