@@ -1,0 +1,274 @@
+"""What keeping versions costs, and what reading one batch (or a past one) costs.
+
+One partition of 125k keys (``k string``, ``n long``, ``total double``) in RocksDB, then 20
+batches that each change 8% of it (10:2:1 updates, inserts, deletes), applied to a
+:class:`~sparkiq.stores.partition.PartitionStore` with versions (five minutes of history)
+and to one without, taking turns:
+
+* apply throughput (rows of changes per second) with and without versions;
+* ``get`` p50 of the same keys on both (point reads stay on RocksDB);
+* bytes held per live row by the versions, and per version replaced within the history.
+
+Then a node over 8 such partitions (1M rows, 20 batches kept) answers, taking turns:
+
+* an all-partition aggregate: consistent columnar (``node.sql``), consistent per-partition
+  fragments, and fragments that each read their partition's newest batch (no pinning: what
+  reads spanning partitions did before, minus RocksDB decoding);
+* a ``KeyQuery`` against the same key read ``as_of`` the newest batch (RocksDB answers) and
+  ``as_of`` a batch 10 back (read from the versions).
+
+Run: ``python -m bench.versions [--quick]``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench._changelog import HandWrittenTable, key_name
+from bench._common import Report, entry_point, fmt_ratio, median, percentile, scratch_dir
+from sparkiq import KeyQuery, Node, StateQueryRequest
+from sparkiq.cluster.lookup import Lookup
+from sparkiq.query.position import Position
+from sparkiq.sql import SqlEngine
+from sparkiq.stores.partition import PartitionStore
+from sparkiq.stores.rocksdb import RocksDBStore
+from sparkiq.stores.versions import DEFAULT_HISTORY
+
+AGGREGATE = "SELECT count(*) AS c, sum(total) AS s, avg(n) AS a FROM t"
+
+
+def _batches(
+    table: HandWrittenTable, n_keys: int, n_batches: int, seed: int
+) -> list[dict[int, dict[bytes, bytes | None]]]:
+    """Batch 0 inserts ``n_keys`` keys; later batches change 8% (10:2:1 kinds)."""
+    rng = random.Random(seed)
+    live = [key_name(i) for i in range(n_keys)]
+    next_key = n_keys
+    out = [table.encode(live, [rng.randrange(10_000) for _ in live], [rng.random() for _ in live])]
+    per_batch = n_keys * 8 // 100
+    for _ in range(1, n_batches):
+        updated = rng.sample(live, per_batch * 10 // 13)
+        inserted = [key_name(next_key + i) for i in range(per_batch * 2 // 13)]
+        next_key += len(inserted)
+        deleted = rng.sample([k for k in live if k not in set(updated)], per_batch // 13)
+        keys = updated + inserted
+        changes = table.encode(
+            keys, [rng.randrange(10_000) for _ in keys], [rng.random() for _ in keys]
+        )
+        for key in deleted:
+            encoded = table.keys.encode(table.keys.to_internal(key))
+            changes.setdefault(table.partition_of(key), {})[encoded] = None
+        gone = set(deleted)
+        live = [k for k in live if k not in gone] + inserted
+        out.append(changes)
+    return out
+
+
+def _apply_all(store: PartitionStore, batches: list[dict[bytes, bytes | None]]) -> list[float]:
+    """Seconds per applied batch after the first."""
+    times = []
+    for batch_id, changes in enumerate(batches):
+        position = Position.from_map({"t": {0: batch_id}})
+        t0 = time.perf_counter()
+        store.apply(list(changes.items()), batch_id, position, committed_at=time.time())
+        times.append(time.perf_counter() - t0)
+    return times[1:]
+
+
+def _per_call_us(fn: Callable[[Any], Any], args: list[Any]) -> list[float]:
+    clock = time.perf_counter_ns
+    out = []
+    for arg in args:
+        t0 = clock()
+        fn(arg)
+        out.append((clock() - t0) / 1000)
+    return out
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class _Unpinned:
+    """The node as a source that reads each partition at its own newest batch."""
+
+    def __init__(self, lookup: Lookup) -> None:
+        self.tables = lookup.tables
+        self.schema = lookup.schema
+        self.partition_count = lookup.partition_count
+        self.query = lookup.query_local
+
+
+class _Fragments(_Unpinned):
+    def __init__(self, lookup: Lookup) -> None:
+        super().__init__(lookup)
+        self.query = lookup.query
+
+
+def run(quick: bool = False) -> Report:
+    n_keys = 40_000 if quick else 125_000
+    n_batches = 8 if quick else 20
+    rounds = 3 if quick else 5
+    report = Report(
+        name="versions",
+        title="Versions: consistent reads, AS OF, and their cost",
+        measures=(
+            f"apply throughput and get p50 on one partition of {n_keys:,} keys with and without "
+            f"versions ({n_batches} batches changing 8% each); memory of the versions; on 8 "
+            f"partitions ({8 * n_keys:,} keys): an all-partition aggregate consistent and not, "
+            "and a key read at the newest and at a past batch"
+        ),
+        baseline=(
+            "the same store without versions; the same aggregate without pinning one batch; "
+            "a plain KeyQuery"
+        ),
+        target="apply >= 300k rows/s with versions; get p50 <= 10 us",
+        columns=["measure", "method", "value", "vs baseline"],
+        quick=quick,
+    )
+    with scratch_dir("versions") as root:
+        table = HandWrittenTable(os.path.join(root, "one"), "t", 1)
+        batches = [b.get(0, {}) for b in _batches(table, n_keys, n_batches, seed=1)]
+        rates: dict[str, list[float]] = {"with versions": [], "without versions": []}
+        stores = {}
+        for round_ in range(2 if quick else 3):
+            for name, history in (("with versions", DEFAULT_HISTORY), ("without versions", None)):
+                path = os.path.join(root, f"p-{name.split()[0]}-{round_}")
+                store = PartitionStore("t", 0, table.manifest.schema, RocksDBStore(path), history)
+                seconds = _apply_all(store, batches)
+                rows = sum(len(b) for b in batches[1:])
+                rates[name].append(rows / sum(seconds))
+                if name in stores:
+                    stores[name].close()
+                stores[name] = store
+        with_rate, without_rate = median(rates["with versions"]), median(rates["without versions"])
+        report.rows.append(
+            [
+                "apply",
+                "with versions",
+                f"{with_rate:,.0f} rows/s",
+                fmt_ratio(with_rate / without_rate),
+            ]
+        )
+        report.rows.append(["apply", "without versions", f"{without_rate:,.0f} rows/s", "1.0x"])
+        rng = random.Random(4)
+        probe = [table.keys.to_internal(key_name(rng.randrange(n_keys))) for _ in range(20_000)]
+        gets: dict[str, list[float]] = {}
+        for start in range(0, len(probe), 2_000):
+            for name, store in stores.items():
+                gets.setdefault(name, []).extend(
+                    _per_call_us(store.get, probe[start : start + 2_000])
+                )
+        get_with, get_without = (
+            percentile(gets["with versions"], 50),
+            percentile(gets["without versions"], 50),
+        )
+        report.rows.append(
+            ["get p50", "with versions", f"{get_with:.2f} us", fmt_ratio(get_with / get_without)]
+        )
+        report.rows.append(["get p50", "without versions", f"{get_without:.2f} us", "1.0x"])
+        versions = stores["with versions"].versions
+        assert versions is not None
+        live = versions.version(versions.newest).table().num_rows
+        held = versions.stored_rows()
+        per_live = versions.nbytes() / live
+        per_replaced = (versions.nbytes() - live * per_live) / max(1, held - live)
+        report.rows.append(["memory", "versions, per live row", f"{per_live:.0f} B", "-"])
+        report.rows.append(
+            [
+                "memory",
+                f"versions, {held - live:,} past versions kept",
+                f"{versions.nbytes() / held:.0f} B per stored row",
+                "-",
+            ]
+        )
+        for store in stores.values():
+            store.close()
+
+        state_dir = os.path.join(root, "eight")
+        eight = HandWrittenTable(state_dir, "t", 8)
+        for batch_id, changes in enumerate(_batches(eight, 8 * n_keys, n_batches, seed=2)):
+            eight.write_batch(batch_id, changes)
+        node = Node(state_dir)
+        try:
+            node.refresh_tables()
+            node.poll_once()
+            lookup = node._lookup
+            engines = {
+                "consistent, columnar": SqlEngine(lookup),
+                "consistent, per-partition fragments": SqlEngine(_Fragments(lookup)),  # type: ignore[arg-type]
+                "per-partition, each at its newest": SqlEngine(_Unpinned(lookup)),  # type: ignore[arg-type]
+            }
+            agg: dict[str, list[float]] = {}
+            for _ in range(rounds):
+                for name, engine in engines.items():
+                    agg.setdefault(name, []).append(_timed(lambda e=engine: e.execute(AGGREGATE)))  # type: ignore[misc]
+            base = median(agg["per-partition, each at its newest"])
+            for name in engines:
+                value = median(agg[name])
+                report.rows.append(
+                    [
+                        "all-partition aggregate",
+                        name,
+                        f"{value * 1000:,.1f} ms",
+                        fmt_ratio(value / base),
+                    ]
+                )
+            newest = n_batches - 1
+            keys = [key_name(rng.randrange(8 * n_keys // 2)) for _ in range(2_000)]
+            request = StateQueryRequest.in_store("t")
+            kinds: dict[str, Callable[[str], Any]] = {
+                "KeyQuery": lambda k: node.query(request.with_query(KeyQuery.with_key(k))),
+                "KeyQuery as_of newest": lambda k: node.query(
+                    request.with_query(KeyQuery.with_key(k)).as_of(newest)
+                ),
+                "KeyQuery as_of 10 back": lambda k: node.query(
+                    request.with_query(KeyQuery.with_key(k)).as_of(max(0, newest - 10))
+                ),
+            }
+            lat: dict[str, list[float]] = {}
+            for start in range(0, len(keys), 200):
+                for name, fn in kinds.items():
+                    lat.setdefault(name, []).extend(_per_call_us(fn, keys[start : start + 200]))
+            plain = percentile(lat["KeyQuery"], 50)
+            for name in kinds:
+                value = percentile(lat[name], 50)
+                report.rows.append(
+                    ["key read p50", name, f"{value:,.1f} us", fmt_ratio(value / plain)]
+                )
+        finally:
+            node.stop()
+        report.readings.append(
+            f"apply {with_rate:,.0f} rows/s with versions vs {without_rate:,.0f} without "
+            f"(target >= 300k); get p50 {get_with:.2f} us vs {get_without:.2f} us; versions hold "
+            f"{per_live:.0f} B per live row; a consistent all-partition aggregate "
+            f"{median(agg['consistent, columnar']) * 1000:,.1f} ms vs "
+            f"{base * 1000:,.1f} ms unpinned per partition; a key read 10 batches back "
+            f"{percentile(lat['KeyQuery as_of 10 back'], 50):,.0f} us vs {plain:.1f} us "
+            "for a KeyQuery"
+        )
+        report.figures.update(
+            {
+                "apply_rows_per_s": {"with": with_rate, "without": without_rate},
+                "get_p50_us": {"with": get_with, "without": get_without},
+                "bytes_per_live_row": per_live,
+                "bytes_per_replaced_version": per_replaced,
+                "aggregate_ms": {k: median(v) * 1000 for k, v in agg.items()},
+                "key_p50_us": {k: percentile(v, 50) for k, v in lat.items()},
+            }
+        )
+    return report
+
+
+main = entry_point(run, __doc__)
+
+if __name__ == "__main__":
+    main()
