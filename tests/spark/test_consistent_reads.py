@@ -21,7 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sparkiq import App, Position, RangeQuery, StateQueryRequest
+from sparkiq.sql.errors import SqlPartitionError
 from sparkiq.testing import JsonSource
 
 BINS = [f"bin{i:03d}" for i in range(200)]
@@ -144,4 +147,51 @@ def test_readers_never_see_a_state_no_batch_had(spark: Any, tmp_path: Path) -> N
         assert read_sql(app) == BATCHES - 1
     finally:
         stop.set()
+        app.stop()
+
+
+def test_as_of_equals_spark_batch_mode_over_the_input_up_to_that_batch(
+    spark: Any, tmp_path: Path
+) -> None:
+    """AS OF b, for several past b while the pipeline keeps committing, equals Spark's batch
+    answer over exactly the files of batches 0..b; a batch beyond the history is refused."""
+    from pyspark.sql import functions as F
+
+    source = JsonSource(tmp_path / "in", "bin string, qty long")
+    files = [source.write(moves(100))]
+    app = App(spark, state_dir=str(tmp_path / "state"))
+    app.materialize(
+        "bins",
+        source.stream(spark)
+        .groupBy("bin")
+        .agg(F.sum("qty").alias("units"), F.count("*").alias("legs")),
+        key="bin",
+        partitions=4,
+        history=6,
+    )
+    app.start()
+    try:
+        app.process_all_available()
+        for seed in range(101, 109):
+            files.append(source.write(moves(seed)))
+            app.process_all_available()
+        newest = len(files) - 1
+        files.append(source.write(moves(200)))  # the pipeline keeps running meanwhile
+        for batch_id in (newest - 5, newest - 3, newest - 1, newest):
+            truth = (
+                spark.read.schema(source.schema)
+                .json([str(f) for f in files[: batch_id + 1]])
+                .groupBy("bin")
+                .agg(F.sum("qty").alias("units"), F.count("*").alias("legs"))
+                .collect()
+            )
+            got = app.sql(f"SELECT bin, units, legs FROM bins AS OF {batch_id}")
+            assert sorted(tuple(r.values()) for r in got.rows) == sorted(
+                (r["bin"], r["units"], r["legs"]) for r in truth
+            ), batch_id
+            assert batch_of(got.position) == batch_id
+        app.process_all_available()
+        with pytest.raises(SqlPartitionError, match="oldest batch still readable"):
+            app.sql(f"SELECT count(*) FROM bins AS OF {newest - 8}")
+    finally:
         app.stop()
