@@ -6,7 +6,10 @@ every table reference: the access (``key_lookup``; ``range_query``, a ``RangeQue
 partition answered in Python; ``key_range``, an encoded key range read by fragments;
 ``full_scan``), the keys
 or encoded key range, window-start bounds, the partitions touched, the pushed predicate, the
-columns read and the SQL each partition runs. Nothing is read to explain a statement.
+columns read, the SQL each partition runs and the table's ``AS OF``. Nothing is read to
+explain a statement. A node hosting every partition of the tables scanned runs ``final_sql``'s
+statement once over the partitions' Arrow versions instead of per-partition fragments; every
+read spanning partitions reads one batch per table either way.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ def explain_plan(plan: Plan, accesses: list[KeyAccess], codecs: Codecs) -> dict[
                 "columns": list(table.columns),
                 "fragment_sql": None if python else table.fragment_sql,
                 "top_n_pushed": table.top_n,
+                "as_of": None if table.as_of is None else str(table.as_of),
             }
         )
     return {
