@@ -175,3 +175,14 @@ def test_history_refuses_nonsense(bad: Any) -> None:
         History(batches=bad)
     with pytest.raises(ValueError, match="history seconds"):
         History(seconds=float("nan"))
+
+
+def test_a_complete_mode_batch_keeps_the_versions_of_rows_it_leaves_unchanged() -> None:
+    versions = VersionedRows(SCHEMA, History(batches=100))
+    table = {f"k{i:02d}": i for i in range(50)}
+    for batch_id in range(30):  # every batch re-emits the whole table; one row changes
+        table[f"k{batch_id % 50:02d}"] = 1000 + batch_id
+        keys, values = encode(dict(table))
+        versions.apply(batch_id, position(batch_id), 0.0, keys, values, replace_all=True)
+        assert state_of(versions.version(batch_id)) == table
+    assert versions.stored_rows() == 50 + 29  # one new version per batch, not 50

@@ -349,8 +349,7 @@ class VersionedRows:
         if batch_id <= state.newest:
             raise ValueError(f"batch {batch_id} is not after the applied batch {state.newest}")
         if replace_all:
-            for old in state.chunks:
-                old.valid_to[old.valid_to == OPEN] = batch_id
+            keys, values = self._replace_all(state, batch_id, keys, values)
         elif keys:
             changed = pa.array(keys, pa.binary())
             for old in state.chunks:
@@ -368,6 +367,30 @@ class VersionedRows:
         oldest = self._oldest_kept(batches, batch_id, oldest)
         batches = {b: v for b, v in batches.items() if b >= oldest}
         self._publish(_State(self._compacted(chunks, oldest), oldest, batch_id, batches))
+
+    @staticmethod
+    def _replace_all(
+        state: _State, batch_id: int, keys: list[bytes], values: list[bytes | None]
+    ) -> tuple[list[bytes], list[bytes | None]]:
+        """A complete-mode batch as the changes it makes: rows it leaves as they were keep
+        their version (a table re-emitted every batch must not be copied every batch);
+        rows it drops or changes are stamped. Returns the rows to append."""
+        new = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+        for old in state.chunks:
+            current = np.flatnonzero(old.valid_to == OPEN)
+            if not current.size:
+                continue
+            old_keys = old.keys.take(pa.array(current)).to_pylist()
+            old_rows = old.table.column(ROW_COLUMN).take(pa.array(current)).to_pylist()
+            gone = []
+            for index, key, row in zip(current, old_keys, old_rows, strict=True):
+                if new.get(key) == row:
+                    del new[key]  # unchanged: its version stays current
+                else:
+                    gone.append(index)
+            if gone:
+                old.valid_to[np.array(gone, dtype=np.int64)] = batch_id
+        return list(new), list(new.values())
 
     def _oldest_kept(
         self, batches: dict[int, tuple[Position, float]], newest: int, oldest: int
