@@ -227,6 +227,8 @@ class RestApp:
         size = 0
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":  # gone (or timed out): nobody to answer
+                raise HttpError(400, "disconnected", "the client left before its body ended")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
