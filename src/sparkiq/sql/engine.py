@@ -66,7 +66,7 @@ class SqlEngine:
     def __init__(self, source: QuerySource, limits: SqlLimits | None = None) -> None:
         self.source = source
         self.limits = limits if limits is not None else SqlLimits()
-        self._pool = DuckPool(self.limits.memory_limit, self.limits.threads)
+        self._pool = DuckPool.for_limits(self.limits)
         self._lock = threading.Lock()
         self._by_text: OrderedDict[str, Plan] = OrderedDict()
         self._by_shape: dict[str, Plan | None] = {}
