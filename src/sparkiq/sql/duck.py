@@ -84,7 +84,7 @@ class DuckPool:
         threads: int = 2,
         *,
         spill_limit: str = "1GB",
-        max_value_bytes: int = 1 << 20,
+        max_value_bytes: int = 64 << 10,
         max_result_bytes: int = 64 << 20,
     ) -> None:
         self.memory_limit = memory_limit
@@ -373,9 +373,10 @@ def run(
                 return _fetch_arrow(con, sql, pool.max_result_bytes)
             cursor = con.execute(sql)
             names = [d[0] for d in cursor.description or ()]
+            rows = _fetch_rows(cursor, max_rows, pool.max_result_bytes)
             if types:
                 return names, [str(d[1]) for d in cursor.description or ()]
-            return names, _fetch_rows(cursor, max_rows, pool.max_result_bytes)
+            return names, rows
         finally:
             for name in relations:
                 con.unregister(name)
@@ -383,8 +384,8 @@ def run(
         raise _interrupted(statement, pool) from None
     except duckdb.BinderException as exc:
         raise _binder_error(str(exc), relations) from None
-    except duckdb.OutOfMemoryException:
-        raise _out_of_memory(pool) from None
+    except duckdb.OutOfMemoryException as exc:
+        raise _out_of_memory(pool, "temp" in str(exc).lower()) from None
     except duckdb.Error as exc:
         if statement.reason is not None:
             raise _interrupted(statement, pool) from None
@@ -392,11 +393,7 @@ def run(
         if _VALUE_ERROR in text or _COST_ERROR in text:
             raise _value_error(text, pool) from None
         if "max_temp_directory_size" in text or "temp_directory" in text:
-            raise SqlLimitError(
-                f"the query needs more than SqlLimits.spill_limit={pool.spill_limit} of "
-                "spill space; narrow it with a key predicate or LIMIT, or raise the limit",
-                code="out_of_memory",
-            ) from None
+            raise _out_of_memory(pool, True) from None
         function = re.search(r"Function with name (\w+) does not exist", text)
         if function is not None:
             raise SqlUnknownNameError(
@@ -461,10 +458,13 @@ def _interrupted(statement: _Statement, pool: DuckPool) -> SqlLimitError:
     return SqlLimitError(_timeout_message(), code="timeout")
 
 
-def _out_of_memory(pool: DuckPool) -> SqlLimitError:
+def _out_of_memory(pool: DuckPool, spill: bool = False) -> SqlLimitError:
+    budget = f"SqlLimits.memory_limit={pool.memory_limit}"
+    if spill:
+        budget += f" and SqlLimits.spill_limit={pool.spill_limit}"
     return SqlLimitError(
-        f"the query needs more memory than SqlLimits.memory_limit={pool.memory_limit} allows; "
-        "narrow it with a key predicate or LIMIT, aggregate before joining, or raise the limit",
+        f"the query needs more memory than {budget} allow; narrow it with a key predicate "
+        "or LIMIT, aggregate before joining, or raise the limit",
         code="out_of_memory",
     )
 

@@ -55,7 +55,7 @@ class SqlLimits:
     memory_limit: str = "512MB"
     threads: int = 2
     spill_limit: str = "1GB"
-    max_value_bytes: int = 1 << 20
+    max_value_bytes: int = 64 << 10
     max_result_bytes: int = 64 << 20
     max_key_lookups: int = 256
     fragment_min_rows: int = 2048

@@ -1,0 +1,204 @@
+"""SQL limits of a real ``sparkiq serve`` process: statements that would take unbounded
+memory, spill, result bytes or time are refused with a 4xx within bounded time, the
+process's peak resident size stays bounded (read from ``/proc/<pid>/status``), DuckDB
+spills into a directory of its own (never ``<cwd>/.tmp``), a fragment cannot buy more time
+than the node's statement timeout, and key lookups keep answering meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.sql import SqlFragmentQuery
+from sparkiq.wire import protocol
+from tests.cluster.serve_processes import free_port
+from tests.server.test_hostile import PROBE_PATH, PROBE_ROW, TOKEN, Probe, auth
+from tests.sql.tables import build_world
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc"),
+]
+
+TIMEOUT = 3.0  # the node's SqlLimits.timeout_seconds
+SLACK = 6.0  # for a loaded machine: answers come within TIMEOUT + SLACK
+MEMORY = "256MB"
+MIB = 1 << 20
+# What the node may grow while hostile statements run: twice the memory limit (the
+# watchdog's budget), the largest result it may build, and room for Python's own objects.
+GROWTH = 2 * 256 * 10**6 + 32 * MIB + 256 * MIB
+
+
+@dataclass
+class Served:
+    url_base: str
+    process: subprocess.Popen[bytes]
+    cwd: Path
+    log: Path
+
+    def url(self, path: str) -> str:
+        return f"{self.url_base}{path}"
+
+    def status(self, field: str) -> int:
+        """A ``/proc/<pid>/status`` size (``VmRSS``, ``VmHWM``) in bytes."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"no {field} in /proc/{self.process.pid}/status")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    state_dir = tmp_path_factory.mktemp("limits-sql")
+    build_world(str(state_dir))
+    cwd = tmp_path_factory.mktemp("limits-cwd")
+    port = free_port()
+    env = os.environ | {
+        "PYTHONUNBUFFERED": "1",
+        "SPARKIQ_SQL_TIMEOUT_SECONDS": str(TIMEOUT),
+        "SPARKIQ_SQL_MEMORY_LIMIT": MEMORY,
+        "SPARKIQ_SQL_SPILL_LIMIT": "64MB",
+        "SPARKIQ_SQL_MAX_RESULT_BYTES": str(32 * MIB),
+    }
+    log = cwd / "node.log"
+    args = [
+        sys.executable, "-m", "sparkiq.cli", "serve",
+        "--state-dir", str(state_dir), "--node-id", "n0",
+        "--listen", f"127.0.0.1:{port}", "--token", TOKEN,
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    node = Served(f"http://127.0.0.1:{port}", process, cwd, log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:  # ready, and hosting every partition (a lone node takes them all)
+                counts = [sql(node, f"SELECT count(*) AS c FROM {t}", 5) for t in ("ik", "t")]
+                lookup = httpx.get(node.url(PROBE_PATH), headers=auth(), timeout=1)
+                if lookup.status_code == 200 and all(c.status_code == 200 for c in counts):
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        yield node
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def sql(node: Served, text: str, timeout: float = 60) -> httpx.Response:
+    return httpx.post(node.url("/query"), json={"sql": text}, headers=auth(), timeout=timeout)
+
+
+def refused_sql(node: Served, text: str, codes: tuple[str, ...]) -> dict[str, Any]:
+    """Run ``text`` while lookups go on: a 400 with one of ``codes`` within bounded time,
+    peak memory bounded, the node answering correctly afterwards."""
+    rss_before = node.status("VmRSS")
+    with Probe(node):  # type: ignore[arg-type]  # Probe only needs .url()
+        started = time.monotonic()
+        response = sql(node, text)
+        elapsed = time.monotonic() - started
+    assert response.status_code == 400, response.text[:500]
+    error = response.json()["error"]
+    assert error["code"] in codes, error
+    assert elapsed < TIMEOUT + SLACK, f"answered after {elapsed:.1f} s"
+    peak = node.status("VmHWM")
+    assert peak - rss_before < GROWTH, f"peak {peak / MIB:.0f} MiB from {rss_before / MIB:.0f}"
+    assert sql(node, "SELECT v FROM ik WHERE key = 1").json()["rows"] == [{"v": 17}]
+    lookup = httpx.get(node.url(PROBE_PATH), headers=auth(), timeout=10)
+    assert lookup.json()["row"] == PROBE_ROW
+    return error
+
+
+def test_a_two_gigabyte_string_is_refused(served: Served) -> None:
+    error = refused_sql(served, "SELECT length(repeat('x', 2e9)) AS n", ("value_too_large",))
+    assert "repeat" in error["message"] and "max_value_bytes" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT lpad('a', 2000000000, 'b') AS s",
+        "SELECT range(2000000000) AS r",
+        "SELECT printf('%1000000000d', 1) AS s",
+        "SELECT replace(repeat('a', 1000000), 'a', repeat('b', 1000)) AS s",
+    ],
+)
+def test_other_value_builders_are_refused(served: Served, text: str) -> None:
+    refused_sql(served, text, ("value_too_large",))
+
+
+def test_qualified_function_calls_cannot_reach_the_unguarded_function(served: Served) -> None:
+    refused_sql(served, "SELECT system.main.repeat('x', 2000000000) AS s", ("qualified_function",))
+
+
+def test_a_huge_cross_join_runs_out_of_time(served: Served) -> None:
+    refused_sql(served, "SELECT count(*) AS c FROM t a, t b, t c, t d, t e", ("timeout",))
+
+
+def test_a_gigabyte_result_is_refused(served: Served) -> None:
+    """40,000 rows of a 60 kB string (2.4 GB): refused long before it all exists."""
+    error = refused_sql(
+        served,
+        "SELECT a.k, repeat('x', 60000) AS pad FROM t a, t b",
+        ("result_too_large", "out_of_memory"),
+    )
+    assert "SqlLimits." in error["message"]
+
+
+def test_an_aggregate_growing_without_bound_is_stopped(served: Served) -> None:
+    refused_sql(
+        served,
+        "SELECT string_agg(repeat('x', 60000), ',') AS s FROM t a, t b, t c",
+        ("out_of_memory", "timeout"),
+    )
+
+
+def test_spilling_is_bounded_and_never_in_the_working_directory(served: Served) -> None:
+    refused_sql(
+        served,
+        "SELECT max(r) AS r FROM (SELECT row_number() OVER (ORDER BY md5(pad)) AS r, pad "
+        "FROM (SELECT repeat(md5(a.k || b.k), 300) AS pad FROM t a, t b) x) y",
+        ("out_of_memory", "timeout"),
+    )
+    assert not (served.cwd / ".tmp").exists()
+    assert sorted(p.name for p in served.cwd.iterdir()) == ["node.log"]
+
+
+def test_a_fragment_cannot_outlive_the_statement_timeout(served: Served) -> None:
+    """A fragment asking for a million seconds gets the node's statement timeout."""
+    cross = ", ".join(f"__sq_part p{i}" for i in range(7))
+    fragment = SqlFragmentQuery(
+        columns=("k",), sql=f"SELECT count(*) AS c FROM {cross}", timeout_ms=10**9
+    )
+    request = StateQueryRequest.in_store("t").with_query(fragment).with_partitions({0})
+    body = protocol.encode_request(request, local=True)
+    with Probe(served):  # type: ignore[arg-type]
+        started = time.monotonic()
+        response = httpx.post(
+            served.url("/internal/query"),
+            content=body,
+            headers=auth() | {"content-type": protocol.CONTENT_TYPE},
+            timeout=60,
+        )
+        elapsed = time.monotonic() - started
+    assert response.status_code == 400, response.content[:500]
+    assert response.json()["error"]["code"] == "timeout"
+    assert elapsed < TIMEOUT + SLACK, f"answered after {elapsed:.1f} s"
