@@ -22,9 +22,10 @@ import pytest
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.sql import SqlFragmentQuery
 from sparkiq.wire import protocol
+from tests.changelog.helpers import expected_rows
 from tests.cluster.serve_processes import free_port
 from tests.server.test_hostile import PROBE_PATH, PROBE_ROW, TOKEN, Probe, auth
-from tests.sql.tables import build_world
+from tests.sql.tables import T_HISTORY, build_world
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -202,3 +203,26 @@ def test_a_fragment_cannot_outlive_the_statement_timeout(served: Served) -> None
     assert response.status_code == 400, response.content[:500]
     assert response.json()["error"]["code"] == "timeout"
     assert elapsed < TIMEOUT + SLACK, f"answered after {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT * FROM t WHERE " + " OR ".join(f"k = 'k{i:04d}'" for i in range(2000)),
+        "SELECT * FROM t WHERE k IN (" + ", ".join(f"'k{i:04d}'" for i in range(5000)) + ")",
+    ],
+    ids=["or-2000", "in-5000"],
+)
+def test_thousands_of_literals_are_refused_before_planning(served: Served, text: str) -> None:
+    error = refused_sql(served, text, ("too_many_literals",))
+    assert "SqlLimits.max_literals=1000" in error["message"]
+
+
+def test_long_in_lists_within_the_limit_answer(served: Served) -> None:
+    keys = [f"k{i:03d}" for i in range(900)]
+    listed = ", ".join(f"'{k}'" for k in keys)
+    response = sql(served, f"SELECT k, n FROM t WHERE k IN ({listed}) ORDER BY k")
+    assert response.status_code == 200, response.text[:300]
+    truth = expected_rows(T_HISTORY)
+    expected = sorted((r["k"], r["n"]) for k, r in truth.items() if k in set(keys))
+    assert [(r["k"], r["n"]) for r in response.json()["rows"]] == expected

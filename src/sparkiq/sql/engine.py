@@ -56,6 +56,10 @@ from sparkiq.sql.template import bind_template, same_plan
 __all__ = ["SqlEngine"]
 
 _CACHE_SIZE = 512
+# A shape template pays off for lookups of a few keys; binding one costs time quadratic in
+# its literals (sqlglot re-parents every sibling of a replaced node), and a statement with
+# thousands (a long IN list) is not going to be repeated with other values anyway.
+_TEMPLATE_LITERALS = 64
 _UNBOUNDED = PositionBound.unbounded()
 
 
@@ -90,12 +94,23 @@ class SqlEngine:
             return plan, (), False
         self.limits.check_statement(text)  # before the shape regex reads it
         shaped = shape_of(text)
+        if shaped is not None and len(shaped[1]) > self.limits.max_literals:
+            raise SqlLimitError(
+                f"the statement holds {len(shaped[1])} literal values, more than "
+                f"SqlLimits.max_literals={self.limits.max_literals}; split a long IN list or "
+                "OR chain into several statements, or select a key range",
+                code="too_many_literals",
+            )
         if shaped is not None:
             template = self._by_shape.get(shaped[0])
             if template is not None:
                 return template, shaped[1], True
         plan = self._full_plan(text)
-        if shaped is not None and shaped[0] not in self._by_shape:
+        if (
+            shaped is not None
+            and len(shaped[1]) <= _TEMPLATE_LITERALS
+            and shaped[0] not in self._by_shape
+        ):
             self._remember_shape(shaped[0], shaped[1], plan)
         return plan, (), False
 
