@@ -210,12 +210,13 @@ def test_a_fragment_cannot_outlive_the_statement_timeout(served: Served) -> None
     [
         "SELECT * FROM t WHERE " + " OR ".join(f"k = 'k{i:04d}'" for i in range(2000)),
         "SELECT * FROM t WHERE k IN (" + ", ".join(f"'k{i:04d}'" for i in range(5000)) + ")",
+        "SELECT count(*) AS c FROM t WHERE " + " AND ".join(["n >= n"] * 3000),
     ],
-    ids=["or-2000", "in-5000"],
+    ids=["or-2000", "in-5000", "and-3000"],
 )
-def test_thousands_of_literals_are_refused_before_planning(served: Served, text: str) -> None:
-    error = refused_sql(served, text, ("too_many_literals",))
-    assert "SqlLimits.max_literals=1000" in error["message"]
+def test_thousands_of_terms_are_refused_before_planning(served: Served, text: str) -> None:
+    error = refused_sql(served, text, ("too_many_terms",))
+    assert "SqlLimits.max_terms=1000" in error["message"]
 
 
 def test_long_in_lists_within_the_limit_answer(served: Served) -> None:

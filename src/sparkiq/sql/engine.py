@@ -19,6 +19,7 @@ mutated in place, under a lock.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -60,6 +61,7 @@ _CACHE_SIZE = 512
 # its literals (sqlglot re-parents every sibling of a replaced node), and a statement with
 # thousands (a long IN list) is not going to be repeated with other values anyway.
 _TEMPLATE_LITERALS = 64
+_CONNECTIVE = re.compile(r"\b(?:and|or)\b", re.IGNORECASE)  # counted, not parsed: no groups
 _UNBOUNDED = PositionBound.unbounded()
 
 
@@ -94,12 +96,15 @@ class SqlEngine:
             return plan, (), False
         self.limits.check_statement(text)  # before the shape regex reads it
         shaped = shape_of(text)
-        if shaped is not None and len(shaped[1]) > self.limits.max_literals:
+        terms = (len(shaped[1]) if shaped is not None else 0) + sum(
+            1 for _ in _CONNECTIVE.finditer(text)
+        )
+        if terms > self.limits.max_terms:
             raise SqlLimitError(
-                f"the statement holds {len(shaped[1])} literal values, more than "
-                f"SqlLimits.max_literals={self.limits.max_literals}; split a long IN list or "
+                f"the statement holds {terms} literal values and AND/OR terms, more than "
+                f"SqlLimits.max_terms={self.limits.max_terms}; split a long IN list or "
                 "OR chain into several statements, or select a key range",
-                code="too_many_literals",
+                code="too_many_terms",
             )
         if shaped is not None:
             template = self._by_shape.get(shaped[0])

@@ -40,9 +40,10 @@ class SqlLimits:
       ``range``...; see :mod:`sparkiq.sql.duck`).
     - ``max_result_bytes``: most bytes (approximately, as encoded) a result computed by
       DuckDB may hold, on every path (REST JSON, the binary client, Postgres).
-    - ``max_literals``: most literal values (strings and numbers) one pull statement may
-      hold: planning costs about a millisecond per ``OR`` term or ``IN`` value, all of it
-      holding the GIL. Longer lists: one statement per batch of keys, or a key range.
+    - ``max_terms``: most literal values (strings, numbers) plus ``AND``/``OR``
+      connectives one pull statement may hold: planning costs about a millisecond per
+      term, all of it holding the GIL. Longer lists: one statement per batch of keys, or a
+      key range.
     - ``max_key_lookups``: most point lookups an ``IN`` list (or the product of ``IN`` lists
       on a composite key) turns into before the engine scans the key range instead.
     - ``fragment_min_rows``: a partition with fewer rows in range skips its filter or
@@ -60,7 +61,7 @@ class SqlLimits:
     spill_limit: str = "1GB"
     max_value_bytes: int = 64 << 10
     max_result_bytes: int = 64 << 20
-    max_literals: int = 1000
+    max_terms: int = 1000
     max_key_lookups: int = 256
     fragment_min_rows: int = 2048
 

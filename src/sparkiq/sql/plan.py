@@ -112,7 +112,9 @@ def _fragment(ref: TableRef, items: list[exp.Expr]) -> exp.Select:
     select = exp.Select(expressions=items)
     select.set("from_", exp.From(this=_relation(ref.alias, PART)))
     if ref.conjuncts:
-        select.set("where", exp.Where(this=exp.and_(*[c.copy() for c in ref.conjuncts], copy=False)))
+        select.set(
+            "where", exp.Where(this=exp.and_(*[c.copy() for c in ref.conjuncts], copy=False))
+        )
     return select
 
 
