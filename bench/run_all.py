@@ -23,6 +23,7 @@ from bench import (
     failover,
     follower_tail,
     freshness,
+    fuzz,
     http,
     lookup,
     pgwire,
@@ -48,6 +49,7 @@ BENCHMARKS: dict[str, Callable[[bool], Report]] = {
     "statestore": statestore.run,
     "sink": sink.run,
     "freshness": freshness.run,
+    "fuzz": fuzz.run,
 }
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
@@ -131,6 +133,14 @@ CONTEXT = {
         "Arrow; that step, not DuckDB, is nearly all of the time (the table shows it alone). "
         "A SQL key lookup with a plain column list never reaches DuckDB: its plan is cached "
         "by statement shape and it runs one KeyQuery."
+    ),
+    "fuzz": (
+        "Generated SQL (a grammar of typed expressions, joins, grouping and edge-value "
+        "literals, one statement in three damaged at the token level) and schemathesis' "
+        "requests for every operation of /openapi.json, valid and invalid, all with the "
+        "token, one at a time. Every generated statement the node answers is compared with "
+        "DuckDB over the ground truth. The lookup client shares the two cores with the "
+        "fuzzing client and the node, so its p99 under fuzzing also measures that contention."
     ),
     "pgwire": (
         "The same SQL key lookup three ways, one round trip at a time. Over the Postgres "

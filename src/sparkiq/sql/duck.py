@@ -409,6 +409,7 @@ def run(
 
 def _fetch_rows(cursor: Any, max_rows: int | None, max_bytes: int) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = []
+    size = _sizer([str(d[1]) for d in cursor.description or ()])
     held = 0
     while True:
         want = _FETCH_ROWS if max_rows is None else min(_FETCH_ROWS, max_rows - len(rows))
@@ -416,13 +417,39 @@ def _fetch_rows(cursor: Any, max_rows: int | None, max_bytes: int) -> list[tuple
             cursor.abort()  # DuckDB refuses other work while a result is unfinished
             return rows
         chunk = cursor.fetchmany(want)
-        held += approx_bytes(chunk)
+        held += size(chunk)
         if held > max_bytes:
             cursor.abort()
             raise _too_large(max_bytes)
         rows += chunk
         if len(chunk) < want:
             return rows
+
+
+_TEXT_TYPES = ("VARCHAR", "BLOB", "BIT", "JSON")
+
+
+def _sizer(types: list[str]) -> Any:
+    """A function giving about how many bytes a chunk of rows of ``types`` (DuckDB type
+    names) takes: 8 per fixed-size value, lengths of strings and blobs, the length of a
+    nested value's text (a walk over its items in Python would cost more)."""
+    text = [i for i, t in enumerate(types) if t in _TEXT_TYPES]
+    nested = [
+        i
+        for i, t in enumerate(types)
+        if i not in text and ("[" in t or t.startswith(("STRUCT", "MAP", "UNION")))
+    ]
+    per_row = 8 * (len(types) - len(text) - len(nested)) + 2
+
+    def size(chunk: list[tuple[Any, ...]]) -> int:
+        total = per_row * len(chunk)
+        for i in text:
+            total += sum(len(row[i]) for row in chunk if row[i] is not None)
+        for i in nested:  # their text is about their size, and repr() runs in C
+            total += sum(len(repr(row[i])) for row in chunk)
+        return total
+
+    return size
 
 
 def _fetch_arrow(con: Any, sql: str, max_bytes: int) -> tuple[list[str], pa.Table]:
