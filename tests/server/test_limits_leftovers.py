@@ -4,16 +4,19 @@ sub-requests."""
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
 from typing import Any
 
 import httpx
 import orjson
 
+from sparkiq import Client
 from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.server.streams import iq_json_chunks, push_chunks
-from tests.server.test_hostile import Hostile, auth
+from tests.server.test_hostile import TOKEN, Hostile, auth
 from tests.server.test_limits_http import limited  # noqa: F401  # the fixture
 
 REPLICA = "/var/lib/sparkiq/replicas/n0/ik/2/rocksdb"
@@ -80,3 +83,14 @@ def test_metrics_count_hedged_sub_requests(limited: Hostile) -> None:  # noqa: F
         assert hedged() == 2
     finally:
         coordinator.router.hedged -= 2
+
+
+def test_integers_beyond_64_bits_reach_json_and_binary_clients(limited: Hostile) -> None:  # noqa: F811
+    """Found by the SQL fuzzer: a HUGEINT result was a 500 (neither encoder takes it)."""
+    text = "SELECT 99999999999999999999999 AS big, -(2::HUGEINT ** 100)::HUGEINT AS low"
+    response = httpx.post(limited.url("/query"), json={"sql": text}, headers=auth(), timeout=10)
+    assert response.status_code == 200, response.text[:300]
+    assert json.loads(response.text)["rows"] == [{"big": 99999999999999999999999, "low": -(2**100)}]
+    with Client(limited.node.url or "", token=TOKEN) as client:
+        rows = client.sql(text).rows
+    assert rows == [{"big": Decimal(99999999999999999999999), "low": Decimal(-(2**100))}]
