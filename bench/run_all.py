@@ -169,7 +169,7 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "and of its SQL engine. Each lives in `bench/` and prints its table when run alone "
         "(`.venv/bin/python -m bench.lookup`, `bench.http`, `bench.failover`, "
         "`bench.sql_scan`, `bench.pgwire`, `bench.push`, `bench.apply`, `bench.restore`, "
-        "`bench.follower_tail`, `bench.statestore`, `bench.sink`, `bench.freshness`; "
+        "`bench.follower_tail`, `bench.statestore`, `bench.sink`, `bench.freshness`, `bench.fuzz`; "
         "`--quick` for a smaller run).",
         "",
         "Reproduce all of them with `make bench` (`python -m bench.run_all`), which rewrites "
