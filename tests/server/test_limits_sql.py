@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pytest
 
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.sql import SqlFragmentQuery
+from sparkiq.sql.duck import DuckPool, run
+from sparkiq.sql.errors import SqlLimitError
 from sparkiq.wire import protocol
 from tests.changelog.helpers import expected_rows
 from tests.cluster.serve_processes import free_port
@@ -155,13 +158,35 @@ def test_a_huge_cross_join_runs_out_of_time(served: Served) -> None:
 
 
 def test_a_gigabyte_result_is_refused(served: Served) -> None:
-    """40,000 rows of a 60 kB string (2.4 GB): refused long before it all exists."""
+    """40,000 rows of a 60 kB string (2.4 GB): refused long before it all exists (by its
+    size, or by the clock when the machine is too busy to build 32 MB in 3 s)."""
     error = refused_sql(
         served,
         "SELECT a.k, repeat('x', 60000) AS pad FROM t a, t b",
-        ("result_too_large", "out_of_memory"),
+        ("result_too_large", "out_of_memory", "timeout"),
     )
     assert "SqlLimits." in error["message"]
+
+
+@pytest.mark.parametrize("arrow", [False, True], ids=["rows", "arrow"])
+def test_result_bytes_are_counted_while_fetching(arrow: bool) -> None:
+    """The size check itself, in-process and without a clock: 2,000 rows of 1 kB pass a
+    4 MB budget, 8,000 do not (rows as DuckDB fetches them, or Arrow for fragments)."""
+    pool = DuckPool("256MB", 1, max_result_bytes=4 << 20)
+    table = pa.table({"i": list(range(8000))})
+    try:
+        sql = "SELECT i, repeat('x', 1000) AS pad FROM r WHERE i < {n} ORDER BY i"
+        names, rows = run(pool, sql.format(n=2000), {"r": table}, timeout=60, arrow=arrow)
+        assert names == ["i", "pad"]
+        count = rows.num_rows if arrow else len(rows)
+        assert count == 2000
+        with pytest.raises(SqlLimitError, match="max_result_bytes=4194304") as caught:
+            run(pool, sql.format(n=8000), {"r": table}, timeout=60, arrow=arrow)
+        assert caught.value.code == "result_too_large"
+        # the connection is usable afterwards: the unfinished result was abandoned
+        assert run(pool, "SELECT count(*) FROM r", {"r": table}, timeout=60)[1] == [(8000,)]
+    finally:
+        pool.close()
 
 
 def test_an_aggregate_growing_without_bound_is_stopped(served: Served) -> None:

@@ -23,7 +23,8 @@ the strings and lists a function builds, so three more bounds hold here:
   (``system.main.repeat``): the parser refuses dotted calls.
 - **process memory**: while statements run, one watchdog thread reads the process's
   resident size every :data:`_RSS_POLL` seconds and interrupts every running statement
-  once it grew more than twice ``memory_limit`` over its size when they started.
+  during which it grew more than twice ``memory_limit`` (over its size when that statement
+  started).
 - **result bytes**: rows are fetched in chunks and counted (:func:`approx_bytes`); a
   result beyond ``max_result_bytes`` stops fetching and fails.
 
@@ -248,11 +249,14 @@ def _guard_macros(cap: int) -> list[str]:
 class _Statement:
     """One running statement the watchdog may interrupt, and why it did."""
 
-    __slots__ = ("budget", "con", "deadline", "reason")
+    __slots__ = ("budget", "con", "deadline", "reason", "start_rss")
 
     def __init__(self, deadline: float, con: duckdb.DuckDBPyConnection, budget: int) -> None:
         self.deadline, self.con, self.budget = deadline, con, budget
         self.reason: str | None = None
+        # measured per statement: a node busy for hours never has an idle moment to
+        # measure a baseline at, and grows for other reasons meanwhile (replicas, caches)
+        self.start_rss = _rss()
 
 
 class _Watchdog:
@@ -261,17 +265,14 @@ class _Watchdog:
     statement would cost more than a key lookup)."""
 
     def __init__(self) -> None:
-        # _cond guards _armed, _baseline and _thread
+        # _cond guards _armed and _thread
         self._cond = threading.Condition()
         self._armed: dict[int, _Statement] = {}
         self._next = 0
-        self._baseline = 0
         self._thread: threading.Thread | None = None
 
     def arm(self, statement: _Statement) -> int:
         with self._cond:
-            if not self._armed:
-                self._baseline = _rss()
             self._next += 1
             self._armed[self._next] = statement
             if self._thread is None:
@@ -299,11 +300,11 @@ class _Watchdog:
     def _interrupt_due(self, now: float) -> None:
         """Interrupt statements past their deadline or budget (a function of its own: the
         waiting loop must hold no reference to a statement, hence none to a connection)."""
-        grown = _rss() - self._baseline if self._armed else 0
+        rss = _rss() if self._armed else 0
         for token, statement in list(self._armed.items()):
             if statement.deadline <= now:
                 statement.reason = "timeout"
-            elif grown > statement.budget:
+            elif rss - statement.start_rss > statement.budget:
                 statement.reason = "memory"
             else:
                 continue
