@@ -153,3 +153,30 @@ def test_a_node_whose_heartbeats_are_late_is_still_asked_for_what_it_hosts(
     expected = expected_rows(HISTORY)
     for key in KEYS:
         assert n0.get("t", key) == expected.get(key)
+
+
+def test_a_stall_while_waiting_for_replies_is_noticed(
+    cluster: tuple[list[Node], LateBeats], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pause that lands while the heartbeat loop waits for replies (where a busy node
+    spends much of its time) is a stall too: the node resynchronizes before it is fresh."""
+    nodes, _ = cluster
+    coordinator = nodes[1].coordinator
+    assert coordinator is not None
+    original = coordinator.heartbeat_round
+    stall = threading.Event()
+    caught_up: list[bool] = []
+    monkeypatch.setattr(coordinator, "_catch_up", lambda: caught_up.append(True))
+
+    def paused_mid_round(wait: float) -> None:
+        original(wait)
+        if stall.is_set():  # the process is stopped after the beats went out
+            stall.clear()
+            threading.Event().wait(coordinator.stall_limit + 0.5)
+
+    monkeypatch.setattr(coordinator, "heartbeat_round", paused_mid_round)
+    stall.set()
+    wait_until(lambda: not stall.is_set(), 10, "the heartbeat loop never ran")
+    wait_until(lambda: caught_up, 20, "the node never resynchronized after the stall")
+    wait_until(coordinator.is_fresh, 20, "the node stayed not fresh")
+    assert nodes[1].get("t", KEYS[0]) == expected_rows(HISTORY)[KEYS[0]]

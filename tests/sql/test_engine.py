@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 
 from sparkiq import ConfigError, Node
+from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows, _flat_columns
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql import SqlEngine, SqlLimitError, SqlLimits, SqlResult
-from sparkiq.sql.arrow import KEY_COLUMN, ArrowRows, _flat_columns
 from sparkiq.sql.parse import shape_of
 from tests.changelog.helpers import WIDE_ARROW, WIDE_SCHEMA_JSON
 from tests.sql.compare import assert_same, reference

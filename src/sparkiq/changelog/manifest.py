@@ -3,15 +3,17 @@
 On-disk format, version 1 (``tables/<table>/table.json``): a JSON object with
 ``format = "table"``, ``layout_version``, ``name``, ``key_columns``, ``window_column``,
 ``partitions``, ``schema`` (Spark's ``StructType.json()`` of the materialized DataFrame),
-``schema_version``, ``tombstone_column``, ``output_mode`` and ``incarnation`` (a random id
+``schema_version``, ``tombstone_column``, ``output_mode``, ``incarnation`` (a random id
 chosen when the table is first created; replicas compare it with the one they were built
 from, so a changelog deleted and recreated under the same name is never mixed with an old
-replica's local state).
+replica's local state) and ``history`` (``{"batches": n, "seconds": s}``: how many past
+batches replicas keep readable; absent in older manifests, which get the default).
 
 The layout (key columns, window column, partition count, schema) fixes how every segment of
 the table was written, so it can never change under an existing changelog: materializing a
 table whose layout differs from its manifest raises :class:`LayoutMismatchError` naming each
-difference, and writes nothing.
+difference, and writes nothing. The history is not layout: materializing with another one
+rewrites the manifest, and replicas use it from their next start.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from sparkiq.changelog.storage import Storage
 from sparkiq.errors import ChangelogError, LayoutMismatchError
 from sparkiq.schema.types import TableSchema
+from sparkiq.stores.versions import DEFAULT_HISTORY, History
 
 __all__ = ["LAYOUT_VERSION", "OUTPUT_MODES", "TableManifest"]
 
@@ -44,6 +47,7 @@ class TableManifest:
     tombstone_column: str | None = None
     schema_version: int = 1
     incarnation: str = ""
+    history: History = DEFAULT_HISTORY
 
     @property
     def key_columns(self) -> tuple[str, ...]:
@@ -66,6 +70,7 @@ class TableManifest:
             "tombstone_column": self.tombstone_column,
             "output_mode": self.output_mode,
             "incarnation": self.incarnation,
+            "history": self.history.to_json(),
         }
 
     def encode(self) -> bytes:
@@ -93,6 +98,7 @@ class TableManifest:
                 tombstone_column=doc.get("tombstone_column"),
                 schema_version=int(doc.get("schema_version", 1)),
                 incarnation=str(doc.get("incarnation", "")),
+                history=History.from_json(doc["history"]) if "history" in doc else DEFAULT_HISTORY,
             )
         except ChangelogError:
             raise
@@ -137,6 +143,9 @@ class TableManifest:
                     "start it over.",
                     store=self.name,
                 )
+            if existing.history != self.history:
+                existing = replace(existing, history=self.history)
+                storage.write_atomic(path, existing.encode())
             return existing
         created = replace(self, incarnation=self.incarnation or uuid.uuid4().hex)
         storage.write_atomic(path, created.encode())

@@ -135,6 +135,7 @@ class PartitionReplica:
             record.batch_id,
             position,
             replace_all=record.mode == "complete",
+            committed_at=record.committed_at,
         )
         self._account(len(keys), record.segments.get(self.partition), started)
 
@@ -202,7 +203,11 @@ class TableReplica:
                 f"not {partition}"
             )
         store = PartitionStore(
-            self.table, partition, self.schema, self._store_factory(self.table, partition)
+            self.table,
+            partition,
+            self.schema,
+            self._store_factory(self.table, partition),
+            self.manifest.history,
         )
         replica = PartitionReplica(self.table, partition, store, self.transform)
         self.partitions[partition] = replica

@@ -175,22 +175,35 @@ class Coordinator:
         for ``stall_limit`` s) the node first hears from the others -- silence does not
         count until then -- and refuses to answer (:meth:`is_fresh`) until the rebalance
         thread has also applied what was committed meanwhile, so it never acts or answers
-        on what it knew before the stall."""
+        on what it knew before the stall.
+
+        A stall can land between two rounds or in the middle of one, while the loop waits
+        for replies; both are noticed, or a pause that hit the wait would pass unseen and
+        the node would answer from its pre-pause view as soon as the round ended."""
         gap = time.monotonic() - self._last_round
         if gap > self.stall_limit:
-            log.warning(
-                "%s: stalled for %.1f s; resynchronizing before answering again",
-                self.membership.node_id,
-                gap,
-            )
-            self._resyncing = True
-            self.heartbeat_round(wait=self.failure_timeout)
+            self._resync(gap)
         else:
+            started = time.monotonic()
             self.heartbeat_round(wait=self.heartbeat_interval)
+            waited = time.monotonic() - started
+            if waited > self.heartbeat_interval + self.stall_limit:
+                self._resync(waited)
         self.membership.tick()
         self._last_round = time.monotonic()
         self._changed.clear()
         self._rebalance_wanted.set()
+
+    def _resync(self, gap: float) -> None:
+        """After a stall of ``gap`` s: not fresh until caught up, and hear from everyone."""
+        log.warning(
+            "%s: stalled for %.1f s; resynchronizing before answering again",
+            self.membership.node_id,
+            gap,
+        )
+        # Set before _last_round moves on, so that is_fresh() never sees a window between.
+        self._resyncing = True
+        self.heartbeat_round(wait=self.failure_timeout)
 
     def _run_rebalance(self) -> None:
         """Rebalancing (and catching up after a stall) waits for the tailer's lock, which a

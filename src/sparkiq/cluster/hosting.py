@@ -29,6 +29,7 @@ that wake and stop the tailer.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ from sparkiq.changelog.replica import (
     rocksdb_factory,
 )
 from sparkiq.cluster.membership import HostedState
-from sparkiq.errors import SparkiqError, UnknownStoreError
+from sparkiq.errors import InvalidQueryError, SparkiqError, UnknownStoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
@@ -348,6 +349,43 @@ class Hosting:
                 self._wake.set()
                 self._applied.wait(0.05 if remaining is None else min(0.05, remaining))
         return True
+
+    # -- which batch -------------------------------------------------------------------------
+
+    def latest_batch(self, table: str) -> int:
+        """The newest batch of ``table`` this node knows is committed (-1: none)."""
+        replica = self.replica(table)
+        if replica.partitions:
+            return replica.latest_batch_id
+        return max(replica.changelog.committed_batch_ids(), default=-1)
+
+    def batch_at_time(self, table: str, when: float) -> int:
+        """The newest batch of ``table`` committed at or before ``when`` (epoch seconds);
+        raises :class:`~sparkiq.errors.InvalidQueryError` when none was. Commit times grow
+        with batch ids (one writer per table), so a binary search reads few commit records."""
+        changelog = self.replica(table).changelog
+        batches = changelog.committed_batch_ids()
+        low, high, found = 0, len(batches) - 1, -1
+        while low <= high:
+            middle = (low + high) // 2
+            record = changelog.read_commit(batches[middle])
+            if record is not None and record.committed_at <= when:
+                found, low = batches[middle], middle + 1
+            else:
+                high = middle - 1
+        if found < 0:
+            oldest = batches[0] if batches else None
+            raise InvalidQueryError(
+                f"no batch of {table!r} was committed at or before "
+                f"{dt.datetime.fromtimestamp(when).isoformat()}"
+                + (
+                    f": the oldest batch in the changelog is {oldest}"
+                    if oldest is not None
+                    else ": the table has no committed batch yet"
+                ),
+                store=table,
+            )
+        return found
 
     # -- where each partition is -------------------------------------------------------------
 

@@ -13,24 +13,44 @@ user's own is called through :func:`~sparkiq.stores.dispatch.execute`.
 A standalone node answers from the partitions it hosts. A clustered one (while
 :attr:`Lookup.coordinator` is set) reads its own replica only when that is caught up, and
 otherwise routes to a node that hosts the partition (see :mod:`sparkiq.cluster.router`).
+
+**One batch per request.** The node a request arrives at pins it to one batch of its table
+(:meth:`Lookup.pin_batch`) before reading or routing: ``as_of_time`` becomes the batch then
+current, and a request spanning partitions reads them all at the newest batch each can serve
+-- the least of what the local replicas have applied and, for partitions read elsewhere, the
+newest commit this node has seen -- and never below its bound. Every hosting node then serves
+that batch from its partition's versions, waiting a bounded time if it has not applied it
+yet (:mod:`sparkiq.stores.dispatch`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, NamedTuple
+
+import pyarrow as pa
 
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, TableRoute
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
-from sparkiq.errors import SparkiqError
-from sparkiq.query.position import Position
+from sparkiq.errors import InvalidQueryError, SparkiqError
+from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.types import TableSchema
-from sparkiq.stores.dispatch import QueryContext, check_key_query, execute, handler_for
+from sparkiq.sql.source import LocalRows
+from sparkiq.stores.dispatch import (
+    CATCH_UP_WAIT,
+    QueryContext,
+    check_key_query,
+    execute,
+    handler_for,
+)
 from sparkiq.stores.partition import PartitionStore
+from sparkiq.stores.versions import BatchOutOfHistory
 
 __all__ = ["KeyLocation", "Lookup"]
 
@@ -182,6 +202,7 @@ class Lookup:
     def route(self, request: StateQueryRequest, token: str | None) -> StateQueryResult[Any]:
         """Answer ``request`` on behalf of a caller whose ``token`` is forwarded to other
         nodes (a standalone node answers locally)."""
+        request = self.pin_batch(request)
         coordinator = self.coordinator
         if coordinator is None:
             return self.query_local(request)
@@ -207,10 +228,18 @@ class Lookup:
                 )
             return StateQueryResult(results)
         stores = self._hosting.route(request.store).stores
-        if request.bound.is_unbounded and not request.is_execution_info_enabled:
+        if (
+            request.bound.is_unbounded
+            and not request.is_execution_info_enabled
+            and request.at_batch is None
+        ):
             ctx = _PLAIN_CONTEXT
         else:
-            ctx = QueryContext(request.bound, request.is_execution_info_enabled)
+            if request.at_time is not None:
+                request = self.pin_batch(request)
+            ctx = QueryContext(
+                request.bound, request.is_execution_info_enabled, at_batch=request.at_batch
+            )
         for partition in partitions:
             hosted = stores[partition]
             if hosted is None:
@@ -234,6 +263,88 @@ class Lookup:
             else:
                 results[partition] = execute(hosted, request.query, ctx)
         return StateQueryResult(results)
+
+    def pin_batch(self, request: StateQueryRequest) -> StateQueryRequest:
+        """``request`` with the batch it reads at (see the module docstring); unchanged for
+        a single-partition request that did not ask for one, or a table with no batch yet."""
+        if request.at_time is not None:
+            when = request.at_time.timestamp()
+            batch_id = self._hosting.batch_at_time(request.store, when)
+            return replace(request, at_batch=batch_id, at_time=None)
+        if request.at_batch is not None:
+            floor = bound_batch(request.store, request.bound)
+            if floor > request.at_batch:
+                raise InvalidQueryError(
+                    f"the request reads {request.store!r} as of batch {request.at_batch} but its "
+                    f"bound asks for batch {floor} or later: drop one of them",
+                    store=request.store,
+                )
+            return request
+        partitions, _ = self._partitions(request)
+        if len(partitions) < 2:
+            return request
+        batch_id = self.consistent_batch(request.store, partitions, request.bound)
+        return request if batch_id < 0 else replace(request, at_batch=batch_id)
+
+    def local_rows(
+        self, store: str, at_batch: int | None, bound: PositionBound
+    ) -> LocalRows | None:
+        """Every partition of ``store`` as Arrow at one batch, when this node hosts them all
+        and can read them itself (see :class:`~sparkiq.sql.source.ColumnarSource`)."""
+        hosting = self._hosting
+        stores = hosting.route(store).stores
+        held = [s for s in stores if s is not None and s.versions is not None]
+        if len(held) != len(stores) or not held:
+            return None
+        coordinator = self.coordinator
+        if coordinator is not None and not (
+            coordinator.is_fresh() and all(hosting.caught_up(store, p) for p in range(len(stores)))
+        ):
+            return None
+        batch_id = at_batch
+        if batch_id is None:
+            batch_id = self.consistent_batch(store, range(len(stores)), bound)
+        if batch_id < 0:
+            return None
+        chunks: list[pa.Table] = []
+        position = Position.empty()
+        for partition_store in held:
+            versions = partition_store.versions
+            assert versions is not None
+            if not versions.wait_for(batch_id, CATCH_UP_WAIT):
+                return None  # the per-partition path waits again, then names the partition
+            try:
+                version = versions.version(batch_id)
+            except BatchOutOfHistory:
+                return None
+            chunks.extend(version.chunks)
+            position = position.merge(version.position)
+        schema = held[0].versions.arrow_schema  # type: ignore[union-attr]
+        raw = pa.concat_tables(chunks) if chunks else schema.empty_table()
+        return LocalRows(raw, batch_id, position)
+
+    def batch_at_time(self, store: str, when: dt.datetime) -> int:
+        """The newest batch of ``store`` committed at or before ``when`` (naive: local)."""
+        return self._hosting.batch_at_time(store, when.timestamp())
+
+    def consistent_batch(self, store: str, partitions: Iterable[int], bound: PositionBound) -> int:
+        """The newest batch of ``store`` that every one of ``partitions`` can serve now, as
+        far as this node knows, and not below ``bound`` (-1: the table has no batch yet)."""
+        hosting = self._hosting
+        stores = hosting.route(store).stores
+        coordinator = self.coordinator
+        newest = hosting.latest_batch(store) if coordinator is not None else None
+        for partition in partitions:
+            held = stores[partition]
+            if held is None or held.versions is None:
+                continue
+            if coordinator is not None and not hosting.caught_up(store, partition):
+                continue  # the router reads it elsewhere: the latest commit stands for it
+            applied = held.versions.newest
+            newest = applied if newest is None else min(newest, applied)
+        if newest is None:
+            newest = hosting.latest_batch(store)
+        return max(newest, bound_batch(store, bound))
 
     def _partitions(
         self, request: StateQueryRequest
@@ -307,3 +418,10 @@ class Lookup:
             url = coordinator.membership.url_of(member) or ""
             out.append(NodeMetadata(member, url, active, standby, hosted))
         return out
+
+
+def bound_batch(table: str, bound: PositionBound) -> int:
+    """The batch of ``table`` a bound asks for at least (-1: none)."""
+    if bound.position is None:
+        return -1
+    return max(bound.position.to_map().get(table, {}).values(), default=-1)

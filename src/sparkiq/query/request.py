@@ -7,10 +7,20 @@ Build a request the IQv2 way::
            .with_position_bound(PositionBound.unbounded()))
 
 Every ``with_*`` returns a new request; requests are immutable and safe to share.
+
+**Which batch.** A request that reads more than one partition of a table reads all of them at
+one batch ``B`` of that table -- the newest every partition can serve, and no older than the
+bound -- so its answer is a state the table really had. ``as_of(b)`` asks for batch ``b``
+exactly; ``as_of_time(t)`` for the batch that was current at ``t`` (the newest committed at or
+before ``t``). Past batches are readable while the table's history keeps them
+(``App.materialize(..., history=)``). A single-key request reads the newest batch of its
+partition unless it asks ``as_of``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,7 +54,8 @@ class StateQueryRequest:
 
     ``partitions`` is ``None`` for "all partitions" (or, for a single-key query, the key's
     partition). ``require_active`` refuses answers from standby replicas. ``bound`` is the
-    position each answering partition must have reached.
+    position each answering partition must have reached. ``at_batch`` / ``at_time`` are set
+    by :meth:`as_of` / :meth:`as_of_time` (None: the newest consistent batch).
     """
 
     store: str
@@ -53,6 +64,8 @@ class StateQueryRequest:
     is_require_active: bool = False
     bound: PositionBound = _UNBOUNDED
     is_execution_info_enabled: bool = False
+    at_batch: int | None = None
+    at_time: dt.datetime | None = None
 
     @staticmethod
     def in_store(name: str) -> InStore:
@@ -81,6 +94,21 @@ class StateQueryRequest:
             )
         return replace(self, bound=bound)
 
+    def as_of(self, batch_id: int) -> StateQueryRequest:
+        """Read every partition at batch ``batch_id`` (it must still be in the history)."""
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
+            raise ValueError(f"as_of() takes a batch id (an int >= 0), got {batch_id!r}")
+        return replace(self, at_batch=batch_id, at_time=None)
+
+    def as_of_time(self, when: dt.datetime) -> StateQueryRequest:
+        """Read every partition at the batch that was current at ``when`` (a datetime;
+        naive means local time, as PySpark shows timestamps)."""
+        if not isinstance(when, dt.datetime):
+            raise TypeError(f"as_of_time() takes a datetime, got {type(when).__name__}")
+        if not math.isfinite(when.timestamp()):
+            raise ValueError(f"as_of_time() takes a real instant, got {when!r}")
+        return replace(self, at_time=when, at_batch=None)
+
     def enable_execution_info(self) -> StateQueryRequest:
         return replace(self, is_execution_info_enabled=True)
 
@@ -96,4 +124,5 @@ class StateQueryRequest:
             "partitions": sorted(self.partitions) if self.partitions is not None else "all",
             "require_active": self.is_require_active,
             "bound": repr(self.bound),
+            "as_of": self.at_batch if self.at_time is None else self.at_time.isoformat(),
         }

@@ -33,6 +33,7 @@ module.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import shutil
@@ -59,6 +60,7 @@ from sparkiq.schema.types import TableSchema
 from sparkiq.spark import ddl
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
 from sparkiq.spark.sink import TableSink, pyarrow_uri, spark_uri, write_task_count
+from sparkiq.stores.versions import DEFAULT_HISTORY, History
 
 __all__ = ["App", "Table"]
 
@@ -172,6 +174,7 @@ class App:
         tombstone: str | None = None,
         output_mode: str = "update",
         trigger: dict[str, Any] | None = None,
+        history: dt.timedelta | int | None = None,
     ) -> Table:
         """Declare that streaming DataFrame ``df`` is materialized as table ``name``.
 
@@ -182,7 +185,9 @@ class App:
         names a boolean column: a row with ``True`` there deletes its key. ``output_mode`` is
         Spark's (``update`` suits aggregations and plain keyed streams; ``complete`` replaces
         the whole table every batch). ``trigger`` is passed to ``DataStreamWriter.trigger``
-        (e.g. ``{"processingTime": "1 second"}``).
+        (e.g. ``{"processingTime": "1 second"}``). ``history`` is how long past batches stay
+        readable (``AS OF``, versioned key queries, and reads pinned to one batch while newer
+        ones land): a ``timedelta``, or an int number of batches; default five minutes.
 
         Raises :class:`ConfigError` / :class:`SchemaError` / :class:`LayoutMismatchError`
         naming the problem; nothing is written until :meth:`start`. Once the App is started,
@@ -251,6 +256,7 @@ class App:
             partitions=partitions,
             output_mode=output_mode,
             tombstone_column=tombstone,
+            history=history_of(name, history),
         )
         changelog = Changelog(self.state_dir, name)
         if changelog.exists():  # refuse a layout change now, before anything runs
@@ -699,3 +705,20 @@ def _use_this_python_for_local_workers(spark: Any) -> None:
     if getattr(context, "pythonExec", sys.executable) != sys.executable:
         log.info("running local Python workers with %s", sys.executable)
         context.pythonExec = sys.executable
+
+
+def history_of(name: str, history: dt.timedelta | int | None) -> History:
+    """``materialize(history=)`` as a :class:`History`; :class:`ConfigError` names a bad one."""
+    if history is None:
+        return DEFAULT_HISTORY
+    try:
+        if isinstance(history, dt.timedelta):
+            return History(seconds=history.total_seconds())
+        if isinstance(history, int) and not isinstance(history, bool):
+            return History(batches=history)
+        raise ValueError(f"got {type(history).__name__}")
+    except ValueError as exc:
+        raise ConfigError(
+            f"history must be a timedelta >= 0 or an int number of batches >= 0 ({exc})",
+            store=name,
+        ) from None

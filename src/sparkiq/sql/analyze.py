@@ -11,14 +11,15 @@ planner. Other queries read every referenced table whole and let DuckDB resolve 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from sparkiq.schema.arrowrows import PSEUDO_COLUMNS
 from sparkiq.schema.types import TableSchema
-from sparkiq.sql.arrow import PSEUDO_COLUMNS
-from sparkiq.sql.errors import SqlUnknownNameError, closest, snippet_at
+from sparkiq.sql.errors import SqlUnknownNameError, SqlUnsupportedError, closest, snippet_at
 from sparkiq.sql.parse import Parsed
 from sparkiq.sql.source import QuerySource
 
@@ -72,6 +73,8 @@ class TableRef:
     conjuncts: list[exp.Expr] = field(default_factory=list)
     terms: list[Term] = field(default_factory=list)
     consumed_all: bool = False
+    #: ``AS OF``: a batch id, a time (naive: local), or TEMPLATE_AS_OF for a shape's slot.
+    as_of: int | dt.datetime | str | None = None
 
     def ordered_columns(self) -> list[str]:
         """Needed columns in schema order, then pseudo-columns; never empty."""
@@ -194,7 +197,17 @@ def analyze(parsed: Parsed, source: QuerySource, tables: Iterable[str]) -> Analy
                 column=column,
                 snippet=snippet_at(parsed.text, line, column),
             )
-        refs.append(TableRef(actual, node.alias_or_name, source.schema(actual), node))
+        ref = TableRef(actual, node.alias_or_name, source.schema(actual), node)
+        ref.as_of = _as_of(node, parsed.text)
+        refs.append(ref)
+    stored = {id(r.node) for r in refs}
+    for node in tree.find_all(exp.Table):
+        if node.args.get("version") is not None and id(node) not in stored:
+            raise SqlUnsupportedError(
+                f"AS OF applies to materialized tables; {node.name!r} is not one",
+                code="unsupported_as_of",
+                field=node.name,
+            )
     simple = _is_simple(tree)
     analysis = Analysis(parsed, simple, refs)
     if not simple:
@@ -225,6 +238,48 @@ def analyze(parsed: Parsed, source: QuerySource, tables: Iterable[str]) -> Analy
             any(t.whole for t in _terms(c, ref, refs)) for c in ref.conjuncts
         )
     return analysis
+
+
+#: The ``as_of`` of a table in a statement shape: its batch is a literal bound later.
+TEMPLATE_AS_OF = "template"
+
+
+def _as_of(node: exp.Table, text: str) -> int | dt.datetime | str | None:
+    """The batch or time of ``node``'s ``AS OF`` (None without one)."""
+    version = node.args.get("version")
+    if version is None:
+        return None
+    value = version.expression
+    usage = (
+        f"AS OF on {node.name!r} takes a batch id (AS OF 12) or a time "
+        "(AS OF TIMESTAMP '2026-01-31 12:00:00')"
+    )
+    if str(version.args.get("kind", "")).upper() != "AS OF":
+        raise SqlUnsupportedError(usage, code="unsupported_as_of", field=node.name)
+    if isinstance(value, exp.Placeholder):
+        return TEMPLATE_AS_OF
+    if isinstance(value, exp.Literal) and not value.is_string:
+        text_value = str(value.this)
+        if not text_value.isdigit() or len(text_value) > 18:
+            raise SqlUnsupportedError(
+                f"{usage}; {text_value!r} is not a batch id", code="bad_as_of", field=node.name
+            )
+        return int(text_value)
+    if isinstance(value, exp.Cast) and isinstance(value.this, exp.Literal):
+        if isinstance(value.this.this, exp.Placeholder):
+            return TEMPLATE_AS_OF
+        stamp = str(value.this.this)
+        try:
+            return dt.datetime.fromisoformat(stamp)
+        except ValueError:
+            raise SqlUnsupportedError(
+                f"{usage}; {stamp!r} is not a time (write it as 'YYYY-MM-DD HH:MM:SS')",
+                code="bad_as_of",
+                field=node.name,
+            ) from None
+    if isinstance(value, exp.Cast) and isinstance(value.this, exp.Placeholder):
+        return TEMPLATE_AS_OF
+    raise SqlUnsupportedError(usage, code="unsupported_as_of", field=node.name)
 
 
 def _position(node: exp.Expr | None) -> tuple[int | None, int | None]:

@@ -349,8 +349,10 @@ def run(
     arrow: bool = False,
     types: bool = False,
     max_rows: int | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], Any]:
-    """Run ``sql`` with each Arrow table of ``relations`` visible under its name.
+    """Run ``sql`` with each Arrow table of ``relations`` visible under its name (and the
+    named parameters ``$name`` of ``params`` bound).
 
     Returns ``(column names, rows as tuples)``, or ``(names, pyarrow.Table)`` with
     ``arrow=True``, or ``(names, DuckDB type names)`` with ``types=True``. DuckDB is
@@ -371,8 +373,8 @@ def run(
             con.register(name, table)
         try:
             if arrow:
-                return _fetch_arrow(con, sql, pool.max_result_bytes)
-            cursor = con.execute(sql)
+                return _fetch_arrow(con, sql, params, pool.max_result_bytes)
+            cursor = con.execute(sql, params)
             names = [d[0] for d in cursor.description or ()]
             rows = _fetch_rows(cursor, max_rows, pool.max_result_bytes)
             if types:
@@ -453,8 +455,10 @@ def _sizer(types: list[str]) -> Any:
     return size
 
 
-def _fetch_arrow(con: Any, sql: str, max_bytes: int) -> tuple[list[str], pa.Table]:
-    relation = con.sql(sql)
+def _fetch_arrow(
+    con: Any, sql: str, params: Mapping[str, Any] | None, max_bytes: int
+) -> tuple[list[str], pa.Table]:
+    relation = con.sql(sql, params=params)
     assert relation is not None
     reader = relation.fetch_arrow_reader(batch_size=64 * _FETCH_ROWS)
     try:

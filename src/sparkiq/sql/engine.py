@@ -8,7 +8,11 @@
 2. **Fast path.** A single-table statement whose ``WHERE`` fixes every key column with
    ``=``/``IN`` and whose select list is only columns runs as ``KeyQuery`` (or
    ``WindowKeyQuery``) requests with the projection done in Python: no DuckDB.
-3. **General path.** Each table reference is read as point lookups or as one
+3. **Columnar path.** When the source hosts every table the statement scans
+   (:class:`~sparkiq.sql.source.ColumnarSource`: a node hosting them all), each table is its
+   partitions' Arrow versions at one batch, handed to DuckDB without copying behind a CTE
+   that keeps the rows valid at that batch, and the statement runs as one DuckDB query.
+4. **General path.** Otherwise each table reference is read as point lookups or as one
    :class:`~sparkiq.sql.fragment.SqlFragmentQuery` per partition (key range, window bounds,
    pushed filter, top-N or partial aggregate), then the final query runs in DuckDB over the
    concatenated Arrow results.
@@ -19,6 +23,7 @@ mutated in place, under a lock.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 import time
@@ -28,14 +33,15 @@ from typing import Any
 import pyarrow as pa
 from sqlglot import exp
 
+from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position, PositionBound
+from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.analyze import analyze
-from sparkiq.sql.arrow import KEY_COLUMN, ArrowRows
 from sparkiq.sql.duck import DuckPool, run
-from sparkiq.sql.errors import SqlError, SqlLimitError, locate
+from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError, locate
 from sparkiq.sql.explain import explain_plan
 from sparkiq.sql.keys import KeyAccess, bind_access
 from sparkiq.sql.limits import SqlLimits
@@ -49,10 +55,11 @@ from sparkiq.sql.plan import (
     key_page_queries,
     literal_int,
 )
-from sparkiq.sql.reader import lookup_rows, range_rows, read_table
+from sparkiq.sql.reader import batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
-from sparkiq.sql.source import QuerySource
+from sparkiq.sql.source import ColumnarSource, QuerySource
 from sparkiq.sql.template import bind_template, same_plan
+from sparkiq.stores.versions import VALID_FROM, VALID_TO
 
 __all__ = ["SqlEngine"]
 
@@ -77,6 +84,7 @@ class SqlEngine:
         self._by_text: OrderedDict[str, Plan] = OrderedDict()
         self._by_shape: dict[str, Plan | None] = {}
         self._codecs: dict[str, tuple[TableSchema, KeyCodec, Partitioner]] = {}
+        self._columnar_texts: dict[tuple[Any, ...], str] = {}
 
     # -- planning ------------------------------------------------------------------------
 
@@ -149,7 +157,8 @@ class SqlEngine:
     def _remember_shape(self, shape: str, params: tuple[Any, ...], plan: Plan) -> None:
         """Keep a template for ``shape`` if binding it reproduces ``plan`` exactly."""
         template: Plan | None = None
-        if plan.aggregation is None and not plan.explain and params:
+        as_of = any(t.as_of is not None for t in plan.tables)
+        if plan.aggregation is None and not plan.explain and params and not as_of:
             try:
                 parsed = parse(shape, placeholders=True)
                 candidate = build_plan(analyze(parsed, self.source, self.source.tables))
@@ -229,10 +238,13 @@ class SqlEngine:
         table = plan.tables[0]
         schema, codec, _ = self._codec(table.name)
         access = bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
+        at_batch = self._as_of(table)
         if access.keys is not None and access.exact:
-            rows, position, _ = lookup_rows(self.source, table.name, schema, access, bound)
+            rows, position, _ = lookup_rows(
+                self.source, table.name, schema, access, bound, at_batch
+            )
         elif access.range_bounds is not None and page_size is None:
-            rows, position = range_rows(self.source, table.name, access, bound)
+            rows, position = range_rows(self.source, table.name, access, bound, at_batch)
         else:
             return None
         projection = plan.python
@@ -306,6 +318,10 @@ class SqlEngine:
             and accesses[0].keys is None
             and (token is None or token.mode == "key")
         )
+        if not key_mode:
+            whole = self._columnar(plan, accesses, bound, page_size, token, deadline)
+            if whole is not None:
+                return whole
         final = plan.final
         want = page_size or 0
         if key_mode:
@@ -319,6 +335,7 @@ class SqlEngine:
         else:
             fragments = [t.fragment_sql for t in plan.tables]
             columns = [t.columns for t in plan.tables]
+        batches: dict[str, int] = {}  # a table read twice (a self-join) reads one batch
         for table, access, fragment_sql, cols in zip(
             plan.tables, accesses, fragments, columns, strict=True
         ):
@@ -334,7 +351,11 @@ class SqlEngine:
                 _remaining(deadline),
                 lookup_fragment=plan.aggregation == "partial",
                 skip_below=0 if plan.aggregation == "partial" else self.limits.fragment_min_rows,
+                at_batch=self._at_batch(table, batches),
             )
+            served = batch_of(table.name, read.position)
+            if served is not None and table.as_of is None:
+                batches.setdefault(table.name, served)
             relations[table.relation] = read.table
             position = position.merge(read.position)
         if token is not None:
@@ -371,6 +392,111 @@ class SqlEngine:
             next_token = PageToken(plan.digest, "offset", None, returned, position)
         return SqlResult(names, rows, position, next_token.encode() if next_token else None)
 
+    def _columnar(
+        self,
+        plan: Plan,
+        accesses: list[KeyAccess],
+        bound: PositionBound,
+        page_size: int | None,
+        token: PageToken | None,
+        deadline: float,
+    ) -> SqlResult | None:
+        """The statement as one DuckDB query over whole tables read here, or None when a
+        table cannot be read here (the general path then reads it per partition)."""
+        source = self.source
+        if plan.whole is None or not isinstance(source, ColumnarSource):
+            return None
+        relations: dict[str, pa.Table] = {}
+        versions: dict[str, tuple[str, tuple[str, ...], int]] = {}
+        batches: dict[str, int] = {}
+        position = Position.empty()
+        for index, (table, access) in enumerate(zip(plan.tables, accesses, strict=True)):
+            if access.keys is not None:
+                schema = self.source.schema(table.name)
+                rows, read_at, _ = lookup_rows(
+                    source, table.name, schema, access, bound, self._at_batch(table, batches)
+                )
+                relations[table.relation] = ArrowRows(schema, table.columns).from_rows(rows)
+                served = batch_of(table.name, read_at)
+            else:
+                local = source.local_rows(table.name, self._at_batch(table, batches), bound)
+                if local is None:
+                    return None
+                relations[f"__sq_v{index}"] = local.raw
+                versions[table.relation] = (f"__sq_v{index}", table.columns, local.batch_id)
+                read_at, served = local.position, local.batch_id
+            if served is not None and table.as_of is None:
+                batches.setdefault(table.name, served)
+            position = position.merge(read_at)
+        if token is not None:
+            position = position.merge(token.position)
+        offset = None if page_size is None else (token.returned if token is not None else 0)
+        sql = self._columnar_sql(plan, tuple(versions), page_size, offset)
+        params = {f"sq_b{relation[len('__sq_r') :]}": b for relation, (_, _, b) in versions.items()}
+        cap = self.limits.max_result_rows + 1 if page_size is None else None
+        names, tuples = run(
+            self._pool, sql, relations, timeout=_remaining(deadline), max_rows=cap, params=params
+        )
+        rows = [dict(zip(names, values, strict=True)) for values in tuples]
+        if page_size is None:
+            self._check_size(len(rows))
+            return SqlResult(names, rows, position)
+        next_token = None
+        if len(rows) > page_size:
+            rows = rows[:page_size]
+            returned = (token.returned if token else 0) + len(rows)
+            next_token = PageToken(plan.digest, "offset", None, returned, position).encode()
+        return SqlResult(names, rows, position, next_token)
+
+    def _as_of(self, table: TablePlan) -> int | None:
+        """The batch a table reference's ``AS OF`` names (None: no AS OF)."""
+        as_of = table.as_of
+        if as_of is None or isinstance(as_of, int):
+            return as_of
+        source = self.source
+        if not isinstance(as_of, dt.datetime) or not isinstance(source, ColumnarSource):
+            raise SqlUnsupportedError(
+                f"AS OF TIMESTAMP on {table.name!r} is not supported by this source; use a "
+                "batch id (AS OF 12)",
+                code="unsupported_as_of",
+            )
+        try:
+            return source.batch_at_time(table.name, as_of)
+        except InvalidQueryError as exc:
+            raise SqlError(exc.message, code="bad_as_of", field=table.name) from None
+
+    def _at_batch(self, table: TablePlan, batches: dict[str, int]) -> int | None:
+        """The batch to read a table reference at: its AS OF, else the batch this
+        statement already read the table at (None: the source picks one)."""
+        if table.as_of is not None:
+            return self._as_of(table)
+        return batches.get(table.name)
+
+    def _columnar_sql(
+        self, plan: Plan, columnar: tuple[str, ...], page_size: int | None, offset: int | None
+    ) -> str:
+        """The columnar path's SQL text: generated once per plan and paging shape (sqlglot
+        takes milliseconds to write a statement), the batches left as parameters."""
+        key = (plan.digest, plan.text, columnar, page_size, offset)
+        found = self._columnar_texts.get(key)
+        if found is not None:
+            return found
+        assert plan.whole is not None
+        by_relation = {t.relation: t for t in plan.tables}
+        query = _with_versions(
+            plan.whole,
+            {r: (f"__sq_v{r[len('__sq_r') :]}", by_relation[r].columns) for r in columnar},
+        )
+        if page_size is not None:
+            query = exp.select("*").from_(query.subquery("__sq_page")).limit(page_size + 1)
+            query = query.offset(offset or 0)
+        text = query.sql(dialect=DIALECT)
+        with self._lock:
+            if len(self._columnar_texts) > _CACHE_SIZE:
+                self._columnar_texts.clear()
+            self._columnar_texts[key] = text
+        return text
+
     def _access(self, table: TablePlan, params: tuple[Any, ...] = ()) -> KeyAccess:
         schema, codec, _ = self._codec(table.name)
         return bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
@@ -379,6 +505,33 @@ class SqlEngine:
         described = explain_plan(plan, [self._access(t) for t in plan.tables], self._codec)
         rows = [{"property": k, "value": v} for k, v in _flatten(described)]
         return SqlResult(["property", "value"], rows, Position.empty(), None, described)
+
+
+def _with_versions(query: exp.Query, versions: dict[str, tuple[str, tuple[str, ...]]]) -> exp.Query:
+    """``query`` with a CTE per relation read from versions: ``__sq_rN`` becomes the rows of
+    ``raw`` valid at the batch in parameter ``$sq_bN`` (ahead of the statement's own CTEs,
+    which may read it)."""
+    if not versions:
+        return query
+    ctes = []
+    for relation, (raw, columns) in versions.items():
+        batch = exp.Placeholder(this=f"sq_b{relation[len('__sq_r') :]}")
+        select = exp.select(*[exp.column(c, quoted=True) for c in columns]).from_(raw)
+        select = select.where(
+            exp.and_(
+                exp.LTE(this=exp.column(VALID_FROM, quoted=True), expression=batch.copy()),
+                exp.GT(this=exp.column(VALID_TO, quoted=True), expression=batch.copy()),
+            )
+        )
+        ctes.append(exp.CTE(this=select, alias=exp.TableAlias(this=exp.to_identifier(relation))))
+    copy = query.copy()
+    existing = copy.args.get("with_")
+    recursive = None
+    if existing is not None:
+        ctes += existing.expressions
+        recursive = existing.args.get("recursive")
+    copy.set("with_", exp.With(expressions=ctes, recursive=recursive))
+    return copy
 
 
 def _remaining(deadline: float) -> float:

@@ -1,10 +1,12 @@
 """The per-partition half of a SQL query: :class:`SqlFragmentQuery` and its store handler.
 
-A fragment reads one partition's rows in an encoded key range (from one store snapshot, so
-rows and position agree), keeps those whose window start is in bounds, builds an Arrow
-table of the needed columns and, when ``sql`` is set, runs it in a locked-down DuckDB over
-that table (named ``__sq_part``): filter, projection, per-partition top-N or partial
-aggregate. The answer is a ``pyarrow.Table`` with the partition's position.
+A fragment reads one partition's rows in an encoded key range at one batch -- the batch the
+request is pinned to, else the newest -- from the partition's Arrow versions
+(:mod:`sparkiq.stores.versions`: no decoding, one vectorized filter), keeps those whose window
+start is in bounds and, when ``sql`` is set, runs it in a locked-down DuckDB over that table
+(named ``__sq_part``): filter, projection, per-partition top-N or partial aggregate. A store
+kept without versions is read from a store snapshot and decoded. The answer is a
+``pyarrow.Table`` with the position of the batch it was read at.
 
 The query is a frozen dataclass of plain values (str, int, bytes, tuples), registered with
 the wire protocol, so a router can send it to the node hosting the partition. A node never
@@ -25,18 +27,20 @@ from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from sqlglot import exp
 
 from sparkiq.query.queries import Query
 from sparkiq.query.result import QueryResult
+from sparkiq.schema.arrowrows import KEY_COLUMN, WINDOWSTART, ArrowRows
 from sparkiq.schema.types import TableSchema
-from sparkiq.sql.arrow import KEY_COLUMN, ArrowRows
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlUnsupportedError
 from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.parse import parse
 from sparkiq.stores.dispatch import QueryContext, register
 from sparkiq.stores.partition import PartitionStore
+from sparkiq.stores.versions import visible_mask
 
 __all__ = ["PART", "SqlFragmentQuery"]
 
@@ -150,10 +154,44 @@ def _without_cyclic_gc() -> Iterator[None]:
                 gc.enable()
 
 
-def partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa.Table, Any]:
-    """The partition's rows in the query's bounds as Arrow, with the snapshot's position."""
+def partition_table(
+    store: PartitionStore, query: SqlFragmentQuery, at_batch: int | None = None
+) -> tuple[pa.Table, Any]:
+    """The partition's rows in the query's bounds as Arrow at ``at_batch`` (None: the
+    newest), with that batch's position."""
+    versions = store.versions
+    if versions is not None:
+        batch_id = versions.newest if at_batch is None else at_batch
+        if batch_id >= 0:
+            return _version_table(store, query, batch_id)
     with _without_cyclic_gc():
         return _partition_table(store, query)
+
+
+def _version_table(
+    store: PartitionStore, query: SqlFragmentQuery, batch_id: int
+) -> tuple[pa.Table, Any]:
+    version = store.version(batch_id)
+    raw = version.raw()
+    if not raw.num_rows:
+        return _builder(store.schema, query.columns).out_schema.empty_table(), version.position
+    mask = visible_mask(raw, batch_id)
+    keys = raw.column(KEY_COLUMN)
+    if query.lower is not None:
+        mask = pc.and_(mask, pc.greater_equal(keys, pa.scalar(query.lower, pa.binary())))
+    if query.upper is not None:
+        mask = pc.and_(mask, pc.less(keys, pa.scalar(query.upper, pa.binary())))
+    start = store.schema.window_start
+    if start is not None and (query.window_from is not None or query.window_to is not None):
+        starts = raw.column(WINDOWSTART)
+        if query.window_from is not None:
+            low = pa.scalar(start.from_internal(query.window_from), starts.type)
+            mask = pc.and_(mask, pc.greater_equal(starts, low))
+        if query.window_to is not None:
+            high = pa.scalar(start.from_internal(query.window_to), starts.type)
+            mask = pc.and_(mask, pc.less_equal(starts, high))
+        mask = pc.and_(mask, pc.is_valid(starts))
+    return raw.filter(mask).select(list(query.columns)), version.position
 
 
 def _partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa.Table, Any]:
@@ -184,7 +222,7 @@ def _partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa
 def _fragment(
     store: PartitionStore, query: SqlFragmentQuery, ctx: QueryContext
 ) -> QueryResult[Any]:
-    table, position = partition_table(store, query)
+    table, position = partition_table(store, query, ctx.at_batch)
     if query.sql is not None and table.num_rows >= query.skip_below:
         _check_fragment_sql(query.sql)
         limits, pool = _fragment_pool()

@@ -29,11 +29,11 @@ from typing import Any
 from sqlglot import exp
 
 from sparkiq.errors import InvalidQueryError
+from sparkiq.schema.arrowrows import WINDOWEND, WINDOWSTART
 from sparkiq.schema.codec import KeyCodec, prefix_end
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 from sparkiq.sql.analyze import Term
-from sparkiq.sql.arrow import WINDOWEND, WINDOWSTART
 
 __all__ = ["KeyAccess", "NoValue", "bind_access", "literal_value"]
 

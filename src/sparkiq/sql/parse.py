@@ -8,6 +8,10 @@ environment anywhere, parameters (``?``, ``$1``) and qualified names (``db.table
 
 A statement's *shape* is its text with every string and number literal replaced by a
 placeholder ``:sqN`` (see :func:`shape_of`); statements of one shape share a plan.
+
+``FROM t AS OF 12`` and ``FROM t AS OF TIMESTAMP '...'`` read a table at a past batch; they
+are spelled ``FOR SYSTEM_TIME AS OF`` (SQL:2011, which sqlglot reads) before parsing, and the
+analyzer reads the batch or time from the table's ``version``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,25 @@ _TOKENS = re.compile(
     """,
     re.VERBOSE | re.DOTALL,
 )
+
+# ``AS OF <number | TIMESTAMP | placeholder>`` outside strings, quoted names and comments,
+# and the SQL:2011 spelling (kept as is). Linear: no nested quantifiers.
+_AS_OF = re.compile(
+    r"""'(?:[^']|'')*'? | "(?:[^"]|"")*"? | --[^\n]* | /\*.*?(?:\*/|\Z)
+      | \bFOR\s+SYSTEM_TIME\s+AS\s+OF\b
+      | (?P<short>\bAS\s+OF)(?=\s+(?:\d|TIMESTAMP\b|:sq\d))
+    """,
+    re.IGNORECASE | re.DOTALL | re.VERBOSE,
+)
+_OF = re.compile(r"\bof\b", re.IGNORECASE)
+
+
+def spell_as_of(text: str) -> str:
+    """``text`` with each ``AS OF`` of a table written ``FOR SYSTEM_TIME AS OF``."""
+    if _OF.search(text) is None:
+        return text
+    return _AS_OF.sub(lambda m: "FOR SYSTEM_TIME AS OF" if m.group("short") else m.group(0), text)
+
 
 # Functions that read files, the network, settings, the catalog or run nested SQL. DuckDB's
 # own lock refuses file and network access too; naming them here gives a clear error.
@@ -110,6 +133,7 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
                 code="unsupported_statement",
             )
     check_nesting(body)
+    body = spell_as_of(body)
     try:
         statements = [s for s in sqlglot.parse(body, read=DIALECT) if s is not None]
     except ParseError as exc:

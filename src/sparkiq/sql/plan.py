@@ -10,6 +10,8 @@ values of its own beyond the statement's:
   aggregate;
 - the *final* query the coordinator runs in DuckDB over the fragments' concatenated
   results (relations ``__sq_r0``, ``__sq_r1``...);
+- the *whole* statement over those relations holding plain rows, run in one DuckDB query
+  when every table can be read where the engine runs (no fragments, no partial aggregates);
 - for single-table key lookups whose select list is only columns, a
   :class:`PythonProjection`: no DuckDB at all.
 
@@ -18,15 +20,16 @@ Aggregates are rewritten by :mod:`sparkiq.sql.aggregate`.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
+from sparkiq.schema.arrowrows import KEY_COLUMN
 from sparkiq.sql.aggregate import decompose
 from sparkiq.sql.analyze import Analysis, TableRef, Term, conjuncts, resolve, stored_tables
-from sparkiq.sql.arrow import KEY_COLUMN
 from sparkiq.sql.fragment import PART
 from sparkiq.sql.keys import KeyAccess
 from sparkiq.sql.paging import PageToken
@@ -53,6 +56,7 @@ class TablePlan:
     pushed: str | None
     top_n: bool = False
     filter: exp.Select | None = None
+    as_of: int | dt.datetime | str | None = None
 
     @property
     def fragment_sql(self) -> str | None:
@@ -82,6 +86,7 @@ class Plan:
     python: PythonProjection | None
     key_paging: bool
     explain: bool
+    whole: exp.Query | None = None
     final_sql: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +144,7 @@ def build_plan(
     tree = parsed.tree
     refs = analysis.tables
     final = _replace_tables(tree, analysis)
+    whole = final
     aggregation: str | None = None
     tables: list[TablePlan] = []
     single = analysis.simple and len(refs) == 1
@@ -178,6 +184,7 @@ def build_plan(
                 pushed_text,
                 top_n,
                 _fragment(ref, _columns(ref)) if ref.conjuncts and analysis.simple else None,
+                ref.as_of,
             )
         )
     python = _python_projection(analysis) if single else None
@@ -200,6 +207,7 @@ def build_plan(
         python,
         key_paging,
         parsed.explain,
+        whole,
     )
 
 

@@ -2,8 +2,11 @@
 
 Every read goes through :meth:`QuerySource.query` with a typed query (``KeyQuery``,
 ``WindowKeyQuery`` or :class:`~sparkiq.sql.fragment.SqlFragmentQuery`), so in a cluster
-each sub-request reaches the node hosting its partition. A partition that fails (bound not
-reached, not hosted, store error) fails the whole statement with
+each sub-request reaches the node hosting its partition. A read spanning partitions is
+pinned by the source to one batch of the table (or to ``at_batch`` when given: a statement
+reading a table twice reads it at the same batch both times); key lookups that landed on
+partitions at different batches are read again at the oldest of them. A partition that fails
+(bound not reached, not hosted, store error) fails the whole statement with
 :class:`~sparkiq.sql.errors.SqlPartitionError`: an answer is never silently missing rows.
 """
 
@@ -19,15 +22,15 @@ from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery, Query, RangeQuery, WindowKeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.arrowrows import ArrowRows
 from sparkiq.schema.types import TableSchema
-from sparkiq.sql.arrow import ArrowRows
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlPartitionError
 from sparkiq.sql.fragment import PART, SqlFragmentQuery
 from sparkiq.sql.keys import KeyAccess
 from sparkiq.sql.source import QuerySource
 
-__all__ = ["Read", "check", "lookup_rows", "range_rows", "read_table"]
+__all__ = ["Read", "batch_of", "check", "lookup_rows", "range_rows", "read_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +60,17 @@ def check(store: str, result: StateQueryResult[Any]) -> None:
             )
 
 
-def _request(store: str, query: Query, bound: PositionBound) -> StateQueryRequest:
-    return StateQueryRequest(store, query, None, False, bound)
+def _request(
+    store: str, query: Query, bound: PositionBound, at_batch: int | None = None
+) -> StateQueryRequest:
+    request = StateQueryRequest(store, query, None, False, bound)
+    return request if at_batch is None else request.as_of(at_batch)
+
+
+def batch_of(store: str, position: Position) -> int | None:
+    """The batch of ``store`` a read was served at (None: no partition answered)."""
+    offsets = position.to_map().get(store)
+    return max(offsets.values()) if offsets else None
 
 
 def lookup_rows(
@@ -67,8 +79,25 @@ def lookup_rows(
     schema: TableSchema,
     access: KeyAccess,
     bound: PositionBound,
+    at_batch: int | None = None,
 ) -> tuple[list[dict[str, Any]], Position, list[int]]:
-    """Rows of the access's keys (every window in bounds, for a windowed table)."""
+    """Rows of the access's keys (every window in bounds, for a windowed table), all read
+    at one batch of the table."""
+    rows, position, partitions = _lookup_rows(source, store, schema, access, bound, at_batch)
+    offsets = position.to_map().get(store, {})
+    if at_batch is None and len(set(offsets.values())) > 1:  # read while a batch landed
+        return _lookup_rows(source, store, schema, access, bound, min(offsets.values()))
+    return rows, position, partitions
+
+
+def _lookup_rows(
+    source: QuerySource,
+    store: str,
+    schema: TableSchema,
+    access: KeyAccess,
+    bound: PositionBound,
+    at_batch: int | None,
+) -> tuple[list[dict[str, Any]], Position, list[int]]:
     assert access.keys is not None
     rows: list[dict[str, Any]] = []
     position = Position.empty()
@@ -82,7 +111,7 @@ def lookup_rows(
         time_to = None if access.window_to is None else convert(access.window_to)
     for key in access.keys:
         query: Query = WindowKeyQuery(key, time_from, time_to) if windowed else KeyQuery(key)
-        result = source.query(_request(store, query, bound))
+        result = source.query(_request(store, query, bound, at_batch))
         check(store, result)
         for partition, answer in result.partition_results.items():
             partitions.append(partition)
@@ -96,7 +125,11 @@ def lookup_rows(
 
 
 def range_rows(
-    source: QuerySource, store: str, access: KeyAccess, bound: PositionBound
+    source: QuerySource,
+    store: str,
+    access: KeyAccess,
+    bound: PositionBound,
+    at_batch: int | None = None,
 ) -> tuple[list[dict[str, Any]], Position]:
     """Rows of a one-column key range (``access.range_bounds``) through ``RangeQuery`` on
     every partition: inclusive bounds in the stores, exclusive ends and null keys filtered
@@ -109,7 +142,7 @@ def range_rows(
         low is not None,
         high is not None,
     )
-    result = source.query(_request(store, query, bound))
+    result = source.query(_request(store, query, bound, at_batch))
     check(store, result)
     rows: list[dict[str, Any]] = []
     for answer in result.partition_results.values():
@@ -139,6 +172,7 @@ def read_table(
     *,
     lookup_fragment: bool = True,
     skip_below: int = 0,
+    at_batch: int | None = None,
 ) -> Read:
     """The table reference's rows after its fragment, from every partition it touches.
 
@@ -146,7 +180,7 @@ def read_table(
     aggregate needs it; a filter is redundant there since the final query filters again).
     """
     if access.keys is not None:
-        rows, position, partitions = lookup_rows(source, store, schema, access, bound)
+        rows, position, partitions = lookup_rows(source, store, schema, access, bound, at_batch)
         table = ArrowRows(schema, columns).from_rows(rows)
         if fragment_sql is not None and lookup_fragment:
             _, table = run(pool, fragment_sql, {PART: table}, timeout=timeout, arrow=True)
@@ -161,7 +195,7 @@ def read_table(
         max(1, int(timeout * 1000)),
         skip_below,
     )
-    result = source.query(_request(store, query, bound))
+    result = source.query(_request(store, query, bound, at_batch))
     check(store, result)
     tables = [answer.result for answer in result.partition_results.values()]
     if not tables:

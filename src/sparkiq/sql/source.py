@@ -4,17 +4,26 @@ A :class:`~sparkiq.Node` is one (it answers from its own replicas and, in a clus
 per-partition sub-requests to other nodes); so is any object with these four members. The
 engine sends every read through :meth:`QuerySource.query` with a typed query object, so
 whatever it pushes down reaches the node hosting each partition.
+
+A source that can also hand over every partition of a table as Arrow, at one batch, where
+the engine runs (:class:`ColumnarSource`: a node hosting the whole table) lets the engine run
+a statement as one DuckDB query over those rows, without per-partition fragments.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import pyarrow as pa
+
+from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 
-__all__ = ["QuerySource"]
+__all__ = ["ColumnarSource", "LocalRows", "QuerySource"]
 
 
 @runtime_checkable
@@ -36,4 +45,33 @@ class QuerySource(Protocol):
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Per-partition results of ``request``; failures are values, never exceptions."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRows:
+    """Every partition of a table at ``batch_id``, without copying: ``raw`` holds each
+    candidate row with its validity columns
+    (:data:`~sparkiq.stores.versions.VALID_FROM` / :data:`~sparkiq.stores.versions.VALID_TO`);
+    the table's rows at the batch are those with ``valid_from <= batch_id < valid_to``."""
+
+    raw: pa.Table
+    batch_id: int
+    position: Position
+
+
+@runtime_checkable
+class ColumnarSource(Protocol):
+    """A source that can read a whole table where the engine runs."""
+
+    def local_rows(
+        self, store: str, at_batch: int | None, bound: PositionBound
+    ) -> LocalRows | None:
+        """Every partition of ``store`` at ``at_batch`` (None: the newest batch all of them
+        can serve, not below ``bound``), or None when this source cannot read them all
+        here now (the engine then reads per partition, which reports why)."""
+        ...
+
+    def batch_at_time(self, store: str, when: dt.datetime) -> int:
+        """The batch of ``store`` that was current at ``when`` (``AS OF TIMESTAMP``)."""
         ...

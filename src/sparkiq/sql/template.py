@@ -63,6 +63,7 @@ def bind_template(template: Plan, params: Sequence[Any], text: str) -> Plan:
         template.python,
         template.key_paging,
         template.explain,
+        _bind_tree(template.whole, params),
     )
 
 

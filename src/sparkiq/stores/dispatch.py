@@ -18,7 +18,10 @@ handler registered for a base class serves its subclasses. A query with no handl
 ``FailureReason.UNKNOWN_QUERY_TYPE``; registering never affects other query types.
 
 :func:`execute` wraps every handler with what all queries share: the position-bound check,
-store-failure capture (``STORE_EXCEPTION``) and execution info.
+reads at a batch (``QueryContext.at_batch``: wait a bounded time for a replica that is behind,
+refuse a batch outside its history), store-failure capture (``STORE_EXCEPTION``) and execution
+info. A handler reading at ``ctx.at_batch`` passes it to :meth:`PartitionStore.scan
+<sparkiq.stores.partition.PartitionStore.scan>` (the built-in handlers do).
 """
 
 from __future__ import annotations
@@ -51,12 +54,20 @@ _UNBOUNDED = PositionBound.unbounded()
 __all__ = ["QueryContext", "Handler", "execute", "check_key_query", "handler_for", "register"]
 
 
+#: How long a partition that has not applied the batch a request reads at is waited for.
+CATCH_UP_WAIT = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class QueryContext:
-    """What a handler may need besides the store and the query."""
+    """What a handler may need besides the store and the query: the bound, whether to
+    collect execution info, and ``at_batch`` -- the batch to read at (None: the newest) --
+    with how long to wait for a replica that has not applied it yet."""
 
     bound: PositionBound = _UNBOUNDED
     collect_execution_info: bool = False
+    at_batch: int | None = None
+    catch_up_wait: float = CATCH_UP_WAIT
 
 
 Handler = Callable[[Any, Any, QueryContext], QueryResult[Any]]
@@ -129,7 +140,11 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
             f"{type(query).__name__}; register one with sparkiq.register()",
         )
     table = getattr(store, "table", "")
-    if ctx.bound.position is not None and not ctx.bound.admits(
+    if ctx.at_batch is not None:
+        refused = _refuse_batch(store, table, ctx)
+        if refused is not None:
+            return refused
+    elif ctx.bound.position is not None and not ctx.bound.admits(
         table, position := getattr(store, "position", Position.empty())
     ):
         return QueryResult.for_failure(
@@ -156,6 +171,40 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
     return result
 
 
+def _refuse_batch(store: Any, table: str, ctx: QueryContext) -> QueryResult[Any] | None:
+    """A failure when ``store`` cannot read at ``ctx.at_batch`` (after waiting for it to be
+    applied), else None. ``NOT_UP_TO_BOUND`` either way: another replica may have it."""
+    batch_id = ctx.at_batch
+    assert batch_id is not None
+    partition = getattr(store, "partition", "?")
+    versions = getattr(store, "versions", None)
+    position = getattr(store, "position", Position.empty())
+    if versions is None:
+        return QueryResult.for_failure(
+            FailureReason.NOT_UP_TO_BOUND,
+            f"partition {partition} of {table!r} keeps no history and cannot read at batch "
+            f"{batch_id}: ask a replica that does",
+            position,
+        )
+    if not versions.wait_for(batch_id, ctx.catch_up_wait):
+        return QueryResult.for_failure(
+            FailureReason.NOT_UP_TO_BOUND,
+            f"partition {partition} of {table!r} has applied batch {versions.newest}, behind "
+            f"batch {batch_id} the request reads at (waited {ctx.catch_up_wait:g} s): retry "
+            "later or on another replica",
+            position,
+        )
+    if batch_id < versions.oldest:
+        return QueryResult.for_failure(
+            FailureReason.NOT_UP_TO_BOUND,
+            f"batch {batch_id} of {table!r} is beyond partition {partition}'s retained "
+            f"history: the oldest batch still readable is {versions.oldest} (raise "
+            "materialize(history=...) to keep more)",
+            position,
+        )
+    return None
+
+
 # -- built-in handlers --------------------------------------------------------------------------
 
 
@@ -172,7 +221,16 @@ def check_key_query(schema: TableSchema, table: str) -> None:
 @register(KeyQuery)
 def _key_query(store: PartitionStore, query: KeyQuery, ctx: QueryContext) -> QueryResult[Any]:
     check_key_query(store.schema, store.table)
-    row, position = store.get(store.keys.to_internal(query.key))
+    internal = store.keys.to_internal(query.key)
+    row, position = store.get(internal)
+    # RocksDB holds the newest batch only; its position, consistent with the row, says
+    # whether that is the batch asked for (the common case, kept on the fast path).
+    if (
+        ctx.at_batch is not None
+        and position.to_map().get(store.table, {}).get(store.partition) != ctx.at_batch
+    ):
+        raw, position = store.get_at(store.keys.encode(internal), ctx.at_batch)
+        row = None if raw is None else store.rows.decode(raw)
     return QueryResult.for_result(row, position)
 
 
@@ -189,7 +247,9 @@ def _range_query(store: PartitionStore, query: RangeQuery, ctx: QueryContext) ->
         else:  # every window of the upper key is inside the range
             upper, upper_exclusive = prefix_end(upper_prefix), True
     reverse = query.order is ResultOrder.DESCENDING
-    iterator, position = store.scan(lower, upper, reverse=reverse, upper_exclusive=upper_exclusive)
+    iterator, position = store.scan(
+        lower, upper, reverse=reverse, upper_exclusive=upper_exclusive, at_batch=ctx.at_batch
+    )
     return QueryResult.for_result(_rows(store, iterator), position)
 
 
@@ -199,7 +259,7 @@ def _window_key_query(
 ) -> QueryResult[Any]:
     _require_windowed(store)
     prefix = store.keys.key_prefix(store.keys.to_internal(query.key))
-    return _window_scan(store, prefix, prefix, query.time_from, query.time_to)
+    return _window_scan(store, prefix, prefix, query.time_from, query.time_to, ctx.at_batch)
 
 
 @register(WindowRangeQuery)
@@ -207,7 +267,7 @@ def _window_range_query(
     store: PartitionStore, query: WindowRangeQuery, ctx: QueryContext
 ) -> QueryResult[Any]:
     _require_windowed(store)
-    return _window_scan(store, None, None, query.time_from, query.time_to)
+    return _window_scan(store, None, None, query.time_from, query.time_to, ctx.at_batch)
 
 
 def _require_windowed(store: PartitionStore) -> None:
@@ -223,13 +283,16 @@ def _window_scan(
     upper_prefix: bytes | None,
     time_from: dt.datetime | None,
     time_to: dt.datetime | None,
+    at_batch: int | None,
 ) -> QueryResult[Any]:
     keys = store.keys
     to_internal, _ = _window_time_codec(store)
     start_us = to_internal(time_from) if time_from is not None else None
     end_us = to_internal(time_to) if time_to is not None else None
     upper = prefix_end(upper_prefix) if upper_prefix is not None else None
-    iterator, position = store.scan(lower_prefix, upper, upper_exclusive=upper is not None)
+    iterator, position = store.scan(
+        lower_prefix, upper, upper_exclusive=upper is not None, at_batch=at_batch
+    )
 
     def items() -> Any:
         decode_windowed, from_internal, decode_row = (

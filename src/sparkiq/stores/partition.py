@@ -9,6 +9,10 @@ newer than the data it is reported with.
   thread and writes that take microseconds, a retry is rare and cheap.
 - Range reads take a store snapshot, which carries the meta blob (and so the position) of the
   same moment.
+- Reads at a given batch (consistent reads across partitions, ``AS OF``) read the
+  partition's :class:`~sparkiq.stores.versions.VersionedRows`, kept when the store is opened
+  with a ``history``: every batch is applied there first, on the same thread, so that once
+  ``batch_id`` moves every read path serves it (a failed store write reloads the versions).
 
 The position is kept in the store's meta blob, written atomically with the data, so a
 replica restarted from its local files resumes exactly where it stopped.
@@ -21,10 +25,12 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.stores.base import Store, StoreIterator
+from sparkiq.stores.versions import History, PairsIterator, VersionedRows
 
 __all__ = ["PartitionStore", "decode_meta", "encode_meta"]
 
@@ -48,7 +54,14 @@ def decode_meta(blob: bytes | None) -> tuple[int, Position]:
 class PartitionStore:
     """One partition of one table, typed: keys and rows in, keys and rows out."""
 
-    def __init__(self, table: str, partition: int, schema: TableSchema, store: Store) -> None:
+    def __init__(
+        self,
+        table: str,
+        partition: int,
+        schema: TableSchema,
+        store: Store,
+        history: History | None = None,
+    ) -> None:
         self.table = table
         self.partition = partition
         self.schema = schema
@@ -58,6 +71,11 @@ class PartitionStore:
         self._seq = 0
         self._write_lock = threading.Lock()
         self.batch_id, self.position = decode_meta(store.meta())
+        #: The partition's versions as Arrow (None: opened without history).
+        self.versions: VersionedRows | None = None
+        if history is not None:
+            self.versions = VersionedRows(schema, history)
+            self._load_versions(self.versions)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -89,6 +107,11 @@ class PartitionStore:
             if self._seq == seq:
                 return raw, position
 
+    def get_at(self, encoded_key: bytes, batch_id: int) -> tuple[bytes | None, Position]:
+        """The encoded row of a key at ``batch_id`` (from the versions) and that position."""
+        version = self.version(batch_id)
+        return version.row(encoded_key), version.position
+
     def scan(
         self,
         lower: bytes | None,
@@ -96,11 +119,29 @@ class PartitionStore:
         *,
         reverse: bool = False,
         upper_exclusive: bool = False,
+        at_batch: int | None = None,
     ) -> tuple[StoreIterator, Position]:
-        """A snapshot iterator over encoded keys and the position of that snapshot."""
+        """A snapshot iterator over encoded keys and the position of that snapshot; with
+        ``at_batch``, the partition's rows at that batch (from its versions)."""
+        if at_batch is not None:
+            version = self.version(at_batch)
+            pairs = version.pairs(lower, upper, reverse=reverse, upper_exclusive=upper_exclusive)
+            return PairsIterator(pairs), version.position
         iterator = self.store.range(lower, upper, reverse=reverse, upper_exclusive=upper_exclusive)
         _, position = decode_meta(iterator.meta)
         return iterator, position
+
+    def version(self, batch_id: int) -> Any:
+        """The partition's rows at ``batch_id`` (a :class:`~sparkiq.stores.versions.Version`);
+        raises :class:`~sparkiq.stores.versions.BatchOutOfHistory` when not retained."""
+        if self.versions is None:
+            raise InvalidQueryError(
+                f"{self.table}[{self.partition}] keeps no history: it can answer only at its "
+                "current batch",
+                store=self.table,
+                partition=self.partition,
+            )
+        return self.versions.version(batch_id)
 
     def decoded(self, iterator: StoreIterator) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Decode ``(encoded key, encoded row)`` pairs into ``(key, row)``."""
@@ -121,6 +162,7 @@ class PartitionStore:
         position: Position,
         *,
         replace_all: bool = False,
+        committed_at: float = 0.0,
     ) -> None:
         """Atomically apply a batch's changes and move to ``position``.
 
@@ -132,14 +174,40 @@ class PartitionStore:
                 f"batch {batch_id} is not after the applied batch {self.batch_id} of "
                 f"{self.table}[{self.partition}]"
             )
+        versions = self.versions
+        if versions is not None:
+            # Versions first, so that once batch_id moves every read path can serve it.
+            ops = list(ops)
+            versions.apply(
+                batch_id,
+                position,
+                committed_at,
+                [k for k, _ in ops],
+                [v for _, v in ops],
+                replace_all=replace_all,
+            )
         with self._write_lock:
             meta = encode_meta(batch_id, position)
             self._seq += 1
             try:
                 self.store.apply(ops, meta, replace_all=replace_all)
                 self.batch_id, self.position = batch_id, position
+            except BaseException:
+                if versions is not None:  # the batch did not land: neither may its versions
+                    self._load_versions(versions)
+                raise
             finally:
                 self._seq += 1
+
+    def _load_versions(self, versions: VersionedRows) -> None:
+        """Reset ``versions`` to the store's contents (opening, or after a failed write)."""
+        batch_id, position = decode_meta(self.store.meta())
+        if batch_id < 0:
+            versions.reset()
+            return
+        with self.store.range(None, None) as iterator:
+            pairs = iterator.next_chunk(1 << 62)
+        versions.load(batch_id, position, 0.0, [k for k, _ in pairs], [v for _, v in pairs])
 
     def close(self) -> None:
         self.store.close()

@@ -262,12 +262,13 @@ def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQuer
     if not isinstance(doc, dict):
         raise field_error("body", "expected a JSON object with a 'query' field")
     unknown = sorted(
-        set(doc) - {"query", "partitions", "bound", "require_active", "execution_info"}
+        set(doc) - {"query", "partitions", "bound", "require_active", "execution_info", "as_of"}
     )
     if unknown:
         raise field_error(
             unknown[0],
-            "unknown field; expected query, partitions, bound, require_active, execution_info",
+            "unknown field; expected query, partitions, bound, require_active, "
+            "execution_info, as_of",
         )
     request = StateQueryRequest.in_store(store).with_query(
         _query_from_json(schema, doc.get("query"))
@@ -286,7 +287,23 @@ def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQuer
         request = request.require_active()
     if doc.get("execution_info"):
         request = request.enable_execution_info()
+    as_of = doc.get("as_of")
+    if as_of is not None:
+        request = _as_of(request, as_of)
     return request
+
+
+def _as_of(request: StateQueryRequest, as_of: Any) -> StateQueryRequest:
+    """``"as_of"``: a batch id, or a time as ISO 8601 text (without an offset: local)."""
+    try:
+        if isinstance(as_of, str):
+            return request.as_of_time(dt.datetime.fromisoformat(as_of))
+        return request.as_of(as_of)
+    except (TypeError, ValueError) as exc:
+        raise field_error(
+            "as_of",
+            f"expected a batch id (an int >= 0) or an ISO 8601 time, got {as_of!r} ({exc})",
+        ) from None
 
 
 def position_from_token(token: Any, field: str = "bound") -> Position:

@@ -5,7 +5,8 @@ A request is one MessagePack map (``POST /internal/query``, content type
 
     {"v": 1, "store": str, "query": {"type": str, "fields": {...}},
      "partitions": [int] | None, "bound": position token | None,
-     "require_active": bool, "info": bool, "local": bool}
+     "require_active": bool, "info": bool, "local": bool,
+     "at_batch": int | None, "at_time": epoch seconds | None}
 
 ``local`` asks the node to answer from its own replicas only (a router's sub-request);
 otherwise the node routes the request itself. Query types travel by the name they are
@@ -30,6 +31,7 @@ answered at all gets a single frame ``{"error": {"code", "message", "field"}}``.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -88,6 +90,10 @@ def encode_request(request: StateQueryRequest, *, local: bool = False) -> bytes:
         "info": request.is_execution_info_enabled,
         "local": local,
     }
+    if request.at_batch is not None:
+        doc["at_batch"] = request.at_batch
+    if request.at_time is not None:
+        doc["at_time"] = request.at_time.timestamp()
     return pack(doc)
 
 
@@ -159,6 +165,17 @@ def decode_request(body: bytes) -> tuple[StateQueryRequest, bool]:
         request = request.require_active()
     if doc.get("info"):
         request = request.enable_execution_info()
+    at_batch, at_time = doc.get("at_batch"), doc.get("at_time")
+    try:
+        if at_batch is not None:
+            request = request.as_of(at_batch)
+        if at_time is not None:
+            if isinstance(at_time, bool) or not isinstance(at_time, int | float):
+                raise ValueError(f"expected epoch seconds, got {at_time!r}")
+            request = request.as_of_time(dt.datetime.fromtimestamp(at_time, dt.UTC))
+    except (TypeError, ValueError, OverflowError, OSError) as exc:
+        field = "at_batch" if at_batch is not None and at_time is None else "at_time"
+        raise _field_error(field, str(exc)) from None
     return request, bool(doc.get("local"))
 
 

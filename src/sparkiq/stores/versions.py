@@ -1,0 +1,460 @@
+"""Versions of one partition's rows, as Arrow, readable at any retained batch.
+
+RocksDB holds a partition's newest state and answers point lookups. Reads that span rows --
+scans, SQL, reads at one batch across partitions, ``AS OF`` and versioned key queries -- read
+:class:`VersionedRows` instead: the same rows decoded once into Arrow, with every version kept
+for the table's history window.
+
+**Layout.** A list of chunks, each an Arrow table of decoded rows plus four internal columns:
+the encoded store key (:data:`KEY_COLUMN`), the encoded row (:data:`ROW_COLUMN`, so typed
+queries decode exactly as they do from RocksDB), the batch that wrote the row
+(:data:`VALID_FROM`) and the batch that replaced or deleted it (:data:`VALID_TO`,
+:data:`OPEN` while current). Applying batch ``b`` stamps ``valid_to = b`` on the current rows
+of the keys it changes and appends a chunk of its upserts. The state at batch ``B`` is the
+rows with ``valid_from <= B < valid_to``.
+
+**Readers take no lock.** The chunk list, the retained range and the per-batch positions are
+one immutable :class:`_State`, replaced whole by the writer. ``valid_to`` is a NumPy vector
+the Arrow column shares without copying, and the writer stamps it in place -- safe for any
+reader at ``B``, because a stamp only ever turns ``OPEN`` into a batch newer than every batch
+a reader can hold, so ``valid_to > B`` reads the same before and after it.
+
+**History.** :class:`History` says how far back reads may go. Rows that no retained batch can
+see are dropped when chunks are merged (when dead rows pass a quarter of the live ones, or
+the chunk count grows), so memory is the live rows plus the versions replaced within the
+window. The window starts when the partition is opened: history is not kept across restarts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkiq.errors import InvalidQueryError, StoreError
+from sparkiq.query.position import Position
+from sparkiq.schema.arrowrows import KEY_COLUMN, PSEUDO_COLUMNS, ArrowRows
+from sparkiq.schema.types import TableSchema
+from sparkiq.stores.base import StoreIterator
+
+__all__ = [
+    "DEFAULT_HISTORY",
+    "OPEN",
+    "ROW_COLUMN",
+    "VALID_FROM",
+    "VALID_TO",
+    "BatchOutOfHistory",
+    "History",
+    "PairsIterator",
+    "Version",
+    "VersionedRows",
+]
+
+ROW_COLUMN = "__sq_row"
+VALID_FROM = "__sq_valid_from"
+VALID_TO = "__sq_valid_to"
+#: ``valid_to`` of a row that is still current.
+OPEN = np.iinfo(np.int64).max
+
+_MAX_CHUNKS = 48
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """How many past batches stay readable: the last ``batches`` batches, and every batch
+    that was current within the last ``seconds`` (whichever keeps more). ``History()``
+    keeps only the newest batch."""
+
+    batches: int = 0
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batches, bool) or not isinstance(self.batches, int) or self.batches < 0:
+            raise ValueError(f"history batches must be an int >= 0, got {self.batches!r}")
+        if not isinstance(self.seconds, int | float) or not (
+            math.isfinite(self.seconds) and self.seconds >= 0
+        ):
+            raise ValueError(f"history seconds must be a finite number >= 0, got {self.seconds!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batches": self.batches, "seconds": self.seconds}
+
+    @staticmethod
+    def from_json(doc: Any) -> History:
+        if not isinstance(doc, dict):
+            raise ValueError(f"history must be an object, got {doc!r}")
+        return History(int(doc.get("batches", 0)), float(doc.get("seconds", 0.0)))
+
+
+#: What a table keeps when ``materialize`` is not told: five minutes of batches.
+DEFAULT_HISTORY = History(batches=0, seconds=300.0)
+
+
+class BatchOutOfHistory(InvalidQueryError):
+    """A read asked for a batch this replica no longer (or does not yet) hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    first: int  # the smallest valid_from in the chunk: a read at B skips chunks with first > B
+    table: pa.Table  # columns, KEY_COLUMN, ROW_COLUMN, VALID_FROM, VALID_TO (shares valid_to)
+    keys: pa.Array  # the KEY_COLUMN as one array, for matching changed keys
+    valid_to: np.ndarray  # int64, stamped in place by the writer
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    chunks: tuple[_Chunk, ...]
+    oldest: int  # the oldest batch readable (-1: nothing applied yet)
+    newest: int
+    batches: dict[int, tuple[Position, float]]  # retained batch -> (position, committed_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One partition's rows at ``batch_id``: the chunks that can hold them and the predicate
+    ``valid_from <= batch_id < valid_to`` that selects them. Holding a version keeps its
+    buffers alive; it stays readable after the history moves on."""
+
+    batch_id: int
+    position: Position
+    committed_at: float
+    chunks: tuple[pa.Table, ...]
+    schema: pa.Schema
+
+    def raw(self) -> pa.Table:
+        """Every candidate row with its validity columns, without copying."""
+        if not self.chunks:
+            return self.schema.empty_table()
+        return pa.concat_tables(self.chunks)
+
+    def table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows at ``batch_id`` (a copy: the visible rows only)."""
+        raw = self.raw()
+        if raw.num_rows:
+            raw = raw.filter(visible_mask(raw, self.batch_id))
+        return raw if columns is None else raw.select(list(columns))
+
+    def row(self, key: bytes) -> bytes | None:
+        """The encoded row of ``key`` at ``batch_id`` (None: no row)."""
+        needle = pa.scalar(key, pa.binary())
+        for chunk in self.chunks:
+            hits = pc.indices_nonzero(pc.equal(chunk.column(KEY_COLUMN), needle))
+            for index in hits.to_pylist():
+                if (
+                    chunk.column(VALID_FROM)[index].as_py() <= self.batch_id
+                    and chunk.column(VALID_TO)[index].as_py() > self.batch_id
+                ):
+                    value: bytes = chunk.column(ROW_COLUMN)[index].as_py()
+                    return value
+        return None
+
+    def pairs(
+        self,
+        lower: bytes | None,
+        upper: bytes | None,
+        *,
+        reverse: bool = False,
+        upper_exclusive: bool = False,
+    ) -> list[tuple[bytes, bytes]]:
+        """``(encoded key, encoded row)`` at ``batch_id`` in the key range, in key order."""
+        table = self.table([KEY_COLUMN, ROW_COLUMN])
+        keys = table.column(KEY_COLUMN)
+        mask = None
+        if lower is not None:
+            mask = pc.greater_equal(keys, pa.scalar(lower, pa.binary()))
+        if upper is not None:
+            cmp = pc.less if upper_exclusive else pc.less_equal
+            high = cmp(keys, pa.scalar(upper, pa.binary()))
+            mask = high if mask is None else pc.and_(mask, high)
+        if mask is not None:
+            table = table.filter(mask)
+        order = "descending" if reverse else "ascending"
+        table = table.take(pc.sort_indices(table, sort_keys=[(KEY_COLUMN, order)]))
+        return list(
+            zip(
+                table.column(KEY_COLUMN).to_pylist(),
+                table.column(ROW_COLUMN).to_pylist(),
+                strict=True,
+            )
+        )
+
+
+def visible_mask(raw: pa.Table, batch_id: int) -> pa.ChunkedArray:
+    """Rows of ``raw`` that are current at ``batch_id``."""
+    return pc.and_(
+        pc.less_equal(raw.column(VALID_FROM), batch_id),
+        pc.greater(raw.column(VALID_TO), batch_id),
+    )
+
+
+class VersionedRows:
+    """The retained versions of one partition (see the module docstring).
+
+    One writer thread calls :meth:`load` and :meth:`apply`; any thread reads. ``_state`` is
+    replaced whole, never mutated, except ``valid_to`` stamps (safe, see above); the
+    condition ``_applied`` guards nothing but wakes readers waiting for a batch.
+    """
+
+    def __init__(self, schema: TableSchema, history: History = DEFAULT_HISTORY) -> None:
+        self.schema = schema
+        self.history = history
+        columns = list(schema.column_names)
+        if schema.window_column is not None:
+            columns += PSEUDO_COLUMNS
+        self.columns = tuple(columns)
+        self._rows = ArrowRows(schema, (*columns, KEY_COLUMN))
+        self._schema = pa.schema(
+            [
+                *self._rows.out_schema,
+                pa.field(ROW_COLUMN, pa.binary()),
+                pa.field(VALID_FROM, pa.int64()),
+                pa.field(VALID_TO, pa.int64()),
+            ]
+        )
+        self._state = _State((), -1, -1, {})
+        self._applied = threading.Condition()
+
+    # -- reads -------------------------------------------------------------------------------
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The schema of every chunk: the columns, then the four internal ones."""
+        return self._schema
+
+    @property
+    def newest(self) -> int:
+        return self._state.newest
+
+    @property
+    def oldest(self) -> int:
+        return self._state.oldest
+
+    def committed_at(self, batch_id: int) -> float | None:
+        found = self._state.batches.get(batch_id)
+        return None if found is None else found[1]
+
+    def retained(self) -> list[tuple[int, float]]:
+        """``(batch id, committed_at)`` of every retained batch, oldest first."""
+        return [(b, at) for b, (_, at) in sorted(self._state.batches.items())]
+
+    def version(self, batch_id: int) -> Version:
+        """The rows at ``batch_id``; :class:`BatchOutOfHistory` when it is not retained."""
+        state = self._state
+        found = state.batches.get(batch_id)
+        if found is None or not state.oldest <= batch_id <= state.newest:
+            raise BatchOutOfHistory(self._out_of_history(state, batch_id))
+        chunks = tuple(c.table for c in state.chunks if c.first <= batch_id)
+        return Version(batch_id, found[0], found[1], chunks, self._schema)
+
+    def wait_for(self, batch_id: int, timeout: float) -> bool:
+        """Block until ``batch_id`` is applied (at most ``timeout`` s); return whether it is."""
+        if self._state.newest >= batch_id:
+            return True
+        deadline = time.monotonic() + timeout
+        with self._applied:
+            while self._state.newest < batch_id:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._applied.wait(remaining)
+        return True
+
+    def versions_of(self, key: bytes) -> list[tuple[int, int, bytes]]:
+        """Every retained version of ``key``: ``(valid_from, valid_to, encoded row)``,
+        oldest first (``valid_to`` is :data:`OPEN` for the current one)."""
+        state = self._state
+        needle = pa.scalar(key, pa.binary())
+        found: list[tuple[int, int, bytes]] = []
+        for chunk in state.chunks:
+            hits = np.flatnonzero(pc.equal(chunk.keys, needle).to_numpy(zero_copy_only=False))
+            if not hits.size:
+                continue
+            rows = chunk.table.column(ROW_COLUMN)
+            froms = chunk.table.column(VALID_FROM)
+            for index in hits:
+                valid_to = int(chunk.valid_to[index])
+                if valid_to <= state.oldest:
+                    continue  # replaced before the history window
+                found.append((froms[int(index)].as_py(), valid_to, rows[int(index)].as_py()))
+        found.sort()
+        return found
+
+    def stored_rows(self) -> int:
+        """Rows held, current and past (what memory is spent on)."""
+        return sum(c.table.num_rows for c in self._state.chunks)
+
+    def nbytes(self) -> int:
+        return sum(c.table.nbytes for c in self._state.chunks)
+
+    @staticmethod
+    def _out_of_history(state: _State, batch_id: int) -> str:
+        if state.newest < 0:
+            return f"batch {batch_id} is not readable: this replica has applied no batch yet"
+        if batch_id > state.newest:
+            return (
+                f"batch {batch_id} is not applied yet (the newest is {state.newest}): retry later"
+            )
+        return (
+            f"batch {batch_id} is beyond the retained history: the oldest batch still "
+            f"readable is {state.oldest} (raise materialize(history=...) to keep more)"
+        )
+
+    # -- writes (one writer thread) ----------------------------------------------------------
+
+    def load(
+        self,
+        batch_id: int,
+        position: Position,
+        committed_at: float,
+        keys: list[bytes],
+        rows: list[bytes],
+    ) -> None:
+        """Replace everything with the state of ``batch_id`` (opening, or a snapshot)."""
+        chunk = self._chunk(batch_id, keys, rows)
+        self._publish(
+            _State(
+                (chunk,) if chunk is not None else (),
+                batch_id,
+                batch_id,
+                {batch_id: (position, committed_at)},
+            )
+        )
+
+    def reset(self) -> None:
+        """Forget everything (the store holds no batch)."""
+        self._publish(_State((), -1, -1, {}))
+
+    def apply(
+        self,
+        batch_id: int,
+        position: Position,
+        committed_at: float,
+        keys: list[bytes],
+        values: list[bytes | None],
+        *,
+        replace_all: bool = False,
+    ) -> None:
+        """Apply batch ``batch_id``: ``values[i]`` is the new row of ``keys[i]`` (None
+        deletes it). ``replace_all`` replaces every row (a complete-mode batch)."""
+        state = self._state
+        if batch_id <= state.newest:
+            raise ValueError(f"batch {batch_id} is not after the applied batch {state.newest}")
+        if replace_all:
+            for old in state.chunks:
+                old.valid_to[old.valid_to == OPEN] = batch_id
+        elif keys:
+            changed = pa.array(keys, pa.binary())
+            for old in state.chunks:
+                hits = np.flatnonzero(
+                    pc.is_in(old.keys, value_set=changed).to_numpy(zero_copy_only=False)
+                )
+                if hits.size:
+                    live = hits[old.valid_to[hits] == OPEN]
+                    old.valid_to[live] = batch_id
+        upserts = [(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
+        chunk = self._chunk(batch_id, [k for k, _ in upserts], [v for _, v in upserts])
+        chunks = state.chunks + ((chunk,) if chunk is not None else ())
+        batches = {**state.batches, batch_id: (position, committed_at)}
+        oldest = state.oldest if state.oldest >= 0 else batch_id
+        oldest = self._oldest_kept(batches, batch_id, oldest)
+        batches = {b: v for b, v in batches.items() if b >= oldest}
+        self._publish(_State(self._compacted(chunks, oldest), oldest, batch_id, batches))
+
+    def _oldest_kept(
+        self, batches: dict[int, tuple[Position, float]], newest: int, oldest: int
+    ) -> int:
+        """The oldest batch the history still needs to keep readable."""
+        keep = newest - self.history.batches
+        if self.history.seconds > 0:
+            cutoff = time.time() - self.history.seconds
+            # batches is in ascending order (built by appending): stop at the first hit
+            for earlier, later in itertools.pairwise(batches):
+                if batches[later][1] > cutoff:  # ``earlier`` was current after the cutoff
+                    keep = min(keep, earlier)
+                    break
+            else:
+                keep = min(keep, newest)
+        return max(oldest, keep)
+
+    def _compacted(self, chunks: tuple[_Chunk, ...], oldest: int) -> tuple[_Chunk, ...]:
+        """Merge the chunks into one, without rows no retained batch sees, once dead rows
+        pass a quarter of the live ones or there are too many chunks."""
+        if len(chunks) < 2:
+            return chunks
+        stored = sum(c.table.num_rows for c in chunks)
+        dead = sum(int(np.count_nonzero(c.valid_to <= oldest)) for c in chunks)
+        if len(chunks) <= _MAX_CHUNKS and dead * 4 <= stored - dead:
+            return chunks
+        kept = [c.table.filter(pa.array(c.valid_to > oldest)) for c in chunks]
+        merged = pa.concat_tables(kept).combine_chunks()
+        valid_to = np.array(merged.column(VALID_TO).to_numpy(), dtype=np.int64, copy=True)
+        merged = merged.set_column(
+            merged.schema.get_field_index(VALID_TO), VALID_TO, pa.array(valid_to)
+        )
+        first = int(pc.min(merged.column(VALID_FROM)).as_py()) if merged.num_rows else oldest
+        return (_Chunk(first, merged, merged.column(KEY_COLUMN).combine_chunks(), valid_to),)
+
+    def _chunk(self, batch_id: int, keys: list[bytes], rows: list[bytes]) -> _Chunk | None:
+        if not keys:
+            return None
+        decoded = self._rows.from_stored(rows, keys)
+        count = decoded.num_rows
+        valid_to = np.full(count, OPEN, dtype=np.int64)
+        table = pa.Table.from_arrays(
+            [
+                *decoded.columns,
+                pa.array(rows, pa.binary()),
+                pa.array(np.full(count, batch_id, dtype=np.int64)),
+                pa.array(valid_to),  # zero-copy: stamps on valid_to show in the column
+            ],
+            schema=self._schema,
+        )
+        return _Chunk(batch_id, table, decoded.column(KEY_COLUMN).combine_chunks(), valid_to)
+
+    def _publish(self, state: _State) -> None:
+        with self._applied:
+            self._state = state
+            self._applied.notify_all()
+
+
+class PairsIterator(StoreIterator):
+    """A :class:`~sparkiq.stores.base.StoreIterator` over pairs already read from a version."""
+
+    __slots__ = ("_closed", "_next", "_pairs")
+
+    def __init__(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        self._pairs = pairs
+        self._next = 0
+        self._closed = False
+
+    @property
+    def meta(self) -> bytes | None:
+        return None
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        if self._closed:
+            raise StoreError("the iterator is closed")
+        if self._next >= len(self._pairs):
+            raise StopIteration
+        self._next += 1
+        return self._pairs[self._next - 1]
+
+    def next_chunk(self, size: int) -> list[tuple[bytes, bytes]]:
+        if self._closed:
+            raise StoreError("the iterator is closed")
+        chunk = self._pairs[self._next : self._next + size]
+        self._next += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        self._closed = True
+        self._pairs = []
