@@ -205,7 +205,7 @@ def _guard_macros(cap: int) -> list[str]:
     pad = "(s, n, f) AS system.main.{f}(s, " + refuse(f"n::DOUBLE * 4 > {cap}", "n", "{f}") + ", f)"
     macros = {
         "repeat": "(s, n) AS system.main.repeat(s, "
-        + refuse(f"n > 0 AND n::DOUBLE * strlen(CAST(s AS VARCHAR)) > {cap}", "n::BIGINT", "repeat")
+        + refuse(f"n > 0 AND n::DOUBLE * strlen(CAST(s AS VARCHAR)) > {cap}", "n", "repeat")
         + ")",
         "lpad": pad,
         "rpad": pad,
