@@ -23,6 +23,7 @@ from bench import (
     failover,
     follower_tail,
     freshness,
+    fuzz,
     http,
     lookup,
     pgwire,
@@ -48,6 +49,7 @@ BENCHMARKS: dict[str, Callable[[bool], Report]] = {
     "statestore": statestore.run,
     "sink": sink.run,
     "freshness": freshness.run,
+    "fuzz": fuzz.run,
 }
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
@@ -132,6 +134,14 @@ CONTEXT = {
         "A SQL key lookup with a plain column list never reaches DuckDB: its plan is cached "
         "by statement shape and it runs one KeyQuery."
     ),
+    "fuzz": (
+        "Generated SQL (a grammar of typed expressions, joins, grouping and edge-value "
+        "literals, one statement in three damaged at the token level) and schemathesis' "
+        "requests for every operation of /openapi.json, valid and invalid, all with the "
+        "token, one at a time. Every generated statement the node answers is compared with "
+        "DuckDB over the ground truth. The lookup client shares the two cores with the "
+        "fuzzing client and the node, so its p99 under fuzzing also measures that contention."
+    ),
     "pgwire": (
         "The same SQL key lookup three ways, one round trip at a time. Over the Postgres "
         "protocol each connection has its own thread that runs `node.sql` directly; REST "
@@ -159,7 +169,7 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "and of its SQL engine. Each lives in `bench/` and prints its table when run alone "
         "(`.venv/bin/python -m bench.lookup`, `bench.http`, `bench.failover`, "
         "`bench.sql_scan`, `bench.pgwire`, `bench.push`, `bench.apply`, `bench.restore`, "
-        "`bench.follower_tail`, `bench.statestore`, `bench.sink`, `bench.freshness`; "
+        "`bench.follower_tail`, `bench.statestore`, `bench.sink`, `bench.freshness`, `bench.fuzz`; "
         "`--quick` for a smaller run).",
         "",
         "Reproduce all of them with `make bench` (`python -m bench.run_all`), which rewrites "

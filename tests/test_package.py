@@ -410,8 +410,9 @@ RUNTIME_DEPENDENCIES = {
     "sqlglot": (IMPORTED, "sqlglot"),
     "duckdb": (IMPORTED, "duckdb"),
     "uvicorn": (IMPORTED, "uvicorn"),
-    # uvicorn's fast HTTP parser and event loop, which the server asks uvicorn for by name
-    "httptools": ('find_spec("httptools")', "server"),
+    # uvicorn's fast HTTP parser, whose protocol the server extends with its limits, and
+    # uvicorn's fast event loop, which the server asks uvicorn for by name
+    "httptools": ("httptools_impl", "server"),
     "uvloop": ('find_spec("uvloop")', "server"),
     "httpx": (IMPORTED, "httpx"),
     "orjson": (IMPORTED, "orjson"),

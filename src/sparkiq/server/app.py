@@ -30,7 +30,6 @@ import importlib.resources
 import itertools
 import logging
 import os
-import re
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator
@@ -49,6 +48,7 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
+from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.server.served import ServedNode
 from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
 from sparkiq.sql.statement import is_push_query
@@ -113,7 +113,7 @@ class RestApp:
             importlib.resources.files("sparkiq.server").joinpath("console.html").read_bytes()
         )
         # directories whose paths never reach a caller, even relative ones (see scrub)
-        self._roots = _roots(
+        self._roots = roots_of(
             getattr(node, "state_dir", None),
             getattr(getattr(node, "config", None), "local_dir", None),
             os.getcwd(),
@@ -227,6 +227,8 @@ class RestApp:
         size = 0
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":  # gone (or timed out): nobody to answer
+                raise HttpError(400, "disconnected", "the client left before its body ended")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
@@ -283,7 +285,7 @@ class RestApp:
     async def _iq_query(self, scope: Scope, send: Send, store: str, body: bytes) -> None:
         request = jsonapi.request_from_json(store, self.node.schema(store), body)
         results: StateQueryResult[Any] = await self._run(self.node.route, request, _bearer(scope))
-        await self._stream(send, 200, _JSON, iq_json_chunks(store, results))
+        await self._stream(send, 200, _JSON, iq_json_chunks(store, results, self._roots))
 
     async def _sql(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         doc = _json_object(body)
@@ -488,53 +490,6 @@ def _classify(exc: Exception) -> HttpError:
     return HttpError(
         500, "internal_error", f"internal error (request id {request_id}); see the node's log"
     )
-
-
-# An absolute path (with at least two segments, not one of this API's routes), a Windows
-# path, or a storage URI (s3://, file://, ...; not http(s), which name nodes), each up to
-# whitespace, a quote or punctuation that ends it.
-_PATH = re.compile(
-    r"""(?:\b(?!https?://)[a-z][a-z0-9+.-]*://
-         | \b[A-Za-z]:\\
-         | (?<![\w/.:])/(?!(?:stores|internal|metadata|query|openapi)\b)(?=[^\s'"]*/)
-        )[^\s'",;()\]\[]*""",
-    re.VERBOSE | re.IGNORECASE,
-)
-# Python's own words: class reprs, module-qualified names of our libraries, dunder calls
-_PYTHON = re.compile(
-    r"""<class\s+'[^']*'>
-      | \b(?:sqlglot|sparkiq|duckdb|pyarrow|msgspec|orjson|rocksdict|builtins|uvicorn)(?:\.\w+)+
-      | \b\w+\.__\w+__\(\)\s*""",
-    re.VERBOSE,
-)
-
-
-def _roots(*directories: object) -> tuple[str, ...]:
-    found = set()
-    for directory in directories:
-        if isinstance(directory, str) and directory and "://" not in directory:
-            found |= {directory.rstrip("/"), os.path.abspath(directory)}
-    return tuple(sorted((d for d in found if len(d) > 1), key=len, reverse=True))
-
-
-def scrub(message: str, roots: tuple[str, ...] = ()) -> str:
-    """``message`` without filesystem paths, storage URIs or Python internals, for a caller.
-
-    Paths under ``roots`` (the state and local directories, relative or not) and every
-    absolute path or URI become ``<path>``; class reprs and module-qualified names become
-    ``a value``; a traceback is cut off. What the message says about tables, columns and
-    partitions stays."""
-    if "Traceback" in message:
-        message = message[: message.index("Traceback")].rstrip() or "internal error"
-    for root in roots:
-        if root in message:
-            message = re.sub(re.escape(root) + r"[^\s'\",;()]*", "<path>", message)
-    message = _PATH.sub("<path>", message)
-    return _PYTHON.sub(_python_word, message)
-
-
-def _python_word(match: re.Match[str]) -> str:
-    return "" if "__" in match.group() else "a value"
 
 
 def _field_of(exc: Exception) -> str | None:

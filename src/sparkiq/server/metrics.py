@@ -53,7 +53,12 @@ class _ReplicaCollector:
                 "sparkiq_router_forwarded", "Sub-requests sent to other nodes since start"
             )
             forwarded.add_metric([], coordinator.router.forwarded)
-            yield from (members, forwarded)
+            hedged = GaugeMetricFamily(
+                "sparkiq_router_hedged",
+                "Sub-requests also sent to another replica because the first was silent",
+            )
+            hedged.add_metric([], coordinator.router.hedged)
+            yield from (members, forwarded, hedged)
 
 
 class Metrics:

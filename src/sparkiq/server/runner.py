@@ -1,22 +1,232 @@
-"""Running the ASGI app: uvicorn on a socket the node already bound, in a thread."""
+"""Running the ASGI app: uvicorn on a socket the node already bound, in a thread, behind
+HTTP limits that hold before the app sees a request.
+
+uvicorn bounds neither the size of a request's headers (httptools buffers a header value
+whole, by repeated concatenation: a 128 MiB header held the event loop for seconds) nor
+how long a client may take to send them or its body, nor how many connections it holds
+open. :class:`HttpLimits` says how much of each a node accepts, and
+:class:`_LimitedProtocol` (uvicorn's httptools protocol with four checks added) enforces
+them at the transport, at a cost bounded per received chunk:
+
+- **header bytes**: at most ``max_header_bytes`` from a request's first byte to the end of
+  its headers; beyond, ``431`` and the connection is closed. The parser is fed only up to
+  the limit, so no oversized header is ever buffered.
+- **header time**: the headers must be complete ``header_timeout`` seconds after the
+  connection opened or the request's first byte arrived (a slowloris sends a byte every
+  few seconds forever); beyond, ``408`` and close.
+- **body time**: the body must be complete ``body_timeout`` seconds after the headers;
+  beyond, ``408`` and close, and the app's ``receive()`` reports a disconnect.
+- **connections**: at most ``max_connections`` open at once; one more is answered ``503``
+  and closed at once. Idle keep-alive connections close after ``keep_alive_timeout``.
+
+``max_body_bytes`` is enforced by the app while it reads (``413``).
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
 import logging
+import os
 import socket
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sparkiq.errors import ConfigError
 from sparkiq.server.served import ServedNode
 
-__all__ = ["RunningServer", "bind_socket", "start_server"]
+__all__ = ["HttpLimits", "RunningServer", "bind_socket", "start_server"]
 
 log = logging.getLogger("sparkiq.server")
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one node's HTTP server accepts from a client (see the module docstring).
+
+    Every field has a ``SPARKIQ_HTTP_<NAME>`` environment variable (:meth:`from_env`), e.g.
+    ``SPARKIQ_HTTP_HEADER_TIMEOUT=5``.
+    """
+
+    max_header_bytes: int = 64 * 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_body_bytes: int = 1 << 20
+    max_connections: int = 1000
+    keep_alive_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"HttpLimits.{f.name} must be a number > 0, got {value!r}")
+
+    @staticmethod
+    def from_env(**overrides: Any) -> HttpLimits:
+        """Keyword arguments first, then ``SPARKIQ_HTTP_<NAME>`` variables, then defaults."""
+        unknown = set(overrides) - {f.name for f in fields(HttpLimits)}
+        if unknown:
+            raise ConfigError(f"unknown HttpLimits fields {sorted(unknown)}")
+        values: dict[str, Any] = {}
+        for f in fields(HttpLimits):
+            if overrides.get(f.name) is not None:
+                values[f.name] = overrides[f.name]
+                continue
+            variable = f"SPARKIQ_HTTP_{f.name.upper()}"
+            raw = os.environ.get(variable)
+            if raw is None:
+                continue
+            try:
+                values[f.name] = float(raw) if f.type == "float" else int(raw)
+            except ValueError:
+                raise ConfigError(f"{variable}={raw!r} is not a number") from None
+        return HttpLimits(**values)
+
+
+_LINGER_SECONDS = 1.0
+_LINGER_BYTES = 4 << 20
+
+
+class _LimitedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`HttpLimits` enforced (one instance per
+    connection; everything runs on the server's event loop, so no lock is needed)."""
+
+    limits: ClassVar[HttpLimits] = HttpLimits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._awaiting_headers = True  # from a request's first byte to its headers' end
+        self._header_bytes = 0
+        self._received_any = False
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._discarding: int | None = None  # bytes still dropped after a refusal
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(
+                503, f"this node accepts at most {self.limits.max_connections} connections"
+            )
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._discarding is not None:  # refused: drop what still arrives (see _refuse)
+            self._discarding -= len(data)
+            if self._discarding < 0:
+                self.transport.abort()
+            return
+        self._received_any = True
+        if self._awaiting_headers:
+            room = self.limits.max_header_bytes - self._header_bytes
+            if len(data) > room:
+                # feed what fits: the headers may end within it, the rest is then body
+                super().data_received(data[: max(room, 0)])
+                if self._awaiting_headers:
+                    self._refuse(
+                        431,
+                        f"request headers exceed {self.limits.max_header_bytes} bytes",
+                    )
+                    return
+                data = data[max(room, 0) :]
+                if self.transport.is_closing() or not data:
+                    return
+            else:
+                self._header_bytes += len(data)
+        super().data_received(data)
+
+    # -- parser callbacks (called from within feed_data) ----------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._awaiting_headers = True
+        self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        self._body_timer = self.loop.call_later(self.limits.body_timeout, self._body_too_slow)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        self._awaiting_headers = True
+        self._header_bytes = 0
+        super().on_message_complete()
+
+    # -- limits ----------------------------------------------------------------------------
+
+    def _arm_header_timer(self) -> None:
+        # A deadline already running (armed when the connection opened) is not extended.
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(
+                self.limits.header_timeout, self._headers_too_slow
+            )
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if not self._received_any:  # an idle connection that never asked anything
+            self.transport.close()
+            return
+        self._refuse(408, f"request headers not received within {self.limits.header_timeout} s")
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        if self.cycle is not None and not self.cycle.response_started:
+            self._refuse(408, f"request body not received within {self.limits.body_timeout} s")
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with a JSON error (as the app's errors) and close the
+        connection; the app's task, if one runs, sees a disconnect and its sends are
+        dropped."""
+        self._cancel_timers()
+        if self.transport.is_closing():
+            return
+        code = {408: "request_timeout", 431: "headers_too_large", 503: "too_many_connections"}
+        body = b'{"error":{"code":"%s","message":"%s","field":null}}' % (
+            code.get(status, "refused").encode(),
+            message.encode(),
+        )
+        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+        head = b"HTTP/1.1 %d %s\r\n" % (status, reason.get(status, b"Service Unavailable"))
+        self.transport.write(
+            head
+            + b"content-type: application/json\r\nconnection: close\r\n"
+            + b"content-length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        if self.cycle is not None:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        # A close with unread bytes queued makes the kernel reset the connection, and the
+        # client may then lose the answer: end our side, read and drop what the client is
+        # still sending, and close when it has read the answer (or soon after, or once it
+        # sent too much).
+        self._discarding = _LINGER_BYTES
+        try:
+            self.transport.write_eof()
+        except (NotImplementedError, OSError, RuntimeError):
+            self.transport.close()
+            return
+        self.loop.call_later(_LINGER_SECONDS, self.transport.close)
 
 
 class RunningServer:
@@ -37,20 +247,29 @@ class RunningServer:
 
 
 def start_server(
-    node: ServedNode, sock: socket.socket, *, max_body_bytes: int = 1 << 20
+    node: ServedNode,
+    sock: socket.socket,
+    *,
+    max_body_bytes: int | None = None,
+    limits: HttpLimits | None = None,
 ) -> RunningServer:
-    """Serve ``node``'s REST API and node protocol on ``sock`` until ``stop()``."""
+    """Serve ``node``'s REST API and node protocol on ``sock`` until ``stop()``, within
+    ``limits`` (default :meth:`HttpLimits.from_env`; ``max_body_bytes`` overrides its
+    field)."""
     from sparkiq.server.app import RestApp
 
-    app = RestApp(node, max_body_bytes=max_body_bytes)
+    if limits is None:
+        limits = HttpLimits.from_env(max_body_bytes=max_body_bytes)
+    app = RestApp(node, max_body_bytes=max_body_bytes or limits.max_body_bytes)
+    protocol = type("LimitedProtocol", (_LimitedProtocol,), {"limits": limits})
     config = uvicorn.Config(
         app,
         lifespan="off",
         access_log=False,
         log_level="warning",
-        http="httptools" if importlib.util.find_spec("httptools") else "h11",
-        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        timeout_keep_alive=30,
+        http=protocol,
+        loop="uvloop" if _has_uvloop() else "asyncio",
+        timeout_keep_alive=int(max(1, limits.keep_alive_timeout)),
         timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)
@@ -65,6 +284,12 @@ def start_server(
         time.sleep(0.005)
     log.info("serving on %s", sock.getsockname())
     return RunningServer(server, thread, app)
+
+
+def _has_uvloop() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("uvloop") is not None
 
 
 def bind_socket(listen: str) -> socket.socket:

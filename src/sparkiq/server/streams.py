@@ -8,6 +8,7 @@ from typing import Any
 
 from sparkiq.errors import SparkiqError
 from sparkiq.query.result import StateQueryResult
+from sparkiq.server.scrub import scrub
 from sparkiq.wire.jsonapi import dumps
 
 __all__ = ["KEEPALIVE_SECONDS", "iq_json_chunks", "push_chunks", "sql_json"]
@@ -16,12 +17,15 @@ ROWS_PER_CHUNK = 512
 KEEPALIVE_SECONDS = 10.0
 
 
-def iq_json_chunks(store: str, results: StateQueryResult[Any]) -> Iterator[bytes]:
+def iq_json_chunks(
+    store: str, results: StateQueryResult[Any], roots: tuple[str, ...] = ()
+) -> Iterator[bytes]:
     """``{"store", "partitions": {p: {...}}, "position"}`` written as it is read.
 
     A partition is ``{"position", "result"}`` for a single value, ``{"position", "rows":
     [{"key", "row"}, ...]}`` for an iterator result (streamed, never held whole) or
-    ``{"position", "failure": {"reason", "message"}}``.
+    ``{"position", "failure": {"reason", "message"}}``, the message scrubbed of paths and
+    Python internals (:func:`~sparkiq.server.scrub.scrub`, ``roots`` as there).
     """
     items = sorted(results.partition_results.items())
     try:
@@ -33,7 +37,8 @@ def iq_json_chunks(store: str, results: StateQueryResult[Any]) -> Iterator[bytes
             if result.execution_info:
                 info = b',"execution_info":' + dumps(list(result.execution_info))
             if result.failure_reason is not None:
-                failure = {"reason": result.failure_reason.name, "message": result.failure_message}
+                message = scrub(result.failure_message or "", roots)
+                failure = {"reason": result.failure_reason.name, "message": message}
                 yield (
                     head
                     + b'{"position":'
@@ -67,12 +72,13 @@ def iq_json_chunks(store: str, results: StateQueryResult[Any]) -> Iterator[bytes
                 close()
 
 
-def push_chunks(subscription: Any) -> Iterator[bytes]:
+def push_chunks(subscription: Any, roots: tuple[str, ...] = ()) -> Iterator[bytes]:
     """One JSON line per change (``{"key", "row", "position", "batch_id", "snapshot"}``,
     the fields of :class:`~sparkiq.sql.change.Change`; ``row`` null for a
     deletion), an empty line every :data:`KEEPALIVE_SECONDS` while nothing happens, and a
     final ``{"error": ...}`` line if the subscription fails (e.g. the client reads too
-    slowly). Closing the generator closes the subscription."""
+    slowly), its message scrubbed as the REST API's errors. Closing the generator closes
+    the subscription."""
     try:
         while True:
             try:
@@ -82,7 +88,7 @@ def push_chunks(subscription: Any) -> Iterator[bytes]:
             except SparkiqError as exc:
                 error = {
                     "code": getattr(exc, "code", None) or "push_failed",
-                    "message": exc.message,
+                    "message": scrub(exc.message, roots),
                 }
                 yield dumps({"error": error}) + b"\n"
                 return

@@ -1,92 +1,286 @@
-"""Locked-down DuckDB connections, one per thread, and running a statement over Arrow tables.
+"""Locked-down DuckDB connections, one per thread, and running a statement over Arrow tables
+within bounds of time, memory, spill and result size.
 
-Every connection is in-memory and configured before first use with
+Each :class:`DuckPool` is one in-memory DuckDB database, configured before first use with
 ``enable_external_access=false`` (no files, no network, no ATTACH/COPY/INSTALL),
 ``autoload_known_extensions=false``, ``autoinstall_known_extensions=false``,
-``allow_community_extensions=false``, a bounded ``memory_limit`` and ``threads``, then
-``lock_configuration=true`` so no statement can change any of it. The analyzer refuses
+``allow_community_extensions=false``, a bounded ``memory_limit`` and ``threads``, spilling
+into a private directory the pool creates (and removes at :meth:`DuckPool.close`) of at most
+``max_temp_directory_size``, then ``lock_configuration=true`` so no statement can change any
+of it. Threads use cursors of that one database (a DuckDB connection is used by one thread
+at a time), so ``memory_limit`` bounds the pool, not each thread. The analyzer refuses
 everything but SELECT before DuckDB sees a statement; this lock is the second wall.
 
-A connection is used by one thread at a time (DuckDB connections are not shared across
-threads), so the pool is a ``threading.local`` per settings.
+DuckDB's ``memory_limit`` covers its buffer manager (sorts, hash tables, spilled data), not
+the strings and lists a function builds, so three more bounds hold here:
+
+- **values**: every connection shadows the functions that build a value much larger than
+  their input (``repeat``, ``lpad``/``rpad``, ``range``/``generate_series``,
+  ``list_resize``, ``bar``, ``to_base``, ``bitstring``, ``printf``/``format`` widths,
+  ``replace``/``regexp_replace``) and those whose cost is the product of their inputs'
+  lengths (``levenshtein`` and kin) with temporary macros that refuse an argument beyond
+  ``max_value_bytes`` before the original runs. A function cannot be called qualified
+  (``system.main.repeat``): the parser refuses dotted calls.
+- **process memory**: while statements run, one watchdog thread reads the process's
+  resident size every :data:`_RSS_POLL` seconds and interrupts every running statement
+  during which it grew more than twice ``memory_limit`` (over its size when that statement
+  started).
+- **result bytes**: rows are fetched in chunks and counted (:func:`approx_bytes`); a
+  result beyond ``max_result_bytes`` stops fetching and fails.
+
+Not bounded here (known): a chain of ``||`` over CTEs doubles a value per step within one
+chunk, before an interrupt is seen; only a worker process with its own memory limit would
+bound that for certain.
 """
 
 from __future__ import annotations
 
 import atexit
+import datetime as dt
+import functools
+import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
+from sparkiq.errors import ConfigError
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnknownNameError
 
-__all__ = ["DuckPool", "run"]
+__all__ = ["DuckPool", "approx_bytes", "parse_size", "run"]
+
+_RSS_POLL = 0.025
+_FETCH_ROWS = 1024
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|[kmgt]i?b)?\s*$", re.IGNORECASE)
+_UNIT = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNIT |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str, name: str = "size") -> int:
+    """Bytes of a DuckDB-style size (``"512MB"``, ``"1GiB"``, ``"4096"``); ConfigError else."""
+    found = _SIZE.match(text) if isinstance(text, str) else None
+    if found is None:
+        raise ConfigError(f"{name} must be a size like '512MB' or '1GiB', got {text!r}")
+    return int(float(found.group(1)) * _UNIT[(found.group(2) or "b").lower()])
 
 
 class DuckPool:
-    """Per-thread locked-down DuckDB connections with one memory and thread budget."""
+    """One locked-down DuckDB database with a memory, thread and spill budget, used through
+    one cursor per thread.
 
-    def __init__(self, memory_limit: str = "512MB", threads: int = 2) -> None:
+    ``memory_limit`` and ``spill_limit`` are DuckDB sizes (``"512MB"``); ``max_value_bytes``
+    bounds a value a function builds, ``max_result_bytes`` a fetched result (see the
+    module docstring). The spill directory is created on first use and removed by
+    :meth:`close` (also at interpreter exit)."""
+
+    def __init__(
+        self,
+        memory_limit: str = "512MB",
+        threads: int = 2,
+        *,
+        spill_limit: str = "1GB",
+        max_value_bytes: int = 64 << 10,
+        max_result_bytes: int = 64 << 20,
+    ) -> None:
         self.memory_limit = memory_limit
+        self.memory_bytes = parse_size(memory_limit, "memory_limit")
+        self.spill_limit = spill_limit
+        parse_size(spill_limit, "spill_limit")
         self.threads = threads
+        self.max_value_bytes = max_value_bytes
+        self.max_result_bytes = max_result_bytes
+        self.spill_dir: str | None = None
         self._local = threading.local()
-        self._all: dict[int, tuple[threading.Thread, duckdb.DuckDBPyConnection]] = {}
+        # _lock guards _root, spill_dir and _all (threads create cursors concurrently)
         self._lock = threading.Lock()
+        self._root: duckdb.DuckDBPyConnection | None = None
+        self._all: dict[int, tuple[threading.Thread, duckdb.DuckDBPyConnection]] = {}
+
+    @staticmethod
+    def for_limits(limits: Any, threads: int | None = None) -> DuckPool:
+        """A pool with a :class:`~sparkiq.sql.SqlLimits`' budgets (``threads`` overrides
+        its ``threads``)."""
+        return DuckPool(
+            limits.memory_limit,
+            limits.threads if threads is None else threads,
+            spill_limit=limits.spill_limit,
+            max_value_bytes=limits.max_value_bytes,
+            max_result_bytes=limits.max_result_bytes,
+        )
 
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """This thread's connection (created and locked on first use)."""
+        """This thread's cursor (created, with the guard macros, on first use)."""
         con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
         if con is None:
-            con = duckdb.connect(
-                ":memory:",
-                config={
-                    "enable_external_access": False,
-                    "autoload_known_extensions": False,
-                    "autoinstall_known_extensions": False,
-                    "allow_community_extensions": False,
-                    "memory_limit": self.memory_limit,
-                    "threads": self.threads,
-                    "lock_configuration": True,
-                },
-            )
-            self._local.con = con
             with self._lock:
-                if not self._all:
+                if self._root is None:
+                    self._root = self._open()
                     atexit.register(self.close)
+                con = self._root.cursor()
                 for ident, (thread, old) in list(self._all.items()):
                     if not thread.is_alive():
                         old.close()
                         del self._all[ident]
                 self._all[threading.get_ident()] = (threading.current_thread(), con)
+            con.execute(_guards(self.max_value_bytes))
+            self._local.con = con
         return con
 
+    def _open(self) -> duckdb.DuckDBPyConnection:
+        # DuckDB's default spill directory is <cwd>/.tmp, shared and unbounded
+        self.spill_dir = tempfile.mkdtemp(prefix="sparkiq-duckdb-")
+        return duckdb.connect(
+            ":memory:",
+            config={
+                "enable_external_access": False,
+                "autoload_known_extensions": False,
+                "autoinstall_known_extensions": False,
+                "allow_community_extensions": False,
+                "memory_limit": self.memory_limit,
+                "threads": self.threads,
+                "temp_directory": self.spill_dir,
+                "max_temp_directory_size": self.spill_limit,
+                "lock_configuration": True,
+            },
+        )
+
     def close(self) -> None:
-        """Close every connection (at interpreter exit; DuckDB complains otherwise)."""
+        """Close every cursor and the database and remove the spill directory (at
+        interpreter exit; DuckDB complains otherwise)."""
         with self._lock:
             for _, con in self._all.values():
                 con.close()
             self._all.clear()
+            if self._root is not None:
+                self._root.close()
+                self._root = None
+            if self.spill_dir is not None:
+                shutil.rmtree(self.spill_dir, ignore_errors=True)
+                self.spill_dir = None
+        self._local = threading.local()
+
+
+@functools.cache
+def _guards(cap: int) -> str:
+    """The guard macros as one script: DuckDB parses it in one call per connection."""
+    return ";\n".join(_guard_macros(cap))
+
+
+_VALUE_ERROR = "sparkiq: value too large"
+_COST_ERROR = "sparkiq: too costly"
+
+
+def _guard_macros(cap: int) -> list[str]:
+    """``CREATE TEMP MACRO`` statements shadowing the value-building functions (temporary
+    objects are per connection, and found before the built-in functions)."""
+
+    def refuse(condition: str, value: str, what: str, kind: str = _VALUE_ERROR) -> str:
+        return f"CASE WHEN {condition} THEN error('{kind}: {what}') ELSE {value} END"
+
+    items = cap // 8
+    ranges = (
+        f"(a) AS system.main.{{f}}({refuse(f'a > {items}', 'a', '{f}')}), "
+        f"(a, b) AS system.main.{{f}}(a, {refuse(f'b - a > {items}', 'b', '{f}')}), "
+        f"(a, b, c) AS system.main.{{f}}(a, {refuse(f'(b - a) / c > {items}', 'b', '{f}')}, c)"
+    )
+    fmt = r"regexp_matches(f, '[0-9]{6,}|\*|\{[^}]*\{')"
+    args = ["a", "b", "c", "d", "e", "g", "h", "i"]
+    formats = ", ".join(
+        f"(f{''.join(', ' + a for a in args[:n])}) AS system.main.{{f}}("
+        f"{refuse(fmt, 'f', '{f} width')}{''.join(', ' + a for a in args[:n])})"
+        for n in range(len(args) + 1)
+    )
+    quadratic = (
+        "(a, b) AS system.main.{f}(a, "
+        + refuse("strlen(a)::DOUBLE * strlen(b) > 1e8", "b", "{f} of long strings", _COST_ERROR)
+        + ")"
+    )
+    pad = "(s, n, f) AS system.main.{f}(s, " + refuse(f"n::DOUBLE * 4 > {cap}", "n", "{f}") + ", f)"
+    macros = {
+        "repeat": "(s, n) AS system.main.repeat(s, "
+        + refuse(f"n > 0 AND n::DOUBLE * strlen(CAST(s AS VARCHAR)) > {cap}", "n", "repeat")
+        + ")",
+        "lpad": pad,
+        "rpad": pad,
+        "range": ranges,
+        "generate_series": ranges,
+        "list_resize": "(l, n) AS system.main.list_resize(l, "
+        + refuse(f"n > {items}", "n", "list_resize")
+        + "), (l, n, v) AS system.main.list_resize(l, "
+        + refuse(f"n > {items}", "n", "list_resize")
+        + ", v)",
+        "to_base": "(n, r, m) AS system.main.to_base(n, r, "
+        + refuse(f"m > {cap}", "m", "to_base")
+        + ")",
+        "bitstring": "(s, n) AS system.main.bitstring(s, "
+        + refuse(f"n > {cap * 8}", "n", "bitstring")
+        + ")",
+        "bar": "(x, lo, hi) AS system.main.bar(x, lo, hi), (x, lo, hi, w) AS "
+        + "system.main.bar(x, lo, hi, "
+        + refuse(f"w > {cap // 4}", "w", "bar")
+        + ")",
+        "printf": formats,
+        "format": formats,
+        "replace": "(s, a, b) AS system.main.replace(s, a, "
+        + refuse(
+            f"strlen(s)::DOUBLE / greatest(strlen(a), 1) * strlen(b) > greatest({cap}, strlen(s))",
+            "b",
+            "replace",
+        )
+        + ")",
+        "regexp_replace": "(s, p, r) AS system.main.regexp_replace(s, p, "
+        + refuse(f"2.0 * (strlen(s) + 1) * strlen(r) > greatest({cap}, 2 * strlen(s))", "r", "{f}")
+        + "), (s, p, r, o) AS system.main.regexp_replace(s, p, "
+        + refuse(f"2.0 * (strlen(s) + 1) * strlen(r) > greatest({cap}, 2 * strlen(s))", "r", "{f}")
+        + ", o)",
+        "levenshtein": quadratic,
+        "damerau_levenshtein": quadratic,
+        "editdist3": quadratic,
+        "jaro_similarity": quadratic,
+        "jaro_winkler_similarity": quadratic,
+    }
+    return [
+        f"CREATE OR REPLACE TEMP MACRO {name}{body.replace('{f}', name)}"
+        for name, body in macros.items()
+    ]
+
+
+class _Statement:
+    """One running statement the watchdog may interrupt, and why it did."""
+
+    __slots__ = ("budget", "con", "deadline", "reason", "start_rss")
+
+    def __init__(self, deadline: float, con: duckdb.DuckDBPyConnection, budget: int) -> None:
+        self.deadline, self.con, self.budget = deadline, con, budget
+        self.reason: str | None = None
+        # measured per statement: a node busy for hours never has an idle moment to
+        # measure a baseline at, and grows for other reasons meanwhile (replicas, caches)
+        self.start_rss = _rss()
 
 
 class _Watchdog:
-    """One daemon thread interrupting connections whose deadline passed (started on first
-    use; a timer thread per statement would cost more than a key lookup)."""
+    """One daemon thread interrupting statements whose deadline passed, or all of them when
+    the process grew past their memory budget (started on first use; a timer thread per
+    statement would cost more than a key lookup)."""
 
     def __init__(self) -> None:
+        # _cond guards _armed and _thread
         self._cond = threading.Condition()
-        self._armed: dict[int, tuple[float, duckdb.DuckDBPyConnection, threading.Event]] = {}
+        self._armed: dict[int, _Statement] = {}
         self._next = 0
         self._thread: threading.Thread | None = None
 
-    def arm(self, deadline: float, con: duckdb.DuckDBPyConnection, flag: threading.Event) -> int:
+    def arm(self, statement: _Statement) -> int:
         with self._cond:
             self._next += 1
-            self._armed[self._next] = (deadline, con, flag)
+            self._armed[self._next] = statement
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="sparkiq-sql-watchdog", daemon=True
@@ -103,17 +297,53 @@ class _Watchdog:
         with self._cond:
             while True:
                 now = time.monotonic()
-                expired = [t for t, (deadline, _, _) in self._armed.items() if deadline <= now]
-                for token in expired:
-                    _, con, flag = self._armed.pop(token)
-                    flag.set()
-                    con.interrupt()
-                    del con  # this frame outlives the statement: hold no connection
-                soonest = min((d for d, _, _ in self._armed.values()), default=now + 60)
+                self._interrupt_due(now)
+                soonest = min((s.deadline for s in self._armed.values()), default=now + 60)
+                if self._armed:
+                    soonest = min(soonest, now + _RSS_POLL)
                 self._cond.wait(max(0.001, soonest - time.monotonic()))
 
+    def _interrupt_due(self, now: float) -> None:
+        """Interrupt statements past their deadline or budget (a function of its own: the
+        waiting loop must hold no reference to a statement, hence none to a connection)."""
+        rss = _rss() if self._armed else 0
+        for token, statement in list(self._armed.items()):
+            if statement.deadline <= now:
+                statement.reason = "timeout"
+            elif rss - statement.start_rss > statement.budget:
+                statement.reason = "memory"
+            else:
+                continue
+            del self._armed[token]
+            statement.con.interrupt()
 
+
+def _rss() -> int:
+    """This process's resident bytes (Linux; 0 elsewhere, which disables the check)."""
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _WATCHDOG = _Watchdog()
+_SCALAR = (int, float, bool, Decimal, dt.date, dt.time, dt.datetime, dt.timedelta)
+
+
+def approx_bytes(value: Any) -> int:
+    """About how many bytes ``value`` (a row, a list of rows, a cell) takes once encoded:
+    strings and bytes by length, other scalars 8, containers the sum of their items."""
+    if isinstance(value, str | bytes | bytearray):
+        return len(value) + 2
+    if value is None or isinstance(value, _SCALAR):
+        return 8
+    if isinstance(value, dict):
+        return sum(approx_bytes(k) + approx_bytes(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(map(approx_bytes, value)) + 2
+    return len(str(value))
 
 
 def run(
@@ -132,34 +362,27 @@ def run(
 
     Returns ``(column names, rows as tuples)``, or ``(names, pyarrow.Table)`` with
     ``arrow=True``, or ``(names, DuckDB type names)`` with ``types=True``. DuckDB is
-    interrupted after ``timeout`` seconds (:class:`SqlLimitError`); its errors become
-    :class:`SqlError`. ``max_rows`` stops fetching after that many rows.
+    interrupted after ``timeout`` seconds or when the process outgrows the pool's memory
+    budget, and results are bounded by ``pool.max_result_bytes``
+    (:class:`SqlLimitError`); its errors become :class:`SqlError`. ``max_rows`` stops
+    fetching after that many rows.
     """
     con = pool.connection()
-    timed_out = threading.Event()
-    armed = None
-    if timeout is not None:
-        if timeout <= 0:
-            raise SqlLimitError(_timeout_message(), code="timeout")
-        armed = _WATCHDOG.arm(time.monotonic() + timeout, con, timed_out)
+    statement = _Statement(
+        time.monotonic() + (timeout if timeout is not None else 1e9), con, 2 * pool.memory_bytes
+    )
+    if timeout is not None and timeout <= 0:
+        raise SqlLimitError(_timeout_message(), code="timeout")
+    armed = _WATCHDOG.arm(statement)
     try:
         for name, table in relations.items():
             con.register(name, table)
         try:
             if arrow:
-                relation = con.sql(sql, params=params)
-                assert relation is not None
-                table = relation.to_arrow_table()
-                assert table is not None
-                return list(table.column_names), table
+                return _fetch_arrow(con, sql, params, pool.max_result_bytes)
             cursor = con.execute(sql, params)
             names = [d[0] for d in cursor.description or ()]
-            if max_rows is None:
-                rows = cursor.fetchall()
-            else:
-                rows = cursor.fetchmany(max_rows)
-                if len(rows) == max_rows:
-                    cursor.abort()  # DuckDB refuses other work while a result is unfinished
+            rows = _fetch_rows(cursor, max_rows, pool.max_result_bytes)
             if types:
                 return names, [str(d[1]) for d in cursor.description or ()]
             return names, rows
@@ -167,13 +390,19 @@ def run(
             for name in relations:
                 con.unregister(name)
     except duckdb.InterruptException:
-        raise SqlLimitError(_timeout_message(), code="timeout") from None
+        raise _interrupted(statement, pool) from None
     except duckdb.BinderException as exc:
         raise _binder_error(str(exc), relations) from None
+    except duckdb.OutOfMemoryException as exc:
+        raise _out_of_memory(pool, "temp" in str(exc).lower()) from None
     except duckdb.Error as exc:
-        if timed_out.is_set():
-            raise SqlLimitError(_timeout_message(), code="timeout") from None
+        if statement.reason is not None:
+            raise _interrupted(statement, pool) from None
         text = _clean(str(exc))
+        if _VALUE_ERROR in text or _COST_ERROR in text:
+            raise _value_error(text, pool) from None
+        if "max_temp_directory_size" in text or "temp_directory" in text:
+            raise _out_of_memory(pool, True) from None
         function = re.search(r"Function with name (\w+) does not exist", text)
         if function is not None:
             raise SqlUnknownNameError(
@@ -184,8 +413,113 @@ def run(
             ) from None
         raise SqlError(f"the query failed while executing: {text}", code="execution") from None
     finally:
-        if armed is not None:
-            _WATCHDOG.disarm(armed)
+        _WATCHDOG.disarm(armed)
+
+
+def _fetch_rows(cursor: Any, max_rows: int | None, max_bytes: int) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    size = _sizer([str(d[1]) for d in cursor.description or ()])
+    held = 0
+    while True:
+        want = _FETCH_ROWS if max_rows is None else min(_FETCH_ROWS, max_rows - len(rows))
+        if want <= 0:
+            cursor.abort()  # DuckDB refuses other work while a result is unfinished
+            return rows
+        chunk = cursor.fetchmany(want)
+        held += size(chunk)
+        if held > max_bytes:
+            cursor.abort()
+            raise _too_large(max_bytes)
+        rows += chunk
+        if len(chunk) < want:
+            return rows
+
+
+_TEXT_TYPES = ("VARCHAR", "BLOB", "BIT", "JSON")
+
+
+def _sizer(types: list[str]) -> Any:
+    """A function giving about how many bytes a chunk of rows of ``types`` (DuckDB type
+    names) takes: 8 per fixed-size value, lengths of strings and blobs, the length of a
+    nested value's text (a walk over its items in Python would cost more)."""
+    text = [i for i, t in enumerate(types) if t in _TEXT_TYPES]
+    nested = [
+        i
+        for i, t in enumerate(types)
+        if i not in text and ("[" in t or t.startswith(("STRUCT", "MAP", "UNION")))
+    ]
+    per_row = 8 * (len(types) - len(text) - len(nested)) + 2
+
+    def size(chunk: list[tuple[Any, ...]]) -> int:
+        total = per_row * len(chunk)
+        for i in text:
+            total += sum(len(row[i]) for row in chunk if row[i] is not None)
+        for i in nested:  # their text is about their size, and repr() runs in C
+            total += sum(len(repr(row[i])) for row in chunk)
+        return total
+
+    return size
+
+
+def _fetch_arrow(
+    con: Any, sql: str, params: Mapping[str, Any] | None, max_bytes: int
+) -> tuple[list[str], pa.Table]:
+    relation = con.sql(sql, params=params)
+    assert relation is not None
+    reader = relation.fetch_arrow_reader(batch_size=64 * _FETCH_ROWS)
+    try:
+        batches = []
+        held = 0
+        for batch in reader:
+            held += batch.nbytes
+            if held > max_bytes:
+                raise _too_large(max_bytes)
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
+    finally:
+        reader.close()
+        relation.close()  # a relation left open keeps its connection alive past close()
+    return list(table.column_names), table
+
+
+def _too_large(max_bytes: int) -> SqlLimitError:
+    return SqlLimitError(
+        f"the result holds more than SqlLimits.max_result_bytes={max_bytes} bytes; select "
+        "fewer or shorter columns, add a LIMIT, or page with page_size=",
+        code="result_too_large",
+    )
+
+
+def _interrupted(statement: _Statement, pool: DuckPool) -> SqlLimitError:
+    if statement.reason == "memory":
+        return _out_of_memory(pool)
+    return SqlLimitError(_timeout_message(), code="timeout")
+
+
+def _out_of_memory(pool: DuckPool, spill: bool = False) -> SqlLimitError:
+    budget = f"SqlLimits.memory_limit={pool.memory_limit}"
+    if spill:
+        budget += f" and SqlLimits.spill_limit={pool.spill_limit}"
+    return SqlLimitError(
+        f"the query needs more memory than {budget} allow; narrow it with a key predicate "
+        "or LIMIT, aggregate before joining, or raise the limit",
+        code="out_of_memory",
+    )
+
+
+def _value_error(text: str, pool: DuckPool) -> SqlLimitError:
+    what = text.split(": ")[-1]
+    if _COST_ERROR in text:
+        return SqlLimitError(
+            f"{what}: the inputs are too long for a function whose cost is the product of "
+            "their lengths; compare shorter strings",
+            code="too_costly",
+        )
+    return SqlLimitError(
+        f"{what} would build a value of more than SqlLimits.max_value_bytes="
+        f"{pool.max_value_bytes} bytes; build a smaller value or raise the limit",
+        code="value_too_large",
+    )
 
 
 def _timeout_message() -> str:

@@ -24,6 +24,7 @@ mutated in place, under a lock.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -63,6 +64,11 @@ from sparkiq.stores.versions import VALID_FROM, VALID_TO
 __all__ = ["SqlEngine"]
 
 _CACHE_SIZE = 512
+# A shape template pays off for lookups of a few keys; binding one costs time quadratic in
+# its literals (sqlglot re-parents every sibling of a replaced node), and a statement with
+# thousands (a long IN list) is not going to be repeated with other values anyway.
+_TEMPLATE_LITERALS = 64
+_CONNECTIVE = re.compile(r"\b(?:and|or)\b", re.IGNORECASE)  # counted, not parsed: no groups
 _UNBOUNDED = PositionBound.unbounded()
 
 
@@ -73,7 +79,7 @@ class SqlEngine:
     def __init__(self, source: QuerySource, limits: SqlLimits | None = None) -> None:
         self.source = source
         self.limits = limits if limits is not None else SqlLimits()
-        self._pool = DuckPool(self.limits.memory_limit, self.limits.threads)
+        self._pool = DuckPool.for_limits(self.limits)
         self._lock = threading.Lock()
         self._by_text: OrderedDict[str, Plan] = OrderedDict()
         self._by_shape: dict[str, Plan | None] = {}
@@ -98,12 +104,26 @@ class SqlEngine:
             return plan, (), False
         self.limits.check_statement(text)  # before the shape regex reads it
         shaped = shape_of(text)
+        terms = (len(shaped[1]) if shaped is not None else 0) + sum(
+            1 for _ in _CONNECTIVE.finditer(text)
+        )
+        if terms > self.limits.max_terms:
+            raise SqlLimitError(
+                f"the statement holds {terms} literal values and AND/OR terms, more than "
+                f"SqlLimits.max_terms={self.limits.max_terms}; split a long IN list or "
+                "OR chain into several statements, or select a key range",
+                code="too_many_terms",
+            )
         if shaped is not None:
             template = self._by_shape.get(shaped[0])
             if template is not None:
                 return template, shaped[1], True
         plan = self._full_plan(text)
-        if shaped is not None and shaped[0] not in self._by_shape:
+        if (
+            shaped is not None
+            and len(shaped[1]) <= _TEMPLATE_LITERALS
+            and shaped[0] not in self._by_shape
+        ):
             self._remember_shape(shaped[0], shaped[1], plan)
         return plan, (), False
 

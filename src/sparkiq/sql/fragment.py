@@ -36,6 +36,7 @@ from sparkiq.schema.arrowrows import KEY_COLUMN, WINDOWSTART, ArrowRows
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlUnsupportedError
+from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.parse import parse
 from sparkiq.stores.dispatch import QueryContext, register
 from sparkiq.stores.partition import PartitionStore
@@ -56,7 +57,8 @@ class SqlFragmentQuery(Query):
     - ``lower``/``upper``: encoded store keys, ``lower <= key < upper`` (None: open).
     - ``window_from``/``window_to``: inclusive window-start bounds, internal microseconds.
     - ``sql``: a SELECT over ``__sq_part`` (None: return the columns as they are).
-    - ``timeout_ms``: DuckDB's budget on the answering node.
+    - ``timeout_ms``: DuckDB's budget on the answering node, capped by that node's own
+      ``SqlLimits.timeout_seconds`` (a caller cannot buy more time than a statement gets).
     - ``skip_below``: when fewer rows than this are in range, return the columns without
       running ``sql`` (a DuckDB run costs more than shipping a few rows). Only set it when
       ``sql`` selects exactly ``columns`` and the coordinator applies its effect again
@@ -73,7 +75,21 @@ class SqlFragmentQuery(Query):
     skip_below: int = 0
 
 
-_pool = DuckPool(memory_limit="512MB", threads=1)
+_pool_lock = threading.Lock()  # guards _pools
+_pools: list[tuple[SqlLimits, DuckPool]] = []
+
+
+def _fragment_pool() -> tuple[SqlLimits, DuckPool]:
+    """This process's limits (``SPARKIQ_SQL_*``) and the one pool fragments run in (one
+    DuckDB thread each: a node runs many fragments at once)."""
+    if not _pools:
+        with _pool_lock:
+            if not _pools:
+                limits = SqlLimits.from_env()
+                _pools.append((limits, DuckPool.for_limits(limits, threads=1)))
+    return _pools[0]
+
+
 _checked: OrderedDict[str, None] = OrderedDict()
 _checked_lock = threading.Lock()
 _builders: dict[tuple[int, tuple[str, ...]], tuple[TableSchema, ArrowRows]] = {}
@@ -209,5 +225,7 @@ def _fragment(
     table, position = partition_table(store, query, ctx.at_batch)
     if query.sql is not None and table.num_rows >= query.skip_below:
         _check_fragment_sql(query.sql)
-        _, table = run(_pool, query.sql, {PART: table}, timeout=query.timeout_ms / 1000, arrow=True)
+        limits, pool = _fragment_pool()
+        timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
+        _, table = run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)
     return QueryResult.for_result(table, position)

@@ -11,9 +11,12 @@ import os
 from dataclasses import dataclass, fields
 
 from sparkiq.errors import ConfigError
+from sparkiq.sql.duck import parse_size
 from sparkiq.sql.errors import SqlLimitError
 
 __all__ = ["SqlLimits"]
+
+_SIZES = ("memory_limit", "spill_limit")  # DuckDB sizes as text: "512MB", "1GiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +32,18 @@ class SqlLimits:
     - ``default_page_size`` / ``max_page_size``: page size when a page token is passed
       without ``page_size``, and the largest page a caller may ask for.
     - ``memory_limit`` / ``threads``: DuckDB's ``memory_limit`` and ``threads`` for the
-      engine's connections (per thread of the caller).
+      engine's database (shared by its threads); the process may grow at most twice
+      ``memory_limit`` while statements run before they are interrupted.
+    - ``spill_limit``: most bytes DuckDB spills to disk (into a private temporary
+      directory it removes when closed).
+    - ``max_value_bytes``: largest value a function may build (``repeat``, ``lpad``,
+      ``range``...; see :mod:`sparkiq.sql.duck`).
+    - ``max_result_bytes``: most bytes (approximately, as encoded) a result computed by
+      DuckDB may hold, on every path (REST JSON, the binary client, Postgres).
+    - ``max_terms``: most literal values (strings, numbers) plus ``AND``/``OR``
+      connectives one pull statement may hold: planning costs about a millisecond per
+      term, all of it holding the GIL. Longer lists: one statement per batch of keys, or a
+      key range.
     - ``max_key_lookups``: most point lookups an ``IN`` list (or the product of ``IN`` lists
       on a composite key) turns into before the engine scans the key range instead.
     - ``fragment_min_rows``: a partition with fewer rows in range skips its filter or
@@ -44,15 +58,18 @@ class SqlLimits:
     max_page_size: int = 10_000
     memory_limit: str = "512MB"
     threads: int = 2
+    spill_limit: str = "1GB"
+    max_value_bytes: int = 64 << 10
+    max_result_bytes: int = 64 << 20
+    max_terms: int = 1000
     max_key_lookups: int = 256
     fragment_min_rows: int = 2048
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "memory_limit":
-                if not isinstance(value, str) or not value.strip():
-                    raise ConfigError(f"SqlLimits.memory_limit must be like '512MB', got {value!r}")
+            if f.name in _SIZES:
+                parse_size(value, f"SqlLimits.{f.name}")
                 continue
             floor = 0 if f.name == "fragment_min_rows" else 1e-9
             if isinstance(value, bool) or not isinstance(value, int | float) or value < floor:
@@ -87,7 +104,7 @@ class SqlLimits:
             raw = os.environ.get(f"SPARKIQ_SQL_{f.name.upper()}")
             if raw is None:
                 continue
-            if f.name == "memory_limit":
+            if f.name in _SIZES:
                 values[f.name] = raw
             else:
                 try:

@@ -60,7 +60,7 @@ class TablePlan:
 
     @property
     def fragment_sql(self) -> str | None:
-        return None if self.fragment is None else self.fragment.sql(dialect=DIALECT)
+        return None if self.fragment is None else self.fragment.sql(dialect=DIALECT, copy=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,7 @@ class Plan:
     final_sql: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.final_sql = self.final.sql(dialect=DIALECT)
+        self.final_sql = self.final.sql(dialect=DIALECT, copy=False)
 
 
 def digest_of(text: str) -> str:
@@ -117,7 +117,9 @@ def _fragment(ref: TableRef, items: list[exp.Expr]) -> exp.Select:
     select = exp.Select(expressions=items)
     select.set("from_", exp.From(this=_relation(ref.alias, PART)))
     if ref.conjuncts:
-        select.set("where", exp.Where(this=exp.and_(*[c.copy() for c in ref.conjuncts])))
+        select.set(
+            "where", exp.Where(this=exp.and_(*[c.copy() for c in ref.conjuncts], copy=False))
+        )
     return select
 
 
@@ -167,7 +169,7 @@ def build_plan(
                 if pushed is not None:
                     fragment, top_n = pushed, True
         pushed_text = (
-            exp.and_(*ref.conjuncts).sql(dialect=DIALECT)
+            exp.and_(*ref.conjuncts).sql(dialect=DIALECT, copy=False)
             if ref.conjuncts and analysis.simple
             else None
         )
@@ -352,4 +354,4 @@ def key_page_queries(
     )
     final.set("limit", exp.Limit(expression=exp.Literal.number(want + 1)))
     final.set("offset", exp.Offset(expression=exp.Literal.number(skip)) if skip else None)
-    return final, fragment.sql(dialect=DIALECT), access, want
+    return final, fragment.sql(dialect=DIALECT, copy=False), access, want

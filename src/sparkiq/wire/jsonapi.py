@@ -66,8 +66,26 @@ _OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 def dumps(value: Any) -> bytes:
-    """JSON bytes for a response: rows, keys, metadata."""
-    return orjson.dumps(value, default=_default, option=_OPTIONS)
+    """JSON bytes for a response: rows, keys, metadata. Integers beyond 64 bits (DuckDB's
+    HUGEINT) are written as the JSON numbers they are."""
+    try:
+        return orjson.dumps(value, default=_default, option=_OPTIONS)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return orjson.dumps(_wide_ints(value), default=_default, option=_OPTIONS)
+
+
+def _wide_ints(value: Any) -> Any:
+    """``value`` with every integer orjson cannot write as a raw JSON fragment (the rare
+    path: only taken when such an integer is present)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return orjson.Fragment(str(value)) if not -(1 << 63) <= value < 1 << 64 else value
+    if isinstance(value, dict):
+        return {k: _wide_ints(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_wide_ints(v) for v in value]
+    return value
 
 
 # -- keys --------------------------------------------------------------------------------------

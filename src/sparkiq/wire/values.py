@@ -147,8 +147,25 @@ _decoder = msgspec.msgpack.Decoder(ext_hook=_from_ext)
 
 
 def pack(value: Any) -> bytes:
-    """Encode ``value`` (any mix of plain values, rows, keys, Arrow tables)."""
-    return _encoder.encode(to_wire(value))
+    """Encode ``value`` (any mix of plain values, rows, keys, Arrow tables). An integer
+    beyond MessagePack's 64 bits (DuckDB's HUGEINT) travels as the ``Decimal`` of the same
+    value."""
+    try:
+        return _encoder.encode(to_wire(value))
+    except OverflowError:
+        return _encoder.encode(to_wire(_wide_ints(value)))
+
+
+def _wide_ints(value: Any) -> Any:
+    """``value`` with every integer MessagePack cannot hold as a ``Decimal`` (the rare path:
+    only taken when such an integer is present)."""
+    if type(value) is int:
+        return Decimal(value) if not -(1 << 63) <= value < 1 << 64 else value
+    if type(value) is dict:
+        return {_wide_ints(k): _wide_ints(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_wide_ints(v) for v in value)
+    return value
 
 
 def unpack(data: bytes | memoryview) -> Any:
