@@ -466,7 +466,7 @@ def _fetch_arrow(
 ) -> tuple[list[str], pa.Table]:
     relation = con.sql(sql, params=params)
     assert relation is not None
-    reader = relation.fetch_arrow_reader(batch_size=64 * _FETCH_ROWS)
+    reader = relation.to_arrow_reader(batch_size=64 * _FETCH_ROWS)
     try:
         batches = []
         held = 0
