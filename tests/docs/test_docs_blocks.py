@@ -92,7 +92,8 @@ def test_python_blocks(page: Path, live: Live, page_dir: Path) -> None:
         timeout=540,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
-    assert result.stdout.count("\nok ") + result.stdout.startswith("ok ") == len(blocks)
+    ran = [line[3:] for line in result.stdout.splitlines() if line.startswith("ok ")]
+    assert ran == [b["where"] for b in blocks], result.stdout[-4000:]
 
 
 @pytest.mark.slow

@@ -356,7 +356,7 @@ class RestApp:
         return status
 
     def _stats(self) -> dict[str, Any]:
-        """``GET /stats``: what the console charts and the CLI's progress bars show."""
+        """``GET /stats``: what the console's query-rate charts and restore bars show."""
         doc: dict[str, Any] = {"node_id": self.node.node_id}
         doc.update(self.metrics.query_rate.series(self.node.tables))
         doc["partitions"] = [
