@@ -237,7 +237,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _query(args: argparse.Namespace) -> int:
     from sparkiq.client import Client
-    from sparkiq.output import ChangePrinter, print_rows
+    from sparkiq.output import ChangePrinter, Elapsed, print_rows
     from sparkiq.sql.statement import is_push_query
 
     with Client(args.url, token=args.token) as client:
@@ -250,7 +250,7 @@ def _query(args: argparse.Namespace) -> int:
                 except KeyboardInterrupt:
                     pass  # Ctrl-C ends a push query: it runs until then
             return failure.code
-        with _Failure("query", args) as failure:
+        with _Failure("query", args) as failure, Elapsed(sys.stderr, "running query"):
             answer = client.sql(args.sql)
         if failure.code:
             return failure.code
@@ -351,14 +351,25 @@ def _watch_status(state_dir: str, local_dirs: list[str] | None, every: float) ->
         return 2
     try:
         if sys.stdout.isatty():
+            from rich.console import Group, RenderableType
             from rich.live import Live
             from rich.text import Text
+
+            from sparkiq.output import restore_bars
 
             with Live(auto_refresh=False, transient=False) as live:
                 while True:
                     stamp = time.strftime("%H:%M:%S")
                     text = _status_text(state_dir, local_dirs)[1]
-                    live.update(Text(f"{text}\n\n{stamp}, every {every:g} s; Ctrl-C stops"))
+                    parts: list[RenderableType] = [Text(text)]
+                    for _, doc in _node_docs(state_dir, local_dirs):
+                        if doc is None:
+                            continue
+                        bars = restore_bars(doc.get("partitions", []))
+                        if bars is not None:  # restores in progress: a bar each
+                            parts += [Text(f"\nnode {doc.get('node_id')!r} restoring"), bars]
+                    parts.append(Text(f"\n{stamp}, every {every:g} s; Ctrl-C stops"))
+                    live.update(Group(*parts))
                     live.refresh()
                     time.sleep(every)
         while True:  # not a terminal: nothing to redraw, each update follows the last
@@ -395,17 +406,8 @@ def _status_text(state_dir: str, local_dirs: list[str] | None) -> tuple[int, str
         )
         newest = batches[-1] if batches else "-"
         add(f"{name:<24} {manifest.partitions:>5} {key:<20} {kept:>14} {newest!s:>7} {snapshot:>9}")
-    if local_dirs is None and "://" not in state_dir:
-        root = os.path.join(os.path.abspath(state_dir), "replicas")
-        local_dirs = (
-            [os.path.join(root, d) for d in sorted(os.listdir(root))] if os.path.isdir(root) else []
-        )
-    for local_dir in local_dirs or []:
-        path = os.path.join(local_dir, "status.json")
-        try:
-            with open(path) as handle:
-                doc = json.load(handle)
-        except (OSError, ValueError):
+    for local_dir, doc in _node_docs(state_dir, local_dirs):
+        if doc is None:
             add(f"\nnode at {local_dir}: no status.json (never started, or not a node)")
             continue
         age = time.time() - float(doc.get("updated_at", 0))
@@ -419,6 +421,27 @@ def _status_text(state_dir: str, local_dirs: list[str] | None) -> tuple[int, str
             if p.get("error"):
                 add(f"      error: {p['error']}")
     return 0, "\n".join(lines)
+
+
+def _node_docs(
+    state_dir: str, local_dirs: list[str] | None
+) -> list[tuple[str, dict[str, Any] | None]]:
+    """Per node local directory (given, or every one under ``<state_dir>/replicas``), its
+    ``status.json`` (see ``Hosting.write_status_file``), or None when it has none."""
+    if local_dirs is None and "://" not in state_dir:
+        root = os.path.join(os.path.abspath(state_dir), "replicas")
+        local_dirs = (
+            [os.path.join(root, d) for d in sorted(os.listdir(root))] if os.path.isdir(root) else []
+        )
+    out: list[tuple[str, dict[str, Any] | None]] = []
+    for local_dir in local_dirs or []:
+        try:
+            with open(os.path.join(local_dir, "status.json")) as handle:
+                doc = json.load(handle)
+        except (OSError, ValueError):
+            doc = None
+        out.append((local_dir, doc if isinstance(doc, dict) else None))
+    return out
 
 
 def _compact(state_dir: str, tables: list[str] | None, retention: float | None) -> int:

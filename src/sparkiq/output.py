@@ -2,7 +2,10 @@
 
 Pull results are printed whole (:func:`print_rows`); a push query's changes are printed one
 at a time as they arrive (:class:`ChangePrinter`), so nothing waits for the stream to end.
-Errors a user can fix get one sentence that says how (:func:`failure_message`).
+Errors a user can fix get one sentence that says how (:func:`failure_message`). On a
+terminal, progress goes to stderr: a spinner with the elapsed time while a pull query runs
+long (:class:`Elapsed`), a bar per restoring partition in ``sparkiq status --watch``
+(:func:`restore_bars`).
 """
 
 from __future__ import annotations
@@ -10,17 +13,33 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import decimal
-from collections.abc import Sequence
+import math
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any, Literal
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.spinner import Spinner
 from rich.table import Table
 
 from sparkiq.errors import AuthenticationError, NodeUnreachableError
 from sparkiq.sql.change import Change
 from sparkiq.wire.jsonapi import dumps
 
-__all__ = ["FORMATS", "ChangePrinter", "Format", "failure_message", "print_rows", "text_of"]
+__all__ = [
+    "FORMATS",
+    "ChangePrinter",
+    "Elapsed",
+    "Format",
+    "failure_message",
+    "print_rows",
+    "restore_bars",
+    "restore_fraction",
+    "text_of",
+]
 
 Format = Literal["table", "json", "csv"]
 FORMATS: tuple[Format, ...] = ("table", "json", "csv")
@@ -140,3 +159,102 @@ def failure_message(exc: Exception, url: str, token: str | None) -> str | None:
             return "the node refused the token: check --token or SPARKIQ_TOKEN"
         return "the node needs a token: pass --token or SPARKIQ_TOKEN"
     return None
+
+
+class Elapsed:
+    """``with Elapsed(sys.stderr, "running query"):`` around a blocking call: once the call
+    has taken ``after`` seconds, and only when ``stream`` is a terminal, a spinner with the
+    elapsed time is drawn on ``stream`` until the call ends; then it is erased, so nothing of
+    it stays in the output. Piped, it writes nothing.
+
+    A timer thread starts the display and the caller's thread stops it: ``_lock`` guards
+    ``_live`` and ``_done``, so a call ending just as the timer fires leaves no spinner behind.
+    """
+
+    def __init__(self, stream: IO[str], label: str, after: float = 1.0) -> None:
+        self._stream, self._label, self._after = stream, label, after
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self._done = False
+        self._timer: threading.Timer | None = None
+        self._started = 0.0
+
+    def __enter__(self) -> Elapsed:
+        self._started = time.monotonic()
+        if self._stream.isatty():
+            self._timer = threading.Timer(self._after, self._show)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def _show(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            console = Console(file=self._stream)
+            self._live = Live(
+                _Ticking(self._label, self._started),
+                console=console,
+                transient=True,
+                refresh_per_second=8,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._done = True
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._live is not None:
+                self._live.stop()
+
+
+class _Ticking:
+    """A spinner whose text is the time since ``started`` (recomputed at every redraw)."""
+
+    def __init__(self, label: str, started: float) -> None:
+        self._label, self._started = label, started
+        self._spinner = Spinner("dots", style="cyan")
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Spinner]:
+        elapsed = time.monotonic() - self._started
+        self._spinner.update(text=f"{self._label}: {elapsed:.1f} s (Ctrl-C stops)")
+        yield self._spinner
+
+
+def restore_bars(partitions: Sequence[Mapping[str, Any]], width: int = 20) -> RenderableType | None:
+    """A bar per restoring partition (``status.json``'s partition entries; others are
+    skipped): how far it is through its table's batches, the rows applied so far and the
+    ETA, in 80 columns. None when nothing is restoring."""
+    restoring = [p for p in partitions if p.get("state") == "restoring"]
+    if not restoring:
+        return None
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(width=width)
+    grid.add_column(overflow="fold")
+    for p in restoring:
+        done, total = restore_fraction(p)
+        eta = p.get("eta_seconds")
+        words = (
+            f"{100 * done // total:>3}% · batch {p['batch_id']}/{p['latest_batch_id']} · "
+            f"{p.get('restored_rows', 0):,} rows · "
+            + ("ETA unknown" if eta is None else f"ETA {math.ceil(eta)} s")
+        )
+        label = f"restoring {p['table']}[{p['partition']}]"
+        grid.columns[0].min_width = max(grid.columns[0].min_width or 0, len(label))
+        grid.add_row(
+            label,
+            ProgressBar(total=total, completed=done, width=width),
+            words,
+        )
+    return grid
+
+
+def restore_fraction(partition: Mapping[str, Any]) -> tuple[int, int]:
+    """(batches applied, batches to apply) of a partition: how far through its table's batch
+    clock it is, the measure the console's bars use too."""
+    latest = max(int(partition["latest_batch_id"]), int(partition["batch_id"]), 0)
+    return max(0, int(partition["batch_id"]) + 1), latest + 1

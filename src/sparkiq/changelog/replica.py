@@ -223,6 +223,7 @@ class TableReplica:
         now = time.monotonic()
         if now - self._last_bootstrap_check > _BOOTSTRAP_CHECK_SECONDS:
             self._last_bootstrap_check = now
+            self._learn_head()
             applied += self._bootstrap()
         # A partition stuck on a batch that is gone must not hold the others back.
         replicas = [
@@ -260,6 +261,16 @@ class TableReplica:
         if stuck:  # a snapshot may cover what is missing: check now rather than in 5 s
             self._last_bootstrap_check = -1e9
         return applied
+
+    def _learn_head(self) -> None:
+        """Before the first batch is applied, read the newest commit, so that status shows a
+        first restore as ``restoring`` with its real lag (and an ETA), not as ``live``."""
+        if self.latest_batch_id >= 0:
+            return
+        committed = self.changelog.committed_batch_ids()
+        record = self.changelog.read_commit(committed[-1]) if committed else None
+        if record is not None:
+            self._saw(record)
 
     def _saw(self, record: CommitRecord) -> None:
         if record.batch_id > self.latest_batch_id:

@@ -7,6 +7,7 @@ Routes (the OpenAPI document at ``/openapi.json`` describes bodies and answers):
     GET  /readyz                           200 once every hosted partition is caught up
     GET  /openapi.json                     this API (no authentication)
     GET  /metrics                          Prometheus text format
+    GET  /stats                            this node: queries per table, recent; restores
     GET  /stores                           tables: schema, key columns, partitions
     GET  /stores/{store}/keys/{key}        one key's row (the hot path)
     POST /stores/{store}/query             an IQv2 request as JSON; results streamed
@@ -204,6 +205,10 @@ class RestApp:
             text, content_type = self.metrics.render()
             await _send(send, 200, text, [(b"content-type", content_type.encode())])
             return path, 200
+        if path == "/stats":
+            _allow(method, "GET")
+            await _send(send, 200, jsonapi.dumps(self._stats()), _JSON)
+            return path, 200
         if path == "/stores":
             _allow(method, "GET")
             await _send(send, 200, jsonapi.dumps(self._stores()), _JSON)
@@ -256,6 +261,7 @@ class RestApp:
             partition = node.partition_for_key(store, key)
         else:
             row, position, partition = found
+        self.metrics.queried(store)  # answered here or routed: a query this node was asked
         doc = {"key": key, "row": row, "partition": partition, "position": position.to_token()}
         if row is None:
             doc["error"] = {
@@ -285,6 +291,7 @@ class RestApp:
     async def _iq_query(self, scope: Scope, send: Send, store: str, body: bytes) -> None:
         request = jsonapi.request_from_json(store, self.node.schema(store), body)
         results: StateQueryResult[Any] = await self._run(self.node.route, request, _bearer(scope))
+        self.metrics.queried(store)
         await self._stream(send, 200, _JSON, iq_json_chunks(store, results, self._roots))
 
     async def _sql(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
@@ -332,6 +339,7 @@ class RestApp:
             if doc.get(name) is not None:
                 options[name] = doc[name]
         result = await self._run(lambda: self.node.sql(text, **options))
+        self.metrics.queried(*_tables_read(result.position.to_map(), self.node.tables))
         if _accepts_binary(scope):  # sparkiq.Client: values keep their Python types
             await _send(send, 200, pack(sql_json(result)), _BINARY)
         else:
@@ -348,6 +356,28 @@ class RestApp:
         doc = {"ready": not behind, "node_id": self.node.node_id, "not_ready": behind}
         await _send(send, status, jsonapi.dumps(doc), _JSON)
         return status
+
+    def _stats(self) -> dict[str, Any]:
+        """``GET /stats``: what the console's query-rate charts and restore bars show."""
+        doc: dict[str, Any] = {"node_id": self.node.node_id}
+        doc.update(self.metrics.query_rate.series(self.node.tables))
+        doc["partitions"] = [
+            {
+                "store": s.table,
+                "partition": s.partition,
+                "state": s.state,
+                "batch_id": s.batch_id,
+                "latest_batch_id": s.latest_batch_id,
+                "lag_batches": s.lag_batches,
+                "lag_seconds": s.lag_seconds,
+                "restored_rows": s.restored_rows,
+                "restored_bytes": s.restored_bytes,
+                "eta_seconds": s.eta_seconds,
+                "error": None if s.error is None else scrub(s.error, self._roots),
+            }
+            for s in self.node.status()
+        ]
+        return doc
 
     def _stores(self) -> dict[str, Any]:
         node = self.node
@@ -438,6 +468,12 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise HttpError(400, "invalid_request", "expected a JSON object", "body")
     return doc
+
+
+def _tables_read(position: dict[str, Any], tables: list[str]) -> list[str]:
+    """The tables a SQL result read: its position has a component per table read (and one
+    per source component, e.g. a Kafka topic, which is not a table)."""
+    return [name for name in position if name in tables]
 
 
 def _accepts_binary(scope: Scope) -> bool:

@@ -1,8 +1,11 @@
-"""Prometheus metrics of one node (its own registry, so several nodes fit in one process)."""
+"""Prometheus metrics of one node (its own registry, so several nodes fit in one process),
+and the recent query rate per table that the console charts (:class:`QueryRate`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -10,7 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sparkiq.server.served import ServedNode
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "QueryRate"]
 
 
 class _ReplicaCollector:
@@ -61,9 +64,72 @@ class _ReplicaCollector:
             yield from (members, forwarded, hedged)
 
 
+class QueryRate:
+    """Queries per table over the last ``buckets * interval`` seconds, counted in buckets of
+    ``interval`` seconds of wall-clock time (bucket ``i`` covers ``[i * interval, (i + 1) *
+    interval)``), so nothing has to sample on a timer: a bucket nobody counted in is zero.
+
+    Thread-safe: ``_lock`` guards ``_buckets`` (counts arrive from the event loop and from the
+    request threads; :meth:`series` reads them from either).
+    """
+
+    def __init__(
+        self,
+        interval: float = 5.0,
+        buckets: int = 120,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if interval <= 0 or buckets < 1:
+            raise ValueError("interval must be > 0 and buckets >= 1")
+        self.interval = interval
+        self.buckets = buckets
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[int, dict[str, int]] = {}
+
+    def count(self, stores: Iterable[str]) -> None:
+        """One query that read each of ``stores`` (a store named twice counts twice)."""
+        index = int(self._clock() // self.interval)
+        with self._lock:
+            bucket = self._buckets.get(index)
+            if bucket is None:
+                bucket = self._buckets[index] = {}
+                for old in [i for i in self._buckets if i <= index - self.buckets]:
+                    del self._buckets[old]
+            for store in stores:
+                bucket[store] = bucket.get(store, 0) + 1
+
+    def series(self, stores: Iterable[str] = ()) -> dict[str, object]:
+        """``{"interval_seconds", "end", "queries": {store: [count, ...]}}``: one count per
+        bucket, oldest first, the last one the bucket in progress (it ends at ``end``, Unix
+        seconds). Every store queried in the window is listed, and each of ``stores``."""
+        now = self._clock()
+        newest = int(now // self.interval)
+        first = newest - self.buckets + 1
+        with self._lock:
+            window = {i: dict(b) for i, b in self._buckets.items() if i >= first}
+        names = set(stores).union(*(b.keys() for b in window.values()))
+        queries = {
+            name: [window.get(i, {}).get(name, 0) for i in range(first, newest + 1)]
+            for name in sorted(names)
+        }
+        return {
+            "interval_seconds": self.interval,
+            "end": (newest + 1) * self.interval,
+            "queries": queries,
+        }
+
+
 class Metrics:
     def __init__(self, node: ServedNode) -> None:
         self.registry = CollectorRegistry()
+        self.queries = Counter(
+            "sparkiq_queries",
+            "Queries of each table from HTTP clients (a SQL statement counts once per table)",
+            ["store"],
+            registry=self.registry,
+        )
+        self.query_rate = QueryRate()
         self.requests = Counter(
             "sparkiq_http_requests",
             "HTTP requests by route and status",
@@ -82,6 +148,12 @@ class Metrics:
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
+
+    def queried(self, *stores: str) -> None:
+        """Count one client query that read ``stores``."""
+        for store in stores:
+            self.queries.labels(store).inc()
+        self.query_rate.count(stores)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -198,6 +198,13 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {"200": {"description": "Text exposition format"}},
                 }
             },
+            "/stats": {
+                "get": {
+                    "summary": "This node: queries per table (last 10 minutes, per 5 s), "
+                    "progress of every hosted partition (restores)",
+                    "responses": {"200": {"description": "Stats"}, **_errors(401)},
+                }
+            },
             "/stores": {
                 "get": {
                     "summary": "Materialized tables with schema, key columns and partitions",

@@ -1,0 +1,135 @@
+"""Progress on a terminal: a bar per restoring partition in ``sparkiq status --watch``, and a
+spinner with the elapsed time while a long pull query runs; neither when piped."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkiq import Node
+from tests.changelog.helpers import make_table, write_batch
+from tests.cli.terminal import Terminal
+
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (.ci/run)")
+
+
+def write_status(local_dir: Path, partitions: list[dict[str, Any]]) -> None:
+    """``status.json`` as a node writes it (``Hosting.write_status_file``), atomically."""
+    local_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"node_id": "n0", "updated_at": time.time(), "partitions": partitions}
+    (local_dir / "status.tmp").write_text(json.dumps(doc))
+    os.replace(local_dir / "status.tmp", local_dir / "status.json")
+
+
+def partition(p: int, state: str, batch: int, latest: int, rows: int, eta: float | None) -> Any:
+    return {
+        "table": "t",
+        "partition": p,
+        "state": state,
+        "batch_id": batch,
+        "latest_batch_id": latest,
+        "lag_batches": latest - batch,
+        "restored_rows": rows,
+        "restored_bytes": rows * 40,
+        "eta_seconds": eta,
+        "error": None,
+    }
+
+
+@needs_tmux
+def test_status_watch_draws_a_bar_per_restoring_partition(
+    tmp_path: Path, terminal: Terminal
+) -> None:
+    state = tmp_path / "state"
+    changelog = make_table(str(state), partitions=2)
+    for b in range(3):
+        write_batch(changelog, b, {"a": b})
+    local = state / "replicas" / "n0"
+    write_status(
+        local,
+        [
+            partition(0, "restoring", 56, 199, 12345, 7.2),
+            partition(1, "restoring", 0, 199, 40, None),
+        ],
+    )
+    command = f"{shlex.quote(sys.executable)} -m sparkiq.cli status --watch 0.2"
+    terminal.start(command, {"SPARKIQ_STATE_DIR": str(state)})
+    screen = terminal.wait_for(lambda s: "restoring t[0]" in s and "Ctrl-C stops" in s)
+    lines = screen.splitlines()
+    bar0 = next(line for line in lines if line.startswith("restoring t[0]"))
+    bar1 = next(line for line in lines if line.startswith("restoring t[1]"))
+    # 57 of 200 batches: 28%, the words as status.json has them
+    assert bar0.endswith(" 28% · batch 56/199 · 12,345 rows · ETA 8 s")
+    assert bar1.endswith("  0% · batch 0/199 · 40 rows · ETA unknown")
+    drawn = bar0[len("restoring t[0] ") :][:20]
+    assert drawn.count("━") + drawn.count("╸") == 20
+    assert drawn.index("╸") == 5  # 5.7 of 20 cells done: five whole, then a half
+    assert "╸" not in bar1[len("restoring t[1] ") :][:20]
+    assert "node 'n0' restoring" in screen
+
+    # live again: the bars go at the next redraw, the table stays
+    write_status(local, [partition(0, "live", 199, 199, 50000, None)])
+    screen = terminal.wait_for(lambda s: "restoring t[" not in s and " live " in s)
+    assert "node 'n0' restoring" not in screen
+    terminal.keys("C-c")
+    screen = terminal.wait_for(lambda s: "EXIT=" in s)
+    assert "EXIT=0" in screen and "Traceback" not in screen
+
+
+# A statement DuckDB needs seconds for on any laptop: a nested-loop join of 6000 x 6000 rows
+# on a string expression no join algorithm can use (about 3 s on the 2-core CI machine).
+SLOW = "SELECT count(*) AS n FROM t a JOIN t b ON a.k || b.k LIKE '%k00000k%zz'"
+
+
+@pytest.fixture
+def slow_node(tmp_path: Path) -> Any:
+    changelog = make_table(str(tmp_path / "state"), partitions=2)
+    write_batch(changelog, 0, {f"k{i:05d}": i for i in range(6000)})
+    with Node(str(tmp_path / "state"), node_id="q", listen="127.0.0.1:0") as node:
+        node.poll_once()
+        yield node
+
+
+@needs_tmux
+def test_a_long_pull_query_shows_a_spinner_on_a_terminal(
+    slow_node: Node, terminal: Terminal
+) -> None:
+    command = (
+        f"{shlex.quote(sys.executable)} -m sparkiq.cli query --url {slow_node.url} "
+        f"{shlex.quote(SLOW)}"
+    )
+    started = time.monotonic()
+    terminal.start(command, {})
+    screen = terminal.wait_for(lambda s: "running query: " in s or "EXIT=" in s)
+    assert "running query: " in screen, screen  # seen while the query runs
+    line = next(x for x in screen.splitlines() if "running query: " in x)
+    seconds = float(line.split("running query: ")[1].split(" s")[0])
+    assert 1.0 <= seconds <= time.monotonic() - started
+    assert "(Ctrl-C stops)" in line
+    screen = terminal.wait_for(lambda s: "EXIT=" in s, timeout=120)
+    assert "EXIT=0" in screen
+    assert "running query" not in screen  # erased when the answer came
+    assert "-- 1 rows at position p1." in screen
+    assert any(line.split() == ["│", "0", "│"] for line in screen.splitlines())  # the answer
+
+
+def test_a_long_pull_query_piped_prints_no_progress(slow_node: Node) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sparkiq.cli", "query", "--url", str(slow_node.url), "--csv", SLOW],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "n\n0\n"
+    assert result.stderr.startswith("-- 1 rows at position p1.")
+    assert result.stderr.count("\n") == 1 and "\x1b" not in result.stderr

@@ -1,0 +1,99 @@
+"""The live system the docs' samples run against: ``sparkiq demo`` (as ``make demo`` runs
+it, on a free port, into a temporary state dir) and, beside it, a node on the same state with
+the Postgres endpoint. Started once for the docs tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkiq import Node
+from tests.docs.blocks import write_inputs
+
+DEMO_TABLES = ("revenue_by_product", "orders_by_user", "revenue_per_window")
+
+
+@dataclass(frozen=True)
+class Live:
+    """Where the docs' samples run: the demo's node (``http``, ``host:port``), the
+    Postgres endpoint's port, and the directory holding ``demo-state``."""
+
+    http: str
+    pg_port: int
+    root: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.http}"
+
+
+def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> None:
+    """Until every demo table answers a query with at least one row. No deadline of its own:
+    the demo gives up by itself when Spark serves no micro-batch in five minutes."""
+    while True:
+        assert process.poll() is None, f"the demo stopped; its output:\n{log.read_text()}"
+        try:
+            counts = [
+                httpx.post(f"{url}/query", json={"sql": f"SELECT count(*) AS n FROM {t}"})
+                for t in DEMO_TABLES
+            ]
+            if all(r.status_code == 200 and r.json()["rows"][0]["n"] > 0 for r in counts):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    root = tmp_path_factory.mktemp("docs-live")
+    state = root / "demo-state"
+    command = [sys.executable, "-m", "sparkiq.cli", "demo", "--state-dir", str(state)]
+    command += ["--listen", "127.0.0.1:0", "--rate", "50"]
+    log = root / "demo.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=root
+        )
+    pg = None
+    try:
+        while not log.read_text().endswith("\n"):  # its first line: the console's URL
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.1)
+        first = log.read_text().splitlines()[0]
+        match = re.fullmatch(r"sparkiq console: http://(127\.0\.0\.1:\d+)/", first)
+        assert match, first
+        _wait_until_served(f"http://{match.group(1)}", process, log)
+        pg = Node(str(state), node_id="docs-pg", store="memory", pg_listen="127.0.0.1:0")
+        pg.start()
+        pg.poll_once()
+        assert pg.pg_address is not None
+        yield Live(match.group(1), pg.pg_address[1], root)
+    finally:
+        if pg is not None:
+            pg.stop()
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def page_dir(live: Live, tmp_path: Path) -> Path:
+    """A page's working directory: ``demo-state`` (the live demo's) and the input folders
+    of :data:`tests.docs.blocks.INPUTS`."""
+    os.symlink(live.root / "demo-state", tmp_path / "demo-state")
+    write_inputs(tmp_path)
+    return tmp_path

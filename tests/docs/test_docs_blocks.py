@@ -1,0 +1,201 @@
+"""Every fenced code block of README.md and docs/*.md is run, or explicitly marked as not
+runnable with a reason (the conventions: tests/docs/blocks.py, docs/contributing-docs.md).
+
+Python blocks run page by page in a fresh interpreter; shell blocks (``sparkiq``, ``curl``,
+``psql``) and SQL blocks run against a live ``sparkiq demo`` and a node with the Postgres
+endpoint beside it (tests/docs/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.docs.blocks import (
+    COMMANDS,
+    ROOT,
+    SHELL_KINDS,
+    Block,
+    all_blocks,
+    blocks_of,
+    commands_of,
+    doc_files,
+    problems,
+    program_of,
+    substitute,
+)
+from tests.docs.conftest import Live
+
+BLOCKS = all_blocks()
+PAGES_WITH_PYTHON = [
+    p for p in doc_files() if any(b.kind == "python" and not b.no_run for b in blocks_of(p))
+]
+SHELL_BLOCKS = [b for b in BLOCKS if b.kind in SHELL_KINDS and not b.no_run]
+SQL_BLOCKS = [b for b in BLOCKS if b.kind == "sql" and not b.no_run]
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_every_block_says_how_it_is_checked() -> None:
+    wrong = [p for b in BLOCKS if (p := problems(b))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_blocks_that_do_not_run_are_counted_and_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    skipped = [b for b in BLOCKS if b.no_run]
+    runs = [b for b in BLOCKS if not b.no_run and b.kind in {"python", "sql", *SHELL_KINDS}]
+    report = [f"{len(runs)} code blocks run, {len(skipped)} marked no-run:"]
+    report += [f"  {b.where} ({b.kind}): {b.reason}" for b in skipped]
+    with capsys.disabled():
+        print("\n" + "\n".join(report))
+    for block in skipped:  # each found where the file has it
+        fence = block.path.read_text().splitlines()[block.line - 1]
+        assert fence.lstrip("`~").startswith(f"{block.kind} no-run:"), block.where
+
+
+def test_json_blocks_parse() -> None:
+    for block in BLOCKS:
+        if block.kind == "json" and not block.no_run:
+            try:
+                json.loads(block.text)
+            except ValueError as exc:
+                pytest.fail(f"{block.where}: not JSON ({exc}); mark it 'text' if it is a sketch")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # the first one also waits for the demo's first micro-batch
+@pytest.mark.parametrize("page", PAGES_WITH_PYTHON, ids=_id)
+def test_python_blocks(page: Path, live: Live, page_dir: Path) -> None:
+    blocks = [
+        {"where": b.where, "text": substitute(b.text, live.http, live.pg_port)}
+        for b in blocks_of(page)
+        if b.kind == "python" and not b.no_run
+    ]
+    spec = page_dir / "blocks.json"
+    spec.write_text(json.dumps(blocks))
+    try:
+        # A page may start several Spark pipelines: minutes on a loaded machine. The bound
+        # only turns a hang into a failure that shows how far the page got.
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.docs.run_page", str(spec)],
+            cwd=page_dir,
+            env=_env(live),
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
+    except subprocess.TimeoutExpired as exc:
+        done = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout
+        pytest.fail(f"{_id(page)}: still running after {exc.timeout} s; it printed:\n{done}")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    ran = [line[3:] for line in result.stdout.splitlines() if line.startswith("ok ")]
+    assert ran == [b["where"] for b in blocks], result.stdout[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first one waits for the demo's Spark to serve (minutes, loaded)
+@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda b: b.where)
+def test_shell_blocks(block: Block, live: Live, page_dir: Path) -> None:
+    for command in commands_of(block):
+        program = program_of(command.text)
+        assert program in COMMANDS, (
+            f"{block.where}:{command.line}: {program!r} is not run by the docs test "
+            f"({', '.join(sorted(COMMANDS))} are); mark the block 'no-run: why'"
+        )
+        line = substitute(command.text, live.http, live.pg_port)
+        if "EMIT CHANGES" in line.upper():
+            _run_push(block, command.line, line, live, page_dir)
+            continue
+        result = subprocess.run(
+            ["bash", "-c", line],
+            cwd=page_dir,
+            env=_env(live),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        where = f"{block.where} (line {command.line}): {line}"
+        printed = result.stdout + result.stderr
+        error = _error_shown(command.output)
+        if error is not None:  # the sample shows a failure: it must fail, saying that
+            assert result.returncode != 0, f"{where}: succeeded; the docs show {error!r}"
+            shown = substitute(error, live.http, live.pg_port)
+            assert shown in printed.splitlines(), f"{where}: expected {shown!r}\n{printed}"
+            continue
+        assert result.returncode == 0, f"{where}\n{printed[-4000:]}"
+        assert result.stdout.strip(), f"{where}: printed nothing"
+
+
+def _error_shown(output: tuple[str, ...]) -> str | None:
+    """The error line a sample's output shows (the first line), or None."""
+    if output and re.match(r"(sparkiq \w+: |ERROR[: ]|psql: )", output[0]):
+        return output[0]
+    return None
+
+
+def _run_push(block: Block, line_no: int, line: str, live: Live, cwd: Path) -> None:
+    """A push query runs until Ctrl-C: read its first changes, then send SIGINT."""
+    process = subprocess.Popen(
+        ["bash", "-c", f"exec {line}"],
+        cwd=cwd,
+        env=_env(live),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline() for _ in range(3)]  # a header, a rule, a change
+        assert all(lines), f"{block.where} (line {line_no}): the stream ended: {lines}"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0, f"{block.where} (line {line_no}): Ctrl-C did not end it"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first one waits for the demo's Spark to serve (minutes, loaded)
+@pytest.mark.parametrize("block", SQL_BLOCKS, ids=lambda b: b.where)
+def test_sql_blocks(block: Block, live: Live) -> None:
+    response = httpx.post(f"{live.url}/query", json={"sql": block.text}, timeout=60)
+    assert response.status_code == 200, f"{block.where}: {response.text}"
+
+
+def _env(live: Live) -> dict[str, str]:
+    """The environment of a sample: this interpreter's ``sparkiq`` first on PATH, the live
+    node as the default URL, and no token."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKIQ_")}
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    env["SPARKIQ_URL"] = live.url
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    env["PGCONNECT_TIMEOUT"] = "10"
+    return env
+
+
+def test_substitution_and_command_parsing() -> None:
+    assert substitute("curl -s localhost:8081/x http://127.0.0.1:8081", "h:1", 7) == (
+        "curl -s h:1/x http://h:1"
+    )
+    assert substitute("psql -h 127.0.0.1 -p 5433 x; 127.0.0.1:5433", "h:1", 7) == (
+        "psql -h 127.0.0.1 -p 7 x; 127.0.0.1:7"
+    )
+    assert substitute('Node("/data/shop", local_dir="/var/lib/x") s3://b/data/', "h", 1) == (
+        'Node("data/shop", local_dir="var/lib/x") s3://b/data/'
+    )
+    assert program_of("PGPASSWORD=s3cret psql -h x") == "psql"
+    block = Block(ROOT / "README.md", 10, "console", False, "", "$ sparkiq a \\\n  b\nout\n")
+    (command,) = commands_of(block)
+    assert (command.line, command.text, command.output) == (11, "sparkiq a b", ("out",))
+    assert shlex.split(command.text) == ["sparkiq", "a", "b"]

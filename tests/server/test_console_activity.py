@@ -1,0 +1,243 @@
+"""The console's query-rate charts per table and restore progress in the cluster view, in
+headless Chromium against a node with real data; ``GET /stats`` checked against what the test
+itself sent (query counts) and against the node's own status (restores)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sparkiq import Node
+from sparkiq.server.metrics import QueryRate
+from tests.changelog.helpers import create_changelog, make_table, write_batch
+from tests.server.test_console import CHROMIUM, VIEWPORT, screenshot
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)"
+)
+TOKEN = "tok"
+
+
+def rest(node: Node, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    return httpx.request(method, f"{node.url}{path}", headers=headers, timeout=30, **kwargs)
+
+
+def open_console(browser: Any, node: Node) -> Any:
+    page = browser.new_page(viewport=VIEWPORT)
+    page.goto(f"{node.url}/")
+    page.fill("#token", TOKEN)
+    page.dispatch_event("#token", "change")
+    return page
+
+
+def replay(status: int, doc: Any) -> Any:
+    """A route handler answering with ``doc``, a document the node gave earlier."""
+
+    def handle(route: Any) -> None:
+        route.fulfill(status=status, content_type="application/json", json=doc)
+
+    return handle
+
+
+def test_query_rate_per_table(tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    t = make_table(str(tmp_path), "t")
+    write_batch(t, 0, {f"k{i:02d}": i for i in range(20)})
+    u = create_changelog(str(tmp_path), "u", t.manifest().schema.spark_json())
+    write_batch(u, 0, {"a": 1})
+    with Node(str(tmp_path), node_id="n0", listen="127.0.0.1:0", token=TOKEN) as node:
+        node.poll_once()
+        sent = {"t": 0, "u": 0}  # the ground truth: what this test asked, per table
+        for i in range(5):
+            assert rest(node, "GET", f"/stores/t/keys/k{i:02d}").status_code == 200
+            sent["t"] += 1
+        assert rest(node, "GET", "/stores/t/keys/nope").status_code == 404  # answered: counts
+        sent["t"] += 1
+        for sql in ("SELECT count(*) AS n FROM t", "SELECT n FROM t WHERE k = 'k03'"):
+            assert rest(node, "POST", "/query", json={"sql": sql}).status_code == 200
+            sent["t"] += 1
+        join = "SELECT t.k, u.n FROM t JOIN u ON t.n = u.n"  # one statement, both tables
+        assert rest(node, "POST", "/query", json={"sql": join}).json()["rows"] == [
+            {"k": "k01", "n": 1}
+        ]
+        sent["t"] += 1
+        sent["u"] += 1
+        body = {"query": {"type": "range"}}
+        assert rest(node, "POST", "/stores/t/query", json=body).status_code == 200
+        sent["t"] += 1
+        # refused before reading anything: not a query of the table
+        assert rest(node, "POST", "/query", json={"sql": "SELECT nn FROM t"}).status_code == 400
+        assert rest(node, "POST", "/query", json={"sql": "EXPLAIN SELECT * FROM t"}).is_success
+        assert sent == {"t": 10, "u": 1}
+
+        stats = rest(node, "GET", "/stats").json()
+        assert stats["node_id"] == "n0" and stats["interval_seconds"] == 5.0
+        assert {name: sum(c) for name, c in stats["queries"].items()} == sent
+        assert all(len(c) == 120 for c in stats["queries"].values())
+        assert stats["end"] >= time.time() - 1
+        metrics = rest(node, "GET", "/metrics").text
+        assert 'sparkiq_queries_total{store="t"} 10.0' in metrics
+        assert 'sparkiq_queries_total{store="u"} 1.0' in metrics
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = open_console(browser, node)
+                page.wait_for_selector("#chart-rate-t")
+                # the page itself queries nothing in the cluster view: the totals stay ours
+                for name, want in sent.items():
+                    svg = page.locator(f"#chart-rate-{name}")
+                    assert svg.get_attribute("data-total") == str(want)
+                    assert svg.get_attribute("data-last-minute") == str(want)
+                    assert svg.get_attribute("data-points") == "120"
+                    # the plotted value of a bucket is its count per second
+                    assert float(svg.get_attribute("data-max") or "0") == pytest.approx(
+                        max(stats["queries"][name]) / 5.0
+                    )
+                charts = page.inner_text("#charts")
+                assert "t: queries/s" in charts and "u: queries/s" in charts
+                assert f"10 queries · {10 / 60:.2f}/s last minute" in charts
+                assert "last 10 min, this node, per 5 s" in charts
+                screenshot(page, tmp_path, "query-rate")
+                # more queries show up at the next refresh
+                for _ in range(4):
+                    rest(node, "GET", "/stores/u/keys/a")
+                page.wait_for_function(
+                    "document.getElementById('chart-rate-u').dataset.total === '5'"
+                )
+                assert page.locator("#chart-rate-t").get_attribute("data-total") == "10"
+            finally:
+                browser.close()
+
+
+def test_query_rate_buckets_move_with_the_clock() -> None:
+    now = [1000.0]
+    rate = QueryRate(interval=5.0, buckets=4, clock=lambda: now[0])
+    rate.count(["t"])
+    rate.count(["t", "u"])
+    now[0] = 1007.0  # the next bucket
+    rate.count(["t"])
+    doc = rate.series(["v"])
+    assert doc["queries"] == {"t": [0, 0, 2, 1], "u": [0, 0, 1, 0], "v": [0, 0, 0, 0]}
+    assert doc["end"] == 1010.0
+    now[0] = 1021.0  # the first bucket left the 20 s window
+    assert rate.series()["queries"] == {"t": [1, 0, 0, 0]}
+    now[0] = 1100.0
+    assert rate.series()["queries"] == {}
+    with pytest.raises(ValueError):
+        QueryRate(interval=0)
+
+
+def test_restore_progress_in_the_cluster_view(tmp_path: Path) -> None:
+    """A node restoring a backlog: ``GET /stats`` and ``GET /metadata`` are read while the
+    restore runs (a restore of a few hundred batches lasts less than one console refresh, so
+    the test catches the documents the page fetches and hands exactly those to the page),
+    then the rendered progress is checked against them."""
+    from playwright.sync_api import sync_playwright
+
+    t = make_table(str(tmp_path / "state"), "t")
+    batches = 300
+    for b in range(batches):
+        write_batch(t, b, {f"k{(b * 37 + i) % 3000:04d}": b for i in range(100)})
+    node = Node(
+        str(tmp_path / "state"), node_id="n0", listen="127.0.0.1:0", peers=[], token=TOKEN
+    ).start()
+    try:
+        stats = metadata = ready = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            doc = rest(node, "GET", "/stats").json()
+            meta = rest(node, "GET", "/metadata").json()
+            readyz = rest(node, "GET", "/readyz")
+            restoring = [
+                s for s in doc["partitions"] if s["state"] == "restoring" and s["eta_seconds"]
+            ]
+            hosted = meta["nodes"][0]["hosted"].get("t", {})
+            if restoring and all(
+                hosted.get(str(s["partition"]), {}).get("state") == "restoring" for s in restoring
+            ):
+                stats, metadata, ready = doc, meta, readyz
+                break
+            if doc["partitions"] and all(s["state"] == "live" for s in doc["partitions"]):
+                pytest.fail("the restore ended before it could be observed")
+        assert stats is not None and metadata is not None and ready is not None
+        assert ready.status_code == 503  # restoring is not ready (its head is known at once)
+        # the node's own view of a restore: rows applied so far, a known head, an ETA
+        for s in stats["partitions"]:
+            assert s["latest_batch_id"] == batches - 1
+            if s["state"] == "restoring":
+                assert s["lag_batches"] == batches - 1 - s["batch_id"] > 0
+                assert 0 < s["restored_rows"] <= 100 * (s["batch_id"] + 1)
+        assert node.wait_for("t", batches - 1, timeout=120)
+        assert rest(node, "GET", "/readyz").status_code == 200
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport=VIEWPORT)
+                fetched = {
+                    "/stats": (200, stats),
+                    "/metadata": (200, metadata),
+                    "/readyz": (503, ready.json()),
+                }
+                for path, (status, doc) in fetched.items():
+                    page.route(f"**{path}", replay(status, doc))
+                page.goto(f"{node.url}/")
+                page.fill("#token", TOKEN)
+                page.dispatch_event("#token", "change")
+                page.wait_for_selector(".restore")
+                shown = page.eval_on_selector_all(
+                    ".restore",
+                    "els => els.map(e => [Number(e.dataset.partition), e.textContent,"
+                    " e.querySelector('progress').value, e.querySelector('progress').max])",
+                )
+                hosted = metadata["nodes"][0]["hosted"]["t"]
+                want = []
+                for s in stats["partitions"]:
+                    state = hosted[str(s["partition"])]
+                    if state["state"] != "restoring":
+                        continue
+                    latest = state["batch_id"] + state["lag_batches"]
+                    done = state["batch_id"] + 1
+                    eta = (
+                        "ETA unknown"
+                        if s["eta_seconds"] is None
+                        else f"ETA {math.ceil(s['eta_seconds'])} s"
+                    )
+                    want.append(
+                        [
+                            s["partition"],
+                            f"restoring {100 * done // (latest + 1)}% · batch "
+                            f"{state['batch_id']} of {latest} · "
+                            f"{s['restored_rows']:,} rows applied · {eta}",
+                            done,
+                            latest + 1,
+                        ]
+                    )
+                assert sorted(shown) == sorted(want) and want
+                cells = page.eval_on_selector_all(
+                    "table.grid td.restoring", "els => els.map(e => e.firstChild.textContent)"
+                )
+                assert sorted(cells) == sorted(
+                    f"active · batch {hosted[str(w[0])]['batch_id']} · "
+                    f"lag {hosted[str(w[0])]['lag_batches']} · restoring"
+                    for w in want
+                )
+                assert page.inner_text("#ready").startswith("not ready: t/")
+                screenshot(page, tmp_path, "cluster-restoring")
+                for path in fetched:
+                    page.unroute(f"**{path}")
+                # live again: the page shows the finished restore at its next refresh
+                page.wait_for_function("document.querySelectorAll('.restore').length === 0")
+                page.wait_for_function("document.getElementById('ready').textContent === 'ready'")
+            finally:
+                browser.close()
+    finally:
+        node.stop()
