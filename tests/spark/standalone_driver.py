@@ -1,0 +1,80 @@
+"""A sparkiq driver against a Spark standalone master, run as its own process by
+tests/spark/test_standalone.py.
+
+Usage: python -m tests.spark.standalone_driver <master> <staged> <source> <state_dir> <report>
+
+Runs the differential pipeline (tests/spark/test_differential.py) with ``state_dir`` exactly
+as given (a relative path means relative to this process's working directory). It first
+processes what ``<source>`` already holds (a restart resumes there), then moves the files of
+``<staged>`` into ``<source>`` one at a time. After each step it waits until the App applied
+every committed batch and compares every table's live rows with Spark batch mode over
+``<source>`` (computed on the same cluster), appending one JSON line per step to ``<report>``.
+It ends with :meth:`App.compact` and exits 0. ``SPARKIQ_TEST_CRASH_AT`` makes it die midway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from sparkiq import App
+from sparkiq.testing import diff_table, spark_session
+from tests.spark.test_differential import SCHEMA, batch_truth, materialize_tables, normalize
+
+#: Room for one executor with one core next to the test's own JVMs on a small machine.
+CLUSTER_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.executor.memory": "512m",
+    "spark.executor.cores": "1",
+    "spark.cores.max": "1",
+}
+
+
+def main() -> int:
+    master, staged, source, state_dir, report = sys.argv[1:6]
+    spark = spark_session(
+        "sparkiq-standalone",
+        master=master,
+        shuffle_partitions=2,
+        driver_memory="768m",
+        config=CLUSTER_CONF,
+    )
+    source_dir = Path(source).resolve()
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source_dir))
+    app = App(spark, state_dir=state_dir, name="standalone", snapshot_every=2)
+    materialize_tables(app, stream)
+    app.start()
+
+    def check() -> None:
+        app.process_all_available(timeout=300)
+        truth = batch_truth(spark, source_dir)
+        diffs = {
+            name: diff_table(app, name, list(rows.values()), normalize=normalize)
+            for name, rows in truth.items()
+        }
+        line = {
+            "files": len(list(source_dir.glob("*.json"))),
+            "cwd": os.getcwd(),
+            "state_dir": app.state_dir,
+            "rows": {name: len(rows) for name, rows in truth.items()},
+            "diffs": {name: "" if d.is_empty else str(d) for name, d in diffs.items()},
+        }
+        with open(report, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+
+    if any(source_dir.glob("*.json")):
+        check()
+    for staged_file in sorted(Path(staged).glob("*.json")):
+        staged_file.rename(source_dir / staged_file.name)
+        check()
+    app.compact()
+    app.stop()
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
