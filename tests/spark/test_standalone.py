@@ -36,7 +36,7 @@ from sparkiq.testing import JsonSource, assert_table_matches, diff_table
 from tests.spark.test_differential import batch_truth, normalize, write_orders
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLES = ("by_product", "by_user_day", "per_window", "orders")
+TABLES = ("by_product", "by_user_day", "orders")
 #: Deadlines sized for a loaded 2-core machine; each wait ends as soon as its condition holds.
 START_TIMEOUT = 180.0
 DRIVER_TIMEOUT = 600.0
@@ -239,24 +239,25 @@ def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
     for folder in (driver_cwd, staged, source):
         folder.mkdir()
     rng = random.Random(12)
-    for index in range(4):
+    for index in range(3):
         write_orders(staged, index, rng, count=200)
     report = tmp_path / "report.jsonl"
 
-    # First run: batches 0 and 1 are checked, then the driver dies in batch 2 of "orders"
-    # after its segments were written and before its commit record.
-    first = run_driver(standalone, driver_cwd, staged, source, report, "before_commit:orders:2")
+    # First run: batch 0 is checked, then the driver dies in batch 1 of "orders" after its
+    # segments were written and before its commit record.
+    first = run_driver(standalone, driver_cwd, staged, source, report, "before_commit:orders:1")
     assert first.returncode == 86, first.stdout[-4000:]
     checked = _reports(report)
-    assert [r["files"] for r in checked] == [1, 2], first.stdout[-4000:]
+    assert [r["files"] for r in checked] == [1], first.stdout[-4000:]
     state = driver_cwd / "state"
-    assert Changelog(str(state), "orders").committed_batch_ids() == [0, 1]
+    assert Changelog(str(state), "orders").committed_batch_ids() == [0]
+    assert list((state / "tables" / "orders" / "segments").glob("*/*1.arrow"))
 
-    # Second run on the same relative state_dir: batch 2 re-runs, then batch 3.
+    # Second run on the same relative state_dir: batch 1 re-runs, then batch 2.
     second = run_driver(standalone, driver_cwd, staged, source, report)
     assert second.returncode == 0, second.stdout[-4000:]
     checked = _reports(report)
-    assert [r["files"] for r in checked] == [1, 2, 3, 4], second.stdout[-4000:]
+    assert [r["files"] for r in checked] == [1, 2, 3], second.stdout[-4000:]
     for step in checked:
         assert step["cwd"] == str(driver_cwd)
         assert step["state_dir"] == str(state)  # resolved once, on the driver
@@ -265,8 +266,8 @@ def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
 
     # What a reader sees: every batch committed once, every segment where readers look.
     for name in TABLES:
-        assert Changelog(str(state), name).committed_batch_ids() == [0, 1, 2, 3], name
-        assert list_snapshots(Changelog(str(state), name), 0), name  # snapshot jobs ran too
+        assert Changelog(str(state), name).committed_batch_ids() == [0, 1, 2], name
+        assert list_snapshots(Changelog(str(state), name), 0), name  # compact() ran on the cluster
     truth = batch_truth(spark, source)
     with Node(str(state), listen=None, store="memory") as node:
         node.poll_once()
