@@ -4,8 +4,8 @@ tests/spark/test_standalone.py.
 Usage: python -m tests.spark.standalone_driver <master> <staged> <source> <state_dir> <report>
 
 Runs the differential pipeline (tests/spark/test_differential.py, without its windowed table
-to keep one core's work small) with ``state_dir`` exactly
-as given (a relative path means relative to this process's working directory). It first
+to keep one core's work small) with ``state_dir`` exactly as given (a relative path means
+relative to this process's working directory). It first
 processes what ``<source>`` already holds (a restart resumes there), then moves the files of
 ``<staged>`` into ``<source>`` one at a time. After each step it waits until the App applied
 every committed batch and compares every table's live rows with Spark batch mode over

@@ -31,7 +31,7 @@ import pytest
 from sparkiq import App, Node
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import list_snapshots
-from sparkiq.spark.sink import CRASH_ENV, SEGMENT_FAULT_ENV
+from sparkiq.spark.sink import CRASH_ENV, SEGMENT_FAULT_ENV, TableSink, absolute_location
 from sparkiq.testing import JsonSource, assert_table_matches, diff_table
 from tests.spark.test_differential import batch_truth, normalize, write_orders
 
@@ -330,3 +330,31 @@ def test_a_segment_that_did_not_land_fails_the_batch(
         assert_table_matches(app, "sums", expected)
     finally:
         app.stop()
+
+
+def test_relative_locations_are_made_absolute_on_the_driver(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the App and its sinks hold (and ship to executors) names the same place in any
+    working directory; URIs are left as they are."""
+    from sparkiq.changelog import TableManifest
+    from sparkiq.schema.types import TableSchema
+    from tests.changelog.helpers import SCHEMA_JSON
+
+    monkeypatch.chdir(tmp_path)
+    app = App(spark, state_dir="state", checkpoint_dir="checkpoints")
+    assert (app.state_dir, app.checkpoint_dir) == (
+        str(tmp_path / "state"),
+        str(tmp_path / "checkpoints"),
+    )
+    assert App(spark, state_dir="./state/").checkpoint_dir == str(tmp_path / "state/checkpoints")
+    schema = TableSchema.from_spark_json(SCHEMA_JSON, ["k"], None)
+    manifest = TableManifest(name="t", schema=schema, partitions=2, output_mode="update")
+    sink = TableSink("state", manifest, "checkpoints/t", 4)
+    assert (sink.state_dir, sink.checkpoint_location) == (
+        str(tmp_path / "state"),
+        str(tmp_path / "checkpoints" / "t"),
+    )
+    assert absolute_location("~/state") == os.path.expanduser("~/state")
+    for uri in ("s3://bucket/shop", "file:///data/shop", "hdfs://nn:8020/shop"):
+        assert absolute_location(uri) == uri
