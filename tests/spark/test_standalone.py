@@ -90,14 +90,33 @@ def _start_daemon(command: list[str], env: dict[str, str], log: Path, cwd: Path)
         )
 
 
-def _stop(process: Any) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
+def _group_alive(group: int) -> bool:
+    """Whether a process of process group ``group`` is still running (zombies aside)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process just went away
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
+
+
+def _stop(process: Any) -> None:
+    """Stop ``process`` and everything in its process group, even when it has exited
+    itself: a driver that died abruptly may leave its JVM behind for a moment."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        process.poll()  # reap the leader, so only live members count
+        if not _group_alive(process.pid):
+            break
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + 30
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    process.wait()
 
 
 def _wait_until(what: str, condition: Any, timeout: float, *logs: Path) -> None:
