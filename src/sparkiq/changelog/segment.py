@@ -14,6 +14,12 @@ On-disk format, version 1 (``segments/<partition:05d>/<batch:020d>.arrow``):
 Integrity: the SHA-256 of the file and its size are recorded in the batch's commit record.
 A reader verifies both before decoding and raises :class:`CorruptSegmentError` naming the file,
 so a corrupted or truncated segment is never applied.
+
+Landing: a segment is written on an executor, its commit record on the driver. Before the
+record is written the segment is checked twice (:func:`verify_landed` on the executor reads
+it back and compares size and SHA-256; :func:`check_visible` on the driver compares its size
+where the driver, and so every reader that shares its view of ``state_dir``, looks), so a
+commit record never names a segment that readers cannot find.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import hashlib
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from sparkiq.changelog.storage import Storage
 from sparkiq.errors import CorruptSegmentError
@@ -29,9 +36,11 @@ from sparkiq.errors import CorruptSegmentError
 __all__ = [
     "SEGMENT_VERSION",
     "SegmentInfo",
+    "check_visible",
     "decode_segment",
     "encode_segment",
     "read_segment",
+    "verify_landed",
     "write_segment",
 ]
 
@@ -140,18 +149,79 @@ def read_segment(
     Raises :class:`CorruptSegmentError` naming the file when it is missing, truncated or
     altered; nothing from such a file is returned.
     """
+    data = _verified_bytes(
+        storage,
+        path,
+        info,
+        table,
+        missing=f"segment {path!r} of committed batch {batch_id} is missing (deleted or not "
+        "yet visible on this filesystem); the replica cannot apply the batch",
+        says="its commit record says",
+    )
+    return decode_segment(data, path, table, info.partition, batch_id)
+
+
+def verify_landed(
+    storage: Storage, path: str, info: SegmentInfo, table: str, batch_id: int
+) -> None:
+    """Check that the segment just written at ``path`` is there, whole: read it back through
+    ``storage`` and compare its size and SHA-256 with ``info`` (what the writer computed).
+
+    The writer (an executor task) calls this before reporting the segment to the driver.
+    Raises :class:`CorruptSegmentError` naming the file and the batch when it is missing,
+    truncated or different, so the batch fails instead of being committed.
+    """
     try:
-        data = storage.read_bytes(path)
-    except FileNotFoundError:
+        _verified_bytes(
+            storage, path, info, table, missing=f"segment {path!r} is missing", says="it was"
+        )
+    except CorruptSegmentError as exc:
         raise CorruptSegmentError(
-            f"segment {path!r} of committed batch {batch_id} is missing (deleted or not yet "
-            "visible on this filesystem); the replica cannot apply the batch",
+            f"the segment of partition {info.partition}, batch {batch_id} did not land where "
+            f"it was written: {exc.message}; the batch is not committed",
             store=table,
             partition=info.partition,
         ) from None
+
+
+def check_visible(
+    storage: Storage, paths: dict[str, SegmentInfo], table: str, batch_id: int
+) -> None:
+    """Check, where this process looks, that every segment in ``paths`` exists with the size
+    its :class:`SegmentInfo` says (one metadata request per file, no data read).
+
+    The driver calls this before writing a batch's commit record: an executor's own check
+    proves a segment landed where the executor looks, this proves it is where readers look
+    (a ``state_dir`` on a disk the executors do not share with the driver fails here).
+    Raises :class:`CorruptSegmentError` naming the first segment that is not.
+    """
+    if not paths:
+        return
+    found = storage.fs.get_file_info(list(paths))
+    for (path, info), file in zip(paths.items(), found, strict=True):
+        if file.type == pafs.FileType.File and file.size == info.size:
+            continue
+        state = "missing" if file.type == pafs.FileType.NotFound else f"{file.size} bytes"
+        raise CorruptSegmentError(
+            f"segment {path!r} of batch {batch_id} was written by an executor ({info.size} "
+            f"bytes) but is {state} where the driver looks, so readers would not find it; "
+            "the batch is not committed. state_dir must be a filesystem or object store that "
+            "the driver, every executor and every reader share (see docs/deploy.md).",
+            store=table,
+            partition=info.partition,
+        )
+
+
+def _verified_bytes(
+    storage: Storage, path: str, info: SegmentInfo, table: str, *, missing: str, says: str
+) -> bytes:
+    try:
+        data = storage.read_bytes(path)
+    except FileNotFoundError:
+        raise CorruptSegmentError(missing, store=table, partition=info.partition) from None
     if len(data) != info.size:
         raise CorruptSegmentError(
-            f"segment {path!r} has {len(data)} bytes, its commit record says {info.size}: "
+            f"segment {path!r} has {len(data)} bytes, {says} {info.size}: "
             "the file is truncated or was rewritten",
             store=table,
             partition=info.partition,
@@ -159,9 +229,9 @@ def read_segment(
     digest = hashlib.sha256(data).hexdigest()
     if digest != info.sha256:
         raise CorruptSegmentError(
-            f"segment {path!r} fails its checksum (sha256 {digest[:12]}..., commit record "
-            f"says {info.sha256[:12]}...): the file is corrupted",
+            f"segment {path!r} fails its checksum (sha256 {digest[:12]}..., {says} "
+            f"{info.sha256[:12]}...): the file is corrupted",
             store=table,
             partition=info.partition,
         )
-    return decode_segment(data, path, table, info.partition, batch_id)
+    return data

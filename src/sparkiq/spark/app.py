@@ -59,7 +59,13 @@ from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.spark import ddl
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
-from sparkiq.spark.sink import TableSink, pyarrow_uri, spark_uri, write_task_count
+from sparkiq.spark.sink import (
+    TableSink,
+    absolute_location,
+    pyarrow_uri,
+    spark_uri,
+    write_task_count,
+)
 from sparkiq.stores.versions import DEFAULT_HISTORY, History
 
 __all__ = ["App", "Table"]
@@ -97,9 +103,12 @@ class App:
     """Materializes streaming DataFrames as queryable tables in ``state_dir``.
 
     ``state_dir`` is a local path or a URI pyarrow can open (``s3://...``); the changelog
-    lives there. ``checkpoint_dir`` is where each table's Spark checkpoint goes
-    (``<checkpoint_dir>/<table>``); by default ``<state_dir>/checkpoints``, with ``s3://``
-    spelled ``s3a://`` for Spark.
+    lives there. A relative path is relative to this (the driver's) working directory: it
+    is made absolute here, once, because executors run elsewhere (:attr:`state_dir` holds
+    the absolute form). On a cluster it must be a location the driver, every executor and
+    every reader share (docs/deploy.md). ``checkpoint_dir`` is where each table's Spark
+    checkpoint goes (``<checkpoint_dir>/<table>``; a relative path is made absolute the same
+    way); by default ``<state_dir>/checkpoints``, with ``s3://`` spelled ``s3a://`` for Spark.
     ``name`` names the application in logs and Spark query names. ``local_dir``, ``store`` and
     ``poll_interval`` configure the local node (see :class:`~sparkiq.Node`).
     Every ``snapshot_every`` batches (None: never) each table is snapshotted by a Spark job
@@ -138,8 +147,9 @@ class App:
         self.retention = None if retention is None else float(retention)
         self.spark = spark
         _use_this_python_for_local_workers(spark)
+        self.storage = open_storage(state_dir)  # rejects an empty or unusable value first
+        state_dir = absolute_location(state_dir)
         self.state_dir = state_dir
-        self.storage = open_storage(state_dir)
         if checkpoint_dir is None:
             if "?" in state_dir:
                 raise ConfigError(
@@ -151,7 +161,7 @@ class App:
                 if self.storage.is_local
                 else spark_uri(state_dir.rstrip("/") + "/checkpoints")
             )
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = absolute_location(checkpoint_dir)
         self.name = name
         self._local_dir, self._store_kind, self._poll_interval = local_dir, store, poll_interval
         self._tables: dict[str, Table] = {}

@@ -42,6 +42,7 @@ from sparkiq.errors import ConfigError
 from sparkiq.schema.arrowtypes import arrow_type
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, parse_type
+from sparkiq.spark.sink import absolute_location
 
 __all__ = ["BATCH_COLUMN", "enrich"]
 
@@ -70,6 +71,9 @@ def enrich(
     """
     from pyspark.sql.types import LongType, StructField, StructType
 
+    # Resolved here, on the driver: executors run in working directories of their own.
+    state_dir = absolute_location(state_dir)
+    local_dir = None if local_dir is None else absolute_location(local_dir)
     manifest = Changelog(state_dir, table, read_only=True).manifest()
     schema = manifest.schema
     if schema.window_column is not None:

@@ -7,14 +7,25 @@ For every micro-batch ``b`` of the table's streaming query:
    ``foreachBatch``), and a committed batch must not be written twice;
 2. tag each row with its partition ``pmod(hash(key columns), P)`` using Spark's own
    ``hash``, shuffle so each partition's rows meet in one task, and let that task (on an
-   executor) encode the rows and write one checksummed segment per partition;
-3. collect only the segments' facts (partition, rows, size, sha256) to the driver;
+   executor) encode the rows, write one checksummed segment per partition and read it back
+   to verify that it landed whole (:func:`~sparkiq.changelog.segment.verify_landed`);
+3. collect only the segments' facts (partition, rows, size, sha256, path) to the driver,
+   which checks that each is at the path readers use and has its size there
+   (:func:`~sparkiq.changelog.segment.check_visible`);
 4. write the commit record with the batch's source end offsets, read from Spark's offset log
    of the same batch in the query's checkpoint.
+
+A segment that fails either check fails the batch (the query stops with an error naming the
+file) and no commit record is written: a committed batch never names a segment that is not
+where readers look.
 
 A crash before step 4 leaves segments no commit record lists: readers ignore them and the
 re-run rewrites identical files (a segment's bytes are a function of its rows). A crash after
 step 4 makes the re-run a no-op. Either way each batch is applied exactly once.
+
+Paths: ``state_dir`` and the checkpoint location are made absolute once, on the driver, when
+the sink is created (:func:`absolute_location`): executors run in their own working
+directories, where a relative path would name another place.
 
 The sink holds plain data only (table name, manifest, ``state_dir`` and checkpoint URIs):
 with Spark Connect the function is pickled and runs in a Python process the Connect server
@@ -35,11 +46,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkiq.changelog import Changelog, CommitRecord, SegmentInfo, TableManifest
-from sparkiq.changelog.storage import open_storage
+from sparkiq.changelog.segment import check_visible, verify_landed
+from sparkiq.changelog.storage import Storage, open_storage
 from sparkiq.errors import ChangelogError
 from sparkiq.schema.codec import KeyCodec, RowCodec
 
-__all__ = ["CRASH_ENV", "TableSink", "pyarrow_uri", "spark_uri", "write_task_count"]
+__all__ = [
+    "CRASH_ENV",
+    "SEGMENT_FAULT_ENV",
+    "TableSink",
+    "absolute_location",
+    "pyarrow_uri",
+    "spark_uri",
+    "write_task_count",
+]
 
 log = logging.getLogger("sparkiq.sink")
 
@@ -49,7 +69,14 @@ PARTITION_COLUMN = "__sparkiq_partition"
 #: driver process exit abruptly at that point (``before_commit`` or ``after_commit``).
 CRASH_ENV = "SPARKIQ_TEST_CRASH_AT"
 
-_META_SCHEMA = "partition int, rows long, size long, sha256 string"
+#: Fault injection for tests of segment verification: ``"<fault>:<table>:<batch_id>"`` damages
+#: every segment of that batch on the executor right after writing it: ``truncate`` or
+#: ``remove`` before the executor's read-back, ``remove_after_verify`` after it (so only the
+#: driver's check can notice). Read on the driver when the batch starts and shipped as data.
+SEGMENT_FAULT_ENV = "SPARKIQ_TEST_SEGMENT_FAULT"
+_FAULTS = ("truncate", "remove", "remove_after_verify")
+
+_META_SCHEMA = "partition int, rows long, size long, sha256 string, path string"
 
 
 class TableSink:
@@ -68,8 +95,8 @@ class TableSink:
         checkpoint_location: str,
         write_tasks: int,
     ) -> None:
-        self.state_dir = state_dir
-        self.checkpoint_location = checkpoint_location
+        self.state_dir = absolute_location(state_dir)
+        self.checkpoint_location = absolute_location(checkpoint_location)
         self.manifest = manifest
         self.write_tasks = max(1, min(manifest.partitions, write_tasks))
 
@@ -89,18 +116,15 @@ class TableSink:
         tagged = df.withColumn(
             PARTITION_COLUMN, F.pmod(F.hash(*keys), F.lit(self.manifest.partitions))
         )
-        writer = _segment_writer(self.state_dir, self.manifest, batch_id)
+        writer = _segment_writer(
+            self.state_dir, self.manifest, batch_id, _segment_fault(table, batch_id)
+        )
         facts = (
             tagged.repartition(self.write_tasks, PARTITION_COLUMN)
             .mapInArrow(writer, _META_SCHEMA)
             .collect()
         )
-        segments = {
-            int(r["partition"]): SegmentInfo(
-                int(r["partition"]), int(r["rows"]), int(r["size"]), str(r["sha256"])
-            )
-            for r in facts
-        }
+        segments = _landed_segments(changelog, batch_id, facts)
         record = CommitRecord(
             table=table,
             batch_id=batch_id,
@@ -130,10 +154,38 @@ def write_task_count(spark: Any, partitions: int) -> int:
     return max(1, min(partitions, shuffle))
 
 
+def _landed_segments(
+    changelog: Changelog, batch_id: int, facts: list[Any]
+) -> dict[int, SegmentInfo]:
+    """The segments the executors reported (each verified where its executor looks), checked
+    on the driver: reported at the path readers use, and there with the reported size.
+    Raises :class:`ChangelogError` naming the segment otherwise."""
+    segments: dict[int, SegmentInfo] = {}
+    paths: dict[str, SegmentInfo] = {}
+    for fact in facts:
+        info = SegmentInfo(
+            int(fact["partition"]), int(fact["rows"]), int(fact["size"]), str(fact["sha256"])
+        )
+        expected = changelog.segment_path(info.partition, batch_id)
+        if fact["path"] != expected:
+            raise ChangelogError(
+                f"an executor wrote the segment of partition {info.partition}, batch {batch_id} "
+                f"at {fact['path']!r}, but readers look at {expected!r}; the batch is not "
+                "committed. Do the executors run the same sparkiq version as the driver?",
+                store=changelog.table,
+                partition=info.partition,
+            )
+        segments[info.partition] = info
+        paths[expected] = info
+    check_visible(changelog.storage, paths, changelog.table, batch_id)
+    return segments
+
+
 def _segment_writer(
-    state_dir: str, manifest: TableManifest, batch_id: int
+    state_dir: str, manifest: TableManifest, batch_id: int, fault: str | None = None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each executor task runs: encode its rows, write its segments."""
+    """The function each executor task runs: encode its rows, write its segments, read each
+    back to verify it landed, and report it. ``fault`` is :data:`SEGMENT_FAULT_ENV`'s."""
     schema_json = manifest.schema.spark_json()
     key_columns = manifest.key_columns
     window_column = manifest.window_column
@@ -162,16 +214,56 @@ def _segment_writer(
                         values[i] = None
             changes = dict(zip(keys, values, strict=True))  # a later row for a key wins
             info = changelog.write_segment(int(partition), batch_id, changes)
+            path = changelog.segment_path(info.partition, batch_id)
+            if fault in ("truncate", "remove"):
+                _damage(changelog.storage, path, fault)
+            verify_landed(changelog.storage, path, info, table, batch_id)
+            if fault == "remove_after_verify":
+                _damage(changelog.storage, path, fault)
             yield pa.record_batch(
                 {
                     "partition": pa.array([info.partition], pa.int32()),
                     "rows": pa.array([info.rows], pa.int64()),
                     "size": pa.array([info.size], pa.int64()),
                     "sha256": pa.array([info.sha256], pa.string()),
+                    "path": pa.array([path], pa.string()),
                 }
             )
 
     return write
+
+
+def _segment_fault(table: str, batch_id: int) -> str | None:
+    spec = os.environ.get(SEGMENT_FAULT_ENV)
+    if not spec:
+        return None
+    fault, _, target = spec.partition(":")
+    if fault not in _FAULTS or target != f"{table}:{batch_id}":
+        return None
+    log.error("%s set: damaging the segments of %s batch %d", SEGMENT_FAULT_ENV, table, batch_id)
+    return fault
+
+
+def _damage(storage: Storage, path: str, fault: str) -> None:
+    if fault == "truncate":
+        data = storage.read_bytes(path)
+        storage.write_atomic(path, data[: len(data) // 2])
+    else:
+        storage.delete(path)
+
+
+def absolute_location(location: str) -> str:
+    """``location`` as every process means the same by it: a URI (``s3://...``,
+    ``file:///...``) unchanged, a local path made absolute against this process's working
+    directory (``~`` expanded).
+
+    Called on the driver before anything is shipped to executors, which run in working
+    directories of their own; anything else (an empty value, a non-string) is returned as
+    is, for :func:`~sparkiq.changelog.storage.open_storage` to reject with its message.
+    """
+    if not isinstance(location, str) or not location.strip() or "://" in location:
+        return location
+    return os.path.abspath(os.path.expanduser(location))
 
 
 def read_source_offsets(checkpoint_location: str, batch_id: int) -> list[Any]:
