@@ -22,13 +22,13 @@ The same code runs with a classic and a Spark Connect session. The ``foreachBatc
 (:class:`~sparkiq.spark.sink.TableSink`) carries plain data only, because under Connect it
 runs in the server's Python process; everything the driver does about a commit - waking the
 local node, scheduling snapshots, :meth:`App.process_all_available` - starts from reading the
-changelog on the driver (:class:`_CommitWatcher`), never from state kept by the sink.
+changelog on the driver (:class:`~sparkiq.spark.commits.CommitWatcher`), never from state
+kept by the sink.
 
-Why this module is over 600 lines: it is the writer's one public object, and what is here is
-the lifecycle of its Spark queries (start, wait, stop, drop), which shares the App's lock.
-The parts that stand alone already live beside it (sink, DDL, maintenance, lookups); the next
-split is the commit watcher and the waiting of :meth:`App.process_all_available` into their own
-module.
+The parts that stand alone live beside it: the sink, DDL, maintenance, lookups, and following
+commits (:mod:`sparkiq.spark.commits`). Why it is still a little over 600 lines: it is the
+writer's one public object, and what remains is the lifecycle of its Spark queries (start,
+wait, stop, drop) and its query methods, which share the App's lock and tables.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import datetime as dt
 import logging
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -58,15 +57,17 @@ from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.spark import ddl
+from sparkiq.spark.commits import CommitWatcher, newest_commit, wait_between_batches
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
 from sparkiq.spark.sink import (
     TableSink,
     absolute_location,
     pyarrow_uri,
     spark_uri,
+    use_this_python_for_local_workers,
     write_task_count,
 )
-from sparkiq.stores.versions import DEFAULT_HISTORY, History
+from sparkiq.stores.versions import History
 
 __all__ = ["App", "Table"]
 
@@ -146,7 +147,7 @@ class App:
         self.snapshot_every = snapshot_every
         self.retention = None if retention is None else float(retention)
         self.spark = spark
-        _use_this_python_for_local_workers(spark)
+        use_this_python_for_local_workers(spark)
         self.storage = open_storage(state_dir)  # rejects an empty or unusable value first
         state_dir = absolute_location(state_dir)
         self.state_dir = state_dir
@@ -169,7 +170,7 @@ class App:
         self.node: Node | None = None
         self._started = False
         self._lock = threading.Lock()
-        self._watcher: _CommitWatcher | None = None
+        self._watcher: CommitWatcher | None = None
 
     # -- defining tables ---------------------------------------------------------------------
 
@@ -266,7 +267,7 @@ class App:
             partitions=partitions,
             output_mode=output_mode,
             tombstone_column=tombstone,
-            history=history_of(name, history),
+            history=History.from_option(name, history),
         )
         changelog = Changelog(self.state_dir, name)
         if changelog.exists():  # refuse a layout change now, before anything runs
@@ -342,7 +343,9 @@ class App:
                 self.node = self._new_node().start()
             for table in self._tables.values():
                 self._start_query(table)
-            self._watcher = _CommitWatcher(self, self._poll_interval)
+            self._watcher = CommitWatcher(
+                self.name, self.state_dir, self._watched, self._on_commit, self._poll_interval
+            )
             self._watcher.start()
             self._started = True
         return self
@@ -473,20 +476,13 @@ class App:
 
     def _read_commits(self, table: Table, query: Any) -> None:
         """Bring ``table.committed_batch_id`` up to the newest commit record of its changelog
-        and check it against the query's last progress: a batch Spark reports done with
-        input must be committed."""
-        newest = _newest_commit(Changelog(self.state_dir, table.name), table.committed_batch_id)
-        table.committed_batch_id = max(table.committed_batch_id, newest)
-        progress = query.lastProgress
-        if progress is None:
-            return
-        done, rows = _progress_field(progress, "batchId"), _progress_field(progress, "numInputRows")
-        if rows and done is not None and int(done) > table.committed_batch_id:
-            raise SparkiqError(
-                f"Spark reports batch {done} of {table.name!r} done but the changelog's newest "
-                f"commit is batch {table.committed_batch_id}",
-                store=table.name,
-            )
+        (checked against the query's last progress)."""
+        changelog = Changelog(self.state_dir, table.name)
+        table.committed_batch_id = newest_commit(changelog, table.committed_batch_id, query)
+
+    def _watched(self) -> list[tuple[str, int, Any]]:
+        """``(table, newest commit seen, table)`` of every started table (the watcher's view)."""
+        return [(t.name, t.committed_batch_id, t) for t in self._tables.values() if t.query]
 
     def _on_commit(self, table: Table, batch_id: int) -> None:
         """The commit watcher saw ``batch_id`` of ``table`` committed."""
@@ -518,7 +514,7 @@ class App:
     def _stop_query(self, table: Table, timeout: float) -> None:
         if table.query is not None:
             try:
-                _wait_between_batches(table.query, timeout)
+                wait_between_batches(table.query, timeout)
                 table.query.stop()
                 if table.maintenance is not None:
                     table.maintenance.wait(timeout)
@@ -631,104 +627,3 @@ class App:
                 store=store,
             )
         return node.get(store, key)
-
-
-class _CommitWatcher:
-    """A driver thread following every started table's changelog for new commit records.
-
-    Each round probes the file of the next batch of each table (one existence check, as
-    the node's tailer does) and reports every new one to :meth:`App._on_commit`: the local
-    node is woken and snapshots fall due. It runs every ``interval`` seconds; the sink,
-    which may run in another process (Spark Connect), never calls back into the App.
-    """
-
-    def __init__(self, app: App, interval: float) -> None:
-        self._app = app
-        self._interval = interval
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"sparkiq-commits-{app.name}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self._interval):
-            for table in list(self._app._tables.values()):
-                if table.query is None:
-                    continue
-                try:
-                    changelog = Changelog(self._app.state_dir, table.name)
-                    while changelog.has_commit(table.committed_batch_id + 1):
-                        self._app._on_commit(table, table.committed_batch_id + 1)
-                except Exception:  # a storage hiccup: look again next round
-                    log.warning("watching commits of %s", table.name, exc_info=True)
-
-
-def _newest_commit(changelog: Changelog, known: int) -> int:
-    """The newest committed batch id of ``changelog`` (-1: none), probing forward from
-    ``known`` when that batch is still there, else listing the commits."""
-    if known < 0 or not changelog.has_commit(known):
-        committed = changelog.committed_batch_ids()
-        known = committed[-1] if committed else -1
-    while changelog.has_commit(known + 1):
-        known += 1
-    return known
-
-
-def _progress_field(progress: Any, name: str) -> Any:
-    """A field of ``query.lastProgress``: a dict, or a progress object, by Spark version."""
-    if isinstance(progress, dict):
-        return progress.get(name)
-    return getattr(progress, name, None)
-
-
-def _wait_between_batches(query: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def _use_this_python_for_local_workers(spark: Any) -> None:
-    """In local mode, run Spark's Python workers with this interpreter.
-
-    Without ``PYSPARK_PYTHON`` PySpark starts workers with whatever ``python3`` is first on
-    ``PATH``, which for a script run as ``.venv/bin/python app.py`` is not the virtual
-    environment, so the sink's tasks fail to import sparkiq and pyarrow. Executors of a local
-    master run on this machine, so this interpreter is the right one; an explicit
-    ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` always wins, and cluster masters are left
-    alone (their executors need sparkiq installed, see docs/guide.md).
-    """
-    # The one place that looks at the session's kind: a Spark Connect session has no
-    # sparkContext (PySpark raises an AttributeError), and its server picks its workers' Python.
-    context = getattr(spark, "sparkContext", None)
-    if context is None or not str(getattr(context, "master", "")).startswith("local"):
-        return
-    if os.environ.get("PYSPARK_PYTHON") or context.getConf().get("spark.pyspark.python"):
-        return
-    if getattr(context, "pythonExec", sys.executable) != sys.executable:
-        log.info("running local Python workers with %s", sys.executable)
-        context.pythonExec = sys.executable
-
-
-def history_of(name: str, history: dt.timedelta | int | None) -> History:
-    """``materialize(history=)`` as a :class:`History`; :class:`ConfigError` names a bad one."""
-    if history is None:
-        return DEFAULT_HISTORY
-    try:
-        if isinstance(history, dt.timedelta):
-            return History(seconds=history.total_seconds())
-        if isinstance(history, int) and not isinstance(history, bool):
-            return History(batches=history)
-        raise ValueError(f"got {type(history).__name__}")
-    except ValueError as exc:
-        raise ConfigError(
-            f"history must be a timedelta >= 0 or an int number of batches >= 0 ({exc})",
-            store=name,
-        ) from None

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -58,6 +59,7 @@ __all__ = [
     "absolute_location",
     "pyarrow_uri",
     "spark_uri",
+    "use_this_python_for_local_workers",
     "write_task_count",
 ]
 
@@ -328,3 +330,25 @@ def _maybe_crash(point: str, table: str, batch_id: int) -> None:
     if spec and spec == f"{point}:{table}:{batch_id}":
         log.error("%s set: exiting at %s of %s batch %d", CRASH_ENV, point, table, batch_id)
         os._exit(86)
+
+
+def use_this_python_for_local_workers(spark: Any) -> None:
+    """In local mode, run Spark's Python workers with this interpreter.
+
+    Without ``PYSPARK_PYTHON`` PySpark starts workers with whatever ``python3`` is first on
+    ``PATH``, which for a script run as ``.venv/bin/python app.py`` is not the virtual
+    environment, so the sink's tasks fail to import sparkiq and pyarrow. Executors of a local
+    master run on this machine, so this interpreter is the right one; an explicit
+    ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` always wins, and cluster masters are left
+    alone (their executors need sparkiq installed, see docs/guide.md).
+    """
+    # The one place that looks at the session's kind: a Spark Connect session has no
+    # sparkContext (PySpark raises an AttributeError), and its server picks its workers' Python.
+    context = getattr(spark, "sparkContext", None)
+    if context is None or not str(getattr(context, "master", "")).startswith("local"):
+        return
+    if os.environ.get("PYSPARK_PYTHON") or context.getConf().get("spark.pyspark.python"):
+        return
+    if getattr(context, "pythonExec", sys.executable) != sys.executable:
+        log.info("running local Python workers with %s", sys.executable)
+        context.pythonExec = sys.executable

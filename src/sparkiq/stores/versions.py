@@ -27,6 +27,7 @@ window. The window starts when the partition is opened: history is not kept acro
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import math
 import threading
@@ -39,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkiq.errors import InvalidQueryError, StoreError
+from sparkiq.errors import ConfigError, InvalidQueryError, StoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.arrowrows import KEY_COLUMN, PSEUDO_COLUMNS, ArrowRows
 from sparkiq.schema.types import TableSchema
@@ -86,6 +87,24 @@ class History:
 
     def to_json(self) -> dict[str, Any]:
         return {"batches": self.batches, "seconds": self.seconds}
+
+    @staticmethod
+    def from_option(table: str, value: dt.timedelta | int | None) -> History:
+        """``materialize(history=)``: a timedelta, an int number of batches, or None for the
+        default; :class:`~sparkiq.errors.ConfigError` names a bad one."""
+        if value is None:
+            return DEFAULT_HISTORY
+        try:
+            if isinstance(value, dt.timedelta):
+                return History(seconds=value.total_seconds())
+            if isinstance(value, int) and not isinstance(value, bool):
+                return History(batches=value)
+            raise ValueError(f"got {type(value).__name__}")
+        except ValueError as exc:
+            raise ConfigError(
+                f"history must be a timedelta >= 0 or an int number of batches >= 0 ({exc})",
+                store=table,
+            ) from None
 
     @staticmethod
     def from_json(doc: Any) -> History:
