@@ -37,7 +37,12 @@ from pygwire import messages as m
 from sparkiq.errors import AuthenticationError
 from sparkiq.server.pg.catalog import Answer, Catalog
 from sparkiq.server.pg.errors import error_fields
-from sparkiq.server.pg.statements import bind_parameters, parameter_count, split_statements
+from sparkiq.server.pg.statements import (
+    bind_parameters,
+    is_blank,
+    parameter_count,
+    split_statements,
+)
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.sql.errors import SqlUnknownNameError
 
@@ -205,7 +210,7 @@ class PgSession:
 
     def _simple(self, query: str) -> None:
         for text in split_statements(query):
-            if not text:
+            if is_blank(text):
                 self._send(m.EmptyQueryResponse())
                 continue
             try:
@@ -220,7 +225,7 @@ class PgSession:
         self._ready()
 
     def _run(self, text: str) -> Answer:
-        answer = self.catalog.answer(text, self.settings)
+        answer = self.catalog.answer(text, self.settings, self.user)
         if answer.tag in ("BEGIN", "START TRANSACTION"):
             self.in_transaction = True
         elif answer.tag in ("COMMIT", "ROLLBACK"):
@@ -269,7 +274,7 @@ class PgSession:
                 if statement.columns is None:
                     nulls: list[bytes | None] = [None] * len(oids)
                     text = bind_parameters(statement.text, nulls, [], statement.param_oids)
-                    statement.columns = self._run(text).columns if text.strip() else None
+                    statement.columns = None if is_blank(text) else self._run(text).columns
                 self._describe(statement.columns, [])
             else:
                 portal = self._portal(msg.name)
@@ -297,7 +302,7 @@ class PgSession:
 
     def _answer(self, portal: _Portal) -> Answer:
         if portal.answer is None:
-            if not portal.text.strip():
+            if is_blank(portal.text):
                 portal.answer = Answer(None, [], "")
             else:
                 answer = self._run(portal.text)

@@ -14,7 +14,7 @@ from decimal import Decimal
 
 from sparkiq.sql.errors import SqlUnsupportedError
 
-__all__ = ["bind_parameters", "parameter_count", "split_statements"]
+__all__ = ["bind_parameters", "code_segments", "is_blank", "parameter_count", "split_statements"]
 
 _NUMERIC_OIDS = frozenset({20, 21, 23, 26, 700, 701, 1700})
 _BINARY_DECODERS: dict[int, Callable[[bytes], str]] = {
@@ -29,13 +29,16 @@ _TEXT_OIDS = frozenset({0, 18, 19, 25, 705, 1042, 1043})
 _PARAM = re.compile(r"\$(\d+)")
 
 
-def _segments(text: str) -> Iterator[tuple[bool, int, int]]:
-    """``(is_code, start, end)`` pieces of ``text``: code, or a literal/identifier/comment."""
+def code_segments(text: str) -> Iterator[tuple[str, int, int]]:
+    """``(kind, start, end)`` pieces of ``text`` in order, ``kind`` one of ``"code"``,
+    ``"literal"`` (a '...' string), ``"quoted"`` (a "..." identifier) or ``"comment"``."""
     i, n, start = 0, len(text), 0
     while i < n:
         c = text[i]
         end = -1
+        kind = "comment"
         if c in "'\"":
+            kind = "literal" if c == "'" else "quoted"
             j = i + 1
             while j < n:
                 if text[j] == c:
@@ -55,11 +58,25 @@ def _segments(text: str) -> Iterator[tuple[bool, int, int]]:
             i += 1
             continue
         if start < i:
-            yield True, start, i
-        yield False, i, end
+            yield "code", start, i
+        yield kind, i, end
         start = i = end
     if start < n:
-        yield True, start, n
+        yield "code", start, n
+
+
+def _segments(text: str) -> Iterator[tuple[bool, int, int]]:
+    """``(is_code, start, end)`` pieces of ``text``: code, or a literal/identifier/comment."""
+    for kind, start, end in code_segments(text):
+        yield kind == "code", start, end
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` holds nothing but whitespace and comments (Postgres answers such a
+    query with EmptyQueryResponse: ``-- ping`` is how pgx pings)."""
+    return all(
+        kind == "comment" or not text[start:end].strip() for kind, start, end in code_segments(text)
+    )
 
 
 def split_statements(text: str) -> list[str]:
