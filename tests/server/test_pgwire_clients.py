@@ -9,11 +9,13 @@ tier 0-4 statement of the differential suite must give the rows ``Node.sql`` giv
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
@@ -25,6 +27,8 @@ from pygwire import FrontendConnection
 from pygwire import messages as m
 
 from sparkiq import Node
+from sparkiq.server.pg.statements import bind_parameters
+from sparkiq.server.pg.types import describe_columns
 from tests.server.test_pgwire import TOKEN, _rows
 from tests.sql.tables import build_world
 from tests.sql.test_differential import QUERIES
@@ -146,8 +150,9 @@ def test_asyncpg_types_prepared_statements_cursors_and_errors(node: Node) -> Non
                 "amount": (1700, "numeric"),
                 "ts": (1184, "timestamptz"),
             }
-            # untyped parameters are described as text (docs/postgres.md)
-            rows = await statement.fetch("eu", "3")
+            # parameters compared with a column are described with its type
+            assert [t.name for t in statement.get_parameters()] == ["text", "int4"]
+            rows = await statement.fetch("eu", 3)
             expected = node.sql("SELECT * FROM ck WHERE region = 'eu' AND id = 3")
             assert _rows([tuple(r) for r in rows], True) == _rows(expected.tuples(), True)
             assert await conn.fetchval("SELECT n FROM t WHERE k = $1", "k006") == 60
@@ -170,6 +175,58 @@ def test_asyncpg_types_prepared_statements_cursors_and_errors(node: Node) -> Non
             await _asyncpg(node, "wrong")
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("sql", "args", "literal"),
+    [
+        ("SELECT * FROM ik WHERE key = $1", (-47,), "SELECT * FROM ik WHERE key = -47"),
+        (
+            "SELECT * FROM lk WHERE key BETWEEN $1 AND $2",
+            (-100000000190, 50000000095),
+            "SELECT * FROM lk WHERE key BETWEEN -100000000190 AND 50000000095",
+        ),
+        (
+            "SELECT * FROM xk WHERE key IN ($1, $2) OR key = $3",
+            (Decimal("1.375"), Decimal("2.25"), Decimal("-12.5")),
+            "SELECT * FROM xk WHERE key IN (1.375, 2.25) OR key = -12.5",
+        ),
+        (
+            "SELECT * FROM dk WHERE key >= $1 AND key < $2",
+            (dt.date(2024, 2, 1), dt.date(2024, 2, 5)),
+            "SELECT * FROM dk WHERE key >= DATE '2024-02-01' AND key < DATE '2024-02-05'",
+        ),
+        (
+            "SELECT * FROM tk WHERE key = $1",
+            (dt.datetime(2024, 3, 1, 6, 10).astimezone(),),  # the local time, as an instant
+            "SELECT * FROM tk WHERE key = TIMESTAMP '2024-03-01 06:10:00'",
+        ),
+        (
+            "SELECT k, price FROM w WHERE tag = $1 AND price > $2",
+            ("red", 30.5),
+            "SELECT k, price FROM w WHERE tag = 'red' AND price > 30.5",
+        ),
+        (
+            "SELECT * FROM t ORDER BY k LIMIT $1 OFFSET $2",
+            (5, 10),
+            "SELECT * FROM t ORDER BY k LIMIT 5 OFFSET 10",
+        ),
+    ],
+)
+def test_asyncpg_binary_parameters_of_each_key_type(
+    node: Node, sql: str, args: tuple[Any, ...], literal: str
+) -> None:
+    async def run() -> list[tuple[Any, ...]]:
+        conn = await _asyncpg(node)
+        try:
+            return [tuple(r) for r in await conn.fetch(sql, *args)]
+        finally:
+            await conn.close()
+
+    expected = node.sql(literal).tuples()
+    assert expected  # the statements select rows
+    ordered = "ORDER BY" in sql
+    assert _rows(asyncio.run(run()), ordered) == _rows(expected, ordered)
 
 
 # -- cancel requests ----------------------------------------------------------------------
@@ -235,3 +292,17 @@ def test_a_cancel_request_with_a_wrong_key_changes_nothing(node: Node) -> None:
                 sock.sendall(client.send(m.CancelRequest(process_id=pid, secret_key=secret)))
                 assert sock.recv(1024) == b""  # answered by closing, as Postgres does
         assert conn.execute("SELECT n FROM t WHERE k = 'k005'").fetchall() == [(5,)]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["0", "0.001", "-12.500", "1375.0001", "12345678901234567890.123456789", "1E+20", "-0.5"],
+)
+def test_binary_numeric_parameters_read_back_exactly(value: str) -> None:
+    number = Decimal(value)
+    (column,) = describe_columns(["x"], [{"x": number}], ())
+    encoded = column.encoder(True)(number)  # what a binary client sends
+    bound = bind_parameters("SELECT $1", [encoded], [1], [1700])
+    literal = bound.removeprefix("SELECT ")
+    assert Decimal(literal) == number
+    assert "E" not in literal  # a plain SQL number

@@ -20,15 +20,17 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 import sqlglot
 
+from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
 from sparkiq.server.pg.pgcatalog import OWNER, build_catalog
+from sparkiq.server.pg.statements import BINARY_PARAMETER_OIDS, LIMIT, parameter_uses
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
 from sparkiq.server.served import ServedNode
@@ -128,6 +130,30 @@ class Catalog:
         schemas = [self.node.schema(t) for t in sorted(named)]
         columns = describe_columns(result.columns, result.rows, schemas)
         return Answer(columns, result.rows, f"SELECT {len(result.rows)}")
+
+    def parameter_types(self, text: str, oids: Sequence[int]) -> list[int]:
+        """``oids`` (a statement's parameter types, 0 = unspecified) with each unspecified
+        one compared with a column of a served table typed as that column (one the
+        endpoint reads in the binary format), a LIMIT/OFFSET one as int8, others text."""
+        if all(oids):
+            return list(oids)
+        uses = parameter_uses(text)
+        named = [t for t in self.node.tables if re.search(rf"\b{re.escape(t)}\b", text, re.I)]
+        by_column: dict[str, int | None] = {}
+        for table in named:
+            for f in self.node.schema(table).fields:
+                kind = KINDS.get(f.type.name)
+                oid = kind.pg_oid if kind is not None else 0
+                name = f.name.lower()
+                by_column[name] = oid if by_column.get(name, oid) == oid else None
+        out = []
+        for number, oid in enumerate(oids, start=1):
+            _, column = uses.get(number, ("", ""))
+            if not oid:
+                oid = 20 if column == LIMIT else by_column.get(column.lower()) or 25
+                oid = oid if oid in BINARY_PARAMETER_OIDS else 25
+            out.append(oid)
+        return out
 
     def close(self) -> None:
         with self._lock:

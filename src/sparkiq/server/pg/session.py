@@ -331,10 +331,13 @@ class PgSession:
         elif isinstance(msg, m.Describe):
             if msg.kind == "S":
                 statement = self._statement(msg.name)
-                oids = [oid or 25 for oid in statement.param_oids]
-                self._send(m.ParameterDescription(type_oids=oids))
+                # Told to the client, which then sends values of these types (asyncpg).
+                statement.param_oids = self.catalog.parameter_types(
+                    statement.text, statement.param_oids
+                )
+                self._send(m.ParameterDescription(type_oids=statement.param_oids))
                 if statement.columns is None:
-                    nulls: list[bytes | None] = [None] * len(oids)
+                    nulls: list[bytes | None] = [None] * len(statement.param_oids)
                     text = bind_parameters(statement.text, nulls, [], statement.param_oids)
                     statement.columns = None if is_blank(text) else self._run(text).columns
                 self._describe(statement.columns, [])
