@@ -8,6 +8,7 @@ through JDBC's ``?``), psycopg binds the same value.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -278,3 +279,26 @@ def test_psql_lists_schemas_and_databases(node: Node) -> None:
     assert [line.split("|")[:3] for line in done.stdout.splitlines()[2:3]] == [
         ["sparkiq", "sparkiq", "UTF8"]
     ]
+
+
+def test_catalog_queries_get_the_sql_limits(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKIQ_SQL_TIMEOUT_SECONDS", "1")
+    monkeypatch.setenv("SPARKIQ_SQL_MAX_RESULT_ROWS", "10")
+    build_world(str(tmp_path))
+    with Node(str(tmp_path), store="memory", pg_listen="127.0.0.1:0") as node:
+        assert node.pg_address is not None
+        host, port = node.pg_address
+        with psycopg.connect(f"host={host} port={port} user=u dbname=d", autocommit=True) as c:
+            joined = ", ".join(f"pg_catalog.pg_type t{i}" for i in range(12))
+            # a filter DuckDB's statistics cannot decide before running the join
+            summed = " || ".join(f"t{i}.typname" for i in range(12))
+            started = time.monotonic()
+            with pytest.raises(psycopg.Error) as caught:
+                c.execute(f"SELECT count(*) FROM {joined} WHERE md5({summed}) = 'x'")
+            assert caught.value.sqlstate == "57014"
+            assert time.monotonic() - started < 30  # interrupted, not run to the end
+            with pytest.raises(psycopg.Error) as caught:
+                c.execute("SELECT * FROM pg_catalog.pg_type")  # 17 rows
+            assert caught.value.sqlstate == "54000"
+            rows = c.execute("SELECT typname FROM pg_type WHERE oid = 25").fetchall()
+            assert rows == [("text",)]

@@ -34,7 +34,13 @@ from sparkiq.server.pg.statements import BINARY_PARAMETER_OIDS, LIMIT, parameter
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
 from sparkiq.server.served import ServedNode
-from sparkiq.sql.errors import SqlError, SqlSyntaxError, SqlUnsupportedError
+from sparkiq.sql import SqlLimits
+from sparkiq.sql.errors import (
+    SqlError,
+    SqlLimitError,
+    SqlSyntaxError,
+    SqlUnsupportedError,
+)
 
 __all__ = ["Answer", "Catalog", "server_parameters"]
 
@@ -103,6 +109,7 @@ class Catalog:
     ) -> None:
         self.node = node
         self.parameters = dict(parameters)
+        self.limits = SqlLimits.from_env()
         # Each connection thread gets its own DuckDB from the engine: bounding how many run
         # at once bounds their memory as the REST API's 32 SQL threads bound its own.
         self._running = threading.BoundedSemaphore(max_statements)
@@ -172,8 +179,20 @@ class Catalog:
         with self._lock:
             db, walls = self._catalog_db()
             walls.check(text, db)
+            # The catalog is small, but a query over it may not be (a cross join of
+            # pg_attribute with itself...): it gets the SQL limits of any statement.
+            timer = threading.Timer(self.limits.timeout_seconds, db.interrupt)
+            timer.start()
             try:
                 cursor = db.execute(text)
+                if cursor.description is None:
+                    return Answer(None, [], "SELECT 0")
+                fetched = cursor.fetchmany(self.limits.max_result_rows + 1)
+            except duckdb.InterruptException:
+                raise SqlLimitError(
+                    "the catalog query ran out of time (SqlLimits.timeout_seconds)",
+                    code="timeout",
+                ) from None
             except duckdb.ParserException as exc:
                 raise SqlSyntaxError(f"catalog query: {exc}") from None
             except (duckdb.CatalogException, duckdb.BinderException) as exc:
@@ -186,10 +205,16 @@ class Catalog:
                     f"this catalog query is not supported by sparkiq's Postgres endpoint: {exc}",
                     code="catalog",
                 ) from None
-            if cursor.description is None:
-                return Answer(None, [], "SELECT 0")
+            finally:
+                timer.cancel()
+            if len(fetched) > self.limits.max_result_rows:
+                raise SqlLimitError(
+                    f"the catalog query returns more than SqlLimits.max_result_rows="
+                    f"{self.limits.max_result_rows} rows",
+                    code="result_rows",
+                )
             names = _unique([renames.get(d[0], d[0]) for d in cursor.description])
-            rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+            rows = [dict(zip(names, r, strict=True)) for r in fetched]
         columns = describe_columns(names, rows, ())
         return Answer(columns, rows, f"SELECT {len(rows)}")
 
