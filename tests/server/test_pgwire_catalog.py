@@ -269,6 +269,18 @@ def test_duckdb_settings_and_databases_never_show(conn: psycopg.Connection[Any])
     assert conn.execute("SELECT count(*) FROM t, pg_catalog.pg_class").fetchall() == [(0,)]
 
 
+def test_catalog_names_in_literals_and_comments_leave_a_pull_query_alone(
+    conn: psycopg.Connection[Any], node: Node
+) -> None:
+    sql = (
+        "SELECT k, 'pg_catalog.version()' AS note FROM t -- not pg_class\n"
+        "WHERE k = 'k005' /* current_user */"
+    )
+    assert (
+        conn.execute(sql).fetchall() == node.sql(sql).tuples() == [("k005", "pg_catalog.version()")]
+    )
+
+
 @psql_needed
 def test_psql_lists_schemas_and_databases(node: Node) -> None:
     done = _psql(node, "\\dn")

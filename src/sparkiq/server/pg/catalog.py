@@ -30,7 +30,12 @@ import sqlglot
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
 from sparkiq.server.pg.pgcatalog import OWNER, build_catalog
-from sparkiq.server.pg.statements import BINARY_PARAMETER_OIDS, LIMIT, parameter_uses
+from sparkiq.server.pg.statements import (
+    BINARY_PARAMETER_OIDS,
+    LIMIT,
+    code_only,
+    parameter_uses,
+)
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
 from sparkiq.server.served import ServedNode
@@ -128,7 +133,7 @@ class Catalog:
         session = _SESSION.get(first)
         if session is not None:
             return session(self, text, words, settings)
-        if _CATALOG.search(text):
+        if _CATALOG.search(code_only(text)):  # 'pg_class' in a literal is just a string
             return self._catalog_query(text, settings, user)
         with self._running:
             result = self.node.sql(text)

@@ -23,6 +23,7 @@ __all__ = [
     "BINARY_PARAMETER_OIDS",
     "LIMIT",
     "bind_parameters",
+    "code_only",
     "code_segments",
     "is_blank",
     "parameter_count",
@@ -122,6 +123,20 @@ def _segments(text: str) -> Iterator[tuple[bool, int, int]]:
     """``(is_code, start, end)`` pieces of ``text``: code, or a literal/identifier/comment."""
     for kind, start, end in code_segments(text):
         yield kind == "code", start, end
+
+
+def code_only(text: str) -> str:
+    """``text`` with its string literals emptied (``''``) and comments dropped: what to
+    search for names that decide how a statement is answered."""
+    out = []
+    for kind, start, end in code_segments(text):
+        if kind == "literal":
+            out.append("''")
+        elif kind != "comment":
+            out.append(text[start:end])
+        else:
+            out.append(" ")
+    return "".join(out)
 
 
 def is_blank(text: str) -> bool:
