@@ -13,9 +13,14 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
   with SQLSTATE 28P01. Without a token every client is trusted.
 - Extended protocol: ``Parse`` keeps the text; ``Bind`` substitutes the parameters as SQL
   literals (:func:`~sparkiq.server.pg.statements.bind_parameters`); ``Describe`` of a portal
-  runs it (the rows are then sent by ``Execute``); ``Describe`` of a statement runs it with
-  NULL parameters to learn the columns. After an error every message up to ``Sync`` is
-  skipped, as a server must.
+  runs it (the rows are then sent by ``Execute``); ``Describe`` of a statement types its
+  untyped parameters after the columns they are compared with
+  (:meth:`~sparkiq.server.pg.catalog.Catalog.parameter_types`) and runs it with NULL
+  parameters to learn the columns. After an error every message up to ``Sync`` is skipped,
+  as a server must.
+- Cancel requests: each session has its own key (``BackendKeyData``: a process id unique in
+  the server and a random secret); a ``CancelRequest`` naming it, on a new connection,
+  cancels the statement running then (:meth:`PgSession.cancel`).
 - ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and only change the transaction status
   reported; every statement reads at its own position.
 """
