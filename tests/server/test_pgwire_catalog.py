@@ -296,6 +296,7 @@ def test_psql_lists_schemas_and_databases(node: Node) -> None:
 def test_catalog_queries_get_the_sql_limits(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARKIQ_SQL_TIMEOUT_SECONDS", "1")
     monkeypatch.setenv("SPARKIQ_SQL_MAX_RESULT_ROWS", "10")
+    monkeypatch.setenv("SPARKIQ_SQL_MAX_STATEMENT_CHARS", "2000")
     build_world(str(tmp_path))
     with Node(str(tmp_path), store="memory", pg_listen="127.0.0.1:0") as node:
         assert node.pg_address is not None
@@ -312,5 +313,9 @@ def test_catalog_queries_get_the_sql_limits(tmp_path: Any, monkeypatch: pytest.M
             with pytest.raises(psycopg.Error) as caught:
                 c.execute("SELECT * FROM pg_catalog.pg_type")  # 17 rows
             assert caught.value.sqlstate == "54000"
+            with pytest.raises(psycopg.Error) as caught:
+                c.execute("SELECT typname FROM pg_type WHERE " + " OR ".join(["oid = 25"] * 300))
+            assert caught.value.sqlstate == "54000"
+            assert "max_statement_chars" in str(caught.value)
             rows = c.execute("SELECT typname FROM pg_type WHERE oid = 25").fetchall()
             assert rows == [("text",)]

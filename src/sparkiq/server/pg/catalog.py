@@ -128,6 +128,7 @@ class Catalog:
     def answer(self, text: str, settings: dict[str, str], user: str = "") -> Answer:
         """The answer to one statement; ``settings`` are the connection's ``SET`` values,
         ``user`` the user name it logged in with."""
+        self.limits.check_statement(text)  # before any regex reads it
         words = _WORDS.findall(text[:64])
         first = words[0].lower() if words else ""
         session = _SESSION.get(first)
