@@ -262,9 +262,9 @@ def test_psql_runs_queries_and_lists_tables_and_columns(node: Node) -> None:
     columns = [line.split("|")[:2] for line in done.stdout.splitlines()[2:6]]
     assert columns == [
         ["region", "text"],
-        ["id", "int4"],
+        ["id", "integer"],
         ["amount", "numeric(10,2)"],
-        ["ts", "timestamptz"],
+        ["ts", "timestamp with time zone"],
     ]
 
 

@@ -1,10 +1,12 @@
 """The Postgres wire protocol endpoint: psql, psycopg, pg8000, asyncpg and BI tools run pull
 queries on a node (docs/postgres.md).
 
-``listener`` accepts connections, ``session`` speaks the protocol of one (framing by the
-``pygwire`` codec), ``catalog`` decides what a statement is answered with, ``types`` maps
-result columns to Postgres types, ``statements`` splits and binds statement text and
-``errors`` gives SQLSTATE codes.
+``listener`` accepts connections (and routes cancel requests), ``session`` speaks the
+protocol of one (framing by the ``pygwire`` codec), ``catalog`` decides what a statement
+is answered with, ``pgcatalog`` is the emulated ``pg_catalog``/``information_schema``,
+``translate`` turns a client's catalog query into one on it (and walls it in), ``types``
+maps result columns to Postgres types, ``statements`` splits, reads and binds statement
+text and ``errors`` gives SQLSTATE codes.
 """
 
 from __future__ import annotations

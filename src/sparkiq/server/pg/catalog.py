@@ -5,13 +5,12 @@
   here: ``SET`` only records the value (``SHOW`` returns it), nothing changes how sparkiq
   answers.
 - **Catalog queries** (any statement naming ``pg_catalog``, ``information_schema``, a
-  ``pg_*`` relation or function, or ``version()``/``current_schema()``-style functions) run
-  in a small in-memory DuckDB that holds only a generated catalog: one *empty* table per
-  served table, with the columns and the Postgres types of :data:`~sparkiq.schema.kinds.KINDS`.
-  DuckDB's own ``pg_catalog`` and ``information_schema`` then describe them, which is what
-  psql's ``\\dt`` and ``\\d`` and the introspection of GUI tools read. The node's data is
-  never in that database, and the SQL engine's sandbox, which refuses catalog access, is
-  not involved. A few spellings psql uses that DuckDB lacks are rewritten first.
+  ``pg_*`` relation or function, or ``version()``/``current_schema()``-style functions) are
+  translated (:mod:`~sparkiq.server.pg.translate`) and run on the emulated catalog
+  (:mod:`~sparkiq.server.pg.pgcatalog`), a small in-memory DuckDB rebuilt when the node's
+  tables change. It describes the served tables and nothing else: never the node's rows,
+  nor DuckDB's own catalog, files or settings. A catalog relation or column sparkiq has no
+  such object for gets an empty answer.
 - **Everything else** is a pull query: :meth:`ServedNode.sql`, with the same planner,
   limits and sandbox as ``POST /query``.
 """
@@ -21,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,17 +29,32 @@ import sqlglot
 
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.pg.pgcatalog import OWNER, build_catalog
+from sparkiq.server.pg.statements import (
+    BINARY_PARAMETER_OIDS,
+    LIMIT,
+    code_only,
+    parameter_uses,
+)
+from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
 from sparkiq.server.served import ServedNode
-from sparkiq.sql.errors import SqlError, SqlSyntaxError, SqlUnsupportedError
+from sparkiq.sql import SqlLimits
+from sparkiq.sql.errors import (
+    SqlError,
+    SqlLimitError,
+    SqlSyntaxError,
+    SqlUnsupportedError,
+)
 
 __all__ = ["Answer", "Catalog", "server_parameters"]
 
 log = logging.getLogger("sparkiq.server.pg")
 
 #: The Postgres version the endpoint reports. Clients pick their catalog queries by it;
-#: psql's queries for 14 are the ones the rewrites below are tested with.
+#: psql 15's, DBeaver's, Grafana's and asyncpg's for 14 are the ones tested.
 PG_VERSION = "14.0"
+PG_VERSION_NUM = "140000"
 
 _WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 # Catalog relations are named qualified or by their pg_ names; catalog functions by a call.
@@ -48,42 +62,20 @@ _CATALOG = re.compile(
     r"\b(?:pg_catalog|information_schema)\s*\.|"
     r"\bpg_(?:class|namespace|attribute|type|database|settings|roles|user|proc|index|"
     r"constraint|description|am|tables|views|matviews|extension|inherits|attrdef|collation|"
-    r"tablespace|trigger|enum|range)\b|"
+    r"tablespace|trigger|enum|range|depend|indexes|sequences?|policy|publication)\b|"
     r"\b(?:pg_[a-z_]+|version|current_schemas?|current_database|current_setting|"
-    r"has_[a-z_]+_privilege|obj_description|col_description|format_type|quote_ident)\s*\(|"
-    r"\b(?:current_user|session_user|current_catalog)\b",
+    r"has_[a-z_]+_privilege|obj_description|col_description|format_type|quote_ident|"
+    r"parse_ident)\s*\(|"
+    r"\b(?:current_user|session_user|current_catalog|current_schema)\b",
     re.IGNORECASE,
 )
-# psql's spellings DuckDB does not parse, and what they mean there.
-_REWRITES = (
-    (re.compile(r"\bpg_catalog\.(\w+)\s*\(", re.IGNORECASE), r"\1("),
-    (re.compile(r"\bversion\s*\(\s*\)", re.IGNORECASE), "sparkiq_version()"),
-    (re.compile(r"\bformat_type\s*\(", re.IGNORECASE), "sparkiq_format_type("),
-    (re.compile(r"\bpg_catalog\.(pg_class)\b", re.IGNORECASE), r"\1"),
-    (re.compile(r"OPERATOR\(pg_catalog\.([~!=<>]+)\)", re.IGNORECASE), r"\1"),
-    (re.compile(r"COLLATE\s+pg_catalog\.default", re.IGNORECASE), ""),
-    (re.compile(r"::\s*pg_catalog\.regclass", re.IGNORECASE), "::VARCHAR"),
-    (re.compile(r"::\s*pg_catalog\.text", re.IGNORECASE), "::VARCHAR"),
-    (re.compile(r"::\s*pg_catalog\.regtype", re.IGNORECASE), "::VARCHAR"),
-)
-_MACROS = (
-    "CREATE MACRO pg_get_userbyid(id) AS 'sparkiq'",
-    "CREATE MACRO pg_encoding_to_char(id) AS 'UTF8'",
-    "CREATE MACRO array_to_string(a, sep) AS NULL::VARCHAR",
-    "CREATE MACRO pg_relation_size(id) AS 0",
-    "CREATE MACRO pg_table_size(id) AS 0",
-    "CREATE MACRO pg_total_relation_size(id) AS 0",
-    "CREATE MACRO pg_get_expr(expr, rel, pretty) AS NULL::VARCHAR",
-    # DuckDB spells Postgres' text "varchar"; the endpoint describes string columns as text.
-    "CREATE MACRO sparkiq_format_type(t, m) AS "
-    "CASE WHEN pg_catalog.format_type(t, m) = 'varchar' THEN 'text' "
-    "ELSE pg_catalog.format_type(t, m) END",
-    # Columns psql's \\d reads that DuckDB's pg_class lacks (unqualified names resolve here).
-    "CREATE VIEW pg_class AS SELECT *, false AS relforcerowsecurity FROM pg_catalog.pg_class",
-)
-
-
-_RENAMES = {"sparkiq_version()": "version"}
+# Settings current_setting() and SHOW know besides the reported parameters.
+_EXTRA_SETTINGS = {
+    "server_version_num": PG_VERSION_NUM,
+    "search_path": "public",
+    "transaction_isolation": "read committed",
+    "max_identifier_length": "63",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,22 +114,28 @@ class Catalog:
     ) -> None:
         self.node = node
         self.parameters = dict(parameters)
+        self.limits = SqlLimits.from_env()
         # Each connection thread gets its own DuckDB from the engine: bounding how many run
         # at once bounds their memory as the REST API's 32 SQL threads bound its own.
         self._running = threading.BoundedSemaphore(max_statements)
         self._lock = threading.Lock()
+        # The catalog database and its walls, rebuilt when the tables change (guarded by
+        # _lock, as DuckDB connections are not shared across threads).
         self._db: duckdb.DuckDBPyConnection | None = None
+        self._walls: Walls | None = None
         self._described: dict[str, TableSchema] = {}
 
-    def answer(self, text: str, settings: dict[str, str]) -> Answer:
-        """The answer to one statement; ``settings`` are the connection's ``SET`` values."""
+    def answer(self, text: str, settings: dict[str, str], user: str = "") -> Answer:
+        """The answer to one statement; ``settings`` are the connection's ``SET`` values,
+        ``user`` the user name it logged in with."""
+        self.limits.check_statement(text)  # before any regex reads it
         words = _WORDS.findall(text[:64])
         first = words[0].lower() if words else ""
         session = _SESSION.get(first)
         if session is not None:
             return session(self, text, words, settings)
-        if _CATALOG.search(text):
-            return self._catalog_query(text)
+        if _CATALOG.search(code_only(text)):  # 'pg_class' in a literal is just a string
+            return self._catalog_query(text, settings, user)
         with self._running:
             result = self.node.sql(text)
         tables = set(self.node.tables)
@@ -145,6 +143,30 @@ class Catalog:
         schemas = [self.node.schema(t) for t in sorted(named)]
         columns = describe_columns(result.columns, result.rows, schemas)
         return Answer(columns, result.rows, f"SELECT {len(result.rows)}")
+
+    def parameter_types(self, text: str, oids: Sequence[int]) -> list[int]:
+        """``oids`` (a statement's parameter types, 0 = unspecified) with each unspecified
+        one compared with a column of a served table typed as that column (one the
+        endpoint reads in the binary format), a LIMIT/OFFSET one as int8, others text."""
+        if all(oids):
+            return list(oids)
+        uses = parameter_uses(text)
+        named = [t for t in self.node.tables if re.search(rf"\b{re.escape(t)}\b", text, re.I)]
+        by_column: dict[str, int | None] = {}
+        for table in named:
+            for f in self.node.schema(table).fields:
+                kind = KINDS.get(f.type.name)
+                oid = kind.pg_oid if kind is not None else 0
+                name = f.name.lower()
+                by_column[name] = oid if by_column.get(name, oid) == oid else None
+        out = []
+        for number, oid in enumerate(oids, start=1):
+            _, column = uses.get(number, ("", ""))
+            if not oid:
+                oid = 20 if column == LIMIT else by_column.get(column.lower()) or 25
+                oid = oid if oid in BINARY_PARAMETER_OIDS else 25
+            out.append(oid)
+        return out
 
     def close(self) -> None:
         with self._lock:
@@ -154,18 +176,34 @@ class Catalog:
 
     # -- the generated catalog ---------------------------------------------------------------
 
-    def _catalog_query(self, text: str) -> Answer:
-        for pattern, replacement in _REWRITES:
-            text = pattern.sub(replacement, text)
+    def _catalog_query(self, text: str, settings: Mapping[str, str], user: str) -> Answer:
+        values = {k.lower(): v for k, v in self.parameters.items()}
+        values.update(_EXTRA_SETTINGS)
+        values.update(settings)
+        version = self.parameters.get("server_version", PG_VERSION)
+        text, renames = translate(text, Session(user or OWNER, f"PostgreSQL {version}", values))
         with self._lock:
-            db = self._catalog_db()
+            db, walls = self._catalog_db()
+            walls.check(text, db)
+            # The catalog is small, but a query over it may not be (a cross join of
+            # pg_attribute with itself...): it gets the SQL limits of any statement.
+            timer = threading.Timer(self.limits.timeout_seconds, db.interrupt)
+            timer.start()
             try:
                 cursor = db.execute(text)
+                if cursor.description is None:
+                    return Answer(None, [], "SELECT 0")
+                fetched = cursor.fetchmany(self.limits.max_result_rows + 1)
+            except duckdb.InterruptException:
+                raise SqlLimitError(
+                    "the catalog query ran out of time (SqlLimits.timeout_seconds)",
+                    code="timeout",
+                ) from None
             except duckdb.ParserException as exc:
                 raise SqlSyntaxError(f"catalog query: {exc}") from None
             except (duckdb.CatalogException, duckdb.BinderException) as exc:
-                # A catalog relation or column the generated catalog lacks (row security
-                # policies, statistics, publications...): sparkiq has none of those objects.
+                # A catalog relation or column the emulated catalog lacks (statistics,
+                # row security policies...): sparkiq has none of those objects.
                 log.debug("empty answer to a catalog query DuckDB cannot bind: %s", exc)
                 return Answer([text_column(n) for n in _select_names(text)], [], "SELECT 0")
             except duckdb.Error as exc:
@@ -173,35 +211,32 @@ class Catalog:
                     f"this catalog query is not supported by sparkiq's Postgres endpoint: {exc}",
                     code="catalog",
                 ) from None
-            if cursor.description is None:
-                return Answer(None, [], "SELECT 0")
-            names = _unique([_RENAMES.get(d[0], d[0]) for d in cursor.description])
-            rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+            finally:
+                timer.cancel()
+            if len(fetched) > self.limits.max_result_rows:
+                raise SqlLimitError(
+                    f"the catalog query returns more than SqlLimits.max_result_rows="
+                    f"{self.limits.max_result_rows} rows",
+                    code="result_rows",
+                )
+            names = _unique([renames.get(d[0], d[0]) for d in cursor.description])
+            rows = [dict(zip(names, r, strict=True)) for r in fetched]
         columns = describe_columns(names, rows, ())
         return Answer(columns, rows, f"SELECT {len(rows)}")
 
-    def _catalog_db(self) -> duckdb.DuckDBPyConnection:
+    def _catalog_db(self) -> tuple[duckdb.DuckDBPyConnection, Walls]:
         """The catalog database, rebuilt when the node's tables or schemas changed."""
         current = {t: self.node.schema(t) for t in self.node.tables}
         same = current.keys() == self._described.keys() and all(
             current[t] is self._described[t] for t in current
         )
-        if self._db is not None and same:
-            return self._db
+        if self._db is not None and self._walls is not None and same:
+            return self._db, self._walls
         if self._db is not None:
             self._db.close()
-        db = duckdb.connect(":memory:", config={"enable_external_access": False})
-        for macro in _MACROS:
-            db.execute(macro)
-        version = self.parameters.get("server_version", PG_VERSION).replace("'", "''")
-        db.execute(f"CREATE MACRO sparkiq_version() AS 'PostgreSQL {version}'")
-        db.execute("CREATE SCHEMA public")
-        db.execute("SET search_path = 'public,main'")
-        for table, schema in sorted(current.items()):
-            columns = ", ".join(f"{_ident(f.name)} {_duck_type(f.type)}" for f in schema.fields)
-            db.execute(f"CREATE TABLE public.{_ident(table)} ({columns})")
-        self._db, self._described = db, current
-        return db
+        db = build_catalog(current, self.parameters)
+        self._db, self._walls, self._described = db, Walls(db), current
+        return db, self._walls
 
 
 def _select_names(text: str) -> list[str]:
@@ -211,18 +246,6 @@ def _select_names(text: str) -> list[str]:
     except sqlglot.errors.SqlglotError:
         return []
     return _unique(list(getattr(tree, "named_selects", [])))
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _duck_type(data_type: Any) -> str:
-    kind = KINDS.get(data_type.name)
-    pg = kind.pg if kind is not None else "text"
-    if pg == "numeric":
-        return f"numeric({data_type.precision},{data_type.scale})"
-    return pg
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -260,7 +283,7 @@ def _show(catalog: Catalog, text: str, words: list[str], settings: dict[str, str
         raise SqlSyntaxError("SHOW needs a setting name")
     name = ".".join(words[1:]) if len(words) > 1 else ""
     lowered = {k.lower(): v for k, v in catalog.parameters.items()}
-    lowered.update({"transaction_isolation": "read committed", "search_path": "public"})
+    lowered.update(_EXTRA_SETTINGS)
     lowered.update(settings)
     if name.lower() == "all":
         rows = [{"name": k, "setting": v} for k, v in sorted(lowered.items())]

@@ -12,6 +12,7 @@ forbidden statement, table, function   42501    insufficient_privilege: pull que
 other ``SqlUnsupportedError``          0A000    feature_not_supported
 ``SqlLimitError`` (rows, size, page)   54000    program_limit_exceeded
 ``SqlLimitError`` code ``timeout``     57014    query_canceled (``SqlLimits.timeout_seconds``)
+``StatementCanceledError``             57014    query_canceled (the client's cancel request)
 ``SqlPartitionError``                  57P03    cannot_connect_now: a partition could not
                                                 answer; retry later (the connection is fine)
 other ``InvalidQueryError``            22023    invalid_parameter_value
@@ -37,10 +38,15 @@ from sparkiq.sql.errors import (
     SqlUnsupportedError,
 )
 
-__all__ = ["error_fields", "sqlstate"]
+__all__ = ["StatementCanceledError", "error_fields", "sqlstate"]
 
 log = logging.getLogger("sparkiq.server.pg")
 _error_ids = itertools.count(1)
+
+
+class StatementCanceledError(Exception):
+    """The client canceled the running statement (a CancelRequest, psql's Ctrl-C)."""
+
 
 _FORBIDDEN = frozenset({"forbidden_statement", "forbidden_table", "forbidden_function"})
 
@@ -50,6 +56,8 @@ def sqlstate(exc: BaseException) -> str:
     code = getattr(exc, "code", None)
     if isinstance(exc, AuthenticationError):
         return "28P01"
+    if isinstance(exc, StatementCanceledError):
+        return "57014"
     if isinstance(exc, SqlSyntaxError):
         return "42601"
     if isinstance(exc, SqlUnknownNameError):

@@ -41,10 +41,12 @@ class PgServer:
         self.max_connections = max_connections
         parameters = server_parameters(__version__)
         self.catalog = Catalog(node, parameters)
-        self.rules = SessionRules(self.catalog, token, startup_timeout, parameters)
+        self.rules = SessionRules(self.catalog, token, startup_timeout, parameters, self._cancel)
         self.address: tuple[str, int] = sock.getsockname()[:2]
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _sessions, _by_process_id, _stopped
         self._sessions: dict[PgSession, threading.Thread] = {}
+        self._by_process_id: dict[int, PgSession] = {}
+        self._next_process_id = 1
         self._stopped = False
         self._thread = threading.Thread(target=self._accept, name="sparkiq-pg", daemon=True)
 
@@ -67,7 +69,9 @@ class PgServer:
                 if len(self._sessions) >= self.max_connections:
                     _refuse(conn, self.max_connections)
                     continue
-                session = PgSession(conn, self.rules)
+                session = PgSession(conn, self.rules, self._next_process_id)
+                self._by_process_id[session.process_id] = session
+                self._next_process_id += 1
                 thread = threading.Thread(
                     target=self._serve, args=(session,), name="sparkiq-pg-conn", daemon=True
                 )
@@ -80,11 +84,28 @@ class PgServer:
         finally:
             with self._lock:
                 self._sessions.pop(session, None)
+                self._by_process_id.pop(session.process_id, None)
+
+    def _cancel(self, process_id: int, secret: bytes) -> None:
+        """A CancelRequest: cancel the statement of the session it names, if the secret is
+        that session's (a wrong one is ignored, as Postgres does, and logged)."""
+        with self._lock:
+            session = self._by_process_id.get(process_id)
+        if session is None or not session.cancel(secret):
+            log.info("ignored a cancel request for an unknown Postgres session")
 
     @property
     def connections(self) -> int:
         with self._lock:
             return len(self._sessions)
+
+    @property
+    def statements_running(self) -> int:
+        """How many connections are running a statement now (a cancel request cancels
+        only those)."""
+        with self._lock:
+            sessions = list(self._sessions)
+        return sum(session.busy for session in sessions)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close the listener and every connection; wait for their threads."""

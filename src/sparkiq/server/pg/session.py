@@ -13,9 +13,14 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
   with SQLSTATE 28P01. Without a token every client is trusted.
 - Extended protocol: ``Parse`` keeps the text; ``Bind`` substitutes the parameters as SQL
   literals (:func:`~sparkiq.server.pg.statements.bind_parameters`); ``Describe`` of a portal
-  runs it (the rows are then sent by ``Execute``); ``Describe`` of a statement runs it with
-  NULL parameters to learn the columns. After an error every message up to ``Sync`` is
-  skipped, as a server must.
+  runs it (the rows are then sent by ``Execute``); ``Describe`` of a statement types its
+  untyped parameters after the columns they are compared with
+  (:meth:`~sparkiq.server.pg.catalog.Catalog.parameter_types`) and runs it with NULL
+  parameters to learn the columns. After an error every message up to ``Sync`` is skipped,
+  as a server must.
+- Cancel requests: each session has its own key (``BackendKeyData``: a process id unique in
+  the server and a random secret); a ``CancelRequest`` naming it, on a new connection,
+  cancels the statement running then (:meth:`PgSession.cancel`).
 - ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and only change the transaction status
   reported; every statement reads at its own position.
 """
@@ -27,7 +32,8 @@ import hmac
 import logging
 import os
 import socket
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +42,13 @@ from pygwire import messages as m
 
 from sparkiq.errors import AuthenticationError
 from sparkiq.server.pg.catalog import Answer, Catalog
-from sparkiq.server.pg.errors import error_fields
-from sparkiq.server.pg.statements import bind_parameters, parameter_count, split_statements
+from sparkiq.server.pg.errors import StatementCanceledError, error_fields
+from sparkiq.server.pg.statements import (
+    bind_parameters,
+    is_blank,
+    parameter_count,
+    split_statements,
+)
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.sql.errors import SqlUnknownNameError
 
@@ -73,20 +84,29 @@ class _Portal:
 class SessionRules:
     """What every session of one server shares: the catalog that answers catalog queries,
     the password (the node's token; None trusts everyone), how long a client may take to
-    start up and log in, and the parameters reported to it after login."""
+    start up and log in, the parameters reported to it after login, and where a cancel
+    request goes."""
 
     catalog: Catalog
     token: str | None
     startup_timeout: float
     parameters: dict[str, str]
+    cancel: Callable[[int, bytes], None]  # a CancelRequest's process id and secret
 
 
 class PgSession:
     """Serves one connection on ``sock`` under ``rules`` until the client leaves or
     :meth:`close`."""
 
-    def __init__(self, sock: socket.socket, rules: SessionRules) -> None:
+    def __init__(self, sock: socket.socket, rules: SessionRules, process_id: int) -> None:
         self.sock = sock
+        self.rules = rules
+        # BackendKeyData: a client's CancelRequest names this session by both.
+        self.process_id = process_id
+        self.secret = os.urandom(4)
+        self._cancel_lock = threading.Lock()  # guards _busy and _canceled
+        self._busy = False
+        self._canceled = False
         self.catalog = rules.catalog
         self.token = rules.token
         self.startup_timeout = rules.startup_timeout
@@ -116,6 +136,43 @@ class PgSession:
             if not data:
                 raise _Closed
             yield from self.conn.receive(data)
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """Mark the session busy while a message runs: only then may a cancel request
+        cancel it (one that arrives between statements does nothing, as in Postgres)."""
+        with self._cancel_lock:
+            self._busy, self._canceled = True, False
+        try:
+            yield
+        finally:
+            with self._cancel_lock:
+                self._busy = self._canceled = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether a statement (or an extended-protocol message) is running."""
+        with self._cancel_lock:
+            return self._busy
+
+    def cancel(self, secret: bytes) -> bool:
+        """Cancel the running statement if ``secret`` is this session's (from another
+        thread: a CancelRequest). The statement fails with SQLSTATE 57014 at its next
+        check: before it starts, when the node's answer comes back, and between batches of
+        rows sent. The node's own work on it is not interrupted (it ends within the SQL
+        timeout). Returns whether the secret matched."""
+        if not hmac.compare_digest(secret, self.secret):
+            return False
+        with self._cancel_lock:
+            if self._busy:
+                self._canceled = True
+        return True
+
+    def _check_canceled(self) -> None:
+        with self._cancel_lock:
+            canceled = self._canceled
+        if canceled:
+            raise StatementCanceledError("canceling statement due to user request")
 
     def close(self) -> None:
         """End the connection from another thread (the node stops)."""
@@ -148,7 +205,12 @@ class PgSession:
                 self._send(m.SSLResponse(accepted=False))
                 self._flush()
             elif isinstance(msg, m.CancelRequest):
-                return False  # cancellation is not supported: statements are bounded in time
+                # Sent on a new connection; Postgres answers nothing and closes it.
+                secret = msg.secret_key
+                if isinstance(secret, int):
+                    secret = secret.to_bytes(4, "big")
+                self.rules.cancel(msg.process_id, bytes(secret))
+                return False
             elif isinstance(msg, m.StartupMessage):
                 self.user = msg.params.get("user", "")
                 if self.token is not None:
@@ -171,7 +233,7 @@ class PgSession:
                 self._send(m.AuthenticationOk())
                 for name, value in self.parameters.items():
                     self._send(m.ParameterStatus(name=name, value=value))
-                self._send(m.BackendKeyData(process_id=os.getpid(), secret_key=os.urandom(4)))
+                self._send(m.BackendKeyData(process_id=self.process_id, secret_key=self.secret))
                 self._ready()
                 return True
         return False
@@ -186,7 +248,9 @@ class PgSession:
             if isinstance(msg, m.Terminate):
                 return
             if isinstance(msg, m.Query):
-                self._simple(msg.query_string)
+                with self._running():
+                    self._simple(msg.query_string)
+                self._ready()  # after the statement stopped counting as running
             elif isinstance(msg, m.Sync):
                 self.failed = False
                 self._ready()
@@ -196,7 +260,8 @@ class PgSession:
                 continue
             else:
                 try:
-                    self._extended(msg)
+                    with self._running():
+                        self._extended(msg)
                 except Exception as exc:
                     self.failed = True
                     self._send(m.ErrorResponse(fields=error_fields(exc, _text_of(msg, self))))
@@ -205,22 +270,28 @@ class PgSession:
 
     def _simple(self, query: str) -> None:
         for text in split_statements(query):
-            if not text:
+            if is_blank(text):
                 self._send(m.EmptyQueryResponse())
                 continue
             try:
                 answer = self._run(text)
+                if answer.columns is not None:
+                    self._send(m.RowDescription(fields=_fields(answer.columns, [])))
+                    self._rows(answer, [c.encoder(False) for c in answer.columns], 0, None)
             except Exception as exc:
+                # After RowDescription too: Postgres may end a result with an error.
                 self._send(m.ErrorResponse(fields=error_fields(exc, text)))
                 break  # the rest of a multi-statement query is not run, as in Postgres
-            if answer.columns is not None:
-                self._send(m.RowDescription(fields=_fields(answer.columns, [])))
-                self._rows(answer, [c.encoder(False) for c in answer.columns], 0, None)
             self._send(m.CommandComplete(tag=answer.tag))
-        self._ready()
 
     def _run(self, text: str) -> Answer:
-        answer = self.catalog.answer(text, self.settings)
+        self._check_canceled()
+        try:
+            answer = self.catalog.answer(text, self.settings, self.user)
+        except Exception:
+            self._check_canceled()  # a statement canceled while it ran fails as canceled
+            raise
+        self._check_canceled()
         if answer.tag in ("BEGIN", "START TRANSACTION"):
             self.in_transaction = True
         elif answer.tag in ("COMMIT", "ROLLBACK"):
@@ -242,6 +313,7 @@ class PgSession:
             values = [None if (v := row.get(n)) is None else enc(v) for n, enc in pairs]
             self._send(m.DataRow(columns=values))
             if len(self.out) >= 256:
+                self._check_canceled()
                 self._flush()
         return end - start
 
@@ -264,12 +336,15 @@ class PgSession:
         elif isinstance(msg, m.Describe):
             if msg.kind == "S":
                 statement = self._statement(msg.name)
-                oids = [oid or 25 for oid in statement.param_oids]
-                self._send(m.ParameterDescription(type_oids=oids))
+                # Told to the client, which then sends values of these types (asyncpg).
+                statement.param_oids = self.catalog.parameter_types(
+                    statement.text, statement.param_oids
+                )
+                self._send(m.ParameterDescription(type_oids=statement.param_oids))
                 if statement.columns is None:
-                    nulls: list[bytes | None] = [None] * len(oids)
+                    nulls: list[bytes | None] = [None] * len(statement.param_oids)
                     text = bind_parameters(statement.text, nulls, [], statement.param_oids)
-                    statement.columns = self._run(text).columns if text.strip() else None
+                    statement.columns = None if is_blank(text) else self._run(text).columns
                 self._describe(statement.columns, [])
             else:
                 portal = self._portal(msg.name)
@@ -297,7 +372,7 @@ class PgSession:
 
     def _answer(self, portal: _Portal) -> Answer:
         if portal.answer is None:
-            if not portal.text.strip():
+            if is_blank(portal.text):
                 portal.answer = Answer(None, [], "")
             else:
                 answer = self._run(portal.text)
