@@ -54,7 +54,9 @@ class ServeProcess:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
 
-    def wait_up(self, timeout: float = 30.0) -> None:
+    def wait_up(self, timeout: float = 120.0) -> None:
+        # A deadline for a hang, not a speed target: on a loaded machine starting Python,
+        # importing pyarrow and DuckDB and binding takes tens of seconds.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None
@@ -88,7 +90,7 @@ class ServeProcess:
 
 
 def wait_cluster(
-    urls: list[str], members: int, timeout: float = 30.0, token: str | None = None
+    urls: list[str], members: int, timeout: float = 120.0, token: str | None = None
 ) -> None:
     """Until every node sees ``members`` live nodes and is ready."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
