@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -65,11 +66,19 @@ def result_table(
     with ``columns`` in order; ``schemas`` are the tables the statement read (see the
     module docstring for how they type the columns)."""
     declared = _declared(schemas)
-    arrays = []
-    for name in columns:
-        values = [row.get(name) for row in rows]
-        arrays.append(_column(values, declared.get(name.lower())))
+    arrays = [
+        _column(values, declared.get(name.lower()))
+        for name, values in zip(columns, _transposed(columns, rows), strict=True)
+    ]
     return pa.Table.from_arrays(arrays, names=list(columns))
+
+
+def _transposed(columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    """The values of each column, in column order."""
+    try:
+        return [list(map(itemgetter(name), rows)) for name in columns]
+    except KeyError:  # rows that lack a column (not what the engine gives): nulls there
+        return [[row.get(name) for row in rows] for name in columns]
 
 
 def _declared(schemas: Iterable[TableSchema]) -> dict[str, DataType | None]:
