@@ -20,6 +20,7 @@ from typing import Any
 
 from bench import (
     apply,
+    arrow,
     failover,
     follower_tail,
     freshness,
@@ -29,6 +30,7 @@ from bench import (
     push,
     restore,
     sink,
+    sink_connect,
     sql_scan,
     statestore,
 )
@@ -41,12 +43,14 @@ BENCHMARKS: dict[str, Callable[[bool], Report]] = {
     "failover": failover.run,
     "sql_scan": sql_scan.run,
     "pgwire": pgwire.run,
+    "arrow": arrow.run,
     "push": push.run,
     "apply": apply.run,
     "restore": restore.run,
     "follower_tail": follower_tail.run,
     "statestore": statestore.run,
     "sink": sink.run,
+    "sink_connect": sink_connect.run,
     "freshness": freshness.run,
 }
 
@@ -139,6 +143,24 @@ CONTEXT = {
         "extended protocol sends Parse/Bind/Describe/Execute/Sync in one write; the simple "
         "protocol one Query message."
     ),
+    "arrow": (
+        "Every method first computes the result in the node (`node.sql`: read the "
+        "partitions, run the statement in DuckDB, build Python rows); the rest is how it "
+        "travels. JSON encodes each row with orjson and the caller parses the text (decimals "
+        "and timestamps arrive as strings); the Arrow answer turns the rows into typed "
+        "columns, writes them as IPC record batches and the caller reads them without "
+        "per-value work. `Client.sql` rows decode MessagePack into Python values of the "
+        'Spark types; `format="arrow"` keeps the table and builds rows only if asked.'
+    ),
+    "sink_connect": (
+        "A `foreachBatch` function under Connect runs in a Python process the server starts, "
+        "and the DataFrame work it asks for goes back to the server over gRPC: sparkiq's sink "
+        "runs one job (tag, shuffle, `mapInArrow` writing the segments, `collect` of the "
+        "segment facts), the baseline one `noop` write; the commit-record check, the offset "
+        "log and the commit record are file operations in that Python process. Each run is a "
+        "process of its own (PySpark cannot hold a classic and a Connect session in one "
+        "process); session start-up is not part of any figure."
+    ),
     "push": (
         "Latency is from just before the commit record is written to the subscriber "
         "receiving the probe row. With `notify()` the writer wakes the hub at once (the "
@@ -158,8 +180,9 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "local disk), over HTTP (`sparkiq serve` processes and a load generator on 127.0.0.1) "
         "and of its SQL engine. Each lives in `bench/` and prints its table when run alone "
         "(`.venv/bin/python -m bench.lookup`, `bench.http`, `bench.failover`, "
-        "`bench.sql_scan`, `bench.pgwire`, `bench.push`, `bench.apply`, `bench.restore`, "
-        "`bench.follower_tail`, `bench.statestore`, `bench.sink`, `bench.freshness`; "
+        "`bench.sql_scan`, `bench.pgwire`, `bench.arrow`, `bench.push`, `bench.apply`, "
+        "`bench.restore`, `bench.follower_tail`, `bench.statestore`, `bench.sink`, "
+        "`bench.sink_connect`, `bench.freshness`; "
         "`--quick` for a smaller run).",
         "",
         "Reproduce all of them with `make bench` (`python -m bench.run_all`), which rewrites "
@@ -248,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(f"({name} took {time.monotonic() - t0:.0f} s)", flush=True)
             reports.append(report)
     finally:
-        if any(n in names for n in ("statestore", "sink", "freshness")):
+        if any(n in names for n in ("statestore", "sink", "sink_connect", "freshness")):
             from pyspark.sql import SparkSession
 
             session = SparkSession.getActiveSession()

@@ -355,8 +355,8 @@ class RestApp:
     async def _sql_arrow(self, send: Send, text: str, result: Any) -> None:
         """``result`` as an Arrow IPC stream, written batch by batch; its position (and
         page token) in response headers (sparkiq.wire.arrowipc)."""
-        table = await self._run(
-            arrowipc.result_table, result.columns, result.rows, self._schemas_read(text)
+        table = await self._run(  # parsing and converting take milliseconds: off the loop
+            lambda: arrowipc.result_table(result.columns, result.rows, self._schemas_read(text))
         )
         headers = [
             (b"content-type", arrowipc.CONTENT_TYPE.encode()),
