@@ -399,6 +399,15 @@ def test_the_arrow_path_needs_the_token(node: Node) -> None:
         wrong.sql("SELECT * FROM every", format="arrow")
 
 
+def test_openapi_documents_the_arrow_answer(node: Node) -> None:
+    post = httpx.get(f"{node.url}/openapi.json").json()["paths"]["/query"]["post"]
+    answer = post["responses"]["200"]
+    assert set(answer["content"]) == {"application/json", ARROW, "application/x-ndjson"}
+    assert set(answer["headers"]) == {arrowipc.POSITION_HEADER, arrowipc.PAGE_TOKEN_HEADER}
+    assert post["responses"]["406"]["description"].startswith("The Accept header")
+    assert [p["name"] for p in post["parameters"]] == ["accept"]
+
+
 # -- clients that go away --------------------------------------------------------------------
 
 
@@ -415,7 +424,7 @@ def test_a_client_that_disconnects_mid_stream_does_not_break_the_node(
     host, port = node.url.removeprefix("http://").split(":")
     before = _completed_queries(node)
     for _ in range(3):
-        with socket.create_connection((host, int(port)), timeout=30) as conn:
+        with socket.create_connection((host, int(port)), timeout=120) as conn:
             conn.sendall(
                 b"POST /query HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                 + f"accept: {ARROW}\r\nauthorization: Bearer {TOKEN}\r\n".encode()
