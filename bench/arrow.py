@@ -47,6 +47,8 @@ from sparkiq.wire import arrowipc
 TABLE = "wide"
 PARTITIONS = 8
 SQL = f"SELECT * FROM {TABLE}"
+PANDAS_ROWS = "pandas: DataFrame(Client.sql(...).rows)"
+PANDAS_ARROW = 'pandas: Client.sql(..., format="arrow").to_pandas()'
 _COLUMNS = [
     ("k", "string"),
     ("n", "long"),
@@ -147,8 +149,8 @@ def run(quick: bool) -> Report:
                 "REST: POST /query, Arrow IPC (pyarrow table)": rest_arrow,
                 "Client.sql(...).rows (MessagePack)": client_rows,
                 'Client.sql(..., format="arrow").to_arrow()': client_arrow,
-                "pandas: DataFrame(Client.sql(...).rows)": pandas_rows,
-                'pandas: Client.sql(..., format="arrow").to_pandas()': pandas_arrow,
+                PANDAS_ROWS: pandas_rows,
+                PANDAS_ARROW: pandas_arrow,
             }
             for fn in methods.values():  # warm plans, connections and caches
                 assert fn() == rows
@@ -188,10 +190,12 @@ def run(quick: bool) -> Report:
     client_arrow_ms = medians['Client.sql(..., format="arrow").to_arrow()']
     report.readings.append(
         f"{rows:,} rows through POST /query: Arrow {arrow_ms * 1e3:,.0f} ms vs JSON "
-        f"{json_ms * 1e3:,.0f} ms ({json_ms / arrow_ms:.1f}x faster; "
-        f"{sizes['arrow'] / 1e6:.1f} vs {sizes['json'] / 1e6:.1f} MB); computing the result "
-        f"(node.sql) takes {base * 1e3:,.0f} ms of it; Client.to_arrow "
-        f"{client_arrow_ms * 1e3:,.0f} ms vs Client rows {client_rows_ms * 1e3:,.0f} ms"
+        f"{json_ms * 1e3:,.0f} ms ({arrow_ms / json_ms:.2f}x JSON's time, "
+        f"{sizes['arrow'] / sizes['json']:.2f}x its bytes), of which node.sql "
+        f"{base * 1e3:,.0f} ms; Client: to_arrow {client_arrow_ms * 1e3:,.0f} ms vs rows "
+        f"{client_rows_ms * 1e3:,.0f} ms ({client_rows_ms / client_arrow_ms:.1f}x faster), "
+        f"to_pandas {medians[PANDAS_ARROW] * 1e3:,.0f} ms vs DataFrame(rows) "
+        f"{medians[PANDAS_ROWS] * 1e3:,.0f} ms"
     )
     report.notes.append(
         f"response bodies: Arrow IPC {sizes['arrow']:,} bytes, JSON {sizes['json']:,} bytes"

@@ -1,8 +1,9 @@
 """Run every benchmark and rewrite ``docs/benchmarks.md`` with the figures.
 
-``python -m bench.run_all`` (what ``make bench`` runs) takes about seven to eight minutes
-on two cores. ``--quick`` runs smaller versions in about three and, being less precise,
-leaves the docs alone unless ``--write-docs`` is given; so does ``--only`` (a subset).
+``python -m bench.run_all`` (what ``make bench`` runs) takes about fifteen minutes on two
+cores (the Spark Connect comparison alone about six). ``--quick`` runs smaller versions in
+about five and, being less precise, leaves the docs alone unless ``--write-docs`` is given;
+so does ``--only`` (a subset).
 ``--json PATH`` also saves every figure as JSON.
 """
 
@@ -145,12 +146,15 @@ CONTEXT = {
     ),
     "arrow": (
         "Every method first computes the result in the node (`node.sql`: read the "
-        "partitions, run the statement in DuckDB, build Python rows); the rest is how it "
-        "travels. JSON encodes each row with orjson and the caller parses the text (decimals "
-        "and timestamps arrive as strings); the Arrow answer turns the rows into typed "
-        "columns, writes them as IPC record batches and the caller reads them without "
-        "per-value work. `Client.sql` rows decode MessagePack into Python values of the "
-        'Spark types; `format="arrow"` keeps the table and builds rows only if asked.'
+        "partitions, run the statement in DuckDB, turn its answer into Python rows), which is "
+        "most of the time; the rest is how the result travels. JSON encodes the rows with "
+        "orjson and the caller parses text (decimals and timestamps arrive as strings). The "
+        "Arrow answer turns the rows into typed columns (about what JSON's encoding costs), "
+        "writes them as IPC record batches, and the caller reads them with no per-value "
+        "work: half the bytes, and a `Client` or pandas caller gets typed data without "
+        "building a Python value per cell. The SQL engine hands over Python rows today; once "
+        "it hands over DuckDB's Arrow result, the Arrow answer can skip the rows and the "
+        "conversion both."
     ),
     "sink_connect": (
         "A `foreachBatch` function under Connect runs in a Python process the server starts, "

@@ -221,6 +221,12 @@ class Client:
         response = self._http.post(f"{url}/query", content=orjson.dumps(doc), headers=headers)
         if response.status_code != 200:
             raise _error(response)
+        kind = response.headers.get("content-type", "")
+        if not kind.startswith(arrowipc.CONTENT_TYPE):
+            raise SparkiqError(
+                f"{url} answered {kind or 'no content type'}, not an Arrow stream: the node "
+                'predates Arrow results; upgrade it or use format="rows"'
+            )
         table = arrowipc.read_table(response.content)
         position = Position.from_token(response.headers[arrowipc.POSITION_HEADER])
         return _ArrowResult(table, position, response.headers.get(arrowipc.PAGE_TOKEN_HEADER))

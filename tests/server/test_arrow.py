@@ -8,9 +8,11 @@ type and every value equals the row ``Node.sql`` gives.
 from __future__ import annotations
 
 import datetime as dt
+import http.server
 import math
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -22,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sparkiq import AuthenticationError, Client, Node, Position
+from sparkiq import AuthenticationError, Client, Node, Position, SparkiqError
 from sparkiq.schema.arrowtypes import arrow_type
 from sparkiq.schema.kinds import KINDS
 from sparkiq.sql import SqlResult
@@ -406,6 +408,37 @@ def test_openapi_documents_the_arrow_answer(node: Node) -> None:
     assert set(answer["headers"]) == {arrowipc.POSITION_HEADER, arrowipc.PAGE_TOKEN_HEADER}
     assert post["responses"]["406"]["description"].startswith("The Accept header")
     assert [p["name"] for p in post["parameters"]] == ["accept"]
+
+
+def test_a_node_that_answers_json_gets_a_clear_error() -> None:
+    """A node from before Arrow results answers JSON whatever the Accept header says."""
+
+    class OldNode(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            body = b'{"columns": ["a"], "rows": [{"a": 1}], "position": "p1.e30"}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OldNode)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with (
+            Client(f"http://127.0.0.1:{server.server_address[1]}") as old,
+            pytest.raises(SparkiqError, match=r"not an Arrow stream.*format=.rows"),
+        ):
+            old.sql("SELECT a FROM t", format="arrow")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 # -- clients that go away --------------------------------------------------------------------

@@ -4,6 +4,9 @@
 A result is one IPC *stream* (the schema, then record batches of at most
 :data:`ROWS_PER_BATCH` rows, then the end-of-stream marker), produced batch by batch
 (:func:`ipc_chunks`): the response is never one bytes object the size of the result. The
+columns are built whole first (:func:`result_table`, so that each column has one type
+however its values turn out), beside the Python rows the result already holds and smaller
+than them; the rows themselves are bounded by ``SqlLimits.max_result_rows``. The
 position the result was read at travels in the :data:`POSITION_HEADER` response header,
 a page token in :data:`PAGE_TOKEN_HEADER`.
 
