@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pyarrow as pa
 from sqlglot import exp
 
 from sparkiq.cluster.heartbeat import HeartbeatError
@@ -346,15 +347,19 @@ class RestApp:
                 options[name] = doc[name]
         result = await self._run(lambda: self.node.sql(text, **options))
         if arrow:
-            await self._sql_arrow(send, text, result)
+            headers, table = await self._sql_arrow(text, result)
+            del result  # a slow reader pins the columns only, not the Python rows as well
+            await self._stream(send, 200, headers, arrowipc.ipc_chunks(table))
         elif _accepts_binary(scope):  # sparkiq.Client: values keep their Python types
             await _send(send, 200, pack(sql_json(result)), _BINARY)
         else:
             await _send(send, 200, jsonapi.dumps(sql_json(result)), _JSON)
 
-    async def _sql_arrow(self, send: Send, text: str, result: Any) -> None:
-        """``result`` as an Arrow IPC stream, written batch by batch; its position (and
-        page token) in response headers (sparkiq.wire.arrowipc)."""
+    async def _sql_arrow(
+        self, text: str, result: Any
+    ) -> tuple[list[tuple[bytes, bytes]], pa.Table]:
+        """The response headers and the Arrow table of ``result``, for an IPC stream
+        (sparkiq.wire.arrowipc): its position (and page token) travel in headers."""
         table = await self._run(  # parsing and converting take milliseconds: off the loop
             lambda: arrowipc.result_table(result.columns, result.rows, self._schemas_read(text))
         )
@@ -364,7 +369,7 @@ class RestApp:
         ]
         if result.next_page_token is not None:
             headers.append((arrowipc.PAGE_TOKEN_HEADER.encode(), result.next_page_token.encode()))
-        await self._stream(send, 200, headers, arrowipc.ipc_chunks(table))
+        return headers, table
 
     def _schemas_read(self, text: str) -> list[TableSchema]:
         """Schemas of the tables ``text`` reads, which type the Arrow columns named like
