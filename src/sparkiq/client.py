@@ -20,7 +20,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import orjson
@@ -41,8 +41,11 @@ from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.sql.change import Change
 from sparkiq.sql.errors import SqlError
 from sparkiq.sql.result import SqlResult
-from sparkiq.wire import jsonapi, protocol
+from sparkiq.wire import arrowipc, jsonapi, protocol
 from sparkiq.wire.values import unpack
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["ChangeStream", "Client"]
 
@@ -171,13 +174,29 @@ class Client:
 
     # -- SQL ---------------------------------------------------------------------------------
 
-    def sql(self, text: str, *, bound: Position | str | None = None, **options: Any) -> SqlResult:
+    def sql(
+        self,
+        text: str,
+        *,
+        bound: Position | str | None = None,
+        format: str = "rows",
+        **options: Any,
+    ) -> SqlResult:
         """A SQL pull query; ``bound`` (a position or its token) for read-your-writes.
 
-        The answer is a :class:`~sparkiq.SqlResult`, as in-process."""
+        The answer is a :class:`~sparkiq.SqlResult`, as in-process. ``format="arrow"``
+        fetches it as an Arrow IPC stream instead of rows: ``to_arrow()`` is then the table
+        the node sent (each column with its Spark type's Arrow type), ``to_pandas()`` its
+        DataFrame, and ``rows`` are built from it only when first read. Use it for large
+        results and for dataframes; the default suits small answers read as dicts.
+        ``options`` are ``page_token`` and ``page_size`` (docs/rest.md)."""
+        if format not in ("rows", "arrow"):
+            raise ValueError(f"format must be 'rows' or 'arrow', got {format!r}")
         doc: dict[str, Any] = {"sql": text, **options}
         if bound is not None:
             doc["bound"] = bound if isinstance(bound, str) else bound.to_token()
+        if format == "arrow":
+            return self._call(lambda url: self._sql_arrow(url, doc))
 
         def call(url: str) -> SqlResult:
             response = self._http.post(
@@ -195,6 +214,22 @@ class Client:
             )
 
         return self._call(call)
+
+    def _sql_arrow(self, url: str, doc: dict[str, Any]) -> SqlResult:
+        headers = self._headers()
+        headers["accept"] = arrowipc.CONTENT_TYPE
+        response = self._http.post(f"{url}/query", content=orjson.dumps(doc), headers=headers)
+        if response.status_code != 200:
+            raise _error(response)
+        kind = response.headers.get("content-type", "")
+        if not kind.startswith(arrowipc.CONTENT_TYPE):
+            raise SparkiqError(
+                f"{url} answered {kind or 'no content type'}, not an Arrow stream: the node "
+                'predates Arrow results; upgrade it or use format="rows"'
+            )
+        table = arrowipc.read_table(response.content)
+        position = Position.from_token(response.headers[arrowipc.POSITION_HEADER])
+        return _ArrowResult(table, position, response.headers.get(arrowipc.PAGE_TOKEN_HEADER))
 
     def stream(
         self, text: str, *, from_position: Position | str | None = None, snapshot: bool = False
@@ -284,6 +319,38 @@ class Client:
                     store=store,
                 )
         return found
+
+
+class _ArrowResult(SqlResult):
+    """A :class:`~sparkiq.SqlResult` received as an Arrow IPC stream: :meth:`to_arrow` is
+    the table as received; ``rows`` are built from it on first use (and kept)."""
+
+    __slots__ = ("_rows", "_table")
+    _rows: list[dict[str, Any]] | None
+    _table: pa.Table
+
+    def __init__(self, table: pa.Table, position: Position, next_page_token: str | None) -> None:
+        # SqlResult is frozen: its fields are set the way its own __init__ sets them.
+        for name, value in (
+            ("columns", list(table.column_names)),
+            ("position", position),
+            ("next_page_token", next_page_token),
+            ("explain", None),
+            ("_table", table),
+            ("_rows", None),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        rows = self._rows
+        if rows is None:
+            rows = arrowipc.table_rows(self._table)
+            object.__setattr__(self, "_rows", rows)
+        return rows
+
+    def to_arrow(self) -> pa.Table:
+        return self._table
 
 
 class ChangeStream(Iterator[Change]):

@@ -13,7 +13,9 @@ Routes (the OpenAPI document at ``/openapi.json`` describes bodies and answers):
     POST /stores/{store}/query             an IQv2 request as JSON; results streamed
     GET  /metadata                         every node: active/standby partitions, states
     GET  /metadata/stores/{store}/keys/{key}   the key's partition, active and standby hosts
-    POST /query                            SQL: pull queries, or EMIT CHANGES (NDJSON stream)
+    POST /query                            SQL: pull queries (JSON, or an Arrow IPC stream
+                                           with Accept: application/vnd.apache.arrow.stream),
+                                           or EMIT CHANGES (NDJSON stream)
     POST /internal/query                   node protocol (binary, see sparkiq.wire.protocol)
     POST /internal/heartbeat               membership heartbeats
 
@@ -37,6 +39,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pyarrow as pa
+from sqlglot import exp
+
 from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.errors import (
     AuthenticationError,
@@ -47,13 +52,15 @@ from sparkiq.errors import (
 )
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.types import TableSchema
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.server.served import ServedNode
 from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
+from sparkiq.sql.parse import parse
 from sparkiq.sql.statement import is_push_query
-from sparkiq.wire import jsonapi, protocol
+from sparkiq.wire import arrowipc, jsonapi, protocol
 from sparkiq.wire.values import pack, unpack
 
 __all__ = ["PUBLIC_PATHS", "RestApp", "scrub"]
@@ -304,7 +311,16 @@ class RestApp:
             from sparkiq.query.position import PositionBound
 
             options["bound"] = PositionBound.at(jsonapi.position_from_token(doc["bound"]))
+        arrow = _accepts_arrow(scope)
         if is_push_query(text):
+            if arrow:
+                raise HttpError(
+                    406,
+                    "not_acceptable",
+                    "a push query (EMIT CHANGES) streams newline-delimited JSON, one change "
+                    f"per line; send it without 'Accept: {arrowipc.CONTENT_TYPE}'",
+                    "accept",
+                )
             if doc.get("from") is not None:
                 options["from_position"] = jsonapi.position_from_token(doc["from"], "from")
             if doc.get("snapshot"):
@@ -340,10 +356,40 @@ class RestApp:
                 options[name] = doc[name]
         result = await self._run(lambda: self.node.sql(text, **options))
         self.metrics.queried(*_tables_read(result.position.to_map(), self.node.tables))
-        if _accepts_binary(scope):  # sparkiq.Client: values keep their Python types
+        if arrow:
+            headers, table = await self._sql_arrow(text, result)
+            del result  # a slow reader pins the columns only, not the Python rows as well
+            await self._stream(send, 200, headers, arrowipc.ipc_chunks(table))
+        elif _accepts_binary(scope):  # sparkiq.Client: values keep their Python types
             await _send(send, 200, pack(sql_json(result)), _BINARY)
         else:
             await _send(send, 200, jsonapi.dumps(sql_json(result)), _JSON)
+
+    async def _sql_arrow(
+        self, text: str, result: Any
+    ) -> tuple[list[tuple[bytes, bytes]], pa.Table]:
+        """The response headers and the Arrow table of ``result``, for an IPC stream
+        (sparkiq.wire.arrowipc): its position (and page token) travel in headers."""
+        table = await self._run(  # parsing and converting take milliseconds: off the loop
+            lambda: arrowipc.result_table(result.columns, result.rows, self._schemas_read(text))
+        )
+        headers = [
+            (b"content-type", arrowipc.CONTENT_TYPE.encode()),
+            (arrowipc.POSITION_HEADER.encode(), result.position.to_token().encode()),
+        ]
+        if result.next_page_token is not None:
+            headers.append((arrowipc.PAGE_TOKEN_HEADER.encode(), result.next_page_token.encode()))
+        return headers, table
+
+    def _schemas_read(self, text: str) -> list[TableSchema]:
+        """Schemas of the tables ``text`` reads, which type the Arrow columns named like
+        theirs. The engine has accepted ``text``, so it parses."""
+        parsed = parse(text)
+        if parsed.explain:  # the answer is the plan's properties, not the tables' columns
+            return []
+        served = {name.lower(): name for name in self.node.tables}
+        named = {t.name.lower() for t in parsed.tree.find_all(exp.Table)}
+        return [self.node.schema(served[n]) for n in sorted(named) if n in served]
 
     async def _ready(self, send: Send) -> int:
         statuses = self.node.status()
@@ -474,6 +520,13 @@ def _tables_read(position: dict[str, Any], tables: list[str]) -> list[str]:
     """The tables a SQL result read: its position has a component per table read (and one
     per source component, e.g. a Kafka topic, which is not a table)."""
     return [name for name in position if name in tables]
+
+
+def _accepts_arrow(scope: Scope) -> bool:
+    return any(
+        name == b"accept" and arrowipc.CONTENT_TYPE.encode() in value
+        for name, value in scope["headers"]
+    )
 
 
 def _accepts_binary(scope: Scope) -> bool:

@@ -20,6 +20,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         400: "Invalid request; `field` names the offending field",
         401: "Missing or wrong bearer token",
         404: "Unknown store, key or route",
+        406: "The Accept header asks for what this answer cannot be (an Arrow stream of a "
+        "push query)",
         413: "Request body too large",
         502: "Another node failed while answering",
     }
@@ -157,6 +159,18 @@ def openapi_document() -> dict[str, Any]:
                         "next_page_token": {"type": "string"},
                     },
                 },
+                "Change": {
+                    "type": "object",
+                    "description": "One line of a push query's answer (an empty line is a "
+                    'keep-alive; a final line may be `{"error": ...}`)',
+                    "properties": {
+                        "key": {},
+                        "row": {"type": ["object", "null"], "description": "null: deleted"},
+                        "position": {"type": "string"},
+                        "batch_id": {"type": "integer"},
+                        "snapshot": {"type": "boolean"},
+                    },
+                },
             },
         },
         "security": [{"bearer": []}],
@@ -268,7 +282,21 @@ def openapi_document() -> dict[str, Any]:
             },
             "/query": {
                 "post": {
-                    "summary": "SQL: a pull query (JSON) or `... EMIT CHANGES` (NDJSON stream)",
+                    "summary": "SQL: a pull query (JSON, or an Arrow IPC stream) or "
+                    "`... EMIT CHANGES` (NDJSON stream)",
+                    "parameters": [
+                        {
+                            "name": "accept",
+                            "in": "header",
+                            "required": False,
+                            "description": "`application/vnd.apache.arrow.stream` answers a "
+                            "pull query as an Arrow IPC stream (record batches of at most "
+                            "16,384 rows; the position in the `sparkiq-position` header); "
+                            "anything else, JSON. A push query with the Arrow type is "
+                            "refused with 406",
+                            "schema": {"type": "string"},
+                        }
+                    ],
                     "requestBody": {
                         "required": True,
                         "content": {
@@ -278,8 +306,35 @@ def openapi_document() -> dict[str, Any]:
                         },
                     },
                     "responses": {
-                        "200": _json({"$ref": "#/components/schemas/SqlResult"}, "Result"),
-                        **_errors(400, 401, 404, 413, 502),
+                        "200": {
+                            "description": "The result: JSON, an Arrow IPC stream (when "
+                            "asked for with Accept), or for a push query one JSON change "
+                            "per line",
+                            "headers": {
+                                "sparkiq-position": {
+                                    "description": "Arrow answers only: the position "
+                                    "token the result was read at",
+                                    "schema": {"type": "string"},
+                                },
+                                "sparkiq-next-page-token": {
+                                    "description": "Arrow answers only, when more rows "
+                                    "remain: pass it back as `page_token`",
+                                    "schema": {"type": "string"},
+                                },
+                            },
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/SqlResult"}
+                                },
+                                "application/vnd.apache.arrow.stream": {
+                                    "schema": {"type": "string", "format": "binary"}
+                                },
+                                "application/x-ndjson": {
+                                    "schema": {"$ref": "#/components/schemas/Change"}
+                                },
+                            },
+                        },
+                        **_errors(400, 401, 404, 406, 413, 502),
                     },
                 }
             },

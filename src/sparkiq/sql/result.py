@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkiq.query.position import Position
+from sparkiq.wire.arrowipc import result_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["SqlResult"]
 
@@ -37,6 +41,17 @@ class SqlResult:
     def tuples(self) -> list[tuple[Any, ...]]:
         """Rows as tuples in column order."""
         return [tuple(row.get(c) for c in self.columns) for row in self.rows]
+
+    def to_arrow(self) -> pa.Table:
+        """The rows as a ``pyarrow.Table`` with the columns in order. Built from ``rows``,
+        so each column's type is the one Arrow infers from its values (ints as int64,
+        floats as float64, dicts as structs); ``Client.sql(..., format="arrow")`` instead
+        fetches the node's Arrow stream, whose columns keep their Spark types."""
+        return result_table(self.columns, self.rows)
+
+    def to_pandas(self) -> Any:
+        """:meth:`to_arrow` as a ``pandas.DataFrame`` (maps as dicts)."""
+        return self.to_arrow().to_pandas(maps_as_pydicts="strict")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON encoders that know datetimes and decimals (e.g. the REST

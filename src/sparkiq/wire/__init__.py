@@ -6,6 +6,8 @@
   router and the node that hosts a partition, or a :class:`~sparkiq.Client` and any node.
 * :mod:`~sparkiq.wire.jsonapi` -- JSON for people and tools: keys parsed by column type,
   rows rendered with ISO dates, requests validated field by field.
+* :mod:`~sparkiq.wire.arrowipc` -- SQL results as Arrow IPC streams (``POST /query`` with
+  ``Accept: application/vnd.apache.arrow.stream``), each column with its Spark type.
 """
 
 from __future__ import annotations

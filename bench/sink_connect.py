@@ -1,0 +1,175 @@
+"""Sink overhead per micro-batch under Spark Connect vs a classic session, in one run.
+
+The query, input and sinks of :mod:`bench.sink` (a streaming aggregation over a file source,
+one file of 10k rows per micro-batch; ``foreachBatch`` that only evaluates the batch vs a
+:class:`sparkiq.App` materializing it), run on two kinds of session:
+
+* classic: a local ``local[2]`` session;
+* Connect: a Spark Connect session to a local Connect server (PySpark's own, its own JVM,
+  ``local[2]``, the same settings); each ``foreachBatch`` call runs in a Python process the
+  server starts and drives the batch through the server again.
+
+Each run (baseline, then App, on one session) is a child process of its own: once a process
+has made a Connect session, PySpark builds Connect columns for every session in it, so the
+two kinds cannot share one. Runs alternate between the kinds (and which goes first), so
+drift on the shared machine hits both alike; per-batch durations come from
+``recentProgress`` after the warm-up batches, and every run reads the same input files.
+
+Run: ``python -m bench.sink_connect [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from bench import sink as sink_bench
+from bench._common import Report, cli, median, scratch_dir, write_json_rows
+from bench.sink import KEYSPACE, ROWS_PER_FILE, WARMUP_BATCHES, _run_app, _run_baseline, _session
+
+SESSIONS = ("Connect", "classic")
+SINKS = ("baseline (noop)", "sparkiq App")
+#: Longest one child run may take (session start, a Connect server, two queries).
+RUN_TIMEOUT_S = 900
+
+
+def _child(session: str, source: str, root: str, out: str) -> None:
+    """One run in this (child) process: the baseline, then the App, on ``session``; their
+    per-batch durations written to ``out`` as JSON."""
+    from pyspark import cloudpickle
+
+    # The baseline's foreachBatch function lives in bench.sink, which the Connect server's
+    # Python workers cannot import (bench is not installed): ship it by value.
+    cloudpickle.register_pickle_by_value(sink_bench)
+    with _session(session == "Connect") as spark:
+        found = {
+            "baseline (noop)": _run_baseline(spark, source, os.path.join(root, "base")),
+            "sparkiq App": _run_app(spark, source, os.path.join(root, "app")),
+        }
+    with open(out, "w") as handle:
+        json.dump(found, handle)
+
+
+def run(quick: bool) -> Report:
+    batches = 8 if quick else 12
+    rounds = 1 if quick else 3
+    found: dict[tuple[str, str], list[tuple[int, int, int]]] = {
+        (s, k): [] for s in SESSIONS for k in SINKS
+    }
+    rng = random.Random(9)
+    with scratch_dir("sink-connect") as root:
+        source = os.path.join(root, "in")
+        os.makedirs(source)
+        for index in range(batches):
+            rows = [
+                (f"key-{rng.randrange(KEYSPACE):06d}", rng.randrange(100))
+                for _ in range(ROWS_PER_FILE)
+            ]
+            write_json_rows(source, index, rows)
+        for r in range(rounds):
+            order = SESSIONS if r % 2 == 0 else SESSIONS[::-1]
+            for name in order:
+                work = os.path.join(root, f"{name}-{r}")
+                os.makedirs(work)
+                out = os.path.join(work, "durations.json")
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.sink_connect",
+                        "--child",
+                        name,
+                        source,
+                        work,
+                        out,
+                    ],
+                    check=True,
+                    timeout=RUN_TIMEOUT_S,
+                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                )
+                with open(out) as handle:
+                    durations = json.load(handle)
+                for sink in SINKS:
+                    runs = durations[sink]
+                    if len(runs) != batches:
+                        raise RuntimeError(
+                            f"{name} {sink} ran {len(runs)} batches with input, not {batches}"
+                        )
+                    found[name, sink] += [tuple(d) for d in runs if d[0] >= WARMUP_BATCHES]
+    report = Report(
+        name="sink_connect",
+        title="Sink overhead per micro-batch: Spark Connect vs classic",
+        measures=(
+            "duration of one micro-batch of the streaming aggregation of the section above "
+            f"(one file of {ROWS_PER_FILE:,} rows per batch, keys drawn from {KEYSPACE:,}, "
+            f"local[2], 4 shuffle partitions), {batches - WARMUP_BATCHES} batches per run after "
+            f"{WARMUP_BATCHES} warm-up batches, {rounds} run(s) per sink and session; a classic "
+            "session and a Connect session to a local Spark Connect server (its own JVM) in "
+            "one process, runs alternating between them"
+        ),
+        baseline=(
+            "per session, the same query with `foreachBatch` that only evaluates the batch; "
+            "the classic session's overhead, measured in the same run"
+        ),
+        target="none set: the overhead is reported as measured",
+        columns=["session", "sink", "batches", "triggerExecution median ms", "addBatch median ms"],
+        quick=quick,
+    )
+    medians: dict[tuple[str, str], tuple[float, float]] = {
+        key: (median([d[1] for d in values]), median([d[2] for d in values]))
+        for key, values in found.items()
+    }
+    overhead: dict[str, float] = {}
+    for session in SESSIONS:
+        for sink in SINKS:
+            trigger, add = medians[session, sink]
+            report.rows.append(
+                [session, sink, str(len(found[session, sink])), f"{trigger:,.0f}", f"{add:,.0f}"]
+            )
+        (base_t, base_a), (app_t, app_a) = (medians[session, s] for s in SINKS)
+        overhead[session] = app_t - base_t
+        report.rows.append(
+            [
+                session,
+                "difference (App - baseline)",
+                "",
+                f"+{app_t - base_t:,.0f} ({app_t / base_t:.2f}x)",
+                f"+{app_a - base_a:,.0f} ({app_a / base_a:.2f}x)",
+            ]
+        )
+    report.readings.append(
+        f"sparkiq adds {overhead['Connect']:,.0f} ms per micro-batch under Spark Connect vs "
+        f"{overhead['classic']:,.0f} ms with a classic session (same run, alternated): "
+        f"{overhead['Connect'] - overhead['classic']:+,.0f} ms per batch for Connect"
+    )
+    report.figures = {
+        "median_trigger_ms": {f"{s} / {k}": m[0] for (s, k), m in medians.items()},
+        "median_add_batch_ms": {f"{s} / {k}": m[1] for (s, k), m in medians.items()},
+        "overhead_ms": overhead,
+    }
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``--quick`` as every benchmark; ``--child SESSION SOURCE ROOT OUT`` is one run, in
+    the child process :func:`run` starts."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--child"]:
+        parser = argparse.ArgumentParser(description="one run of bench.sink_connect")
+        parser.add_argument("--child", choices=SESSIONS, required=True)
+        for name in ("source", "root", "out"):
+            parser.add_argument(name)
+        child = parser.parse_args(args)
+        _child(child.child, child.source, child.root, child.out)
+        return {}
+    return cli(run, args, __doc__).as_dict()
+
+
+if __name__ == "__main__":
+    main()
