@@ -83,10 +83,15 @@ def lookup_rows(
 ) -> tuple[list[dict[str, Any]], Position, list[int]]:
     """Rows of the access's keys (every window in bounds, for a windowed table), all read
     at one batch of the table."""
-    rows, position, partitions = _lookup_rows(source, store, schema, access, bound, at_batch)
-    offsets = position.to_map().get(store, {})
-    if at_batch is None and len(set(offsets.values())) > 1:  # read while a batch landed
-        return _lookup_rows(source, store, schema, access, bound, min(offsets.values()))
+    rows, position, partitions, batches = _lookup_rows(
+        source, store, schema, access, bound, at_batch
+    )
+    # Read while a batch landed (two keys of one partition count: merged positions would
+    # hide that): read every key again at the oldest batch seen.
+    if at_batch is None and len(batches) > 1:
+        rows, position, partitions, _ = _lookup_rows(
+            source, store, schema, access, bound, min(batches)
+        )
     return rows, position, partitions
 
 
@@ -97,8 +102,10 @@ def _lookup_rows(
     access: KeyAccess,
     bound: PositionBound,
     at_batch: int | None,
-) -> tuple[list[dict[str, Any]], Position, list[int]]:
+) -> tuple[list[dict[str, Any]], Position, list[int], set[int]]:
+    """Rows, merged position, partitions and the table batch of every answer."""
     assert access.keys is not None
+    batches: set[int] = set()
     rows: list[dict[str, Any]] = []
     position = Position.empty()
     partitions: list[int] = []
@@ -116,12 +123,15 @@ def _lookup_rows(
         for partition, answer in result.partition_results.items():
             partitions.append(partition)
             position = position.merge(answer.position)
+            served = answer.position.to_map().get(store, {}).get(partition)
+            if served is not None:
+                batches.add(served)
             if windowed:
                 assert answer.result is not None
                 rows.extend(row for _, row in answer.result)
             elif answer.result is not None:
                 rows.append(answer.result)
-    return rows, position, partitions
+    return rows, position, partitions, batches
 
 
 def range_rows(
