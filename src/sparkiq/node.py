@@ -367,6 +367,20 @@ class Node:
         """The schema of the rows ``store`` answers with (a view's schema for a follower)."""
         return self._lookup.schema(store)
 
+    def history(self, store: str) -> dict[str, Any]:
+        """How far back ``store`` can be read here: the table's history setting and the
+        oldest and newest batch every partition hosted here still holds (None: none)."""
+        replica = self._hosting.replica(store)
+        held = [r.store.versions for r in replica.partitions.values()]
+        kept = [v for v in held if v is not None and v.newest >= 0]
+        setting = replica.manifest.history
+        return {
+            "batches": setting.batches,
+            "seconds": setting.seconds,
+            "oldest_batch": max((v.oldest for v in kept), default=None),
+            "newest_batch": min((v.newest for v in kept), default=None),
+        }
+
     def partition_count(self, store: str) -> int:
         """How many partitions ``store`` has (hosted here or not)."""
         return self._lookup.partition_count(store)

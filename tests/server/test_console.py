@@ -220,6 +220,11 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
                     for f in json.loads(store["schema"])["fields"]
                 ]
                 assert schema == [["k", "string", "yes", "key"], ["n", "long", "yes", ""]]
+                held = store["history"]
+                assert page.inner_text("#table-summary").endswith(
+                    f"history 5 min (batches {held['oldest_batch']}–{held['newest_batch']} "
+                    "readable here)"
+                )
                 partitions = page.eval_on_selector(
                     "#table-partitions tbody",
                     "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",

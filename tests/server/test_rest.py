@@ -275,6 +275,9 @@ def test_metadata_readiness_and_metrics(nodes: list[Node]) -> None:
     assert ready.status_code == 200 and ready.json()["ready"] is True
     stores = httpx.get(url(node, "/stores"), headers=auth()).json()["stores"]
     assert {s["name"]: s["partitions"] for s in stores} == {"t": 4, "w": 3}
+    history = {s["name"]: s["history"] for s in stores}["t"]
+    assert (history["batches"], history["seconds"]) == (0, 300.0)  # the default: 5 minutes
+    assert history["newest_batch"] == 1 and 0 <= history["oldest_batch"] <= 1
     metrics = httpx.get(url(node, "/metrics"), headers=auth()).text
     assert 'sparkiq_replica_batch_id{partition="0",store="t"} 1.0' in metrics
     assert "sparkiq_cluster_live_members 2.0" in metrics

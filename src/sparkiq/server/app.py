@@ -439,6 +439,9 @@ class RestApp:
                     "schema": schema.spark_json(),
                 }
             )
+            history = getattr(node, "history", None)  # followers and nodes; not in tests' fakes
+            if history is not None:
+                out[-1]["history"] = history(name)
         return {"stores": out}
 
     async def _stream(
