@@ -64,6 +64,14 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
+try:
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+except ImportError:  # Spark < 4.2: Spark wraps the source for Trigger.AvailableNow itself
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stands in for the mixin Spark 4.2 added."""
+
+
 from sparkiq.changelog import Changelog, TableManifest, check_table_name
 from sparkiq.changelog.feed import ChangeFeed, read_partition_state, require_after
 from sparkiq.changelog.snapshot import list_snapshots
@@ -380,7 +388,7 @@ class _BatchRange(InputPartition):
     last: int
 
 
-class _ChangeReader(DataSourceStreamReader):
+class _ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The table's change feed; offsets are ``{"batch_id": last table batch included}``."""
 
     def __init__(self, options: _Options, manifest: TableManifest) -> None:
