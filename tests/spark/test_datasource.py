@@ -15,14 +15,13 @@ import random
 import shutil
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import sparkiq
-from sparkiq import App, ConfigError
+from sparkiq import App, ConfigError, Node
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.retention import apply_retention
 from sparkiq.schema.partitioner import partition_for
@@ -46,16 +45,17 @@ BATCHES = 4
 
 
 @pytest.fixture(scope="module")
-def written(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[App, Path]]:
-    """The App after four batches (one input file each), still running; every table has a
-    snapshot at batch 2, so batch 3 reads a snapshot plus segments."""
+def written(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The state_dir after four batches (one input file each), the writer stopped (its idle
+    queries would only compete for the CPU); every table has a snapshot at batch 2, so batch
+    3 reads a snapshot plus segments. Also returns the input folder."""
     root = tmp_path_factory.mktemp("datasource")
     source = root / "in"
     source.mkdir()
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
     app = App(spark, state_dir=str(root / "state"), name="ds", snapshot_every=2, retention=None)
     materialize_tables(app, stream)
-    app.start()
+    app.start(local_node=False)
     rng = random.Random(12)
     try:
         for index in range(BATCHES):
@@ -64,9 +64,9 @@ def written(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
         for table in app.tables.values():
             assert table.maintenance is not None
             table.maintenance.wait(120)  # snapshot_every=2: snapshots of batch 2
-        yield app, source
     finally:
         app.stop()
+    return str(root / "state"), source
 
 
 def read(spark: Any, state_dir: str, table: str, **options: Any) -> Any:
@@ -105,14 +105,14 @@ def files_up_to(source: Path, batch: int, into: Path) -> Path:
 
 
 def test_a_batch_read_is_the_table_at_its_newest_batch(
-    spark: Any, written: tuple[App, Path]
+    spark: Any, written: tuple[str, Path]
 ) -> None:
-    app, source = written
+    state_dir, source = written
     truth = batch_truth(spark, source)
     for table, key in KEYS.items():
-        df = read(spark, app.state_dir, table)
+        df = read(spark, state_dir, table)
         # the table's own columns and types, then the change columns
-        manifest = Changelog(app.state_dir, table).manifest()
+        manifest = Changelog(state_dir, table).manifest()
         assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == [
             *((f.name, f.type.simple_string()) for f in manifest.schema.fields),
             (OP_COLUMN, "string"),
@@ -124,38 +124,40 @@ def test_a_batch_read_is_the_table_at_its_newest_batch(
         got = {k: normalize(v) for k, v in rows_by_key(rows, key).items()}
         assert got == {k: normalize(v) for k, v in truth[table].items()}, table
     # ... and what the serving side answers, row for row
-    served = app.sql("SELECT * FROM by_user_day").rows
-    got = rows_by_key(read(spark, app.state_dir, "by_user_day"), KEYS["by_user_day"])
+    with Node(state_dir, node_id="served", store="memory") as node:
+        node.poll_once()
+        served = node.sql("SELECT * FROM by_user_day").rows
+    got = rows_by_key(read(spark, state_dir, "by_user_day"), KEYS["by_user_day"])
     assert got == {KEYS["by_user_day"](r): r for r in served}
     # the table option is the same as load("name"); options are case-insensitive
-    alt = spark.read.format("sparkiq").option("STATE_DIR", app.state_dir).option("table", "orders")
+    alt = spark.read.format("sparkiq").option("STATE_DIR", state_dir).option("table", "orders")
     assert rows_by_key(alt.load(), KEYS["orders"]) == rows_by_key(
-        read(spark, app.state_dir, "orders"), KEYS["orders"]
+        read(spark, state_dir, "orders"), KEYS["orders"]
     )
 
 
 def test_as_of_reads_equal_batch_mode_over_the_inputs_so_far(
-    spark: Any, written: tuple[App, Path], tmp_path: Path
+    spark: Any, written: tuple[str, Path], tmp_path: Path
 ) -> None:
-    app, source = written
+    state_dir, source = written
     # batches 0 and 1 come from segments only, batch 2 from its snapshot only
     for batch, tables in ((0, ("orders", "per_window")), (1, ("by_product",)), (2, ("orders",))):
         truth = batch_truth(spark, files_up_to(source, batch, tmp_path / f"upto{batch}"))
         for table in tables:
-            rows = read(spark, app.state_dir, table, as_of=batch).collect()
+            rows = read(spark, state_dir, table, as_of=batch).collect()
             assert {r[BATCH_COLUMN] for r in rows} == {batch}
             got = {k: normalize(v) for k, v in rows_by_key(rows, KEYS[table]).items()}
             assert got == {k: normalize(v) for k, v in truth[table].items()}, (table, batch)
 
 
-def test_key_filters_prune_partitions(spark: Any, written: tuple[App, Path]) -> None:
+def test_key_filters_prune_partitions(spark: Any, written: tuple[str, Path]) -> None:
     from pyspark.sql.datasource import EqualTo, GreaterThan, In
 
-    app, source = written
+    state_dir, source = written
     truth = batch_truth(spark, source)
 
     def planned(table: str, filters: list[Any]) -> tuple[list[int], list[Any]]:
-        source_ = SparkiqDataSource({"state_dir": app.state_dir, "path": table})
+        source_ = SparkiqDataSource({"state_dir": state_dir, "path": table})
         reader = source_.reader(source_.schema())
         left = list(reader.pushFilters(filters))
         return [p.partition for p in reader.partitions()], left
@@ -180,22 +182,22 @@ def test_key_filters_prune_partitions(spark: Any, written: tuple[App, Path]) -> 
     assert planned("orders", [EqualTo(("order_id",), 1), EqualTo(("order_id",), 2)])[0] == []
 
     # End to end, the answers equal batch mode.
-    df = read(spark, app.state_dir, "by_product")
+    df = read(spark, state_dir, "by_product")
     got = [
         normalize(r.asDict(recursive=True))
         for r in df.filter(df.product == product).drop(*CHANGE_COLUMNS).collect()
     ]
     assert got == [normalize(truth["by_product"][product])]
     user, day = next(iter(truth["by_user_day"]))
-    df = read(spark, app.state_dir, "by_user_day")
+    df = read(spark, state_dir, "by_user_day")
     hits = df.filter((df.user_id == user) & (df.day == day)).drop(*CHANGE_COLUMNS).collect()
     assert [r.asDict() for r in hits] == [truth["by_user_day"][(user, day)]]
-    assert read(spark, app.state_dir, "orders").filter("order_id = 1 AND order_id = 2").count() == 0
+    assert read(spark, state_dir, "orders").filter("order_id = 1 AND order_id = 2").count() == 0
     # Spark refuses a source that prunes while pushdown is off, naming the setting
     spark.conf.set(PUSHDOWN_CONF, "false")
     try:
         with pytest.raises(Exception, match=PUSHDOWN_CONF.replace(".", r"\.")):
-            read(spark, app.state_dir, "orders").count()
+            read(spark, state_dir, "orders").count()
     finally:
         spark.conf.set(PUSHDOWN_CONF, "true")
 
@@ -248,12 +250,12 @@ def stream_all(spark: Any, state_dir: str, table: str, **options: Any) -> list[A
     return rows
 
 
-def test_the_change_feed_is_the_tables_history(spark: Any, written: tuple[App, Path]) -> None:
-    app, source = written
-    rows = stream_all(spark, app.state_dir, "orders", max_batches_per_trigger=1)
+def test_the_change_feed_is_the_tables_history(spark: Any, written: tuple[str, Path]) -> None:
+    state_dir, source = written
+    rows = stream_all(spark, state_dir, "orders", max_batches_per_trigger=1)
     assert feed_rows(rows) == order_changes(source)
     committed = {
-        b: Changelog(app.state_dir, "orders").read_commit(b).committed_at  # type: ignore[union-attr]
+        b: Changelog(state_dir, "orders").read_commit(b).committed_at  # type: ignore[union-attr]
         for b in range(BATCHES)
     }
     for r in rows:
@@ -261,7 +263,7 @@ def test_the_change_feed_is_the_tables_history(spark: Any, written: tuple[App, P
     # An update-mode aggregate: each batch's changes are the keys its input touched, with
     # their values after the batch (Spark batch mode over the files so far).
     by_batch: dict[int, dict[Any, Any]] = {}
-    for r in stream_all(spark, app.state_dir, "by_product"):
+    for r in stream_all(spark, state_dir, "by_product"):
         assert r[OP_COLUMN] == "upsert"
         row = {k: v for k, v in r.asDict(recursive=True).items() if k not in CHANGE_COLUMNS}
         assert row["product"] not in by_batch.setdefault(r[BATCH_COLUMN], {})
@@ -275,17 +277,17 @@ def test_the_change_feed_is_the_tables_history(spark: Any, written: tuple[App, P
         }
         assert by_batch[batch] == {k: normalize(truth["by_product"][k]) for k in touched}
     # starting_batch: from a batch on, or only what comes after the start
-    later = stream_all(spark, app.state_dir, "orders", starting_batch=1)
+    later = stream_all(spark, state_dir, "orders", starting_batch=1)
     assert feed_rows(later) == Counter(
         {k: n for k, n in order_changes(source).items() if k[0] >= 1}
     )
-    assert stream_all(spark, app.state_dir, "orders", starting_batch="latest") == []
+    assert stream_all(spark, state_dir, "orders", starting_batch="latest") == []
 
 
 def test_bad_options_get_clear_errors(
-    spark: Any, written: tuple[App, Path], tmp_path: Path
+    spark: Any, written: tuple[str, Path], tmp_path: Path
 ) -> None:
-    app, _ = written
+    state_dir, _ = written
 
     def error(**options: Any) -> str:
         table = options.pop("table", "orders")
@@ -298,15 +300,15 @@ def test_bad_options_get_clear_errors(
 
     assert "needs option 'state_dir'" in error()
     assert "relative path 'state'" in error(state_dir="state")
-    message = error(state_dir=app.state_dir, table="nope")
+    message = error(state_dir=state_dir, table="nope")
     assert "no table 'nope'" in message and "orders" in message  # lists the tables there
-    assert "unknown option(s) ['statedir']" in error(statedir=app.state_dir)
-    assert "committed batches up to 3 only" in error(state_dir=app.state_dir, as_of=7)
-    assert "must be an integer >= 0" in error(state_dir=app.state_dir, as_of="yesterday")
+    assert "unknown option(s) ['statedir']" in error(statedir=state_dir)
+    assert "committed batches up to 3 only" in error(state_dir=state_dir, as_of=7)
+    assert "must be an integer >= 0" in error(state_dir=state_dir, as_of="yesterday")
 
     # as_of beyond what retention kept: the error names the oldest readable batch
     copy = tmp_path / "state"
-    shutil.copytree(Path(app.state_dir) / "tables" / "orders", copy / "tables" / "orders")
+    shutil.copytree(Path(state_dir) / "tables" / "orders", copy / "tables" / "orders")
     log = Changelog(str(copy), "orders")
     apply_retention(log, 0, keep_snapshots=1)
     assert log.committed_batch_ids() == [3]  # the snapshots of batch 2 cover 0..2
@@ -327,23 +329,23 @@ def test_register_data_source_is_public_and_repeatable(spark: Any) -> None:
 
 
 def test_batch_reads_and_change_feeds_under_spark_connect(
-    connect_spark: Any, written: tuple[App, Path]
+    connect_spark: Any, written: tuple[str, Path]
 ) -> None:
     """The same reads through a Spark Connect session: the source is registered from the
     client and runs in the server's Python workers."""
-    app, source = written
+    state_dir, source = written
     spark = connect_spark
     sparkiq.register_data_source(spark)
     assert spark.conf.get(PUSHDOWN_CONF) == "true"
     truth = batch_truth(spark, source)
     for table in ("by_product", "orders"):
-        got = rows_by_key(read(spark, app.state_dir, table), KEYS[table])
+        got = rows_by_key(read(spark, state_dir, table), KEYS[table])
         assert {k: normalize(v) for k, v in got.items()} == {
             k: normalize(v) for k, v in truth[table].items()
         }, table
-    df = read(spark, app.state_dir, "orders")
+    df = read(spark, state_dir, "orders")
     key = next(iter(truth["orders"]))
     assert [r.asDict() for r in df.filter(df.order_id == key).drop(*CHANGE_COLUMNS).collect()] == [
         truth["orders"][key]
     ]
-    assert feed_rows(stream_all(spark, app.state_dir, "orders")) == order_changes(source)
+    assert feed_rows(stream_all(spark, state_dir, "orders")) == order_changes(source)

@@ -13,9 +13,14 @@ node is involved, and the reading job only needs read access to ``state_dir``.
 **Batch reads** (``spark.read``) return the table as of ONE committed batch ``B``: the newest
 committed batch when the read is planned, or ``as_of``. There is one Spark input partition per
 table partition, each built from the partition's newest snapshot at or before ``B`` plus the
-segments of the batches after it, so every partition describes the same batch. Columns and
-types are the table's own (its manifest's Spark schema). A batch retention has made
-unreadable is refused at planning with an error naming the oldest readable batch.
+segments of the batches after it, so every partition describes the same batch. A batch
+retention has made unreadable is refused at planning with an error naming the oldest
+readable batch.
+
+Columns: the table's own, with its types (its manifest's Spark schema), then the three change
+columns below, in both kinds of read: Spark asks a Python source for one schema before it
+knows whether it plans a batch or a streaming read. In a batch read every row is an
+``"upsert"`` of batch ``B``, so :data:`BATCH_COLUMN` says which batch was read.
 
 Filters: ``pushFilters`` looks at equality and ``IN`` filters on the key columns (``k = 'a'``,
 ``k IN (...)``, ``k <=> ...``; every key column of a composite key must be fixed) and skips the
@@ -30,11 +35,12 @@ value columns null for a deletion), :data:`OP_COLUMN` (``"upsert"`` or ``"delete
 :data:`BATCH_COLUMN` (the table batch that made the change) and :data:`COMMITTED_COLUMN` (when
 that batch was committed). Offsets are ``{"batch_id": b}``, the last table batch included, so a
 query with a checkpoint resumes after the last table batch it processed and, with an
-exactly-once sink, sees each change once across restarts. A micro-batch's rows are the changes
-of its table batches in order (within a batch: partitions ascending, keys in byte order;
-complete-mode tables are diffed against their previous batch), and re-reading an offset range
-gives the same rows. Changes of a batch retention deleted are never skipped: the read fails
-naming the batch and the oldest one still there.
+exactly-once sink, sees each change once across restarts. A micro-batch is split into tasks by
+table batch; each task's rows are its table batches' changes in order (within a batch:
+partitions ascending, keys in byte order; complete-mode tables are diffed against their
+previous batch), and re-reading an offset range gives the same rows. Changes of a batch
+retention deleted are never skipped: the read fails naming the batch and the oldest one
+still there.
 
 Options (case-insensitive): ``state_dir`` (required: an absolute path or a URI, since Spark's
 Python workers resolve a relative path in their own working directory), the table as
