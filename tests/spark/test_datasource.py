@@ -349,3 +349,29 @@ def test_batch_reads_and_change_feeds_under_spark_connect(
         truth["orders"][key]
     ]
     assert feed_rows(stream_all(spark, state_dir, "orders")) == order_changes(source)
+
+
+def test_change_feed_offsets_are_batch_ids_of_one_incarnation(written: tuple[str, Path]) -> None:
+    """The stream reader's offsets, as Spark's streaming engine calls them."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
+
+    state_dir, _ = written
+    source = SparkiqDataSource({"state_dir": state_dir, "path": "orders"})
+    reader = source.streamReader(source.schema())
+    incarnation = Changelog(state_dir, "orders").manifest().incarnation
+    start = reader.initialOffset()
+    assert start == {"batch_id": -1, "incarnation": incarnation}
+    assert reader.latestOffset(start, ReadMaxFiles(1)) == {**start, "batch_id": 0}
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {**start, "batch_id": BATCHES - 1}
+    assert [(p.first, p.last) for p in reader.partitions(start, end)] == [
+        (b, b) for b in range(BATCHES)
+    ]
+    assert reader.partitions(end, end) == []
+    assert reader.latestOffset({"batch_id": 2}, ReadAllAvailable())["batch_id"] == BATCHES - 1
+    with pytest.raises(ConfigError, match="dropped and created again"):
+        reader.latestOffset({"batch_id": 2, "incarnation": "another"}, ReadAllAvailable())
+    with pytest.raises(ConfigError, match="starting_batch"):
+        SparkiqDataSource(
+            {"state_dir": state_dir, "path": "orders", "starting_batch": "soon"}
+        ).schema()

@@ -33,9 +33,11 @@ which :func:`register_data_source` sets; with it off a read fails with Spark's
 **Change feeds** (``spark.readStream``) return one row per change: the table's columns (the
 value columns null for a deletion), :data:`OP_COLUMN` (``"upsert"`` or ``"delete"``),
 :data:`BATCH_COLUMN` (the table batch that made the change) and :data:`COMMITTED_COLUMN` (when
-that batch was committed). Offsets are ``{"batch_id": b}``, the last table batch included, so a
-query with a checkpoint resumes after the last table batch it processed and, with an
-exactly-once sink, sees each change once across restarts. A micro-batch is split into tasks by
+that batch was committed). Offsets are ``{"batch_id": b, "incarnation": ...}``: the last
+table batch included, and the table's incarnation (a table created again under its name is
+refused rather than read from the middle). So a query with a checkpoint resumes after the
+last table batch it processed and, with an exactly-once sink, sees each change once across
+restarts. A micro-batch is split into tasks by
 table batch; each task's rows are its table batches' changes in order (within a batch:
 partitions ascending, keys in byte order; complete-mode tables are diffed against their
 previous batch), and re-reading an offset range gives the same rows. Changes of a batch
@@ -395,7 +397,8 @@ class _BatchRange(InputPartition):
 
 
 class _ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The table's change feed; offsets are ``{"batch_id": last table batch included}``."""
+    """The table's change feed; offsets are ``{"batch_id": last table batch included,
+    "incarnation": the table's}``."""
 
     def __init__(self, options: _Options, manifest: TableManifest) -> None:
         self.options = options
@@ -409,10 +412,10 @@ class _ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         committed = self._changelog().committed_batch_ids()
         return committed[-1] if committed else -1
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         start = self.options.starting_batch
         if start == "latest":
-            return {"batch_id": self._newest()}
+            return self._offset(self._newest())
         first = 0 if start == "earliest" else int(start)
         committed = self._changelog().committed_batch_ids()
         if committed and committed[0] > first:
@@ -424,7 +427,24 @@ class _ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"{committed[0] + 1}), or keep the changelog longer (App(retention=...)).",
                 store=self.options.table,
             )
-        return {"batch_id": first - 1}
+        return self._offset(first - 1)
+
+    def _offset(self, batch_id: int) -> dict[str, Any]:
+        """An offset: the last table batch included, and which incarnation of the table it
+        counts in (a table dropped and created again starts its batch ids over)."""
+        return {"batch_id": batch_id, "incarnation": self.manifest.incarnation}
+
+    def _check(self, offset: dict[str, Any]) -> int:
+        """The batch id of an offset of this table's incarnation (offsets without one, as a
+        checkpoint might hold, are taken as they are)."""
+        if offset.get("incarnation", self.manifest.incarnation) != self.manifest.incarnation:
+            raise ConfigError(
+                f"table {self.options.table!r} was dropped and created again since this "
+                "stream's checkpoint was written: its batch ids start over. Start the stream "
+                "with a new checkpoint location.",
+                store=self.options.table,
+            )
+        return int(offset["batch_id"])
 
     def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
@@ -434,24 +454,24 @@ class _ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxFiles(self.options.max_batches)
 
     def latestOffset(
-        self, start: dict[str, int] | None = None, limit: Any = None
-    ) -> dict[str, int]:
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:
         newest = self._newest() if self.target is None else self.target
         if start is None:  # Spark < 4.2 calls latestOffset() without arguments
-            return {"batch_id": newest}
-        after = int(start["batch_id"])
+            return self._offset(newest)
+        after = self._check(start)
         most = getattr(limit, "max_files", None)
         if most is None and limit is None and self.options.max_batches is not None:
             most = self.options.max_batches
         if most is not None:
             newest = min(newest, after + int(most))
-        return {"batch_id": max(after, newest)}
+        return self._offset(max(after, newest))
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = self._newest()
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        first, last = int(start["batch_id"]) + 1, int(end["batch_id"])
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        first, last = self._check(start) + 1, self._check(end)
         if last < first:
             return []
         count = last - first + 1
@@ -479,7 +499,7 @@ class _ChangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 yield from _change_batches(self.manifest, changes)
             done = batches[-1].batch_id
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         pass  # the changelog is the owner's: readers never delete anything
 
 
