@@ -375,3 +375,27 @@ def test_change_feed_offsets_are_batch_ids_of_one_incarnation(written: tuple[str
         SparkiqDataSource(
             {"state_dir": state_dir, "path": "orders", "starting_batch": "soon"}
         ).schema()
+
+
+def test_timestamp_and_float_keys_are_never_pruned(tmp_path: Path) -> None:
+    """A filter literal's exact internal value is not certain enough for these key types to
+    stake a partition on: every partition is read and Spark filters."""
+    import datetime as dt
+
+    from pyspark.sql.datasource import EqualTo
+
+    from tests.changelog.helpers import create_changelog
+
+    for key_type, value in (("timestamp", dt.datetime(2026, 1, 1, 12)), ("double", 0.0)):
+        schema = {
+            "type": "struct",
+            "fields": [
+                {"name": "k", "type": key_type, "nullable": True, "metadata": {}},
+                {"name": "n", "type": "long", "nullable": True, "metadata": {}},
+            ],
+        }
+        create_changelog(str(tmp_path), f"t_{key_type}", schema, partitions=4)
+        source = SparkiqDataSource({"state_dir": str(tmp_path), "path": f"t_{key_type}"})
+        reader = source.reader(source.schema())
+        assert list(reader.pushFilters([EqualTo(("k",), value)])) == [EqualTo(("k",), value)]
+        assert [p.partition for p in reader.partitions()] == [0, 1, 2, 3]

@@ -23,11 +23,12 @@ knows whether it plans a batch or a streaming read. In a batch read every row is
 ``"upsert"`` of batch ``B``, so :data:`BATCH_COLUMN` says which batch was read.
 
 Filters: ``pushFilters`` looks at equality and ``IN`` filters on the key columns (``k = 'a'``,
-``k IN (...)``, ``k <=> ...``; every key column of a composite key must be fixed) and skips the
-partitions no such key hashes to. The filters themselves are all handed back to Spark, which
-still evaluates them on the rows read (pruning only decides which partitions are read). Spark
-hands filters to a Python source only with ``spark.sql.python.filterPushdown.enabled=true``,
-which :func:`register_data_source` sets; with it off a read fails with Spark's
+``k IN (...)``, ``k <=> ...``; every key column of a composite key must be fixed; keys of
+string, integral, boolean and date types) and skips the partitions no such key hashes to.
+The filters themselves are all handed back to Spark, which still evaluates them on the rows
+read (pruning only decides which partitions are read). Spark hands filters to a Python source
+only with ``spark.sql.python.filterPushdown.enabled=true``, which :func:`register_data_source`
+sets; with it off a read fails with Spark's
 ``DATA_SOURCE_PUSHDOWN_DISABLED``, naming that setting.
 
 **Change feeds** (``spark.readStream``) return one row per change: the table's columns (the
@@ -112,6 +113,10 @@ _OPTIONS = ("path", "table", "state_dir", "as_of", "starting_batch", "max_batche
 _ROWS_PER_ARROW_BATCH = 8192
 # More combinations of key values than this in pushed filters: read every partition.
 _MAX_PRUNING_KEYS = 10_000
+# Key types whose filter values (Python objects from Spark) have one internal value beyond
+# doubt. Timestamps (naive or zoned datetimes) and floats (-0.0, NaN) are left out: a value
+# placed in the wrong partition would silently drop rows, so those keys are not pruned.
+_PRUNABLE_KEY_TYPES = frozenset({"string", "byte", "short", "integer", "long", "date", "boolean"})
 # A change feed micro-batch is split into at most this many Spark tasks (by table batch).
 _MAX_STREAM_TASKS = 16
 
@@ -345,6 +350,8 @@ class _TableReader(DataSourceReader):
         """The partitions the pushed key filters leave (None: all of them)."""
         columns = self.manifest.key_columns
         if not all(c in self.allowed for c in columns):
+            return None
+        if any(t.name not in _PRUNABLE_KEY_TYPES for t in self.manifest.schema.key_types):
             return None
         combos = 1
         for c in columns:
