@@ -268,8 +268,13 @@ def _batch_to_read(options: _Options, manifest: TableManifest) -> int:
             store=options.table,
         )
     if not _readable(changelog, manifest, options.as_of, set(committed)):
+        # a batch whose commit record retention deleted can still be readable from snapshots
+        snapshots = (
+            s.batch_id for p in range(manifest.partitions) for s in list_snapshots(changelog, p)
+        )
+        candidates = sorted({*committed, *(b for b in snapshots if b <= newest)})
         oldest = next(
-            (b for b in committed if _readable(changelog, manifest, b, set(committed))), newest
+            (b for b in candidates if _readable(changelog, manifest, b, set(committed))), newest
         )
         raise ConfigError(
             f"as_of {options.as_of}: batch {options.as_of} of table {options.table!r} is no "
