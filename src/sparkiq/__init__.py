@@ -43,6 +43,7 @@ from sparkiq.query import (
     WindowRangeQuery,
 )
 from sparkiq.schema.partitioner import partition_for, spark_hash
+from sparkiq.spark import register_data_source
 from sparkiq.spark.app import App, Table
 from sparkiq.spark.lookup import enrich
 from sparkiq.sql import (
@@ -116,5 +117,6 @@ __all__ = [
     "follow",
     "partition_for",
     "register",
+    "register_data_source",
     "spark_hash",
 ]

@@ -33,7 +33,14 @@ from sparkiq.changelog.log import Changelog
 from sparkiq.changelog.snapshot import latest_snapshot
 from sparkiq.errors import ChangelogError, CorruptSegmentError
 
-__all__ = ["BatchChanges", "ChangeFeed", "RetentionGapError", "read_state", "require_after"]
+__all__ = [
+    "BatchChanges",
+    "ChangeFeed",
+    "RetentionGapError",
+    "read_partition_state",
+    "read_state",
+    "require_after",
+]
 
 _GAP_CHECK_SECONDS = 5.0
 
@@ -122,39 +129,51 @@ def read_state(changelog: Changelog, batch_id: int) -> Iterator[tuple[int, dict[
     Built from the newest usable snapshot at or before ``batch_id`` plus the segments of
     the batches after it; raises :class:`RetentionGapError` when a batch it needs is gone.
     """
-    manifest = changelog.manifest()
     records: dict[int, CommitRecord] = {}
+    for partition in range(changelog.manifest().partitions):
+        yield partition, read_partition_state(changelog, partition, batch_id, records)
+
+
+def read_partition_state(
+    changelog: Changelog,
+    partition: int,
+    batch_id: int,
+    records: dict[int, CommitRecord] | None = None,
+) -> dict[bytes, bytes]:
+    """One partition's rows as of committed batch ``batch_id``, as :func:`read_state` gives
+    them; ``records`` caches commit records across calls (several partitions share them)."""
+    manifest = changelog.manifest()
+    cache: dict[int, CommitRecord] = {} if records is None else records
 
     def commit(b: int) -> CommitRecord:
-        if b not in records:
+        if b not in cache:
             record = changelog.read_commit(b)
             if record is None:
                 raise _gap(changelog, b, "commit record")
-            records[b] = record
-        return records[b]
+            cache[b] = record
+        return cache[b]
 
-    for partition in range(manifest.partitions):
-        state: dict[bytes, bytes] = {}
-        start = 0
-        if batch_id >= 0 and manifest.output_mode == "complete":
-            start = batch_id  # each batch replaces the partition: only the last one counts
-        elif batch_id >= 0:
-            base = latest_snapshot(changelog, partition, at_most=batch_id)
-            if base is not None:
-                info, keys, values = base
-                state = dict(zip(keys, values, strict=True))
-                start = info.batch_id + 1
-        for b in range(start, batch_id + 1):
-            record = commit(b)
-            if record.mode == "complete":
-                state = {}
-            keys, vals = _segment(changelog, record, partition)
-            for key, value in zip(keys, vals, strict=True):
-                if value is None:
-                    state.pop(key, None)
-                else:
-                    state[key] = value
-        yield partition, state
+    state: dict[bytes, bytes] = {}
+    start = 0
+    if batch_id >= 0 and manifest.output_mode == "complete":
+        start = batch_id  # each batch replaces the partition: only the last one counts
+    elif batch_id >= 0:
+        base = latest_snapshot(changelog, partition, at_most=batch_id)
+        if base is not None:
+            info, keys, values = base
+            state = dict(zip(keys, values, strict=True))
+            start = info.batch_id + 1
+    for b in range(start, batch_id + 1):
+        record = commit(b)
+        if record.mode == "complete":
+            state = {}
+        keys, vals = _segment(changelog, record, partition)
+        for key, value in zip(keys, vals, strict=True):
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+    return state
 
 
 class ChangeFeed:

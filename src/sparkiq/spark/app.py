@@ -329,10 +329,14 @@ class App:
         """Start every table's Spark query and, by default, a local node serving them.
 
         An App may start with no table: tables materialized (or created in SQL) later start
-        at once."""
+        at once. It also registers the ``sparkiq`` data source in the session, so the App's
+        own Spark jobs can ``spark.read.format("sparkiq")`` its tables."""
+        from sparkiq.spark.datasource import register_data_source
+
         with self._lock:
             if self._started:
                 return self
+            register_data_source(self.spark)
             for table in self._tables.values():
                 changelog = Changelog(self.state_dir, table.name)
                 table.manifest = table.manifest.ensure_written(
