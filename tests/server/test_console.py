@@ -222,7 +222,7 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
                 assert schema == [["k", "string", "yes", "key"], ["n", "long", "yes", ""]]
                 held = store["history"]
                 assert page.inner_text("#table-summary").endswith(
-                    f"history 5 min (batches {held['oldest_batch']}–{held['newest_batch']} "
+                    f"history 5 min (batches {held['oldest_batch']}\u2013{held['newest_batch']} "
                     "readable here)"
                 )
                 partitions = page.eval_on_selector(
