@@ -278,3 +278,40 @@ def test_routed_through_a_two_node_cluster_equals_the_model(
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_the_guides_example_runs_as_written(tmp_path: Path) -> None:
+    """docs/guide.md's versioned key query example, on a node hosting its table."""
+    import re
+
+    import pyarrow as pa
+
+    from sparkiq import StateQueryRequest as Request
+    from tests.sql.tables import write_table_rows
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guide.md").read_text()
+    section = text[text.index("## Versioned key queries") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "the guide's versioned section has a python example"
+    schema = pa.schema([("product", pa.string()), ("revenue", pa.float64())])
+    changelog = create_table(str(tmp_path), "revenue_by_product", schema, ["product"])
+    for batch_id in range(16):  # p-17 changes every fifth batch
+        rows = [{"product": "p-17", "revenue": float(batch_id // 5)}]
+        write_table_rows(changelog, batch_id, rows, schema)
+    with Node(str(tmp_path)) as node:
+        node.poll_once()
+        namespace: dict[str, Any] = {"app": node, "StateQueryRequest": Request}
+        exec(compile(match.group(1), "guide.md", "exec"), namespace)
+        record = namespace["then"].only_partition_result().result
+        assert (record.value, record.valid_from, record.valid_to) == (
+            {"product": "p-17", "revenue": 2.0},
+            10,
+            15,
+        )
+        newest_first = namespace["history"].only_partition_result().result
+        assert [(r.valid_from, r.valid_to) for r in newest_first] == [
+            (15, None),
+            (10, 15),
+            (5, 10),
+            (0, 5),
+        ]
