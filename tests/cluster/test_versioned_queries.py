@@ -23,6 +23,7 @@ from sparkiq import (
     VersionedRecord,
 )
 from sparkiq.changelog import Changelog
+from sparkiq.changelog.snapshot import write_snapshot
 from sparkiq.errors import InvalidQueryError
 from sparkiq.stores.versions import History
 from tests.cluster.cluster_helpers import start_local_cluster, wait_until
@@ -178,6 +179,19 @@ def test_a_restarted_node_clips_versions_to_the_batch_it_reopened_at(tmp_path: P
         assert reason is FailureReason.NOT_UP_TO_BOUND
         assert "oldest batch still readable is 5" in message
         assert model.time_of(5).isoformat() in message
+
+
+def test_a_node_restored_from_a_snapshot_starts_its_history_there(tmp_path: Path) -> None:
+    changelog = make_history_table(str(tmp_path), History(batches=100))
+    model = Model()
+    model.write_random(changelog, 10, random.Random(8))
+    for partition in range(4):
+        write_snapshot(changelog, partition, 6)
+    with Node(str(tmp_path), store="memory") as node:  # empty: restores the snapshot of 6
+        node.poll_once()
+        assert {s.batch_id for s in node.status()} == {model.newest}
+        assert all(s.restored_rows > 0 for s in node.status() if model.states[6])
+        check_against_model(node, model, oldest=6)
 
 
 def test_beyond_the_history_the_failure_names_the_oldest_batch(
