@@ -16,6 +16,7 @@ import pytest
 
 from sparkiq import (
     FailureReason,
+    KeyQuery,
     MultiVersionedKeyQuery,
     Node,
     StateQueryRequest,
@@ -144,6 +145,27 @@ def test_a_request_as_of_a_batch_reads_the_history_as_it_was_then(
         # the query's own as_of picks the version, the request's says when it is seen from
         query = VersionedKeyQuery.with_key(key).as_of(oldest)
         assert ask(node, query, as_of=seen_at) == model.version_at(key, oldest, oldest, seen_at)
+
+
+def test_a_reported_commit_time_given_back_reads_its_own_batch(
+    node: Node, written: tuple[str, Model]
+) -> None:
+    """valid_from_time has microseconds, the commit record more digits: a record's time given
+    to as_of -- the query's or the request's -- must still read that record's batch."""
+    model = written[1]
+    oldest = model.newest - WINDOW
+    for key in KEYS:
+        for record in ask(node, MultiVersionedKeyQuery.with_key(key)):
+            if record.valid_from == oldest:
+                continue  # clipped: its time is the oldest batch's, not the row's
+            again = ask(node, VersionedKeyQuery.with_key(key).as_of(record.valid_from_time))
+            assert again == record
+            request = (
+                StateQueryRequest.in_store("t")
+                .with_query(KeyQuery.with_key(key))
+                .as_of_time(record.valid_from_time)
+            )
+            assert node.query(request).only_partition_result().result == record.value
 
 
 def test_versions_follow_new_batches(node: Node, written: tuple[str, Model]) -> None:
