@@ -17,8 +17,10 @@ start a new version. Times are the commit times of those batches: the batch curr
 **The history window.** A replica keeps the batches of the table's history window, from the
 batch it was opened at. Validity intervals are clipped to that window: a version that was
 already current at the oldest retained batch reports that batch as its ``valid_from`` (its
-true start may be earlier). A read that needs a batch before the window fails with
-``NOT_UP_TO_BOUND`` naming the oldest batch still readable.
+true start may be earlier). A ``VersionedKeyQuery`` of a batch or time before the window,
+and a ``MultiVersionedKeyQuery`` whose whole range ends before it, fail with
+``NOT_UP_TO_BOUND`` naming the oldest batch still readable; a range that reaches into the
+window returns the versions the window holds.
 """
 
 from __future__ import annotations
