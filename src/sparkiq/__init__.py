@@ -30,6 +30,7 @@ from sparkiq.node import Node
 from sparkiq.query import (
     FailureReason,
     KeyQuery,
+    MultiVersionedKeyQuery,
     Position,
     PositionBound,
     Query,
@@ -39,6 +40,8 @@ from sparkiq.query import (
     RowIterator,
     StateQueryRequest,
     StateQueryResult,
+    VersionedKeyQuery,
+    VersionedRecord,
     WindowKeyQuery,
     WindowRangeQuery,
 )
@@ -78,6 +81,7 @@ __all__ = [
     "KeyQuery",
     "KeyQueryMetadata",
     "LayoutMismatchError",
+    "MultiVersionedKeyQuery",
     "Node",
     "NodeConfig",
     "NodeMetadata",
@@ -110,6 +114,8 @@ __all__ = [
     "SubscriptionHub",
     "Table",
     "UnknownStoreError",
+    "VersionedKeyQuery",
+    "VersionedRecord",
     "WindowKeyQuery",
     "WindowRangeQuery",
     "__version__",

@@ -139,11 +139,24 @@ class PartitionReplica:
         )
         self._account(len(keys), record.segments.get(self.partition), started)
 
-    def load_snapshot(self, info: SnapshotInfo, keys: list[bytes], values: list[bytes]) -> None:
-        """Replace the partition's contents with a snapshot, atomically."""
+    def load_snapshot(
+        self,
+        info: SnapshotInfo,
+        keys: list[bytes],
+        values: list[bytes],
+        committed_at: float = 0.0,
+    ) -> None:
+        """Replace the partition's contents with a snapshot, atomically (``committed_at``:
+        the commit time of the snapshot's batch, 0.0 when unknown)."""
         started = time.perf_counter()
         position = Position.from_map({**info.position, self.table: {self.partition: info.batch_id}})
-        self.store.apply(self._ops(keys, list(values)), info.batch_id, position, replace_all=True)
+        self.store.apply(
+            self._ops(keys, list(values)),
+            info.batch_id,
+            position,
+            replace_all=True,
+            committed_at=committed_at,
+        )
         self.applied_rows += len(keys)
         self.applied_bytes += info.size
         self.apply_seconds += time.perf_counter() - started
@@ -208,11 +221,21 @@ class TableReplica:
             self.schema,
             self._store_factory(self.table, partition),
             self.manifest.history,
+            commit_time=self.commit_time,
         )
         replica = PartitionReplica(self.table, partition, store, self.transform)
         self.partitions[partition] = replica
         self._last_bootstrap_check = -1e9  # restore it from a snapshot if one helps
         return replica
+
+    def commit_time(self, batch_id: int) -> float:
+        """When ``batch_id`` was committed (Unix seconds; 0.0 when its commit record is gone
+        or unreadable): what a partition's versions record for a batch they are loaded at."""
+        try:
+            record = self.changelog.read_commit(batch_id)
+        except ChangelogError:
+            return 0.0
+        return 0.0 if record is None else record.committed_at
 
     def poll(self) -> int:
         """Apply every newly committed batch to every hosted partition; return how many
@@ -328,7 +351,7 @@ class TableReplica:
             if found is None or found[0].batch_id < next_id:
                 continue
             info, keys, values = found
-            replica.load_snapshot(info, keys, values)
+            replica.load_snapshot(info, keys, values, self.commit_time(info.batch_id))
             replica.error = None
             loaded += 1
         return loaded

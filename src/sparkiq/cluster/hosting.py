@@ -365,11 +365,14 @@ class Hosting:
         with batch ids (one writer per table), so a binary search reads few commit records."""
         changelog = self.replica(table).changelog
         batches = changelog.committed_batch_ids()
+        # Compared as datetimes (microseconds), the resolution a caller's time has: a
+        # commit time shown as a datetime, given back, must find its own batch.
+        at = dt.datetime.fromtimestamp(when, dt.UTC)
         low, high, found = 0, len(batches) - 1, -1
         while low <= high:
             middle = (low + high) // 2
             record = changelog.read_commit(batches[middle])
-            if record is not None and record.committed_at <= when:
+            if record is not None and dt.datetime.fromtimestamp(record.committed_at, dt.UTC) <= at:
                 found, low = batches[middle], middle + 1
             else:
                 high = middle - 1

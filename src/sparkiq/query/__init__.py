@@ -14,11 +14,13 @@ from sparkiq.query.queries import (
 )
 from sparkiq.query.request import InStore, StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator, StateQueryResult
+from sparkiq.query.versioned import MultiVersionedKeyQuery, VersionedKeyQuery, VersionedRecord
 
 __all__ = [
     "FailureReason",
     "InStore",
     "KeyQuery",
+    "MultiVersionedKeyQuery",
     "Position",
     "PositionBound",
     "Query",
@@ -28,6 +30,8 @@ __all__ = [
     "RowIterator",
     "StateQueryRequest",
     "StateQueryResult",
+    "VersionedKeyQuery",
+    "VersionedRecord",
     "WindowKeyQuery",
     "WindowRangeQuery",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 
 from sparkiq.query.queries import KeyQuery, Query, RangeQuery, WindowKeyQuery, WindowRangeQuery
+from sparkiq.query.versioned import MultiVersionedKeyQuery, VersionedKeyQuery
 
 __all__ = ["query_type", "query_type_name", "query_type_names", "register_query_type"]
 
@@ -78,5 +79,12 @@ def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-for _builtin in (KeyQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery):
+for _builtin in (
+    KeyQuery,
+    RangeQuery,
+    WindowKeyQuery,
+    WindowRangeQuery,
+    VersionedKeyQuery,
+    MultiVersionedKeyQuery,
+):
     register_query_type(_builtin)

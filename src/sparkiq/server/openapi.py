@@ -74,13 +74,37 @@ def openapi_document() -> dict[str, Any]:
                     "type": "object",
                     "required": ["type"],
                     "properties": {
-                        "type": {"enum": ["key", "range", "window_key", "window_range"]},
+                        "type": {
+                            "enum": [
+                                "key",
+                                "range",
+                                "window_key",
+                                "window_range",
+                                "versioned_key",
+                                "multi_versioned_key",
+                            ]
+                        },
                         "key": {"description": "JSON value; array for composite keys"},
                         "lower": {"description": "Inclusive lower key bound"},
                         "upper": {"description": "Inclusive upper key bound"},
                         "order": {"enum": ["any", "ascending", "descending"]},
-                        "from": {"type": "string", "description": "Earliest window start"},
-                        "to": {"type": "string", "description": "Latest window start"},
+                        "from": {
+                            "type": "string",
+                            "description": "Earliest window start (window queries) or commit "
+                            "time (multi_versioned_key)",
+                        },
+                        "to": {
+                            "type": "string",
+                            "description": "Latest window start (window queries) or commit "
+                            "time (multi_versioned_key)",
+                        },
+                        "as_of": {
+                            "type": ["integer", "string"],
+                            "description": "versioned_key: a batch id, or an ISO time (the "
+                            "batch current then)",
+                        },
+                        "from_batch": {"type": "integer", "description": "multi_versioned_key"},
+                        "to_batch": {"type": "integer", "description": "multi_versioned_key"},
                     },
                 },
                 "StateQueryRequest": {
@@ -98,7 +122,12 @@ def openapi_document() -> dict[str, Any]:
                     "type": "object",
                     "properties": {
                         "position": {"type": "string"},
-                        "result": {"description": "Row object or null (key queries)"},
+                        "result": {
+                            "description": "Row object or null (key queries); a versioned "
+                            "record {value, valid_from, valid_to, valid_from_time, "
+                            "valid_to_time} or null (versioned_key); an array of versioned "
+                            "records (multi_versioned_key)"
+                        },
                         "rows": {
                             "type": "array",
                             "items": {

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sparkiq.errors import InvalidQueryError
@@ -61,6 +61,7 @@ class PartitionStore:
         schema: TableSchema,
         store: Store,
         history: History | None = None,
+        commit_time: Callable[[int], float] | None = None,
     ) -> None:
         self.table = table
         self.partition = partition
@@ -71,6 +72,9 @@ class PartitionStore:
         self._seq = 0
         self._write_lock = threading.Lock()
         self.batch_id, self.position = decode_meta(store.meta())
+        # The commit time of a batch (0.0: unknown), for the batch the versions are loaded
+        # at: the store's meta does not hold it, the changelog's commit record does.
+        self._commit_time = commit_time
         #: The partition's versions as Arrow (None: opened without history).
         self.versions: VersionedRows | None = None
         if history is not None:
@@ -207,7 +211,10 @@ class PartitionStore:
             return
         with self.store.range(None, None) as iterator:
             pairs = iterator.next_chunk(1 << 62)
-        versions.load(batch_id, position, 0.0, [k for k, _ in pairs], [v for _, v in pairs])
+        committed_at = self._commit_time(batch_id) if self._commit_time is not None else 0.0
+        versions.load(
+            batch_id, position, committed_at, [k for k, _ in pairs], [v for _, v in pairs]
+        )
 
     def close(self) -> None:
         self.store.close()

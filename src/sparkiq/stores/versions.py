@@ -54,6 +54,7 @@ __all__ = [
     "VALID_TO",
     "BatchOutOfHistory",
     "History",
+    "KeyHistory",
     "PairsIterator",
     "Version",
     "VersionedRows",
@@ -135,6 +136,18 @@ class _State:
     oldest: int  # the oldest batch readable (-1: nothing applied yet)
     newest: int
     batches: dict[int, tuple[Position, float]]  # retained batch -> (position, committed_at)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyHistory:
+    """The retained versions of one key and the window they were read in: ``oldest`` ..
+    ``newest`` (-1: nothing applied), ``batches`` maps each retained batch to its
+    ``(position, committed_at)``; ``versions`` as :meth:`VersionedRows.versions_of`."""
+
+    oldest: int
+    newest: int
+    batches: dict[int, tuple[Position, float]]
+    versions: list[tuple[int, int, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +303,16 @@ class VersionedRows:
     def versions_of(self, key: bytes) -> list[tuple[int, int, bytes]]:
         """Every retained version of ``key``: ``(valid_from, valid_to, encoded row)``,
         oldest first (``valid_to`` is :data:`OPEN` for the current one)."""
+        return self._versions_in(self._state, key)
+
+    def key_history(self, key: bytes) -> KeyHistory:
+        """:meth:`versions_of` with the retained batches it was read at (one state, so the
+        versions, the window and the batches' positions and commit times agree)."""
         state = self._state
+        return KeyHistory(state.oldest, state.newest, state.batches, self._versions_in(state, key))
+
+    @staticmethod
+    def _versions_in(state: _State, key: bytes) -> list[tuple[int, int, bytes]]:
         needle = pa.scalar(key, pa.binary())
         found: list[tuple[int, int, bytes]] = []
         for chunk in state.chunks:

@@ -31,6 +31,7 @@ from sparkiq.query.queries import (
     WindowRangeQuery,
 )
 from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.versioned import MultiVersionedKeyQuery, VersionedKeyQuery
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 
@@ -42,7 +43,19 @@ __all__ = [
     "request_from_json",
 ]
 
-_QUERY_TYPES = ("key", "range", "window_key", "window_range")
+_QUERY_TYPES = (
+    "key",
+    "range",
+    "window_key",
+    "window_range",
+    "versioned_key",
+    "multi_versioned_key",
+)
+_VERSION_ORDERS = {
+    "any": ResultOrder.ANY,
+    "ascending": ResultOrder.ASCENDING,
+    "descending": ResultOrder.DESCENDING,
+}
 
 
 def field_error(field: str, message: str) -> InvalidQueryError:
@@ -243,6 +256,8 @@ def _query_from_json(schema: TableSchema, doc: Any) -> Query:
             raise field_error(
                 "query.order", f"expected one of {orders}, got {_shown(order)}"
             ) from None
+    if kind in ("versioned_key", "multi_versioned_key"):
+        return _versioned_query_from_json(schema, kind, doc)
     time_from = _time(doc.get("from"), "query.from")
     time_to = _time(doc.get("to"), "query.to")
     if kind == "window_key":
@@ -251,6 +266,61 @@ def _query_from_json(schema: TableSchema, doc: Any) -> Query:
         key = key_from_json(schema, doc["key"], "query.key")
         return WindowKeyQuery.with_key_and_window_starts(key, time_from, time_to)
     return WindowRangeQuery.with_window_starts(time_from, time_to)
+
+
+def _batch(value: Any, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise field_error(field, f"expected a batch id (an integer >= 0), got {_shown(value)}")
+    return value
+
+
+def _versioned_query_from_json(schema: TableSchema, kind: str, doc: dict[str, Any]) -> Query:
+    """``{"type": "versioned_key", "key", "as_of": batch id | ISO time}`` or
+    ``{"type": "multi_versioned_key", "key", "from", "to", "from_batch", "to_batch",
+    "order": "ascending" | "descending"}`` (every field but the key optional)."""
+    allowed = (
+        {"type", "key", "as_of"}
+        if kind == "versioned_key"
+        else {"type", "key", "from", "to", "from_batch", "to_batch", "order"}
+    )
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise field_error(
+            f"query.{unknown[0]}",
+            f"unknown field of a {kind} query; expected {sorted(allowed - {'type'})}",
+        )
+    if "key" not in doc:
+        raise field_error("query.key", f"a {kind} query needs a key")
+    key = key_from_json(schema, doc["key"], "query.key")
+    if kind == "versioned_key":
+        query = VersionedKeyQuery.with_key(key)
+        as_of = doc.get("as_of")
+        if as_of is None:
+            return query
+        if isinstance(as_of, str):
+            when = _time(as_of, "query.as_of")
+            assert when is not None
+            return query.as_of(when)
+        batch_id = _batch(as_of, "query.as_of")
+        assert batch_id is not None
+        return query.as_of(batch_id)
+    order = doc.get("order", "any")
+    if not isinstance(order, str) or order not in _VERSION_ORDERS:
+        raise field_error(
+            "query.order", f"expected one of {list(_VERSION_ORDERS)}, got {_shown(order)}"
+        )
+    bounds = (
+        _time(doc.get("from"), "query.from"),
+        _time(doc.get("to"), "query.to"),
+        _batch(doc.get("from_batch"), "query.from_batch"),
+        _batch(doc.get("to_batch"), "query.to_batch"),
+    )
+    try:
+        return MultiVersionedKeyQuery(key, *bounds, _VERSION_ORDERS[order])
+    except ValueError as exc:  # the bounds make an empty range
+        raise field_error("query", str(exc)) from None
 
 
 def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQueryRequest:

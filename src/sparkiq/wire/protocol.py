@@ -23,6 +23,8 @@ Every requested partition gets a header frame, in order::
         then {"p": int, "rows": [[key, row], ...]} frames and {"p": int, "end": true}
     {"p": int, "ok": false, "reason": FailureReason name, "message": str, "pos": token}
 
+A value is any value :mod:`sparkiq.wire.values` encodes: a row, ``None``, a
+:class:`~sparkiq.query.versioned.VersionedRecord` (a registered record) or a list of them.
 Iterator results (range and window queries) are streamed in chunks of at most
 :data:`ROWS_PER_FRAME` rows, so neither side buffers a large scan. A request that cannot be
 answered at all gets a single frame ``{"error": {"code", "message", "field"}}``.
@@ -44,7 +46,8 @@ from sparkiq.query.queries import Query, ResultOrder
 from sparkiq.query.registry import query_type, query_type_name, query_type_names
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator, StateQueryResult
-from sparkiq.wire.values import pack, register_enum, unpack
+from sparkiq.query.versioned import VersionedRecord
+from sparkiq.wire.values import pack, register_enum, register_record, unpack
 
 __all__ = [
     "CONTENT_TYPE",
@@ -67,6 +70,7 @@ MAX_FRAME_BYTES = 64 << 20
 _LENGTH = struct.Struct(">I")
 
 register_enum(ResultOrder, "ResultOrder")
+register_record(VersionedRecord, "VersionedRecord")
 
 
 class RemoteError(SparkiqError):

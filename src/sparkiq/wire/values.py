@@ -15,14 +15,17 @@ code  Python type            payload
 7     enum member            ``"<registered name>:<member name>"`` (see :func:`register_enum`)
 8     dict with typed keys   a MessagePack array of ``[key, value]`` pairs (a Spark map keyed
                              by dates, timestamps, decimals...: extensions cannot be map keys)
+9     record (dataclass)     a MessagePack array ``[registered name, [field values...]]`` in
+                             field order (see :func:`register_record`)
 ====  =====================  ==============================================================
 
-Decoding never runs code from the payload: extensions build only the types above, and enums
-only from the registry.
+Decoding never runs code from the payload: extensions build only the types above, enums
+only from the registry, and records only of registered classes, through their constructor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 from collections.abc import Callable
@@ -31,9 +34,10 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["pack", "register_enum", "to_wire", "unpack"]
+__all__ = ["pack", "register_enum", "register_record", "to_wire", "unpack"]
 
 _DATETIME, _DATE, _DECIMAL, _TUPLE, _ARROW, _BYTEARRAY, _ENUM, _PAIRS = 1, 2, 3, 4, 5, 6, 7, 8
+_RECORD = 9
 
 _ENUMS: dict[str, type[enum.Enum]] = {}
 _ENUM_NAMES: dict[type[enum.Enum], str] = {}
@@ -45,6 +49,27 @@ def register_enum(cls: type[enum.Enum], name: str | None = None) -> type[enum.En
     _ENUMS[key] = cls
     _ENUM_NAMES[cls] = key
     return cls
+
+
+# A record class's wire name and field names, and back; written at import, read anywhere.
+_RECORDS: dict[str, tuple[type, tuple[str, ...]]] = {}
+_RECORD_NAMES: dict[type, str] = {}
+
+
+def register_record(cls: type, name: str | None = None) -> type:
+    """Allow instances of the dataclass ``cls`` on the wire, as its fields in order (each
+    encoded like any value); decoding calls ``cls(*fields)``, so its checks run."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"a wire record must be a dataclass, got {cls!r}")
+    key = name or f"{cls.__module__}.{cls.__qualname__}"
+    _RECORDS[key] = (cls, tuple(f.name for f in dataclasses.fields(cls)))
+    _RECORD_NAMES[cls] = key
+    return cls
+
+
+def _convert_record(name: str, value: Any) -> msgspec.msgpack.Ext:
+    fields = [to_wire(getattr(value, f)) for f in _RECORDS[name][1]]
+    return _ext(_RECORD, _encoder.encode([name, fields]))
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -97,6 +122,9 @@ def to_wire(value: Any) -> Any:
     convert = _CONVERT.get(kind)
     if convert is not None:
         return convert(value)
+    record = _RECORD_NAMES.get(kind)
+    if record is not None:
+        return _convert_record(record, value)
     if isinstance(value, enum.Enum):
         return _convert_enum(value)
     if kind.__module__.startswith("pyarrow") and hasattr(value, "schema"):
@@ -134,6 +162,12 @@ def _decode_ext(code: int, data: memoryview) -> Any:
         return bytearray(data)
     if code == _PAIRS:
         return {k: x for k, x in _decoder.decode(data)}
+    if code == _RECORD:
+        name, fields = _decoder.decode(data)
+        found = _RECORDS.get(name) if isinstance(name, str) else None
+        if found is None or not isinstance(fields, list) or len(fields) != len(found[1]):
+            raise ValueError(f"unknown record {name!r} on the wire")
+        return found[0](*fields)
     if code == _ENUM:
         name, _, member = bytes(data).decode().rpartition(":")
         cls = _ENUMS.get(name)
