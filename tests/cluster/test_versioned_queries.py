@@ -338,11 +338,11 @@ def test_the_guides_example_runs_as_written(tmp_path: Path) -> None:
         node.poll_once()
         namespace: dict[str, Any] = {"app": node, "StateQueryRequest": Request}
         exec(compile(match.group(1), "guide.md", "exec"), namespace)
-        record = namespace["then"].only_partition_result().result
+        record = namespace["now"].only_partition_result().result
         assert (record.value, record.valid_from, record.valid_to) == (
-            {"product": "p-17", "revenue": 2.0},
-            10,
+            {"product": "p-17", "revenue": 3.0},
             15,
+            None,
         )
         newest_first = namespace["history"].only_partition_result().result
         assert [(r.valid_from, r.valid_to) for r in newest_first] == [
