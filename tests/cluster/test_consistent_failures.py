@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from sparkiq import FailureReason, Node, Position, PositionBound, RangeQuery, StateQueryRequest
+from sparkiq import (
+    Client,
+    FailureReason,
+    Node,
+    Position,
+    PositionBound,
+    RangeQuery,
+    StateQueryRequest,
+)
 from sparkiq.changelog import Changelog, TableManifest
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.errors import SqlPartitionError
@@ -193,6 +201,17 @@ def test_a_router_asks_the_replica_that_still_has_the_batch(tmp_path: Path) -> N
             wait_applied(node, 6)
         assert read_all(restarted, all_rows()) == (truth(6), {6})
         assert read_all(kept, all_rows().as_of(5)) == (truth(5), {5})
+        # Through a Client that has seen batch 6: AS OF asks for the past on purpose, so its
+        # monotonic bound does not apply; the node pins the whole request to batch 3.
+        with Client(restarted.url) as client:
+            newest = client.query(all_rows())
+            assert set(newest.position.to_map()["t"].values()) == {6}
+            past = client.query(all_rows().as_of(3))
+            rows: dict[str, int] = {}
+            for answer in past.partition_results.values():
+                assert answer.is_success, answer
+                rows.update((k, row["n"]) for k, row in answer.result)
+            assert (rows, set(past.position.to_map()["t"].values())) == (truth(3), {3})
     finally:
         for node in nodes:
             node.stop()
