@@ -150,6 +150,69 @@ def test_a_lagging_partition_is_waited_for_then_named(tmp_path: Path) -> None:
         assert (rows, served_at) == (truth(3), {3})
 
 
+def test_a_partition_lagging_on_every_replica_fails_the_routed_read_naming_it(
+    tmp_path: Path,
+) -> None:
+    lagging = 1
+    changelog = make_table(str(tmp_path), partitions=PARTITIONS)
+    write(changelog, 2)
+    nodes = start_http_cluster(str(tmp_path), 2, standbys=1)
+    try:
+        for node in nodes:
+            wait_applied(node, 2)
+        record = write_batch(changelog, 3, HISTORY[3], commit=False)
+        segment = Path(changelog.segment_path(lagging, 3))
+        held_back = segment.read_bytes()
+        segment.unlink()
+        changelog.write_commit(record)
+        for node in nodes:
+            node.notify("t")
+            partitions = node.replica("t").partitions
+            wait_until(
+                lambda partitions=partitions: all(  # type: ignore[misc]
+                    r.batch_id == 3 for p, r in partitions.items() if p != lagging
+                ),
+                30,
+                f"{node.node_id} did not apply batch 3",
+            )
+        # and each has heard from the other that the partition is stuck
+        for node, other in ((nodes[0], "n1"), (nodes[1], "n0")):
+            membership = node.coordinator.membership  # type: ignore[union-attr]
+            wait_until(
+                lambda m=membership, o=other: (  # type: ignore[misc]
+                    m.hosted_state(o).get("t", {}).get(lagging, (0, ""))[1] == "error"
+                ),
+                30,
+                f"{node.node_id} did not hear that partition {lagging} is stuck",
+            )
+        # Unpinned: the newest batch the partitions can serve, as far as the node knows.
+        rows, served_at = read_all(nodes[0], all_rows())
+        assert (rows, served_at) in ((truth(2), {2}), (truth(3), {3}))
+        started = time.monotonic()
+        result = nodes[0].query(all_rows().as_of(3))
+        waited = time.monotonic() - started
+        answer = result.partition_results[lagging]
+        assert answer.failure_reason is FailureReason.NOT_UP_TO_BOUND, answer
+        assert f"partition {lagging} of 't'" in (answer.failure_message or ""), answer
+        assert waited >= CATCH_UP_WAIT, waited
+        print(f"a read of a partition lagging on both replicas failed after {waited:.2f} s")
+        segment.write_bytes(held_back)
+        for node in nodes:
+            node.notify("t")
+            partitions = node.replica("t").partitions
+            wait_until(  # wait_applied returns at once while a partition is in error
+                lambda partitions=partitions: all(  # type: ignore[misc]
+                    r.batch_id == 3 for r in partitions.values()
+                ),
+                30,
+                f"{node.node_id} did not catch up once the segment landed",
+            )
+        assert read_all(nodes[1], all_rows().as_of(3)) == (truth(3), {3})
+    finally:
+        for node in nodes:
+            node.stop()
+
+
 # -- a replica restarted mid-history -------------------------------------------------------------
 
 
