@@ -19,7 +19,8 @@ wins -- a paused node costs that delay, not the read timeout. When every candida
 the router waits for one fresh heartbeat round and tries once more on the new view; only
 then does the partition's result carry the failure (the most informative one seen), while
 the other partitions still answer. A request pinned to a batch that every candidate answered
-with ``NOT_UP_TO_BOUND`` is not asked again: each has already waited for the batch. ``require_active()`` restricts candidates to the active.
+with ``NOT_UP_TO_BOUND`` is not asked again: each has already waited for the batch.
+``require_active()`` restricts candidates to the active.
 
 Before routing, a node that was itself stalled waits (briefly) until it has resynchronized
 (:meth:`~sparkiq.cluster.coordinator.Coordinator.is_fresh`), so it never routes on the view
