@@ -3,7 +3,9 @@
 A client talks to any node of a cluster (each routes to the nodes hosting the partitions
 it needs). It learns the other nodes from ``/metadata`` and, when the node it uses cannot
 be reached, retries on another. Typed queries use the binary node protocol, so rows come
-back exactly as in-process (datetimes, decimals, tuples); range results stream.
+back exactly as in-process (datetimes, decimals, tuples); the range rows of a request for
+one partition stream, and a request spanning partitions is read at one batch through one
+node.
 
 Consistency: with ``monotonic=True`` (the default) the client remembers the newest position
 it has seen per store and sends it as the bound of later requests that carry none, so the
@@ -19,7 +21,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -76,10 +77,8 @@ class Client:
         self._seen: dict[str, Position] = {}
         self._stores: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sparkiq-client")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)
         self._conns.close()
         self._http.close()
 
@@ -92,22 +91,22 @@ class Client:
     # -- typed queries -----------------------------------------------------------------------
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
-        """Like :meth:`sparkiq.Node.query`, over HTTP. Range results stream per partition."""
-        if self.monotonic and request.bound.is_unbounded:
+        """Like :meth:`sparkiq.Node.query`, over HTTP.
+
+        A request spanning partitions goes to one node as a whole: that node pins it to one
+        batch of the table and routes each partition there (asked one partition at a time,
+        each would be read at its own newest batch). A request reading ``as_of`` a batch or
+        time gets no monotonic bound: it asks for the past on purpose."""
+        if (
+            self.monotonic
+            and request.bound.is_unbounded
+            and request.at_batch is None
+            and request.at_time is None
+        ):
             seen = self._seen.get(request.store)
             if seen is not None:
                 request = request.with_position_bound(PositionBound.at(seen))
-        if request.partitions is None and not request.query.single_key:
-            count = self._store(request.store)["partitions"]
-            futures = [
-                self._pool.submit(self._ask, request.with_partitions((p,))) for p in range(count)
-            ]
-            merged: dict[int, QueryResult[Any]] = {}
-            for future in futures:
-                merged.update(future.result())
-            result = StateQueryResult(merged)
-        else:
-            result = StateQueryResult(self._ask(request))
+        result = StateQueryResult(self._ask(request))
         self._saw(request.store, result)
         return result
 

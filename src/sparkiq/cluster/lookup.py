@@ -336,15 +336,39 @@ class Lookup:
         newest = hosting.latest_batch(store) if coordinator is not None else None
         for partition in partitions:
             held = stores[partition]
-            if held is None or held.versions is None:
-                continue
+            applied: int | None
             if coordinator is not None and not hosting.caught_up(store, partition):
-                continue  # the router reads it elsewhere: the latest commit stands for it
-            applied = held.versions.newest
-            newest = applied if newest is None else min(newest, applied)
+                # The router reads it elsewhere: the latest commit stands for it, unless no
+                # replica reports being caught up (stuck on a batch everywhere, or all
+                # restoring), where the newest batch a replica has applied is what it serves.
+                applied = self._applied_elsewhere(coordinator, store, partition, held)
+            elif held is None or held.versions is None:
+                continue
+            else:
+                applied = held.versions.newest
+            if applied is not None:
+                newest = applied if newest is None else min(newest, applied)
         if newest is None:
             newest = hosting.latest_batch(store)
         return max(newest, bound_batch(store, bound))
+
+    @staticmethod
+    def _applied_elsewhere(
+        coordinator: Coordinator, store: str, partition: int, held: PartitionStore | None
+    ) -> int | None:
+        """The newest batch of a partition its replicas have applied, from their last
+        heartbeats and the replica held here; None when one of them reports it caught up
+        (or nothing is known), so the latest commit stands for it."""
+        membership = coordinator.membership
+        applied = -1 if held is None or held.versions is None else held.versions.newest
+        for member in membership.hosting(store, partition):
+            state = membership.hosted_state(member).get(store, {}).get(partition)
+            if state is None:
+                continue
+            if state[1] == "live":
+                return None
+            applied = max(applied, state[0])
+        return applied if applied >= 0 else None
 
     def _partitions(
         self, request: StateQueryRequest

@@ -18,7 +18,9 @@ silent (no heartbeat) that long, the next candidate is asked as well and the fir
 wins -- a paused node costs that delay, not the read timeout. When every candidate failed,
 the router waits for one fresh heartbeat round and tries once more on the new view; only
 then does the partition's result carry the failure (the most informative one seen), while
-the other partitions still answer. ``require_active()`` restricts candidates to the active.
+the other partitions still answer. A request pinned to a batch that every candidate answered
+with ``NOT_UP_TO_BOUND`` is not asked again: each has already waited for the batch.
+``require_active()`` restricts candidates to the active.
 
 Before routing, a node that was itself stalled waits (briefly) until it has resynchronized
 (:meth:`~sparkiq.cluster.coordinator.Coordinator.is_fresh`), so it never routes on the view
@@ -160,12 +162,21 @@ class Router:
         return StateQueryResult({p: f.result() for p, f in futures.items()})
 
     def _answer(self, request: StateQueryRequest, partition: int, token: str | None) -> Any:
-        best, tried = self._attempt(request, partition, token)
+        best, tried, unanswered = self._attempt(request, partition, token)
         if _final(best):
+            return best
+        if (
+            request.at_batch is not None
+            and unanswered == 0
+            and best is not None
+            and best.failure_reason is FailureReason.NOT_UP_TO_BOUND
+        ):
+            # Every candidate already waited for the batch (execute's catch-up wait) and
+            # refused: asking them all again would only multiply that wait.
             return best
         view = self._view
         if view is not None and view.refresh(view.failure_timeout):
-            again, tried_again = self._attempt(request, partition, token)
+            again, tried_again, _ = self._attempt(request, partition, token)
             if _final(again) or _better(again, best):
                 best = again
             tried += tried_again
@@ -179,16 +190,17 @@ class Router:
 
     def _attempt(
         self, request: StateQueryRequest, partition: int, token: str | None
-    ) -> tuple[QueryResult[Any] | None, list[str]]:
+    ) -> tuple[QueryResult[Any] | None, list[str], int]:
         """Ask the candidates in turn (hedging past silent ones); return the first answer
-        that is not a retryable failure, else the most informative failure, and who was
-        asked."""
+        that is not a retryable failure, else the most informative failure, who was asked
+        and how many of them gave no answer at all."""
         me = self._membership.node_id
         sub = request.with_partitions((partition,))
         queue = deque(self.candidates(request.store, partition, request.is_require_active))
         pending: dict[Future[_Remote], tuple[str, float]] = {}
         best: QueryResult[Any] | None = None
         tried: list[str] = []
+        answered = 0
         try:
             while queue or pending:
                 if queue and all(self._overdue(m, t) for m, t in pending.values()):
@@ -198,8 +210,9 @@ class Router:
                     tried.append(member)
                     if member == me:
                         mine = self._local_answer(sub).partition_results[partition]
+                        answered += 1
                         if _final(mine):
-                            return mine, tried
+                            return mine, tried, len(tried) - answered
                         best = mine if _better(mine, best) else best
                         continue
                     url = self._membership.url_of(member)
@@ -215,12 +228,13 @@ class Router:
                     result = self._remote_result(future, member, partition, request.store)
                     if result is None:
                         continue
+                    answered += 1
                     if _final(result):
-                        return result, tried
+                        return result, tried, len(tried) - answered
                     best = result if _better(result, best) else best
                 if not done and not queue:
                     self._give_up_on_gone(pending)
-            return best, tried
+            return best, tried, len(tried) - answered
         finally:
             for future in pending:  # abandoned: close whatever they stream when they finish
                 future.add_done_callback(_discard)

@@ -48,6 +48,7 @@ from sparkiq.query.result import FailureReason, QueryResult, RowIterator
 from sparkiq.schema.codec import prefix_end
 from sparkiq.schema.types import TableSchema
 from sparkiq.stores.partition import PartitionStore
+from sparkiq.stores.versions import BatchOutOfHistory
 
 _UNBOUNDED = PositionBound.unbounded()
 
@@ -155,6 +156,12 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
         )
     try:
         result = handler(store, query, ctx)
+    except BatchOutOfHistory as exc:  # a batch a snapshot skipped, or one that just expired
+        return QueryResult.for_failure(
+            FailureReason.NOT_UP_TO_BOUND,
+            f"partition {getattr(store, 'partition', '?')} of {table!r}: {exc.message}",
+            getattr(store, "position", Position.empty()),
+        )
     except InvalidQueryError:
         raise
     except (StoreError, OSError) as exc:

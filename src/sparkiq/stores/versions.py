@@ -344,6 +344,12 @@ class VersionedRows:
             return (
                 f"batch {batch_id} is not applied yet (the newest is {state.newest}): retry later"
             )
+        if batch_id >= state.oldest:  # inside the range, yet not kept: a snapshot skipped it
+            later = min(b for b in state.batches if b > batch_id)
+            return (
+                f"batch {batch_id} was never applied by this replica: it restored the snapshot "
+                f"of batch {later} instead; ask another replica"
+            )
         return (
             f"batch {batch_id} is beyond the retained history: the oldest batch still "
             f"readable is {state.oldest} (raise materialize(history=...) to keep more)"
