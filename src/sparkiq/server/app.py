@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
-import itertools
 import logging
 import os
 import time
@@ -43,16 +42,10 @@ import pyarrow as pa
 from sqlglot import exp
 
 from sparkiq.cluster.heartbeat import HeartbeatError
-from sparkiq.errors import (
-    AuthenticationError,
-    InvalidQueryError,
-    NodeUnreachableError,
-    SparkiqError,
-    UnknownStoreError,
-)
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
 from sparkiq.server.scrub import roots_of, scrub
@@ -84,13 +77,6 @@ _HTML = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 ]
-_request_ids = itertools.count(1)
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
 
 
 class RestApp:
@@ -140,7 +126,7 @@ class RestApp:
         try:
             route, status = await self._dispatch(scope, receive, send)
         except Exception as exc:  # errors that are the caller's become 4xx, the rest 500
-            error = exc if isinstance(exc, HttpError) else _classify(exc)
+            error = exc if isinstance(exc, HttpError) else classify(exc)
             error.message = scrub(error.message, self._roots)
             status = error.status
             await _send_error(send, error)
@@ -554,50 +540,6 @@ def _allow(method: str, allowed: str) -> None:
         raise HttpError(405, "method_not_allowed", f"use {allowed} for this path")
 
 
-def _classify(exc: Exception) -> HttpError:
-    if isinstance(exc, AuthenticationError):
-        return HttpError(401, "unauthorized", exc.message)
-    if isinstance(exc, UnknownStoreError):
-        return HttpError(404, "unknown_store", exc.message, "store")
-    if isinstance(exc, InvalidQueryError):
-        code = getattr(exc, "code", None) or "invalid_query"
-        # A partition that could not answer (behind the bound, no live replica) is the
-        # cluster's state, not the caller's mistake: retry later.
-        status = 503 if code == "partition_failed" else 400
-        error = HttpError(status, code, exc.message, _field_of(exc))
-        error.extra = _sql_details(exc)  # type: ignore[attr-defined]
-        return error
-    if isinstance(exc, RecursionError):
-        # Only input nests this deeply (a SQL expression chain, a MessagePack body of
-        # nested arrays): the stack has unwound, nothing is broken, the caller must flatten.
-        return HttpError(
-            400, "nesting_too_deep", "the request nests too deeply to be read; flatten it"
-        )
-    if isinstance(exc, protocol.RemoteError | NodeUnreachableError):
-        return HttpError(502, "upstream_unavailable", exc.message)
-    if isinstance(exc, SparkiqError):
-        return HttpError(503, "unavailable", exc.message)
-    request_id = next(_request_ids)
-    log.error("request %d failed", request_id, exc_info=exc)
-    return HttpError(
-        500, "internal_error", f"internal error (request id {request_id}); see the node's log"
-    )
-
-
-def _field_of(exc: Exception) -> str | None:
-    field = getattr(exc, "field", None)
-    return field if isinstance(field, str) else None
-
-
-def _sql_details(exc: Exception) -> dict[str, Any]:
-    details = {}
-    for name in ("line", "column", "snippet", "candidates"):
-        value = getattr(exc, name, None)
-        if value is not None:
-            details[name] = value
-    return details
-
-
 async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     headers = [*headers, (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -606,7 +548,7 @@ async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes,
 
 async def _send_error(send: Send, error: HttpError) -> None:
     doc: dict[str, Any] = {"code": error.code, "message": error.message, "field": error.field}
-    doc.update(getattr(error, "extra", None) or {})
+    doc.update(error.extra)
     headers = list(_JSON)
     if error.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="sparkiq"'))
