@@ -109,7 +109,8 @@ def test_a_long_pull_query_shows_a_spinner_on_a_terminal(
     )
     started = time.monotonic()
     terminal.start(command, {})
-    screen = terminal.wait_for(lambda s: "running query: " in s or "EXIT=" in s)
+    # Wait for the whole spinner line: tmux may capture the screen between two writes of it.
+    screen = terminal.wait_for(lambda s: "(Ctrl-C stops)" in s or "EXIT=" in s)
     assert "running query: " in screen, screen  # seen while the query runs
     line = next(x for x in screen.splitlines() if "running query: " in x)
     seconds = float(line.split("running query: ")[1].split(" s")[0])
