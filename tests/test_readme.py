@@ -15,7 +15,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def quickstart() -> str:
     text = README.read_text()
     section = text[text.index("## Quickstart") :]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
+    match = re.search(r"```python[^\n]*\n(.*?)```", section, re.S)  # "python no-run: ..." too
     assert match, "the README has a python quickstart"
     return match.group(1)
 
