@@ -85,17 +85,31 @@ def test_status_watch_draws_a_bar_per_restoring_partition(
     assert "EXIT=0" in screen and "Traceback" not in screen
 
 
-# A statement DuckDB needs seconds for on any laptop: a nested-loop join of 6000 x 6000 rows
-# on a string expression no join algorithm can use (about 3 s on the 2-core CI machine).
+# A statement DuckDB needs seconds for: a nested-loop join of the table with itself on a
+# string expression no join algorithm can use (``slow_node`` sizes the table).
 SLOW = "SELECT count(*) AS n FROM t a JOIN t b ON a.k || b.k LIKE '%k00000k%zz'"
 
 
 @pytest.fixture
 def slow_node(tmp_path: Path) -> Any:
+    """A node on which SLOW takes at least 3 s here and now: the table grows until it does
+    (the join's cost is quadratic in the rows), so the spinner's 1 s threshold is passed on
+    an idle machine as on a busy one."""
     changelog = make_table(str(tmp_path / "state"), partitions=2)
-    write_batch(changelog, 0, {f"k{i:05d}": i for i in range(6000)})
+    rows, batch_id = 6000, 0
+    write_batch(changelog, batch_id, {f"k{i:05d}": i for i in range(rows)})
     with Node(str(tmp_path / "state"), node_id="q", listen="127.0.0.1:0") as node:
         node.poll_once()
+        while rows < 60_000:
+            started = time.monotonic()
+            node.sql(SLOW)
+            if time.monotonic() - started >= 3.0:
+                break
+            batch_id += 1
+            more = rows * 3 // 2
+            write_batch(changelog, batch_id, {f"k{i:05d}": i for i in range(rows, more)})
+            rows = more
+            node.poll_once()
         yield node
 
 

@@ -206,6 +206,9 @@ class TableReplica:
         self.latest_committed_at = 0.0
         self._last_bootstrap_check = -1e9
         self._last_progress_log = time.monotonic()
+        # Know the head before anything can ask for status: a node serving before its first
+        # poll must not call a replica that applied nothing "live" (and /readyz ready).
+        self._learn_head()
         for partition in sorted(partitions):
             self.add_partition(partition)
 
