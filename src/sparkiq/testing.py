@@ -123,6 +123,7 @@ def connect_server(
     *,
     config: Mapping[str, str] | None = None,
     timeout: float = 180.0,
+    python: str | None = None,
 ) -> Iterator[str]:
     """Run a Spark Connect server (PySpark's own, ``pyspark[connect]``) for the block; yields
     its address, ``sc://127.0.0.1:<port>``.
@@ -131,9 +132,9 @@ def connect_server(
     so a process can hold a classic session and a Connect session at once (PySpark's
     ``remote("local")`` refuses to start a server next to an existing SparkContext). It
     listens on 127.0.0.1 on a free port, runs ``master`` with :data:`LOCAL_SPARK_CONF` and
-    ``config``, starts its Python workers with this interpreter, and is stopped (with its
-    process group) when the block ends. When it does not start within ``timeout``, the
-    error quotes the end of its log.
+    ``config``, starts its Python workers with ``python`` (default: this interpreter), and is
+    stopped (with its process group) when the block ends. When it does not start within
+    ``timeout``, the error quotes the end of its log.
     """
     import signal
     import socket
@@ -159,7 +160,7 @@ def connect_server(
     command += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
     workdir = tempfile.mkdtemp(prefix="sparkiq-connect-")
     log_path = os.path.join(workdir, "spark-connect.log")
-    env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": python or sys.executable}
     env.pop("SPARK_REMOTE", None)
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
