@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 from pyspark.sql import functions as F
 
@@ -18,17 +19,16 @@ from sparkiq.errors import ChangelogError, ConfigError, CorruptSegmentError
 from tests.checkpoint.streams import Stream, spark_state, sparkiq_state
 
 EVENTS = "k string, n int"
-CHECKSUMS = {"spark.sql.streaming.checkpoint.fileChecksum.enabled": "true"}
 
 
 @pytest.fixture(scope="module")
 def original(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A two-batch aggregation with Spark 4.1+'s checkpoint checksum files on."""
+    """A two-batch aggregation (Hadoop's local file system writes its .crc files)."""
 
     def build(frame: Any) -> Any:
         return frame.groupBy("k").agg(F.sum("n").alias("total"), F.count("*").alias("rows"))
 
-    stream = Stream(spark, tmp_path_factory.mktemp("faults"), EVENTS, build, conf=CHECKSUMS)
+    stream = Stream(spark, tmp_path_factory.mktemp("faults"), EVENTS, build)
     stream.batch([{"k": f"key{i}", "n": i} for i in range(20)])
     stream.batch([{"k": f"key{i}", "n": 100 + i} for i in range(0, 20, 3)])
     return stream.checkpoint
@@ -50,17 +50,35 @@ def partition_with_rows(ck: Checkpoint) -> tuple[Any, int, Path]:
     raise AssertionError("no partition has a change in batch 1")
 
 
-def test_spark_checksum_files_are_present_and_verified(spark: Any, copy: Checkpoint) -> None:
+def spark_checksum(path: Path, data: bytes, **override: Any) -> None:
+    """Write ``path``'s checksum file as Spark 4.1+'s ChecksumCheckpointFileManager does
+    (the pyspark the tests run writes none for HDFS-provider files, so the test writes one)."""
+    doc = {
+        "algorithm": "CRC32C",
+        "value": int.from_bytes(crc32c.crc32c(data).to_bytes(4, "big"), "big", signed=True),
+        "mainFileSize": len(data),
+        "timestampMs": 0,
+        "creator": {"executorId": "driver", "taskInfo": ""},
+    }
+    doc.update(override)
+    path.with_name(f"{path.name}.crc").write_text(json.dumps(doc))
+
+
+def test_spark_checksum_files_are_verified(spark: Any, copy: Checkpoint) -> None:
     store, partition, delta = partition_with_rows(copy)
-    spark_crc = delta.with_name("2.delta.crc")
-    assert json.loads(spark_crc.read_text())["algorithm"] == "CRC32C"
+    data = delta.read_bytes()
+    spark_checksum(delta, data)
     assert sparkiq_state(copy, store, 1) == spark_state(spark, copy.path, 1)
-    doc = json.loads(spark_crc.read_text())
-    doc["value"] ^= 1
-    spark_crc.write_text(json.dumps(doc))
+    spark_checksum(delta, data, value=12345)
     with pytest.raises(CorruptSegmentError) as caught:
         list(copy.files(store, partition).changes(2))
     assert "CRC-32C" in str(caught.value) and str(delta) in str(caught.value)
+    spark_checksum(delta, data, mainFileSize=len(data) + 1)
+    with pytest.raises(CorruptSegmentError, match="its checksum file says"):
+        list(copy.files(store, partition).changes(2))
+    spark_checksum(delta, data, algorithm="ADLER32")
+    with pytest.raises(CorruptSegmentError, match="sparkiq reads CRC32C"):
+        list(copy.files(store, partition).changes(2))
 
 
 def drop_checksums(delta: Path) -> None:
@@ -177,3 +195,32 @@ def test_locations_sparkiq_does_not_read(tmp_path: Path, copy: Checkpoint) -> No
     assert Checkpoint(copy.path.as_uri()).path == copy.path
     with pytest.raises(ConfigError, match="partition 9"):
         copy.files(copy.stores()[0], 9)
+
+
+def test_a_checkpoint_without_operator_metadata_lists_its_stores_from_disk(
+    spark: Any, copy: Checkpoint
+) -> None:
+    # Spark before 3.5 wrote no state/<op>/_metadata/metadata
+    (with_metadata,) = copy.stores()
+    (copy.path / "state" / "0" / "_metadata" / "metadata").unlink()
+    (store,) = copy.stores()
+    assert (store.operator_name, store.store_name) == ("", "default")
+    assert store.partitions == copy.shuffle_partitions == with_metadata.partitions
+    assert store.key_schema == with_metadata.key_schema
+    assert sparkiq_state(copy, store, 1) == spark_state(spark, copy.path, 1)
+
+
+def test_a_missing_schema_file_is_an_error_naming_it(copy: Checkpoint) -> None:
+    schema = copy.path / "state" / "0" / "0" / "_metadata" / "schema"
+    schema.unlink()
+    with pytest.raises(ChangelogError, match="no state schema file"):
+        copy.stores()
+
+
+def test_before_the_first_batch_there_are_no_stores(tmp_path: Path, copy: Checkpoint) -> None:
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    shutil.copyfile(copy.path / "metadata", fresh / "metadata")
+    ck = Checkpoint(fresh)
+    assert (ck.stores(), ck.committed_batches(), ck.latest_batch()) == ([], [], None)
+    assert ck.query_id == json.loads((copy.path / "metadata").read_text())["id"]
