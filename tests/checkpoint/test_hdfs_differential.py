@@ -222,3 +222,31 @@ def test_row_checksums(spark: Any, tmp_path: Path) -> None:
         list(ck.files(store, partition).changes(1))
     delta.write_bytes(lz4_java_raw(raw))  # the same records, reframed: read as before
     assert len(list(ck.files(store, partition).changes(1))) > 0
+
+
+def test_stream_stream_join_stores(spark: Any, tmp_path: Path) -> None:
+    """A join keeps four stores per partition, each in its own directory with its own
+    schema file: every one decodes as Spark's State Data Source reads it."""
+
+    def build(frame: Any) -> Any:
+        right = frame.select(F.col("k").alias("rk"), F.col("n").alias("rn"))
+        return frame.join(right, frame.k == right.rk)
+
+    stream = Stream(spark, tmp_path, EVENTS, build, output_mode="append")
+    stream.batch([{"k": "a", "n": 1}, {"k": "b", "n": 2}])
+    stream.batch([{"k": "a", "n": 3}])
+    ck = Checkpoint(stream.checkpoint)
+    stores = ck.stores()
+    assert {s.store_name for s in stores} == {
+        "left-keyToNumValues",
+        "left-keyWithIndexToValue",
+        "right-keyToNumValues",
+        "right-keyWithIndexToValue",
+    }
+    for store in stores:
+        assert store.operator_name == "symmetricHashJoin"
+        assert store.directory(0).name == store.store_name
+        for batch in ck.committed_batches():
+            expected = spark_state(spark, ck.path, batch, storeName=store.store_name)
+            assert expected, store.store_name
+            assert sparkiq_state(ck, store, batch) == expected, (store.store_name, batch)
