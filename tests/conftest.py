@@ -43,8 +43,14 @@ os.environ.setdefault("PYSPARK_PYTHON", _python_workers_first())
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A local SparkSession on both cores, started once per test session."""
-    session = spark_session("sparkiq-tests")
+    """A local SparkSession on both cores, started once per test session.
+
+    Spark's state store maintenance (snapshots of state, cleanup of old files) runs every
+    5 s instead of every minute, so tests of what it writes (tests/checkpoint) need not wait
+    a minute for it; the states tests keep are small, so each run is cheap."""
+    session = spark_session(
+        "sparkiq-tests", config={"spark.sql.streaming.stateStore.maintenanceInterval": "5s"}
+    )
     yield session
     session.stop()
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from sparkiq import Node
 from tests.changelog.helpers import make_table, write_batch
 from tests.cli.processes import start_cli
+from tests.cluster.cluster_helpers import wait_until
 
 
 def sparkiq(*args: str) -> subprocess.CompletedProcess[str]:
@@ -171,8 +172,6 @@ def test_query_prints_a_table_by_default_and_csv_for_scripts(tmp_path: Path) -> 
 
 
 def test_query_streams_a_push_query_as_changes_arrive(tmp_path: Path) -> None:
-    import time
-
     changelog = make_table(str(tmp_path), partitions=2)
     write_batch(changelog, 0, {"a": 1})
     with Node(str(tmp_path), node_id="q", listen="127.0.0.1:0", poll_interval=0.05) as node:
@@ -183,9 +182,17 @@ def test_query_streams_a_push_query_as_changes_arrive(tmp_path: Path) -> None:
             ("--json", ['{"key":"c","row":{"k":"c","n":3},"batch_id":3,"position":"p1.']),
         ):
             command = ["query", form, "--url", node.url, "SELECT k, n FROM t EMIT CHANGES"]
+            # The batches commit once this CLI's subscription is open (its start-up alone takes
+            # seconds on a loaded machine); the previous one closes when its client leaves.
+            # Deadlines are hang bounds, not speed targets.
+            wait_until(lambda: not node.subscriptions().get("t"), 120, "a subscription stays open")
             process = start_cli(command)
             try:
-                time.sleep(3)  # the subscription is open before the batch commits
+                wait_until(
+                    lambda cli=process: cli.poll() is None and node.subscriptions().get("t") == 1,
+                    120,
+                    "the push query never subscribed",
+                )
                 if form == "--csv":
                     write_batch(changelog, 1, {"b": 2})
                     write_batch(changelog, 2, {"b": None})

@@ -476,6 +476,13 @@ class Node:
                     hub = self._hub = SubscriptionHub(self.state_dir, source=self._lookup)
         return hub.subscribe(text, **options)
 
+    def subscriptions(self) -> dict[str, int]:
+        """Open push subscriptions per table (from :meth:`stream` and the HTTP and Postgres
+        endpoints); a subscription counts from the moment it is registered, so the changes
+        committed after that are the ones it delivers."""
+        hub = self._hub
+        return {} if hub is None else hub.subscriptions()
+
 
 def _pinned(only: Mapping[str, frozenset[int]]) -> Placement:
     """Placement of a standalone node: every partition, or the ones pinned per table."""
