@@ -52,9 +52,11 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def snapshot_of(hub: SubscriptionHub, statement: str) -> dict[Any, Any]:
     with hub.subscribe(statement, snapshot=True) as sub:
         out = {}
-        while (change := sub.poll(0.05)) is not None:
-            assert change.snapshot
-            out[change.key] = change.row
+        while not sub.caught_up:  # not "until a poll times out": a loaded machine is slow
+            change = sub.poll(0.05)
+            if change is not None:
+                assert change.snapshot
+                out[change.key] = change.row
         return out
 
 

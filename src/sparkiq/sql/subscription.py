@@ -133,6 +133,13 @@ class Subscription:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def caught_up(self) -> bool:
+        """True once the consumer has read everything that was committed when it subscribed
+        (the snapshot, when asked for, and the batches from its resume point): from then on
+        each change is live. Read it from the consumer's thread, between polls."""
+        return self._prefix is None and self._live and not self._ready
+
     def poll(self, timeout: float | None = None) -> Change | None:
         """The next change; None when ``timeout`` seconds passed first or when closed.
         Raises :class:`SubscriptionError` when the subscription failed."""
