@@ -126,8 +126,8 @@ def _wait_until(what: str, condition: Any, timeout: float, *logs: Path) -> None:
         try:
             if condition():
                 return
-        except OSError:  # not listening yet
-            pass
+        except (OSError, ValueError):  # not listening yet, or its web UI answers before
+            pass  # it has a status to give (an empty body: JSONDecodeError is a ValueError)
         if time.monotonic() > deadline:
             tails = "\n".join(f"--- {p}:\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
             raise AssertionError(f"{what} within {timeout} s\n{tails}")
