@@ -68,7 +68,8 @@ class FaultCluster:
         self.pids: dict[str, int] = {}
         self.rules: list[dict[str, Any]] = []
         self.faults: list[Fault] = []
-        self.loaders: list[Loader] = []
+        self.loaders: list[Loader] = []  # the sessions of the latest start_load()
+        self.sessions = 0
         self.processes: list[subprocess.Popen[bytes]] = []
         self.writer: subprocess.Popen[bytes] | None = None
         self.writer_kills = 0
@@ -124,10 +125,16 @@ class FaultCluster:
 
     def start_load(self) -> None:
         urls = [self.proxy_url(i) for i in range(self.count)]
+        self.sessions += 1
+        self.loaders = []
         for i in range(self.loader_count):
             mine = urls[i % self.count]
             self.loaders.append(
-                Loader(f"c{i}", [mine, *(u for u in urls if u != mine)], self.seed * 100 + i)
+                Loader(
+                    f"s{self.sessions}c{i}",
+                    [mine, *(u for u in urls if u != mine)],
+                    self.seed * 1000 + self.sessions * 10 + i,
+                )
             )
         for loader in self.loaders:
             loader.start()
@@ -138,9 +145,11 @@ class FaultCluster:
     def close(self) -> None:
         for loader in self.loaders:
             loader.stop_event.set()
-        for node in self.nodes:
+        for node in self.nodes:  # all asked to stop at once: each takes seconds when loaded
             if node.process is not None and node.process.poll() is None:
                 node.process.send_signal(signal.SIGCONT)  # never leave a stopped process
+                node.process.terminate()
+        for node in self.nodes:
             node.stop()
         for process in [*self.processes, *([self.writer] if self.writer else [])]:
             if process.poll() is None:
@@ -253,17 +262,16 @@ class FaultCluster:
         def apply() -> None:
             Faults(delay=0.01).write(self.writer_control)
             for _ in range(times):
-                time.sleep(self.rng.uniform(0.3, 1.0))
+                # wait until the (re)started writer commits, so the kill lands while it
+                # writes, not while Python starts
+                head = self.head()
+                self.wait_for(lambda h=head: self.head() > h, STARTUP, "the writer is stuck")
+                time.sleep(self.rng.uniform(0.05, 0.4))
                 assert self.writer is not None
                 self.writer.kill()
                 self.writer.wait()
                 self.writer_kills += 1
-                head = self.head()
-                segments = Path(self.state_dir) / "tables" / "t" / "segments"
-                if any(
-                    (segments / f"{p:05d}" / f"{head + 1:020d}.arrow").exists()
-                    for p in range(PARTITIONS)
-                ):
+                if self._inside_a_batch():
                     self.mid_batch_kills += 1
                 time.sleep(pause)
                 self.start_writer()
@@ -321,6 +329,15 @@ class FaultCluster:
         with open(self.root / "writer.log", "ab") as log:
             self.writer = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 
+    def _inside_a_batch(self) -> bool:
+        """Whether the next batch has files written but no commit record (a torn batch)."""
+        table = Path(self.state_dir) / "tables" / "t"
+        following = f"{self.head() + 1:020d}"
+        segments = [table / "segments" / f"{p:05d}" for p in range(PARTITIONS)]
+        return any((d / f"{following}.arrow").exists() for d in segments) or any(
+            following in name for d in [*segments, table / "commits"] for name in _names(d)
+        )
+
     def _restart(self, i: int) -> None:
         self.nodes[i].start()
         self.nodes[i].wait_up(timeout=STARTUP)
@@ -361,6 +378,13 @@ class FaultCluster:
             if time.monotonic() > deadline:
                 raise AssertionError(message)
             time.sleep(0.05)
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
 
 
 def _describe(faults: Faults) -> str:
