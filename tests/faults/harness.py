@@ -28,9 +28,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sparkiq.stores.versions import History
 from tests.changelog.helpers import make_table
 from tests.cluster.serve_processes import ServeProcess, free_port, wait_cluster
 from tests.faults.checker import Anomaly, Fault, Window, check_changelog, check_history, windows
@@ -54,6 +56,8 @@ class FaultCluster:
         writer_interval: float = 0.1,
         disk_node: int | None = None,
         loaders: int | None = None,
+        load_pause: float = 0.0,
+        history: History | None = None,
         seed: int = 1,
     ) -> None:
         self.root = root
@@ -62,6 +66,8 @@ class FaultCluster:
         self.disk_node = disk_node
         self.disk_error = ""  # why the tmpfs could not be mounted, if it could not
         self.loader_count = nodes if loaders is None else loaders
+        self.load_pause = load_pause  # seconds each session waits between operations
+        self.history = history  # the table's history window, if not the default
         self.rng = random.Random(seed)
         self.proxy_control = str(root / "proxy.json")
         self.writer_control = str(root / "writer-fs.json")
@@ -81,7 +87,10 @@ class FaultCluster:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> FaultCluster:
-        make_table(self.state_dir, partitions=PARTITIONS)
+        changelog = make_table(self.state_dir, partitions=PARTITIONS)
+        if self.history is not None:
+            manifest = replace(changelog.manifest(), history=self.history)
+            manifest.ensure_written(changelog.storage, changelog.manifest_path)
         Faults().write(self.writer_control)
         self._write_rules()
         self.start_writer()
@@ -134,6 +143,7 @@ class FaultCluster:
                     f"s{self.sessions}c{i}",
                     [mine, *(u for u in urls if u != mine)],
                     self.seed * 1000 + self.sessions * 10 + i,
+                    pause=self.load_pause,
                 )
             )
         for loader in self.loaders:
