@@ -99,6 +99,7 @@ class FaultTally:
     ops: int = 0
     failed: int = 0
     worst_gap: float = 0.0
+    slowest: float = 0.0
     failed_after: int = 0
     errors: set[str] = field(default_factory=set)
 
@@ -162,6 +163,7 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
             tally.ops += window.ops
             tally.failed += window.failed
             tally.worst_gap = max(tally.worst_gap, window.longest_gap)
+            tally.slowest = max(tally.slowest, window.slowest)
             tally.failed_after += window.failed_after_settle
             tally.errors.update(e[:120] for e in window.errors)
             print(f"minute {minute + 1}: {window}; {len(anomalies)} anomalies so far", flush=True)
@@ -244,8 +246,8 @@ def run(quick: bool, minutes: float | None = None) -> Report:
     for name, tally in tallies.items():
         report.readings.append(
             f"{name} (x{tally.count}): {tally.failed} of {tally.ops} operations failed while "
-            f"it held, longest gap {tally.worst_gap:.2f} s, {tally.failed_after} failures "
-            "after it settled"
+            f"it held, longest gap {tally.worst_gap:.2f} s, slowest answer "
+            f"{tally.slowest:.2f} s, {tally.failed_after} failures after it settled"
         )
     report.notes.append(
         f"writer kills inside a batch: {found['writer_kills_mid_batch']}; replica disk: "

@@ -62,13 +62,15 @@ class Window:
     ops: int = 0
     failed: int = 0
     longest_gap: float = 0.0  # the longest time in the window with no successful operation
+    slowest: float = 0.0  # the longest one operation took (a session waiting on a dead node)
     failed_after_settle: int = 0
     errors: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return (
             f"{self.fault}: {self.ops} ops, {self.failed} failed, longest gap "
-            f"{self.longest_gap:.2f} s, {self.failed_after_settle} failed after settling"
+            f"{self.longest_gap:.2f} s, slowest {self.slowest:.2f} s, "
+            f"{self.failed_after_settle} failed after settling"
         )
 
 
@@ -185,6 +187,7 @@ def windows(ops: Sequence[Op], faults: Sequence[Fault]) -> list[Window]:
         window = Window(fault.name)
         inside = [o for o in ops if fault.start <= o.start <= fault.settled]
         window.ops = len(inside)
+        window.slowest = max((o.end - o.start for o in inside), default=0.0)
         failed = [o for o in inside if not o.ok]
         window.failed = len(failed)
         window.errors = sorted({o.error[:160] for o in failed})[:5]

@@ -34,6 +34,7 @@ from typing import Any
 
 from sparkiq.stores.versions import History
 from tests.changelog.helpers import make_table
+from tests.cluster.cluster_helpers import wait_until
 from tests.cluster.serve_processes import ServeProcess, free_port, wait_cluster
 from tests.faults.checker import Anomaly, Fault, Window, check_changelog, check_history, windows
 from tests.faults.faultfs import Faults
@@ -94,7 +95,7 @@ class FaultCluster:
         Faults().write(self.writer_control)
         self._write_rules()
         self.start_writer()
-        self.wait_for(lambda: self.head() >= 0, STARTUP, "the writer committed no batch")
+        wait_until(lambda: self.head() >= 0, STARTUP, "the writer committed no batch")
         ports = [free_port() for _ in range(self.count)]
         self.proxy_ports = [free_port() for _ in range(self.count)]
         routes = [f"n{i}={self.proxy_ports[i]}:{ports[i]}" for i in range(self.count)]
@@ -275,7 +276,7 @@ class FaultCluster:
                 # wait until the (re)started writer commits, so the kill lands while it
                 # writes, not while Python starts
                 head = self.head()
-                self.wait_for(lambda h=head: self.head() > h, STARTUP, "the writer is stuck")
+                wait_until(lambda h=head: self.head() > h, STARTUP, "the writer is stuck")
                 time.sleep(self.rng.uniform(0.05, 0.4))
                 assert self.writer is not None
                 self.writer.kill()
@@ -321,7 +322,7 @@ class FaultCluster:
                 raise AssertionError(f"{node.node_id} exited: {node.log()}")
         wait_cluster([n.url for n in self.nodes], self.count, timeout=SETTLE)
         head = self.head()
-        self.wait_for(lambda: self.head() > head, SETTLE, "the writer stopped committing")
+        wait_until(lambda: self.head() > head, SETTLE, "the writer stopped committing")
 
     def start_writer(self) -> None:
         args = [
@@ -380,14 +381,6 @@ class FaultCluster:
             self.mounted.append(str(path))
         else:
             self.disk_error = f"mount -t tmpfs failed: {result.stderr.strip() or result.returncode}"
-
-    @staticmethod
-    def wait_for(check: Callable[[], bool], timeout: float, message: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError(message)
-            time.sleep(0.05)
 
 
 def _names(directory: Path) -> list[str]:

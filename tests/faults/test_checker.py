@@ -135,4 +135,5 @@ def test_unavailability_windows() -> None:
     assert (first.ops, first.failed, first.failed_after_settle) == (3, 1, 1)
     assert first.longest_gap == pytest.approx(2.51, abs=0.01)  # t + 0.5 .. t + 3.01
     assert first.errors == ["SparkiqError: down"]
+    assert first.slowest == pytest.approx(0.5)
     assert (second.failed, second.failed_after_settle) == (1, 0)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.cluster.cluster_helpers import wait_until
 from tests.faults.checker import Fault, windows
 from tests.faults.faultfs import Faults
 from tests.faults.harness import FaultCluster
@@ -36,12 +37,12 @@ def under_load(cluster: FaultCluster, inject: Callable[[], Fault]) -> None:
     """Load, one fault, the checker's verdict; the window goes to REPORT."""
     cluster.start_load()
     try:
-        cluster.wait_for(lambda: all(len(lo.ops) >= 5 for lo in cluster.loaders), 60,
+        wait_until(lambda: all(len(lo.ops) >= 5 for lo in cluster.loaders), 60,
                          "the sessions answered nothing before the fault")  # fmt: skip
         fault = inject()
         settled_ops = lambda: min(sum(o.start > fault.settled for o in lo.ops)  # noqa: E731
                                   for lo in cluster.loaders)  # fmt: skip
-        cluster.wait_for(lambda: settled_ops() >= 5, 60, "no answers after the fault settled")
+        wait_until(lambda: settled_ops() >= 5, 60, "no answers after the fault settled")
     finally:
         ops = cluster.stop_load()
     anomalies, _ = cluster.verdict(ops)
