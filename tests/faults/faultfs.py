@@ -111,9 +111,11 @@ class FaultyFileSystem(pafs.FileSystemHandler):
         faults = self.control.current()
         if faults.delay > 0:
             time.sleep(faults.delay)
-        probability = {"read": faults.fail_reads, "list": faults.fail_lists}.get(kind, 0.0)
-        if kind == "write":
-            probability = faults.fail_writes
+        probability = {
+            "read": faults.fail_reads,
+            "list": faults.fail_lists,
+            "write": faults.fail_writes,
+        }[kind]
         if self.control.roll(probability):
             raise InjectedFault(f"injected {kind} failure on {path}")
         return faults
