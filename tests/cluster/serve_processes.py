@@ -30,9 +30,22 @@ class ServeProcess:
     the same id, port and local directory."""
 
     def __init__(
-        self, state_dir: str, node_id: str, port: int, peers: list[str], log_dir: str, **env: str
+        self,
+        state_dir: str,
+        node_id: str,
+        port: int,
+        peers: list[str],
+        log_dir: str,
+        *,
+        launcher: list[str] | None = None,
+        extra: list[str] | None = None,
+        **env: str,
     ) -> None:
         self.state_dir, self.node_id, self.port, self.peers = state_dir, node_id, port, peers
+        # ``launcher`` runs ``sparkiq`` some other way (tests/faults wraps it); ``extra``
+        # adds serve options (``--advertise``, ``--local-dir``).
+        self.launcher = launcher or [sys.executable, "-m", "sparkiq.cli"]
+        self.extra = extra or []
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = os.path.join(log_dir, f"{node_id}.log")
         self.env = env
@@ -40,12 +53,13 @@ class ServeProcess:
 
     def start(self, token: str | None = None) -> ServeProcess:
         args = [
-            sys.executable, "-m", "sparkiq.cli", "serve",
+            *self.launcher, "serve",
             "--state-dir", self.state_dir,
             "--node-id", self.node_id,
             "--listen", f"127.0.0.1:{self.port}",
             "--peers", ",".join(self.peers),
             *FAST_FLAGS,
+            *self.extra,
         ]  # fmt: skip
         if token:
             args += ["--token", token]

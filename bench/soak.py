@@ -1,0 +1,277 @@
+"""Soak: a writer, three ``sparkiq serve`` nodes, client load and a fault every minute, for
+``--minutes`` (default 30), with every answer checked and the nodes' resources sampled.
+
+It drives :class:`tests.faults.harness.FaultCluster` (a writer process committing a
+deterministic table every 0.2 s, nodes reached only through TCP proxies, each node's
+changelog storage able to fail, node n2's replicas on a small tmpfs). Each minute three
+recorded client sessions run; 20 s in, the next fault of :data:`SCHEDULE` is injected, held
+and healed; at the minute's end the minute's history goes to the checker
+(:mod:`tests.faults.checker`) and is dropped, so the soak's own memory stays flat. At the end
+the whole changelog is checked (every batch committed once, with the model's changes).
+
+Every 10 s it samples each node's resident memory, threads and open file descriptors from
+``/proc``. A node restarted by a fault starts a new incarnation; the slope per hour is a
+least-squares fit over each node's longest incarnation, after a warm-up (the table's history
+window, 60 s here, fills the replicas' versions first).
+
+Run: ``python -m bench.soak [--minutes N]`` (``--quick``: 3 minutes). ``make bench`` does not
+run it; ``python -m bench.run_all --only soak`` does (30 minutes, 3 with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench._common import Report, scratch_dir
+
+DEFAULT_MINUTES = 30.0
+QUICK_MINUTES = 3.0
+SAMPLE_EVERY = 10.0
+FAULT_AT = 20.0  # seconds into each minute
+HISTORY_S = 60.0
+
+
+@dataclass
+class Sample:
+    at: float
+    pid: int
+    rss_mb: float
+    threads: int
+    fds: int
+
+
+def _sample(pid: int) -> tuple[float, int, int] | None:
+    try:
+        rss = threads = 0
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("Threads:"):
+                    threads = int(line.split()[1])
+        return rss / 1024, threads, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, ValueError):
+        return None
+
+
+class Sampler(threading.Thread):
+    """Samples every node's RSS, threads and fds every ``SAMPLE_EVERY`` s."""
+
+    def __init__(self, pids: Callable[[], dict[str, int]]) -> None:
+        super().__init__(daemon=True, name="soak-sampler")
+        self.pids = pids
+        self.samples: dict[str, list[Sample]] = {}
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            for node, pid in self.pids().items():
+                got = _sample(pid)
+                if got is not None:
+                    self.samples.setdefault(node, []).append(Sample(now, pid, *got))
+            self.stop_event.wait(SAMPLE_EVERY)
+
+
+def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of ``(seconds, value)`` points, per hour (0 for fewer than 2)."""
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return 0.0
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / var * 3600
+
+
+@dataclass
+class FaultTally:
+    count: int = 0
+    ops: int = 0
+    failed: int = 0
+    worst_gap: float = 0.0
+    slowest: float = 0.0
+    failed_after: int = 0
+    errors: set[str] = field(default_factory=set)
+
+
+def schedule(cluster: Any) -> list[tuple[str, Callable[[int], Any]]]:
+    """The faults, in turn; each takes the minute's number (to rotate its victim)."""
+    from tests.faults.faultfs import Faults
+
+    faults: list[tuple[str, Callable[[int], Any]]] = [
+        ("kill -9 + restart", lambda m: cluster.kill_node(m % 3, hold=3.0)),
+        ("SIGSTOP 5 s", lambda m: cluster.pause_node(m % 3, hold=5.0)),
+        ("partition (blackhole) 5 s", lambda m: cluster.isolate_node(m % 3, "blackhole", 5.0)),
+        ("changelog store fails under nodes",
+         lambda m: cluster.store_faults(Faults(fail_reads=0.3, fail_lists=0.3, delay=0.01), 5.0)),
+        ("writer kill -9 x2", lambda m: cluster.kill_writer(times=2)),
+        ("network delay 0.2 s", lambda m: cluster.slow_network(0.2, hold=5.0)),
+        ("writer's store fails, partial writes",
+         lambda m: cluster.store_faults(Faults(fail_writes=0.2, partial_writes=0.3), 5.0,
+                                        writer=True)),
+        ("partition (drop) 5 s", lambda m: cluster.isolate_node(m % 3, "drop", 5.0)),
+    ]  # fmt: skip
+    if not cluster.disk_error:
+        faults.append(("full disk under n2", lambda m: cluster.full_disk(2, hold=5.0)))
+    return faults
+
+
+def soak(minutes: float, root: str) -> dict[str, Any]:
+    from tests.faults.checker import check_changelog, check_history, windows
+    from tests.faults.harness import FaultCluster
+    from tests.faults.model import Model
+
+    from sparkiq.stores.versions import History
+
+    cluster = FaultCluster(
+        Path(root), 3, writer_interval=0.2, disk_node=2, load_pause=0.01,
+        history=History(seconds=HISTORY_S),
+    )  # fmt: skip
+    model = Model()
+    tallies: dict[str, FaultTally] = {}
+    anomalies: list[str] = []
+    total_ops = 0
+    with cluster:
+        sampler = Sampler(lambda: dict(cluster.pids))
+        sampler.start()
+        began = time.monotonic()
+        faults = schedule(cluster)
+        minute = 0
+        while time.monotonic() - began < minutes * 60 - 1:
+            slot = began + minute * 60
+            cluster.start_load()
+            time.sleep(max(0.0, slot + FAULT_AT - time.monotonic()))
+            name, inject = faults[minute % len(faults)]
+            fault = inject(minute)
+            time.sleep(max(5.0, slot + 60 - time.monotonic()))
+            ops = cluster.stop_load()
+            total_ops += len(ops)
+            anomalies += [str(a) for a in check_history(ops, model, cluster.head())]
+            (window,) = windows(ops, [fault])
+            tally = tallies.setdefault(name, FaultTally())
+            tally.count += 1
+            tally.ops += window.ops
+            tally.failed += window.failed
+            tally.worst_gap = max(tally.worst_gap, window.longest_gap)
+            tally.slowest = max(tally.slowest, window.slowest)
+            tally.failed_after += window.failed_after_settle
+            tally.errors.update(e[:120] for e in window.errors)
+            print(f"minute {minute + 1}: {window}; {len(anomalies)} anomalies so far", flush=True)
+            minute += 1
+        sampler.stop_event.set()
+        sampler.join()
+        head, changelog_anomalies = check_changelog(cluster.state_dir)
+        anomalies += [str(a) for a in changelog_anomalies]
+        mid_batch = f"{cluster.mid_batch_kills} of {cluster.writer_kills}"
+    return {
+        "minutes": (time.monotonic() - began) / 60,
+        "ops": total_ops,
+        "batches": head + 1,
+        "anomalies": anomalies,
+        "tallies": tallies,
+        "samples": sampler.samples,
+        "writer_kills_mid_batch": mid_batch,
+        "disk": cluster.disk_error or "tmpfs mounted",
+    }
+
+
+def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]]:
+    """Per node: its longest incarnation's first and last sample and slopes per hour."""
+    rows = []
+    for node in sorted(samples):
+        by_pid: dict[int, list[Sample]] = {}
+        for sample in samples[node]:
+            by_pid.setdefault(sample.pid, []).append(sample)
+        longest = max(by_pid.values(), key=lambda s: s[-1].at - s[0].at)
+        start = longest[0].at + warmup
+        steady = [s for s in longest if s.at >= start] or longest[-2:]
+        hours = (longest[-1].at - longest[0].at) / 3600
+
+        def fit(attr: str, steady: list[Sample] = steady) -> float:
+            return slope_per_hour([(s.at, float(getattr(s, attr))) for s in steady])
+
+        first, last = steady[0], steady[-1]
+        rows.append([
+            node, str(len(by_pid)), f"{hours * 60:.1f} min",
+            f"{first.rss_mb:.0f} -> {last.rss_mb:.0f} MB", f"{fit('rss_mb'):+.1f} MB/h",
+            f"{first.threads} -> {last.threads}", f"{fit('threads'):+.1f}/h",
+            f"{first.fds} -> {last.fds}", f"{fit('fds'):+.1f}/h",
+        ])  # fmt: skip
+    return rows
+
+
+def run(quick: bool, minutes: float | None = None) -> Report:
+    minutes = minutes or (QUICK_MINUTES if quick else DEFAULT_MINUTES)
+    with scratch_dir("soak") as root:
+        found = soak(minutes, root)
+    report = Report(
+        name="soak",
+        title=f"Soak: {minutes:g} minutes, a fault every minute",
+        measures="every node's RSS, threads and open fds every 10 s; every client answer "
+        "checked against the model; unavailability per fault",
+        baseline="each node's own figures after warm-up (the table's 60 s history filled)",
+        target="0 anomalies; memory, threads and fds flat; 0 failures once a fault settled",
+        columns=[
+            "node",
+            "incarnations",
+            "longest",
+            "RSS",
+            "RSS slope",
+            "threads",
+            "threads slope",
+            "fds",
+            "fds slope",
+        ],
+        quick=quick,
+    )
+    warmup = min(HISTORY_S + 30, minutes * 60 / 3)
+    report.rows = resources(found["samples"], warmup)
+    tallies: dict[str, FaultTally] = found["tallies"]
+    anomalies: list[str] = found["anomalies"]
+    report.readings.append(
+        f"{found['ops']:,} client operations over {found['minutes']:.1f} min and "
+        f"{found['batches']:,} batches: {len(anomalies)} anomalies"
+        + (f" (first: {anomalies[0]})" if anomalies else "")
+    )
+    for name, tally in tallies.items():
+        report.readings.append(
+            f"{name} (x{tally.count}): {tally.failed} of {tally.ops} operations failed while "
+            f"it held, longest gap {tally.worst_gap:.2f} s, slowest answer "
+            f"{tally.slowest:.2f} s, {tally.failed_after} failures after it settled"
+        )
+    report.notes.append(
+        f"writer kills inside a batch: {found['writer_kills_mid_batch']}; replica disk: "
+        f"{found['disk']}; slopes are least-squares fits over each node's longest "
+        f"incarnation after {warmup:.0f} s of warm-up"
+    )
+    report.console += [e for t in tallies.values() for e in sorted(t.errors)][:10]
+    report.figures = {
+        "anomalies": anomalies[:50],
+        "ops": found["ops"],
+        "faults": {n: vars(t) | {"errors": sorted(t.errors)} for n, t in tallies.items()},
+    }
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_MINUTES:g} minutes")
+    parser.add_argument("--minutes", type=float, help=f"default {DEFAULT_MINUTES:g}")
+    args = parser.parse_args(argv)
+    report = run(args.quick, args.minutes)
+    report.print()
+    return report.as_dict()
+
+
+if __name__ == "__main__":
+    main()
