@@ -35,6 +35,7 @@ from typing import Any
 
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
+from sparkiq.checkpoint.source import CheckpointCatalog
 from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, node_url
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, Placement, TableView
@@ -69,6 +70,10 @@ class Node:
     a table as a :class:`TableView` instead of as stored. Nodes never write the changelog:
     by default (``read_only=True``) every changelog is opened read-only, so any write
     through a node raises :class:`~sparkiq.errors.ReadOnlyError`.
+
+    **Attached checkpoints.** ``checkpoints={"clicks": "/chk/clicks"}`` also serves the state
+    stores of those Spark queries' checkpoints as tables named after each key
+    (``clicks_agg``...; see :mod:`sparkiq.cluster.attach`); :meth:`attach` adds one later.
 
     **Clustered.** With ``listen`` (``"host:port"``, port 0 picks a free one) the node serves
     the REST API and the node protocol over HTTP; with ``peers`` (seed addresses) or a
@@ -119,6 +124,7 @@ class Node:
         tables: Iterable[str] | None = None,
         views: Mapping[str, TableView] | None = None,
         read_only: bool = True,
+        checkpoints: Mapping[str, str] | None = None,
     ) -> None:
         settings: dict[str, Any] = {
             "node_id": node_id,
@@ -170,6 +176,7 @@ class Node:
             views=views,
             read_only=read_only,
             on_drop=self._forget_retired,
+            catalogs=[_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()],
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id)
         self._lookup.token = config.token
@@ -318,6 +325,19 @@ class Node:
     @property
     def tables(self) -> list[str]:
         return self._hosting.tables
+
+    def attach(
+        self,
+        checkpoint_uri: str,
+        name: str,
+        operators: Mapping[int, str] | Iterable[int] | None = None,
+    ) -> list[str]:
+        """Serve the state stores of a Spark query's checkpoint as tables named after
+        ``name`` (zero-change mode, see :mod:`sparkiq.cluster.attach`); return the tables
+        hosted now (stores that appear later are hosted when they do)."""
+        catalog = CheckpointCatalog(checkpoint_uri, name, operators)
+        catalog.names()  # a wrong operator id or an unservable store fails here, clearly
+        return self._hosting.add_catalog(catalog)
 
     def refresh_tables(self) -> list[str]:
         """Host any table that appeared in ``state_dir`` since the last call; return new ones
@@ -484,6 +504,12 @@ def _pinned(only: Mapping[str, frozenset[int]]) -> Placement:
         return only.get(table, range(partition_count))
 
     return placement
+
+
+def _checked(catalog: CheckpointCatalog) -> CheckpointCatalog:
+    """The catalog, once its stores are known to be servable (raises a clear error if not)."""
+    catalog.names()
+    return catalog
 
 
 def _with_local_dir(config: NodeConfig) -> NodeConfig:

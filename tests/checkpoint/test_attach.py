@@ -1,0 +1,215 @@
+"""Attach: a running Spark query's state, served from its checkpoint, against Spark's answers.
+
+One streaming aggregation runs (untouched user code: a JSON folder source, a memory sink)
+while the tests feed it batch by batch; its state is attached and compared, at several
+batches, with Spark's own State Data Source (``format("statestore")``) and with the query's
+output rows. Failure paths use copies of the checkpoint, so the running query is never
+disturbed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sparkiq
+from sparkiq import KeyQuery, StateQueryRequest
+from sparkiq.errors import ConfigError
+from sparkiq.testing import JsonSource
+
+PARTITIONS = 3
+BATCHES = [
+    [{"k": "a", "g": 1, "n": 5}, {"k": "b", "g": 2, "n": 7}, {"k": "a", "g": 1, "n": 1}],
+    [{"k": "c", "g": 1, "n": -4}, {"k": "a", "g": 2, "n": 10}, {"k": "é", "g": 3, "n": 0}],
+    [{"k": f"key-{i}", "g": i % 4, "n": i} for i in range(40)] + [{"k": "b", "g": 2, "n": 1}],
+]
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with the SHA-256 of its bytes."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+class RunningQuery:
+    """``groupBy(k, g).agg(sum, count, min, max)`` on a JSON folder, written to a memory
+    sink in complete mode, with its own checkpoint; fed one batch per :meth:`feed`."""
+
+    def __init__(self, spark: Any, root: Path) -> None:
+        from pyspark.sql import functions as F
+
+        self.spark = spark
+        self.checkpoint = root / "checkpoint"
+        self.source = JsonSource(root / "input", "k string, g int, n long")
+        previous = spark.conf.get("spark.sql.shuffle.partitions")
+        spark.conf.set("spark.sql.shuffle.partitions", str(PARTITIONS))
+        try:
+            counts = (
+                self.source.stream(spark)
+                .groupBy("k", "g")
+                .agg(F.sum("n").alias("total"), F.count("*").alias("rows"),
+                     F.min("n").alias("low"), F.max("n").alias("high"))
+            )  # fmt: skip
+            self.query = (
+                counts.writeStream.format("memory")
+                .queryName("attach_counts")
+                .outputMode("complete")
+                .option("checkpointLocation", str(self.checkpoint))
+                .start()
+            )
+        finally:
+            spark.conf.set("spark.sql.shuffle.partitions", previous)
+        self.batch = -1
+
+    def feed(self, rows: list[dict[str, Any]]) -> int:
+        self.source.write(rows)
+        self.query.processAllAvailable()
+        self.batch = int(self.query.lastProgress["batchId"])
+        return self.batch
+
+    def output(self) -> dict[tuple[str, int], dict[str, Any]]:
+        rows = self.spark.sql("SELECT * FROM attach_counts").collect()
+        return {(r["k"], r["g"]): r.asDict() for r in rows}
+
+    def state(self, batch_id: int) -> dict[tuple[str, int], tuple[dict[str, Any], int]]:
+        """Spark's State Data Source at ``batch_id``: key -> (value buffer, partition)."""
+        frame = (
+            self.spark.read.format("statestore")
+            .option("batchId", batch_id)
+            .load(str(self.checkpoint))
+        )
+        out = {}
+        for row in frame.collect():
+            key = row["key"].asDict()
+            out[(key["k"], key["g"])] = (row["value"].asDict(), row["partition_id"])
+        return out
+
+    def stop(self) -> None:
+        self.query.stop()
+
+
+@pytest.fixture(scope="module")
+def running(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningQuery]:
+    query = RunningQuery(spark, tmp_path_factory.mktemp("attach"))
+    try:
+        yield query
+    finally:
+        query.stop()
+
+
+def attached_rows(handle: sparkiq.Attached, table: str) -> dict[tuple[str, int], dict[str, Any]]:
+    result = handle.sql(f"SELECT * FROM {table}")
+    return {(r["k"], r["g"]): r for r in result.rows}
+
+
+def test_aggregation_matches_state_source_and_output_while_running(
+    running: RunningQuery, tmp_path: Path
+) -> None:
+    handle = sparkiq.attach(str(running.checkpoint), name="clicks", local_dir=str(tmp_path))
+    try:
+        for rows in BATCHES:
+            batch = running.feed(rows)
+            assert handle.wait_for(batch, timeout=60), handle.status()
+            assert handle.tables == ["clicks_agg"]
+            served = attached_rows(handle, "clicks_agg")
+            state = running.state(batch)
+            # every key, every buffer value, exactly as Spark's own reader sees batch `batch`
+            assert set(served) == set(state)
+            for key, (value, partition) in state.items():
+                assert served[key] == {"k": key[0], "g": key[1], "sum": value["sum"],
+                                       "count": value["count"], "min": value["min"],
+                                       "max": value["max"]}  # fmt: skip
+                # sparkiq's partitioner puts the composite key where Spark keeps its state
+                assert handle.partition_for_key("clicks_agg", key) == partition
+            # and the buffer is the query's output here (sum, count, min, max)
+            output = running.output()
+            assert {k: (o["total"], o["rows"], o["low"], o["high"]) for k, o in output.items()} == {
+                k: (r["sum"], r["count"], r["min"], r["max"]) for k, r in served.items()
+            }
+        # typed queries answer too, with the batch id as the position
+        result = handle.query(
+            StateQueryRequest.in_store("clicks_agg").with_query(KeyQuery.with_key(("b", 2)))
+        )
+        only = result.only_partition_result()
+        assert only.result == {"k": "b", "g": 2, "sum": 8, "count": 2, "min": 1, "max": 7}
+        assert only.position.to_map()["clicks_agg"][only_partition(result)] == running.batch
+        assert handle.get("clicks_agg", ("nope", 0)) is None
+    finally:
+        handle.close()
+    # the checkpoint is only read: a fresh attach + restore changes no byte of it
+    digest = tree_digest(running.checkpoint)
+    with sparkiq.attach(str(running.checkpoint), name="clicks", local_dir=str(tmp_path)) as again:
+        assert again.wait_for(running.batch, timeout=60)
+        assert again.get("clicks_agg", ("é", 3)) == {
+            "k": "é", "g": 3, "sum": 0, "count": 1, "min": 0, "max": 0
+        }  # fmt: skip
+    assert tree_digest(running.checkpoint) == digest
+
+
+def only_partition(result: Any) -> int:
+    (partition,) = result.partition_results
+    return int(partition)
+
+
+def copy_checkpoint(running: RunningQuery, target: Path) -> Path:
+    shutil.copytree(running.checkpoint, target)
+    return target
+
+
+def test_a_batch_without_its_commit_is_not_served(running: RunningQuery, tmp_path: Path) -> None:
+    if running.batch < 1:
+        running.feed(BATCHES[0])
+        running.feed(BATCHES[1])
+    copy = copy_checkpoint(running, tmp_path / "chk")
+    newest = running.batch
+    os.remove(copy / "commits" / str(newest))
+    with sparkiq.attach(str(copy), name="c", store="memory") as handle:
+        assert handle.wait_for(newest - 1, timeout=60)
+        assert not handle.wait_for(newest, timeout=1.0)
+        assert {s.batch_id for s in handle.status()} == {newest - 1}
+        assert handle.sql("SELECT count(*) AS n FROM c_agg").rows == [
+            {"n": len(running.state(newest - 1))}
+        ]
+
+
+def test_a_corrupted_state_file_makes_its_partition_unhealthy(
+    running: RunningQuery, tmp_path: Path
+) -> None:
+    if running.batch < 1:
+        running.feed(BATCHES[0])
+        running.feed(BATCHES[1])
+    copy = copy_checkpoint(running, tmp_path / "chk")
+    newest = running.batch
+    # the newest version's file of partition 0: cut it in half
+    partition_dir = copy / "state" / "0" / "0"
+    victim = partition_dir / f"{newest + 1}.delta"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    for crc in partition_dir.glob(f".{newest + 1}.delta.crc"):
+        crc.unlink()
+    with sparkiq.attach(str(copy), name="c", store="memory") as handle:
+        handle.wait_for(newest - 1, timeout=60)
+        assert not handle.wait_for(newest, timeout=2.0)
+        status = {s.partition: s for s in handle.status()}
+        assert status[0].state == "error" and status[0].batch_id == newest - 1
+        assert f"{newest + 1}.delta" in (status[0].error or "")
+        # the other partitions went on; partition 0 keeps serving its last good batch
+        assert all(s.batch_id == newest and s.healthy for p, s in status.items() if p != 0)
+
+
+def test_attach_refuses_bad_arguments(running: RunningQuery, tmp_path: Path) -> None:
+    if running.batch < 0:
+        running.feed(BATCHES[0])
+    with pytest.raises(ConfigError, match="inside the checkpoint"):
+        sparkiq.attach(str(running.checkpoint), name="c", local_dir=str(running.checkpoint / "x"))
+    with pytest.raises(ConfigError, match=r"operators \[7\] are not in the checkpoint"):
+        sparkiq.attach(str(running.checkpoint), name="c", operators=[7], store="memory")
