@@ -45,11 +45,17 @@ class RunningQuery:
     sink in complete mode, with its own checkpoint; fed one batch per :meth:`feed`."""
 
     def __init__(self, spark: Any, root: Path) -> None:
-        from pyspark.sql import functions as F
-
         self.spark = spark
         self.checkpoint = root / "checkpoint"
         self.source = JsonSource(root / "input", "k string, g int, n long")
+        self.start()
+        self.batch = -1
+
+    def start(self) -> None:
+        """Start (or restart, from the same checkpoint) the query."""
+        from pyspark.sql import functions as F
+
+        spark = self.spark
         previous = spark.conf.get("spark.sql.shuffle.partitions")
         spark.conf.set("spark.sql.shuffle.partitions", str(PARTITIONS))
         try:
@@ -68,7 +74,6 @@ class RunningQuery:
             )
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", previous)
-        self.batch = -1
 
     def feed(self, rows: list[dict[str, Any]]) -> int:
         self.source.write(rows)
@@ -213,3 +218,103 @@ def test_attach_refuses_bad_arguments(running: RunningQuery, tmp_path: Path) -> 
         sparkiq.attach(str(running.checkpoint), name="c", local_dir=str(running.checkpoint / "x"))
     with pytest.raises(ConfigError, match=r"operators \[7\] are not in the checkpoint"):
         sparkiq.attach(str(running.checkpoint), name="c", operators=[7], store="memory")
+
+
+def test_windowed_aggregation_and_dedupe_match_spark(spark: Any, tmp_path: Path) -> None:
+    """A windowed count with a watermark (expired windows leave the state) and a
+    dropDuplicates, in one query each: every served row equals Spark's State Data Source at
+    every batch, and each key sits in the partition Spark keeps it in."""
+    import datetime as dt
+
+    from pyspark.sql import functions as F
+
+    source = JsonSource(tmp_path / "events", "user string, at timestamp")
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    try:
+        events = source.stream(spark).withWatermark("at", "10 seconds")
+        windowed = (
+            events.groupBy(F.window("at", "10 seconds"), "user").count()
+            .writeStream.format("noop").outputMode("update")
+            .option("checkpointLocation", str(tmp_path / "windowed")).start()
+        )  # fmt: skip
+        deduped = (
+            events.dropDuplicates(["user", "at"])
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "deduped")).start()
+        )  # fmt: skip
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+    base = dt.datetime(2026, 1, 1, 12, 0, 0)
+    feeds = [
+        [{"user": "a", "at": base}, {"user": "b", "at": base + dt.timedelta(seconds=3)},
+         {"user": "a", "at": base}],
+        [{"user": "a", "at": base + dt.timedelta(seconds=12)},
+         {"user": "c", "at": base + dt.timedelta(seconds=15)}],
+        [{"user": "b", "at": base + dt.timedelta(seconds=41)}],  # moves the watermark past 0-10 s
+    ]  # fmt: skip
+    handles = {
+        "w": sparkiq.attach(str(tmp_path / "windowed"), name="w", store="memory"),
+        "d": sparkiq.attach(str(tmp_path / "deduped"), name="d", store="memory"),
+    }
+    try:
+        for rows in feeds:
+            source.write(rows)
+            for running in (windowed, deduped):
+                running.processAllAvailable()
+            for prefix, running, table in (("w", windowed, "w_window"), ("d", deduped, "d_dedupe")):
+                batch = int(running.lastProgress["batchId"])
+                handle = handles[prefix]
+                assert handle.wait_for(batch, timeout=60), handle.status()
+                assert handle.tables == [table]
+                frame = (
+                    spark.read.format("statestore")
+                    .option("batchId", batch)
+                    .load(str(tmp_path / ("windowed" if prefix == "w" else "deduped")))
+                )
+                expected = {}
+                for row in frame.collect():
+                    key = row["key"].asDict(recursive=True)
+                    flat = (
+                        (key["window"]["start"], key["window"]["end"], key["user"])
+                        if prefix == "w"
+                        else (key["user"], key["at"])
+                    )
+                    expected[flat] = (row["value"], row["partition_id"])
+                served = handle.sql(f"SELECT * FROM {table}").rows
+                if prefix == "w":
+                    got = {(r["window_start"], r["window_end"], r["user"]): r for r in served}
+                    assert {k: r["count"] for k, r in got.items()} == {
+                        k: v["count"] for k, (v, _) in expected.items()
+                    }
+                else:
+                    got = {(r["user"], r["at"]): r for r in served}
+                    assert set(got) == set(expected)
+                for key, (_, partition) in expected.items():
+                    assert handle.partition_for_key(table, key) == partition
+        # the 0-10 s windows expired with the watermark: gone from Spark's state and from ours
+        starts = {r["window_start"] for r in handles["w"].sql("SELECT * FROM w_window").rows}
+        assert base not in starts
+    finally:
+        for handle in handles.values():
+            handle.close()
+        windowed.stop()
+        deduped.stop()
+
+
+def test_a_query_restarted_from_its_checkpoint_is_followed_on(
+    running: RunningQuery, tmp_path: Path
+) -> None:
+    if running.batch < 0:
+        running.feed(BATCHES[0])
+    with sparkiq.attach(str(running.checkpoint), name="clicks", store="memory") as handle:
+        assert handle.wait_for(running.batch, timeout=60)
+        running.stop()
+        running.start()  # the same checkpoint: Spark goes on with the next batch id
+        batch = running.feed([{"k": "after-restart", "g": 9, "n": 3}, {"k": "a", "g": 1, "n": 1}])
+        assert handle.wait_for(batch, timeout=60), handle.status()
+        served = attached_rows(handle, "clicks_agg")
+        assert {k: (r["sum"], r["count"]) for k, r in served.items()} == {
+            k: (v["sum"], v["count"]) for k, (v, _) in running.state(batch).items()
+        }
+        assert served[("after-restart", 9)]["sum"] == 3

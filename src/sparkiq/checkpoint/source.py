@@ -43,7 +43,9 @@ Columns
     ==========================  ===========================================================
 
     A name that repeats gets ``_2``, ``_3``... in order (``sum``, ``sum_2``), and one equal to
-    a key column gets ``_value``. Other operators expose their value schema as stored.
+    a key column gets ``_value``. Other operators expose their value schema as stored, less
+    fields of type ``void`` (``dropDuplicates`` stores a placeholder ``__dummy__``: its
+    table has only key columns; ``dropDuplicatesWithinWatermark`` keeps the expiry time).
 
 Positions
     Batch ids are the query's: state version ``N`` is the state after batch ``N - 1``, and a
@@ -227,7 +229,7 @@ def _plan(table: str, info: StateStoreInfo) -> StoreTable:
     seen: dict[str, int] = {}
     value_indexes = []
     for i, f in enumerate(value_fields):
-        if i in skipped:
+        if i in skipped or f.type.name == "void":  # dropDuplicates' placeholder holds nothing
             continue
         base = f"{f.name}_value" if f.name in key_names else f.name
         seen[base] = seen.get(base, 0) + 1
