@@ -35,7 +35,8 @@ from typing import Any
 
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
-from sparkiq.checkpoint.source import CheckpointCatalog
+from sparkiq.changelog.source import ChangelogSource
+from sparkiq.checkpoint.source import CheckpointCatalog, CheckpointSource
 from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, node_url
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, Placement, TableView
@@ -493,8 +494,18 @@ class Node:
             with self._lifecycle:
                 hub = self._hub
                 if hub is None:
-                    hub = self._hub = SubscriptionHub(self.state_dir, source=self._lookup)
+                    hub = self._hub = SubscriptionHub(
+                        self.state_dir, source=self._lookup, sources=self._attached_source
+                    )
         return hub.subscribe(text, **options)
+
+    def _attached_source(self, table: str) -> ChangelogSource | None:
+        """The change source of an attached checkpoint's table (None: a sparkiq table)."""
+        try:
+            source = self._hosting.replica(table).source
+        except SparkiqError:
+            return None
+        return source if isinstance(source, CheckpointSource) else None
 
 
 def _pinned(only: Mapping[str, frozenset[int]]) -> Placement:

@@ -318,3 +318,59 @@ def test_a_query_restarted_from_its_checkpoint_is_followed_on(
             k: (v["sum"], v["count"]) for k, (v, _) in running.state(batch).items()
         }
         assert served[("after-restart", 9)]["sum"] == 3
+
+
+def test_a_state_file_deleted_before_it_was_read_is_reported_not_skipped(
+    running: RunningQuery, tmp_path: Path
+) -> None:
+    """Spark's maintenance deleted version 1 of partition 1 (no snapshot covers it): that
+    partition cannot be restored and says which file is gone; the others serve."""
+    if running.batch < 1:
+        running.feed(BATCHES[0])
+        running.feed(BATCHES[1])
+    copy = copy_checkpoint(running, tmp_path / "chk")
+    (copy / "state" / "0" / "1" / "1.delta").unlink()
+    for crc in (copy / "state" / "0" / "1").glob(".1.delta.crc"):
+        crc.unlink()
+    with sparkiq.attach(str(copy), name="c", store="memory") as handle:
+        assert not handle.wait_for(running.batch, timeout=3.0)
+        status = {s.partition: s for s in handle.status()}
+        assert status[1].state == "error" and status[1].batch_id == -1
+        assert "1.delta" in (status[1].error or "")
+        assert all(s.batch_id == running.batch for p, s in status.items() if p != 1)
+
+
+def test_push_queries_deliver_sparks_own_state_changes(
+    running: RunningQuery, tmp_path: Path
+) -> None:
+    """``EMIT CHANGES`` on an attached table: each batch's changed keys, as Spark's state
+    has them after the batch, at the query's batch id."""
+    if running.batch < 0:
+        running.feed(BATCHES[0])
+    node = sparkiq.Node(
+        str(tmp_path / "state"), checkpoints={"clicks": str(running.checkpoint)}, store="memory"
+    ).start()
+    try:
+        assert node.tables == ["clicks_agg"]
+        with node.stream("SELECT k, g, sum, count FROM clicks_agg WHERE g = 7 EMIT CHANGES") as sub:
+            batch = running.feed(
+                [
+                    {"k": "p1", "g": 7, "n": 4},
+                    {"k": "p2", "g": 7, "n": 1},
+                    {"k": "p1", "g": 8, "n": 9},
+                ]
+            )
+            changes = [sub.poll(timeout=60), sub.poll(timeout=60)]
+            assert all(c is not None for c in changes)
+            assert sorted((c.key, c.row, c.batch_id) for c in changes if c is not None) == [
+                (("p1", 7), {"k": "p1", "g": 7, "sum": 4, "count": 1}, batch),
+                (("p2", 7), {"k": "p2", "g": 7, "sum": 1, "count": 1}, batch),
+            ]
+            batch = running.feed([{"k": "p1", "g": 7, "n": 6}])
+            change = sub.poll(timeout=60)
+            assert change is not None
+            assert (change.key, change.row, change.batch_id) == (
+                ("p1", 7), {"k": "p1", "g": 7, "sum": 10, "count": 2}, batch
+            )  # fmt: skip
+    finally:
+        node.stop()

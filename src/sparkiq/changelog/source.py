@@ -92,6 +92,11 @@ class ChangelogSource(Protocol):
         (None: the key was deleted). Empty when the batch did not touch the partition."""
         ...
 
+    def has_changes(self, record: CommitRecord, partition: int) -> bool:
+        """Whether the file holding ``partition``'s changes in a committed batch is still
+        there (False: retention or Spark's maintenance deleted it)."""
+        ...
+
     def snapshots(self, partition: int) -> list[SnapshotInfo]:
         """The partition's snapshots that look usable, oldest first (``batch_id``: the
         snapshot holds the state after that batch). Data is verified when read."""
@@ -151,6 +156,10 @@ class SegmentSource:
         self, record: CommitRecord, partition: int
     ) -> tuple[list[bytes], list[bytes | None]]:
         return self.changelog.read_segment(record, partition)
+
+    def has_changes(self, record: CommitRecord, partition: int) -> bool:
+        changelog = self.changelog
+        return changelog.storage.exists(changelog.segment_path(partition, record.batch_id))
 
     def snapshots(self, partition: int) -> list[SnapshotInfo]:
         return list_snapshots(self.changelog, partition)

@@ -69,6 +69,7 @@ import msgspec
 
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.manifest import TableManifest
+from sparkiq.changelog.segment import SegmentInfo
 from sparkiq.changelog.snapshot import SnapshotInfo
 from sparkiq.checkpoint.layout import Checkpoint
 from sparkiq.checkpoint.provider import (
@@ -358,6 +359,7 @@ class CheckpointSource:
             output_mode="update",
             incarnation=incarnation,
         )
+        self._segments = {p: SegmentInfo(p, 0, 0, "") for p in range(plan.info.partitions)}
         self._files: dict[int, StateFiles] = {}
         self._lock = threading.Lock()  # guards _files
 
@@ -397,13 +399,21 @@ class CheckpointSource:
         return self._record(batch_id)
 
     def _record(self, batch_id: int) -> CommitRecord:
+        # Spark writes a change file for every partition in every batch, so each partition
+        # is listed (sizes and checksums are the provider's to check, not the record's).
         return CommitRecord(
             table=self.plan.name,
             batch_id=batch_id,
             mode="update",
-            segments={},
+            segments=self._segments,
             committed_at=self.checkpoint.commit_time(batch_id),
         )
+
+    def has_changes(self, record: CommitRecord, partition: int) -> bool:
+        try:
+            return version_of_batch(record.batch_id) in self.files(partition).versions()
+        except (ChangelogError, OSError):
+            return False
 
     def commits_after(self, batch_id: int) -> Iterator[CommitRecord]:
         committed = set(self.checkpoint.committed_batches())
