@@ -23,6 +23,7 @@ LAYERS = [
     {"schema"},
     {"stores"},
     {"changelog"},
+    {"checkpoint"},  # reads a Spark streaming checkpoint's state in place
     {"wire"},  # encodings of requests and results, shared by server, cluster and client
     {"sql"},  # the SQL engine runs over anything that answers StateQueryRequests
     {"cluster"},  # hosting, membership, routing: no web framework, no SQL wiring
@@ -428,6 +429,10 @@ RUNTIME_DEPENDENCIES = {
     "pygwire": (IMPORTED, "pygwire"),
     "rich": (IMPORTED, "rich"),
     "prompt-toolkit": (IMPORTED, "prompt_toolkit"),
+    "cramjam": (IMPORTED, "cramjam"),
+    "xxhash": (IMPORTED, "xxhash"),
+    "crc32c": (IMPORTED, "crc32c"),
+    "python-lzf": (IMPORTED, "lzf"),
 }
 
 

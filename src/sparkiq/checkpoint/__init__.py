@@ -1,0 +1,35 @@
+"""Reading a Spark Structured Streaming checkpoint's state in place.
+
+Layer: above :mod:`sparkiq.changelog`, below :mod:`sparkiq.wire`. Modules:
+
+- :mod:`~sparkiq.checkpoint.layout` -- :class:`Checkpoint`: batches, operators, stores
+- :mod:`~sparkiq.checkpoint.logs` -- the offset and commit logs
+- :mod:`~sparkiq.checkpoint.provider` -- :class:`StateStoreInfo`, the ``StateFiles``
+  protocol every provider's reader implements, decoding and replay
+- :mod:`~sparkiq.checkpoint.hdfs` -- the HDFS-backed provider's ``N.delta``/``N.snapshot``
+- :mod:`~sparkiq.checkpoint.compression` -- Spark's codec stream framings
+- :mod:`~sparkiq.checkpoint.files` -- checksum files (Hadoop's and Spark 4.1+'s)
+- :mod:`~sparkiq.checkpoint.unsaferow` -- UnsafeRow bytes to Python values
+"""
+
+from __future__ import annotations
+
+from sparkiq.checkpoint.layout import Checkpoint
+from sparkiq.checkpoint.provider import (
+    RowDecoder,
+    StateFiles,
+    StateStoreInfo,
+    batch_of_version,
+    replay,
+    version_of_batch,
+)
+
+__all__ = [
+    "Checkpoint",
+    "RowDecoder",
+    "StateFiles",
+    "StateStoreInfo",
+    "batch_of_version",
+    "replay",
+    "version_of_batch",
+]

@@ -1,0 +1,296 @@
+"""Decoding Spark's ``UnsafeRow`` bytes (the state store's keys and values) by a struct type.
+
+Layout of a row of ``n`` fields (all integers little-endian, as Spark writes them on x86 and
+ARM)::
+
+    null bitset   ceil(n / 64) 64-bit words; bit i set = field i is null
+    fixed slots   n * 8 bytes, one per field:
+                  boolean/byte/short/int/float/date: the value in the slot's low bytes
+                  long/double/timestamp/timestamp_ntz: the value
+                  decimal(p <= 18, s): the unscaled value as a long
+                  anything else: (offset << 32) | size of its bytes, offset from the row start
+    variable part the bytes of strings, binaries, large decimals (big-endian two's complement
+                  unscaled value), nested rows, arrays and maps, each padded to 8 bytes
+
+An array (``UnsafeArrayData``) is an int64 element count, a null bitset of ceil(count / 64)
+words, then the elements at their natural width (1 byte for boolean/byte, 2 short, 4 int,
+float and date, 8 for the rest; variable-length elements as offset-and-size from the array's
+start), padded to 8 bytes, then the variable part. A map is an int64 byte length of its key
+array, the key array, and the value array.
+
+:class:`UnsafeRowDecoder` compiles a schema once into one ``struct`` unpack per row plus a
+converter per field that needs one. Values are what sparkiq returns for the same Spark types
+(see :mod:`sparkiq.schema.rowcodec`): ``Row.asDict(recursive=True)`` after ``collect()`` --
+timestamps as naive local datetimes, timestamp_ntz as naive wall-clock datetimes, dates,
+Decimals, binary as bytes, nested structs and maps as dicts, arrays as lists; a top-level row
+is a tuple in field order. Every offset and size is checked against the row's length and the
+row's length against the schema, so bytes that do not fit raise :class:`UnsafeRowError`
+instead of decoding into a wrong value.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from sparkiq.schema.internal import (
+    date_from_internal,
+    decimal_from_internal,
+    timestamp_from_internal,
+    timestamp_ntz_from_internal,
+)
+from sparkiq.schema.types import DataType
+
+__all__ = ["SUPPORTED_TYPES", "UnsafeRowDecoder", "UnsafeRowError"]
+
+
+class UnsafeRowError(ValueError):
+    """Bytes that are not an UnsafeRow of the expected schema, or a type not supported."""
+
+
+# (buffer, base offset of the enclosing row or array, raw slot value) -> Python value
+_Read = Callable[[bytes, int, Any], Any]
+
+# struct codes of a field's 8-byte slot in a row, and of an element in an array
+_SLOT = {
+    "boolean": ("?7x", "?"),
+    "byte": ("b7x", "b"),
+    "short": ("h6x", "h"),
+    "integer": ("i4x", "i"),
+    "date": ("i4x", "i"),
+    "float": ("f4x", "f"),
+    "long": ("q", "q"),
+    "timestamp": ("q", "q"),
+    "timestamp_ntz": ("q", "q"),
+    "double": ("d", "d"),
+}
+_VARIABLE = frozenset({"string", "binary", "struct", "array", "map"})
+#: Spark types this decoder reads (decimals of any precision included).
+SUPPORTED_TYPES = frozenset({*_SLOT, *_VARIABLE, "decimal", "void"})
+_MAX_COMPACT_DECIMAL = 18  # Decimal.MAX_LONG_DIGITS: larger ones are variable-length
+_LONG = struct.Struct("<q")
+
+
+def _span(buf: bytes, base: int, raw: int) -> tuple[int, int]:
+    start = base + (raw >> 32)
+    end = start + (raw & 0xFFFFFFFF)
+    if end > len(buf) or start < base:
+        raise UnsafeRowError(f"a field points at bytes {start}..{end} of a {len(buf)}-byte buffer")
+    return start, end
+
+
+def _string(buf: bytes, base: int, raw: int) -> str:
+    start, end = _span(buf, base, raw)
+    try:
+        return buf[start:end].decode()
+    except UnicodeDecodeError:
+        raise UnsafeRowError(f"a string field at byte {start} is not UTF-8") from None
+
+
+def _binary(buf: bytes, base: int, raw: int) -> bytes:
+    start, end = _span(buf, base, raw)
+    return buf[start:end]
+
+
+def _big_decimal(scale: int) -> _Read:
+    def read(buf: bytes, base: int, raw: int) -> Any:
+        start, end = _span(buf, base, raw)
+        if start == end:
+            raise UnsafeRowError(f"a decimal field at byte {start} has no bytes")
+        return decimal_from_internal(int.from_bytes(buf[start:end], "big", signed=True), scale)
+
+    return read
+
+
+def _no_conversion(convert: Callable[[int], Any]) -> _Read:
+    return lambda buf, base, raw: convert(raw)
+
+
+def _null(buf: bytes, base: int, raw: Any) -> None:
+    return None
+
+
+def _reader(dtype: DataType, path: str) -> tuple[str, str, _Read | None]:
+    """The row slot code, the array element code and the converter of one type."""
+    name = dtype.name
+    if name in _SLOT:
+        slot, element = _SLOT[name]
+        convert = {
+            "date": date_from_internal,
+            "timestamp": timestamp_from_internal,
+            "timestamp_ntz": timestamp_ntz_from_internal,
+        }.get(name)
+        return slot, element, None if convert is None else _no_conversion(convert)
+    if name == "decimal":
+        if dtype.precision <= _MAX_COMPACT_DECIMAL:
+            scale = dtype.scale
+            return "q", "q", _no_conversion(lambda unscaled: decimal_from_internal(unscaled, scale))
+        return "Q", "Q", _big_decimal(dtype.scale)
+    if name == "string":
+        return "Q", "Q", _string
+    if name == "binary":
+        return "Q", "Q", _binary
+    if name == "void":
+        return "8x", "", _null
+    if name == "struct":
+        nested = _Struct(dtype, path)
+        return "Q", "Q", nested.read_dict
+    if name == "array":
+        assert dtype.element is not None
+        array = _Array(dtype.element, f"{path}[]")
+        return "Q", "Q", array.read_list
+    if name == "map":
+        assert dtype.key is not None and dtype.value is not None
+        mapping = _Map(dtype.key, dtype.value, path)
+        return "Q", "Q", mapping.read_dict
+    raise UnsafeRowError(
+        f"field {path!r} has type {dtype.simple_string()}, which sparkiq cannot decode from "
+        f"Spark's state; supported: {', '.join(sorted(SUPPORTED_TYPES))}"
+    )
+
+
+def _null_indexes(words: tuple[int, ...], count: int) -> list[int]:
+    found = []
+    for w, word in enumerate(words):
+        while word:
+            low = word & -word
+            index = w * 64 + low.bit_length() - 1
+            if index >= count:
+                raise UnsafeRowError(f"the null bitset marks field {index} of {count}")
+            found.append(index)
+            word ^= low
+    return found
+
+
+class _Struct:
+    """A compiled row layout: one unpack of bitset and slots, then converters."""
+
+    def __init__(self, dtype: DataType, path: str) -> None:
+        self.names = tuple(f.name for f in dtype.fields)
+        count = len(dtype.fields)
+        self.count = count
+        self.words = (count + 63) // 64
+        codes, converters, variable = [], [], False
+        for index, field in enumerate(dtype.fields):
+            slot, _, read = _reader(field.type, f"{path}.{field.name}" if path else field.name)
+            if slot == "8x":  # void: a slot, always null, decoded as None
+                slot = "q"
+            codes.append(slot)
+            variable |= slot == "Q"
+            if read is not None:
+                converters.append((index, read))
+        self.layout = struct.Struct("<" + "Q" * self.words + "".join(codes))
+        self.converters = tuple(converters)
+        self.fixed = self.layout.size
+        # without variable-length fields a row is exactly bitset + slots long
+        self.exact = not variable
+
+    def read(self, buf: bytes, base: int, size: int) -> list[Any]:
+        if size < self.fixed or (self.exact and size != self.fixed) or base + size > len(buf):
+            raise UnsafeRowError(
+                f"a {size}-byte row cannot hold {self.count} fields of this schema "
+                f"({self.fixed} bytes{' exactly' if self.exact else ' or more'})"
+            )
+        values = list(self.layout.unpack_from(buf, base))
+        words = tuple(values[: self.words])
+        del values[: self.words]
+        if any(words):
+            for index in _null_indexes(words, self.count):
+                values[index] = None
+        for index, read in self.converters:
+            raw = values[index]
+            if raw is not None:
+                values[index] = read(buf, base, raw)
+        return values
+
+    def read_dict(self, buf: bytes, base: int, raw: int) -> dict[str, Any]:
+        start, end = _span(buf, base, raw)
+        return dict(zip(self.names, self.read(buf, start, end - start), strict=True))
+
+
+class _Array:
+    def __init__(self, element: DataType, path: str) -> None:
+        _, self.code, self.read_element = _reader(element, path)
+        self.width = struct.calcsize("<" + self.code) if self.code else 0
+
+    def read_list(self, buf: bytes, base: int, raw: int) -> list[Any]:
+        start, end = _span(buf, base, raw)
+        return self.read(buf, start, end)
+
+    def read(self, buf: bytes, start: int, end: int) -> list[Any]:
+        if end - start < 8:
+            raise UnsafeRowError(f"an array at byte {start} is shorter than its header")
+        (count,) = _LONG.unpack_from(buf, start)
+        words = (count + 63) // 64
+        header = 8 + 8 * words
+        if count < 0 or header + count * self.width > end - start:
+            raise UnsafeRowError(f"an array at byte {start} cannot hold {count} elements")
+        if not self.code:  # an array of void: every element is null
+            return [None] * count
+        values = list(struct.unpack_from(f"<{count}{self.code}", buf, start + header))
+        bits = struct.unpack_from(f"<{words}Q", buf, start + 8)
+        if any(bits):
+            for index in _null_indexes(bits, count):
+                values[index] = None
+        read = self.read_element
+        if read is not None:
+            values = [None if v is None else read(buf, start, v) for v in values]
+        return values
+
+
+class _Map:
+    def __init__(self, key: DataType, value: DataType, path: str) -> None:
+        self.keys = _Array(key, f"{path}.key")
+        self.values = _Array(value, f"{path}.value")
+
+    def read_dict(self, buf: bytes, base: int, raw: int) -> dict[Any, Any]:
+        start, end = _span(buf, base, raw)
+        if end - start < 8:
+            raise UnsafeRowError(f"a map at byte {start} is shorter than its header")
+        (key_bytes,) = _LONG.unpack_from(buf, start)
+        middle = start + 8 + key_bytes
+        if key_bytes < 0 or middle > end:
+            raise UnsafeRowError(f"a map at byte {start} has a key array past its end")
+        keys = self.keys.read(buf, start + 8, middle)
+        values = self.values.read(buf, middle, end)
+        if len(keys) != len(values):
+            raise UnsafeRowError(
+                f"a map at byte {start} has {len(keys)} keys, {len(values)} values"
+            )
+        return {_hashable(k): v for k, v in zip(keys, values, strict=True)}
+
+
+def _hashable(key: Any) -> Any:
+    # PySpark gives a struct key as a Row (a tuple); sparkiq's dicts are unhashable
+    if isinstance(key, dict):
+        return tuple(_hashable(v) for v in key.values())
+    if isinstance(key, list):
+        return tuple(_hashable(v) for v in key)
+    return key
+
+
+class UnsafeRowDecoder:
+    """Decodes UnsafeRow bytes of one struct type into a tuple of Python values.
+
+    Built once per schema (the layout and converters are compiled here); :meth:`decode` is
+    the per-row work. Thread-safe: it holds no per-row state. Raises
+    :class:`UnsafeRowError` at construction for a type it cannot decode and at
+    :meth:`decode` for bytes that do not fit the schema.
+    """
+
+    def __init__(self, schema: DataType) -> None:
+        if schema.name != "struct":
+            raise UnsafeRowError(
+                f"a state row schema must be a struct, got {schema.simple_string()}"
+            )
+        self.schema = schema
+        self._struct = _Struct(schema, "")
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return self._struct.names
+
+    def decode(self, data: bytes) -> tuple[Any, ...]:
+        """The row's values in field order."""
+        return tuple(self._struct.read(data, 0, len(data)))
