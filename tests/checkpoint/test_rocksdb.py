@@ -54,7 +54,9 @@ def rocksdb_conf(spark: Any, *, changelog: bool) -> Iterator[None]:
                 spark.conf.set(name, value)
 
 
-def run_batches(spark: Any, source: JsonSource, query: Any, batches: list[list[dict[str, Any]]]) -> None:
+def run_batches(
+    spark: Any, source: JsonSource, query: Any, batches: list[list[dict[str, Any]]]
+) -> None:
     """Write each batch and run the query to it (availableNow: one micro-batch per file)."""
     for rows in batches:
         source.write(rows)
@@ -73,9 +75,7 @@ def spark_state(spark: Any, checkpoint: Path, batch: int, **options: str) -> tup
     for name, value in options.items():
         frame = frame.option(name, value)
     df = frame.load(str(checkpoint))
-    rows = {
-        (plain(row["key"]), plain(row["value"])) for row in df.collect()
-    }
+    rows = {(plain(row["key"]), plain(row["value"])) for row in df.collect()}
     return rows, df.schema
 
 
@@ -142,9 +142,18 @@ def assert_same_as_spark(spark: Any, checkpoint: Path, batches: list[int]) -> No
 # -- queries ---------------------------------------------------------------------------
 
 ROWS = [
-    [{"s": "a", "i": 1, "v": 10, "t": "2024-01-01T00:00:05"}, {"s": "b", "i": 2, "v": 20, "t": "2024-01-01T00:00:15"}],
-    [{"s": "a", "i": 1, "v": 5, "t": "2024-01-01T00:00:25"}, {"s": "c", "i": -3, "v": 7, "t": "2024-01-01T00:01:15"}],
-    [{"s": "é", "i": 2, "v": 1, "t": "2024-01-01T00:03:05"}, {"s": "a", "i": 4, "v": 2, "t": "2024-01-01T00:03:06"}],
+    [
+        {"s": "a", "i": 1, "v": 10, "t": "2024-01-01T00:00:05"},
+        {"s": "b", "i": 2, "v": 20, "t": "2024-01-01T00:00:15"},
+    ],
+    [
+        {"s": "a", "i": 1, "v": 5, "t": "2024-01-01T00:00:25"},
+        {"s": "c", "i": -3, "v": 7, "t": "2024-01-01T00:01:15"},
+    ],
+    [
+        {"s": "é", "i": 2, "v": 1, "t": "2024-01-01T00:03:05"},
+        {"s": "a", "i": 4, "v": 2, "t": "2024-01-01T00:03:06"},
+    ],
 ]
 SCHEMA = "s string, i int, v long, t timestamp"
 
@@ -177,9 +186,11 @@ def checkpoints(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     run("dedup", lambda df: df.dropDuplicates(["s", "i"]), mode="append")
     run(
         "window",
-        lambda df: df.withWatermark("t", "30 seconds")
-        .groupBy(F.window("t", "1 minute"), "s")
-        .agg(F.sum("v")),
+        lambda df: (
+            df.withWatermark("t", "30 seconds")
+            .groupBy(F.window("t", "1 minute"), "s")
+            .agg(F.sum("v"))
+        ),
     )
     run("snapshots_only", lambda df: df.groupBy("s").agg(*aggs), changelog=False)
     return out
@@ -219,7 +230,10 @@ def test_changelog_checkpointing_off_is_served_at_snapshot_granularity(
 ) -> None:
     checkpoint = checkpoints["snapshots_only"]
     expected, schema = spark_state(spark, checkpoint, BATCHES - 1)
-    key_schema, value_schema = struct_of(schema["key"].dataType), struct_of(schema["value"].dataType)
+    key_schema, value_schema = (
+        struct_of(schema["key"].dataType),
+        struct_of(schema["value"].dataType),
+    )
     for partition in range(PARTITIONS):
         files = RocksDBStateFiles(
             checkpoint / "state" / "0" / str(partition), RocksDBEncoding(key_schema)
@@ -299,9 +313,7 @@ def test_a_corrupted_changelog_is_refused(
         list(_files(checkpoint, partition).changes(2))
 
 
-def test_a_corrupted_snapshot_is_refused(
-    checkpoints: dict[str, Path], tmp_path: Path
-) -> None:
+def test_a_corrupted_snapshot_is_refused(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     checkpoint = _copy(checkpoints["snapshots_only"], tmp_path)
     path = checkpoint / "state" / "0" / "0" / "2.zip"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -337,7 +349,7 @@ def test_a_deleted_changelog_is_a_retryable_error(
 
 def test_unsupported_encodings_are_refused_by_name(tmp_path: Path) -> None:
     schema = parse_type({"type": "struct", "fields": [{"name": "s", "type": "string"}]})
-    with pytest.raises(UnsupportedStateFormatError, match="avro.*unsaferow"):
+    with pytest.raises(UnsupportedStateFormatError, match=r"avro.*unsaferow"):
         RocksDBStateFiles(tmp_path, RocksDBEncoding(schema, row_format="avro"))
     with pytest.raises(UnsupportedStateFormatError, match="RangeKeyScan"):
         RocksDBStateFiles(tmp_path, RocksDBEncoding(schema, range_scan=True))

@@ -54,15 +54,16 @@ import shutil
 import struct
 import tempfile
 import zipfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cramjam
 from rocksdict import AccessType, Options, Rdict
 
+from sparkiq.checkpoint.compression import CompressionError, decompress
+from sparkiq.checkpoint.files import ChecksumMismatch, read_verified
+from sparkiq.checkpoint.provider import DEFAULT_STORE, StateStoreInfo
 from sparkiq.checkpoint.tws import (
     DELETE,
     MERGE,
@@ -75,7 +76,7 @@ from sparkiq.checkpoint.tws import (
     join_rows,
 )
 from sparkiq.errors import ChangelogError, CorruptSegmentError
-from sparkiq.schema.types import DataType
+from sparkiq.schema.types import DataType, parse_type
 
 __all__ = [
     "DELETE",
@@ -85,6 +86,7 @@ __all__ = [
     "RocksDBStateFiles",
     "StateFileGoneError",
     "UnsupportedStateFormatError",
+    "open_state_files",
     "open_state_variable",
 ]
 
@@ -97,10 +99,6 @@ _LE_INT = struct.Struct("<i")
 _LE_SHORT = struct.Struct("<h")
 _ROW_VERSION = 0
 _FILE = re.compile(r"^(\d+)(?:_([0-9A-Za-z-]+))?\.(changelog|zip)$")
-#: lz4-java's LZ4BlockOutputStream: magic, token, compressed, decompressed length, checksum.
-_LZ4_MAGIC = b"LZ4Block"
-_LZ4_HEADER = struct.Struct("<iii")
-_LZ4_METHOD_RAW, _LZ4_METHOD_LZ4 = 0x10, 0x20
 
 
 class StateFileGoneError(ChangelogError):
@@ -150,9 +148,11 @@ class RocksDBStateFiles:
         *,
         name: str = "",
         partition: int | None = None,
+        codec: str = "lz4",
         local_dir: str | None = None,
     ) -> None:
         self._dir = Path(directory)
+        self._codec = codec
         self._enc = encoding
         self._name = name or str(self._dir)
         self._partition = partition
@@ -281,16 +281,19 @@ class RocksDBStateFiles:
 
     def _read_verified(self, path: Path) -> bytes:
         try:
-            data = path.read_bytes()
+            return read_verified(path)
         except FileNotFoundError:
             raise self._gone(f"{path.name} was deleted while it was read") from None
-        _verify_hadoop_crc(path, data, self._corrupt)
-        return data
+        except ChecksumMismatch as exc:
+            raise self._corrupt(str(exc), path) from None
 
     # -- changelog -------------------------------------------------------------------
 
     def _changelog(self, path: Path) -> list[RawRecord]:
-        data = _lz4_java_decompress(self._read_verified(path), lambda m: self._corrupt(m, path))
+        try:
+            data = decompress(self._codec, self._read_verified(path))
+        except CompressionError as exc:
+            raise self._corrupt(f"{self._codec}: {exc}", path) from None
         prefix = self._column_family_prefix() if self._enc.column_family else None
         out: list[RawRecord] = []
         for rec in _parse_changelog(data, lambda m: self._corrupt(m, path)):
@@ -472,60 +475,6 @@ class RocksDBStateFiles:
 # -- formats ------------------------------------------------------------------------
 
 
-def _verify_hadoop_crc(path: Path, data: bytes, corrupt: Any) -> None:
-    """Check ``data`` against Hadoop's ``.<name>.crc`` beside ``path`` when it exists."""
-    crc_path = path.with_name(f".{path.name}.crc")
-    try:
-        crc = crc_path.read_bytes()
-    except FileNotFoundError:
-        return
-    if len(crc) < 8 or crc[:4] != b"crc\x00":
-        raise corrupt(f"{crc_path.name} is not a Hadoop checksum file", path)
-    (chunk,) = _BE_INT.unpack_from(crc, 4)
-    sums = crc[8:]
-    count = (len(data) + chunk - 1) // chunk if chunk > 0 else -1
-    if chunk <= 0 or len(sums) != 4 * count:
-        raise corrupt(f"{len(data)} bytes do not match {crc_path.name} (truncated?)", path)
-    for i in range(count):
-        (want,) = struct.unpack_from(">I", sums, 4 * i)
-        if zlib.crc32(data[i * chunk : (i + 1) * chunk]) != want:
-            raise corrupt(f"checksum mismatch in bytes {i * chunk}..{(i + 1) * chunk}", path)
-
-
-def _lz4_java_decompress(data: bytes, corrupt: Any) -> bytes:
-    """Undo lz4-java's ``LZ4BlockOutputStream`` framing (Spark's default ``lz4`` codec):
-    blocks of magic ``LZ4Block``, a token (method | level), little-endian compressed length,
-    decompressed length and checksum, ended by an empty block."""
-    out = bytearray()
-    pos, end = 0, len(data)
-    while True:
-        if pos + 21 > end:
-            what = "no LZ4Block header" if pos == 0 else "truncated: no end block"
-            raise corrupt(f"{what} (only Spark's default lz4 codec is supported)")
-        if data[pos : pos + 8] != _LZ4_MAGIC:
-            raise corrupt(f"bad LZ4Block magic at byte {pos}")
-        method = data[pos + 8] & 0xF0
-        clen, dlen, _check = _LZ4_HEADER.unpack_from(data, pos + 9)
-        pos += 21
-        if clen < 0 or dlen < 0 or pos + clen > end:
-            raise corrupt(f"LZ4 block at byte {pos - 21} overruns the file (truncated?)")
-        if dlen == 0:
-            if pos != end:
-                raise corrupt(f"{end - pos} bytes after the end block")
-            return bytes(out)
-        block = data[pos : pos + clen]
-        pos += clen
-        if method == _LZ4_METHOD_RAW:
-            out += block
-        elif method == _LZ4_METHOD_LZ4:
-            try:
-                out += bytes(cramjam.lz4.decompress_block(block, output_len=dlen))
-            except cramjam.DecompressionError as exc:
-                raise corrupt(f"LZ4 block does not decompress: {exc}") from None
-        else:
-            raise corrupt(f"unknown LZ4Block method 0x{method:02x}")
-
-
 def _parse_changelog(data: bytes, corrupt: Any) -> Iterator[RawRecord]:
     version, pos = _changelog_version(data)
     if version in (3, 4):
@@ -618,6 +567,7 @@ def open_state_variable(
     row_format: str = "unsaferow",
     name: str = "",
     partition: int | None = None,
+    codec: str = "lz4",
     local_dir: str | None = None,
 ) -> RocksDBStateFiles | ListStateFiles | MapStateFiles:
     """``StateFiles`` of one transformWithState variable in one partition directory,
@@ -637,10 +587,60 @@ def open_state_variable(
         row_format=row_format,
     )
     files = RocksDBStateFiles(
-        directory, encoding, name=name, partition=partition, local_dir=local_dir
+        directory, encoding, name=name, partition=partition, codec=codec, local_dir=local_dir
     )
     if kind == "list":
         return ListStateFiles(files, key_schema)
     if kind == "map":
         return MapStateFiles(files, key_schema)
     return files
+
+
+_ROW_CHECKSUM = "spark.sql.streaming.stateStore.rowChecksum.enabled"
+_ENCODING_FORMAT = "spark.sql.streaming.stateStore.encodingFormat"
+
+
+def open_state_files(
+    store: StateStoreInfo, partition: int
+) -> RocksDBStateFiles | ListStateFiles | MapStateFiles:
+    """The files of ``store``'s ``partition`` (what ``Checkpoint.files`` calls): a whole
+    RocksDB store, or one transformWithState variable when ``store.schema_json`` describes
+    its column family (``ColumnFamily.spec_json``)."""
+    name = store.describe()
+    if store.setting(_ROW_CHECKSUM).lower() == "true":
+        raise UnsupportedStateFormatError(
+            f"{store.describe(partition)}: the query writes row checksums ({_ROW_CHECKSUM}"
+            "=true), which sparkiq does not read yet; turn the setting off for this query",
+            store=store.store_name,
+            partition=partition,
+        )
+    row_format = store.setting(_ENCODING_FORMAT, "unsaferow") or "unsaferow"
+    directory = store.directory(partition)
+    common: dict[str, Any] = {
+        "name": name,
+        "partition": partition,
+        "codec": store.codec,
+    }
+    if not store.schema_json:
+        prefix = store.num_cols_prefix_key
+        encoding = RocksDBEncoding(store.key_schema, prefix_columns=prefix, row_format=row_format)
+        return RocksDBStateFiles(directory, encoding, **common)
+    doc = json.loads(store.schema_json)
+    spec = doc.get("keyStateEncoderSpec") or {}
+    encoder = str(spec.get("keyStateEncoderType", "NoPrefixKeyStateEncoderSpec"))
+    kind = doc.get("stateVariableKind")
+    key_schema = parse_type(doc["keySchema"])
+    family = str(doc["columnFamilyName"])
+    if kind in ("value", "list", "map"):
+        return open_state_variable(
+            directory, kind, column_family=family, key_schema=key_schema,
+            row_format=row_format, **common,
+        )  # fmt: skip
+    encoding = RocksDBEncoding(
+        key_schema,
+        column_family=None if family == DEFAULT_STORE else family,
+        prefix_columns=int(spec.get("numColsPrefixKey", 0)),
+        range_scan=encoder.startswith("RangeKeyScan"),
+        row_format=row_format,
+    )
+    return RocksDBStateFiles(directory, encoding, **common)

@@ -34,10 +34,10 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from sparkiq.errors import ChangelogError
-from sparkiq.schema.types import DataType, Field
+from sparkiq.schema.types import DataType, Field, parse_type
 
 __all__ = [
     "LIST_INDEX",
@@ -46,8 +46,10 @@ __all__ = [
     "MapStateFiles",
     "RawRecord",
     "RawStateFiles",
+    "ColumnFamily",
     "StateVariable",
     "StateVariableKind",
+    "read_schema_v3",
     "field_is_variable",
     "join_rows",
     "nested_row",
@@ -167,6 +169,92 @@ def served_schemas(
         for f in user.fields
     )
     return DataType("struct", fields=(*grouping.fields, *renamed)), value_schema
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnFamily:
+    """One column family of a ``_stateSchema`` v3 file: Spark's key and value schemas and
+    its key encoder (``keyStateEncoderSpec``: ``keyStateEncoderType`` NoPrefix / PrefixKeyScan
+    (``numColsPrefixKey``) / RangeKeyScan (``orderingOrdinals``))."""
+
+    name: str
+    key_schema: DataType
+    value_schema: DataType
+    key_encoder: dict[str, Any]
+
+    def spec_json(self, variable: StateVariable | None = None) -> str:
+        """A self-contained JSON description (what ``StateStoreInfo.schema_json`` holds for a
+        transformWithState variable; ``sparkiq.checkpoint.rocksdb`` opens the store from it)."""
+        doc: dict[str, Any] = {
+            "columnFamilyName": self.name,
+            "keySchema": self.key_schema.to_json(),
+            "valueSchema": self.value_schema.to_json(),
+            "keyStateEncoderSpec": self.key_encoder,
+        }
+        if variable is not None:
+            doc["stateVariableKind"] = variable.kind
+            doc["ttlEnabled"] = variable.ttl
+        return json.dumps(doc, sort_keys=True)
+
+
+def read_schema_v3(path: str | Path) -> list[ColumnFamily]:
+    """The column families of a state schema v3 file (``state/<op>/_stateSchema/<store>/
+    <batch>_<uuid>``), as Spark's ``StateSchemaV3File`` writes it with Java's DataOutput:
+    ``writeUTF("v3")``, ``int`` family count, then per family ``writeUTF`` name, ``short``
+    key schema id, key schema JSON, ``short`` value schema id, value schema JSON, key encoder
+    spec JSON and user key schema JSON -- each JSON as ``int`` chunk count + ``writeUTF``
+    chunks (writeUTF holds at most 64 KiB)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ChangelogError(f"state schema file {path} does not exist") from None
+    pos = 0
+
+    def utf() -> str:
+        nonlocal pos
+        (size,) = struct.unpack_from(">H", data, pos)
+        if pos + 2 + size > len(data):
+            raise ValueError("string overruns the file")
+        pos += 2 + size
+        return data[pos - size : pos].decode("utf-8")
+
+    def number(fmt: str) -> int:
+        nonlocal pos
+        (value,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return int(value)
+
+    def chunked() -> str:
+        return "".join(utf() for _ in range(number(">i")))
+
+    try:
+        if utf() != "v3":
+            raise ValueError("it does not start with v3")
+        families = []
+        for _ in range(number(">i")):
+            name = utf()
+            number(">h")
+            key = chunked()
+            number(">h")
+            value = chunked()
+            spec = chunked()
+            chunked()  # the user key schema (map state): also the key schema's second field
+            families.append(
+                ColumnFamily(
+                    name,
+                    parse_type(json.loads(key)),
+                    parse_type(json.loads(value)),
+                    json.loads(spec),
+                )
+            )
+        if pos != len(data):
+            raise ValueError(f"{len(data) - pos} bytes after the last column family")
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise ChangelogError(
+            f"state schema file {path} is not a readable v3 schema file: {exc}"
+        ) from None
+    return families
 
 
 def _map_parts(key_schema: DataType) -> tuple[DataType, DataType]:
