@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from sparkiq.checkpoint import Checkpoint, RowDecoder, replay
 from sparkiq.checkpoint.rocksdb import (
     RocksDBEncoding,
     RocksDBStateFiles,
@@ -92,32 +93,16 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def replay(files: Any, version: int) -> dict[bytes, bytes]:
-    """Spark's own recovery: the newest snapshot at or before ``version``, then changes."""
-    base = max((v for v in files.snapshot_versions() if v <= version), default=0)
-    state = dict(files.snapshot(base)) if base else {}
-    for v in range(base + 1, version + 1):
-        for key, value in files.changes(v):
-            if value is None:
-                state.pop(key, None)
-            else:
-                state[key] = value
-    return state
-
-
-def decoded(
-    checkpoint: Path, key_schema: DataType, value_schema: DataType, version: int, **enc: Any
-) -> set[Any]:
-    keys, values = UnsafeRowDecoder(key_schema), UnsafeRowDecoder(value_schema)
+def decoded(checkpoint: Path, version: int, store: str | None = None) -> set[Any]:
+    """The state of ``version`` read through ``Checkpoint`` (discovery, provider, decoder)."""
+    cp = Checkpoint(str(checkpoint))
+    info = cp.store(store) if store else cp.stores()[0]
+    assert info.provider == "rocksdb"
+    decoder = RowDecoder(info)
     out = set()
-    for partition in range(PARTITIONS):
-        files = RocksDBStateFiles(
-            checkpoint / "state" / "0" / str(partition),
-            RocksDBEncoding(key_schema, **enc),
-            partition=partition,
-        )
-        for key, value in replay(files, version).items():
-            out.add((_hashable_tuple(keys.decode(key)), _hashable_tuple(values.decode(value))))
+    for partition in range(info.partitions):
+        for key, value in replay(cp.files(info, partition), version).items():
+            out.add((_hashable_tuple(decoder.key(key)), _hashable_tuple(decoder.value(value))))
     return out
 
 
@@ -131,10 +116,8 @@ def committed(checkpoint: Path) -> list[int]:
 
 def assert_same_as_spark(spark: Any, checkpoint: Path, batches: list[int]) -> None:
     for batch in batches:
-        expected, schema = spark_state(spark, checkpoint, batch)
-        key_schema = struct_of(schema["key"].dataType)
-        value_schema = struct_of(schema["value"].dataType)
-        got = decoded(checkpoint, key_schema, value_schema, batch + 1)
+        expected, _ = spark_state(spark, checkpoint, batch)
+        got = decoded(checkpoint, batch + 1)
         assert got == expected, f"batch {batch}"
         assert expected  # the comparison saw rows
 
@@ -214,14 +197,9 @@ def test_windows_past_the_watermark_leave_the_state(
 ) -> None:
     first, _ = spark_state(spark, checkpoints["window"], 0)
     final = committed(checkpoints["window"])[-1]
-    last, schema = spark_state(spark, checkpoints["window"], final)
+    last, _ = spark_state(spark, checkpoints["window"], final)
     assert first - last  # the first minute's windows were evicted by the watermark
-    got = decoded(
-        checkpoints["window"],
-        struct_of(schema["key"].dataType),
-        struct_of(schema["value"].dataType),
-        final + 1,
-    )
+    got = decoded(checkpoints["window"], final + 1)
     assert got == last
 
 
@@ -260,6 +238,7 @@ def test_changelog_checkpointing_off_is_served_at_snapshot_granularity(
             assert state == dict(files.snapshot(batch + 1))
             got |= {(keys.decode(k), values.decode(v)) for k, v in state.items()}
         assert got == want, f"batch {batch}"
+        assert decoded(checkpoint, batch + 1) == want  # from the snapshot itself
     assert expected
 
 

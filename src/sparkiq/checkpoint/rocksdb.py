@@ -31,8 +31,12 @@ Encoding of a RocksDB key / value (``RocksDBStateEncoder.scala``, UnsafeRow form
 - ``NoPrefixKeyStateEncoderSpec`` keys are one such row; ``PrefixKeyScanStateEncoderSpec``
   keys are ``int32 LE len(prefix)`` + prefix row (the first N key columns) + row of the rest,
   rejoined here into one row of the key schema;
-- multi-value (list state) values: ``int32 LE len`` + row, elements separated by one byte (the
-  merge operator's delimiter); a changelog merge record appends elements.
+- multi-value (list state) values: ``int32 LE len`` + row per element; RocksDB's string-append
+  merge operator puts ``,`` between merged operands (``mergeOperatorVersion`` 1; version 2
+  puts nothing, but a snapshot read here is merged by RocksDB's default ``,`` operator). An
+  element is ``0x00`` + an UnsafeRow, so its length is 1 modulo 8 and can never start with
+  ``,`` (0x2C): the delimiter is recognised without knowing the version. A changelog merge
+  record appends elements.
 
 Not supported (a clear :class:`~sparkiq.errors.ChangelogError`, never a wrong row): Avro row
 encoding (``spark.sql.streaming.stateStore.encodingFormat=avro``), ``RangeKeyScan`` keys (only
@@ -252,10 +256,12 @@ class RocksDBStateFiles:
                 raise self._corrupt("list value ends inside an element length")
             (size,) = _LE_INT.unpack_from(value, pos)
             pos += 4
-            if size < 1 or pos + size > end:
-                raise self._corrupt(f"list element of {size} bytes overruns its value")
+            if size % 8 != 1 or pos + size > end:
+                raise self._corrupt(f"list element of {size} bytes does not fit its value")
             out.append(self._value(value[pos : pos + size]))
-            pos += size + 1  # the merge operator's one-byte delimiter
+            pos += size
+            if value[pos : pos + 1] == b",":
+                pos += 1
         return out
 
     # -- files -----------------------------------------------------------------------
