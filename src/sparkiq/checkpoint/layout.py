@@ -165,7 +165,10 @@ class Checkpoint:
 
         A transformWithState operator's column families are one store each (named by the
         state variable); Spark's internal families (names starting with ``$``) are left out.
+        Empty before the query's first batch has started.
         """
+        if not batch_ids(self.path / "offsets"):
+            return []
         settings = self._settings()
         provider = self.provider
         try:
@@ -221,7 +224,7 @@ class Checkpoint:
         self, op: int, settings: OffsetInfo, common: dict[str, Any]
     ) -> list[StateStoreInfo]:
         op_dir = self.path / "state" / str(op)
-        meta = _operator_metadata(op_dir)
+        meta = _operator_metadata(op_dir, settings.batch)
         info = meta.get("operatorInfo", {}) if meta else {}
         name = str(info.get("operatorName", ""))
         entries = list(meta.get("stateStoreInfo", [])) if meta else []
@@ -276,15 +279,21 @@ class Checkpoint:
         return found
 
 
-def _operator_metadata(op_dir: Path) -> dict[str, Any] | None:
-    """The newest operator metadata (v2 per batch, else v1), or None when there is none."""
-    v2 = op_dir / "_metadata" / "v2"
-    candidates = [v2 / str(b) for b in reversed(batch_ids(v2))]
+def _operator_metadata(op_dir: Path, batch: int | None) -> dict[str, Any] | None:
+    """The operator metadata in force at ``batch``: the newest v2 file of a batch at or
+    before it (``_metadata/v2/<b>``; Spark 4.0 wrote ``_metadata/metadata/v2/<b>``), else the
+    v1 file ``_metadata/metadata``; None when there is none (Spark < 3.5)."""
+    candidates: list[Path] = []
+    for v2 in (op_dir / "_metadata" / "v2", op_dir / "_metadata" / "metadata" / "v2"):
+        written = [b for b in batch_ids(v2) if batch is None or b <= batch]
+        candidates.extend(v2 / str(b) for b in reversed(written))
     candidates.append(op_dir / "_metadata" / "metadata")
     for path in candidates:
+        if not path.is_file():
+            continue
         try:
             text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        except FileNotFoundError:  # removed by Spark's purge since the listing
             continue
         version, _, body = text.partition("\n")
         if version.strip() not in ("v1", "v2"):
