@@ -57,7 +57,7 @@ def batch_ids(log: Path) -> list[int]:
     """The batch ids a log directory holds, ascending (temporary and hidden files skipped)."""
     try:
         return sorted(int(p.name) for p in log.iterdir() if p.name.isdigit())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
 
 

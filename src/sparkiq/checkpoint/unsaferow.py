@@ -75,13 +75,16 @@ _LONG = struct.Struct("<q")
 def _span(buf: bytes, base: int, raw: int) -> tuple[int, int]:
     start = base + (raw >> 32)
     end = start + (raw & 0xFFFFFFFF)
-    if end > len(buf) or start < base:
+    if end > len(buf):
         raise UnsafeRowError(f"a field points at bytes {start}..{end} of a {len(buf)}-byte buffer")
     return start, end
 
 
 def _string(buf: bytes, base: int, raw: int) -> str:
-    start, end = _span(buf, base, raw)
+    start = base + (raw >> 32)
+    end = start + (raw & 0xFFFFFFFF)
+    if end > len(buf):  # checked inline: this is the hottest converter
+        raise UnsafeRowError(f"a string points at bytes {start}..{end} of a {len(buf)}-byte row")
     try:
         return buf[start:end].decode()
     except UnicodeDecodeError:
@@ -192,11 +195,12 @@ class _Struct:
                 f"a {size}-byte row cannot hold {self.count} fields of this schema "
                 f"({self.fixed} bytes{' exactly' if self.exact else ' or more'})"
             )
-        values = list(self.layout.unpack_from(buf, base))
-        words = tuple(values[: self.words])
-        del values[: self.words]
-        if any(words):
-            for index in _null_indexes(words, self.count):
+        unpacked = self.layout.unpack_from(buf, base)
+        words = self.words
+        values = list(unpacked[words:])
+        bits = unpacked[:words]
+        if any(bits):
+            for index in _null_indexes(bits, self.count):
                 values[index] = None
         for index, read in self.converters:
             raw = values[index]

@@ -1,0 +1,127 @@
+"""Decoding a Spark checkpoint's state files: rows/s of sparkiq's UnsafeRow decoder against
+the floor of reading the same bytes.
+
+A streaming aggregation (``groupBy("k").agg(sum, count, min, max, avg)`` over a file source,
+one micro-batch, HDFS-backed state store, lz4) writes its state's ``N.delta`` files. Then,
+timed in this process, each repeated and the median kept:
+
+* floor - reading the files: checksum files verified, lz4-java blocks decompressed and their
+  XXH32 checked, the records split into key and value bytes (``HdfsStateFiles.changes``);
+* decode - the same, then every key and value decoded by the store's schemas
+  (``RowDecoder.key`` / ``.value``), which is the work a replica adds per applied row.
+
+Both see the same rows (checked against the key count). Reported: rows/s of each and the
+decode path's cost as a ratio of the floor.
+
+Run: ``python -m bench.checkpoint_decode [--quick]``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from bench._common import (
+    Report,
+    entry_point,
+    median,
+    scratch_dir,
+    spark_session,
+    verdict,
+    write_json_rows,
+)
+from sparkiq.checkpoint import Checkpoint, RowDecoder
+
+TARGET_ROWS_PER_S = 200_000.0
+
+
+def run(quick: bool = False) -> Report:
+    from pyspark.sql import functions as F
+
+    n_keys = 20_000 if quick else 200_000
+    repeats = 3 if quick else 5
+    report = Report(
+        name="checkpoint_decode",
+        title="Checkpoint state: decoding UnsafeRows vs reading the files",
+        measures=(
+            f"reading every row of a streaming aggregation's state files ({n_keys:,} keys: "
+            "string key; sum, count, min, max, avg buffer), 4 partitions, lz4"
+        ),
+        baseline="reading the same files: checksums, lz4 framing, records (no row decoding)",
+        target=f"decode path >= {TARGET_ROWS_PER_S:,.0f} rows/s",
+        columns=["path", "median", "rows/s", "ratio"],
+        quick=quick,
+    )
+    spark = spark_session()
+    rng = random.Random(7)
+    with scratch_dir("checkpoint-decode") as root:
+        source = os.path.join(root, "in")
+        os.makedirs(source)
+        write_json_rows(source, 0, [(f"key-{i:07d}", rng.randrange(1000)) for i in range(n_keys)])
+        frame = spark.readStream.schema("k string, v long").json(source)
+        agg = frame.groupBy("k").agg(F.sum("v"), F.count("*"), F.min("v"), F.max("v"), F.avg("v"))
+        checkpoint = os.path.join(root, "ck")
+        query = (
+            agg.writeStream.format("noop")
+            .outputMode("update")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        ck = Checkpoint(checkpoint)
+        (store,) = ck.stores()
+        files = [ck.files(store, p) for p in range(store.partitions)]
+        decoder = RowDecoder(store)
+
+        def read() -> int:
+            return sum(1 for f in files for _ in f.changes(1))
+
+        def decode() -> int:
+            key, value, n = decoder.key, decoder.value, 0
+            for f in files:
+                for k, v in f.changes(1):
+                    key(k)
+                    value(v)  # type: ignore[arg-type]
+                    n += 1
+            return n
+
+        times: dict[str, list[float]] = {"read": [], "decode": []}
+        for _ in range(repeats):
+            for name, work in (("read", read), ("decode", decode)):
+                t0 = time.perf_counter()
+                rows = work()
+                times[name].append(time.perf_counter() - t0)
+                assert rows == n_keys, (name, rows)
+    read_s, decode_s = median(times["read"]), median(times["decode"])
+    read_rate, decode_rate = n_keys / read_s, n_keys / decode_s
+    report.rows = [
+        ["floor: read files", f"{read_s * 1000:,.0f} ms", f"{read_rate:,.0f}", "1x (baseline)"],
+        [
+            "read + decode keys and values",
+            f"{decode_s * 1000:,.0f} ms",
+            f"{decode_rate:,.0f}",
+            f"{decode_s / read_s:.1f}x the floor",
+        ],
+    ]
+    report.readings = [
+        f"Decoding runs at {decode_rate:,.0f} rows/s: "
+        + verdict(decode_rate, TARGET_ROWS_PER_S, "rows/s", at_most=False)
+        + f"; row decoding costs {decode_s / read_s:.1f}x reading the files."
+    ]
+    report.figures = {
+        "rows": n_keys,
+        "read_median_s": read_s,
+        "decode_median_s": decode_s,
+        "read_rows_per_s": read_rate,
+        "decode_rows_per_s": decode_rate,
+        "ratio": decode_s / read_s,
+    }
+    return report
+
+
+main = entry_point(run, __doc__)
+
+if __name__ == "__main__":
+    main()
