@@ -374,3 +374,35 @@ def test_push_queries_deliver_sparks_own_state_changes(
             )  # fmt: skip
     finally:
         node.stop()
+
+
+def test_app_attach_serves_a_query_it_did_not_start(
+    spark: Any, running: RunningQuery, tmp_path: Path
+) -> None:
+    if running.batch < 0:
+        running.feed(BATCHES[0])
+    app = sparkiq.App(spark, state_dir=str(tmp_path / "state"), name="host")
+    app.start()
+    try:
+        # the query's checkpoint is found by its id under Spark's default location...
+        key = "spark.sql.streaming.checkpointLocation"
+        previous = spark.conf.get(key, None)
+        spark.conf.set(key, str(running.checkpoint.parent))
+        try:
+            assert app.attach(running.query, "clicks") == ["clicks_agg"]
+        finally:
+            if previous is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, previous)
+        assert app.node is not None and app.node.wait_for("clicks_agg", running.batch, 60)
+        expected = {k: v["sum"] for k, (v, _) in running.state(running.batch).items()}
+        rows = app.sql("SELECT k, g, sum FROM clicks_agg").rows
+        assert {(r["k"], r["g"]): r["sum"] for r in rows} == expected
+        row = app.get("clicks_agg", ("a", 1))
+        assert row is not None and (row["k"], row["g"], row["sum"]) == ("a", 1, expected[("a", 1)])
+        # ... and without it, the error says what to pass
+        with pytest.raises(ConfigError, match="pass checkpoint="):
+            app.attach(running.query, "again")
+    finally:
+        app.stop()

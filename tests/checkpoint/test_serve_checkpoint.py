@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.serve_processes import make_nodes, start_nodes
 
 from sparkiq import Client
 from sparkiq.cli import main
 from sparkiq.testing import JsonSource
+from tests.cluster.serve_processes import make_nodes, start_nodes
 
 pytestmark = pytest.mark.slow
 
