@@ -224,8 +224,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if not args.state_dir and not checkpoints:
         print(
-            "sparkiq serve: --state-dir (or SPARKIQ_STATE_DIR) or --checkpoint NAME=URI (or "
-            "SPARKIQ_CHECKPOINT) is required",
+            "sparkiq serve: --state-dir (or SPARKIQ_STATE_DIR) is required, or --checkpoint "
+            "NAME=URI (or SPARKIQ_CHECKPOINT) to serve a Spark query's state",
             file=sys.stderr,
         )
         return 2
