@@ -22,6 +22,7 @@ from typing import Any
 from bench import (
     apply,
     arrow,
+    attach,
     failover,
     follower_tail,
     freshness,
@@ -56,6 +57,7 @@ BENCHMARKS: dict[str, Callable[[bool], Report]] = {
     "statestore": statestore.run,
     "sink": sink.run,
     "sink_connect": sink_connect.run,
+    "attach": attach.run,
     "freshness": freshness.run,
     "fuzz": fuzz.run,
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sparkiq._version import __version__
 from sparkiq.client import Client
+from sparkiq.cluster.attach import Attached, attach
 from sparkiq.cluster.config import NodeConfig
 from sparkiq.cluster.follower import Follower, follow
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
@@ -68,6 +69,7 @@ from sparkiq.stores.partition import PartitionStore
 
 __all__ = [
     "App",
+    "Attached",
     "AuthenticationError",
     "Change",
     "ChangelogError",
@@ -119,6 +121,7 @@ __all__ = [
     "WindowKeyQuery",
     "WindowRangeQuery",
     "__version__",
+    "attach",
     "enrich",
     "follow",
     "partition_for",

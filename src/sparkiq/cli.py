@@ -149,6 +149,14 @@ def _parser() -> argparse.ArgumentParser:
         default=_env("STATE_DIR", None),
         help="the state_dir the writer materializes into [SPARKIQ_STATE_DIR]",
     )
+    serve.add_argument(
+        "--checkpoint",
+        action="append",
+        metavar="NAME=URI",
+        default=None,
+        help="also serve the state of the Spark query whose checkpoint is URI, as tables "
+        "NAME_<operator>... (repeatable; docs/attach.md) [SPARKIQ_CHECKPOINT, comma-separated]",
+    )
     for field, kind, text, shown in _SERVE_OPTIONS:
         variable = ENV_VARIABLES[field]
         serve.add_argument(
@@ -209,8 +217,17 @@ def _serve(args: argparse.Namespace) -> int:
     from sparkiq.errors import SparkiqError
     from sparkiq.node import Node
 
-    if not args.state_dir:
-        print("sparkiq serve: --state-dir (or SPARKIQ_STATE_DIR) is required", file=sys.stderr)
+    try:
+        checkpoints = _checkpoints(args.checkpoint or _env("CHECKPOINT", "").split(","))
+    except ValueError as exc:
+        print(f"sparkiq serve: {exc}", file=sys.stderr)
+        return 2
+    if not args.state_dir and not checkpoints:
+        print(
+            "sparkiq serve: --state-dir (or SPARKIQ_STATE_DIR) is required, or --checkpoint "
+            "NAME=URI (or SPARKIQ_CHECKPOINT) to serve a Spark query's state",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
@@ -219,9 +236,12 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         given = {field: getattr(args, field) for field, *_ in _SERVE_OPTIONS if field in args}
         config = NodeConfig.resolve(
-            args.state_dir, defaults={"listen": _SERVE_LISTEN, "node_id": None}, **given
+            # only checkpoints: the state_dir holds nothing but this node's replicas
+            args.state_dir or "sparkiq-serve",
+            defaults={"listen": _SERVE_LISTEN, "node_id": None},
+            **given,
         )
-        node = Node(config=config).start()
+        node = Node(config=config, checkpoints=checkpoints).start()
     except SparkiqError as exc:
         print(f"sparkiq serve: {exc}", file=sys.stderr)
         return 2
@@ -233,6 +253,23 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         node.stop()
     return 0
+
+
+def _checkpoints(items: Sequence[str]) -> dict[str, str]:
+    """``NAME=URI`` items (empty ones skipped) as a dict; ValueError naming a bad one."""
+    out: dict[str, str] = {}
+    for item in items:
+        if not item.strip():
+            continue
+        name, sep, uri = item.strip().partition("=")
+        if not sep or not name or not uri:
+            raise ValueError(
+                f"--checkpoint {item!r}: expected NAME=URI, e.g. clicks=/data/checkpoints/clicks"
+            )
+        if name in out:
+            raise ValueError(f"--checkpoint: the name {name!r} is given twice")
+        out[name] = uri
+    return out
 
 
 def _query(args: argparse.Namespace) -> int:

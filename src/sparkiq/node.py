@@ -35,6 +35,8 @@ from typing import Any
 
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
+from sparkiq.changelog.source import ChangelogSource
+from sparkiq.checkpoint.source import CheckpointCatalog, CheckpointSource
 from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, node_url
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, Placement, TableView
@@ -69,6 +71,10 @@ class Node:
     a table as a :class:`TableView` instead of as stored. Nodes never write the changelog:
     by default (``read_only=True``) every changelog is opened read-only, so any write
     through a node raises :class:`~sparkiq.errors.ReadOnlyError`.
+
+    **Attached checkpoints.** ``checkpoints={"clicks": "/chk/clicks"}`` also serves the state
+    stores of those Spark queries' checkpoints as tables named after each key
+    (``clicks_agg``...; see :mod:`sparkiq.cluster.attach`); :meth:`attach` adds one later.
 
     **Clustered.** With ``listen`` (``"host:port"``, port 0 picks a free one) the node serves
     the REST API and the node protocol over HTTP; with ``peers`` (seed addresses) or a
@@ -119,6 +125,7 @@ class Node:
         tables: Iterable[str] | None = None,
         views: Mapping[str, TableView] | None = None,
         read_only: bool = True,
+        checkpoints: Mapping[str, str] | None = None,
     ) -> None:
         settings: dict[str, Any] = {
             "node_id": node_id,
@@ -170,6 +177,7 @@ class Node:
             views=views,
             read_only=read_only,
             on_drop=self._forget_retired,
+            catalogs=[_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()],
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id)
         self._lookup.token = config.token
@@ -318,6 +326,19 @@ class Node:
     @property
     def tables(self) -> list[str]:
         return self._hosting.tables
+
+    def attach(
+        self,
+        checkpoint_uri: str,
+        name: str,
+        operators: Mapping[int, str] | Iterable[int] | None = None,
+    ) -> list[str]:
+        """Serve the state stores of a Spark query's checkpoint as tables named after
+        ``name`` (zero-change mode, see :mod:`sparkiq.cluster.attach`); return the tables
+        hosted now (stores that appear later are hosted when they do)."""
+        catalog = CheckpointCatalog(checkpoint_uri, name, operators)
+        catalog.names()  # a wrong operator id or an unservable store fails here, clearly
+        return self._hosting.add_catalog(catalog)
 
     def refresh_tables(self) -> list[str]:
         """Host any table that appeared in ``state_dir`` since the last call; return new ones
@@ -473,7 +494,9 @@ class Node:
             with self._lifecycle:
                 hub = self._hub
                 if hub is None:
-                    hub = self._hub = SubscriptionHub(self.state_dir, source=self._lookup)
+                    hub = self._hub = SubscriptionHub(
+                        self.state_dir, source=self._lookup, sources=self._attached_source
+                    )
         return hub.subscribe(text, **options)
 
     def subscriptions(self) -> dict[str, int]:
@@ -483,6 +506,14 @@ class Node:
         hub = self._hub
         return {} if hub is None else hub.subscriptions()
 
+    def _attached_source(self, table: str) -> ChangelogSource | None:
+        """The change source of an attached checkpoint's table (None: a sparkiq table)."""
+        try:
+            source = self._hosting.replica(table).source
+        except SparkiqError:
+            return None
+        return source if isinstance(source, CheckpointSource) else None
+
 
 def _pinned(only: Mapping[str, frozenset[int]]) -> Placement:
     """Placement of a standalone node: every partition, or the ones pinned per table."""
@@ -491,6 +522,12 @@ def _pinned(only: Mapping[str, frozenset[int]]) -> Placement:
         return only.get(table, range(partition_count))
 
     return placement
+
+
+def _checked(catalog: CheckpointCatalog) -> CheckpointCatalog:
+    """The catalog, once its stores are known to be servable (raises a clear error if not)."""
+    catalog.names()
+    return catalog
 
 
 def _with_local_dir(config: NodeConfig) -> NodeConfig:

@@ -17,6 +17,11 @@ table's current rows in memory to do so.
 before it, plus the segments after the snapshot), partition by partition: with a feed from
 that batch on, a reader gets an exact cut followed by every change after it.
 
+Every function reads through a :class:`~sparkiq.changelog.source.ChangelogSource` (a
+:class:`~sparkiq.changelog.Changelog` given instead is read as its
+:class:`~sparkiq.changelog.source.SegmentSource`), so push queries follow attached Spark
+checkpoints as they follow sparkiq changelogs.
+
 When a batch a reader needs is gone (retention deleted its commit record or segments),
 :class:`RetentionGapError` names the batch, the oldest batch still in the changelog and what
 to do; nothing after the gap is handed out, so a reader never silently skips changes.
@@ -30,8 +35,8 @@ from dataclasses import dataclass
 
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.log import Changelog
-from sparkiq.changelog.snapshot import latest_snapshot
-from sparkiq.errors import ChangelogError, CorruptSegmentError
+from sparkiq.changelog.source import ChangelogSource, SegmentSource, newest_snapshot
+from sparkiq.errors import ChangelogError
 
 __all__ = [
     "BatchChanges",
@@ -82,7 +87,7 @@ class BatchChanges:
         return len(self.keys)
 
 
-def _gap(changelog: Changelog, batch_id: int, what: str) -> RetentionGapError:
+def _gap(changelog: ChangelogSource, batch_id: int, what: str) -> RetentionGapError:
     committed = changelog.committed_batch_ids()
     oldest = committed[0] if committed else None
     return RetentionGapError(
@@ -96,60 +101,69 @@ def _gap(changelog: Changelog, batch_id: int, what: str) -> RetentionGapError:
     )
 
 
+def as_source(changelog: ChangelogSource | Changelog) -> ChangelogSource:
+    """A :class:`Changelog` as its :class:`SegmentSource`; any other source as it is."""
+    return SegmentSource(changelog) if isinstance(changelog, Changelog) else changelog
+
+
 def _segment(
-    changelog: Changelog, record: CommitRecord, partition: int
+    source: ChangelogSource, record: CommitRecord, partition: int
 ) -> tuple[list[bytes], list[bytes | None]]:
     try:
-        return changelog.read_segment(record, partition)
-    except CorruptSegmentError:
-        path = changelog.segment_path(partition, record.batch_id)
-        if partition in record.segments and not changelog.storage.exists(path):
-            raise _gap(changelog, record.batch_id, f"segment of partition {partition}") from None
+        return source.read_changes(record, partition)
+    except ChangelogError:
+        if partition in record.segments and not source.has_changes(record, partition):
+            raise _gap(source, record.batch_id, f"segment of partition {partition}") from None
         raise
 
 
-def require_after(changelog: Changelog, after: int) -> None:
+def require_after(changelog: ChangelogSource | Changelog, after: int) -> None:
     """Raise :class:`RetentionGapError` unless every batch after ``after`` that is committed
     can still be read (checks the first one: retention deletes the oldest batches first)."""
-    record = changelog.read_commit(after + 1)
+    source = as_source(changelog)
+    record = source.read_commit(after + 1)
     if record is None:
-        committed = changelog.committed_batch_ids()
+        committed = source.committed_batch_ids()
         if committed and committed[-1] > after + 1:
-            raise _gap(changelog, after + 1, "commit record")
+            raise _gap(source, after + 1, "commit record")
         return
     for partition in record.segments:
-        if not changelog.storage.exists(changelog.segment_path(partition, record.batch_id)):
-            raise _gap(changelog, record.batch_id, f"segment of partition {partition}")
+        if not source.has_changes(record, partition):
+            raise _gap(source, record.batch_id, f"segment of partition {partition}")
 
 
-def read_state(changelog: Changelog, batch_id: int) -> Iterator[tuple[int, dict[bytes, bytes]]]:
+def read_state(
+    changelog: ChangelogSource | Changelog, batch_id: int
+) -> Iterator[tuple[int, dict[bytes, bytes]]]:
     """Every partition's rows (encoded key -> encoded row) as of committed batch ``batch_id``
     (``-1``: before any batch, so empty), partition by partition, ascending.
 
     Built from the newest usable snapshot at or before ``batch_id`` plus the segments of
     the batches after it; raises :class:`RetentionGapError` when a batch it needs is gone.
     """
+    source = as_source(changelog)
     records: dict[int, CommitRecord] = {}
-    for partition in range(changelog.manifest().partitions):
-        yield partition, read_partition_state(changelog, partition, batch_id, records)
+    for partition in range(source.manifest().partitions):
+        yield partition, read_partition_state(source, partition, batch_id, records)
 
 
 def read_partition_state(
-    changelog: Changelog,
+    changelog: ChangelogSource | Changelog,
     partition: int,
     batch_id: int,
     records: dict[int, CommitRecord] | None = None,
 ) -> dict[bytes, bytes]:
     """One partition's rows as of committed batch ``batch_id``, as :func:`read_state` gives
     them; ``records`` caches commit records across calls (several partitions share them)."""
-    manifest = changelog.manifest()
+    source = as_source(changelog)
+    manifest = source.manifest()
     cache: dict[int, CommitRecord] = {} if records is None else records
 
     def commit(b: int) -> CommitRecord:
         if b not in cache:
-            record = changelog.read_commit(b)
+            record = source.read_commit(b)
             if record is None:
-                raise _gap(changelog, b, "commit record")
+                raise _gap(source, b, "commit record")
             cache[b] = record
         return cache[b]
 
@@ -158,7 +172,7 @@ def read_partition_state(
     if batch_id >= 0 and manifest.output_mode == "complete":
         start = batch_id  # each batch replaces the partition: only the last one counts
     elif batch_id >= 0:
-        base = latest_snapshot(changelog, partition, at_most=batch_id)
+        base = newest_snapshot(source, partition, at_most=batch_id)
         if base is not None:
             info, keys, values = base
             state = dict(zip(keys, values, strict=True))
@@ -167,7 +181,7 @@ def read_partition_state(
         record = commit(b)
         if record.mode == "complete":
             state = {}
-        keys, vals = _segment(changelog, record, partition)
+        keys, vals = _segment(source, record, partition)
         for key, value in zip(keys, vals, strict=True):
             if value is None:
                 state.pop(key, None)
@@ -183,8 +197,8 @@ class ChangeFeed:
     out of order). Not thread-safe: one reader thread per feed. Holds no open files.
     """
 
-    def __init__(self, changelog: Changelog, after: int) -> None:
-        self.changelog = changelog
+    def __init__(self, changelog: ChangelogSource | Changelog, after: int) -> None:
+        self.changelog = as_source(changelog)
         self.after = after
         self.manifest = changelog.manifest()
         self._state: dict[int, dict[bytes, bytes]] | None = None  # complete mode only

@@ -1,5 +1,8 @@
 """Replicas: local copies of a table's partitions, kept current by tailing the changelog.
 
+What a replica reads comes through a :class:`~sparkiq.changelog.source.ChangelogSource`: a
+sparkiq changelog (segments) or a Spark checkpoint's state files; nothing here knows which.
+
 A :class:`TableReplica` hosts any subset of one table's partitions. :meth:`TableReplica.poll`
 reads each new commit record once and applies it to every hosted partition that has not
 applied it yet, in batch id order. One batch is applied to one partition atomically: its
@@ -30,9 +33,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from sparkiq.changelog.commit import CommitRecord
-from sparkiq.changelog.log import Changelog
 from sparkiq.changelog.manifest import TableManifest
-from sparkiq.changelog.snapshot import SnapshotInfo, latest_snapshot, list_snapshots
+from sparkiq.changelog.snapshot import SnapshotInfo
+from sparkiq.changelog.source import ChangelogSource, newest_snapshot
 from sparkiq.errors import ChangelogError
 from sparkiq.query.position import Position
 from sparkiq.schema.types import TableSchema
@@ -123,10 +126,10 @@ class PartitionReplica:
             return zip(keys, values, strict=True)
         return ((k, None if v is None else transform(v)) for k, v in zip(keys, values, strict=True))
 
-    def apply(self, changelog: Changelog, record: CommitRecord) -> None:
+    def apply(self, source: ChangelogSource, record: CommitRecord) -> None:
         """Apply one committed batch (the caller guarantees it is the next one)."""
         started = time.perf_counter()
-        keys, values = changelog.read_segment(record, self.partition)
+        keys, values = source.read_changes(record, self.partition)
         position = Position.from_map(
             {**record.position, self.table: {self.partition: record.batch_id}}
         )
@@ -177,7 +180,7 @@ class PartitionReplica:
 
 
 class TableReplica:
-    """The hosted partitions of one table and the changelog they follow.
+    """The hosted partitions of one table and the changelog source they follow.
 
     ``schema`` overrides the stored schema (a follower's projection, matching what
     ``transform`` produces). ``on_progress`` is called every few seconds while a long
@@ -186,7 +189,7 @@ class TableReplica:
 
     def __init__(
         self,
-        changelog: Changelog,
+        source: ChangelogSource,
         partitions: Iterable[int],
         store_factory: StoreFactory,
         *,
@@ -194,10 +197,10 @@ class TableReplica:
         transform: RowTransform | None = None,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
-        self.changelog = changelog
+        self.source = source
         self.on_progress = on_progress
-        self.manifest: TableManifest = changelog.manifest()
-        self.table = changelog.table
+        self.manifest: TableManifest = source.manifest()
+        self.table = source.table
         self.schema = schema if schema is not None else self.manifest.schema
         self.transform = transform
         self._store_factory = store_factory
@@ -235,7 +238,7 @@ class TableReplica:
         """When ``batch_id`` was committed (Unix seconds; 0.0 when its commit record is gone
         or unreadable): what a partition's versions record for a batch they are loaded at."""
         try:
-            record = self.changelog.read_commit(batch_id)
+            record = self.source.read_commit(batch_id)
         except ChangelogError:
             return 0.0
         return 0.0 if record is None else record.committed_at
@@ -255,14 +258,14 @@ class TableReplica:
         replicas = [
             r
             for r in self.partitions.values()
-            if r.error is None or self.changelog.has_commit(r.batch_id + 1)
+            if r.error is None or self.source.has_commit(r.batch_id + 1)
         ]
         if not replicas:
             return applied
         start = min(r.batch_id for r in replicas)
         stuck: list[PartitionReplica] = []
         try:
-            for record in self.changelog.commits_after(start):
+            for record in self.source.commits_after(start):
                 self._saw(record)
                 for replica in replicas:
                     if replica.batch_id >= record.batch_id or replica in stuck:
@@ -271,7 +274,7 @@ class TableReplica:
                         stuck.append(replica)  # its next batch is gone: see _bootstrap
                         continue
                     try:
-                        replica.apply(self.changelog, record)
+                        replica.apply(self.source, record)
                         replica.error = None
                         applied += 1
                     except ChangelogError as exc:
@@ -293,8 +296,8 @@ class TableReplica:
         first restore as ``restoring`` with its real lag (and an ETA), not as ``live``."""
         if self.latest_batch_id >= 0:
             return
-        committed = self.changelog.committed_batch_ids()
-        record = self.changelog.read_commit(committed[-1]) if committed else None
+        committed = self.source.committed_batch_ids()
+        record = self.source.read_commit(committed[-1]) if committed else None
         if record is not None:
             self._saw(record)
 
@@ -323,22 +326,21 @@ class TableReplica:
             if (
                 replica.batch_id >= 0
                 and replica.error is None
-                and (at_head or self.changelog.has_commit(next_id))
+                and (at_head or self.source.has_commit(next_id))
             ):
                 continue
-            snapshots = list_snapshots(self.changelog, replica.partition)
+            snapshots = self.source.snapshots(replica.partition)
             if not snapshots or snapshots[-1].batch_id < next_id:
-                if self.changelog.has_commit(next_id):
+                if self.source.has_commit(next_id):
                     continue  # nothing newer to restore from: tail from the next batch
-                later = [b for b in self.changelog.committed_batch_ids() if b > next_id]
+                later = [b for b in self.source.committed_batch_ids() if b > next_id]
                 if later:
                     self._fail(
                         replica,
                         next_id,
                         f"batch {next_id} is no longer in the changelog (retention deleted it, "
                         f"the oldest kept is {later[0]}) and no snapshot covers it: the "
-                        "partition cannot be restored; create a snapshot (sparkiq compact) "
-                        "or rebuild the table",
+                        f"partition cannot be restored; {self.source.restore_hint}",
                     )
                 continue
             if replica.batch_id >= 0:
@@ -350,7 +352,7 @@ class TableReplica:
                     next_id,
                     replica.error or "deleted",
                 )
-            found = latest_snapshot(self.changelog, replica.partition)
+            found = newest_snapshot(self.source, replica.partition)
             if found is None or found[0].batch_id < next_id:
                 continue
             info, keys, values = found

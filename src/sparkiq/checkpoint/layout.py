@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlparse
 
+from sparkiq.checkpoint import tws
 from sparkiq.checkpoint.compression import CompressionError, codec_for
 from sparkiq.checkpoint.logs import (
     CommitInfo,
@@ -244,21 +245,27 @@ class Checkpoint:
                 "state_store": state_store,
                 "num_cols_prefix_key": int(entry.get("numColsPrefixKey", 0)),
             }
-            schema_file = entry.get("stateSchemaFilePath")
-            if schema_file:
-                for family in _schema_v3(_local_path(str(schema_file)), op):
-                    if family["name"].startswith("$"):
+            # Spark 4.0 writes "stateSchemaFilePath", later versions "stateSchemaFilePaths"
+            schema_files = entry.get("stateSchemaFilePaths") or [
+                f for f in [entry.get("stateSchemaFilePath")] if f
+            ]
+            if schema_files:
+                variables = tws.state_variables(self.path, op)
+                for family in tws.read_schema_v3(_local_path(str(schema_files[-1]))):
+                    if family.name.startswith("$"):
                         continue  # Spark's own bookkeeping (TTL indexes, timers...)
+                    variable = variables.get(family.name)
+                    key, value = family.key_schema, family.value_schema
+                    if variable is not None:
+                        key, value = tws.served_schemas(variable.kind, key, value)
                     found.append(
                         StateStoreInfo(
                             **base,
-                            store_name=family["name"]
-                            if family["name"] != DEFAULT_STORE
-                            else state_store,
-                            column_family=family["name"],
-                            key_schema=family["key"],
-                            value_schema=family["value"],
-                            schema_json=family["json"],
+                            store_name=family.name if family.name != DEFAULT_STORE else state_store,
+                            column_family=family.name,
+                            key_schema=key,
+                            value_schema=value,
+                            schema_json=family.spec_json(variable),
                         )
                     )
                 continue
@@ -373,36 +380,3 @@ def _schema_v1v2(path: Path, op: int, store: str) -> tuple[DataType, DataType]:
         return _struct(parts[0], path), _struct(parts[1], path)
     except (ValueError, struct.error) as exc:
         raise ChangelogError(f"state schema file {path} is unreadable: {exc}") from None
-
-
-def _schema_v3(path: Path, op: int) -> list[dict[str, Any]]:
-    """Column families from a v3 state schema file: ``v3`` newline, then one JSON object per
-    line (columnFamilyName, keySchema, valueSchema, keyStateEncoderSpec, ...)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ChangelogError(
-            f"operator {op}: its metadata names state schema file {path}, which does not exist"
-        ) from None
-    version, _, body = text.partition("\n")
-    if version.strip() != "v3":
-        raise ChangelogError(
-            f"state schema file {path} has version {version.strip()!r}; expected v3"
-        )
-    families = []
-    for line in body.splitlines():
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-            families.append(
-                {
-                    "name": str(doc["columnFamilyName"]),
-                    "key": _struct(doc["keySchema"], path),
-                    "value": _struct(doc["valueSchema"], path),
-                    "json": line,
-                }
-            )
-        except (ValueError, KeyError, TypeError):
-            raise ChangelogError(f"state schema file {path} has an unreadable entry") from None
-    return families

@@ -190,7 +190,6 @@ class Follower:
                 self._discard_other_subset(local_dir)
             self._hosting.refresh_tables()  # opens the stores; nothing is applied yet
             self._replica: TableReplica = self._hosting.replica(table)
-            self.changelog = self._replica.changelog  # the read-only one it tails
             if local_dir is not None:
                 self._write_marker(local_dir)
         except BaseException:

@@ -1,6 +1,7 @@
 """Hosting: the replicas a node holds, and the tailer thread that keeps them current.
 
-:class:`Hosting` discovers the tables under a ``state_dir``, opens a
+:class:`Hosting` discovers the tables its catalogs offer (every table under a ``state_dir``,
+and the state stores of attached Spark checkpoints: see :mod:`sparkiq.changelog.source`), opens a
 :class:`~sparkiq.changelog.replica.TableReplica` for the partitions it is told to hold, applies
 committed batches in a background thread (or when :meth:`Hosting.poll_once` is called), and
 reports where each partition is. It knows nothing of routing or of other nodes: *which*
@@ -35,10 +36,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from sparkiq.changelog import Changelog, list_tables
 from sparkiq.changelog.replica import (
     ReplicaStatus,
     RowTransform,
@@ -47,8 +47,9 @@ from sparkiq.changelog.replica import (
     memory_factory,
     rocksdb_factory,
 )
+from sparkiq.changelog.source import SourceCatalog, StateDirCatalog
 from sparkiq.cluster.membership import HostedState
-from sparkiq.errors import InvalidQueryError, SparkiqError, UnknownStoreError
+from sparkiq.errors import InvalidQueryError, UnknownStoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
@@ -104,9 +105,12 @@ class TableRoute:
 
 
 class Hosting:
-    """The replicas of the tables under ``state_dir`` that ``placement`` assigns here.
+    """The replicas of the tables under ``state_dir`` (and in ``catalogs``) that ``placement``
+    assigns here.
 
-    ``local_dir`` holds RocksDB files (``store="rocksdb"``); ``store="memory"`` keeps
+    ``state_dir`` None hosts only what ``catalogs`` offer; a name offered twice is hosted
+    from the first place that offers it (``state_dir`` first). ``local_dir`` holds RocksDB
+    files (``store="rocksdb"``); ``store="memory"`` keeps
     nothing on disk. ``tables`` limits which tables are hosted (default: all); ``views``
     holds a table as a :class:`TableView`. Changelogs are opened read-only unless
     ``read_only=False``. ``on_drop(table)`` is called when a table is released because its
@@ -115,7 +119,7 @@ class Hosting:
 
     def __init__(
         self,
-        state_dir: str,
+        state_dir: str | None,
         *,
         node_id: str,
         placement: Placement,
@@ -126,8 +130,16 @@ class Hosting:
         views: Mapping[str, TableView] | None = None,
         read_only: bool = True,
         on_drop: Callable[[str], None] | None = None,
+        catalogs: Sequence[SourceCatalog] = (),
     ) -> None:
         self.state_dir = state_dir
+        # where tables come from, and which one each hosted table came from: changed under
+        # _refresh_lock (and _lock, for _catalog_of)
+        self._catalogs: list[SourceCatalog] = [
+            *([] if state_dir is None else [StateDirCatalog(state_dir, read_only=read_only)]),
+            *catalogs,
+        ]
+        self._catalog_of: dict[str, SourceCatalog] = {}
         self.node_id = node_id
         self.local_dir = local_dir
         self.store_kind = store
@@ -186,32 +198,49 @@ class Hosting:
         )
 
     def refresh_tables(self) -> list[str]:
-        """Host any table that appeared in ``state_dir`` since the last call; return new ones.
+        """Host any table that appeared in a catalog since the last call; return new ones.
 
         A table whose changelog was deleted (``DROP TABLE ... DELETE CHANGELOG``) is released;
         one deleted and created again under the same name (a new incarnation) is released and
         hosted anew, so old local state is never mixed with the new changelog. Safe to call
         from any thread (calls are serialized)."""
         with self._refresh_lock:
-            present = set(list_tables(self.state_dir))
+            present: dict[str, SourceCatalog] = {}
+            for catalog in self._catalogs:
+                try:
+                    names = catalog.names()
+                except Exception:  # unreadable for now: keep what it offered before
+                    log.exception("%s: cannot list the tables of %r", self.node_id, catalog)
+                    names = [n for n, c in self._catalog_of.items() if c is catalog]
+                for name in names:
+                    present.setdefault(name, catalog)
             for name, replica in list(self._tables.items()):
-                if name not in present or not self._same_incarnation(replica):
+                offered = present.get(name)
+                if offered is not self._catalog_of.get(name) or not self._same_incarnation(
+                    offered, replica
+                ):
                     self._drop(name)
             added = []
-            for name in sorted(present):
+            for name, catalog in sorted(present.items()):
                 if self._only_tables is not None and name not in self._only_tables:
                     continue
                 if name not in self._tables:
-                    self._host(name)
+                    self._host(name, catalog)
                     added.append(name)
             return added
 
-    def _same_incarnation(self, replica: TableReplica) -> bool:
-        try:
-            fresh = Changelog(self.state_dir, replica.table, read_only=True).manifest()
-        except SparkiqError:  # deleted while we looked: the next refresh drops it
-            return True
-        return fresh.incarnation == replica.manifest.incarnation
+    @staticmethod
+    def _same_incarnation(catalog: SourceCatalog | None, replica: TableReplica) -> bool:
+        fresh = None if catalog is None else catalog.incarnation(replica.table)
+        # None: deleted while we looked; the next refresh drops it
+        return fresh is None or fresh == replica.manifest.incarnation
+
+    def add_catalog(self, catalog: SourceCatalog) -> list[str]:
+        """Offer the tables of one more catalog (an attached checkpoint) and host them now;
+        return the tables newly hosted."""
+        with self._refresh_lock:
+            self._catalogs.append(catalog)
+            return self.refresh_tables()
 
     def _drop(self, name: str) -> None:
         log.info(
@@ -220,13 +249,14 @@ class Hosting:
         with self._poll_lock, self._lock:
             replica = self._tables.pop(name)
             self._routes.pop(name, None)
+            self._catalog_of.pop(name, None)
             if self._on_drop is not None:
                 self._on_drop(name)
             replica.close()  # a read racing this fails with a StoreError, never a wrong row
 
-    def _host(self, name: str) -> None:
-        changelog = Changelog(self.state_dir, name, read_only=self._read_only)
-        manifest = changelog.manifest()
+    def _host(self, name: str, catalog: SourceCatalog) -> None:
+        source = catalog.open(name)
+        manifest = source.manifest()
         factory: StoreFactory
         if self.store_kind == "memory":
             factory = memory_factory
@@ -235,7 +265,7 @@ class Hosting:
             factory = rocksdb_factory(self.local_dir, manifest)
         view = self._views.get(name, _AS_STORED)
         replica = TableReplica(
-            changelog,
+            source,
             self._placement(name, manifest.partitions),
             factory,
             on_progress=self.write_status_file,
@@ -254,6 +284,7 @@ class Hosting:
         with self._lock:
             self._tables[name] = replica
             self._routes[name] = route
+            self._catalog_of[name] = catalog
 
     @contextlib.contextmanager
     def changing_partitions(self) -> Iterator[dict[str, TableReplica]]:
@@ -311,7 +342,7 @@ class Hosting:
                 try:
                     self.refresh_tables()
                 except Exception:  # a half-created table: try again next time
-                    log.exception("refreshing tables of %s failed", self.state_dir)
+                    log.exception("refreshing the tables of %s failed", self.node_id)
 
     def poll_once(self) -> int:
         """Apply whatever was committed since the last poll; return the applications made.
@@ -357,21 +388,21 @@ class Hosting:
         replica = self.replica(table)
         if replica.partitions:
             return replica.latest_batch_id
-        return max(replica.changelog.committed_batch_ids(), default=-1)
+        return max(replica.source.committed_batch_ids(), default=-1)
 
     def batch_at_time(self, table: str, when: float) -> int:
         """The newest batch of ``table`` committed at or before ``when`` (epoch seconds);
         raises :class:`~sparkiq.errors.InvalidQueryError` when none was. Commit times grow
         with batch ids (one writer per table), so a binary search reads few commit records."""
-        changelog = self.replica(table).changelog
-        batches = changelog.committed_batch_ids()
+        source = self.replica(table).source
+        batches = source.committed_batch_ids()
         # Compared as datetimes (microseconds), the resolution a caller's time has: a
         # commit time shown as a datetime, given back, must find its own batch.
         at = dt.datetime.fromtimestamp(when, dt.UTC)
         low, high, found = 0, len(batches) - 1, -1
         while low <= high:
             middle = (low + high) // 2
-            record = changelog.read_commit(batches[middle])
+            record = source.read_commit(batches[middle])
             if record is not None and dt.datetime.fromtimestamp(record.committed_at, dt.UTC) <= at:
                 found, low = batches[middle], middle + 1
             else:

@@ -57,6 +57,7 @@ from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.spark import ddl
+from sparkiq.spark.attach import checkpoint_of
 from sparkiq.spark.commits import CommitWatcher, newest_commit, wait_between_batches
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
 from sparkiq.spark.sink import (
@@ -171,6 +172,7 @@ class App:
         self._started = False
         self._lock = threading.Lock()
         self._watcher: CommitWatcher | None = None
+        self._attached: list[tuple[str, str, Any]] = []  # App.attach: (checkpoint, name, ops)
 
     # -- defining tables ---------------------------------------------------------------------
 
@@ -357,7 +359,7 @@ class App:
     def _new_node(self) -> Node:
         # The embedded node is standalone whatever SPARKIQ_LISTEN/PEERS/TOKEN say: those
         # configure `sparkiq serve` processes, which serve this state_dir over HTTP.
-        return Node(
+        node = Node(
             self.state_dir,
             node_id="local",
             listen=None,
@@ -367,6 +369,9 @@ class App:
             store=self._store_kind,
             poll_interval=self._poll_interval,
         )
+        for location, name, operators in self._attached:
+            node.attach(location, name, operators)
+        return node
 
     def _start_table(self, table: Table) -> None:
         """Start a table added after :meth:`start`: manifest, local replicas, then query."""
@@ -617,6 +622,17 @@ class App:
         (None for a deletion) and ``.position``; ``from_position=`` resumes after a change,
         ``snapshot=True`` starts with the table's current rows. See docs/sql.md."""
         return self._require_node().stream(text, **options)
+
+    def attach(
+        self, query: Any, name: str, *, checkpoint: str | None = None, operators: Any = None
+    ) -> list[str]:
+        """Serve the state of a streaming query this App did not start (the user's own,
+        unchanged) from its checkpoint, as tables ``<name>_<operator>...`` on the local node
+        (docs/attach.md); return the tables served now. ``checkpoint``: the query's
+        checkpoint location when it is not Spark's default for the query."""
+        location = checkpoint_of(self.spark, query, checkpoint)
+        self._attached.append((location, name, operators))
+        return self._require_node().attach(location, name, operators)
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer an IQv2-style request from the local node."""

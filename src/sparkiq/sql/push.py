@@ -53,10 +53,12 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sparkiq.changelog import Changelog, list_tables
 from sparkiq.changelog.feed import ChangeFeed, RetentionGapError, require_after
+from sparkiq.changelog.source import ChangelogSource, SegmentSource
 from sparkiq.errors import ChangelogError, UnknownStoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.types import TableSchema
@@ -89,7 +91,7 @@ log = logging.getLogger("sparkiq.push")
 class _Tail:
     """One thread following one table's changelog for every subscription of the table."""
 
-    def __init__(self, hub: SubscriptionHub, changelog: Changelog, decoder: Decoder) -> None:
+    def __init__(self, hub: SubscriptionHub, changelog: ChangelogSource, decoder: Decoder) -> None:
         self.hub, self.table, self.decoder = hub, changelog.table, decoder
         committed = changelog.committed_batch_ids()
         self.head = committed[-1] if committed else -1  # the last batch fanned out
@@ -159,10 +161,12 @@ class SubscriptionHub:
     """Serves push queries over the tables in ``state_dir`` (one per node).
 
     ``source``, when given (a :class:`~sparkiq.Node`), limits push queries to the tables it
-    serves (``source.tables``). ``buffer_limit`` is the default bound on the changes waiting
-    for one consumer; ``poll_interval`` how often (seconds) a tail checks for a new commit
-    (:meth:`notify` wakes it at once). Threads: one per table with subscriptions, none else.
-    Call :meth:`close` when the node stops.
+    serves (``source.tables``). ``sources(table)``, when given, says where a table's changes
+    come from (a :class:`~sparkiq.changelog.source.ChangelogSource`: an attached checkpoint's
+    store) or None for a sparkiq table of ``state_dir``. ``buffer_limit`` is the default
+    bound on the changes waiting for one consumer; ``poll_interval`` how often (seconds) a
+    tail checks for a new commit (:meth:`notify` wakes it at once). Threads: one per table
+    with subscriptions, none else. Call :meth:`close` when the node stops.
     """
 
     def __init__(
@@ -172,17 +176,18 @@ class SubscriptionHub:
         *,
         buffer_limit: int = 10_000,
         poll_interval: float = 0.02,
+        sources: Callable[[str], ChangelogSource | None] | None = None,
     ) -> None:
         if not (isinstance(buffer_limit, int) and buffer_limit > 0):
             raise PushQueryError(f"buffer_limit must be a positive int, got {buffer_limit!r}")
         if not (isinstance(poll_interval, int | float) and poll_interval > 0):
             raise PushQueryError(f"poll_interval must be a positive number, got {poll_interval!r}")
-        self.state_dir, self.source = state_dir, source
+        self.state_dir, self.source, self._sources = state_dir, source, sources
         self.buffer_limit, self.poll_interval = buffer_limit, float(poll_interval)
         self._lock = threading.Lock()
         self._tails: dict[str, _Tail] = {}
         self._subscriptions: set[Subscription] = set()
-        self._decoders: dict[str, tuple[Changelog, Decoder]] = {}
+        self._decoders: dict[str, tuple[ChangelogSource, Decoder]] = {}
         self._closed = False
 
     def _resolve(self, name: str) -> tuple[str, TableSchema]:
@@ -191,7 +196,7 @@ class SubscriptionHub:
             name = same[0] if len(same) == 1 else name
         return name, self._table(name)[1].keys.schema
 
-    def _table(self, table: str) -> tuple[Changelog, Decoder]:
+    def _table(self, table: str) -> tuple[ChangelogSource, Decoder]:
         found = self._decoders.get(table)
         if found is None:
             served = getattr(self.source, "tables", None)
@@ -199,7 +204,8 @@ class SubscriptionHub:
                 raise UnknownStoreError(
                     f"unknown table {table!r}; this node serves {sorted(served)}", store=table
                 )
-            changelog = Changelog(self.state_dir, table, read_only=True)
+            attached = None if self._sources is None else self._sources(table)
+            changelog = attached or SegmentSource(Changelog(self.state_dir, table, read_only=True))
             found = self._decoders[table] = (changelog, Decoder(changelog))
         return found
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.feed import BatchChanges
+from sparkiq.changelog.source import ChangelogSource
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.sql.change import BatchPosition, Change
 from sparkiq.sql.push_plan import PushPlan, Row
@@ -35,7 +36,7 @@ class DecodedBatch:
 class Decoder:
     """Decodes a table's keys and rows (thread-safe, like the codecs it holds)."""
 
-    def __init__(self, changelog: Changelog) -> None:
+    def __init__(self, changelog: ChangelogSource | Changelog) -> None:
         manifest = changelog.manifest()
         self.table, self.partitions = changelog.table, manifest.partitions
         self.keys, self.rows = KeyCodec(manifest.schema), RowCodec(manifest.schema)

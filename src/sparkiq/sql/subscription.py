@@ -36,13 +36,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from sparkiq.changelog import Changelog
 from sparkiq.changelog.feed import (
     ChangeFeed,
     RetentionGapError,
     read_state,
     require_after,
 )
+from sparkiq.changelog.source import ChangelogSource
 from sparkiq.errors import ChangelogError, SparkiqError
 from sparkiq.query.position import Position
 from sparkiq.sql.change import BatchPosition, Change
@@ -95,7 +95,7 @@ class Subscription:
         self,
         unregister: Callable[[Subscription], None],
         plan: PushPlan,
-        changelog: Changelog,
+        changelog: ChangelogSource,
         decoder: Decoder,
         *,
         start: Position | None,
@@ -335,7 +335,7 @@ class Subscription:
         return False
 
     def _prefix_items(
-        self, changelog: Changelog, snapshot_at: int | None, after: int, until: int
+        self, changelog: ChangelogSource, snapshot_at: int | None, after: int, until: int
     ) -> Iterator[list[_Item]]:
         """What precedes the shared tail (read in the consumer's thread, one partition or
         one batch at a time): the snapshot, then batches ``after+1 .. until``."""

@@ -1,0 +1,555 @@
+"""A Spark checkpoint's state stores as sparkiq tables (zero-change mode).
+
+:class:`CheckpointCatalog` offers one table per state store of one checkpoint, and
+:class:`CheckpointSource` is the :class:`~sparkiq.changelog.source.ChangelogSource` of one of
+them: replicas, routing, SQL and every other reader use it exactly as they use a sparkiq
+changelog. Nothing here ever writes under the checkpoint.
+
+Tables
+    Named ``<name>_<operator>[_<store>]`` (a sparkiq table name is an SQL identifier, so the
+    parts are joined with ``_``). ``<operator>`` is ``agg`` (a streaming aggregation),
+    ``window`` (an aggregation whose key holds a ``window()`` struct), ``dedupe``
+    (``dropDuplicates``, ``dropDuplicatesWithinWatermark``), ``tws`` (``transformWithState``,
+    ``transformWithStateInPandas``), ``join`` (a stream-stream join), ``fmgws``
+    (``[flatMap|apply]GroupsWithState[InPandas]``) or ``op<id>`` for any other operator;
+    when two operators get the same part, each gets its operator id appended (``agg0``,
+    ``agg3``). ``<store>`` is the store's name (for transformWithState, the state variable),
+    left out for Spark's ``default`` store. ``operators={id: "part"}`` attaches only the
+    operators named and replaces their part.
+
+Columns
+    The key columns are the fields of the state key schema, in order. A struct field
+    (``window``: ``struct<start, end>``) becomes one key column per member, named
+    ``<field>_<member>`` (``window_start``, ``window_end``): Spark places a key by the hash of
+    every grouping column, struct members included in order, so flattening keeps sparkiq's
+    partitioner equal to Spark's placement (a sparkiq windowed table places a key by its
+    non-window columns only, which Spark does not). The value columns follow: a streaming
+    aggregation's state is its aggregation *buffer*, whose names are those of the buffer,
+    not the query's aliases (the checkpoint does not record them):
+
+    ==========================  ===========================================================
+    aggregate                   value columns
+    ==========================  ===========================================================
+    ``count``                   ``count`` (the output value)
+    ``sum`` (integral, double)  ``sum`` (the output value)
+    ``sum`` (decimal)           ``sum`` (the output: null while ``isEmpty``, which is dropped)
+    ``min``, ``max``            ``min``, ``max`` (the output value)
+    ``first``, ``last``         ``first``, ``last`` (the output: null unless ``valueSet``,
+                                which is dropped)
+    ``avg``                     ``sum`` and ``count`` (the buffer: ``avg = sum / count``;
+                                the checkpoint cannot tell ``avg(v)`` from
+                                ``sum(v), count(v)``)
+    anything else               its buffer fields as Spark names them
+    ==========================  ===========================================================
+
+    A name that repeats gets ``_2``, ``_3``... in order (``sum``, ``sum_2``), and one equal to
+    a key column gets ``_value``. Other operators expose their value schema as stored, less
+    fields of type ``void`` (``dropDuplicates`` stores a placeholder ``__dummy__``: its
+    table has only key columns; ``dropDuplicatesWithinWatermark`` keeps the expiry time).
+
+Positions
+    Batch ids are the query's: state version ``N`` is the state after batch ``N - 1``, and a
+    batch is visible only once ``commits/<batch>`` exists. A Spark snapshot of version ``N``
+    serves as the snapshot of batch ``N - 1``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import msgspec
+
+from sparkiq.changelog.commit import CommitRecord
+from sparkiq.changelog.manifest import TableManifest
+from sparkiq.changelog.segment import SegmentInfo
+from sparkiq.changelog.snapshot import SnapshotInfo
+from sparkiq.checkpoint.layout import Checkpoint
+from sparkiq.checkpoint.provider import (
+    RowDecoder,
+    StateFiles,
+    StateStoreInfo,
+    batch_of_version,
+    version_of_batch,
+)
+from sparkiq.errors import ChangelogError, ConfigError, CorruptSegmentError, SchemaError
+from sparkiq.schema.internal import (
+    date_to_internal,
+    decimal_unscaled,
+    timestamp_ntz_to_internal,
+    timestamp_to_internal,
+)
+from sparkiq.schema.keycodec import KeyCodec
+from sparkiq.schema.types import DataType, Field, TableSchema
+
+__all__ = [
+    "CheckpointCatalog",
+    "CheckpointSource",
+    "StoreTable",
+    "plan_tables",
+]
+
+log = logging.getLogger("sparkiq.checkpoint")
+
+_READABLE = {
+    "stateStoreSave": "agg",
+    "dedupe": "dedupe",
+    "dedupeWithinWatermark": "dedupe",
+    "symmetricHashJoin": "join",
+    "flatMapGroupsWithState": "fmgws",
+    "applyInPandasWithState": "fmgws",
+}
+_NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_]")
+# Buffer fields that only say whether their neighbour holds a value (Spark's Sum of decimals,
+# First/Last): folded into that neighbour, which becomes null when there is none.
+_PRESENCE_FLAGS = {"isEmpty": ("sum", True), "valueSet": (None, False)}
+
+
+def _operator_part(info: StateStoreInfo) -> str:
+    name = info.operator_name
+    if name.startswith("transformWithState"):
+        return "tws"
+    if name == "stateStoreSave" and any(_is_window(f) for f in info.key_schema.fields):
+        return "window"
+    return _READABLE.get(name, f"op{info.operator_id}")
+
+
+def _is_window(field: Field) -> bool:
+    members = {f.name for f in field.type.fields} if field.type.name == "struct" else set()
+    return {"start", "end"} <= members
+
+
+def _identifier(text: str) -> str:
+    cleaned = _NOT_IDENTIFIER.sub("_", text)
+    return cleaned if cleaned[:1].isalpha() or cleaned[:1] == "_" else f"_{cleaned}"
+
+
+@dataclass(frozen=True)
+class StoreTable:
+    """How one state store is served: the sparkiq table ``name`` and ``schema`` (key columns
+    first), how many buffer fields fold into their neighbour (``folds``: value index of the
+    flag -> value index it clears), and the store it reads."""
+
+    name: str
+    info: StateStoreInfo
+    schema: TableSchema
+    key_paths: tuple[tuple[int, ...], ...]  # per key column: where it is in the decoded key
+    value_indexes: tuple[int, ...]  # per value column: its index in the decoded value
+    folds: tuple[tuple[int, int, bool], ...]  # (flag index, value index, null when flag is)
+
+
+def plan_tables(
+    name: str,
+    stores: Sequence[StateStoreInfo],
+    operators: Mapping[int, str] | Iterable[int] | None = None,
+) -> list[StoreTable]:
+    """The tables a checkpoint's stores become (see the module docstring for the rules).
+
+    Raises :class:`~sparkiq.errors.ConfigError` for an operator id the checkpoint does not
+    have, and :class:`~sparkiq.errors.SchemaError` for a store sparkiq cannot serve (a key
+    column type that cannot be a key), naming the operator and the type.
+    """
+    chosen: dict[int, str | None]
+    ids = sorted({s.operator_id for s in stores})
+    if operators is None:
+        chosen = dict.fromkeys(ids)
+    elif isinstance(operators, Mapping):
+        chosen = {int(k): _identifier(str(v)) for k, v in operators.items()}
+    else:
+        chosen = dict.fromkeys(int(k) for k in operators)
+    unknown = sorted(set(chosen) - set(ids))
+    if unknown:
+        raise ConfigError(
+            f"operators {unknown} are not in the checkpoint; its stateful operators are "
+            + ", ".join(f"{i} ({_describe_op(stores, i)})" for i in ids)
+        )
+    parts = {i: chosen[i] or _operator_part(_first(stores, i)) for i in chosen}
+    repeated = {p for p in parts.values() if list(parts.values()).count(p) > 1}
+    tables = []
+    for info in sorted(stores, key=lambda s: (s.operator_id, s.store_name)):
+        if info.operator_id not in parts:
+            continue
+        part = parts[info.operator_id]
+        if part in repeated and chosen[info.operator_id] is None:
+            part = f"{part}{info.operator_id}"
+        table = f"{_identifier(name)}_{part}"
+        if info.store_name != "default":
+            table = f"{table}_{_identifier(info.store_name)}"
+        tables.append(_plan(table, info))
+    return tables
+
+
+def _first(stores: Sequence[StateStoreInfo], operator_id: int) -> StateStoreInfo:
+    return next(s for s in stores if s.operator_id == operator_id)
+
+
+def _describe_op(stores: Sequence[StateStoreInfo], operator_id: int) -> str:
+    return _first(stores, operator_id).operator_name or "unknown"
+
+
+def _plan(table: str, info: StateStoreInfo) -> StoreTable:
+    fields: list[Field] = []
+    key_paths: list[tuple[int, ...]] = []
+    for i, field in enumerate(info.key_schema.fields):
+        if field.type.name == "struct":
+            for j, member in enumerate(field.type.fields):
+                fields.append(Field(f"{field.name}_{member.name}", member.type, member.nullable))
+                key_paths.append((i, j))
+        else:
+            fields.append(field)
+            key_paths.append((i,))
+    key_names = [f.name for f in fields]
+    for f in fields:
+        if not f.type.is_key_type:
+            raise SchemaError(
+                f"state store {info.store_name!r} of operator {info.operator_id} "
+                f"({info.operator_name}) has key column {f.name!r} of type "
+                f"{f.type.simple_string()}, which sparkiq cannot use as a key; this store "
+                "cannot be attached (leave the operator out with operators=)"
+            )
+    value_fields = list(info.value_schema.fields)
+    folds: list[tuple[int, int, bool]] = []
+    skipped: set[int] = set()
+    if info.operator_name == "stateStoreSave":
+        for i, f in enumerate(value_fields):
+            rule = _PRESENCE_FLAGS.get(f.name)
+            if rule is None or i == 0 or f.type.name != "boolean":
+                continue
+            wanted, null_when = rule
+            if wanted is not None and value_fields[i - 1].name != wanted:
+                continue
+            folds.append((i, i - 1, null_when))
+            skipped.add(i)
+    seen: dict[str, int] = {}
+    value_indexes = []
+    for i, f in enumerate(value_fields):
+        if i in skipped or f.type.name == "void":  # dropDuplicates' placeholder holds nothing
+            continue
+        base = f"{f.name}_value" if f.name in key_names else f.name
+        seen[base] = seen.get(base, 0) + 1
+        column = base if seen[base] == 1 else f"{base}_{seen[base]}"
+        fields.append(Field(column, f.type, True))
+        value_indexes.append(i)
+    schema = TableSchema(tuple(fields), tuple(key_names))
+    return StoreTable(table, info, schema, tuple(key_paths), tuple(value_indexes), tuple(folds))
+
+
+# --- Python values from the decoder to sparkiq's internal (key) and stored (row) forms ------
+
+
+def _internal(dtype: DataType) -> Callable[[Any], Any]:
+    name = dtype.name
+    if name == "date":
+        return lambda v: date_to_internal(v) if isinstance(v, dt.date) else v
+    if name == "timestamp":
+        return lambda v: timestamp_to_internal(v) if isinstance(v, dt.datetime) else v
+    if name == "timestamp_ntz":
+        return lambda v: timestamp_ntz_to_internal(v) if isinstance(v, dt.datetime) else v
+    if name == "decimal":
+        scale = dtype.scale
+        return lambda v: decimal_unscaled(v, scale) if isinstance(v, Decimal) else v
+    if name == "binary":
+        return lambda v: bytes(v)
+    return lambda v: v
+
+
+def _stored(dtype: DataType) -> Callable[[Any], Any]:
+    name = dtype.name
+    if name in ("date", "timestamp", "timestamp_ntz"):
+        return _internal(dtype)
+    if name == "decimal":
+        scale = dtype.scale
+        return lambda v: f"{v:f}" if isinstance(v, Decimal) else f"{Decimal(v).scaleb(-scale):f}"
+    if name == "binary":
+        return lambda v: bytes(v)
+    if name == "struct":
+        members = [(f.name, _or_none(_stored(f.type))) for f in dtype.fields]
+
+        def struct(v: Any) -> list[Any]:
+            values = [v.get(n) for n, _ in members] if isinstance(v, Mapping) else list(v)
+            return [c(x) for (_, c), x in zip(members, values, strict=True)]
+
+        return struct
+    if name == "array" and dtype.element is not None:
+        element = _or_none(_stored(dtype.element))
+        return lambda v: [element(x) for x in v]
+    if name == "map" and dtype.key is not None and dtype.value is not None:
+        key, value = _or_none(_stored(dtype.key)), _or_none(_stored(dtype.value))
+
+        def pairs(v: Any) -> list[list[Any]]:
+            items = v.items() if isinstance(v, Mapping) else v
+            return [[key(k), value(x)] for k, x in items]
+
+        return pairs
+    return lambda v: v
+
+
+def _or_none(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda v: None if v is None else convert(v)
+
+
+class _Converter:
+    """Decoded Spark rows of one store to encoded sparkiq keys and rows."""
+
+    def __init__(self, plan: StoreTable) -> None:
+        self.plan = plan
+        decoder = RowDecoder(plan.info)
+        self.decode_key = decoder.key
+        self.decode_value = decoder.value
+        self.keys = KeyCodec(plan.schema)
+        key_types = plan.schema.key_types
+        self.key_internal = [_or_none(_internal(t)) for t in key_types]
+        self.key_stored = [_or_none(_stored(t)) for t in key_types]
+        value_types = [f.type for f in plan.info.value_schema.fields]
+        self.value_stored = [(i, _or_none(_stored(value_types[i]))) for i in plan.value_indexes]
+        self.encoder = msgspec.msgpack.Encoder()
+
+    def key(self, data: bytes) -> tuple[bytes, list[Any]]:
+        """(encoded key, the key columns' stored values) of Spark's key bytes."""
+        decoded = self.decode_key(data)
+        columns = []
+        for path in self.plan.key_paths:
+            value = decoded[path[0]]
+            if len(path) == 2 and value is not None:
+                value = (
+                    value[path[1]]
+                    if not isinstance(value, Mapping)
+                    else list(value.values())[path[1]]
+                )
+            columns.append(value)
+        internal = tuple(c(v) for c, v in zip(self.key_internal, columns, strict=True))
+        stored = [c(v) for c, v in zip(self.key_stored, columns, strict=True)]
+        return self.keys.encode(internal), stored
+
+    def row(self, key_stored: list[Any], data: bytes) -> bytes:
+        values = list(self.decode_value(data))
+        for flag, index, null_when in self.plan.folds:
+            if bool(values[flag]) is null_when:
+                values[index] = None
+        return self.encoder.encode(key_stored + [c(values[i]) for i, c in self.value_stored])
+
+
+class CheckpointSource:
+    """One state store of a checkpoint as a :class:`~sparkiq.changelog.source.ChangelogSource`.
+
+    Reads only; safe to share between threads for reading (the per-partition file readers
+    are created once, under a lock).
+    """
+
+    restore_hint = (
+        "Spark's maintenance deleted it (spark.sql.streaming.minBatchesToRetain) and no newer "
+        "snapshot covers it yet; the partition restores at the next state snapshot"
+    )
+
+    def __init__(self, checkpoint: Checkpoint, plan: StoreTable, incarnation: str) -> None:
+        self.checkpoint = checkpoint
+        self.plan = plan
+        self._convert = _Converter(plan)
+        self._manifest = TableManifest(
+            name=plan.name,
+            schema=plan.schema,
+            partitions=plan.info.partitions,
+            output_mode="update",
+            incarnation=incarnation,
+        )
+        self._segments = {p: SegmentInfo(p, 0, 0, "") for p in range(plan.info.partitions)}
+        self._files: dict[int, StateFiles] = {}
+        self._lock = threading.Lock()  # guards _files
+
+    @property
+    def table(self) -> str:
+        return self.plan.name
+
+    def manifest(self) -> TableManifest:
+        return self._manifest
+
+    def _where(self, partition: int) -> str:
+        info = self.plan.info
+        return (
+            f"state store {info.store_name!r} of operator {info.operator_id} "
+            f"({info.operator_name or 'unknown'}), partition {partition}, in checkpoint "
+            f"{str(self.checkpoint.path)!r}"
+        )
+
+    def files(self, partition: int) -> StateFiles:
+        with self._lock:
+            found = self._files.get(partition)
+            if found is None:
+                found = self._files[partition] = self.checkpoint.files(self.plan.info, partition)
+            return found
+
+    # -- commits -----------------------------------------------------------------------------
+
+    def committed_batch_ids(self) -> list[int]:
+        return sorted(self.checkpoint.committed_batches())
+
+    def has_commit(self, batch_id: int) -> bool:
+        return batch_id >= 0 and batch_id in set(self.checkpoint.committed_batches())
+
+    def read_commit(self, batch_id: int) -> CommitRecord | None:
+        if not self.has_commit(batch_id):
+            return None
+        return self._record(batch_id)
+
+    def _record(self, batch_id: int) -> CommitRecord:
+        # Spark writes a change file for every partition in every batch, so each partition
+        # is listed (sizes and checksums are the provider's to check, not the record's).
+        return CommitRecord(
+            table=self.plan.name,
+            batch_id=batch_id,
+            mode="update",
+            segments=self._segments,
+            committed_at=self.checkpoint.commit_time(batch_id),
+        )
+
+    def has_changes(self, record: CommitRecord, partition: int) -> bool:
+        try:
+            return version_of_batch(record.batch_id) in self.files(partition).versions()
+        except (ChangelogError, OSError):
+            return False
+
+    def commits_after(self, batch_id: int) -> Iterator[CommitRecord]:
+        committed = set(self.checkpoint.committed_batches())
+        next_id = batch_id + 1
+        while next_id in committed:
+            yield self._record(next_id)
+            next_id += 1
+
+    # -- changes and snapshots ---------------------------------------------------------------
+
+    def read_changes(
+        self, record: CommitRecord, partition: int
+    ) -> tuple[list[bytes], list[bytes | None]]:
+        """The state changes batch ``record.batch_id`` made (Spark's version ``batch + 1``),
+        the last change of a key winning, as sparkiq keys and rows."""
+        version = version_of_batch(record.batch_id)
+        changes: dict[bytes, bytes | None] = {}
+        convert = self._convert
+        try:
+            for key_data, value_data in self.files(partition).changes(version):
+                key, stored = convert.key(key_data)
+                changes[key] = None if value_data is None else convert.row(stored, value_data)
+        except ChangelogError:
+            raise
+        except (OSError, ValueError, IndexError, TypeError) as exc:
+            raise CorruptSegmentError(
+                f"cannot read the changes of version {version} (batch {record.batch_id}) of "
+                f"{self._where(partition)}: {exc!r}",
+                store=self.plan.name,
+                partition=partition,
+            ) from exc
+        return list(changes), list(changes.values())
+
+    def snapshots(self, partition: int) -> list[SnapshotInfo]:
+        """Spark's snapshots of the partition whose batch is committed (a snapshot of version
+        ``N`` is the state after batch ``N - 1``)."""
+        try:
+            versions = self.files(partition).snapshot_versions()
+        except (ChangelogError, OSError) as exc:
+            log.error("%s: cannot list snapshots: %s", self._where(partition), exc)
+            return []
+        committed = set(self.checkpoint.committed_batches())
+        return [
+            SnapshotInfo(self.plan.name, partition, batch_of_version(v), 0, 0, "")
+            for v in sorted(versions)
+            if batch_of_version(v) in committed
+        ]
+
+    def read_snapshot(self, info: SnapshotInfo) -> tuple[list[bytes], list[bytes]]:
+        version = version_of_batch(info.batch_id)
+        rows: dict[bytes, bytes] = {}
+        convert = self._convert
+        try:
+            for key_data, value_data in self.files(info.partition).snapshot(version):
+                key, stored = convert.key(key_data)
+                rows[key] = convert.row(stored, value_data)
+        except CorruptSegmentError:
+            raise
+        except (ChangelogError, OSError, ValueError, IndexError, TypeError) as exc:
+            raise CorruptSegmentError(
+                f"cannot read the snapshot of version {version} of "
+                f"{self._where(info.partition)}: {exc}",
+                store=self.plan.name,
+                partition=info.partition,
+            ) from exc
+        return list(rows), list(rows.values())
+
+    def __repr__(self) -> str:
+        return f"CheckpointSource({str(self.checkpoint.path)!r}, {self.plan.name!r})"
+
+
+class CheckpointCatalog:
+    """The state stores of the checkpoint at ``uri`` as tables named after ``name`` (see the
+    module docstring). Stores that appear later (a query that has not run its first batch)
+    are offered once they exist."""
+
+    def __init__(
+        self,
+        uri: str,
+        name: str,
+        operators: Mapping[int, str] | Iterable[int] | None = None,
+    ) -> None:
+        self.uri = uri
+        self.name = name
+        self.operators = operators if isinstance(operators, Mapping | None) else list(operators)
+        self.checkpoint = Checkpoint(uri)  # ConfigError now for a path that is no checkpoint
+        self._lock = threading.Lock()  # guards _plans and _problem
+        self._plans: dict[str, StoreTable] = {}
+        self._problem: str | None = None
+
+    def _refresh(self) -> dict[str, StoreTable]:
+        """The tables as of now. Before the query's first batch (or while its files cannot be
+        read) the last known tables, with the reason logged once."""
+        try:
+            stores = self.checkpoint.stores()
+        except ChangelogError as exc:
+            with self._lock:
+                if exc.message != self._problem:
+                    log.warning("checkpoint %s: %s", self.uri, exc.message)
+                self._problem = exc.message
+                return dict(self._plans)
+        plans = {p.name: p for p in plan_tables(self.name, stores, self.operators)}
+        with self._lock:
+            self._plans, self._problem = plans, None
+        return plans
+
+    def names(self) -> list[str]:
+        return sorted(self._refresh())
+
+    def plans(self) -> list[StoreTable]:
+        return [p for _, p in sorted(self._refresh().items())]
+
+    def open(self, name: str) -> CheckpointSource:
+        with self._lock:
+            plan = self._plans.get(name)
+        if plan is None:
+            plan = self._refresh().get(name)
+        if plan is None:
+            raise ConfigError(f"no table {name!r} in checkpoint {self.uri!r}")
+        return CheckpointSource(self.checkpoint, plan, self._incarnation(plan))
+
+    def incarnation(self, name: str) -> str | None:
+        with self._lock:
+            plan = self._plans.get(name)
+        if plan is None:
+            return None
+        try:
+            return self._incarnation(plan)
+        except (ChangelogError, OSError):
+            return None
+
+    def _incarnation(self, plan: StoreTable) -> str:
+        # The query id changes when the checkpoint is deleted and the query started anew;
+        # the layout digest when the same name now means another store.
+        layout = hashlib.sha256(plan.schema.spark_json().encode()).hexdigest()[:16]
+        return f"{self.checkpoint.query_id}:{plan.info.operator_id}:{layout}"
+
+    def __repr__(self) -> str:
+        return f"CheckpointCatalog({self.uri!r}, {self.name!r})"
