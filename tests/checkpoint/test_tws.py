@@ -224,6 +224,21 @@ def test_internal_column_families_and_unknown_kinds_are_refused(checkpoint: Path
     }
 
 
+def test_timers_are_not_state_variables() -> None:
+    properties = {
+        "timeMode": "ProcessingTime",
+        "stateVariables": [
+            {"stateName": "cnt", "stateVariableType": "ValueState", "ttlEnabled": True},
+            {"stateName": "$procTimers_keyToTimestamp", "stateVariableType": "TimerState"},
+        ],
+    }
+    found = state_variables({"operatorPropertiesJson": json.dumps(properties)}, 3)
+    assert list(found) == ["cnt"]
+    assert found["cnt"].kind == "value" and found["cnt"].ttl
+    with pytest.raises(ChangelogError, match="operator 3: unreadable operatorPropertiesJson"):
+        state_variables({"operatorPropertiesJson": "{"}, 3)
+
+
 def test_a_corrupt_schema_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "0_schema"
     path.write_bytes(b"\x00\x02v3\x00\x00\x00\x01\x00\x03abc\x00")

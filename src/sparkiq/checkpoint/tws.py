@@ -117,15 +117,16 @@ def state_variables(
     operator_metadata: Mapping[str, Any], operator_id: int
 ) -> dict[str, StateVariable]:
     """The state variables of a transformWithState operator, by name, from its operator
-    metadata v2 document (``operatorPropertiesJson``'s ``stateVariables``); empty for other
-    operators."""
+    metadata v2 document (``operatorPropertiesJson``'s ``stateVariables``): the value, list
+    and map states (timers are Spark's own); empty for other operators."""
     try:
         props = json.loads(operator_metadata.get("operatorPropertiesJson") or "{}")
         found = {}
         for item in props.get("stateVariables") or ():
             name = str(item["stateName"])
-            kind = variable_kind(str(item["stateVariableType"]))
-            found[name] = StateVariable(name, kind, bool(item.get("ttlEnabled")))
+            kind = _KINDS.get(str(item["stateVariableType"]).lower())
+            if kind is not None:  # TimerState: Spark's own timers ($procTimers_...)
+                found[name] = StateVariable(name, kind, bool(item.get("ttlEnabled")))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ChangelogError(
             f"operator {operator_id}: unreadable operatorPropertiesJson in its metadata: {exc}"
