@@ -3,14 +3,18 @@ at every committed batch, for the stateful operators Spark runs most."""
 
 from __future__ import annotations
 
+import struct
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 from pyspark.sql import functions as F
 
 from sparkiq.checkpoint import Checkpoint, replay, version_of_batch
+from sparkiq.checkpoint.compression import decompress
+from sparkiq.errors import CorruptSegmentError
 from tests.checkpoint.streams import Stream, spark_state, sparkiq_state
 
 # Snapshots as often as Spark allows, so the tests read snapshots as well as deltas.
@@ -181,3 +185,68 @@ def test_snapshots_written_by_spark_maintenance(spark: Any, tmp_path: Path) -> N
     assert assert_snapshots_equal_deltas(ck) > 0
     stream.batch(ROWS[2])
     assert_every_batch_matches(spark, ck)
+
+
+def lz4_java_raw(data: bytes) -> bytes:
+    """``data`` in lz4-java's block framing, as stored (uncompressed) blocks: what a test
+    needs to hand sparkiq a file with chosen contents."""
+    out = []
+    for start in range(0, len(data), 1 << 16):
+        block = data[start : start + (1 << 16)]
+        check = xxhash.xxh32_intdigest(block, seed=0x9747B28C) & 0x0FFFFFFF
+        out.append(b"LZ4Block" + struct.pack("<Biii", 0x16, len(block), len(block), check) + block)
+    out.append(b"LZ4Block" + struct.pack("<Biii", 0x16, 0, 0, 0))
+    return b"".join(out)
+
+
+def test_row_checksums(spark: Any, tmp_path: Path) -> None:
+    conf = {"spark.sql.streaming.stateStore.rowChecksum.enabled": "true"}
+    stream = Stream(spark, tmp_path, EVENTS, aggregate(["k"]), conf=conf)
+    stream.batch(ROWS[0])
+    stream.batch(ROWS[1])
+    ck = Checkpoint(stream.checkpoint)
+    assert_every_batch_matches(spark, ck)
+    (store,) = ck.stores()
+    for partition in range(store.partitions):
+        delta = store.directory(partition) / "1.delta"
+        raw = decompress("lz4", delta.read_bytes())
+        if len(raw) > 100:
+            break
+    # flip one bit of the first value row (after: key size, key, value size, row checksum)
+    (key_size,) = struct.unpack_from(">i", raw)
+    at = 4 + key_size + 4 + 4 + 8
+    corrupted = raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1 :]
+    delta.write_bytes(lz4_java_raw(corrupted))
+    delta.with_name(f".{delta.name}.crc").unlink()
+    with pytest.raises(CorruptSegmentError, match="row checksum"):
+        list(ck.files(store, partition).changes(1))
+    delta.write_bytes(lz4_java_raw(raw))  # the same records, reframed: read as before
+    assert len(list(ck.files(store, partition).changes(1))) > 0
+
+
+def test_stream_stream_join_stores(spark: Any, tmp_path: Path) -> None:
+    """A join keeps four stores per partition, each in its own directory with its own
+    schema file: every one decodes as Spark's State Data Source reads it."""
+
+    def build(frame: Any) -> Any:
+        right = frame.select(F.col("k").alias("rk"), F.col("n").alias("rn"))
+        return frame.join(right, frame.k == right.rk)
+
+    stream = Stream(spark, tmp_path, EVENTS, build, output_mode="append")
+    stream.batch([{"k": "a", "n": 1}, {"k": "b", "n": 2}])
+    stream.batch([{"k": "a", "n": 3}])
+    ck = Checkpoint(stream.checkpoint)
+    stores = ck.stores()
+    assert {s.store_name for s in stores} == {
+        "left-keyToNumValues",
+        "left-keyWithIndexToValue",
+        "right-keyToNumValues",
+        "right-keyWithIndexToValue",
+    }
+    for store in stores:
+        assert store.operator_name == "symmetricHashJoin"
+        assert store.directory(0).name == store.store_name
+        for batch in ck.committed_batches():
+            expected = spark_state(spark, ck.path, batch, storeName=store.store_name)
+            assert expected, store.store_name
+            assert sparkiq_state(ck, store, batch) == expected, (store.store_name, batch)

@@ -14,7 +14,6 @@ import pytest
 from pyspark.sql import functions as F
 
 from sparkiq.checkpoint import Checkpoint, RowDecoder, replay, version_of_batch
-from sparkiq.checkpoint.hdfs import HdfsStateFiles
 from sparkiq.errors import ChangelogError, ConfigError, CorruptSegmentError
 from tests.checkpoint.streams import Stream, spark_state, sparkiq_state
 
@@ -167,13 +166,6 @@ def test_an_unknown_provider_is_refused(copy: Checkpoint) -> None:
     rewrite_conf(copy, **{"spark.sql.streaming.stateStore.providerClass": "com.example.Mine"})
     with pytest.raises(ChangelogError, match=r"com\.example\.Mine is not one sparkiq reads"):
         copy.stores()
-
-
-def test_row_checksums_are_refused_until_supported(copy: Checkpoint) -> None:
-    rewrite_conf(copy, **{"spark.sql.streaming.stateStore.rowChecksum.enabled": "true"})
-    (store,) = copy.stores()
-    with pytest.raises(ChangelogError, match="rowChecksum"):
-        HdfsStateFiles(store, 0)
 
 
 def test_bytes_of_another_schema_are_refused(copy: Checkpoint) -> None:

@@ -11,11 +11,14 @@ written by ``HDFSBackedStateStoreProvider``. Both are compressed streams
     int32 -1                                                      end of file
 
 Keys and values are UnsafeRows; a value's length is floored to a multiple of 8, as Spark
-does (Spark before 2.3 appended 4 bytes). A file is verified (checksum files, codec framing,
-then this record framing up to its end marker) before any record is yielded.
+does (Spark before 2.3 appended 4 bytes). With row checksums
+(``spark.sql.streaming.stateStore.rowChecksum.enabled``, Spark 4.1+) a put's value bytes
+start with a little-endian int32 CRC-32C of key and value row bytes, and a removal's key
+bytes with the CRC-32C of the key row: sparkiq verifies and strips them. A file is verified
+(checksum files, codec framing, this record framing up to its end marker, row checksums)
+before any record is yielded.
 
-Not supported (refused with a clear error): ``checkpointFormatVersion`` 2 (Spark refuses it
-for this provider too) and row checksums (``spark.sql.streaming.stateStore.rowChecksum.enabled``).
+``checkpointFormatVersion`` 2 does not exist for this provider (Spark refuses it too).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+
+import crc32c
 
 from sparkiq.checkpoint.compression import CompressionError, decompress
 from sparkiq.checkpoint.files import ChecksumMismatch, read_verified
@@ -34,6 +39,7 @@ __all__ = ["HdfsStateFiles", "open_state_files"]
 
 _NAME = re.compile(r"^(\d+)\.(delta|snapshot)$")
 _BE_INT = struct.Struct(">i")
+_LE_INT = struct.Struct("<i")
 _ROW_CHECKSUM = "spark.sql.streaming.stateStore.rowChecksum.enabled"
 
 
@@ -50,13 +56,7 @@ class HdfsStateFiles:
     """
 
     def __init__(self, store: StateStoreInfo, partition: int) -> None:
-        if store.setting(_ROW_CHECKSUM).lower() == "true":
-            raise ChangelogError(
-                f"{store.describe(partition)}: the query writes row checksums ({_ROW_CHECKSUM}"
-                "=true), which sparkiq does not read yet; turn the setting off for this query",
-                store=store.store_name,
-                partition=partition,
-            )
+        self.row_checksums = store.setting(_ROW_CHECKSUM).lower() == "true"
         self.store = store
         self.partition = partition
         self.directory = store.directory(partition)
@@ -91,7 +91,7 @@ class HdfsStateFiles:
         where = f"{self.store.describe(self.partition)}, file {path}"
         try:
             data = decompress(self.store.codec, read_verified(path))
-            return _parse(data, removals=removals)
+            return _parse(data, removals=removals, checksums=self.row_checksums)
         except FileNotFoundError:
             raise ChangelogError(
                 f"{where} is gone (Spark's maintenance deletes old state files): restore "
@@ -114,7 +114,7 @@ class _FramingError(ValueError):
     pass
 
 
-def _parse(data: bytes, *, removals: bool) -> list[tuple[bytes, bytes | None]]:
+def _parse(data: bytes, *, removals: bool, checksums: bool) -> list[tuple[bytes, bytes | None]]:
     records: list[tuple[bytes, bytes | None]] = []
     pos, end = 0, len(data)
     unpack = _BE_INT.unpack_from
@@ -132,12 +132,27 @@ def _parse(data: bytes, *, removals: bool) -> list[tuple[bytes, bytes | None]]:
         (value_size,) = unpack(data, pos)
         pos += 4
         if value_size == -1 and removals:
-            records.append((key, None))
+            records.append((_unsealed(key, b"") if checksums else key, None))
             continue
         if value_size < 0 or end - pos < value_size:
             raise _FramingError(f"a record at byte {pos - 4} has value size {value_size}")
-        records.append((key, data[pos : pos + (value_size // 8) * 8]))
+        value = data[pos : pos + value_size]
         pos += value_size
+        if checksums:
+            value = _unsealed(value, key)
+        records.append((key, value[: (len(value) // 8) * 8]))
     if pos != end:
         raise _FramingError(f"{end - pos} bytes follow the end marker")
     return records
+
+
+def _unsealed(sealed: bytes, key: bytes) -> bytes:
+    """A row without its leading row checksum, verified: CRC-32C over ``key`` (empty for a
+    removal, whose sealed row is the key itself) and the row."""
+    if len(sealed) < 4:
+        raise _FramingError("a row is shorter than its row checksum")
+    row = sealed[4:]
+    want = _LE_INT.unpack_from(sealed)[0] & 0xFFFFFFFF
+    if crc32c.crc32c(row, crc32c.crc32c(key)) != want:
+        raise _FramingError("a row fails its row checksum (CRC-32C)")
+    return row
