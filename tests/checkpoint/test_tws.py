@@ -212,9 +212,8 @@ def test_internal_column_families_and_unknown_kinds_are_refused(checkpoint: Path
         )
     with pytest.raises(ChangelogError, match="ValueState, ListState and MapState"):
         variable_kind("TimerState")
-    newest = max(
-        (checkpoint / "state" / "0" / "_metadata" / "v2").iterdir(), key=lambda p: int(p.name)
-    )
+    folder = checkpoint / "state" / "0" / "_metadata" / "v2"
+    newest = max((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     metadata = json.loads(newest.read_text().partition("\n")[2])
     variables = state_variables(metadata, 0)
     assert {name: v.kind for name, v in variables.items()} == {
