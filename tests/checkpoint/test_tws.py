@@ -196,7 +196,8 @@ def test_list_state_read_out_of_order_rebuilds_its_lengths(checkpoint: Path) -> 
 
 
 def test_internal_column_families_and_unknown_kinds_are_refused(checkpoint: Path) -> None:
-    schema_file = next((checkpoint / "state" / "0" / "_stateSchema" / "default").iterdir())
+    folder = checkpoint / "state" / "0" / "_stateSchema" / "default"
+    schema_file = next(p for p in folder.iterdir() if not p.name.startswith("."))
     families = {f.name: f for f in read_schema_v3(schema_file)}
     assert "$rowCounter_items" in families
     assert families["latest"].key_encoder == {
