@@ -196,7 +196,8 @@ def test_list_state_read_out_of_order_rebuilds_its_lengths(checkpoint: Path) -> 
 
 
 def test_internal_column_families_and_unknown_kinds_are_refused(checkpoint: Path) -> None:
-    schema_file = next((checkpoint / "state" / "0" / "_stateSchema" / "default").iterdir())
+    folder = checkpoint / "state" / "0" / "_stateSchema" / "default"
+    schema_file = next(p for p in folder.iterdir() if not p.name.startswith("."))
     families = {f.name: f for f in read_schema_v3(schema_file)}
     assert "$rowCounter_items" in families
     assert families["latest"].key_encoder == {
@@ -212,7 +213,30 @@ def test_internal_column_families_and_unknown_kinds_are_refused(checkpoint: Path
         )
     with pytest.raises(ChangelogError, match="ValueState, ListState and MapState"):
         variable_kind("TimerState")
-    assert {v.kind for v in state_variables(checkpoint, 0).values()} == {"value", "list", "map"}
+    folder = checkpoint / "state" / "0" / "_metadata" / "v2"
+    newest = max((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    metadata = json.loads(newest.read_text().partition("\n")[2])
+    variables = state_variables(metadata, 0)
+    assert {name: v.kind for name, v in variables.items()} == {
+        "count": "value",
+        "items": "list",
+        "latest": "map",
+    }
+
+
+def test_timers_are_not_state_variables() -> None:
+    properties = {
+        "timeMode": "ProcessingTime",
+        "stateVariables": [
+            {"stateName": "cnt", "stateVariableType": "ValueState", "ttlEnabled": True},
+            {"stateName": "$procTimers_keyToTimestamp", "stateVariableType": "TimerState"},
+        ],
+    }
+    found = state_variables({"operatorPropertiesJson": json.dumps(properties)}, 3)
+    assert list(found) == ["cnt"]
+    assert found["cnt"].kind == "value" and found["cnt"].ttl
+    with pytest.raises(ChangelogError, match="operator 3: unreadable operatorPropertiesJson"):
+        state_variables({"operatorPropertiesJson": "{"}, 3)
 
 
 def test_a_corrupt_schema_file_is_refused(tmp_path: Path) -> None:

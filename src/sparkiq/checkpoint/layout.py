@@ -250,7 +250,7 @@ class Checkpoint:
                 f for f in [entry.get("stateSchemaFilePath")] if f
             ]
             if schema_files:
-                variables = tws.state_variables(self.path, op)
+                variables = tws.state_variables(meta or {}, op)
                 for family in tws.read_schema_v3(_local_path(str(schema_files[-1]))):
                     if family.name.startswith("$"):
                         continue  # Spark's own bookkeeping (TTL indexes, timers...)

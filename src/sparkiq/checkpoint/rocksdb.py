@@ -46,6 +46,9 @@ lz4, and row checksums (``spark.sql.streaming.stateStore.rowChecksum.enabled``).
 With changelog checkpointing off Spark uploads a snapshot at every commit: the store is then
 served at snapshot granularity -- :meth:`versions` are the snapshot versions and
 :meth:`changes` is the difference between two consecutive snapshots.
+
+Over 600 lines because the two file formats, their framing and the encoder framing are one
+concept -- what the provider writes -- and are documented and read together here.
 """
 
 from __future__ import annotations
@@ -141,8 +144,9 @@ class RocksDBStateFiles:
     """``StateFiles`` of one RocksDB-provider store in one partition directory.
 
     Thread-compatible, not thread-safe: each reader uses its own instance. Every method
-    re-lists the directory, so files Spark writes later are seen. Snapshots are rebuilt in a
-    private temporary directory that is removed when the iterator finishes or is closed.
+    re-lists the directory, so files Spark writes later are seen. A snapshot is rebuilt in a
+    private temporary directory (under ``local_dir``), read whole, and the directory removed
+    before its first row is returned. ``store`` names the store in errors.
     """
 
     def __init__(
@@ -152,10 +156,12 @@ class RocksDBStateFiles:
         *,
         name: str = "",
         partition: int | None = None,
+        store: str | None = None,
         codec: str = "lz4",
         local_dir: str | None = None,
     ) -> None:
         self._dir = Path(directory)
+        self._store = store
         self._codec = codec
         self._enc = encoding
         self._name = name or str(self._dir)
@@ -215,6 +221,7 @@ class RocksDBStateFiles:
             raise ChangelogError(
                 f"{self._where(None)}: list state has append records; read it through "
                 "sparkiq.checkpoint.tws.ListStateFiles",
+                store=self._store,
                 partition=self._partition,
             )
 
@@ -327,8 +334,9 @@ class RocksDBStateFiles:
                     break
             else:
                 raise ChangelogError(
-                    f"{self._name}: column family {name!r} is in no snapshot's "
+                    f"{self._where(None)}: column family {name!r} is in no snapshot's "
                     "columnFamilyMapping yet; retry once Spark has uploaded a snapshot",
+                    store=self._store,
                     partition=self._partition,
                 )
         return self._cf_prefix
@@ -462,6 +470,7 @@ class RocksDBStateFiles:
     def _corrupt(self, message: str, path: Path | None = None) -> CorruptSegmentError:
         return CorruptSegmentError(
             f"{self._where(path)}: {message}; the partition cannot be served from this file",
+            store=self._store,
             partition=self._partition,
         )
 
@@ -469,12 +478,15 @@ class RocksDBStateFiles:
         return StateFileGoneError(
             f"{self._where(None)}: {message} (Spark's maintenance removes old files); "
             "restore from a newer snapshot and retry",
+            store=self._store,
             partition=self._partition,
         )
 
     def _unsupported(self, message: str) -> UnsupportedStateFormatError:
         return UnsupportedStateFormatError(
-            f"{self._where(None)}: unsupported {message}", partition=self._partition
+            f"{self._where(None)}: unsupported {message}",
+            store=self._store,
+            partition=self._partition,
         )
 
 
@@ -573,6 +585,7 @@ def open_state_variable(
     row_format: str = "unsaferow",
     name: str = "",
     partition: int | None = None,
+    store: str | None = None,
     codec: str = "lz4",
     local_dir: str | None = None,
 ) -> RocksDBStateFiles | ListStateFiles | MapStateFiles:
@@ -583,6 +596,7 @@ def open_state_variable(
         raise ChangelogError(
             f"{name or column_family}: column family {column_family!r} is Spark's internal "
             "bookkeeping (row counters, TTL index, timers), not a state variable",
+            store=store,
             partition=partition,
         )
     encoding = RocksDBEncoding(
@@ -593,7 +607,13 @@ def open_state_variable(
         row_format=row_format,
     )
     files = RocksDBStateFiles(
-        directory, encoding, name=name, partition=partition, codec=codec, local_dir=local_dir
+        directory,
+        encoding,
+        name=name,
+        partition=partition,
+        store=store,
+        codec=codec,
+        local_dir=local_dir,
     )
     if kind == "list":
         return ListStateFiles(files, key_schema)
@@ -625,6 +645,7 @@ def open_state_files(
     common: dict[str, Any] = {
         "name": name,
         "partition": partition,
+        "store": store.store_name,
         "codec": store.codec,
     }
     if not store.schema_json:

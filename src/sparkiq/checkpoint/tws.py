@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -113,30 +113,24 @@ class StateVariable:
     ttl: bool
 
 
-def state_variables(checkpoint: str | Path, operator_id: int) -> dict[str, StateVariable]:
-    """The state variables of a transformWithState operator, by name, from its newest
-    operator metadata v2 file (``state/<op>/_metadata/v2/<batch>``)."""
-    folder = Path(checkpoint) / "state" / str(operator_id) / "_metadata" / "v2"
-    batches = sorted(int(p.name) for p in folder.glob("*") if p.name.isdigit())
-    if not batches:
-        raise ChangelogError(
-            f"operator {operator_id}: no operator metadata v2 in {folder}; transformWithState "
-            "state is readable from Spark 4.0 checkpoints (they write it)"
-        )
-    path = folder / str(batches[-1])
+def state_variables(
+    operator_metadata: Mapping[str, Any], operator_id: int
+) -> dict[str, StateVariable]:
+    """The state variables of a transformWithState operator, by name, from its operator
+    metadata v2 document (``operatorPropertiesJson``'s ``stateVariables``): the value, list
+    and map states (timers are Spark's own); empty for other operators."""
     try:
-        head, _, body = path.read_text("utf-8").partition("\n")
-        doc = json.loads(body)
-        props = json.loads(doc.get("operatorPropertiesJson") or "{}")
+        props = json.loads(operator_metadata.get("operatorPropertiesJson") or "{}")
         found = {}
         for item in props.get("stateVariables") or ():
             name = str(item["stateName"])
-            kind = variable_kind(str(item["stateVariableType"]))
-            found[name] = StateVariable(name, kind, bool(item.get("ttlEnabled")))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ChangelogError(f"operator {operator_id}: unreadable {path}: {exc}") from None
-    if head.strip() != "v2":
-        raise ChangelogError(f"operator {operator_id}: {path} is not operator metadata v2")
+            kind = _KINDS.get(str(item["stateVariableType"]).lower())
+            if kind is not None:  # TimerState: Spark's own timers ($procTimers_...)
+                found[name] = StateVariable(name, kind, bool(item.get("ttlEnabled")))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ChangelogError(
+            f"operator {operator_id}: unreadable operatorPropertiesJson in its metadata: {exc}"
+        ) from None
     return found
 
 
