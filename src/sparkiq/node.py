@@ -369,8 +369,12 @@ class Node:
         return self._hosting.status()
 
     def is_ready(self) -> bool:
-        """Whether every hosted partition is caught up with the changelog (readiness)."""
-        return all(s.state == "live" for s in self.status())
+        """Whether every hosted partition is caught up with the changelog (readiness).
+
+        Never before :meth:`start` has returned: the HTTP server answers while a clustered
+        node still meets its peers and opens the partitions assigned to it, and a node
+        hosting nothing yet is not caught up with anything."""
+        return self._started and all(s.state == "live" for s in self.status())
 
     def hosted_state(self) -> HostedState:
         return self._hosting.hosted_state()

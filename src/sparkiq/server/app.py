@@ -384,8 +384,10 @@ class RestApp:
             for s in statuses
             if s.state != "live"
         ]
-        status = 200 if not behind else 503
-        doc = {"ready": not behind, "node_id": self.node.node_id, "not_ready": behind}
+        # is_ready() also covers a node still starting (meeting peers, opening partitions)
+        ready = not behind and self.node.is_ready()
+        status = 200 if ready else 503
+        doc = {"ready": ready, "node_id": self.node.node_id, "not_ready": behind}
         await _send(send, status, jsonapi.dumps(doc), _JSON)
         return status
 
