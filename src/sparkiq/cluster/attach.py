@@ -19,8 +19,6 @@ anything under the checkpoint, so the query neither knows nor pays for it.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -28,6 +26,7 @@ from typing import Any
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.checkpoint.source import CheckpointCatalog
 from sparkiq.cluster.config import NodeConfig
+from sparkiq.cluster.handle import ReplicaHandle
 from sparkiq.cluster.hosting import Hosting
 from sparkiq.cluster.lookup import Lookup
 from sparkiq.errors import ConfigError, SparkiqError
@@ -61,7 +60,7 @@ def attach(
     )
 
 
-class Attached:
+class Attached(ReplicaHandle):
     """A read-only handle on the state of one Spark streaming query, from its checkpoint.
 
     - ``name``: the prefix of the table names (``<name>_<operator>[_<store>]``).
@@ -96,9 +95,7 @@ class Attached:
         self.name = name
         self.catalog = CheckpointCatalog(checkpoint_uri, name, operators)
         self.catalog.names()  # a wrong operator id or an unservable store fails here, clearly
-        self._temporary: str | None = None
-        if store == "rocksdb" and local_dir is None:
-            local_dir = self._temporary = tempfile.mkdtemp(prefix=f"sparkiq-attach-{name}-")
+        local_dir = self._local_dir(local_dir, store, prefix=f"sparkiq-attach-{name}-")
         self.local_dir = local_dir
         self._sql: SqlEngine | None = None
         self._closed = False
@@ -142,19 +139,6 @@ class Attached:
             return
         self._closed = True
         self._release()
-
-    def _release(self) -> None:
-        hosting = getattr(self, "_hosting", None)
-        if hosting is not None:
-            hosting.close()
-        if self._temporary is not None:
-            shutil.rmtree(self._temporary, ignore_errors=True)
-
-    def __enter__(self) -> Attached:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _require_open(self) -> None:
         if self._closed:

@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -50,6 +49,7 @@ from typing import Any
 from sparkiq.changelog import Changelog, open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
 from sparkiq.cluster.config import NodeConfig
+from sparkiq.cluster.handle import ReplicaHandle
 from sparkiq.cluster.hosting import Hosting, TableView
 from sparkiq.cluster.lookup import Lookup
 from sparkiq.cluster.subset import RowFilter, SubsetTransform, check_partitions, identify, project
@@ -94,7 +94,7 @@ def follow(
     )
 
 
-class Follower:
+class Follower(ReplicaHandle):
     """A read-only, optionally partial replica of one table, tailing its changelog.
 
     - ``partitions``: the partition numbers to follow (default: all). Queries for the others
@@ -160,9 +160,7 @@ class Follower:
                 "on disk",
                 store=table,
             )
-        self._temporary: str | None = None
-        if store == "rocksdb" and local_dir is None:
-            local_dir = self._temporary = tempfile.mkdtemp(prefix=f"sparkiq-follower-{table}-")
+        local_dir = self._local_dir(local_dir, store, prefix=f"sparkiq-follower-{table}-")
         self.local_dir = local_dir
         self.poll_interval = poll_interval
         self._poll_lock = threading.Lock()
@@ -235,19 +233,6 @@ class Follower:
         if thread is not None:
             thread.join()
         self._release()
-
-    def _release(self) -> None:
-        hosting = getattr(self, "_hosting", None)
-        if hosting is not None:
-            hosting.close()
-        if self._temporary is not None:
-            shutil.rmtree(self._temporary, ignore_errors=True)
-
-    def __enter__(self) -> Follower:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _require_open(self) -> None:
         if self._closed:
