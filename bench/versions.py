@@ -55,7 +55,8 @@ def _batches(
         updated = rng.sample(live, per_batch * 10 // 13)
         inserted = [key_name(next_key + i) for i in range(per_batch * 2 // 13)]
         next_key += len(inserted)
-        deleted = rng.sample([k for k in live if k not in set(updated)], per_batch // 13)
+        changed = set(updated)  # built once: inside the comprehension it made this quadratic
+        deleted = rng.sample([k for k in live if k not in changed], per_batch // 13)
         keys = updated + inserted
         changes = table.encode(
             keys, [rng.randrange(10_000) for _ in keys], [rng.random() for _ in keys]
