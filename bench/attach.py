@@ -37,7 +37,15 @@ from bench._common import (
     spark_session,
     write_json_rows,
 )
-from bench.sink import KEYSPACE, ROWS_PER_FILE, WARMUP_BATCHES, _aggregation, _durations, _run_app
+from bench.sink import (
+    KEYSPACE,
+    ROWS_PER_FILE,
+    WARMUP_BATCHES,
+    _aggregation,
+    _durations,
+    _run_app,
+    write_input,
+)
 
 FRESHNESS_TARGET_MS = 50.0
 
@@ -185,14 +193,7 @@ def run(quick: bool = False) -> Report:
         previous = spark.conf.get("spark.sql.shuffle.partitions")
         spark.conf.set("spark.sql.shuffle.partitions", "4")
         try:
-            source = os.path.join(root, "in")
-            os.makedirs(source)
-            for index in range(batches):
-                rows = [
-                    (f"key-{rng.randrange(KEYSPACE):06d}", rng.randrange(100))
-                    for _ in range(ROWS_PER_FILE)
-                ]
-                write_json_rows(source, index, rows)
+            source = write_input(os.path.join(root, "in"), batches, rng)
             for r in range(rounds):
                 runs = {
                     "untouched": _run_untouched(spark, source, os.path.join(root, f"u{r}")),

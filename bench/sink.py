@@ -45,6 +45,18 @@ ROWS_PER_FILE = 10_000
 KEYSPACE = 10_000
 
 
+def write_input(source: str, batches: int, rng: random.Random) -> str:
+    """``batches`` JSON files of ROWS_PER_FILE ``(key, n)`` rows over KEYSPACE keys in the new
+    folder ``source``, one file per micro-batch (the input every sink benchmark reads)."""
+    os.makedirs(source)
+    for index in range(batches):
+        rows = [
+            (f"key-{rng.randrange(KEYSPACE):06d}", rng.randrange(100)) for _ in range(ROWS_PER_FILE)
+        ]
+        write_json_rows(source, index, rows)
+    return source
+
+
 def _evaluate_only(df: Any, batch_id: int) -> None:
     df.write.format("noop").mode("overwrite").save()
 
@@ -147,14 +159,7 @@ def run(quick: bool = False, connect: bool = False) -> Report:
     rng = random.Random(9)
     results: dict[str, list[tuple[int, int, int]]] = {"baseline (noop)": [], "sparkiq App": []}
     with scratch_dir("sink") as root, _session(connect) as spark:
-        source = os.path.join(root, "in")
-        os.makedirs(source)
-        for index in range(batches):
-            rows = [
-                (f"key-{rng.randrange(KEYSPACE):06d}", rng.randrange(100))
-                for _ in range(ROWS_PER_FILE)
-            ]
-            write_json_rows(source, index, rows)
+        source = write_input(os.path.join(root, "in"), batches, rng)
         for r in range(rounds):
             base = _run_baseline(spark, source, os.path.join(root, f"base{r}"))
             app = _run_app(spark, source, os.path.join(root, f"app{r}"))

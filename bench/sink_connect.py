@@ -30,8 +30,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench import sink as sink_bench
-from bench._common import Report, cli, median, scratch_dir, write_json_rows
-from bench.sink import KEYSPACE, ROWS_PER_FILE, WARMUP_BATCHES, _run_app, _run_baseline, _session
+from bench._common import Report, cli, median, scratch_dir
+from bench.sink import (
+    KEYSPACE,
+    ROWS_PER_FILE,
+    WARMUP_BATCHES,
+    _run_app,
+    _run_baseline,
+    _session,
+    write_input,
+)
 
 SESSIONS = ("Connect", "classic")
 SINKS = ("baseline (noop)", "sparkiq App")
@@ -64,14 +72,7 @@ def run(quick: bool) -> Report:
     }
     rng = random.Random(9)
     with scratch_dir("sink-connect") as root:
-        source = os.path.join(root, "in")
-        os.makedirs(source)
-        for index in range(batches):
-            rows = [
-                (f"key-{rng.randrange(KEYSPACE):06d}", rng.randrange(100))
-                for _ in range(ROWS_PER_FILE)
-            ]
-            write_json_rows(source, index, rows)
+        source = write_input(os.path.join(root, "in"), batches, rng)
         for r in range(rounds):
             order = SESSIONS if r % 2 == 0 else SESSIONS[::-1]
             for name in order:
