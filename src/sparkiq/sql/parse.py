@@ -69,6 +69,19 @@ _AS_OF = re.compile(
 _OF = re.compile(r"\bof\b", re.IGNORECASE)
 
 
+def check_numbers(text: str) -> None:
+    """Refuse a numeric literal longer than :data:`_MAX_NUMBER_CHARS`, before anything
+    converts it: whether Python or DuckDB would meet it first (and how each fails) depends on
+    the plan, so the answer would too."""
+    for match in _TOKENS.finditer(text):
+        if match.lastgroup == "num" and len(match.group()) > _MAX_NUMBER_CHARS:
+            raise SqlSyntaxError(
+                f"a number of {len(match.group())} characters at offset {match.start()}: "
+                f"numeric literals are limited to {_MAX_NUMBER_CHARS} characters (DECIMAL "
+                "holds 38 digits); write a larger double with an exponent, e.g. 1e300"
+            )
+
+
 def spell_as_of(text: str) -> str:
     """``text`` with each ``AS OF`` of a table written ``FOR SYSTEM_TIME AS OF``."""
     if _OF.search(text) is None:
@@ -133,6 +146,7 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
                 code="unsupported_statement",
             )
     check_nesting(body)
+    check_numbers(body)
     body = spell_as_of(body)
     try:
         statements = [s for s in sqlglot.parse(body, read=DIALECT) if s is not None]
