@@ -179,8 +179,8 @@ def run(quick: bool = False, connect: bool = False) -> Report:
         [
             "difference (App - baseline)",
             "",
-            f"+{app_t - base_t:,.0f} ({app_t / base_t:.2f}x)",
-            f"+{app_a - base_a:,.0f} ({app_a / base_a:.2f}x)",
+            f"{app_t - base_t:+,.0f} ({app_t / base_t:.2f}x)",
+            f"{app_a - base_a:+,.0f} ({app_a / base_a:.2f}x)",
         ]
     )
     report.readings = [

@@ -140,8 +140,8 @@ def run(quick: bool) -> Report:
                 session,
                 "difference (App - baseline)",
                 "",
-                f"+{app_t - base_t:,.0f} ({app_t / base_t:.2f}x)",
-                f"+{app_a - base_a:,.0f} ({app_a / base_a:.2f}x)",
+                f"{app_t - base_t:+,.0f} ({app_t / base_t:.2f}x)",
+                f"{app_a - base_a:+,.0f} ({app_a / base_a:.2f}x)",
             ]
         )
     report.readings.append(
