@@ -149,20 +149,17 @@ class RowDecoder:
             raise ChangelogError(f"{store.describe()}: {exc}", store=store.store_name) from None
 
     def key(self, data: bytes) -> tuple[Any, ...]:
-        try:
-            return self._key.decode(data)
-        except UnsafeRowError as exc:
-            raise CorruptSegmentError(
-                f"{self.store.describe()}: a state key does not fit the key schema: {exc}",
-                store=self.store.store_name,
-            ) from None
+        return self._decode(self._key, data, "key")
 
     def value(self, data: bytes) -> tuple[Any, ...]:
+        return self._decode(self._value, data, "value")
+
+    def _decode(self, decoder: UnsafeRowDecoder, data: bytes, part: str) -> tuple[Any, ...]:
         try:
-            return self._value.decode(data)
+            return decoder.decode(data)
         except UnsafeRowError as exc:
             raise CorruptSegmentError(
-                f"{self.store.describe()}: a state value does not fit the value schema: {exc}",
+                f"{self.store.describe()}: a state {part} does not fit the {part} schema: {exc}",
                 store=self.store.store_name,
             ) from None
 
