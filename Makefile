@@ -24,8 +24,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Whole files go to each worker (--dist loadfile): a file's module fixtures (a live demo, a
+# Spark query) are set up once, and each worker has its own SparkSession. TEST_WORKERS=0 runs
+# the suite in one process.
+TEST_WORKERS ?= 2
+
 unit: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all

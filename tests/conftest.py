@@ -41,6 +41,25 @@ def _python_workers_first() -> str:
 os.environ.setdefault("PYSPARK_PYTHON", _python_workers_first())
 
 
+# Fixtures and marks of tests that start a JVM or a cluster of processes: the long ones.
+_HEAVY_FIXTURES = {"spark", "connect_spark"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the files with long tests first (those marked ``slow`` or using a SparkSession).
+
+    ``make test`` spreads whole files over two workers (pytest-xdist, ``--dist loadfile``)
+    in collection order; a long file left for the end would keep one worker busy while the
+    other idles. The order within a file is unchanged, and the sort is stable, so every
+    worker collects the same order."""
+    heavy = {
+        item.path
+        for item in items
+        if item.get_closest_marker("slow") or _HEAVY_FIXTURES & set(item.fixturenames)
+    }
+    items.sort(key=lambda item: item.path not in heavy)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local SparkSession on both cores, started once per test session.
