@@ -67,7 +67,11 @@ def split_locations(locations: np.ndarray) -> list[tuple[int, np.ndarray, np.nda
     if not locations.size:
         return []
     serials = locations >> _ROW_BITS
-    order = np.argsort(serials, kind="stable")
+    low = int(serials.min())
+    if int(serials.max()) - low < 1 << 16:  # a few chunks: a radix sort of small ints
+        order = np.argsort((serials - low).astype(np.uint16), kind="stable")
+    else:
+        order = np.argsort(serials)
     cuts = np.flatnonzero(np.diff(serials[order])) + 1
     return [
         (int(serials[part[0]]), locations[part] & _ROW_MASK, part) for part in np.split(order, cuts)

@@ -152,6 +152,7 @@ class _Plan:
 
     keys: pa.Array  # the new chunk's keys and encoded rows, in batch order
     rows: list[bytes]
+    row_array: pa.Array  # ``rows`` as Arrow
     index: ChunkKeys  # of ``keys``
     stamp: list[tuple[int, np.ndarray]]  # (chunk serial, rows) the batch replaces or deletes
     # CurrentKeys.edit's arguments, with rows of the new chunk for locations (None: no index)
@@ -438,7 +439,11 @@ class VersionedRows:
     ) -> None:
         """Replace everything with the state of ``batch_id`` (opening, or a snapshot)."""
         chunk = self._chunk(
-            batch_id, pa.array(keys, pa.binary()), rows, ChunkKeys.of(keyindex.key_hashes(keys))
+            batch_id,
+            pa.array(keys, pa.binary()),
+            rows,
+            pa.array(rows, pa.binary()),
+            ChunkKeys.of(keyindex.key_hashes(keys)),
         )
         chunks = (chunk,) if chunk is not None else ()
         self._current = self._index_of(chunks)
@@ -476,7 +481,7 @@ class VersionedRows:
                 self._current = None  # two keys share a hash: match keys by value instead
         if plan is None:
             plan = self._plan_by_value(state, keys, values, replace_all)
-        chunk = self._chunk(batch_id, plan.keys, plan.rows, plan.index)
+        chunk = self._chunk(batch_id, plan.keys, plan.rows, plan.row_array, plan.index)
         # From here on nothing raises: stamp, move the index, publish.
         if plan.stamp:
             by_serial = {c.serial: c for c in state.chunks}
@@ -532,14 +537,16 @@ class VersionedRows:
         if replace_all:
             # rows the batch leaves as they were keep their version (a table re-emitted every
             # batch must not be copied every batch); the others and the rows it drops end
-            same = _same_rows(chunks, old, pa.array(values, pa.binary()), old_index)
+            batch_rows = pa.array(values, pa.binary())
+            same = _same_rows(chunks, old, batch_rows, old_index)
             upsert = np.ones(len(keys), bool)
             upsert[old_index[same]] = False
             kept = np.zeros(len(current), bool)
             kept[positions[found][same]] = True
             groups = split_locations(current.locations[~kept])
         else:
-            upsert = np.fromiter(map(operator.is_not, values, repeat(None)), bool, len(values))
+            batch_rows = pa.array(values, pa.binary())  # None: null
+            upsert = batch_rows.is_valid().to_numpy(zero_copy_only=False)
         row_of = np.cumsum(upsert) - 1  # the new chunk's row of each upsert
         upsert_sorted, rows_sorted = upsert[order], row_of[order]
         update = found & upsert_sorted
@@ -551,9 +558,11 @@ class VersionedRows:
         else:
             remove = positions[found & ~upsert_sorted]
         every = bool(upsert.all())
+        mask = None if every else pa.array(upsert)
         return _Plan(
-            batch_keys if every else batch_keys.filter(pa.array(upsert)),
+            batch_keys if mask is None else batch_keys.filter(mask),
             values if every else list(compress(values, upsert)),  # type: ignore[arg-type]
+            batch_rows if mask is None else batch_rows.filter(mask),
             ChunkKeys(sorted_hashes[upsert_sorted], rows_sorted[upsert_sorted].astype(np.int32)),
             [(serial, rows) for serial, rows, _ in groups],
             (
@@ -598,10 +607,11 @@ class VersionedRows:
                 if live.size:
                     stamps.append((old.serial, live))
             new = {k: v for k, v in latest.items() if v is not None}
-        upserts = list(new)
+        upserts, rows = list(new), list(new.values())
         return _Plan(
             pa.array(upserts, pa.binary()),
-            list(new.values()),
+            rows,
+            pa.array(rows, pa.binary()),
             ChunkKeys.of(keyindex.key_hashes(upserts)),
             stamps,
             None,
@@ -674,10 +684,15 @@ class VersionedRows:
         return (chunk,)
 
     def _chunk(
-        self, batch_id: int, keys: pa.Array, rows: list[bytes], index: ChunkKeys
+        self,
+        batch_id: int,
+        keys: pa.Array,
+        rows: list[bytes],
+        row_array: pa.Array,
+        index: ChunkKeys,
     ) -> _Chunk | None:
-        """A chunk of the rows ``batch_id`` wrote (``index``: of ``keys``); decodes them,
-        so it raises on a row that does not decode."""
+        """A chunk of the rows ``batch_id`` wrote (``row_array``: ``rows`` as Arrow,
+        ``index``: of ``keys``); decodes them, so it raises on a row that does not decode."""
         if not len(keys):
             return None
         decoded = self._rows.from_stored(rows)
@@ -688,7 +703,7 @@ class VersionedRows:
             [
                 *decoded.columns,
                 keys,
-                pa.array(rows, pa.binary()),
+                row_array,
                 pa.array(valid_from),  # zero-copy, as valid_to
                 pa.array(valid_to),  # zero-copy: stamps on valid_to show in the column
             ],
