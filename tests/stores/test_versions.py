@@ -381,3 +381,24 @@ def test_a_batch_whose_row_does_not_decode_changes_nothing() -> None:
     versions.apply(1, position(1), 0.0, keys, values)
     assert state_of(versions.version(1)) == {"a": 3, "b": 2}
     assert [vt for _, vt, _ in versions.versions_of(keys[0])] == [1, OPEN]
+
+
+def test_a_deleted_keys_index_entry_taken_by_a_key_with_its_hash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``a`` and ``b`` share a hash (forced): ``a`` is deleted (its index entry stays, marked
+    deleted), ``b`` takes the entry, then ``a`` comes back and the writer sees the two apart."""
+    from sparkiq.stores import keyindex
+
+    pair = {KEYS.encode(KEYS.to_internal(k)) for k in ("a", "b")}
+    monkeypatch.setattr(keyindex, "_hash", lambda key: 7 if key in pair else hash(key))
+    versions = VersionedRows(SCHEMA, History(batches=100))
+    model = KeyModel()
+    batches: list[list[Change]] = [[("a", 1), ("c", 1)], [("a", None)], [("b", 2)], [("a", 3)]]
+    for batch_id, changes in enumerate(batches):
+        keys, values = encode_list(changes)
+        versions.apply(batch_id, position(batch_id), 0.0, keys, values)
+        model.apply(batch_id, changes, False)
+        assert (versions._current is None) == (batch_id == 3), batch_id
+    check_against(versions, model, ["a", "b", "c"])
+    assert model.current() == {"a": 3, "b": 2, "c": 1}

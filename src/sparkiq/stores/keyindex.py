@@ -10,7 +10,9 @@ one per applied batch (merged now and then). Two structures find rows there by k
   its current row lies (chunk serial and row, packed by :func:`location`). Applying a batch
   finds the rows it replaces with one ``searchsorted`` of the batch's sorted hashes, instead
   of matching the batch's keys against every chunk; the cost is a copy of these two vectors
-  (16 bytes per current key) per batch that inserts or deletes keys.
+  (16 bytes per key) per batch that inserts keys. A deleted key keeps its entry with
+  location :data:`DELETED` (removing it would copy both vectors again) until the index is
+  rebuilt, when chunks merge.
 
 **Hashes** are Python's ``hash`` of the key bytes (SipHash, seeded per process), computed by
 ``map`` in C: nothing here is persisted, so the seed never has to agree with anything. Two
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
+    "DELETED",
     "ChunkKeys",
     "CurrentKeys",
     "HashCollision",
@@ -38,6 +41,8 @@ __all__ = [
 
 _ROW_BITS = 32
 _ROW_MASK = (1 << _ROW_BITS) - 1
+#: The location of a key deleted since :class:`CurrentKeys` was built.
+DELETED = -1
 
 
 class HashCollision(Exception):
@@ -115,7 +120,8 @@ class ChunkKeys:
 
 
 class CurrentKeys:
-    """The writer's index of the current keys: hash -> location of the current row.
+    """The writer's index of the current keys: hash -> location of the current row
+    (:data:`DELETED`: none).
 
     One writer thread owns it; no reader touches it. ``hashes`` is ascending and unique.
     """
@@ -142,7 +148,8 @@ class CurrentKeys:
 
     def find(self, sorted_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, found)`` of ascending ``sorted_hashes``: ``found[i]`` says entry
-        ``positions[i]`` has hash ``sorted_hashes[i]`` (else it is where it would go)."""
+        ``positions[i]`` has hash ``sorted_hashes[i]`` (else it is where it would go); a
+        found entry's location may be :data:`DELETED`."""
         hashes = self.hashes
         positions = np.searchsorted(hashes, sorted_hashes)
         found = positions < len(hashes)
@@ -157,13 +164,11 @@ class CurrentKeys:
         insert_hashes: np.ndarray,
         insert_locations: np.ndarray,
     ) -> None:
-        """Move entries ``update`` (positions) to ``update_locations``, drop entries
-        ``remove``, then add entries for ``insert_hashes`` (ascending, none present)."""
+        """Move entries ``update`` (positions) to ``update_locations``, mark entries
+        ``remove`` deleted, then add entries for ``insert_hashes`` (ascending, none
+        present)."""
         self.locations[update] = update_locations
-        if remove.size:
-            keep = np.ones(len(self.hashes), bool)
-            keep[remove] = False
-            self.hashes, self.locations = self.hashes[keep], self.locations[keep]
+        self.locations[remove] = DELETED
         if insert_hashes.size:
             at = np.searchsorted(self.hashes, insert_hashes)
             self.hashes = np.insert(self.hashes, at, insert_hashes)

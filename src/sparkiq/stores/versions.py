@@ -520,7 +520,9 @@ class VersionedRows:
             keys, values = list(compress(keys, present)), list(compress(values, present))
         keys, values, hashes, order = _last_write_wins(keys, values)
         sorted_hashes = hashes[order]
-        positions, found = current.find(sorted_hashes)
+        positions, matched = current.find(sorted_hashes)  # deleted keys' entries too
+        found = matched.copy()
+        found[matched] = current.locations[positions[matched]] >= 0
         old = current.locations[positions[found]]  # current rows of the batch's keys
         old_index = order[found]  # their index in the batch
         chunks = {c.serial: c for c in state.chunks}
@@ -543,18 +545,18 @@ class VersionedRows:
             upsert[old_index[same]] = False
             kept = np.zeros(len(current), bool)
             kept[positions[found][same]] = True
-            groups = split_locations(current.locations[~kept])
+            ended = ~kept & (current.locations >= 0)
+            groups = split_locations(current.locations[ended])
         else:
             batch_rows = pa.array(values, pa.binary())  # None: null
             upsert = batch_rows.is_valid().to_numpy(zero_copy_only=False)
         row_of = np.cumsum(upsert) - 1  # the new chunk's row of each upsert
         upsert_sorted, rows_sorted = upsert[order], row_of[order]
-        update = found & upsert_sorted
-        insert = ~found & upsert_sorted
+        update = matched & upsert_sorted  # a current key's entry, or a deleted key's
+        insert = ~matched & upsert_sorted
         if replace_all:
-            removed = ~kept
-            removed[positions[update]] = False
-            remove = np.flatnonzero(removed)
+            ended[positions[update]] = False
+            remove = np.flatnonzero(ended)
         else:
             remove = positions[found & ~upsert_sorted]
         every = bool(upsert.all())
