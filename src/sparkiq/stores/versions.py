@@ -23,6 +23,18 @@ a reader can hold, so ``valid_to > B`` reads the same before and after it.
 see are dropped when chunks are merged (when dead rows pass a quarter of the live ones, or
 the chunk count grows), so memory is the live rows plus the versions replaced within the
 window. The window starts when the partition is opened: history is not kept across restarts.
+
+**Finding rows by key** (:mod:`sparkiq.stores.keyindex`). Each chunk carries its keys' hashes,
+sorted, so a key read at a past batch bisects each chunk. The writer keeps an index of the
+current keys' hashes and where their rows lie: applying a batch hashes and sorts its keys,
+finds the rows it replaces with one ``searchsorted`` and checks them bytewise -- the work
+follows the batch, not the rows stored. Everything a batch changes is worked out first
+(:class:`_Plan`, and its chunk decoded) and only then stamped and published, so a batch that
+fails (a row that does not decode) changes nothing. Two keys with one hash make the writer
+drop its index and match keys by value until the index is rebuilt (when chunks merge).
+
+Over 600 lines because the writer's plan and the readers share the private chunk layout
+(:class:`_Chunk`); split, it would have to become an interface of its own.
 """
 
 from __future__ import annotations
