@@ -4,6 +4,8 @@ A changelog of 20 committed batches x 50k changed rows over 8 partitions (keys d
 200k, so later batches mix inserts and updates) is written by hand; then a fresh
 :class:`~sparkiq.Node` applies all of it in one ``poll_once()`` (read, verify checksums,
 decode each segment, write it with its position in one RocksDB write batch), timed. The
+node keeps versions (the table's default history, as every replica does), so this is the
+apply with versions; ``bench.versions`` measures it beside the same store without them. The
 same for ``store="memory"``. Baselines measured in the same run:
 
 * raw rocksdict: ``WriteBatch`` puts of the same key/row bytes, in the same (sorted) order,

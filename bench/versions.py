@@ -3,9 +3,11 @@
 One partition of 125k keys (``k string``, ``n long``, ``total double``) in RocksDB, then 20
 batches that each change 8% of it (10:2:1 updates, inserts, deletes), applied to a
 :class:`~sparkiq.stores.partition.PartitionStore` with versions (five minutes of history)
-and to one without, taking turns:
+and to one without, taking turns, as a replica applies a segment: keys and values as two
+lists in key order (``PartitionStore.apply_changes``):
 
-* apply throughput (rows of changes per second) with and without versions;
+* apply throughput (rows of changes per second) with and without versions, and the floor:
+  the same changes as bare rocksdict write batches (replica options, no position, no checks);
 * ``get`` p50 of the same keys on both (point reads stay on RocksDB);
 * bytes held per live row by the versions, and per version replaced within the history.
 
@@ -29,6 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rocksdict import Rdict, WriteBatch
+
 from bench._changelog import HandWrittenTable, key_name
 from bench._common import Report, entry_point, fmt_ratio, median, percentile, scratch_dir
 from sparkiq import KeyQuery, Node, StateQueryRequest
@@ -36,9 +40,10 @@ from sparkiq.cluster.lookup import Lookup
 from sparkiq.query.position import Position
 from sparkiq.sql import SqlEngine
 from sparkiq.stores.partition import PartitionStore
-from sparkiq.stores.rocksdb import RocksDBStore
+from sparkiq.stores.rocksdb import RocksDBStore, _options
 from sparkiq.stores.versions import DEFAULT_HISTORY
 
+RAW = "RocksDB write batches alone (floor)"
 AGGREGATE = "SELECT count(*) AS c, sum(total) AS s, avg(n) AS a FROM t"
 
 
@@ -70,15 +75,56 @@ def _batches(
     return out
 
 
-def _apply_all(store: PartitionStore, batches: list[dict[bytes, bytes | None]]) -> list[float]:
-    """Seconds per applied batch after the first."""
-    times = []
-    for batch_id, changes in enumerate(batches):
+Segment = tuple[list[bytes], list[bytes | None]]
+
+
+def _segments(batches: list[dict[bytes, bytes | None]]) -> list[Segment]:
+    """Each batch's changes as a replica reads them from its segment: keys and values as
+    two lists, in key order."""
+    out: list[Segment] = []
+    for changes in batches:
+        keys = sorted(changes)
+        out.append((keys, [changes[k] for k in keys]))
+    return out
+
+
+def _apply_all(store: PartitionStore, segments: list[Segment]) -> tuple[float, float]:
+    """Seconds, wall clock and CPU of this thread, to apply every batch after the first (as
+    ``PartitionReplica.apply`` calls it)."""
+    wall = cpu = 0.0
+    for batch_id, (keys, values) in enumerate(segments):
         position = Position.from_map({"t": {0: batch_id}})
-        t0 = time.perf_counter()
-        store.apply(list(changes.items()), batch_id, position, committed_at=time.time())
-        times.append(time.perf_counter() - t0)
-    return times[1:]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        store.apply_changes(keys, values, batch_id, position, committed_at=time.time())
+        if batch_id:
+            wall += time.perf_counter() - t0
+            cpu += time.thread_time() - c0
+    return wall, cpu
+
+
+def _raw_write_all(path: str, segments: list[Segment]) -> tuple[float, float]:
+    """The floor: the same changes as rocksdict ``WriteBatch``es into a database opened
+    with the replicas' options, no position, no checks; seconds as :func:`_apply_all`."""
+    options = _options(True)
+    db = Rdict(path, options, column_families={"default": options})
+    wall = cpu = 0.0
+    try:
+        for batch_id, (keys, values) in enumerate(segments):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            batch = WriteBatch(raw_mode=True)
+            put, delete = batch.put, batch.delete
+            for key, value in zip(keys, values, strict=True):
+                if value is None:
+                    delete(key)
+                else:
+                    put(key, value)
+            db.write(batch)
+            if batch_id:
+                wall += time.perf_counter() - t0
+                cpu += time.thread_time() - c0
+    finally:
+        db.close()
+    return wall, cpu
 
 
 def _per_call_us(fn: Callable[[Any], Any], args: list[Any]) -> list[float]:
@@ -122,8 +168,10 @@ def run(quick: bool = False) -> Report:
         name="versions",
         title="Versions: consistent reads, AS OF, and their cost",
         measures=(
-            f"apply throughput and get p50 on one partition of {n_keys:,} keys with and without "
-            f"versions ({n_batches} batches changing 8% each); memory of the versions; on 8 "
+            f"apply throughput (wall clock, and per CPU-second of the applying thread) and get "
+            f"p50 on one partition of {n_keys:,} keys with and without versions ({n_batches} "
+            f"batches changing 8% each, applied in key order as segments are); memory of the "
+            "versions; on 8 "
             f"partitions ({8 * n_keys:,} keys): an all-partition aggregate consistent and not, "
             "and a key read at the newest and at a past batch"
         ),
@@ -137,20 +185,27 @@ def run(quick: bool = False) -> Report:
     )
     with scratch_dir("versions") as root:
         table = HandWrittenTable(os.path.join(root, "one"), "t", 1)
-        batches = [b.get(0, {}) for b in _batches(table, n_keys, n_batches, seed=1)]
-        rates: dict[str, list[float]] = {"with versions": [], "without versions": []}
+        segments = _segments([b.get(0, {}) for b in _batches(table, n_keys, n_batches, seed=1)])
+        rows = sum(len(keys) for keys, _ in segments[1:])
+        rates: dict[str, list[float]] = {"with versions": [], "without versions": [], RAW: []}
+        cpu_rates: dict[str, list[float]] = {name: [] for name in rates}
         stores = {}
-        for round_ in range(2 if quick else 3):
+        for round_ in range(2 if quick else 3):  # the three take turns: drift hits them alike
             for name, history in (("with versions", DEFAULT_HISTORY), ("without versions", None)):
                 path = os.path.join(root, f"p-{name.split()[0]}-{round_}")
                 store = PartitionStore("t", 0, table.manifest.schema, RocksDBStore(path), history)
-                seconds = _apply_all(store, batches)
-                rows = sum(len(b) for b in batches[1:])
-                rates[name].append(rows / sum(seconds))
+                wall, cpu = _apply_all(store, segments)
+                rates[name].append(rows / wall)
+                cpu_rates[name].append(rows / cpu)
                 if name in stores:
                     stores[name].close()
                 stores[name] = store
+            wall, cpu = _raw_write_all(os.path.join(root, f"raw-{round_}"), segments)
+            rates[RAW].append(rows / wall)
+            cpu_rates[RAW].append(rows / cpu)
         with_rate, without_rate = median(rates["with versions"]), median(rates["without versions"])
+        raw_rate = median(rates[RAW])
+        cpu_rate = {name: median(values) for name, values in cpu_rates.items()}
         report.rows.append(
             [
                 "apply",
@@ -160,6 +215,20 @@ def run(quick: bool = False) -> Report:
             ]
         )
         report.rows.append(["apply", "without versions", f"{without_rate:,.0f} rows/s", "1.0x"])
+        report.rows.append(
+            ["apply", RAW, f"{raw_rate:,.0f} rows/s", fmt_ratio(raw_rate / without_rate)]
+        )
+        # per CPU-second of the applying thread: what a core would do with nothing else to
+        # run (RocksDB's background flushes run on other threads and are not counted)
+        for name, rate in cpu_rate.items():
+            report.rows.append(
+                [
+                    "apply, per CPU-second of the applying thread",
+                    name,
+                    f"{rate:,.0f} rows/s",
+                    fmt_ratio(rate / cpu_rate["without versions"]),
+                ]
+            )
         rng = random.Random(4)
         probe = [table.keys.to_internal(key_name(rng.randrange(n_keys))) for _ in range(20_000)]
         gets: dict[str, list[float]] = {}
@@ -181,13 +250,13 @@ def run(quick: bool = False) -> Report:
         live = versions.version(versions.newest).table().num_rows
         held = versions.stored_rows()
         per_live = versions.nbytes() / live
-        per_replaced = (versions.nbytes() - live * per_live) / max(1, held - live)
+        per_stored = versions.nbytes() / held
         report.rows.append(["memory", "versions, per live row", f"{per_live:.0f} B", "-"])
         report.rows.append(
             [
                 "memory",
                 f"versions, {held - live:,} past versions kept",
-                f"{versions.nbytes() / held:.0f} B per stored row",
+                f"{per_stored:.0f} B per stored row",
                 "-",
             ]
         )
@@ -249,7 +318,10 @@ def run(quick: bool = False) -> Report:
             node.stop()
         report.readings.append(
             f"apply {with_rate:,.0f} rows/s with versions vs {without_rate:,.0f} without "
-            f"(target >= 300k); get p50 {get_with:.2f} us vs {get_without:.2f} us; versions hold "
+            f"and {raw_rate:,.0f} for bare RocksDB write batches (target >= 300k); per "
+            f"CPU-second of the applying thread {cpu_rate['with versions']:,.0f} with versions "
+            f"vs {cpu_rate['without versions']:,.0f} without; "
+            f"get p50 {get_with:.2f} us vs {get_without:.2f} us; versions hold "
             f"{per_live:.0f} B per live row; a consistent all-partition aggregate "
             f"{median(agg['consistent, columnar']) * 1000:,.1f} ms vs "
             f"{base * 1000:,.1f} ms unpinned per partition; a key read 10 batches back "
@@ -258,10 +330,11 @@ def run(quick: bool = False) -> Report:
         )
         report.figures.update(
             {
-                "apply_rows_per_s": {"with": with_rate, "without": without_rate},
+                "apply_rows_per_s": {"with": with_rate, "without": without_rate, "raw": raw_rate},
+                "apply_rows_per_cpu_s": cpu_rate,
                 "get_p50_us": {"with": get_with, "without": get_without},
                 "bytes_per_live_row": per_live,
-                "bytes_per_replaced_version": per_replaced,
+                "bytes_per_stored_row": per_stored,
                 "aggregate_ms": {k: median(v) * 1000 for k, v in agg.items()},
                 "key_p50_us": {k: percentile(v, 50) for k, v in lat.items()},
             }

@@ -29,7 +29,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sparkiq.changelog.commit import CommitRecord
@@ -118,13 +118,11 @@ class PartitionReplica:
     def batch_id(self) -> int:
         return self.store.batch_id
 
-    def _ops(
-        self, keys: list[bytes], values: list[bytes | None]
-    ) -> Iterator[tuple[bytes, bytes | None]]:
+    def _values(self, values: list[bytes | None]) -> list[bytes | None]:
         transform = self.transform
         if transform is None:
-            return zip(keys, values, strict=True)
-        return ((k, None if v is None else transform(v)) for k, v in zip(keys, values, strict=True))
+            return values
+        return [None if v is None else transform(v) for v in values]
 
     def apply(self, source: ChangelogSource, record: CommitRecord) -> None:
         """Apply one committed batch (the caller guarantees it is the next one)."""
@@ -133,8 +131,9 @@ class PartitionReplica:
         position = Position.from_map(
             {**record.position, self.table: {self.partition: record.batch_id}}
         )
-        self.store.apply(
-            self._ops(keys, values),
+        self.store.apply_changes(
+            keys,
+            self._values(values),
             record.batch_id,
             position,
             replace_all=record.mode == "complete",
@@ -153,8 +152,9 @@ class PartitionReplica:
         the commit time of the snapshot's batch, 0.0 when unknown)."""
         started = time.perf_counter()
         position = Position.from_map({**info.position, self.table: {self.partition: info.batch_id}})
-        self.store.apply(
-            self._ops(keys, list(values)),
+        self.store.apply_changes(
+            keys,
+            self._values(list(values)),
             info.batch_id,
             position,
             replace_all=True,

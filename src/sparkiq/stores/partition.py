@@ -173,6 +173,28 @@ class PartitionStore:
         Callers apply batches in order; a batch id at or below the current one is a
         programming error (the replica filters those out), so it is refused.
         """
+        pairs = list(ops)
+        self.apply_changes(
+            [k for k, _ in pairs],
+            [v for _, v in pairs],
+            batch_id,
+            position,
+            replace_all=replace_all,
+            committed_at=committed_at,
+        )
+
+    def apply_changes(
+        self,
+        keys: list[bytes],
+        values: list[bytes | None],
+        batch_id: int,
+        position: Position,
+        *,
+        replace_all: bool = False,
+        committed_at: float = 0.0,
+    ) -> None:
+        """:meth:`apply` with the changes as two lists (``values[i]`` is the new row of
+        ``keys[i]``, None deletes it), as a segment holds them: no pair is built per row."""
         if batch_id <= self.batch_id:
             raise ValueError(
                 f"batch {batch_id} is not after the applied batch {self.batch_id} of "
@@ -181,20 +203,12 @@ class PartitionStore:
         versions = self.versions
         if versions is not None:
             # Versions first, so that once batch_id moves every read path can serve it.
-            ops = list(ops)
-            versions.apply(
-                batch_id,
-                position,
-                committed_at,
-                [k for k, _ in ops],
-                [v for _, v in ops],
-                replace_all=replace_all,
-            )
+            versions.apply(batch_id, position, committed_at, keys, values, replace_all=replace_all)
         with self._write_lock:
             meta = encode_meta(batch_id, position)
             self._seq += 1
             try:
-                self.store.apply(ops, meta, replace_all=replace_all)
+                self.store.apply(zip(keys, values, strict=True), meta, replace_all=replace_all)
                 self.batch_id, self.position = batch_id, position
             except BaseException:
                 if versions is not None:  # the batch did not land: neither may its versions

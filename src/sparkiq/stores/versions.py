@@ -23,6 +23,18 @@ a reader can hold, so ``valid_to > B`` reads the same before and after it.
 see are dropped when chunks are merged (when dead rows pass a quarter of the live ones, or
 the chunk count grows), so memory is the live rows plus the versions replaced within the
 window. The window starts when the partition is opened: history is not kept across restarts.
+
+**Finding rows by key** (:mod:`sparkiq.stores.keyindex`). Each chunk carries its keys' hashes,
+sorted, so a key read at a past batch bisects each chunk. The writer keeps an index of the
+current keys' hashes and where their rows lie: applying a batch hashes and sorts its keys,
+finds the rows it replaces with one ``searchsorted`` and checks them bytewise -- the work
+follows the batch, not the rows stored. Everything a batch changes is worked out first
+(:class:`_Plan`, and its chunk decoded) and only then stamped and published, so a batch that
+fails (a row that does not decode) changes nothing. Two keys with one hash make the writer
+drop its index and match keys by value until the index is rebuilt (when chunks merge).
+
+Over 600 lines because the writer's plan and the readers share the private chunk layout
+(:class:`_Chunk`); split, it would have to become an interface of its own.
 """
 
 from __future__ import annotations
@@ -30,10 +42,12 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
+import operator
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -44,7 +58,9 @@ from sparkiq.errors import ConfigError, InvalidQueryError, StoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.arrowrows import KEY_COLUMN, PSEUDO_COLUMNS, ArrowRows
 from sparkiq.schema.types import TableSchema
+from sparkiq.stores import keyindex
 from sparkiq.stores.base import StoreIterator
+from sparkiq.stores.keyindex import ChunkKeys, CurrentKeys, HashCollision, location, split_locations
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -124,10 +140,35 @@ class BatchOutOfHistory(InvalidQueryError):
 
 @dataclass(frozen=True, slots=True)
 class _Chunk:
+    serial: int  # names the chunk in the writer's CurrentKeys locations
     first: int  # the smallest valid_from in the chunk: a read at B skips chunks with first > B
     table: pa.Table  # columns, KEY_COLUMN, ROW_COLUMN, VALID_FROM, VALID_TO (shares valid_to)
     keys: pa.Array  # the KEY_COLUMN as one array, for matching changed keys
+    valid_from: np.ndarray  # int64, the VALID_FROM column without a copy
     valid_to: np.ndarray  # int64, stamped in place by the writer
+    index: ChunkKeys  # the rows of each key hash
+
+    def rows_of(self, key: bytes, key_hash: int) -> list[int]:
+        """The rows holding ``key`` (any version), found by hash, checked by bytes."""
+        keys = self.keys
+        return [row for row in self.index.candidates(key_hash).tolist() if keys[row].as_py() == key]
+
+    def row_bytes(self, row: int) -> bytes:
+        value: bytes = self.table.column(ROW_COLUMN)[row].as_py()
+        return value
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What applying a batch changes, worked out before anything is changed."""
+
+    keys: pa.Array  # the new chunk's keys and encoded rows, in batch order
+    rows: list[bytes]
+    row_array: pa.Array  # ``rows`` as Arrow
+    index: ChunkKeys  # of ``keys``
+    stamp: list[tuple[int, np.ndarray]]  # (chunk serial, rows) the batch replaces or deletes
+    # CurrentKeys.edit's arguments, with rows of the new chunk for locations (None: no index)
+    edits: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +202,8 @@ class Version:
     committed_at: float
     chunks: tuple[pa.Table, ...]
     schema: pa.Schema
+    #: the same chunks with their key index, for :meth:`row`
+    keyed: tuple[_Chunk, ...] = ()
 
     def raw(self) -> pa.Table:
         """Every candidate row with its validity columns, without copying."""
@@ -177,16 +220,11 @@ class Version:
 
     def row(self, key: bytes) -> bytes | None:
         """The encoded row of ``key`` at ``batch_id`` (None: no row)."""
-        needle = pa.scalar(key, pa.binary())
-        for chunk in self.chunks:
-            hits = pc.indices_nonzero(pc.equal(chunk.column(KEY_COLUMN), needle))
-            for index in hits.to_pylist():
-                if (
-                    chunk.column(VALID_FROM)[index].as_py() <= self.batch_id
-                    and chunk.column(VALID_TO)[index].as_py() > self.batch_id
-                ):
-                    value: bytes = chunk.column(ROW_COLUMN)[index].as_py()
-                    return value
+        key_hash, batch_id = keyindex.key_hash(key), self.batch_id
+        for chunk in self.keyed:
+            for row in chunk.rows_of(key, key_hash):
+                if chunk.valid_from[row] <= batch_id < chunk.valid_to[row]:
+                    return chunk.row_bytes(row)
         return None
 
     def pairs(
@@ -228,6 +266,45 @@ def visible_mask(raw: pa.Table, batch_id: int) -> pa.ChunkedArray:
     )
 
 
+def _last_write_wins(
+    keys: list[bytes], values: list[bytes | None]
+) -> tuple[list[bytes], list[bytes | None], np.ndarray, np.ndarray]:
+    """``keys`` and ``values`` without the earlier writes of a key given twice (the store
+    keeps the last), the hash of each key and the order that sorts the hashes;
+    :class:`HashCollision` if two different keys share a hash."""
+    hashes = keyindex.key_hashes(keys)
+    order = np.argsort(hashes)
+    if len(keys) > 1:
+        sorted_hashes = hashes[order]
+        if bool((sorted_hashes[1:] == sorted_hashes[:-1]).any()):
+            # sorted again, stably: of equal hashes, the last written comes last
+            order = np.argsort(hashes, kind="stable")
+            sorted_hashes = hashes[order]
+            same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+            earlier, later = order[same], order[same + 1]
+            for a, b in zip(earlier.tolist(), later.tolist(), strict=True):
+                if keys[a] != keys[b]:
+                    raise HashCollision
+            keep = np.ones(len(keys), bool)
+            keep[earlier] = False
+            keys, values = list(compress(keys, keep)), list(compress(values, keep))
+            hashes = hashes[keep]
+            order = np.argsort(hashes)
+    return keys, values, hashes, order
+
+
+def _same_rows(
+    chunks: dict[int, _Chunk], old: np.ndarray, rows: pa.Array, index: np.ndarray
+) -> np.ndarray:
+    """Whether the row at each of locations ``old`` equals ``rows[index[i]]``, bytewise."""
+    same = np.zeros(len(old), bool)
+    for serial, found, part in split_locations(old):
+        held = chunks[serial].table.column(ROW_COLUMN).take(pa.array(found))
+        equal = pc.equal(held, rows.take(pa.array(index[part])))
+        same[part] = equal.to_numpy()
+    return same
+
+
 class VersionedRows:
     """The retained versions of one partition (see the module docstring).
 
@@ -243,10 +320,11 @@ class VersionedRows:
         if schema.window_column is not None:
             columns += PSEUDO_COLUMNS
         self.columns = tuple(columns)
-        self._rows = ArrowRows(schema, (*columns, KEY_COLUMN))
+        self._rows = ArrowRows(schema, columns)
         self._schema = pa.schema(
             [
                 *self._rows.out_schema,
+                pa.field(KEY_COLUMN, pa.binary()),
                 pa.field(ROW_COLUMN, pa.binary()),
                 pa.field(VALID_FROM, pa.int64()),
                 pa.field(VALID_TO, pa.int64()),
@@ -254,6 +332,12 @@ class VersionedRows:
         )
         self._state = _State((), -1, -1, {})
         self._applied = threading.Condition()
+        # The writer's own (no reader touches them): where each current key's row is (None
+        # after a hash collision: keys are then matched by value), how many rows were
+        # stamped at each batch (dead rows, for merging), the next chunk's serial.
+        self._current: CurrentKeys | None = CurrentKeys.empty()
+        self._stamped: dict[int, int] = {}
+        self._serials = itertools.count()
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -284,8 +368,10 @@ class VersionedRows:
         found = state.batches.get(batch_id)
         if found is None or not state.oldest <= batch_id <= state.newest:
             raise BatchOutOfHistory(self._out_of_history(state, batch_id))
-        chunks = tuple(c.table for c in state.chunks if c.first <= batch_id)
-        return Version(batch_id, found[0], found[1], chunks, self._schema)
+        keyed = tuple(c for c in state.chunks if c.first <= batch_id)
+        return Version(
+            batch_id, found[0], found[1], tuple(c.table for c in keyed), self._schema, keyed
+        )
 
     def wait_for(self, batch_id: int, timeout: float) -> bool:
         """Block until ``batch_id`` is applied (at most ``timeout`` s); return whether it is."""
@@ -313,19 +399,14 @@ class VersionedRows:
 
     @staticmethod
     def _versions_in(state: _State, key: bytes) -> list[tuple[int, int, bytes]]:
-        needle = pa.scalar(key, pa.binary())
+        key_hash = keyindex.key_hash(key)
         found: list[tuple[int, int, bytes]] = []
         for chunk in state.chunks:
-            hits = np.flatnonzero(pc.equal(chunk.keys, needle).to_numpy(zero_copy_only=False))
-            if not hits.size:
-                continue
-            rows = chunk.table.column(ROW_COLUMN)
-            froms = chunk.table.column(VALID_FROM)
-            for index in hits:
-                valid_to = int(chunk.valid_to[index])
+            for row in chunk.rows_of(key, key_hash):
+                valid_to = int(chunk.valid_to[row])
                 if valid_to <= state.oldest:
                     continue  # replaced before the history window
-                found.append((froms[int(index)].as_py(), valid_to, rows[int(index)].as_py()))
+                found.append((int(chunk.valid_from[row]), valid_to, chunk.row_bytes(row)))
         found.sort()
         return found
 
@@ -334,7 +415,10 @@ class VersionedRows:
         return sum(c.table.num_rows for c in self._state.chunks)
 
     def nbytes(self) -> int:
-        return sum(c.table.nbytes for c in self._state.chunks)
+        """Bytes held: the chunks, their key indexes and the writer's index of current keys."""
+        current = self._current
+        held: int = sum(c.table.nbytes + c.index.nbytes for c in self._state.chunks)
+        return held + (current.nbytes if current is not None else 0)
 
     @staticmethod
     def _out_of_history(state: _State, batch_id: int) -> str:
@@ -366,18 +450,22 @@ class VersionedRows:
         rows: list[bytes],
     ) -> None:
         """Replace everything with the state of ``batch_id`` (opening, or a snapshot)."""
-        chunk = self._chunk(batch_id, keys, rows)
-        self._publish(
-            _State(
-                (chunk,) if chunk is not None else (),
-                batch_id,
-                batch_id,
-                {batch_id: (position, committed_at)},
-            )
+        chunk = self._chunk(
+            batch_id,
+            pa.array(keys, pa.binary()),
+            rows,
+            pa.array(rows, pa.binary()),
+            ChunkKeys.of(keyindex.key_hashes(keys)),
         )
+        chunks = (chunk,) if chunk is not None else ()
+        self._current = self._index_of(chunks)
+        self._stamped = {}
+        self._publish(_State(chunks, batch_id, batch_id, {batch_id: (position, committed_at)}))
 
     def reset(self) -> None:
         """Forget everything (the store holds no batch)."""
+        self._current = CurrentKeys.empty()
+        self._stamped = {}
         self._publish(_State((), -1, -1, {}))
 
     def apply(
@@ -391,23 +479,37 @@ class VersionedRows:
         replace_all: bool = False,
     ) -> None:
         """Apply batch ``batch_id``: ``values[i]`` is the new row of ``keys[i]`` (None
-        deletes it). ``replace_all`` replaces every row (a complete-mode batch)."""
+        deletes it; a key given twice takes its last value, as in the store).
+        ``replace_all`` replaces every row (a complete-mode batch). Nothing changes if it
+        raises (a row that does not decode)."""
         state = self._state
         if batch_id <= state.newest:
             raise ValueError(f"batch {batch_id} is not after the applied batch {state.newest}")
-        if replace_all:
-            keys, values = self._replace_all(state, batch_id, keys, values)
-        elif keys:
-            changed = pa.array(keys, pa.binary())
-            for old in state.chunks:
-                hits = np.flatnonzero(
-                    pc.is_in(old.keys, value_set=changed).to_numpy(zero_copy_only=False)
-                )
-                if hits.size:
-                    live = hits[old.valid_to[hits] == OPEN]
-                    old.valid_to[live] = batch_id
-        upserts = [(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
-        chunk = self._chunk(batch_id, [k for k, _ in upserts], [v for _, v in upserts])
+        plan = None
+        if self._current is not None:
+            try:
+                plan = self._plan(state, self._current, keys, values, replace_all)
+            except HashCollision:
+                self._current = None  # two keys share a hash: match keys by value instead
+        if plan is None:
+            plan = self._plan_by_value(state, keys, values, replace_all)
+        chunk = self._chunk(batch_id, plan.keys, plan.rows, plan.row_array, plan.index)
+        # From here on nothing raises: stamp, move the index, publish.
+        if plan.stamp:
+            by_serial = {c.serial: c for c in state.chunks}
+            for serial, rows in plan.stamp:
+                by_serial[serial].valid_to[rows] = batch_id
+            self._stamped[batch_id] = sum(len(rows) for _, rows in plan.stamp)
+        if self._current is not None and plan.edits is not None:
+            update, update_rows, remove, insert_hashes, insert_rows = plan.edits
+            serial = chunk.serial if chunk is not None else -1  # no rows: nothing points to it
+            self._current.edit(
+                update,
+                location(serial, update_rows),
+                remove,
+                insert_hashes,
+                location(serial, insert_rows),
+            )
         chunks = state.chunks + ((chunk,) if chunk is not None else ())
         batches = {**state.batches, batch_id: (position, committed_at)}
         oldest = state.oldest if state.oldest >= 0 else batch_id
@@ -415,29 +517,133 @@ class VersionedRows:
         batches = {b: v for b, v in batches.items() if b >= oldest}
         self._publish(_State(self._compacted(chunks, oldest), oldest, batch_id, batches))
 
+    def _plan(
+        self,
+        state: _State,
+        current: CurrentKeys,
+        keys: list[bytes],
+        values: list[bytes | None],
+        replace_all: bool,
+    ) -> _Plan:
+        """The batch's changes found through ``current``, vectorized (no Python work per
+        row beyond building lists); :class:`HashCollision` if two keys share a hash."""
+        if replace_all:  # the new table is the rows with a value
+            present = list(map(operator.is_not, values, repeat(None)))
+            keys, values = list(compress(keys, present)), list(compress(values, present))
+        keys, values, hashes, order = _last_write_wins(keys, values)
+        sorted_hashes = hashes[order]
+        positions, matched = current.find(sorted_hashes)  # deleted keys' entries too
+        found = matched.copy()
+        found[matched] = current.locations[positions[matched]] >= 0
+        old = current.locations[positions[found]]  # current rows of the batch's keys
+        old_index = order[found]  # their index in the batch
+        chunks = {c.serial: c for c in state.chunks}
+        batch_keys = pa.array(keys, pa.binary())
+        groups = split_locations(old)
+        if groups:  # the same hash: the same key, or a collision
+            held = pa.chunked_array(
+                [chunks[serial].keys.take(pa.array(rows)) for serial, rows, _ in groups],
+                pa.binary(),
+            )
+            given = batch_keys.take(pa.array(old_index[np.concatenate([p for *_, p in groups])]))
+            if not pc.all(pc.equal(held, given)).as_py():
+                raise HashCollision
+        if replace_all:
+            # rows the batch leaves as they were keep their version (a table re-emitted every
+            # batch must not be copied every batch); the others and the rows it drops end
+            batch_rows = pa.array(values, pa.binary())
+            same = _same_rows(chunks, old, batch_rows, old_index)
+            upsert = np.ones(len(keys), bool)
+            upsert[old_index[same]] = False
+            kept = np.zeros(len(current), bool)
+            kept[positions[found][same]] = True
+            ended = ~kept & (current.locations >= 0)
+            groups = split_locations(current.locations[ended])
+        else:
+            batch_rows = pa.array(values, pa.binary())  # None: null
+            upsert = batch_rows.is_valid().to_numpy(zero_copy_only=False)
+        row_of = np.cumsum(upsert) - 1  # the new chunk's row of each upsert
+        upsert_sorted, rows_sorted = upsert[order], row_of[order]
+        update = matched & upsert_sorted  # a current key's entry, or a deleted key's
+        insert = ~matched & upsert_sorted
+        if replace_all:
+            ended[positions[update]] = False
+            remove = np.flatnonzero(ended)
+        else:
+            remove = positions[found & ~upsert_sorted]
+        every = bool(upsert.all())
+        mask = None if every else pa.array(upsert)
+        return _Plan(
+            batch_keys if mask is None else batch_keys.filter(mask),
+            values if every else list(compress(values, upsert)),  # type: ignore[arg-type]
+            batch_rows if mask is None else batch_rows.filter(mask),
+            ChunkKeys(sorted_hashes[upsert_sorted], rows_sorted[upsert_sorted].astype(np.int32)),
+            [(serial, rows) for serial, rows, _ in groups],
+            (
+                positions[update],
+                rows_sorted[update],
+                remove,
+                sorted_hashes[insert],
+                rows_sorted[insert],
+            ),
+        )
+
     @staticmethod
-    def _replace_all(
-        state: _State, batch_id: int, keys: list[bytes], values: list[bytes | None]
-    ) -> tuple[list[bytes], list[bytes | None]]:
-        """A complete-mode batch as the changes it makes: rows it leaves as they were keep
-        their version (a table re-emitted every batch must not be copied every batch);
-        rows it drops or changes are stamped. Returns the rows to append."""
-        new = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
-        for old in state.chunks:
-            current = np.flatnonzero(old.valid_to == OPEN)
-            if not current.size:
-                continue
-            old_keys = old.keys.take(pa.array(current)).to_pylist()
-            old_rows = old.table.column(ROW_COLUMN).take(pa.array(current)).to_pylist()
-            gone = []
-            for index, key, row in zip(current, old_keys, old_rows, strict=True):
-                if new.get(key) == row:
-                    del new[key]  # unchanged: its version stays current
-                else:
-                    gone.append(index)
-            if gone:
-                old.valid_to[np.array(gone, dtype=np.int64)] = batch_id
-        return list(new), list(new.values())
+    def _plan_by_value(
+        state: _State, keys: list[bytes], values: list[bytes | None], replace_all: bool
+    ) -> _Plan:
+        """The batch's changes found by comparing keys (after a hash collision)."""
+        stamps: list[tuple[int, np.ndarray]] = []
+        if replace_all:
+            new = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+            for old in state.chunks:
+                current = np.flatnonzero(old.valid_to == OPEN)
+                if not current.size:
+                    continue
+                old_keys = old.keys.take(pa.array(current)).to_pylist()
+                old_rows = old.table.column(ROW_COLUMN).take(pa.array(current)).to_pylist()
+                gone = []
+                for index, key, row in zip(current, old_keys, old_rows, strict=True):
+                    if new.get(key) == row:
+                        del new[key]  # unchanged: its version stays current
+                    else:
+                        gone.append(index)
+                if gone:
+                    stamps.append((old.serial, np.array(gone, dtype=np.int64)))
+        else:
+            latest = dict(zip(keys, values, strict=True))  # a key given twice: the last value
+            changed = pa.array(list(latest), pa.binary())
+            for old in state.chunks:
+                hits = np.flatnonzero(
+                    pc.is_in(old.keys, value_set=changed).to_numpy(zero_copy_only=False)
+                )
+                live = hits[old.valid_to[hits] == OPEN]
+                if live.size:
+                    stamps.append((old.serial, live))
+            new = {k: v for k, v in latest.items() if v is not None}
+        upserts, rows = list(new), list(new.values())
+        return _Plan(
+            pa.array(upserts, pa.binary()),
+            rows,
+            pa.array(rows, pa.binary()),
+            ChunkKeys.of(keyindex.key_hashes(upserts)),
+            stamps,
+            None,
+        )
+
+    def _index_of(self, chunks: tuple[_Chunk, ...]) -> CurrentKeys | None:
+        """The index of the current rows of ``chunks`` (None: two keys share a hash)."""
+        hashes, locations = [], []
+        for chunk in chunks:
+            current = np.flatnonzero(chunk.valid_to == OPEN)
+            hashes.append(chunk.index.aligned()[current])
+            locations.append(location(chunk.serial, current))
+        if not chunks:
+            return CurrentKeys.empty()
+        try:
+            return CurrentKeys.build(np.concatenate(hashes), np.concatenate(locations))
+        except HashCollision:
+            return None
 
     def _oldest_kept(
         self, batches: dict[int, tuple[Position, float]], newest: int, oldest: int
@@ -457,38 +663,75 @@ class VersionedRows:
 
     def _compacted(self, chunks: tuple[_Chunk, ...], oldest: int) -> tuple[_Chunk, ...]:
         """Merge the chunks into one, without rows no retained batch sees, once dead rows
-        pass a quarter of the live ones or there are too many chunks."""
+        pass a quarter of the live ones or there are too many chunks (then the index of
+        current keys is rebuilt: rows moved)."""
         if len(chunks) < 2:
             return chunks
         stored = sum(c.table.num_rows for c in chunks)
-        dead = sum(int(np.count_nonzero(c.valid_to <= oldest)) for c in chunks)
+        dead = sum(count for batch, count in self._stamped.items() if batch <= oldest)
         if len(chunks) <= _MAX_CHUNKS and dead * 4 <= stored - dead:
             return chunks
-        kept = [c.table.filter(pa.array(c.valid_to > oldest)) for c in chunks]
-        merged = pa.concat_tables(kept).combine_chunks()
+        self._stamped = {b: n for b, n in self._stamped.items() if b > oldest}
+        live = [c.valid_to > oldest for c in chunks]
+        merged = pa.concat_tables(
+            [c.table.filter(pa.array(m)) for c, m in zip(chunks, live, strict=True)]
+        ).combine_chunks()
+        if not merged.num_rows:
+            self._current = CurrentKeys.empty()
+            return ()
+        hashes = np.concatenate([c.index.aligned()[m] for c, m in zip(chunks, live, strict=True)])
         valid_to = np.array(merged.column(VALID_TO).to_numpy(), dtype=np.int64, copy=True)
         merged = merged.set_column(
             merged.schema.get_field_index(VALID_TO), VALID_TO, pa.array(valid_to)
         )
-        first = int(pc.min(merged.column(VALID_FROM)).as_py()) if merged.num_rows else oldest
-        return (_Chunk(first, merged, merged.column(KEY_COLUMN).combine_chunks(), valid_to),)
+        valid_from = merged.column(VALID_FROM).chunk(0).to_numpy()
+        chunk = _Chunk(
+            next(self._serials),
+            int(valid_from.min()),
+            merged,
+            merged.column(KEY_COLUMN).chunk(0),
+            valid_from,
+            valid_to,
+            ChunkKeys.of(hashes),
+        )
+        self._current = self._index_of((chunk,))
+        return (chunk,)
 
-    def _chunk(self, batch_id: int, keys: list[bytes], rows: list[bytes]) -> _Chunk | None:
-        if not keys:
+    def _chunk(
+        self,
+        batch_id: int,
+        keys: pa.Array,
+        rows: list[bytes],
+        row_array: pa.Array,
+        index: ChunkKeys,
+    ) -> _Chunk | None:
+        """A chunk of the rows ``batch_id`` wrote (``row_array``: ``rows`` as Arrow,
+        ``index``: of ``keys``); decodes them, so it raises on a row that does not decode."""
+        if not len(keys):
             return None
-        decoded = self._rows.from_stored(rows, keys)
+        decoded = self._rows.from_stored(rows)
         count = decoded.num_rows
+        valid_from = np.full(count, batch_id, dtype=np.int64)
         valid_to = np.full(count, OPEN, dtype=np.int64)
         table = pa.Table.from_arrays(
             [
                 *decoded.columns,
-                pa.array(rows, pa.binary()),
-                pa.array(np.full(count, batch_id, dtype=np.int64)),
+                keys,
+                row_array,
+                pa.array(valid_from),  # zero-copy, as valid_to
                 pa.array(valid_to),  # zero-copy: stamps on valid_to show in the column
             ],
             schema=self._schema,
         )
-        return _Chunk(batch_id, table, decoded.column(KEY_COLUMN).combine_chunks(), valid_to)
+        return _Chunk(
+            next(self._serials),
+            batch_id,
+            table,
+            keys,
+            valid_from,
+            valid_to,
+            index,
+        )
 
     def _publish(self, state: _State) -> None:
         with self._applied:
