@@ -5,7 +5,7 @@ committed once.
 Both kill points are exercised on one state_dir, one after the other (three writer processes,
 each a JVM start, instead of four): the first writer dies before the commit of batch 1, the
 second re-runs batch 1 and dies after the commit of batch 2, the third re-runs batch 2 as a
-no-op and finishes. After each crash the state is checked as it would be alone.
+no-op and finishes. What each crash leaves is checked as in a run of that kill point alone.
 """
 
 from __future__ import annotations
