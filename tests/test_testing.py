@@ -29,6 +29,7 @@ def test_the_session_has_the_test_settings_and_overrides_apply(spark: Any) -> No
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
     assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
     assert spark.conf.get("spark.ui.enabled") == "false"
+    assert spark.conf.get("spark.sql.streaming.pollingDelay") == "100ms"
     assert LOCAL_SPARK_CONF["spark.driver.extraJavaOptions"] == "-Xss32m"
     try:
         again = spark_session(shuffle_partitions=3, config={"spark.sql.ansi.enabled": "true"})

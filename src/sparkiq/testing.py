@@ -60,6 +60,11 @@ LOCAL_SPARK_CONF: Mapping[str, str] = {
     "spark.driver.memory": "2g",
     # a test's temporary checkpoints go away with the query
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+    # An idle streaming query (the default trigger, no new input) looks for input again after
+    # this delay; Spark's 10 ms lists the source every 10 ms, about a quarter of a core for
+    # three idle file-source queries, taken from the work a test waits for. 100 ms adds at
+    # most 0.1 s before a new file's batch starts.
+    "spark.sql.streaming.pollingDelay": "100ms",
     "spark.log.level": "ERROR",
 }
 

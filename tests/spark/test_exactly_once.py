@@ -1,5 +1,12 @@
-"""Exactly-once: a writer killed between segment write and commit, or right after the commit,
-restarts and leaves state equal to the batch ground truth, with each batch committed once."""
+"""Exactly-once: a writer killed between segment write and commit, and a writer killed right
+after the commit, each restart and leave state equal to the batch ground truth, with each batch
+committed once.
+
+Both kill points are exercised on one state_dir, one after the other (three writer processes,
+each a JVM start, instead of four): the first writer dies before the commit of batch 1, the
+second re-runs batch 1 and dies after the commit of batch 2, the third re-runs batch 2 as a
+no-op and finishes. What each crash leaves is checked as in a run of that kill point alone.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sparkiq import Node
 from sparkiq.changelog import Changelog
@@ -55,28 +60,36 @@ def replica_rows(state: Path) -> dict[str, dict[str, Any]]:
         return {k: node.get("totals", k) for k in (f"k{i}" for i in range(25))}  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
-def test_writer_killed_at_commit_boundary_recovers_exactly(tmp_path: Path, point: str) -> None:
+def assert_crashed_at(
+    state: Path, point: str, batch: int, crashed: subprocess.CompletedProcess[str]
+) -> None:
+    """The writer died at ``point`` of ``batch``: its segments were written, and its commit
+    record exists only when the point is after the commit."""
+    assert crashed.returncode == 86, crashed.stderr[-2000:]
+    segments = (state / "tables" / "totals" / "segments").glob(f"*/{batch:020d}.arrow")
+    assert list(segments), f"the crash happened after the segments of batch {batch} were written"
+    committed = list(range(batch + 1 if point == "after_commit" else batch))
+    assert Changelog(str(state), "totals").committed_batch_ids() == committed
+
+
+def test_writer_killed_at_commit_boundary_recovers_exactly(tmp_path: Path) -> None:
     source, state = tmp_path / "in", tmp_path / "state"
     source.mkdir()
-    truth = write_input(source, files=3)
-
-    crashed = run_writer(source, state, crash_at=f"{point}:totals:1")
-    assert crashed.returncode == 86, crashed.stderr[-2000:]
+    truth = write_input(source, files=4)
     changelog = Changelog(str(state), "totals")
-    segments_of_1 = list(
-        (state / "tables" / "totals" / "segments").glob("*/00000000000000000001.arrow")
-    )
-    assert segments_of_1, "the crash happened after the segments of batch 1 were written"
-    if point == "before_commit":
-        assert changelog.committed_batch_ids() == [0]
-    else:
-        assert changelog.committed_batch_ids() == [0, 1]
-        commit_1 = Path(changelog.commit_path(1)).read_bytes()
+
+    # Killed between the segments of batch 1 and its commit record: batch 1 is re-run.
+    crashed = run_writer(source, state, crash_at="before_commit:totals:1")
+    assert_crashed_at(state, "before_commit", 1, crashed)
+
+    # Killed right after the commit record of batch 2: its re-run must be a no-op.
+    crashed = run_writer(source, state, crash_at="after_commit:totals:2")
+    assert_crashed_at(state, "after_commit", 2, crashed)
+    commit_1, commit_2 = (Path(changelog.commit_path(b)).read_bytes() for b in (1, 2))
 
     finished = run_writer(source, state)
     assert finished.returncode == 0, finished.stderr[-2000:]
-    assert changelog.committed_batch_ids() == [0, 1, 2]
-    if point == "after_commit":  # the re-run of batch 1 was a no-op
-        assert Path(changelog.commit_path(1)).read_bytes() == commit_1
+    assert changelog.committed_batch_ids() == [0, 1, 2, 3]
+    assert Path(changelog.commit_path(1)).read_bytes() == commit_1
+    assert Path(changelog.commit_path(2)).read_bytes() == commit_2  # the re-run wrote nothing
     assert replica_rows(state) == truth
