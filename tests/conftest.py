@@ -41,23 +41,28 @@ def _python_workers_first() -> str:
 os.environ.setdefault("PYSPARK_PYTHON", _python_workers_first())
 
 
-# Fixtures and marks of tests that start a JVM or a cluster of processes: the long ones.
-_HEAVY_FIXTURES = {"spark", "connect_spark"}
+# Tests that use a SparkSession: after the slow ones, before those that need no JVM.
+_SPARK_FIXTURES = {"spark", "connect_spark"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the files with long tests first (those marked ``slow`` or using a SparkSession).
+    """Run the files with long tests first: files with a test marked ``slow`` (each starts
+    JVMs or processes of its own), then files using the session's SparkSession, then the rest.
 
     ``make test`` spreads whole files over two workers (pytest-xdist, ``--dist loadfile``)
     in collection order; a long file left for the end would keep one worker busy while the
     other idles. The order within a file is unchanged, and the sort is stable, so every
     worker collects the same order."""
-    heavy = {
-        item.path
-        for item in items
-        if item.get_closest_marker("slow") or _HEAVY_FIXTURES & set(item.fixturenames)
-    }
-    items.sort(key=lambda item: item.path not in heavy)
+    tier: dict[Path, int] = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            rank = 0
+        elif _SPARK_FIXTURES & set(item.fixturenames):
+            rank = 1
+        else:
+            rank = 2
+        tier[item.path] = min(rank, tier.get(item.path, rank))
+    items.sort(key=lambda item: tier[item.path])
 
 
 @pytest.fixture(scope="session")

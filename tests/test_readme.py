@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 

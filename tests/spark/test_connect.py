@@ -11,6 +11,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sparkiq import App, Node, RangeQuery, StateQueryRequest
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import list_snapshots
@@ -23,6 +25,9 @@ from tests.spark.test_differential import (
     normalize,
     write_orders,
 )
+
+# Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 
 def test_the_sink_is_plain_data(spark: Any, tmp_path: Path) -> None:

@@ -26,12 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from sparkiq import App, Client, RangeQuery, StateQueryRequest
 from sparkiq.errors import SparkiqError
 from sparkiq.testing import JsonSource
 from tests.cluster.serve_processes import make_nodes, wait_cluster
 from tests.spark.test_consistent_reads import MOVES, batch_of, moves
+
+# Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 PARTITIONS = 8
 #: How long a serve process may take to start listening. It is a deadline for a condition,

@@ -25,9 +25,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sparkiq import App
 from tests.spark.test_datasource import feed_rows, order_changes
 from tests.spark.test_differential import SCHEMA, write_orders
+
+# Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sparkiq import Node
 from sparkiq.changelog import Changelog
 from sparkiq.spark.sink import CRASH_ENV
+
+# Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 

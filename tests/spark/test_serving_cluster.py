@@ -8,9 +8,14 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sparkiq import App, Client, Position, PositionBound, RangeQuery, StateQueryRequest
 from sparkiq.changelog import Changelog
 from tests.cluster.serve_processes import ServeProcess, make_nodes, start_nodes
+
+# Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 USERS = [f"user{i:02d}" for i in range(40)]
 ITEMS = ["apple", "pear", "fig", "kiwi"]

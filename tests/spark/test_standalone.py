@@ -36,6 +36,9 @@ from sparkiq.spark.sink import CRASH_ENV, SEGMENT_FAULT_ENV, TableSink, absolute
 from sparkiq.testing import JsonSource, assert_table_matches, diff_table
 from tests.spark.test_differential import normalize, write_orders
 
+# Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("by_product", "by_user_day", "orders")
 #: Deadlines sized for a loaded 2-core machine; each wait ends as soon as its condition holds.
