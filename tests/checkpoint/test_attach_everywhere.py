@@ -324,40 +324,58 @@ def test_a_killed_node_leaves_its_standby_answering(pipeline: Pipeline, cluster:
 
 
 def test_app_attach_under_spark_connect(connect_spark: Any, tmp_path: Path) -> None:
-    """``App.attach`` with a Spark Connect session: the query object is a Connect one, the
-    state is written by the Connect server's JVM, and the App serves it."""
+    """``App.attach`` with a Spark Connect session: the query object is a Connect one (its
+    ``lastProgress`` comes over gRPC), the state is written by the Connect server's JVM, the
+    checkpoint is found under Spark's default location by the query's name, and the App
+    serves it. A stateless query and a non-query are refused with what to do."""
     from pyspark.sql import functions as F
 
     spark = connect_spark
     source = JsonSource(tmp_path / "input", "user string, clicks long")
     source.write([{"user": "ann", "clicks": 2}, {"user": "bob", "clicks": 1}])
     source.write([{"user": "ann", "clicks": 5}])
-    checkpoint = tmp_path / "checkpoint"
-    query = (
-        source.stream(spark)
-        .groupBy("user")
-        .agg(F.sum("clicks").alias("total"))
-        .writeStream.format("noop")
-        .outputMode("update")
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
+    default = "spark.sql.streaming.checkpointLocation"
+    spark.conf.set(default, str(tmp_path / "checkpoints"))
+    try:
+        query = (
+            source.stream(spark)
+            .groupBy("user")
+            .agg(F.sum("clicks").alias("total"))
+            .writeStream.format("noop")
+            .outputMode("update")
+            .queryName("connect_clicks")
+            .start()
+        )
+        stateless = source.stream(spark).writeStream.format("noop").start()
+    finally:
+        spark.conf.unset(default)
+    spark.conf.set(default, str(tmp_path / "checkpoints"))
     app = sparkiq.App(spark, state_dir=str(tmp_path / "state"), name="connect")
     app.start()
     try:
         query.processAllAvailable()
+        stateless.processAllAvailable()
         batch = int(query.lastProgress["batchId"])
-        assert app.attach(query, "cx", checkpoint=str(checkpoint)) == ["cx_agg"]
+        assert app.attach(query, "cx") == ["cx_agg"]  # at <default>/connect_clicks
         assert app.node is not None and app.node.wait_for("cx_agg", batch, 60)
-        frame = spark.read.format("statestore").option("batchId", batch).load(str(checkpoint))
+        checkpoint = str(tmp_path / "checkpoints" / "connect_clicks")
+        frame = spark.read.format("statestore").option("batchId", batch).load(checkpoint)
         expected = {r["key"]["user"]: r["value"]["sum"] for r in frame.collect()}
         assert expected == {"ann": 7, "bob": 1}
         rows = app.sql("SELECT user, sum FROM cx_agg").rows
         assert {r["user"]: r["sum"] for r in rows} == expected
         assert app.get("cx_agg", "ann") == {"user": "ann", "sum": 7}
-        # without checkpoint= and with no default location: the error says what to pass
+        with pytest.raises(ConfigError, match="no stateful operator"):
+            app.attach(stateless, "plain")
+        with pytest.raises(ConfigError, match="needs a StreamingQuery"):
+            app.attach(frame, "frame")
+        spark.conf.unset(default)
+        # without checkpoint= and no default location: the error says what to pass
         with pytest.raises(ConfigError, match="pass checkpoint="):
             app.attach(query, "again")
+        assert app.attach(query, "again", checkpoint=checkpoint) == ["again_agg"]
     finally:
+        spark.conf.unset(default)
         app.stop()
         query.stop()
+        stateless.stop()
