@@ -456,11 +456,19 @@ def _status_text(
     tables = list_tables(state_dir)
     attached = [CheckpointCatalog(uri, name) for name, uri in (checkpoints or {}).items()]
     nodes = _node_docs(state_dir, local_dirs)
-    if not tables and not attached and not nodes:
-        return 1, f"no sparkiq tables in {state_dir!r}"
-    add(
-        f"{'table':<24} {'parts':>5} {'key':<20} {'batches kept':>14} {'newest':>7} {'snapshot':>9}"
+    none = (
+        f"no sparkiq tables in {state_dir!r} (for the tables of a Spark checkpoint: "
+        "--checkpoint NAME=URI)"
     )
+    if not tables and not attached and not nodes:
+        return 1, none
+    if tables or attached:
+        add(
+            f"{'table':<24} {'parts':>5} {'key':<20} {'batches kept':>14} {'newest':>7} "
+            f"{'snapshot':>9}"
+        )
+    else:  # only nodes: they may serve checkpoints this command was not told of
+        add(none)
 
     def table_line(
         name: str, partitions: int, key: str, batches: list[int], snapshots: list[int | None]
