@@ -96,6 +96,10 @@ def pipeline(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         running.query.stop()
 
 
+def alive(node: ServeProcess) -> bool:
+    return node.process is not None and node.process.poll() is None
+
+
 class Cluster:
     """Two ``sparkiq serve --checkpoint clicks=<checkpoint>`` nodes, ``n0`` also on the
     Postgres wire protocol; :meth:`up` restarts a node a test killed."""
@@ -106,27 +110,35 @@ class Cluster:
 
     def up(self) -> None:
         for node in self.nodes:
-            if node.process is None or node.process.poll() is not None:
+            if not alive(node):
                 node.start()
                 node.wait_up()
         wait_cluster([n.url for n in self.nodes], len(self.nodes))
 
     def wait_batch(self, batch: int, timeout: float = 120.0) -> None:
-        """Until every node answers SQL at ``batch`` on every partition: a deadline for a
-        hang (serve processes restore on a loaded machine), not a speed target."""
+        """Until every replica of every live node (active and standby, per ``/stats``) is
+        live at ``batch`` or later and each node's SQL answers at it, so what a test reads
+        next is pinned to ``batch``. A deadline for a hang (serve processes restore on a
+        loaded machine), not a speed target."""
         deadline = time.monotonic() + timeout
-        pending = list(self.clients)
+        pending = [(n, c) for n, c in zip(self.nodes, self.clients, strict=True) if alive(n)]
         while pending and time.monotonic() < deadline:
+            node, client = pending[0]
             try:
-                result = pending[0].sql(f"SELECT count(*) AS n FROM {TABLE}")
+                stats = httpx.get(f"{node.url}/stats", timeout=5).json()["partitions"]
+                replicas = [s for s in stats if s["store"] == TABLE]
+                caught_up = bool(replicas) and all(
+                    s["state"] == "live" and s["batch_id"] >= batch for s in replicas
+                )
+                result = client.sql(f"SELECT count(*) AS n FROM {TABLE}")
                 offsets = result.position.partition_offsets(TABLE)
-                if len(offsets) == PARTITIONS and min(offsets.values()) >= batch:
+                if caught_up and len(offsets) == PARTITIONS and min(offsets.values()) >= batch:
                     pending.pop(0)
                     continue
             except Exception:  # not hosted yet, or a node still restoring
                 pass
             time.sleep(0.1)
-        assert not pending, f"nodes did not reach batch {batch}: {[c for c in pending]}"
+        assert not pending, f"{[n.node_id for n, _ in pending]} did not reach batch {batch}"
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +174,15 @@ def test_console_views_show_attached_tables(pipeline: Pipeline, cluster: Cluster
     cluster.wait_batch(batch)
     expected = pipeline.state(batch)
     for node in cluster.nodes:
+        # what a node knows of its peer's replicas comes with heartbeats: wait for it
+        deadline = time.monotonic() + 60
+        while True:
+            members = get_json(f"{node.url}/metadata")["nodes"]
+            hosted = [s["batch_id"] for m in members for s in m["hosted"].get(TABLE, {}).values()]
+            if len(members) == 2 and len(hosted) == 2 * PARTITIONS and min(hosted) >= batch:
+                break
+            assert time.monotonic() < deadline, members
+            time.sleep(0.1)
         (store,) = get_json(f"{node.url}/stores")["stores"]
         assert (store["name"], store["key_columns"], store["partitions"]) == (
             TABLE, ["user"], PARTITIONS
@@ -169,14 +190,11 @@ def test_console_views_show_attached_tables(pipeline: Pipeline, cluster: Cluster
         assert store["window_column"] is None
         assert "count" in store["schema"] and "sum" in store["schema"]
         assert get_json(f"{node.url}/readyz")["ready"] is True
-        members = get_json(f"{node.url}/metadata")["nodes"]
         assert sorted(m["node_id"] for m in members) == ["n0", "n1"]
         for p in range(PARTITIONS):
             active = [m["node_id"] for m in members if p in m["active"].get(TABLE, [])]
             standby = [m["node_id"] for m in members if p in m["standby"].get(TABLE, [])]
             assert len(active) == 1 and len(standby) == 1 and active != standby, (p, members)
-            hosted = next(m for m in members if m["node_id"] == active[0])["hosted"][TABLE]
-            assert hosted[str(p)]["batch_id"] >= batch
         # both nodes are active for some partitions: the reads below are routed
         assert all(m["active"].get(TABLE) for m in members)
         stats = get_json(f"{node.url}/stats")
