@@ -418,7 +418,7 @@ def _watch_status(
             with Live(auto_refresh=False, transient=False) as live:
                 while True:
                     stamp = time.strftime("%H:%M:%S")
-                    text = _status_text(state_dir, local_dirs, checkpoints)[1]
+                    text = _watched_text(state_dir, local_dirs, checkpoints)
                     parts: list[RenderableType] = [Text(text)]
                     for _, doc in _node_docs(state_dir, local_dirs):
                         if doc is None:
@@ -432,10 +432,20 @@ def _watch_status(
                     time.sleep(every)
         while True:  # not a terminal: nothing to redraw, each update follows the last
             print(f"-- {time.strftime('%H:%M:%S')}", flush=True)
-            print(_status_text(state_dir, local_dirs, checkpoints)[1] + "\n", flush=True)
+            print(_watched_text(state_dir, local_dirs, checkpoints) + "\n", flush=True)
             time.sleep(every)
     except KeyboardInterrupt:
         return 0
+
+
+def _watched_text(state_dir: str, local_dirs: list[str] | None, checkpoints: dict[str, str]) -> str:
+    """One ``--watch`` update; a checkpoint that became unreadable is shown, not raised."""
+    from sparkiq.errors import SparkiqError
+
+    try:
+        return _status_text(state_dir, local_dirs, checkpoints)[1]
+    except SparkiqError as exc:
+        return f"sparkiq status: {exc.message}"
 
 
 def _status_text(
