@@ -107,6 +107,15 @@ def _parser() -> argparse.ArgumentParser:
         "under <state_dir>/replicas [SPARKIQ_LOCAL_DIR]",
     )
     status.add_argument(
+        "--checkpoint",
+        action="append",
+        metavar="NAME=URI",
+        default=None,
+        help="also show the tables served from the Spark query whose checkpoint is URI, as "
+        "`sparkiq serve --checkpoint` names them (repeatable) [SPARKIQ_CHECKPOINT, "
+        "comma-separated]",
+    )
+    status.add_argument(
         "--watch",
         type=float,
         nargs="?",
@@ -358,9 +367,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         local_dirs = args.local_dir or (
             [os.environ["SPARKIQ_LOCAL_DIR"]] if "SPARKIQ_LOCAL_DIR" in os.environ else None
         )
+        from sparkiq.errors import SparkiqError
+
+        try:
+            checkpoints = _checkpoints(args.checkpoint or _env("CHECKPOINT", "").split(","))
+            code, text = _status_text(args.state_dir, local_dirs, checkpoints)
+        except ValueError as exc:
+            print(f"sparkiq status: {exc}", file=sys.stderr)
+            return 2
+        except SparkiqError as exc:  # a checkpoint that is none, or cannot be read
+            print(f"sparkiq status: {exc.message}", file=sys.stderr)
+            return 2
         if args.watch is not None:
-            return _watch_status(args.state_dir, local_dirs, args.watch)
-        code, text = _status_text(args.state_dir, local_dirs)
+            return _watch_status(args.state_dir, local_dirs, args.watch, checkpoints)
         print(text, file=sys.stdout if code == 0 else sys.stderr)
         return code
     if args.command == "compact":
@@ -381,7 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 _NODE_ROW = "{:<24} {:>4} {:<9} {:>7} {:>5} {:>10} {:>12} {:>6}"
 
 
-def _watch_status(state_dir: str, local_dirs: list[str] | None, every: float) -> int:
+def _watch_status(
+    state_dir: str, local_dirs: list[str] | None, every: float, checkpoints: dict[str, str]
+) -> int:
     """``sparkiq status --watch``: the status every ``every`` seconds until Ctrl-C."""
     if every <= 0:
         print("sparkiq status: --watch takes a positive number of seconds", file=sys.stderr)
@@ -397,7 +418,7 @@ def _watch_status(state_dir: str, local_dirs: list[str] | None, every: float) ->
             with Live(auto_refresh=False, transient=False) as live:
                 while True:
                     stamp = time.strftime("%H:%M:%S")
-                    text = _status_text(state_dir, local_dirs)[1]
+                    text = _watched_text(state_dir, local_dirs, checkpoints)
                     parts: list[RenderableType] = [Text(text)]
                     for _, doc in _node_docs(state_dir, local_dirs):
                         if doc is None:
@@ -411,39 +432,91 @@ def _watch_status(state_dir: str, local_dirs: list[str] | None, every: float) ->
                     time.sleep(every)
         while True:  # not a terminal: nothing to redraw, each update follows the last
             print(f"-- {time.strftime('%H:%M:%S')}", flush=True)
-            print(_status_text(state_dir, local_dirs)[1] + "\n", flush=True)
+            print(_watched_text(state_dir, local_dirs, checkpoints) + "\n", flush=True)
             time.sleep(every)
     except KeyboardInterrupt:
         return 0
 
 
-def _status_text(state_dir: str, local_dirs: list[str] | None) -> tuple[int, str]:
-    """The status report and the exit code that goes with it (1: no tables)."""
+def _watched_text(state_dir: str, local_dirs: list[str] | None, checkpoints: dict[str, str]) -> str:
+    """One ``--watch`` update; a checkpoint that became unreadable is shown, not raised."""
+    from sparkiq.errors import SparkiqError
+
+    try:
+        return _status_text(state_dir, local_dirs, checkpoints)[1]
+    except SparkiqError as exc:
+        return f"sparkiq status: {exc.message}"
+
+
+def _status_text(
+    state_dir: str, local_dirs: list[str] | None, checkpoints: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """The status report and the exit code that goes with it (1: no tables and no node).
+
+    Tables are the state_dir's materialized ones, then those served from ``checkpoints``
+    (``{name: uri}``, as ``sparkiq serve --checkpoint``); a checkpoint that cannot be read
+    raises :class:`~sparkiq.errors.SparkiqError`."""
     lines: list[str] = []
     add = lines.append
 
     from sparkiq.changelog import Changelog, list_tables
     from sparkiq.changelog.snapshot import snapshot_summary
+    from sparkiq.checkpoint.source import CheckpointCatalog
 
     tables = list_tables(state_dir)
-    if not tables:
-        return 1, f"no sparkiq tables in {state_dir!r}"
-    add(
-        f"{'table':<24} {'parts':>5} {'key':<20} {'batches kept':>14} {'newest':>7} {'snapshot':>9}"
+    attached = [CheckpointCatalog(uri, name) for name, uri in (checkpoints or {}).items()]
+    nodes = _node_docs(state_dir, local_dirs)
+    none = (
+        f"no sparkiq tables in {state_dir!r} (for the tables of a Spark checkpoint: "
+        "--checkpoint NAME=URI)"
     )
+    if not tables and not attached and not nodes:
+        return 1, none
+    if tables or attached:
+        add(
+            f"{'table':<24} {'parts':>5} {'key':<20} {'batches kept':>14} {'newest':>7} "
+            f"{'snapshot':>9}"
+        )
+    else:  # only nodes: they may serve checkpoints this command was not told of
+        add(none)
+
+    def table_line(
+        name: str, partitions: int, key: str, batches: list[int], snapshots: list[int | None]
+    ) -> None:
+        kept = f"{batches[0]}..{batches[-1]}" if batches else "-"
+        known = [s for s in snapshots if s is not None]  # "-" unless every partition has one
+        snapshot = str(min(known)) if known and len(known) == len(snapshots) else "-"
+        newest = batches[-1] if batches else "-"
+        add(f"{name:<24} {partitions:>5} {key:<20} {kept:>14} {newest!s:>7} {snapshot:>9}")
+
     for name in tables:
         changelog = Changelog(state_dir, name)
         manifest = changelog.manifest()
-        batches = changelog.committed_batch_ids()
-        kept = f"{batches[0]}..{batches[-1]}" if batches else "-"
-        snapshots = [b for b in snapshot_summary(changelog, manifest.partitions).values()]
-        snapshot = "-" if None in snapshots or not snapshots else str(min(snapshots))
         key = ",".join(manifest.key_columns) + (
             f" [{manifest.window_column}]" if manifest.window_column else ""
         )
-        newest = batches[-1] if batches else "-"
-        add(f"{name:<24} {manifest.partitions:>5} {key:<20} {kept:>14} {newest!s:>7} {snapshot:>9}")
-    for local_dir, doc in _node_docs(state_dir, local_dirs):
+        summary = snapshot_summary(changelog, manifest.partitions)
+        table_line(
+            name, manifest.partitions, key, changelog.committed_batch_ids(), list(summary.values())
+        )
+    for catalog in attached:
+        names = catalog.names()
+        for name in names:
+            # batches kept: the commits Spark's maintenance has not deleted yet; snapshot:
+            # the oldest of the partitions' newest Spark snapshots
+            source = catalog.open(name)
+            manifest = source.manifest()
+            newest_snapshots: list[int | None] = []
+            for partition in range(manifest.partitions):
+                found = source.snapshots(partition)
+                newest_snapshots.append(found[-1].batch_id if found else None)
+            key = ",".join(manifest.key_columns)
+            table_line(
+                name, manifest.partitions, key, source.committed_batch_ids(), newest_snapshots
+            )
+        shown = ", ".join(names) if names else "no state stores yet"
+        add(f"  {catalog.name}: checkpoint {catalog.uri} ({shown})")
+    for local_dir, doc in nodes:
         if doc is None:
             add(f"\nnode at {local_dir}: no status.json (never started, or not a node)")
             continue

@@ -161,6 +161,24 @@ def test_aggregation_matches_state_source_and_output_while_running(
     assert tree_digest(running.checkpoint) == digest
 
 
+def wait_settled(handle: sparkiq.Attached, broken: int, batch: int, timeout: float = 60.0) -> None:
+    """Until partition ``broken`` reports its error and every other one applied ``batch``.
+    ``wait_for`` returns False as soon as one partition is stuck, while the others may still
+    be restoring (seconds on a loaded machine); the deadline is for a hang, not a speed
+    target."""
+    deadline = time.monotonic() + timeout
+
+    def settled() -> bool:
+        return all(
+            s.state == "error" if s.partition == broken else s.batch_id >= batch
+            for s in handle.status()
+        )
+
+    while not settled():
+        assert time.monotonic() < deadline, handle.status()
+        time.sleep(0.05)
+
+
 def only_partition(result: Any) -> int:
     (partition,) = result.partition_results
     return int(partition)
@@ -204,16 +222,9 @@ def test_a_corrupted_state_file_makes_its_partition_unhealthy(
         crc.unlink()
     with sparkiq.attach(str(copy), name="c", store="memory") as handle:
         handle.wait_for(newest - 1, timeout=60)
-        # wait_for gives up once partition 0 is stuck, which may be before the others applied
-        # `newest`: wait (a hang bound, not a speed claim) until each partition has settled.
-        deadline = time.monotonic() + 60
-        while True:
-            status = {s.partition: s for s in handle.status()}
-            if all(s.batch_id == newest or s.error for s in status.values()):
-                break
-            assert time.monotonic() < deadline, status
-            time.sleep(0.05)
-        assert not handle.wait_for(newest, timeout=0)
+        assert not handle.wait_for(newest, timeout=2.0)
+        wait_settled(handle, 0, newest)
+        status = {s.partition: s for s in handle.status()}
         assert status[0].state == "error" and status[0].batch_id == newest - 1
         assert f"{newest + 1}.delta" in (status[0].error or "")
         # the other partitions went on; partition 0 keeps serving its last good batch
@@ -343,6 +354,7 @@ def test_a_state_file_deleted_before_it_was_read_is_reported_not_skipped(
         crc.unlink()
     with sparkiq.attach(str(copy), name="c", store="memory") as handle:
         assert not handle.wait_for(running.batch, timeout=3.0)
+        wait_settled(handle, 1, running.batch)
         status = {s.partition: s for s in handle.status()}
         assert status[1].state == "error" and status[1].batch_id == -1
         assert "1.delta" in (status[1].error or "")

@@ -64,6 +64,12 @@ def test_kill_minus_nine_of_an_active_node(cluster: Any) -> None:
         load = Load(client, KEYS)
         load.start()
         time.sleep(1.5)
+        # The resume check below needs history before the kill: wait for batches, since on
+        # a loaded machine the writer's 0.05 s interval yields far fewer than 1.5 s suggests.
+        deadline = time.monotonic() + 120
+        while writer.next_batch <= 10:
+            assert time.monotonic() < deadline, "the writer committed no 11 batches"
+            time.sleep(0.05)
         killed_at = time.monotonic()
         victim.kill()
         batch_at_kill = writer.next_batch

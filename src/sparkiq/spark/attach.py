@@ -25,8 +25,11 @@ def checkpoint_of(spark: Any, query: Any, checkpoint: str | None = None) -> str:
     """The checkpoint location of ``query`` (see the module docstring); raises
     :class:`~sparkiq.errors.ConfigError` saying what to pass when it cannot be found, or when
     the query has no stateful operator (nothing to serve)."""
-    if not hasattr(query, "lastProgress") or not hasattr(query, "id"):
-        raise ConfigError(f"attach() needs a StreamingQuery, got {type(query).__name__}")
+    if not _is_streaming_query(query):
+        raise ConfigError(
+            f"attach() needs a StreamingQuery (what writeStream...start() returns), got "
+            f"{type(query).__name__}"
+        )
     progress = query.lastProgress
     if progress is not None and not progress.get("stateOperators"):
         raise ConfigError(
@@ -53,6 +56,18 @@ def checkpoint_of(spark: Any, query: Any, checkpoint: str | None = None) -> str:
         f"cannot find the checkpoint of query {query.name or query_id}: a StreamingQuery does "
         "not expose its checkpointLocation; pass checkpoint= (the location given to "
         "writeStream.option('checkpointLocation', ...))"
+    )
+
+
+def _is_streaming_query(query: Any) -> bool:
+    """Whether ``query`` is a classic or a Spark Connect ``StreamingQuery`` (or a subclass).
+
+    Not ``hasattr(query, "lastProgress")``: a DataFrame answers any attribute with a Column
+    (Connect's always, classic's for a column of that name). By class name, because the two
+    ``StreamingQuery`` classes are unrelated and Connect's module needs Connect's packages."""
+    return any(
+        cls.__name__ == "StreamingQuery" and cls.__module__.startswith("pyspark.sql.")
+        for cls in type(query).__mro__
     )
 
 
