@@ -70,6 +70,23 @@ def take(sub: Subscription, count: int, timeout: float = 10.0) -> list[Change]:
     return out
 
 
+def drain(sub: Subscription, through: int, timeout: float = 30.0) -> list[Change]:
+    """Every change up to and including batch ``through`` of table t (committed already).
+    Waits on the subscription's position, not on a pause in the stream: a busy machine can
+    pause a stream that has more to deliver. ``timeout`` is a hang bound."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while sub.position.partition_offsets("t").get(0, -1) < through:
+        change = sub.poll(max(0.0, deadline - time.monotonic()))
+        assert change is not None, f"stuck at {sub.position} before batch {through}"
+        out.append(change)
+    # A batch's changes are queued together, so the rest of the last one are already here.
+    while (change := sub.poll(0.15)) is not None:
+        assert change.batch_id == through, change
+        out.append(change)
+    return out
+
+
 def quiet(sub: Subscription, wait: float = 0.15) -> None:
     """Nothing more arrives."""
     extra = sub.poll(wait)
@@ -240,12 +257,9 @@ def test_resume_from_tokens_loses_and_repeats_nothing(tmp_path: Any, hub: Subscr
         sub.close()
         sub = hub.subscribe(statement, from_position=token)
     thread.join()
-    while (change := sub.poll(0.3)) is not None:
-        pieces.append(change)
+    pieces += drain(sub, through=len(batches))
     sub.close()
-    full = []
-    while (change := reference.poll(0.3)) is not None:
-        full.append(change)
+    full = drain(reference, through=len(batches))
     reference.close()
     # A resumed subscription may add deletions for keys it cannot know the consumer lacks;
     # every other change is delivered exactly once, in order.
@@ -465,7 +479,7 @@ def test_joining_while_batches_commit_gives_an_exact_cut_then_every_later_change
         state: dict[Any, Any] = {} if kind == "snapshot" else expected_rows(history[:1])
         cut = 0
         changes = []
-        while (change := sub.poll(0.15)) is not None:
+        for change in drain(sub, through=len(batches)):
             if change.snapshot:
                 cut = change.batch_id
                 state[change.key] = change.row
