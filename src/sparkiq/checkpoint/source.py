@@ -55,39 +55,27 @@ Positions
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any
-
-import msgspec
 
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.manifest import TableManifest
 from sparkiq.changelog.segment import SegmentInfo
 from sparkiq.changelog.snapshot import SnapshotInfo
+from sparkiq.checkpoint.convert import StateRowConverter
 from sparkiq.checkpoint.layout import Checkpoint
 from sparkiq.checkpoint.provider import (
-    RowDecoder,
     StateFiles,
     StateStoreInfo,
     batch_of_version,
     version_of_batch,
 )
 from sparkiq.errors import ChangelogError, ConfigError, CorruptSegmentError, SchemaError
-from sparkiq.schema.internal import (
-    date_to_internal,
-    decimal_unscaled,
-    timestamp_ntz_to_internal,
-    timestamp_to_internal,
-)
-from sparkiq.schema.keycodec import KeyCodec
-from sparkiq.schema.types import DataType, Field, TableSchema
+from sparkiq.schema.types import Field, TableSchema
 
 __all__ = [
     "CheckpointCatalog",
@@ -241,101 +229,6 @@ def _plan(table: str, info: StateStoreInfo) -> StoreTable:
     return StoreTable(table, info, schema, tuple(key_paths), tuple(value_indexes), tuple(folds))
 
 
-# --- Python values from the decoder to sparkiq's internal (key) and stored (row) forms ------
-
-
-def _internal(dtype: DataType) -> Callable[[Any], Any]:
-    name = dtype.name
-    if name == "date":
-        return lambda v: date_to_internal(v) if isinstance(v, dt.date) else v
-    if name == "timestamp":
-        return lambda v: timestamp_to_internal(v) if isinstance(v, dt.datetime) else v
-    if name == "timestamp_ntz":
-        return lambda v: timestamp_ntz_to_internal(v) if isinstance(v, dt.datetime) else v
-    if name == "decimal":
-        scale = dtype.scale
-        return lambda v: decimal_unscaled(v, scale) if isinstance(v, Decimal) else v
-    if name == "binary":
-        return lambda v: bytes(v)
-    return lambda v: v
-
-
-def _stored(dtype: DataType) -> Callable[[Any], Any]:
-    name = dtype.name
-    if name in ("date", "timestamp", "timestamp_ntz"):
-        return _internal(dtype)
-    if name == "decimal":
-        scale = dtype.scale
-        return lambda v: f"{v:f}" if isinstance(v, Decimal) else f"{Decimal(v).scaleb(-scale):f}"
-    if name == "binary":
-        return lambda v: bytes(v)
-    if name == "struct":
-        members = [(f.name, _or_none(_stored(f.type))) for f in dtype.fields]
-
-        def struct(v: Any) -> list[Any]:
-            values = [v.get(n) for n, _ in members] if isinstance(v, Mapping) else list(v)
-            return [c(x) for (_, c), x in zip(members, values, strict=True)]
-
-        return struct
-    if name == "array" and dtype.element is not None:
-        element = _or_none(_stored(dtype.element))
-        return lambda v: [element(x) for x in v]
-    if name == "map" and dtype.key is not None and dtype.value is not None:
-        key, value = _or_none(_stored(dtype.key)), _or_none(_stored(dtype.value))
-
-        def pairs(v: Any) -> list[list[Any]]:
-            items = v.items() if isinstance(v, Mapping) else v
-            return [[key(k), value(x)] for k, x in items]
-
-        return pairs
-    return lambda v: v
-
-
-def _or_none(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda v: None if v is None else convert(v)
-
-
-class _Converter:
-    """Decoded Spark rows of one store to encoded sparkiq keys and rows."""
-
-    def __init__(self, plan: StoreTable) -> None:
-        self.plan = plan
-        decoder = RowDecoder(plan.info)
-        self.decode_key = decoder.key
-        self.decode_value = decoder.value
-        self.keys = KeyCodec(plan.schema)
-        key_types = plan.schema.key_types
-        self.key_internal = [_or_none(_internal(t)) for t in key_types]
-        self.key_stored = [_or_none(_stored(t)) for t in key_types]
-        value_types = [f.type for f in plan.info.value_schema.fields]
-        self.value_stored = [(i, _or_none(_stored(value_types[i]))) for i in plan.value_indexes]
-        self.encoder = msgspec.msgpack.Encoder()
-
-    def key(self, data: bytes) -> tuple[bytes, list[Any]]:
-        """(encoded key, the key columns' stored values) of Spark's key bytes."""
-        decoded = self.decode_key(data)
-        columns = []
-        for path in self.plan.key_paths:
-            value = decoded[path[0]]
-            if len(path) == 2 and value is not None:
-                value = (
-                    value[path[1]]
-                    if not isinstance(value, Mapping)
-                    else list(value.values())[path[1]]
-                )
-            columns.append(value)
-        internal = tuple(c(v) for c, v in zip(self.key_internal, columns, strict=True))
-        stored = [c(v) for c, v in zip(self.key_stored, columns, strict=True)]
-        return self.keys.encode(internal), stored
-
-    def row(self, key_stored: list[Any], data: bytes) -> bytes:
-        values = list(self.decode_value(data))
-        for flag, index, null_when in self.plan.folds:
-            if bool(values[flag]) is null_when:
-                values[index] = None
-        return self.encoder.encode(key_stored + [c(values[i]) for i, c in self.value_stored])
-
-
 class CheckpointSource:
     """One state store of a checkpoint as a :class:`~sparkiq.changelog.source.ChangelogSource`.
 
@@ -351,7 +244,17 @@ class CheckpointSource:
     def __init__(self, checkpoint: Checkpoint, plan: StoreTable, incarnation: str) -> None:
         self.checkpoint = checkpoint
         self.plan = plan
-        self._convert = _Converter(plan)
+        info = plan.info
+        self._convert = StateRowConverter(
+            plan.name,
+            info.key_schema,
+            info.value_schema,
+            plan.schema,
+            plan.key_paths,
+            plan.value_indexes,
+            plan.folds,
+            info.describe(),
+        )
         self._manifest = TableManifest(
             name=plan.name,
             schema=plan.schema,
@@ -430,12 +333,8 @@ class CheckpointSource:
         """The state changes batch ``record.batch_id`` made (Spark's version ``batch + 1``),
         the last change of a key winning, as sparkiq keys and rows."""
         version = version_of_batch(record.batch_id)
-        changes: dict[bytes, bytes | None] = {}
-        convert = self._convert
         try:
-            for key_data, value_data in self.files(partition).changes(version):
-                key, stored = convert.key(key_data)
-                changes[key] = None if value_data is None else convert.row(stored, value_data)
+            changes = self._convert.convert(self.files(partition).changes(version))
         except ChangelogError:
             raise
         except (OSError, ValueError, IndexError, TypeError) as exc:
@@ -464,12 +363,8 @@ class CheckpointSource:
 
     def read_snapshot(self, info: SnapshotInfo) -> tuple[list[bytes], list[bytes]]:
         version = version_of_batch(info.batch_id)
-        rows: dict[bytes, bytes] = {}
-        convert = self._convert
         try:
-            for key_data, value_data in self.files(info.partition).snapshot(version):
-                key, stored = convert.key(key_data)
-                rows[key] = convert.row(stored, value_data)
+            rows = self._convert.convert(self.files(info.partition).snapshot(version))
         except CorruptSegmentError:
             raise
         except (ChangelogError, OSError, ValueError, IndexError, TypeError) as exc:
@@ -479,7 +374,7 @@ class CheckpointSource:
                 store=self.plan.name,
                 partition=info.partition,
             ) from exc
-        return list(rows), list(rows.values())
+        return list(rows), [v for v in rows.values() if v is not None]
 
     def __repr__(self) -> str:
         return f"CheckpointSource({str(self.checkpoint.path)!r}, {self.plan.name!r})"
