@@ -130,3 +130,42 @@ def test_bytes_that_do_not_fit_name_the_store_and_the_part() -> None:
         converter.convert([(key, value[:12])])
     with pytest.raises(CorruptSegmentError, match="a state key does not fit the key schema"):
         converter.convert([(key[:16], value)])
+
+
+def test_changes_read_ahead_are_used_only_while_the_file_is_the_one_read(
+    spark: Any, tmp_path: Path
+) -> None:
+    def count(frame: Any) -> Any:
+        return frame.groupBy("s").agg(F.count("*").alias("n"))
+
+    stream = Stream(spark, tmp_path, INPUT, count)
+    stream.batch(ROWS[:2])
+    stream.batch(ROWS)
+    stream.batch(ROWS[1:3])
+    ck = Checkpoint(stream.checkpoint)
+    (store,) = ck.stores()
+    (plan,) = plan_tables("t", [store])
+    fresh = CheckpointSource(ck, plan, "test")  # reads every file when asked, never ahead
+    ahead = CheckpointSource(ck, plan, "test")
+    records = [ahead.read_commit(b) for b in (0, 1, 2)]
+    assert all(r is not None for r in records)
+    r0, r1, r2 = records
+    assert r0 is not None and r1 is not None and r2 is not None
+    partitions = range(store.partitions)
+    assert ahead.read_ahead(1) == 0  # nothing read yet: no partition is known to be tailed
+    for p in partitions:
+        assert ahead.read_changes(r0, p) == fresh.read_changes(r0, p)
+    assert ahead.read_ahead(1) == store.partitions
+    for p in partitions:
+        assert ahead.read_changes(r1, p) == fresh.read_changes(r1, p)
+    # batch 2's files are read ahead, then each is replaced by other bytes (as a retried
+    # batch would write it): the replacement is what is read, never the bytes read ahead
+    assert ahead.read_ahead(2) == store.partitions
+    for p in partitions:
+        directory = store.directory(p)
+        for name in ("3.delta", ".3.delta.crc"):
+            replacement = tmp_path / f"replacement-{p}{name}"
+            replacement.write_bytes((directory / name.replace("3", "2")).read_bytes())
+            replacement.replace(directory / name)
+    for p in partitions:
+        assert ahead.read_changes(r2, p) == fresh.read_changes(r1, p)

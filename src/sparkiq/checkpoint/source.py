@@ -69,6 +69,7 @@ from sparkiq.changelog.snapshot import SnapshotInfo
 from sparkiq.checkpoint.convert import StateRowConverter
 from sparkiq.checkpoint.layout import Checkpoint
 from sparkiq.checkpoint.provider import (
+    FileStamp,
     StateFiles,
     StateStoreInfo,
     batch_of_version,
@@ -264,7 +265,11 @@ class CheckpointSource:
         )
         self._segments = {p: SegmentInfo(p, 0, 0, "") for p in range(plan.info.partitions)}
         self._files: dict[int, StateFiles] = {}
-        self._lock = threading.Lock()  # guards _files
+        # partitions read_changes was asked for (the ones read ahead), and per partition
+        # the changes of one version read ahead: (version, file stamp, changes)
+        self._tailed: set[int] = set()
+        self._ahead: dict[int, tuple[int, FileStamp, dict[bytes, bytes | None]]] = {}
+        self._lock = threading.Lock()  # guards _files, _tailed and _ahead
 
     @property
     def table(self) -> str:
@@ -319,11 +324,56 @@ class CheckpointSource:
             return False
 
     def commits_after(self, batch_id: int) -> Iterator[CommitRecord]:
+        """The committed batches after ``batch_id``, in order; once the caller has taken the
+        last one, the change files of the batch Spark is running now are read ahead (see
+        :meth:`read_ahead`)."""
         committed = set(self.checkpoint.committed_batches())
         next_id = batch_id + 1
         while next_id in committed:
             yield self._record(next_id)
             next_id += 1
+        self.read_ahead(next_id)
+
+    def read_ahead(self, batch_id: int) -> int:
+        """Convert the change files batch ``batch_id`` has already written, before its commit,
+        for the partitions this process reads; return how many were read.
+
+        Spark writes each partition's state file while the batch runs and ``commits/<b>``
+        only after the whole batch, so by the commit most of a batch's decoding is done and
+        what remains is writing the store: this is what keeps commit -> queryable short.
+        Nothing read ahead is served before :meth:`read_changes` asks for it after the
+        commit, and only if the file is still the one that was read (same inode, size and
+        mtime: a retried batch's file is written anew). A file that cannot be read yet is
+        left for :meth:`read_changes`, which reports it.
+        """
+        version = version_of_batch(batch_id)
+        with self._lock:
+            wanted = [p for p in self._tailed if self._ahead.get(p, (0, None))[0] != version]
+        done = 0
+        for partition in wanted:
+            files = self.files(partition)
+            try:
+                stamp = files.stamp(version)
+                if stamp is None:
+                    continue
+                changes = self._convert.convert(files.changes(version))
+            except (ChangelogError, OSError, ValueError, IndexError, TypeError):
+                continue  # not there yet, or damaged: read_changes says so after the commit
+            if files.stamp(version) != stamp:
+                continue  # replaced while it was read
+            with self._lock:
+                self._ahead[partition] = (version, stamp, changes)
+            done += 1
+        return done
+
+    def _read_before(self, partition: int, version: int) -> dict[bytes, bytes | None] | None:
+        """The changes of ``version`` read ahead, if the file is still the one read."""
+        with self._lock:
+            self._tailed.add(partition)
+            found = self._ahead.pop(partition, None)
+        if found is None or found[0] != version:
+            return None
+        return found[2] if self.files(partition).stamp(version) == found[1] else None
 
     # -- changes and snapshots ---------------------------------------------------------------
 
@@ -334,7 +384,9 @@ class CheckpointSource:
         the last change of a key winning, as sparkiq keys and rows."""
         version = version_of_batch(record.batch_id)
         try:
-            changes = self._convert.convert(self.files(partition).changes(version))
+            changes = self._read_before(partition, version)
+            if changes is None:
+                changes = self._convert.convert(self.files(partition).changes(version))
         except ChangelogError:
             raise
         except (OSError, ValueError, IndexError, TypeError) as exc:
