@@ -348,6 +348,8 @@ class UnsafeRowDecoder:
 
             return fixed_width
         exact = layout.exact
+        if len(layout.names) == 1 and converters[0][1] is _string:
+            return self._one_string(fixed)
 
         def with_converters(data: bytes) -> tuple[Any, ...]:
             size = len(data)
@@ -362,3 +364,23 @@ class UnsafeRowDecoder:
             return tuple(values)
 
         return with_converters
+
+    def _one_string(self, fixed: int) -> Callable[[bytes], tuple[Any, ...]]:
+        """One string field (``groupBy`` of one string column, the most common state key):
+        the slot and the text inline; anything unusual takes the general path."""
+        unpack, general = self._struct.layout.unpack_from, self._general
+
+        def one_string(data: bytes) -> tuple[Any, ...]:
+            size = len(data)
+            if size >= fixed:
+                bits, raw = unpack(data)
+                start = raw >> 32
+                end = start + (raw & 0xFFFFFFFF)
+                if not bits and end <= size:
+                    try:
+                        return (data[start:end].decode(),)
+                    except UnicodeDecodeError:
+                        pass
+            return general(data)  # a null, or bytes that do not fit: raises, saying why
+
+        return one_string
