@@ -13,8 +13,11 @@ Three measurements on one local[2] session:
   ``commits/<N>`` and for the handle having applied batch ``N`` in every partition; the
   latency is the difference (target: p50 <= 50 ms).
 * **Restore**: a query aggregates ``KEYS`` distinct keys in one batch; ``sparkiq.attach``
-  then restores the whole state (reading Spark's delta files, decoding the UnsafeRows,
-  writing RocksDB) -- rows/s.
+  then restores the whole state (reading Spark's delta files, decoding the UnsafeRows into
+  sparkiq keys and rows, writing RocksDB and the columnar versions) -- rows/s, against two
+  floors measured on the same files right after: reading them alone (checksums, lz4 blocks,
+  record framing: ``StateFiles.changes``) and reading plus converting every row
+  (``CheckpointSource.read_changes``, the replica's whole share before the store write).
 
 Run: ``python -m bench.attach [--quick]``.
 """
@@ -46,6 +49,7 @@ from bench.sink import (
     _run_app,
     write_input,
 )
+from sparkiq.checkpoint.source import CheckpointCatalog
 
 FRESHNESS_TARGET_MS = 50.0
 
@@ -132,7 +136,37 @@ def _run_attached(
         query.stop()
 
 
-def _restore(spark: Any, root: str, keys: int) -> tuple[float, int]:
+def _restore_floors(checkpoint: str, keys: int) -> tuple[float, float]:
+    """Seconds to read the state files alone, and to read and convert them, for every
+    partition of the one store (each the best of three: the floors are what the machine
+    allows)."""
+    catalog = CheckpointCatalog(checkpoint, "floor")
+    (plan,) = catalog.plans()
+    source = catalog.open(plan.name)
+    record = source.read_commit(0)
+    assert record is not None
+    partitions = range(plan.info.partitions)
+
+    def read() -> int:
+        return sum(len(list(source.files(p).changes(1))) for p in partitions)
+
+    def convert() -> int:
+        return sum(len(source.read_changes(record, p)[0]) for p in partitions)
+
+    best = {}
+    for work in (read, convert):
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            rows = work()
+            times.append(time.perf_counter() - started)
+            if rows != keys:
+                raise RuntimeError(f"{work.__name__} saw {rows} rows, expected {keys}")
+        best[work.__name__] = min(times)
+    return best["read"], best["convert"]
+
+
+def _restore(spark: Any, root: str, keys: int) -> tuple[float, int, float, float]:
     from pyspark.sql import functions as F
 
     source = os.path.join(root, "big")
@@ -158,7 +192,8 @@ def _restore(spark: Any, root: str, keys: int) -> tuple[float, int]:
         rows = int(h.sql("SELECT count(*) AS n FROM big_agg").rows[0]["n"])
     if rows != keys:
         raise RuntimeError(f"restored {rows} rows, expected {keys}")
-    return seconds, rows
+    read_s, convert_s = _restore_floors(checkpoint, keys)
+    return seconds, rows, read_s, convert_s
 
 
 def run(quick: bool = False) -> Report:
@@ -206,7 +241,7 @@ def run(quick: bool = False) -> Report:
                     if len(found) != batches:
                         raise RuntimeError(f"{name} ran {len(found)} batches, not {batches}")
                     results[name] += [d for d in found if d[0] >= WARMUP_BATCHES]
-            restore_s, restored = _restore(spark, root, keys)
+            restore_s, restored, read_s, convert_s = _restore(spark, root, keys)
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", previous)
     medians = {name: median([d[1] for d in found]) for name, found in results.items()}
@@ -223,12 +258,22 @@ def run(quick: bool = False) -> Report:
         f"batches (target p50 <= {FRESHNESS_TARGET_MS:.0f} ms: "
         f"{'met' if p50 <= FRESHNESS_TARGET_MS else 'NOT met'}).",
         f"restore of {restored:,} keys from Spark's state files: {restore_s:.1f} s "
-        f"({restored / restore_s:,.0f} rows/s).",
+        f"({restored / restore_s:,.0f} rows/s); floors on the same files: reading them "
+        f"{read_s:.2f} s ({restored / read_s:,.0f} rows/s, the restore takes "
+        f"{restore_s / read_s:.1f}x), reading and converting every row to sparkiq's keys and "
+        f"rows {convert_s:.2f} s ({restored / convert_s:,.0f} rows/s, "
+        f"{convert_s / restore_s:.0%} of the restore).",
     ]
     report.figures = {
         "median_trigger_ms": medians,
         "freshness_ms": {"p50": p50, "p99": p99, "all": latencies},
-        "restore": {"keys": restored, "seconds": restore_s, "rows_per_s": restored / restore_s},
+        "restore": {
+            "keys": restored,
+            "seconds": restore_s,
+            "rows_per_s": restored / restore_s,
+            "read_files_s": read_s,
+            "read_and_convert_s": convert_s,
+        },
         "all_batches": results,
     }
     return report

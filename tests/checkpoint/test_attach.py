@@ -283,7 +283,13 @@ def test_windowed_aggregation_and_dedupe_match_spark(spark: Any, tmp_path: Path)
             for running in (windowed, deduped):
                 running.processAllAvailable()
             for prefix, running, table in (("w", windowed, "w_window"), ("d", deduped, "d_dedupe")):
-                batch = int(running.lastProgress["batchId"])
+                # the newest batch that ran: on a slow machine lastProgress may be an idle
+                # trigger's (reported every 10 s), whose batchId is the next, unrun batch
+                batch = max(
+                    int(p["batchId"])
+                    for p in running.recentProgress
+                    if "addBatch" in p["durationMs"]
+                )
                 handle = handles[prefix]
                 assert handle.wait_for(batch, timeout=60), handle.status()
                 assert handle.tables == [table]

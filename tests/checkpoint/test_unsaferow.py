@@ -125,6 +125,9 @@ def test_bytes_that_do_not_fit_the_schema_raise_instead_of_decoding() -> None:
     )
     good = bytes(8) + ((16 << 32) | 2).to_bytes(8, "little") + b"hi" + bytes(6)
     assert text.decode(good) == ("hi",)
+    assert text.decode((1).to_bytes(8, "little") + bytes(8)) == (None,)  # a null string
+    for internal in (False, True):  # one string field has a decoder of its own: same answers
+        assert UnsafeRowDecoder(text.schema, internal=internal).decode(good) == ("hi",)
     with pytest.raises(UnsafeRowError):  # points past the row's end
         text.decode(bytes(8) + ((16 << 32) | 40).to_bytes(8, "little") + b"hi" + bytes(6))
     with pytest.raises(UnsafeRowError):  # not UTF-8

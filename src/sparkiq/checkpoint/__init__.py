@@ -9,7 +9,12 @@ Layer: above :mod:`sparkiq.changelog`, below :mod:`sparkiq.wire`. Modules:
 - :mod:`~sparkiq.checkpoint.hdfs` -- the HDFS-backed provider's ``N.delta``/``N.snapshot``
 - :mod:`~sparkiq.checkpoint.compression` -- Spark's codec stream framings
 - :mod:`~sparkiq.checkpoint.files` -- checksum files (Hadoop's and Spark 4.1+'s)
-- :mod:`~sparkiq.checkpoint.unsaferow` -- UnsafeRow bytes to Python values
+- :mod:`~sparkiq.checkpoint.unsaferow` -- UnsafeRow bytes to Python values (PySpark's or
+  sparkiq's internal form)
+- :mod:`~sparkiq.checkpoint.convert` -- a store's UnsafeRows straight to sparkiq's encoded
+  keys and rows (the replicas' hot path)
+- :mod:`~sparkiq.checkpoint.source` -- the checkpoint's stores as sparkiq tables (changelog
+  sources), with the running batch's files read ahead of its commit
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import crc32c
 
 from sparkiq.checkpoint.compression import CompressionError, decompress
 from sparkiq.checkpoint.files import ChecksumMismatch, read_verified
-from sparkiq.checkpoint.provider import StateStoreInfo
+from sparkiq.checkpoint.provider import FileStamp, StateStoreInfo, file_stamp
 from sparkiq.errors import ChangelogError, CorruptSegmentError
 
 __all__ = ["HdfsStateFiles", "open_state_files"]
@@ -84,6 +84,9 @@ class HdfsStateFiles:
         ):
             assert value is not None  # removals=False refuses them
             yield key, value
+
+    def stamp(self, version: int) -> FileStamp | None:
+        return file_stamp(self.directory / f"{version}.delta")
 
     def _records(
         self, path: Path, version: int, *, removals: bool

@@ -22,6 +22,7 @@ operator, partition, file and what to do; never a wrong row.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +34,12 @@ from sparkiq.schema.types import DataType
 
 __all__ = [
     "DEFAULT_STORE",
+    "FileStamp",
     "RowDecoder",
     "StateFiles",
     "StateStoreInfo",
     "batch_of_version",
+    "file_stamp",
     "replay",
     "version_of_batch",
 ]
@@ -130,6 +133,25 @@ class StateFiles(Protocol):
     def snapshot(self, version: int) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` of every row of ``version``."""
         ...
+
+    def stamp(self, version: int) -> FileStamp | None:
+        """The identity of ``version``'s change file as it is now, or None when it has none
+        or its changes are not one file's alone (then nothing may be read ahead)."""
+        ...
+
+
+#: ``(inode, size, mtime in ns)`` of a file: Spark writes state files to a temporary name and
+#: renames them, so a file written again (a retried batch) gets another stamp.
+FileStamp = tuple[int, int, int]
+
+
+def file_stamp(path: Path) -> FileStamp | None:
+    """The :data:`FileStamp` of ``path``, or None when it does not exist."""
+    try:
+        found = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns
 
 
 class RowDecoder:

@@ -70,7 +70,12 @@ from rocksdict import AccessType, Options, Rdict
 
 from sparkiq.checkpoint.compression import CompressionError, decompress
 from sparkiq.checkpoint.files import ChecksumMismatch, read_verified
-from sparkiq.checkpoint.provider import DEFAULT_STORE, StateStoreInfo
+from sparkiq.checkpoint.provider import (
+    DEFAULT_STORE,
+    FileStamp,
+    StateStoreInfo,
+    file_stamp,
+)
 from sparkiq.checkpoint.tws import (
     DELETE,
     MERGE,
@@ -215,6 +220,13 @@ class RocksDBStateFiles:
         self._single_value()
         rows = [(self._key(key), self._value(value)) for key, value in self.raw_snapshot(version)]
         yield from rows
+
+    def stamp(self, version: int) -> FileStamp | None:
+        """The changelog's stamp; None without one (snapshot differences read two files)."""
+        if self._enc.multi_value:
+            return None  # list state is read through ListStateFiles, which keeps lengths
+        path = self._files("changelog").get(version)
+        return None if path is None else file_stamp(path)
 
     def _single_value(self) -> None:
         if self._enc.multi_value:

@@ -55,39 +55,28 @@ Positions
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any
-
-import msgspec
 
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.manifest import TableManifest
 from sparkiq.changelog.segment import SegmentInfo
 from sparkiq.changelog.snapshot import SnapshotInfo
+from sparkiq.checkpoint.convert import StateRowConverter
 from sparkiq.checkpoint.layout import Checkpoint
 from sparkiq.checkpoint.provider import (
-    RowDecoder,
+    FileStamp,
     StateFiles,
     StateStoreInfo,
     batch_of_version,
     version_of_batch,
 )
 from sparkiq.errors import ChangelogError, ConfigError, CorruptSegmentError, SchemaError
-from sparkiq.schema.internal import (
-    date_to_internal,
-    decimal_unscaled,
-    timestamp_ntz_to_internal,
-    timestamp_to_internal,
-)
-from sparkiq.schema.keycodec import KeyCodec
-from sparkiq.schema.types import DataType, Field, TableSchema
+from sparkiq.schema.types import Field, TableSchema
 
 __all__ = [
     "CheckpointCatalog",
@@ -241,101 +230,6 @@ def _plan(table: str, info: StateStoreInfo) -> StoreTable:
     return StoreTable(table, info, schema, tuple(key_paths), tuple(value_indexes), tuple(folds))
 
 
-# --- Python values from the decoder to sparkiq's internal (key) and stored (row) forms ------
-
-
-def _internal(dtype: DataType) -> Callable[[Any], Any]:
-    name = dtype.name
-    if name == "date":
-        return lambda v: date_to_internal(v) if isinstance(v, dt.date) else v
-    if name == "timestamp":
-        return lambda v: timestamp_to_internal(v) if isinstance(v, dt.datetime) else v
-    if name == "timestamp_ntz":
-        return lambda v: timestamp_ntz_to_internal(v) if isinstance(v, dt.datetime) else v
-    if name == "decimal":
-        scale = dtype.scale
-        return lambda v: decimal_unscaled(v, scale) if isinstance(v, Decimal) else v
-    if name == "binary":
-        return lambda v: bytes(v)
-    return lambda v: v
-
-
-def _stored(dtype: DataType) -> Callable[[Any], Any]:
-    name = dtype.name
-    if name in ("date", "timestamp", "timestamp_ntz"):
-        return _internal(dtype)
-    if name == "decimal":
-        scale = dtype.scale
-        return lambda v: f"{v:f}" if isinstance(v, Decimal) else f"{Decimal(v).scaleb(-scale):f}"
-    if name == "binary":
-        return lambda v: bytes(v)
-    if name == "struct":
-        members = [(f.name, _or_none(_stored(f.type))) for f in dtype.fields]
-
-        def struct(v: Any) -> list[Any]:
-            values = [v.get(n) for n, _ in members] if isinstance(v, Mapping) else list(v)
-            return [c(x) for (_, c), x in zip(members, values, strict=True)]
-
-        return struct
-    if name == "array" and dtype.element is not None:
-        element = _or_none(_stored(dtype.element))
-        return lambda v: [element(x) for x in v]
-    if name == "map" and dtype.key is not None and dtype.value is not None:
-        key, value = _or_none(_stored(dtype.key)), _or_none(_stored(dtype.value))
-
-        def pairs(v: Any) -> list[list[Any]]:
-            items = v.items() if isinstance(v, Mapping) else v
-            return [[key(k), value(x)] for k, x in items]
-
-        return pairs
-    return lambda v: v
-
-
-def _or_none(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda v: None if v is None else convert(v)
-
-
-class _Converter:
-    """Decoded Spark rows of one store to encoded sparkiq keys and rows."""
-
-    def __init__(self, plan: StoreTable) -> None:
-        self.plan = plan
-        decoder = RowDecoder(plan.info)
-        self.decode_key = decoder.key
-        self.decode_value = decoder.value
-        self.keys = KeyCodec(plan.schema)
-        key_types = plan.schema.key_types
-        self.key_internal = [_or_none(_internal(t)) for t in key_types]
-        self.key_stored = [_or_none(_stored(t)) for t in key_types]
-        value_types = [f.type for f in plan.info.value_schema.fields]
-        self.value_stored = [(i, _or_none(_stored(value_types[i]))) for i in plan.value_indexes]
-        self.encoder = msgspec.msgpack.Encoder()
-
-    def key(self, data: bytes) -> tuple[bytes, list[Any]]:
-        """(encoded key, the key columns' stored values) of Spark's key bytes."""
-        decoded = self.decode_key(data)
-        columns = []
-        for path in self.plan.key_paths:
-            value = decoded[path[0]]
-            if len(path) == 2 and value is not None:
-                value = (
-                    value[path[1]]
-                    if not isinstance(value, Mapping)
-                    else list(value.values())[path[1]]
-                )
-            columns.append(value)
-        internal = tuple(c(v) for c, v in zip(self.key_internal, columns, strict=True))
-        stored = [c(v) for c, v in zip(self.key_stored, columns, strict=True)]
-        return self.keys.encode(internal), stored
-
-    def row(self, key_stored: list[Any], data: bytes) -> bytes:
-        values = list(self.decode_value(data))
-        for flag, index, null_when in self.plan.folds:
-            if bool(values[flag]) is null_when:
-                values[index] = None
-        return self.encoder.encode(key_stored + [c(values[i]) for i, c in self.value_stored])
-
-
 class CheckpointSource:
     """One state store of a checkpoint as a :class:`~sparkiq.changelog.source.ChangelogSource`.
 
@@ -351,7 +245,17 @@ class CheckpointSource:
     def __init__(self, checkpoint: Checkpoint, plan: StoreTable, incarnation: str) -> None:
         self.checkpoint = checkpoint
         self.plan = plan
-        self._convert = _Converter(plan)
+        info = plan.info
+        self._convert = StateRowConverter(
+            plan.name,
+            info.key_schema,
+            info.value_schema,
+            plan.schema,
+            plan.key_paths,
+            plan.value_indexes,
+            plan.folds,
+            info.describe(),
+        )
         self._manifest = TableManifest(
             name=plan.name,
             schema=plan.schema,
@@ -361,7 +265,11 @@ class CheckpointSource:
         )
         self._segments = {p: SegmentInfo(p, 0, 0, "") for p in range(plan.info.partitions)}
         self._files: dict[int, StateFiles] = {}
-        self._lock = threading.Lock()  # guards _files
+        # partitions read_changes was asked for (the ones read ahead), and per partition
+        # the changes of one version read ahead: (version, file stamp, changes)
+        self._tailed: set[int] = set()
+        self._ahead: dict[int, tuple[int, FileStamp, dict[bytes, bytes | None]]] = {}
+        self._lock = threading.Lock()  # guards _files, _tailed and _ahead
 
     @property
     def table(self) -> str:
@@ -416,11 +324,56 @@ class CheckpointSource:
             return False
 
     def commits_after(self, batch_id: int) -> Iterator[CommitRecord]:
+        """The committed batches after ``batch_id``, in order; once the caller has taken the
+        last one, the change files of the batch Spark is running now are read ahead (see
+        :meth:`read_ahead`)."""
         committed = set(self.checkpoint.committed_batches())
         next_id = batch_id + 1
         while next_id in committed:
             yield self._record(next_id)
             next_id += 1
+        self.read_ahead(next_id)
+
+    def read_ahead(self, batch_id: int) -> int:
+        """Convert the change files batch ``batch_id`` has already written, before its commit,
+        for the partitions this process reads; return how many were read.
+
+        Spark writes each partition's state file while the batch runs and ``commits/<b>``
+        only after the whole batch, so by the commit most of a batch's decoding is done and
+        what remains is writing the store: this is what keeps commit -> queryable short.
+        Nothing read ahead is served before :meth:`read_changes` asks for it after the
+        commit, and only if the file is still the one that was read (same inode, size and
+        mtime: a retried batch's file is written anew). A file that cannot be read yet is
+        left for :meth:`read_changes`, which reports it.
+        """
+        version = version_of_batch(batch_id)
+        with self._lock:
+            wanted = [p for p in self._tailed if self._ahead.get(p, (0, None))[0] != version]
+        done = 0
+        for partition in wanted:
+            files = self.files(partition)
+            try:
+                stamp = files.stamp(version)
+                if stamp is None:
+                    continue
+                changes = self._convert.convert(files.changes(version))
+            except (ChangelogError, OSError, ValueError, IndexError, TypeError):
+                continue  # not there yet, or damaged: read_changes says so after the commit
+            if files.stamp(version) != stamp:
+                continue  # replaced while it was read
+            with self._lock:
+                self._ahead[partition] = (version, stamp, changes)
+            done += 1
+        return done
+
+    def _read_before(self, partition: int, version: int) -> dict[bytes, bytes | None] | None:
+        """The changes of ``version`` read ahead, if the file is still the one read."""
+        with self._lock:
+            self._tailed.add(partition)
+            found = self._ahead.pop(partition, None)
+        if found is None or found[0] != version:
+            return None
+        return found[2] if self.files(partition).stamp(version) == found[1] else None
 
     # -- changes and snapshots ---------------------------------------------------------------
 
@@ -430,12 +383,10 @@ class CheckpointSource:
         """The state changes batch ``record.batch_id`` made (Spark's version ``batch + 1``),
         the last change of a key winning, as sparkiq keys and rows."""
         version = version_of_batch(record.batch_id)
-        changes: dict[bytes, bytes | None] = {}
-        convert = self._convert
         try:
-            for key_data, value_data in self.files(partition).changes(version):
-                key, stored = convert.key(key_data)
-                changes[key] = None if value_data is None else convert.row(stored, value_data)
+            changes = self._read_before(partition, version)
+            if changes is None:
+                changes = self._convert.convert(self.files(partition).changes(version))
         except ChangelogError:
             raise
         except (OSError, ValueError, IndexError, TypeError) as exc:
@@ -464,12 +415,8 @@ class CheckpointSource:
 
     def read_snapshot(self, info: SnapshotInfo) -> tuple[list[bytes], list[bytes]]:
         version = version_of_batch(info.batch_id)
-        rows: dict[bytes, bytes] = {}
-        convert = self._convert
         try:
-            for key_data, value_data in self.files(info.partition).snapshot(version):
-                key, stored = convert.key(key_data)
-                rows[key] = convert.row(stored, value_data)
+            rows = self._convert.convert(self.files(info.partition).snapshot(version))
         except CorruptSegmentError:
             raise
         except (ChangelogError, OSError, ValueError, IndexError, TypeError) as exc:
@@ -479,7 +426,7 @@ class CheckpointSource:
                 store=self.plan.name,
                 partition=info.partition,
             ) from exc
-        return list(rows), list(rows.values())
+        return list(rows), [v for v in rows.values() if v is not None]
 
     def __repr__(self) -> str:
         return f"CheckpointSource({str(self.checkpoint.path)!r}, {self.plan.name!r})"

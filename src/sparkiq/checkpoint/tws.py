@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from sparkiq.checkpoint.provider import FileStamp
 from sparkiq.errors import ChangelogError
 from sparkiq.schema.types import DataType, Field, parse_type
 
@@ -94,6 +95,8 @@ class RawStateFiles(Protocol):
     def changes(self, version: int) -> Iterator[tuple[bytes, bytes | None]]: ...
 
     def snapshot(self, version: int) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def stamp(self, version: int) -> FileStamp | None: ...
 
     def records(self, version: int) -> list[RawRecord]: ...
 
@@ -288,6 +291,9 @@ class MapStateFiles:
         for key, value in self._files.snapshot(version):
             yield self._flatten(key), value
 
+    def stamp(self, version: int) -> FileStamp | None:
+        return self._files.stamp(version)
+
     def _flatten(self, key: bytes) -> bytes:
         try:
             grouping = nested_row(key, 0, 2)
@@ -316,6 +322,9 @@ class ListStateFiles:
 
     def snapshot_versions(self) -> list[int]:
         return self._files.snapshot_versions()
+
+    def stamp(self, version: int) -> FileStamp | None:
+        return None  # a version's rows depend on the lengths this reader tracks: never ahead
 
     def snapshot(self, version: int) -> Iterator[tuple[bytes, bytes]]:
         self._at = None

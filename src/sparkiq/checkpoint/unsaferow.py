@@ -23,9 +23,15 @@ converter per field that needs one. Values are what sparkiq returns for the same
 (see :mod:`sparkiq.schema.rowcodec`): ``Row.asDict(recursive=True)`` after ``collect()`` --
 timestamps as naive local datetimes, timestamp_ntz as naive wall-clock datetimes, dates,
 Decimals, binary as bytes, nested structs and maps as dicts, arrays as lists; a top-level row
-is a tuple in field order. Every offset and size is checked against the row's length and the
-row's length against the schema, so bytes that do not fit raise :class:`UnsafeRowError`
-instead of decoding into a wrong value.
+is a tuple in field order. ``UnsafeRowDecoder(schema, internal=True)`` instead gives the values
+in sparkiq's internal form (:mod:`sparkiq.schema.internal`), which is what Spark's slots already
+hold: dates as days, timestamps as microseconds, decimals as unscaled ints, nested structs as
+tuples, maps as lists of ``(key, value)`` pairs -- no conversion per value, and what the key
+codec encodes and (decimals aside) the row codec stores.
+
+Every offset and size is checked against the row's length and the row's length against the
+schema, so bytes that do not fit raise :class:`UnsafeRowError` instead of decoding into a
+wrong value.
 """
 
 from __future__ import annotations
@@ -96,12 +102,13 @@ def _binary(buf: bytes, base: int, raw: int) -> bytes:
     return buf[start:end]
 
 
-def _big_decimal(scale: int) -> _Read:
+def _big_decimal(scale: int, internal: bool) -> _Read:
     def read(buf: bytes, base: int, raw: int) -> Any:
         start, end = _span(buf, base, raw)
         if start == end:
             raise UnsafeRowError(f"a decimal field at byte {start} has no bytes")
-        return decimal_from_internal(int.from_bytes(buf[start:end], "big", signed=True), scale)
+        unscaled = int.from_bytes(buf[start:end], "big", signed=True)
+        return unscaled if internal else decimal_from_internal(unscaled, scale)
 
     return read
 
@@ -114,11 +121,14 @@ def _null(buf: bytes, base: int, raw: Any) -> None:
     return None
 
 
-def _reader(dtype: DataType, path: str) -> tuple[str, str, _Read | None]:
-    """The row slot code, the array element code and the converter of one type."""
+def _reader(dtype: DataType, path: str, internal: bool) -> tuple[str, str, _Read | None]:
+    """The row slot code, the array element code and the converter of one type (``internal``:
+    values in sparkiq's internal form, see the module docstring)."""
     name = dtype.name
     if name in _SLOT:
         slot, element = _SLOT[name]
+        if internal:  # the slot holds the internal value: days, microseconds
+            return slot, element, None
         convert = {
             "date": date_from_internal,
             "timestamp": timestamp_from_internal,
@@ -127,9 +137,11 @@ def _reader(dtype: DataType, path: str) -> tuple[str, str, _Read | None]:
         return slot, element, None if convert is None else _no_conversion(convert)
     if name == "decimal":
         if dtype.precision <= _MAX_COMPACT_DECIMAL:
+            if internal:  # the slot holds the unscaled value
+                return "q", "q", None
             scale = dtype.scale
             return "q", "q", _no_conversion(lambda unscaled: decimal_from_internal(unscaled, scale))
-        return "Q", "Q", _big_decimal(dtype.scale)
+        return "Q", "Q", _big_decimal(dtype.scale, internal)
     if name == "string":
         return "Q", "Q", _string
     if name == "binary":
@@ -137,16 +149,16 @@ def _reader(dtype: DataType, path: str) -> tuple[str, str, _Read | None]:
     if name == "void":
         return "8x", "", _null
     if name == "struct":
-        nested = _Struct(dtype, path)
-        return "Q", "Q", nested.read_dict
+        nested = _Struct(dtype, path, internal)
+        return "Q", "Q", nested.read_tuple if internal else nested.read_dict
     if name == "array":
         assert dtype.element is not None
-        array = _Array(dtype.element, f"{path}[]")
+        array = _Array(dtype.element, f"{path}[]", internal)
         return "Q", "Q", array.read_list
     if name == "map":
         assert dtype.key is not None and dtype.value is not None
-        mapping = _Map(dtype.key, dtype.value, path)
-        return "Q", "Q", mapping.read_dict
+        mapping = _Map(dtype.key, dtype.value, path, internal)
+        return "Q", "Q", mapping.read_pairs if internal else mapping.read_dict
     raise UnsafeRowError(
         f"field {path!r} has type {dtype.simple_string()}, which sparkiq cannot decode from "
         f"Spark's state; supported: {', '.join(sorted(SUPPORTED_TYPES))}"
@@ -169,14 +181,16 @@ def _null_indexes(words: tuple[int, ...], count: int) -> list[int]:
 class _Struct:
     """A compiled row layout: one unpack of bitset and slots, then converters."""
 
-    def __init__(self, dtype: DataType, path: str) -> None:
+    def __init__(self, dtype: DataType, path: str, internal: bool) -> None:
         self.names = tuple(f.name for f in dtype.fields)
         count = len(dtype.fields)
         self.count = count
         self.words = (count + 63) // 64
         codes, converters, variable = [], [], False
         for index, field in enumerate(dtype.fields):
-            slot, _, read = _reader(field.type, f"{path}.{field.name}" if path else field.name)
+            slot, _, read = _reader(
+                field.type, f"{path}.{field.name}" if path else field.name, internal
+            )
             if slot == "8x":  # void: a slot, always null, decoded as None
                 slot = "q"
             codes.append(slot)
@@ -212,10 +226,14 @@ class _Struct:
         start, end = _span(buf, base, raw)
         return dict(zip(self.names, self.read(buf, start, end - start), strict=True))
 
+    def read_tuple(self, buf: bytes, base: int, raw: int) -> tuple[Any, ...]:
+        start, end = _span(buf, base, raw)
+        return tuple(self.read(buf, start, end - start))
+
 
 class _Array:
-    def __init__(self, element: DataType, path: str) -> None:
-        _, self.code, self.read_element = _reader(element, path)
+    def __init__(self, element: DataType, path: str, internal: bool) -> None:
+        _, self.code, self.read_element = _reader(element, path, internal)
         self.width = struct.calcsize("<" + self.code) if self.code else 0
 
     def read_list(self, buf: bytes, base: int, raw: int) -> list[Any]:
@@ -244,11 +262,19 @@ class _Array:
 
 
 class _Map:
-    def __init__(self, key: DataType, value: DataType, path: str) -> None:
-        self.keys = _Array(key, f"{path}.key")
-        self.values = _Array(value, f"{path}.value")
+    def __init__(self, key: DataType, value: DataType, path: str, internal: bool) -> None:
+        self.keys = _Array(key, f"{path}.key", internal)
+        self.values = _Array(value, f"{path}.value", internal)
 
     def read_dict(self, buf: bytes, base: int, raw: int) -> dict[Any, Any]:
+        keys, values = self._read(buf, base, raw)
+        return {_hashable(k): v for k, v in zip(keys, values, strict=True)}
+
+    def read_pairs(self, buf: bytes, base: int, raw: int) -> list[tuple[Any, Any]]:
+        keys, values = self._read(buf, base, raw)
+        return list(zip(keys, values, strict=True))
+
+    def _read(self, buf: bytes, base: int, raw: int) -> tuple[list[Any], list[Any]]:
         start, end = _span(buf, base, raw)
         if end - start < 8:
             raise UnsafeRowError(f"a map at byte {start} is shorter than its header")
@@ -262,7 +288,7 @@ class _Map:
             raise UnsafeRowError(
                 f"a map at byte {start} has {len(keys)} keys, {len(values)} values"
             )
-        return {_hashable(k): v for k, v in zip(keys, values, strict=True)}
+        return keys, values
 
 
 def _hashable(key: Any) -> Any:
@@ -278,7 +304,8 @@ class UnsafeRowDecoder:
     """Decodes UnsafeRow bytes of one struct type into a tuple of Python values.
 
     Built once per schema (the layout and converters are compiled here); :attr:`decode` is
-    the per-row work. Thread-safe: it holds no per-row state. Raises
+    the per-row work. ``internal=True`` decodes into sparkiq's internal form instead of
+    PySpark's (see the module docstring). Thread-safe: it holds no per-row state. Raises
     :class:`UnsafeRowError` at construction for a type it cannot decode and from
     :attr:`decode` for bytes that do not fit the schema.
     """
@@ -286,13 +313,14 @@ class UnsafeRowDecoder:
     #: The row's values in field order, from its bytes.
     decode: Callable[[bytes], tuple[Any, ...]]
 
-    def __init__(self, schema: DataType) -> None:
+    def __init__(self, schema: DataType, *, internal: bool = False) -> None:
         if schema.name != "struct":
             raise UnsafeRowError(
                 f"a state row schema must be a struct, got {schema.simple_string()}"
             )
         self.schema = schema
-        self._struct = _Struct(schema, "")
+        self.internal = internal
+        self._struct = _Struct(schema, "", internal)
         self.decode = self._compile()
 
     @property
@@ -320,6 +348,8 @@ class UnsafeRowDecoder:
 
             return fixed_width
         exact = layout.exact
+        if len(layout.names) == 1 and converters[0][1] is _string:
+            return self._one_string(fixed)
 
         def with_converters(data: bytes) -> tuple[Any, ...]:
             size = len(data)
@@ -334,3 +364,23 @@ class UnsafeRowDecoder:
             return tuple(values)
 
         return with_converters
+
+    def _one_string(self, fixed: int) -> Callable[[bytes], tuple[Any, ...]]:
+        """One string field (``groupBy`` of one string column, the most common state key):
+        the slot and the text inline; anything unusual takes the general path."""
+        unpack, general = self._struct.layout.unpack_from, self._general
+
+        def one_string(data: bytes) -> tuple[Any, ...]:
+            size = len(data)
+            if size >= fixed:
+                bits, raw = unpack(data)
+                start = raw >> 32
+                end = start + (raw & 0xFFFFFFFF)
+                if not bits and end <= size:
+                    try:
+                        return (data[start:end].decode(),)
+                    except UnicodeDecodeError:
+                        pass
+            return general(data)  # a null, or bytes that do not fit: raises, saying why
+
+        return one_string
