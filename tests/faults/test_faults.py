@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -64,6 +64,13 @@ class Slowdown(threading.Thread):
         if self.is_alive():
             self.join()
         return max(1.0, statistics.median(self.samples or [slowdown()]))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
+    with FaultCluster(tmp_path_factory.mktemp("faults"), disk_node=2) as cluster:
+        yield cluster
+    print("\nunavailability per fault:\n  " + "\n  ".join(REPORT))
 
 
 def under_load(
