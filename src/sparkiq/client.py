@@ -13,6 +13,15 @@ positions it sees never go back, even when it is served by another replica after
 failover; a replica behind that position answers ``NOT_UP_TO_BOUND`` and the client retries
 for up to ``bound_wait`` seconds (replicas catch up within milliseconds) before returning
 the failure.
+
+A node that stops answering (paused, partitioned away, overloaded) is not waited on for the
+whole ``timeout`` while another node could answer: a read whose answer has not begun within
+a delay learned from this client's own latencies (:class:`~sparkiq.cluster.hedge.HedgeDelay`:
+3 x p99 of recent answers of the same kind, between ``hedge_floor`` and ``hedge_ceiling``)
+is given up on that node and asked of the next one, and the silent node moves to the end of
+the list. The last node left is always given the whole ``timeout``, so an operation that is
+slow everywhere still gets its answer. Reads only: every request carries its bound (or
+pinned batch), so whichever node answers keeps the consistency rules above.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import orjson
 
+from sparkiq.cluster.hedge import HedgeDelay
 from sparkiq.cluster.httppool import HttpPool
 from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
@@ -64,6 +74,8 @@ class Client:
         timeout: float = 30.0,
         monotonic: bool = True,
         bound_wait: float = 2.0,
+        hedge_floor: float = 0.25,
+        hedge_ceiling: float = 1.0,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
@@ -72,7 +84,9 @@ class Client:
         self.token = token
         self.monotonic = monotonic
         self.bound_wait = bound_wait
+        self.timeout = timeout
         self._conns = HttpPool(timeout=timeout)
+        self._hedge = HedgeDelay(floor=hedge_floor, ceiling=max(hedge_floor, hedge_ceiling))
         self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=1.0))
         self._seen: dict[str, Position] = {}
         self._stores: dict[str, dict[str, Any]] = {}
@@ -113,7 +127,8 @@ class Client:
     def _ask(self, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
         deadline = time.monotonic() + self.bound_wait
         while True:
-            results = self._call(lambda url: self._send(url, request))
+            kind = f"query:{type(request.query).__name__}"
+            results = self._call(lambda url, wait: self._send(url, request, wait), kind)
             behind = any(
                 r.failure_reason is FailureReason.NOT_UP_TO_BOUND for r in results.values()
             )
@@ -121,10 +136,17 @@ class Client:
                 return results
             time.sleep(0.02)
 
-    def _send(self, url: str, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
+    def _send(
+        self, url: str, request: StateQueryRequest, first_byte: float | None
+    ) -> dict[int, QueryResult[Any]]:
         body = protocol.encode_request(request, local=False)
         response = self._conns.request(
-            url, "POST", "/internal/query", body, self._headers(binary=True)
+            url,
+            "POST",
+            "/internal/query",
+            body,
+            self._headers(binary=True),
+            first_byte=first_byte,
         )
         try:
             if response.status != 200:
@@ -132,7 +154,9 @@ class Client:
                 raise _error(httpx.Response(response.status, content=data))
             partitions = None if request.partitions is None else sorted(request.partitions)
             frames = protocol.read_frames(response.chunks())
-            return protocol.results_from_frames(frames, partitions, response.close)
+            results = protocol.results_from_frames(frames, partitions, response.close)
+            response.patient()  # rows still streaming lazily are read without a hurry
+            return results
         except BaseException:
             response.close()
             raise
@@ -195,11 +219,14 @@ class Client:
         if bound is not None:
             doc["bound"] = bound if isinstance(bound, str) else bound.to_token()
         if format == "arrow":
-            return self._call(lambda url: self._sql_arrow(url, doc))
+            return self._call(lambda url, wait: self._sql_arrow(url, doc, wait), "sql:arrow")
 
-        def call(url: str) -> SqlResult:
+        def call(url: str, first_byte: float | None) -> SqlResult:
             response = self._http.post(
-                f"{url}/query", content=orjson.dumps(doc), headers=self._headers(binary=True)
+                f"{url}/query",
+                content=orjson.dumps(doc),
+                headers=self._headers(binary=True),
+                timeout=self._timeouts(first_byte),
             )
             if response.status_code != 200:
                 raise _error(response)
@@ -212,12 +239,17 @@ class Client:
                 answer.get("explain"),
             )
 
-        return self._call(call)
+        return self._call(call, "sql")
 
-    def _sql_arrow(self, url: str, doc: dict[str, Any]) -> SqlResult:
+    def _sql_arrow(self, url: str, doc: dict[str, Any], first_byte: float | None) -> SqlResult:
         headers = self._headers()
         headers["accept"] = arrowipc.CONTENT_TYPE
-        response = self._http.post(f"{url}/query", content=orjson.dumps(doc), headers=headers)
+        response = self._http.post(
+            f"{url}/query",
+            content=orjson.dumps(doc),
+            headers=headers,
+            timeout=self._timeouts(first_byte),
+        )
         if response.status_code != 200:
             raise _error(response)
         kind = response.headers.get("content-type", "")
@@ -241,7 +273,7 @@ class Client:
                 from_position if isinstance(from_position, str) else from_position.to_token()
             )
 
-        def call(url: str) -> ChangeStream:
+        def call(url: str, _: float | None) -> ChangeStream:
             request = self._http.build_request(
                 "POST", f"{url}/query", content=orjson.dumps(doc), headers=self._headers()
             )
@@ -264,12 +296,27 @@ class Client:
             headers["authorization"] = f"Bearer {self.token}"
         return headers
 
-    def _call(self, fn: Callable[[str], T]) -> T:
-        """``fn(url)`` on the first node that answers; learns the others on the way."""
+    def _timeouts(self, first_byte: float | None) -> httpx.Timeout:
+        read = self.timeout if first_byte is None else min(first_byte, self.timeout)
+        return httpx.Timeout(self.timeout, connect=1.0, read=read)
+
+    def _call(self, fn: Callable[[str, float | None], T], kind: str | None = None) -> T:
+        """``fn(url, first_byte)`` on the first node that answers; learns the others on the
+        way. For a read of ``kind`` (see the module docstring), every node but the last is
+        given ``first_byte`` seconds (the learned hedge delay) for its answer to begin, the
+        last one the whole timeout; an answer's latency teaches the delay."""
         errors = []
-        for url in list(self._urls):
+        urls = list(self._urls)
+        for i, url in enumerate(urls):
+            wait = None
+            if kind is not None and i < len(urls) - 1:
+                wait = self._hedge.delay(kind)
+            started = time.monotonic()
             try:
-                return fn(url)
+                answer = fn(url, wait)
+                if kind is not None:
+                    self._hedge.record(kind, time.monotonic() - started)
+                return answer
             except (httpx.TransportError, NodeUnreachableError) as exc:
                 errors.append(f"{url}: {exc!r}")
                 self._demote(url)
@@ -298,7 +345,7 @@ class Client:
             return
 
     def _get_json(self, path: str) -> Any:
-        def call(url: str) -> Any:
+        def call(url: str, _: float | None) -> Any:
             response = self._http.get(f"{url}{path}", headers=self._headers())
             if response.status_code != 200:
                 raise _error(response)

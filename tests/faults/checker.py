@@ -62,6 +62,9 @@ class Window:
     ops: int = 0
     failed: int = 0
     longest_gap: float = 0.0  # the longest time in the window with no successful operation
+    #: the longest time one client session went without an answer (a session whose entry
+    #: node is cut off waits on it while the others' answers fill ``longest_gap``)
+    client_gap: float = 0.0
     slowest: float = 0.0  # the longest one operation took (a session waiting on a dead node)
     failed_after_settle: int = 0
     errors: list[str] = field(default_factory=list)
@@ -69,7 +72,8 @@ class Window:
     def __str__(self) -> str:
         return (
             f"{self.fault}: {self.ops} ops, {self.failed} failed, longest gap "
-            f"{self.longest_gap:.2f} s, slowest {self.slowest:.2f} s, "
+            f"{self.longest_gap:.2f} s (one client {self.client_gap:.2f} s), slowest "
+            f"{self.slowest:.2f} s, "
             f"{self.failed_after_settle} failed after settling"
         )
 
@@ -178,6 +182,14 @@ def check_changelog(state_dir: str) -> tuple[int, list[Anomaly]]:
     return (ids[-1] if ids else -1), found
 
 
+def _gap(ops: Iterable[Op], fault: Fault) -> float:
+    """The longest time between ``fault.start`` and ``fault.settled`` with no answer in
+    ``ops`` (answers are counted when they arrive)."""
+    done = sorted(o.end for o in ops if o.ok and fault.start < o.end < fault.settled)
+    marks = [fault.start, *done, fault.settled]
+    return max(b - a for a, b in itertools.pairwise(marks))
+
+
 def windows(ops: Sequence[Op], faults: Sequence[Fault]) -> list[Window]:
     """Per fault, what the clients saw between its start and the moment it settled."""
     out = []
@@ -191,9 +203,11 @@ def windows(ops: Sequence[Op], faults: Sequence[Fault]) -> list[Window]:
         failed = [o for o in inside if not o.ok]
         window.failed = len(failed)
         window.errors = sorted({o.error[:160] for o in failed})[:5]
-        done = sorted(o.end for o in ops if o.ok and fault.start < o.end < fault.settled)
-        marks = [fault.start, *done, fault.settled]
-        window.longest_gap = max(b - a for a, b in itertools.pairwise(marks))
+        window.longest_gap = _gap(ops, fault)
+        window.client_gap = max(
+            (_gap([o for o in ops if o.client == c], fault) for c in {o.client for o in ops}),
+            default=0.0,
+        )
         window.failed_after_settle = sum(
             1 for o in ops if not o.ok and fault.settled < o.start < until
         )

@@ -127,9 +127,9 @@ class FaultCluster:
             )
         for node in self.nodes:
             node.start()
+        self._note_pids()  # before they connect to each other, so the proxies know them
         for node in self.nodes:
             node.wait_up(timeout=STARTUP)
-        self._note_pids()
         wait_cluster([n.url for n in self.nodes], self.count, timeout=STARTUP)
         return self
 
@@ -223,15 +223,18 @@ class FaultCluster:
             hold,
         )
 
-    def isolate_node(self, i: int, mode: str = "blackhole", hold: float = 5.0) -> Fault:
-        """A partition: nothing reaches node ``i`` or leaves it (nodes and clients alike)."""
+    def isolate_node(
+        self, i: int, mode: str = "blackhole", hold: float = 5.0, *, one_way: bool = False
+    ) -> Fault:
+        """A partition: nothing reaches node ``i`` or leaves it (nodes and clients alike).
+        ``one_way``: only what is sent *to* node ``i`` is lost; its own heartbeats still
+        reach the others, so they keep counting it live while it answers nothing."""
         node_id = self.nodes[i].node_id
-        rules = [
-            {"src": node_id, "dst": "*", "mode": mode},
-            {"src": "*", "dst": node_id, "mode": mode},
-        ]
+        rules = [{"src": "*", "dst": node_id, "mode": mode}]
+        if not one_way:
+            rules.insert(0, {"src": node_id, "dst": "*", "mode": mode})
         return self.inject(
-            f"partition {node_id} ({mode})",
+            f"partition {node_id} ({mode}{', one way' if one_way else ''})",
             lambda: self._write_rules(rules),
             lambda: self._write_rules([]),
             hold,
@@ -351,8 +354,8 @@ class FaultCluster:
 
     def _restart(self, i: int) -> None:
         self.nodes[i].start()
-        self.nodes[i].wait_up(timeout=STARTUP)
         self._note_pids()
+        self.nodes[i].wait_up(timeout=STARTUP)
 
     def _spawn(self, args: list[str], name: str) -> None:
         with open(self.root / f"{name}.log", "ab") as log:

@@ -10,7 +10,11 @@ matter of rules. The JSON file CONTROL, re-read every 50 ms, holds::
 
 A connection's destination is the proxy it reached; its source is the node whose process
 owns the connecting socket (found in ``/proc``: every connection comes from 127.0.0.1, so
-the port is all there is to go by), or ``client``. The first rule whose ``src`` and ``dst``
+the port is all there is to go by), or ``client``. A connection first seen as ``client`` is
+identified again whenever the pids change: nodes connect to each other before the harness
+knows their pids (while they start, and after a restart), and those keep-alive connections
+would otherwise pass every rule on ``src`` -- a "partition" that still let heartbeats through
+one way. The first rule whose ``src`` and ``dst``
 match (``*`` matches anything) decides, per chunk, so a rule applies to open connections
 too: ``drop`` closes the connection (and refuses new ones), ``blackhole`` swallows the bytes
 (the peer waits until its own timeout, as behind a dead route), ``delay`` waits
@@ -87,10 +91,22 @@ def source_of(peer_port: int, listen_port: int, pids: dict[str, int]) -> str:
     return "client"
 
 
+class Link:
+    """One proxied connection: where it comes from (``src``, resolved again while it is
+    ``client``), the proxy it reached (``dst``) and both ends."""
+
+    def __init__(
+        self, peer_port: int, listen_port: int, src: str, dst: str,
+        down: asyncio.StreamWriter, up: asyncio.StreamWriter,
+    ) -> None:  # fmt: skip
+        self.peer_port, self.listen_port = peer_port, listen_port
+        self.src, self.dst, self.down, self.up = src, dst, down, up
+
+
 class Proxy:
     def __init__(self, rules: Rules) -> None:
         self.rules = rules
-        self.open: set[tuple[str, str, asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self.open: set[Link] = set()
 
     async def serve(self, name: str, listen_port: int, target_port: int) -> asyncio.Server:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -104,26 +120,24 @@ class Proxy:
             except OSError:
                 writer.close()
                 return
-            entry = (src, name, writer, up_writer)
-            self.open.add(entry)
+            link = Link(peer_port, listen_port, src, name, writer, up_writer)
+            self.open.add(link)
             try:
-                await asyncio.gather(
-                    self.pipe(reader, up_writer, src, name),
-                    self.pipe(up_reader, writer, src, name),
-                )
+                await asyncio.gather(self.pipe(reader, up_writer, link),
+                                     self.pipe(up_reader, writer, link))  # fmt: skip
             finally:
-                self.open.discard(entry)
+                self.open.discard(link)
                 for w in (writer, up_writer):
                     w.close()
 
         return await asyncio.start_server(handle, "127.0.0.1", listen_port)
 
     async def pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, src: str, dst: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: Link
     ) -> None:
         try:
             while chunk := await reader.read(65536):
-                mode, seconds = self.rules.mode(src, dst)
+                mode, seconds = self.rules.mode(link.src, link.dst)
                 if mode == "drop":
                     break
                 if mode == "blackhole":
@@ -138,13 +152,20 @@ class Proxy:
             writer.close()
 
     async def watch(self) -> None:
-        """Reload the rules; close open connections a ``drop`` rule now covers."""
+        """Reload the rules; identify connections again when the pids change; close open
+        connections a ``drop`` rule now covers."""
+        pids: dict[str, int] = {}
         while True:
             self.rules.reload()
-            for src, dst, down, up in list(self.open):
-                if self.rules.mode(src, dst)[0] == "drop":
-                    down.close()
-                    up.close()
+            if self.rules.pids != pids:
+                pids = dict(self.rules.pids)
+                for link in list(self.open):
+                    if link.src == "client":
+                        link.src = source_of(link.peer_port, link.listen_port, pids)
+            for link in list(self.open):
+                if self.rules.mode(link.src, link.dst)[0] == "drop":
+                    link.down.close()
+                    link.up.close()
             await asyncio.sleep(0.05)
 
 

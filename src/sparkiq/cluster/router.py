@@ -12,10 +12,20 @@ quiet is asked last. Sub-requests go out in parallel, one per partition (range r
 stream from the node that holds them).
 
 When a candidate is unreachable, is not hosting the partition, or is behind the requested
-bound, the next one is tried. A candidate that does not answer is not waited for blindly:
-once its sub-request has been out for ``hedge_after`` seconds *and* the member has been
-silent (no heartbeat) that long, the next candidate is asked as well and the first answer
-wins -- a paused node costs that delay, not the read timeout. When every candidate failed,
+bound, the next one is tried. A candidate that does not answer is not waited for blindly;
+the next candidate is asked as well, and the first answer wins, once its sub-request has
+been out for
+
+- ``hedge_after`` seconds *and* the member has been silent (no heartbeat) that long -- a
+  paused or partitioned node costs that delay, not the read timeout; or
+- the hedge delay learned from this router's own latencies for that query type
+  (:class:`~sparkiq.cluster.hedge.HedgeDelay`: 3 x p99, between ``hedge_after`` and
+  :data:`HEDGE_CEILING`) -- a member that still sends heartbeats but does not answer (a
+  one-way partition, a stuck handler) costs at most that. Such a member is then *lagging*:
+  it is asked after the others for :data:`LAGGING_FOR` seconds, or until it answers.
+
+Sub-requests are reads and every copy carries the same bound and pinned batch, so the
+answer that wins satisfies the request whichever replica gave it. When every candidate failed,
 the router waits for one fresh heartbeat round and tries once more on the new view; only
 then does the partition's result carry the failure (the most informative one seen), while
 the other partitions still answer. A request pinned to a batch that every candidate answered
@@ -38,6 +48,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Any, Protocol
 
 from sparkiq.cluster.assignment import Assignment
+from sparkiq.cluster.hedge import HedgeDelay
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import Membership
 from sparkiq.cluster.transport import NodeUnreachableError, Transport
@@ -45,7 +56,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.wire.protocol import RemoteError
 
-__all__ = ["FreshView", "Router"]
+__all__ = ["HEDGE_CEILING", "LAGGING_FOR", "FreshView", "Router"]
 
 log = logging.getLogger("sparkiq.router")
 
@@ -59,6 +70,10 @@ _RETRY_RANK = {
 
 #: How often a router waiting on sub-requests looks at the members' silence.
 _POLL = 0.05
+#: The most a sub-request is waited for alone once latencies are known (seconds).
+HEDGE_CEILING = 1.0
+#: How long a member that let a sub-request go unanswered past the hedge delay is asked last.
+LAGGING_FOR = 5.0
 
 LocalAnswer = Callable[[StateQueryRequest], StateQueryResult[Any]]
 _Remote = dict[int, QueryResult[Any]]
@@ -98,6 +113,12 @@ class Router:
         self._view = fresh_view
         interval = fresh_view.heartbeat_interval if fresh_view is not None else 0.5
         self.hedge_after = max(2 * interval, 0.2)
+        self._delays = HedgeDelay(
+            floor=self.hedge_after, ceiling=max(self.hedge_after, HEDGE_CEILING)
+        )
+        # member -> monotonic time until which it is asked after the others (see the module
+        # docstring); plain dict operations, atomic under the GIL, are all it sees.
+        self._lagging: dict[str, float] = {}
         # Sub-requests to other nodes run here, never on ``executor`` (which runs the
         # per-partition fan-out that waits for them): no pool ever waits on itself.
         self._io = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sparkiq-subrequest")
@@ -129,7 +150,10 @@ class Router:
 
         def rank(member: str) -> tuple[int, int, int, int]:
             caught_up = self._caught_up(member, table, partition)
-            quiet = self._membership.silence(member) >= self.hedge_after
+            quiet = (
+                self._membership.silence(member) >= self.hedge_after
+                or self._lagging.get(member, 0.0) > time.monotonic()
+            )
             return (
                 0 if caught_up else 1,
                 1 if quiet else 0,
@@ -197,13 +221,15 @@ class Router:
         me = self._membership.node_id
         sub = request.with_partitions((partition,))
         queue = deque(self.candidates(request.store, partition, request.is_require_active))
+        kind = type(request.query).__name__
+        wait = self._delays.delay(kind)
         pending: dict[Future[_Remote], tuple[str, float]] = {}
         best: QueryResult[Any] | None = None
         tried: list[str] = []
         answered = 0
         try:
             while queue or pending:
-                if queue and all(self._overdue(m, t) for m, t in pending.values()):
+                if queue and all(self._overdue(m, t, wait) for m, t in pending.values()):
                     member = queue.popleft()
                     if pending:
                         self.hedged += 1
@@ -224,34 +250,56 @@ class Router:
                     continue
                 done, _ = futures_wait(pending, timeout=_POLL, return_when=FIRST_COMPLETED)
                 for future in done:
-                    member, _ = pending.pop(future)
+                    member, sent_at = pending.pop(future)
                     result = self._remote_result(future, member, partition, request.store)
                     if result is None:
                         continue
+                    self._delays.record(kind, time.monotonic() - sent_at)
+                    self._lagging.pop(member, None)
                     answered += 1
                     if _final(result):
                         return result, tried, len(tried) - answered
                     best = result if _better(result, best) else best
                 if not done and not queue:
-                    self._give_up_on_gone(pending)
+                    self._give_up_on_gone(pending, wait, others_answered=best is not None)
             return best, tried, len(tried) - answered
         finally:
             for future in pending:  # abandoned: close whatever they stream when they finish
                 future.add_done_callback(_discard)
 
-    def _overdue(self, member: str, sent_at: float) -> bool:
+    def _overdue(self, member: str, sent_at: float, wait: float | None) -> bool:
         """Whether to stop waiting for ``member`` alone: its sub-request has been out for
-        ``hedge_after`` s and it has not been heard from for as long."""
-        wait = self.hedge_after
-        return (
-            time.monotonic() - sent_at >= wait and self._membership.silence(member) >= wait
-        ) or self._membership.is_suspect(member)
+        ``hedge_after`` s and it has not been heard from for as long, or it has been out
+        for the learned hedge delay ``wait`` (the member is then lagging)."""
+        out_for = time.monotonic() - sent_at
+        after = self.hedge_after
+        if self._membership.is_suspect(member) or (
+            out_for >= after and self._membership.silence(member) >= after
+        ):
+            return True
+        if wait is not None and out_for >= wait:
+            if self._lagging.get(member, 0.0) <= time.monotonic():
+                log.info("%s has not answered in %.2f s: asking another replica", member, out_for)
+            self._lagging[member] = time.monotonic() + LAGGING_FOR
+            return True
+        return False
 
-    def _give_up_on_gone(self, pending: dict[Future[_Remote], tuple[str, float]]) -> None:
-        """Nobody else to ask: stop waiting for members the detector declared gone."""
+    def _give_up_on_gone(
+        self,
+        pending: dict[Future[_Remote], tuple[str, float]],
+        wait: float | None,
+        *,
+        others_answered: bool,
+    ) -> None:
+        """Nobody else to ask: stop waiting for overdue members the detector declared gone,
+        or for any overdue member once another candidate answered (with a failure worth a
+        retry, such as ``NOT_UP_TO_BOUND`` from a standby a few batches behind): a fresh
+        round on a new view is then a better bet than a member that may never answer --
+        one still heartbeating behind a one-way partition is never declared gone."""
         live = self._membership.live()
         for future, (member, _) in list(pending.items()):
-            if member not in live and self._overdue(member, pending[future][1]):
+            gone = member not in live or others_answered
+            if gone and self._overdue(member, pending[future][1], wait):
                 log.info("giving up on %s: it went silent", member)
                 del pending[future]
                 future.add_done_callback(_discard)

@@ -1,0 +1,85 @@
+"""How long to wait for one replica before asking another: a delay learned from latency.
+
+A request that a healthy node answers in 5 ms and one that it answers in 2 s must not be
+given up on after the same wait. :class:`HedgeDelay` keeps the latest latencies of answered
+requests per kind (a query type, ``sql``) and derives the wait from them:
+``k x p99``, never below ``floor`` (so scheduler noise on a loaded machine does not send
+every request twice) and never above ``ceiling`` (so a node cut off from the network costs
+at most that, whatever the history says).
+
+``None`` means "no basis to give up early; wait as you would without hedging":
+
+- for a kind whose median latency is above ``ceiling`` (a heavy SQL statement): a node
+  working on it and a node that is gone look the same for that long, and sending it
+  elsewhere would only double heavy work;
+- while neither the kind nor all kinds together have :data:`MIN_SAMPLES` latencies.
+
+A kind with too few latencies of its own, when the kinds together show a median within the
+ceiling, gets ``ceiling``: the most patient bounded wait.
+
+The latencies are wall-clock and measured where they are used, so a loaded machine raises
+the delay with everything else: the delay follows what the machine does now, not a guess
+made for an idle one.
+
+Thread-safe: ``record`` and ``delay`` may run on any thread (``record`` takes a lock;
+``delay`` reads values that are replaced whole, never changed in place).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+__all__ = ["MIN_SAMPLES", "HedgeDelay"]
+
+#: Latencies a kind needs before a delay is derived from them.
+MIN_SAMPLES = 8
+#: Latencies kept per kind (the p99 of the last WINDOW answers).
+WINDOW = 256
+#: A kind's delay is derived again after this many more of its latencies.
+RECOMPUTE_EVERY = 16
+
+
+class HedgeDelay:
+    """``k x p99`` of recent latencies per kind, within ``[floor, ceiling]`` seconds.
+
+    The delay of a kind is recomputed every :data:`RECOMPUTE_EVERY` latencies it records,
+    so :meth:`delay` (on every request's path) is a dictionary read."""
+
+    def __init__(self, *, floor: float, ceiling: float, k: float = 3.0) -> None:
+        if not 0 < floor <= ceiling:
+            raise ValueError(f"need 0 < floor <= ceiling, got {floor} and {ceiling}")
+        self.floor, self.ceiling, self.k = floor, ceiling, k
+        self._windows: dict[str, deque[float]] = {}
+        self._counts: dict[str, int] = {}
+        self._delays: dict[str, float | None] = {}
+        self._pooled_median: float | None = None
+        # guards the three dicts above, the deques in them and _pooled_median
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, seconds: float) -> None:
+        """An answer of ``kind`` arrived ``seconds`` after its request was sent."""
+        with self._lock:
+            window = self._windows.get(kind)
+            if window is None:
+                window = self._windows[kind] = deque(maxlen=WINDOW)
+            window.append(seconds)
+            count = self._counts[kind] = self._counts.get(kind, 0) + 1
+            if count == MIN_SAMPLES or count % RECOMPUTE_EVERY == 0:
+                self._delays[kind] = self._derive(sorted(window))
+                pooled = sorted(x for w in self._windows.values() for x in w)
+                self._pooled_median = pooled[len(pooled) // 2]
+
+    def _derive(self, ordered: list[float]) -> float | None:
+        if ordered[len(ordered) // 2] > self.ceiling:
+            return None
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        return min(self.ceiling, max(self.floor, self.k * p99))
+
+    def delay(self, kind: str) -> float | None:
+        """How long to wait for an answer of ``kind`` before asking elsewhere; ``None``
+        when there is no basis to give up early (see the module docstring)."""
+        if kind in self._delays:
+            return self._delays[kind]
+        median = self._pooled_median
+        return None if median is None or median > self.ceiling else self.ceiling
