@@ -115,8 +115,13 @@ def test_limits_are_enforced_with_clear_errors(node: Node) -> None:
 
 
 def test_a_slow_statement_is_interrupted(node: Node) -> None:
-    engine = SqlEngine(node, SqlLimits(timeout_seconds=0.5))
-    slow = "SELECT count(*) FROM t AS a, t AS b, t AS c, t AS d WHERE a.n + b.n + c.n + d.n = -1"
+    # 5 s, not less: the same engine must answer a small statement afterwards, and on a busy
+    # machine a sub-second limit can cut that one short too. 172**5 combinations never finish.
+    engine = SqlEngine(node, SqlLimits(timeout_seconds=5))
+    slow = (
+        "SELECT count(*) FROM t AS a, t AS b, t AS c, t AS d, t AS e "
+        "WHERE a.n + b.n + c.n + d.n + e.n = -1"
+    )
     with pytest.raises(SqlLimitError) as caught:
         engine.execute(slow)
     assert caught.value.code == "timeout"
