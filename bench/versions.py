@@ -17,7 +17,8 @@ Then a node over 8 such partitions (1M rows, 20 batches kept) answers, taking tu
   fragments, and fragments that each read their partition's newest batch (no pinning: what
   reads spanning partitions did before, minus RocksDB decoding);
 * a ``KeyQuery`` against the same key read ``as_of`` the newest batch (RocksDB answers) and
-  ``as_of`` a batch 10 back (read from the versions).
+  ``as_of`` a batch 10 back (read from the versions), and a ``VersionedKeyQuery`` at that
+  batch and a ``MultiVersionedKeyQuery`` over every retained version of the key.
 
 Run: ``python -m bench.versions [--quick]``.
 """
@@ -35,7 +36,13 @@ from rocksdict import Rdict, WriteBatch
 
 from bench._changelog import HandWrittenTable, key_name
 from bench._common import Report, entry_point, fmt_ratio, median, percentile, scratch_dir
-from sparkiq import KeyQuery, Node, StateQueryRequest
+from sparkiq import (
+    KeyQuery,
+    MultiVersionedKeyQuery,
+    Node,
+    StateQueryRequest,
+    VersionedKeyQuery,
+)
 from sparkiq.cluster.lookup import Lookup
 from sparkiq.query.position import Position
 from sparkiq.sql import SqlEngine
@@ -302,6 +309,12 @@ def run(quick: bool = False) -> Report:
                 ),
                 "KeyQuery as_of 10 back": lambda k: node.query(
                     request.with_query(KeyQuery.with_key(k)).as_of(max(0, newest - 10))
+                ),
+                "VersionedKeyQuery as_of 10 back": lambda k: node.query(
+                    request.with_query(VersionedKeyQuery.with_key(k).as_of(max(0, newest - 10)))
+                ),
+                "MultiVersionedKeyQuery, all kept": lambda k: node.query(
+                    request.with_query(MultiVersionedKeyQuery.with_key(k))
                 ),
             }
             lat: dict[str, list[float]] = {}
