@@ -19,6 +19,10 @@ Files (as Spark 4.x writes them; nothing here writes them):
     ``*.log``) plus ``metadata``: ``v1\\n{json}`` whose ``sstFiles`` map each local SST name to
     the file kept in ``SSTs/`` (shared between snapshots; ``logFiles`` likewise in ``archive/``),
     and, with column families, ``columnFamilyMapping`` (name -> virtual column family id).
+``N_<uniqueId>`` names (``checkpointFormatVersion=2``)
+    Each attempt at a batch writes files of its own id, so a retried batch leaves two files
+    for one version; ``commits/<N - 1>`` records the id of the attempt that was committed
+    (``stateUniqueIds``) and only that attempt's files are read.
 ``.<file>.crc``
     Hadoop's local-filesystem checksum (``crc\\0``, int bytesPerChecksum, one CRC-32 per chunk,
     big-endian), verified whenever present.
@@ -63,8 +67,9 @@ With changelog checkpointing off Spark uploads a snapshot at every commit: the s
 served at snapshot granularity -- :meth:`versions` are the snapshot versions and
 :meth:`changes` is the difference between two consecutive snapshots.
 
-Over 600 lines because the two file formats, their framing and the encoder framing are one
-concept -- what the provider writes -- and are documented and read together here.
+Over 600 lines because the two file formats, their framing and the encoder framing (UnsafeRow
+and Avro rows, checkpointFormatVersion 2 attempts) are one concept -- what the provider
+writes -- and are documented and read together here.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ import shutil
 import struct
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +92,7 @@ from rocksdict import AccessType, Options, Rdict
 from sparkiq.checkpoint.avro import AvroRowCodec, AvroStateError
 from sparkiq.checkpoint.compression import CompressionError, decompress
 from sparkiq.checkpoint.files import ChecksumMismatch, read_verified
+from sparkiq.checkpoint.logs import read_commit
 from sparkiq.checkpoint.provider import (
     DEFAULT_STORE,
     FileStamp,
@@ -115,6 +121,7 @@ __all__ = [
     "RocksDBStateFiles",
     "StateFileGoneError",
     "UnsupportedStateFormatError",
+    "commit_log_ids",
     "open_state_files",
     "open_state_variable",
 ]
@@ -174,6 +181,11 @@ class RocksDBStateFiles:
     re-lists the directory, so files Spark writes later are seen. A snapshot is rebuilt in a
     private temporary directory (under ``local_dir``), read whole, and the directory removed
     before its first row is returned. ``store`` names the store in errors.
+
+    ``committed_ids(version)`` gives the unique ids the commit log records for ``version``'s
+    files in this partition (checkpointFormatVersion 2: ``commits/<version - 1>``'s
+    ``stateUniqueIds``), None while that batch is not committed; with it, the files of the
+    committed attempt of a retried batch are read and the others ignored.
     """
 
     def __init__(
@@ -186,8 +198,10 @@ class RocksDBStateFiles:
         store: str | None = None,
         codec: str = "lz4",
         local_dir: str | None = None,
+        committed_ids: Callable[[int], frozenset[str] | None] | None = None,
     ) -> None:
         self._dir = Path(directory)
+        self._committed_ids = committed_ids
         self._store = store
         self._codec = codec
         self._enc = encoding
@@ -354,23 +368,49 @@ class RocksDBStateFiles:
     # -- files -----------------------------------------------------------------------
 
     def _files(self, suffix: str) -> dict[int, Path]:
-        found: dict[int, Path] = {}
+        """The file of each state version with one: with checkpointFormatVersion 2 names,
+        the committed attempt's (see :meth:`_committed_file`)."""
+        attempts: dict[int, list[tuple[str | None, Path]]] = {}
         try:
             names = os.listdir(self._dir)
         except FileNotFoundError:
-            return found
+            return {}
         for name in names:
             match = _FILE.match(name)
             if match is None or match[3] != suffix:
                 continue
-            version = int(match[1])
-            if version in found:
-                raise self._unsupported(
-                    f"two {suffix} files for state version {version} ({found[version].name}, "
-                    f"{name}): checkpointFormatVersion=2 lineage is not followed yet"
-                )
-            found[version] = self._dir / name
+            attempts.setdefault(int(match[1]), []).append((match[2], self._dir / name))
+        found: dict[int, Path] = {}
+        for version, candidates in attempts.items():
+            if len(candidates) == 1 and candidates[0][0] is None:
+                found[version] = candidates[0][1]  # checkpointFormatVersion 1
+                continue
+            path = self._committed_file(version, candidates, suffix)
+            if path is not None:
+                found[version] = path
         return found
+
+    def _committed_file(
+        self, version: int, candidates: list[tuple[str | None, Path]], suffix: str
+    ) -> Path | None:
+        """Of the ``N_<uniqueId>`` files of one version (one per attempt of its batch: a
+        retried batch writes another), the one whose id the batch's commit records; while
+        the batch is not committed, its only attempt, or None when there are several (the
+        commit will say which). None too when the committed attempt's file is not here: that
+        version then reads as missing, like a file Spark's maintenance deleted."""
+        ids = None if self._committed_ids is None else self._committed_ids(version)
+        if ids is None:
+            if len(candidates) == 1:
+                return candidates[0][1]
+            if self._committed_ids is None:
+                names = ", ".join(sorted(p.name for _, p in candidates))
+                raise self._unsupported(
+                    f"several {suffix} files for state version {version} ({names}) and no "
+                    "commit log to say which attempt was committed"
+                )
+            return None
+        matches = [path for unique_id, path in candidates if unique_id in ids]
+        return matches[0] if len(matches) == 1 else None
 
     def _read_verified(self, path: Path) -> bytes:
         try:
@@ -724,6 +764,7 @@ def open_state_variable(
     store: str | None = None,
     codec: str = "lz4",
     local_dir: str | None = None,
+    committed_ids: Callable[[int], frozenset[str] | None] | None = None,
 ) -> RocksDBStateFiles | ListStateFiles | MapStateFiles:
     """``StateFiles`` of one transformWithState variable in one partition directory,
     serving the rows :func:`sparkiq.checkpoint.tws.served_schemas` describes. ``key_schema``
@@ -754,6 +795,7 @@ def open_state_variable(
         store=store,
         codec=codec,
         local_dir=local_dir,
+        committed_ids=committed_ids,
     )
     if kind == "list":
         return ListStateFiles(files, key_schema)
@@ -789,6 +831,7 @@ def open_state_files(
         "partition": partition,
         "store": store.store_name,
         "codec": store.codec,
+        "committed_ids": commit_log_ids(store.checkpoint, store.operator_id, partition),
     }
     if not store.schema_json:
         prefix = store.num_cols_prefix_key
@@ -818,3 +861,29 @@ def open_state_files(
         **avro,
     )
     return RocksDBStateFiles(directory, encoding, **common)
+
+
+def commit_log_ids(
+    checkpoint: Path, operator_id: int, partition: int
+) -> Callable[[int], frozenset[str] | None]:
+    """``committed_ids`` for :class:`RocksDBStateFiles`: the unique ids ``commits/<version -
+    1>`` records for the operator's partition (``stateUniqueIds``: operator id -> per
+    partition the ids of its stores' files), None while the batch is not committed or when
+    it records none (checkpointFormatVersion 1). A commit never changes once written, so
+    each is read once."""
+    known: dict[int, frozenset[str]] = {}
+
+    def ids(version: int) -> frozenset[str] | None:
+        if version in known:
+            return known[version]
+        try:
+            commit = read_commit(checkpoint, version - 1)
+        except ChangelogError:
+            return None  # not committed yet (or already dropped from the commit log)
+        for op, parts in commit.state_unique_ids:
+            if op == operator_id and partition < len(parts):
+                known[version] = frozenset(parts[partition])
+                return known[version]
+        return None
+
+    return ids
