@@ -60,8 +60,9 @@ wrong schema. Each row is converted to UnsafeRow bytes, so everything downstream
 
 Not supported (a clear :class:`~sparkiq.errors.ChangelogError`, never a wrong row):
 ``RangeKeyScan`` keys (only Spark's internal timer and TTL index column families use them),
-compression codecs other than lz4, row checksums
-(``spark.sql.streaming.stateStore.rowChecksum.enabled``) and Avro rows of an evolved schema.
+row checksums (``spark.sql.streaming.stateStore.rowChecksum.enabled``) and Avro rows of an
+evolved schema. (Changelogs are read in every codec :mod:`sparkiq.checkpoint.compression`
+reads.)
 
 With changelog checkpointing off Spark uploads a snapshot at every commit: the store is then
 served at snapshot granularity -- :meth:`versions` are the snapshot versions and
@@ -876,10 +877,15 @@ def commit_log_ids(
     def ids(version: int) -> frozenset[str] | None:
         if version in known:
             return known[version]
+        if not (checkpoint / "commits" / str(version - 1)).is_file():
+            return None  # not committed yet (or already dropped from the commit log)
         try:
             commit = read_commit(checkpoint, version - 1)
         except ChangelogError:
-            return None  # not committed yet (or already dropped from the commit log)
+            # removed by Spark's log cleanup since the check; an unreadable one raises
+            if (checkpoint / "commits" / str(version - 1)).is_file():
+                raise
+            return None
         for op, parts in commit.state_unique_ids:
             if op == operator_id and partition < len(parts):
                 known[version] = frozenset(parts[partition])
