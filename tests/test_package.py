@@ -435,6 +435,7 @@ RUNTIME_DEPENDENCIES = {
     "xxhash": (IMPORTED, "xxhash"),
     "crc32c": (IMPORTED, "crc32c"),
     "python-lzf": (IMPORTED, "lzf"),
+    "fastavro": (IMPORTED, "fastavro"),
 }
 
 

@@ -22,11 +22,13 @@ from sparkiq.checkpoint.rocksdb import (
     RocksDBStateFiles,
     StateFileGoneError,
     UnsupportedStateFormatError,
+    commit_log_ids,
 )
 from sparkiq.checkpoint.unsaferow import UnsafeRowDecoder
 from sparkiq.errors import ChangelogError, CorruptSegmentError
 from sparkiq.schema.types import DataType, parse_type
 from sparkiq.testing import JsonSource
+from tests.checkpoint.streams import sql_conf
 
 PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
@@ -328,7 +330,100 @@ def test_a_deleted_changelog_is_a_retryable_error(
 
 def test_unsupported_encodings_are_refused_by_name(tmp_path: Path) -> None:
     schema = parse_type({"type": "struct", "fields": [{"name": "s", "type": "string"}]})
-    with pytest.raises(UnsupportedStateFormatError, match=r"avro.*unsaferow"):
+    with pytest.raises(UnsupportedStateFormatError, match=r"'protobuf'.*'unsaferow' and 'avro'"):
+        RocksDBStateFiles(tmp_path, RocksDBEncoding(schema, row_format="protobuf"))
+    with pytest.raises(ChangelogError, match="Avro-encoded state needs the store's value schema"):
         RocksDBStateFiles(tmp_path, RocksDBEncoding(schema, row_format="avro"))
     with pytest.raises(UnsupportedStateFormatError, match="RangeKeyScan"):
         RocksDBStateFiles(tmp_path, RocksDBEncoding(schema, range_scan=True))
+
+
+# -- checkpointFormatVersion 2: the committed attempt of a retried batch ---------------------
+
+FORMAT_VERSION = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+
+
+@pytest.fixture(scope="module")
+def retried(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An aggregation with checkpointFormatVersion 2 whose last batch ran twice: its commit
+    was lost (the driver died between the state files and the commit, as far as the
+    checkpoint can tell) and its input file read differently the second time, so the two
+    attempts wrote different changelogs for the same state version."""
+    from pyspark.sql import functions as F
+
+    base = tmp_path_factory.mktemp("format-v2")
+    source = JsonSource(base / "in", SCHEMA)
+    before = spark.conf.get(FORMAT_VERSION, None)
+    spark.conf.set(FORMAT_VERSION, "2")
+    try:
+        with rocksdb_conf(spark, changelog=True):
+            query = (
+                source.stream(spark)
+                .groupBy("s")
+                .agg(F.sum("v").alias("total"))
+                .writeStream.format("noop")
+                .outputMode("update")
+                .option("checkpointLocation", str(base / "cp"))
+                .trigger(availableNow=True)
+            )
+            run_batches(spark, source, query, ROWS[:2])
+            last = source.write(ROWS[2])
+            handle = query.start()
+            handle.awaitTermination()
+            assert handle.exception() is None
+            commits = base / "cp" / "commits"
+            for lost in (commits / "2", commits / ".2.crc"):
+                lost.unlink(missing_ok=True)
+            last.write_text(
+                "".join(json.dumps({**row, "v": row["v"] * 100}) + "\n" for row in ROWS[2])
+            )
+            handle = query.start()
+            handle.awaitTermination()
+            assert handle.exception() is None
+    finally:
+        if before is None:
+            spark.conf.unset(FORMAT_VERSION)
+        else:
+            spark.conf.set(FORMAT_VERSION, before)
+    return base / "cp"
+
+
+def _attempts(checkpoint: Path) -> dict[int, list[Path]]:
+    """Per partition, the changelog files of state version 3 (batch 2)."""
+    return {
+        p: sorted((checkpoint / "state" / "0" / str(p)).glob("3_*.changelog"))
+        for p in range(PARTITIONS)
+    }
+
+
+def test_a_retried_batch_is_read_from_its_committed_attempt(spark: Any, retried: Path) -> None:
+    attempts = _attempts(retried)
+    twice = [p for p, files in attempts.items() if len(files) == 2]
+    assert twice  # the retry wrote a second changelog beside the first
+    assert any(a.read_bytes() != b.read_bytes() for a, b in (attempts[p] for p in twice))
+    assert committed(retried) == [0, 1, 2]
+    with sql_conf(spark, {FORMAT_VERSION: "2"}):  # Spark's reader follows lineage only then
+        assert_same_as_spark(spark, retried, [0, 1, 2])
+    # the committed attempt is the retry, which read every value of batch 2 times 100
+    totals = dict(decoded(retried, 3))
+    assert totals[("é",)] == (100,)
+
+
+def test_attempts_of_an_uncommitted_batch_are_not_read(retried: Path, tmp_path: Path) -> None:
+    checkpoint = _copy(retried, tmp_path)
+    partition = next(p for p, files in _attempts(checkpoint).items() if len(files) == 2)
+    (checkpoint / "commits" / "2").unlink()
+    directory = checkpoint / "state" / "0" / str(partition)
+    schema = parse_type({"type": "struct", "fields": [{"name": "s", "type": "string"}]})
+    files = RocksDBStateFiles(
+        directory,
+        RocksDBEncoding(schema),
+        partition=partition,
+        committed_ids=commit_log_ids(checkpoint, 0, partition),
+    )
+    assert files.versions() == [1, 2]  # which attempt of version 3 counts is not known yet
+    with pytest.raises(StateFileGoneError, match="state version 3"):
+        files.records(3)
+    # without the commit log, two files for one version are refused by name
+    with pytest.raises(UnsupportedStateFormatError, match=r"several changelog files.*3_"):
+        RocksDBStateFiles(directory, RocksDBEncoding(schema), partition=partition).versions()

@@ -6,7 +6,8 @@ Formats (Spark's ``HDFSMetadataLog`` subclasses; one file per batch id, written 
     offsets/<batch>     "v1" | "v2", newline, a JSON object (batchWatermarkMs,
                         batchTimestampMs, conf: the SQL settings the query keeps across
                         restarts), then one line per source: its end offset JSON or "-"
-    commits/<batch>     "v1", newline, a JSON object (nextBatchWatermarkMs; with
+    commits/<batch>     "v1" ("v2" with checkpointFormatVersion 2), newline, a JSON
+                        object (nextBatchWatermarkMs; with
                         checkpointFormatVersion 2 also stateUniqueIds: operator id ->
                         per partition -> the unique ids of the state files it committed)
 
@@ -107,8 +108,10 @@ def read_commit(checkpoint: Path, batch: int) -> CommitInfo:
     (the batch is not committed) or unreadable."""
     path = checkpoint / "commits" / str(batch)
     version, lines = _read(path, "commit log file")
-    if version != "v1":
-        raise ChangelogError(f"commit log file {path} starts with {version!r}; sparkiq reads v1")
+    if version not in ("v1", "v2"):  # v2: written with checkpointFormatVersion 2
+        raise ChangelogError(
+            f"commit log file {path} starts with {version!r}; sparkiq reads v1 and v2"
+        )
     meta = _json(lines[0] if lines else "{}", path, "commit log file")
     ids = meta.get("stateUniqueIds") or {}
     unique = tuple(

@@ -19,6 +19,10 @@ Files (as Spark 4.x writes them; nothing here writes them):
     ``*.log``) plus ``metadata``: ``v1\\n{json}`` whose ``sstFiles`` map each local SST name to
     the file kept in ``SSTs/`` (shared between snapshots; ``logFiles`` likewise in ``archive/``),
     and, with column families, ``columnFamilyMapping`` (name -> virtual column family id).
+``N_<uniqueId>`` names (``checkpointFormatVersion=2``)
+    Each attempt at a batch writes files of its own id, so a retried batch leaves two files
+    for one version; ``commits/<N - 1>`` records the id of the attempt that was committed
+    (``stateUniqueIds``) and only that attempt's files are read.
 ``.<file>.crc``
     Hadoop's local-filesystem checksum (``crc\\0``, int bytesPerChecksum, one CRC-32 per chunk,
     big-endian), verified whenever present.
@@ -38,17 +42,35 @@ Encoding of a RocksDB key / value (``RocksDBStateEncoder.scala``, UnsafeRow form
   ``,`` (0x2C): the delimiter is recognised without knowing the version. A changelog merge
   record appends elements.
 
-Not supported (a clear :class:`~sparkiq.errors.ChangelogError`, never a wrong row): Avro row
-encoding (``spark.sql.streaming.stateStore.encodingFormat=avro``), ``RangeKeyScan`` keys (only
-Spark's internal timer and TTL index column families use them), compression codecs other than
-lz4, and row checksums (``spark.sql.streaming.stateStore.rowChecksum.enabled``).
+Avro encoding (``spark.sql.streaming.stateStore.encodingFormat=avro``, ``AvroStateEncoder``;
+transformWithState only -- the stores of other operators keep UnsafeRows): the same framing
+with Avro binary rows (:mod:`sparkiq.checkpoint.avro`) in place of UnsafeRows, and a schema
+id after the version byte:
+
+- a ``NoPrefixKeyStateEncoderSpec`` key and every value: ``0x00`` + ``int16 LE`` schema id +
+  the Avro row;
+- a ``PrefixKeyScanStateEncoderSpec`` key: ``int32 LE len(prefix)`` + ``0x00`` + the prefix
+  columns' Avro row (no schema id), then ``0x00`` + schema id + the other columns' Avro row;
+- list state: ``int32 LE len`` + value per element, as above; an element's length says
+  nothing about the delimiter here, so the elements are split where the whole value parses.
+
+The schema ids are those of the column family in the state schema file; a row written under
+another id (a query that evolved its state schema) is refused by name, never decoded by the
+wrong schema. Each row is converted to UnsafeRow bytes, so everything downstream is shared.
+
+Not supported (a clear :class:`~sparkiq.errors.ChangelogError`, never a wrong row):
+``RangeKeyScan`` keys (only Spark's internal timer and TTL index column families use them),
+row checksums (``spark.sql.streaming.stateStore.rowChecksum.enabled``) and Avro rows of an
+evolved schema. (Changelogs are read in every codec :mod:`sparkiq.checkpoint.compression`
+reads.)
 
 With changelog checkpointing off Spark uploads a snapshot at every commit: the store is then
 served at snapshot granularity -- :meth:`versions` are the snapshot versions and
 :meth:`changes` is the difference between two consecutive snapshots.
 
-Over 600 lines because the two file formats, their framing and the encoder framing are one
-concept -- what the provider writes -- and are documented and read together here.
+Over 600 lines because the two file formats, their framing and the encoder framing (UnsafeRow
+and Avro rows, checkpointFormatVersion 2 attempts) are one concept -- what the provider
+writes -- and are documented and read together here.
 """
 
 from __future__ import annotations
@@ -61,15 +83,17 @@ import shutil
 import struct
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rocksdict import AccessType, Options, Rdict
 
+from sparkiq.checkpoint.avro import AvroRowCodec, AvroStateError
 from sparkiq.checkpoint.compression import CompressionError, decompress
 from sparkiq.checkpoint.files import ChecksumMismatch, read_verified
+from sparkiq.checkpoint.logs import read_commit
 from sparkiq.checkpoint.provider import (
     DEFAULT_STORE,
     FileStamp,
@@ -88,7 +112,7 @@ from sparkiq.checkpoint.tws import (
     join_rows,
 )
 from sparkiq.errors import ChangelogError, CorruptSegmentError
-from sparkiq.schema.types import DataType, parse_type
+from sparkiq.schema.types import DataType, Field, parse_type
 
 __all__ = [
     "DELETE",
@@ -98,6 +122,7 @@ __all__ = [
     "RocksDBStateFiles",
     "StateFileGoneError",
     "UnsupportedStateFormatError",
+    "commit_log_ids",
     "open_state_files",
     "open_state_variable",
 ]
@@ -134,7 +159,9 @@ class RocksDBEncoding:
     None when the store owns the whole database (aggregations, dropDuplicates, joins...).
     ``key_schema`` is the store's key struct; ``prefix_columns`` > 0 means
     ``PrefixKeyScanStateEncoderSpec`` with that many leading columns. ``multi_value`` marks
-    list state. ``row_format`` is Spark's ``encodingFormat`` (only ``"unsaferow"`` decodes).
+    list state. ``row_format`` is Spark's ``encodingFormat``: ``"unsaferow"`` or ``"avro"``;
+    Avro rows also need the ``value_schema`` (one list element's, for list state) and the
+    schema ids the state schema file gives the column family.
     """
 
     key_schema: DataType
@@ -143,6 +170,9 @@ class RocksDBEncoding:
     range_scan: bool = False
     multi_value: bool = False
     row_format: str = "unsaferow"
+    value_schema: DataType | None = None
+    key_schema_id: int = 0
+    value_schema_id: int = 0
 
 
 class RocksDBStateFiles:
@@ -152,6 +182,11 @@ class RocksDBStateFiles:
     re-lists the directory, so files Spark writes later are seen. A snapshot is rebuilt in a
     private temporary directory (under ``local_dir``), read whole, and the directory removed
     before its first row is returned. ``store`` names the store in errors.
+
+    ``committed_ids(version)`` gives the unique ids the commit log records for ``version``'s
+    files in this partition (checkpointFormatVersion 2: ``commits/<version - 1>``'s
+    ``stateUniqueIds``), None while that batch is not committed; with it, the files of the
+    committed attempt of a retried batch are read and the others ignored.
     """
 
     def __init__(
@@ -164,18 +199,21 @@ class RocksDBStateFiles:
         store: str | None = None,
         codec: str = "lz4",
         local_dir: str | None = None,
+        committed_ids: Callable[[int], frozenset[str] | None] | None = None,
     ) -> None:
         self._dir = Path(directory)
+        self._committed_ids = committed_ids
         self._store = store
         self._codec = codec
         self._enc = encoding
         self._name = name or str(self._dir)
         self._partition = partition
         self._local_dir = local_dir
-        if encoding.row_format.lower() != "unsaferow":
+        row_format = encoding.row_format.lower()
+        if row_format not in ("unsaferow", "avro"):
             raise self._unsupported(
-                f"row encoding {encoding.row_format!r}: only Spark's default 'unsaferow' "
-                "(spark.sql.streaming.stateStore.encodingFormat) is supported"
+                f"row encoding {encoding.row_format!r}: supported are 'unsaferow' and 'avro' "
+                "(spark.sql.streaming.stateStore.encodingFormat)"
             )
         if encoding.range_scan:
             raise self._unsupported(
@@ -188,6 +226,11 @@ class RocksDBStateFiles:
             var = tuple(field_is_variable(f.type) for f in fields)
             self._split = (var[: encoding.prefix_columns], var[encoding.prefix_columns :])
         self._cf_prefix: bytes | None = None
+        # Avro: one codec per encoded part -- the whole key (or its prefix and the rest) and
+        # the value; None for UnsafeRows
+        self._avro: tuple[AvroRowCodec, AvroRowCodec | None, AvroRowCodec] | None = None
+        if row_format == "avro":
+            self._avro = self._avro_codecs(fields)
 
     # -- StateFiles --------------------------------------------------------------------
 
@@ -268,6 +311,8 @@ class RocksDBStateFiles:
 
     def unframe_values(self, value: bytes) -> list[bytes]:
         """A raw multi-value (list state) value as the UnsafeRow bytes of its elements."""
+        if self._avro is not None:
+            return [self._value(element) for element in self._avro_elements(value)]
         out: list[bytes] = []
         pos, end = 0, len(value)
         while pos < end:
@@ -283,26 +328,90 @@ class RocksDBStateFiles:
                 pos += 1
         return out
 
+    def _avro_elements(self, value: bytes) -> list[bytes]:
+        """The encoded elements of an Avro list value. Each is ``int32 LE len`` + bytes that
+        start with the version byte and a schema id; a ``,`` may follow each one (merge
+        operator version 1, or RocksDB's own merge of a snapshot). Where a ``,`` could also
+        be the low byte of the next length, the split that parses the whole value wins."""
+        end = len(value)
+        # every position an element can start at, with the positions the next one can
+        # start at (right after it, or after a "," delimiter)
+        nexts: dict[int, tuple[int, ...]] = {}
+        todo = [0]
+        while todo:
+            pos = todo.pop()
+            if pos in nexts or pos == end:
+                continue
+            nexts[pos] = ()
+            if pos + 4 > end:
+                continue
+            (size,) = _LE_INT.unpack_from(value, pos)
+            stop = pos + 4 + size
+            if size < 3 or stop > end or value[pos + 4] != _ROW_VERSION:
+                continue
+            after = (stop + 1, stop) if value[stop : stop + 1] == b"," else (stop,)
+            nexts[pos] = after
+            todo.extend(after)
+        parses = {end}  # positions from which the rest of the value splits into elements
+        for pos in sorted(nexts, reverse=True):  # a successor always lies further on
+            if any(n in parses for n in nexts[pos]):
+                parses.add(pos)
+        if 0 not in parses:
+            raise self._corrupt("list value does not split into length-prefixed elements")
+        found: list[bytes] = []
+        pos = 0
+        while pos != end:
+            (size,) = _LE_INT.unpack_from(value, pos)
+            found.append(value[pos + 4 : pos + 4 + size])
+            pos = next(n for n in nexts[pos] if n in parses)
+        return found
+
     # -- files -----------------------------------------------------------------------
 
     def _files(self, suffix: str) -> dict[int, Path]:
-        found: dict[int, Path] = {}
+        """The file of each state version with one: with checkpointFormatVersion 2 names,
+        the committed attempt's (see :meth:`_committed_file`)."""
+        attempts: dict[int, list[tuple[str | None, Path]]] = {}
         try:
             names = os.listdir(self._dir)
         except FileNotFoundError:
-            return found
+            return {}
         for name in names:
             match = _FILE.match(name)
             if match is None or match[3] != suffix:
                 continue
-            version = int(match[1])
-            if version in found:
-                raise self._unsupported(
-                    f"two {suffix} files for state version {version} ({found[version].name}, "
-                    f"{name}): checkpointFormatVersion=2 lineage is not followed yet"
-                )
-            found[version] = self._dir / name
+            attempts.setdefault(int(match[1]), []).append((match[2], self._dir / name))
+        found: dict[int, Path] = {}
+        for version, candidates in attempts.items():
+            if len(candidates) == 1 and candidates[0][0] is None:
+                found[version] = candidates[0][1]  # checkpointFormatVersion 1
+                continue
+            path = self._committed_file(version, candidates, suffix)
+            if path is not None:
+                found[version] = path
         return found
+
+    def _committed_file(
+        self, version: int, candidates: list[tuple[str | None, Path]], suffix: str
+    ) -> Path | None:
+        """Of the ``N_<uniqueId>`` files of one version (one per attempt of its batch: a
+        retried batch writes another), the one whose id the batch's commit records; while
+        the batch is not committed, its only attempt, or None when there are several (the
+        commit will say which). None too when the committed attempt's file is not here: that
+        version then reads as missing, like a file Spark's maintenance deleted."""
+        ids = None if self._committed_ids is None else self._committed_ids(version)
+        if ids is None:
+            if len(candidates) == 1:
+                return candidates[0][1]
+            if self._committed_ids is None:
+                names = ", ".join(sorted(p.name for _, p in candidates))
+                raise self._unsupported(
+                    f"several {suffix} files for state version {version} ({names}) and no "
+                    "commit log to say which attempt was committed"
+                )
+            return None
+        matches = [path for unique_id, path in candidates if unique_id in ids]
+        return matches[0] if len(matches) == 1 else None
 
     def _read_verified(self, path: Path) -> bytes:
         try:
@@ -450,25 +559,78 @@ class RocksDBStateFiles:
 
     # -- framing ---------------------------------------------------------------------
 
+    def _avro_codecs(
+        self, fields: tuple[Field, ...]
+    ) -> tuple[AvroRowCodec, AvroRowCodec | None, AvroRowCodec]:
+        enc = self._enc
+        if enc.value_schema is None:
+            raise ChangelogError(
+                f"{self._where(None)}: Avro-encoded state needs the store's value schema",
+                store=self._store,
+                partition=self._partition,
+            )
+        try:
+            if enc.prefix_columns:
+                head = DataType("struct", fields=fields[: enc.prefix_columns])
+                rest = DataType("struct", fields=fields[enc.prefix_columns :])
+                return AvroRowCodec(head), AvroRowCodec(rest), AvroRowCodec(enc.value_schema)
+            return AvroRowCodec(enc.key_schema), None, AvroRowCodec(enc.value_schema)
+        except AvroStateError as exc:
+            raise self._unsupported(f"Avro state: {exc}") from None
+
     def _row(self, data: bytes, what: str) -> bytes:
         if not data or data[0] != _ROW_VERSION:
             found = f"version byte {data[0]}" if data else "no bytes"
             raise self._unsupported(f"{what} with {found}: only encoding version 0 is known")
         return data[1:]
 
+    def _avro_row(
+        self, data: bytes, codec: AvroRowCodec, what: str, schema_id: int | None
+    ) -> bytes:
+        """An Avro part (version byte, then the schema id unless ``schema_id`` is None) as
+        UnsafeRow bytes."""
+        body = self._row(data, what)
+        if schema_id is not None:
+            if len(body) < 2:
+                raise self._corrupt(f"{what} ends inside its schema id")
+            (found,) = _LE_SHORT.unpack_from(body, 0)
+            if found != schema_id:
+                raise self._unsupported(
+                    f"{what} written with state schema id {found}, but the state schema file "
+                    f"describes id {schema_id}: rows of an evolved state schema are not "
+                    "decoded; restart the query from a new checkpoint to serve it"
+                )
+            body = body[2:]
+        try:
+            return codec.unsafe_row(body)
+        except AvroStateError as exc:
+            raise self._corrupt(f"{what}: {exc}") from None
+
     def _key(self, key: bytes) -> bytes:
+        avro = self._avro
         if self._split is None:
+            if avro is not None:
+                return self._avro_row(key, avro[0], "key", self._enc.key_schema_id)
             return self._row(key, "key")
         if len(key) < 4:
             raise self._corrupt("prefix-scan key shorter than its length field")
         (size,) = _LE_INT.unpack_from(key, 0)
         if size < 1 or 4 + size > len(key):
             raise self._corrupt(f"prefix-scan key prefix of {size} bytes overruns the key")
-        left = self._row(key[4 : 4 + size], "key prefix")
-        right = self._row(key[4 + size :], "key remainder")
+        if avro is not None:
+            assert avro[1] is not None
+            left = self._avro_row(key[4 : 4 + size], avro[0], "key prefix", None)
+            right = self._avro_row(
+                key[4 + size :], avro[1], "key remainder", self._enc.key_schema_id
+            )
+        else:
+            left = self._row(key[4 : 4 + size], "key prefix")
+            right = self._row(key[4 + size :], "key remainder")
         return join_rows(left, self._split[0], right, self._split[1])
 
     def _value(self, value: bytes) -> bytes:
+        if self._avro is not None:
+            return self._avro_row(value, self._avro[2], "value", self._enc.value_schema_id)
         return self._row(value, "value")
 
     # -- errors ----------------------------------------------------------------------
@@ -595,15 +757,20 @@ def open_state_variable(
     column_family: str,
     key_schema: DataType,
     row_format: str = "unsaferow",
+    value_schema: DataType | None = None,
+    key_schema_id: int = 0,
+    value_schema_id: int = 0,
     name: str = "",
     partition: int | None = None,
     store: str | None = None,
     codec: str = "lz4",
     local_dir: str | None = None,
+    committed_ids: Callable[[int], frozenset[str] | None] | None = None,
 ) -> RocksDBStateFiles | ListStateFiles | MapStateFiles:
     """``StateFiles`` of one transformWithState variable in one partition directory,
     serving the rows :func:`sparkiq.checkpoint.tws.served_schemas` describes. ``key_schema``
-    is Spark's key schema of the variable's column family (``_stateSchema`` v3)."""
+    and ``value_schema`` are Spark's schemas of the variable's column family (``_stateSchema``
+    v3; the value schema and the schema ids are needed for ``row_format="avro"`` only)."""
     if column_family.startswith("$"):
         raise ChangelogError(
             f"{name or column_family}: column family {column_family!r} is Spark's internal "
@@ -617,6 +784,9 @@ def open_state_variable(
         prefix_columns=1 if kind == "map" else 0,
         multi_value=kind == "list",
         row_format=row_format,
+        value_schema=value_schema,
+        key_schema_id=key_schema_id,
+        value_schema_id=value_schema_id,
     )
     files = RocksDBStateFiles(
         directory,
@@ -626,6 +796,7 @@ def open_state_variable(
         store=store,
         codec=codec,
         local_dir=local_dir,
+        committed_ids=committed_ids,
     )
     if kind == "list":
         return ListStateFiles(files, key_schema)
@@ -643,7 +814,9 @@ def open_state_files(
 ) -> RocksDBStateFiles | ListStateFiles | MapStateFiles:
     """The files of ``store``'s ``partition`` (what ``Checkpoint.files`` calls): a whole
     RocksDB store, or one transformWithState variable when ``store.schema_json`` describes
-    its column family (``ColumnFamily.spec_json``)."""
+    its column family (``ColumnFamily.spec_json``). The query's ``encodingFormat`` applies to
+    the column families of a v3 state schema (transformWithState); Spark keeps the other
+    operators' stores in UnsafeRows whatever it says."""
     name = store.describe()
     if store.setting(_ROW_CHECKSUM).lower() == "true":
         raise UnsupportedStateFormatError(
@@ -659,27 +832,64 @@ def open_state_files(
         "partition": partition,
         "store": store.store_name,
         "codec": store.codec,
+        "committed_ids": commit_log_ids(store.checkpoint, store.operator_id, partition),
     }
     if not store.schema_json:
         prefix = store.num_cols_prefix_key
-        encoding = RocksDBEncoding(store.key_schema, prefix_columns=prefix, row_format=row_format)
+        encoding = RocksDBEncoding(store.key_schema, prefix_columns=prefix)
         return RocksDBStateFiles(directory, encoding, **common)
     doc = json.loads(store.schema_json)
     spec = doc.get("keyStateEncoderSpec") or {}
     encoder = str(spec.get("keyStateEncoderType", "NoPrefixKeyStateEncoderSpec"))
     kind = doc.get("stateVariableKind")
     key_schema = parse_type(doc["keySchema"])
+    avro: dict[str, Any] = {
+        "row_format": row_format,
+        "value_schema": parse_type(doc["valueSchema"]),
+        "key_schema_id": int(doc.get("keySchemaId", 0)),
+        "value_schema_id": int(doc.get("valueSchemaId", 0)),
+    }
     family = str(doc["columnFamilyName"])
     if kind in ("value", "list", "map"):
         return open_state_variable(
-            directory, kind, column_family=family, key_schema=key_schema,
-            row_format=row_format, **common,
-        )  # fmt: skip
+            directory, kind, column_family=family, key_schema=key_schema, **avro, **common
+        )
     encoding = RocksDBEncoding(
         key_schema,
         column_family=None if family == DEFAULT_STORE else family,
         prefix_columns=int(spec.get("numColsPrefixKey", 0)),
         range_scan=encoder.startswith("RangeKeyScan"),
-        row_format=row_format,
+        **avro,
     )
     return RocksDBStateFiles(directory, encoding, **common)
+
+
+def commit_log_ids(
+    checkpoint: Path, operator_id: int, partition: int
+) -> Callable[[int], frozenset[str] | None]:
+    """``committed_ids`` for :class:`RocksDBStateFiles`: the unique ids ``commits/<version -
+    1>`` records for the operator's partition (``stateUniqueIds``: operator id -> per
+    partition the ids of its stores' files), None while the batch is not committed or when
+    it records none (checkpointFormatVersion 1). A commit never changes once written, so
+    each is read once."""
+    known: dict[int, frozenset[str]] = {}
+
+    def ids(version: int) -> frozenset[str] | None:
+        if version in known:
+            return known[version]
+        if not (checkpoint / "commits" / str(version - 1)).is_file():
+            return None  # not committed yet (or already dropped from the commit log)
+        try:
+            commit = read_commit(checkpoint, version - 1)
+        except ChangelogError:
+            # removed by Spark's log cleanup since the check; an unreadable one raises
+            if (checkpoint / "commits" / str(version - 1)).is_file():
+                raise
+            return None
+        for op, parts in commit.state_unique_ids:
+            if op == operator_id and partition < len(parts):
+                known[version] = frozenset(parts[partition])
+                return known[version]
+        return None
+
+    return ids

@@ -172,12 +172,16 @@ def served_schemas(
 class ColumnFamily:
     """One column family of a ``_stateSchema`` v3 file: Spark's key and value schemas and
     its key encoder (``keyStateEncoderSpec``: ``keyStateEncoderType`` NoPrefix / PrefixKeyScan
-    (``numColsPrefixKey``) / RangeKeyScan (``orderingOrdinals``))."""
+    (``numColsPrefixKey``) / RangeKeyScan (``orderingOrdinals``)). ``key_schema_id`` and
+    ``value_schema_id`` are the ids Spark's Avro encoding writes before each key and value
+    (they change when a query evolves its state schema)."""
 
     name: str
     key_schema: DataType
     value_schema: DataType
     key_encoder: dict[str, Any]
+    key_schema_id: int = 0
+    value_schema_id: int = 0
 
     def spec_json(self, variable: StateVariable | None = None) -> str:
         """A self-contained JSON description (what ``StateStoreInfo.schema_json`` holds for a
@@ -187,6 +191,8 @@ class ColumnFamily:
             "keySchema": self.key_schema.to_json(),
             "valueSchema": self.value_schema.to_json(),
             "keyStateEncoderSpec": self.key_encoder,
+            "keySchemaId": self.key_schema_id,
+            "valueSchemaId": self.value_schema_id,
         }
         if variable is not None:
             doc["stateVariableKind"] = variable.kind
@@ -231,9 +237,9 @@ def read_schema_v3(path: str | Path) -> list[ColumnFamily]:
         families = []
         for _ in range(number(">i")):
             name = utf()
-            number(">h")
+            key_id = number(">h")
             key = chunked()
-            number(">h")
+            value_id = number(">h")
             value = chunked()
             spec = chunked()
             chunked()  # the user key schema (map state): also the key schema's second field
@@ -243,6 +249,8 @@ def read_schema_v3(path: str | Path) -> list[ColumnFamily]:
                     parse_type(json.loads(key)),
                     parse_type(json.loads(value)),
                     json.loads(spec),
+                    key_id,
+                    value_id,
                 )
             )
         if pos != len(data):
