@@ -25,12 +25,13 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Whole files go to each worker (--dist loadfile): a file's module fixtures (a live demo, a
-# Spark query) are set up once, and each worker has its own SparkSession. TEST_WORKERS=0 runs
-# the suite in one process.
+# Spark query) are set up once, and each worker has its own SparkSession. Files go out in
+# collection order, which tests/conftest.py makes longest-first (xdist would otherwise sort
+# them by their number of tests). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
 unit: $(STAMP)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
