@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fastavro import parse_schema, schemaless_writer
 
-from sparkiq.checkpoint import Checkpoint, RowDecoder, replay
+from sparkiq.checkpoint import Checkpoint, replay
 from sparkiq.checkpoint.avro import AvroRowCodec, AvroStateError, avro_schema
 from sparkiq.checkpoint.rocksdb import (
     RocksDBEncoding,
@@ -31,7 +31,7 @@ from sparkiq.schema.internal import timestamp_from_internal
 from sparkiq.schema.types import DataType, parse_type
 from sparkiq.testing import JsonSource
 from tests.checkpoint.test_rocksdb import committed, plain, rocksdb_conf
-from tests.checkpoint.test_tws import BATCHES, _processor
+from tests.checkpoint.test_tws import BATCHES, _processor, ours, spark_rows
 
 ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
 
@@ -124,27 +124,6 @@ def checkpoint(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             spark.conf.set(ENCODING, before)
     return base / "cp"
-
-
-def spark_rows(spark: Any, checkpoint: Path, batch: int, variable: str) -> list[Any]:
-    return (
-        spark.read.format("statestore")
-        .option("batchId", batch)
-        .option("stateVarName", variable)
-        .load(str(checkpoint))
-        .collect()
-    )
-
-
-def ours(checkpoint: Path, variable: str, version: int) -> list[tuple[Any, Any]]:
-    cp = Checkpoint(str(checkpoint))
-    info = cp.store(variable)
-    decoder = RowDecoder(info)
-    rows = []
-    for partition in range(info.partitions):
-        for key, value in replay(cp.files(info, partition), version).items():
-            rows.append(decoder.row(key, value))
-    return rows
 
 
 def _batches(checkpoint: Path) -> list[int]:
