@@ -14,14 +14,18 @@ failover; a replica behind that position answers ``NOT_UP_TO_BOUND`` and the cli
 for up to ``bound_wait`` seconds (replicas catch up within milliseconds) before returning
 the failure.
 
-A node that stops answering (paused, partitioned away, overloaded) is not waited on for the
-whole ``timeout`` while another node could answer: a read whose answer has not begun within
-a delay learned from this client's own latencies (:class:`~sparkiq.cluster.hedge.HedgeDelay`:
-3 x p99 of recent answers of the same kind, between ``hedge_floor`` and ``hedge_ceiling``)
-is given up on that node and asked of the next one, and the silent node moves to the end of
-the list. The last node left is always given the whole ``timeout``, so an operation that is
-slow everywhere still gets its answer. Reads only: every request carries its bound (or
-pinned batch), so whichever node answers keeps the consistency rules above.
+Hedged reads. A node that stops answering (paused, partitioned away, overloaded) is not
+waited on alone for the whole ``timeout`` while another node could answer: a read that has
+had no answer within a delay learned from this client's own latencies
+(:class:`~sparkiq.cluster.hedge.HedgeDelay`: 3 x p99 of recent answers of the same kind,
+between ``hedge_floor`` and ``hedge_ceiling``; ``hedge_ceiling`` until the client has
+latencies to go by) is sent to the next node *as well*, and the first answer wins; the slow
+node moves to the end of the list for later reads. Nothing is given up: a node that is
+merely slow -- such as one itself waiting on a partitioned peer before its own router asks
+another replica -- still answers, and whichever answer comes first is used (the others are
+closed when they arrive). Each copy has the whole ``timeout``. Reads only: every copy
+carries the same bound (or pinned batch), so whichever node answers keeps the consistency
+rules above.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ from __future__ import annotations
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -62,6 +69,11 @@ __all__ = ["ChangeStream", "Client"]
 
 T = TypeVar("T")
 
+#: Failures that say nothing about the request, only about the node: another node is asked.
+_UNREACHABLE = (httpx.TransportError, NodeUnreachableError)
+#: Threads sending hedged reads (one per copy in flight; created as needed).
+_MAX_IN_FLIGHT = 64
+
 
 class Client:
     """A connection to a sparkiq cluster through one or more node URLs."""
@@ -90,9 +102,15 @@ class Client:
         self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=1.0))
         self._seen: dict[str, Position] = {}
         self._stores: dict[str, dict[str, Any]] = {}
+        # guards _urls' order, _seen and _senders' creation
         self._lock = threading.Lock()
+        self._senders: ThreadPoolExecutor | None = None  # hedged reads; made on first use
 
     def close(self) -> None:
+        with self._lock:
+            senders, self._senders = self._senders, None
+        if senders is not None:
+            senders.shutdown(wait=False, cancel_futures=True)
         self._conns.close()
         self._http.close()
 
@@ -128,7 +146,7 @@ class Client:
         deadline = time.monotonic() + self.bound_wait
         while True:
             kind = f"query:{type(request.query).__name__}"
-            results = self._call(lambda url, wait: self._send(url, request, wait), kind)
+            results = self._call(lambda url: self._send(url, request), kind, discard=_close_results)
             behind = any(
                 r.failure_reason is FailureReason.NOT_UP_TO_BOUND for r in results.values()
             )
@@ -136,17 +154,10 @@ class Client:
                 return results
             time.sleep(0.02)
 
-    def _send(
-        self, url: str, request: StateQueryRequest, first_byte: float | None
-    ) -> dict[int, QueryResult[Any]]:
+    def _send(self, url: str, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
         body = protocol.encode_request(request, local=False)
         response = self._conns.request(
-            url,
-            "POST",
-            "/internal/query",
-            body,
-            self._headers(binary=True),
-            first_byte=first_byte,
+            url, "POST", "/internal/query", body, self._headers(binary=True)
         )
         try:
             if response.status != 200:
@@ -154,9 +165,7 @@ class Client:
                 raise _error(httpx.Response(response.status, content=data))
             partitions = None if request.partitions is None else sorted(request.partitions)
             frames = protocol.read_frames(response.chunks())
-            results = protocol.results_from_frames(frames, partitions, response.close)
-            response.patient()  # rows still streaming lazily are read without a hurry
-            return results
+            return protocol.results_from_frames(frames, partitions, response.close)
         except BaseException:
             response.close()
             raise
@@ -219,14 +228,11 @@ class Client:
         if bound is not None:
             doc["bound"] = bound if isinstance(bound, str) else bound.to_token()
         if format == "arrow":
-            return self._call(lambda url, wait: self._sql_arrow(url, doc, wait), "sql:arrow")
+            return self._call(lambda url: self._sql_arrow(url, doc), "sql:arrow")
 
-        def call(url: str, first_byte: float | None) -> SqlResult:
+        def call(url: str) -> SqlResult:
             response = self._http.post(
-                f"{url}/query",
-                content=orjson.dumps(doc),
-                headers=self._headers(binary=True),
-                timeout=self._timeouts(first_byte),
+                f"{url}/query", content=orjson.dumps(doc), headers=self._headers(binary=True)
             )
             if response.status_code != 200:
                 raise _error(response)
@@ -241,15 +247,10 @@ class Client:
 
         return self._call(call, "sql")
 
-    def _sql_arrow(self, url: str, doc: dict[str, Any], first_byte: float | None) -> SqlResult:
+    def _sql_arrow(self, url: str, doc: dict[str, Any]) -> SqlResult:
         headers = self._headers()
         headers["accept"] = arrowipc.CONTENT_TYPE
-        response = self._http.post(
-            f"{url}/query",
-            content=orjson.dumps(doc),
-            headers=headers,
-            timeout=self._timeouts(first_byte),
-        )
+        response = self._http.post(f"{url}/query", content=orjson.dumps(doc), headers=headers)
         if response.status_code != 200:
             raise _error(response)
         kind = response.headers.get("content-type", "")
@@ -273,7 +274,7 @@ class Client:
                 from_position if isinstance(from_position, str) else from_position.to_token()
             )
 
-        def call(url: str, _: float | None) -> ChangeStream:
+        def call(url: str) -> ChangeStream:
             request = self._http.build_request(
                 "POST", f"{url}/query", content=orjson.dumps(doc), headers=self._headers()
             )
@@ -296,32 +297,93 @@ class Client:
             headers["authorization"] = f"Bearer {self.token}"
         return headers
 
-    def _timeouts(self, first_byte: float | None) -> httpx.Timeout:
-        read = self.timeout if first_byte is None else min(first_byte, self.timeout)
-        return httpx.Timeout(self.timeout, connect=1.0, read=read)
-
-    def _call(self, fn: Callable[[str, float | None], T], kind: str | None = None) -> T:
-        """``fn(url, first_byte)`` on the first node that answers; learns the others on the
-        way. For a read of ``kind`` (see the module docstring), every node but the last is
-        given ``first_byte`` seconds (the learned hedge delay) for its answer to begin, the
-        last one the whole timeout; an answer's latency teaches the delay."""
-        errors = []
+    def _call(
+        self,
+        fn: Callable[[str], T],
+        kind: str | None = None,
+        *,
+        discard: Callable[[T], None] | None = None,
+    ) -> T:
+        """``fn(url)`` on the first node that answers; learns the others on the way. A read
+        (``kind`` given: its latencies teach the hedge delay) is hedged across the nodes
+        (see the module docstring); ``discard`` releases an answer that lost the race."""
         urls = list(self._urls)
-        for i, url in enumerate(urls):
-            wait = None
-            if kind is not None and i < len(urls) - 1:
-                wait = self._hedge.delay(kind)
+        if kind is not None and len(urls) > 1:
+            return self._race(fn, kind, urls, discard)
+        errors = []
+        for url in urls:
             started = time.monotonic()
             try:
-                answer = fn(url, wait)
-                if kind is not None:
-                    self._hedge.record(kind, time.monotonic() - started)
-                return answer
-            except (httpx.TransportError, NodeUnreachableError) as exc:
+                answer = fn(url)
+            except _UNREACHABLE as exc:
                 errors.append(f"{url}: {exc!r}")
                 self._demote(url)
                 self._learn_nodes()
+                continue
+            if kind is not None:
+                self._hedge.record(kind, time.monotonic() - started)
+            return answer
         raise NodeUnreachableError(f"no node answered: {'; '.join(errors)}")
+
+    def _race(
+        self,
+        fn: Callable[[str], T],
+        kind: str,
+        urls: list[str],
+        discard: Callable[[T], None] | None,
+    ) -> T:
+        """The first answer of ``fn`` from ``urls``, asked in order: the next node is asked
+        as soon as every node asked so far has been out for the hedge delay without an
+        answer, or has failed. An answer's latency teaches the delay; a failure other than
+        "unreachable" (the node's verdict on the request) is raised as it comes."""
+        delay = self._hedge.delay(kind)
+        senders = self._sender_pool()
+        queue, asked = deque(urls), set(urls)
+        pending: dict[Future[T], tuple[str, float]] = {}
+        errors: list[str] = []
+        try:
+            while queue or pending:
+                now = time.monotonic()
+                overdue = delay is not None and all(
+                    now - sent >= delay for _, sent in pending.values()
+                )
+                if queue and (not pending or overdue):
+                    for slow, _ in pending.values():
+                        self._demote(slow)  # later reads start elsewhere
+                    url = queue.popleft()
+                    pending[senders.submit(fn, url)] = (url, now)
+                    continue
+                wait = None
+                if queue and delay is not None:  # until the newest copy is overdue
+                    wait = max(0.0, max(s for _, s in pending.values()) + delay - now)
+                done, _ = futures_wait(pending, timeout=wait, return_when=FIRST_COMPLETED)
+                for future in done:
+                    url, sent = pending.pop(future)
+                    try:
+                        answer = future.result()
+                    except _UNREACHABLE as exc:
+                        errors.append(f"{url}: {exc!r}")
+                        self._demote(url)
+                        self._learn_nodes()
+                        for known in list(self._urls):
+                            if known not in asked:
+                                asked.add(known)
+                                queue.append(known)
+                        continue
+                    self._hedge.record(kind, time.monotonic() - sent)
+                    return answer
+        finally:
+            for future in pending:  # lost the race: released when they end
+                future.add_done_callback(lambda f: _release(f, discard))
+        raise NodeUnreachableError(f"no node answered: {'; '.join(errors)}")
+
+    def _sender_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._senders is None:
+                self._senders = ThreadPoolExecutor(
+                    max_workers=_MAX_IN_FLIGHT, thread_name_prefix="sparkiq-client"
+                )
+            return self._senders
 
     def _demote(self, url: str) -> None:
         with self._lock:
@@ -345,7 +407,7 @@ class Client:
             return
 
     def _get_json(self, path: str) -> Any:
-        def call(url: str, _: float | None) -> Any:
+        def call(url: str) -> Any:
             response = self._http.get(f"{url}{path}", headers=self._headers())
             if response.status_code != 200:
                 raise _error(response)
@@ -443,6 +505,21 @@ class ChangeStream(Iterator[Change]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _release(future: Future[T], discard: Callable[[T], None] | None) -> None:
+    """Release the answer of a hedged read that lost the race (a failure needs nothing)."""
+    if discard is None or future.cancelled() or future.exception() is not None:
+        return
+    discard(future.result())
+
+
+def _close_results(results: dict[int, QueryResult[Any]]) -> None:
+    """Close the rows of results nobody reads (they may still be streaming)."""
+    for result in results.values():
+        close = getattr(result.result, "close", None)
+        if callable(close):
+            close()
 
 
 def _key_text(key: Any) -> str:

@@ -106,23 +106,29 @@ class ServeProcess:
 def wait_cluster(
     urls: list[str], members: int, timeout: float = 120.0, token: str | None = None
 ) -> None:
-    """Until every node sees ``members`` live nodes and is ready."""
+    """Until every node sees ``members`` live nodes and is ready. On timeout the error says
+    what each node last answered (whom it sees, and its readiness), to tell a membership
+    that did not re-form from replicas that did not catch up."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + timeout
+    seen: dict[str, str] = {}
     while time.monotonic() < deadline:
-        try:
-            ok = all(
-                len(httpx.get(f"{u}/metadata", headers=headers, timeout=1).json()["nodes"])
-                == members
-                and httpx.get(f"{u}/readyz", timeout=1).status_code == 200
-                for u in urls
-            )
-        except (httpx.HTTPError, ValueError, KeyError):
-            ok = False
+        ok = True
+        for u in urls:
+            try:
+                nodes = httpx.get(f"{u}/metadata", headers=headers, timeout=1).json()["nodes"]
+                ready = httpx.get(f"{u}/readyz", timeout=1)
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                seen[u], ok = f"no answer ({exc!r})", False
+                continue
+            ids = sorted(str(n.get("node_id")) for n in nodes)
+            seen[u] = f"sees {ids}, readyz {ready.status_code} {ready.text[:300]}"
+            ok = ok and len(nodes) == members and ready.status_code == 200
         if ok:
             return
         time.sleep(0.1)
-    raise AssertionError(f"cluster {urls} did not reach {members} ready members")
+    report = "\n".join(f"  {u}: {what}" for u, what in seen.items())
+    raise AssertionError(f"cluster did not reach {members} ready members; last seen:\n{report}")
 
 
 def make_nodes(state_dir: str, log_dir: str, count: int) -> list[ServeProcess]:

@@ -1,22 +1,31 @@
-"""The hedge delay learned from latencies, and the first-byte limit that uses it."""
+"""The hedge delay learned from latencies, and the client's hedged reads that use it."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
+from sparkiq import Client, KeyQuery, Node, RangeQuery, StateQueryRequest, UnknownStoreError
 from sparkiq.cluster.hedge import MIN_SAMPLES, HedgeDelay
-from sparkiq.cluster.httppool import HttpPool, NodeTimeoutError
+from tests.changelog.helpers import expected_rows, make_table, write_batch
+from tests.cluster.cluster_helpers import start_http_cluster
+
+ROWS = {f"k{i:03d}": i for i in range(200)}
 
 
-def test_no_delay_before_enough_latencies() -> None:
+def test_the_ceiling_before_enough_latencies() -> None:
     delays = HedgeDelay(floor=0.1, ceiling=1.0)
+    assert delays.delay("KeyQuery") == 1.0  # nothing known: the most patient bounded wait
     for _ in range(MIN_SAMPLES - 1):
         delays.record("KeyQuery", 0.01)
-    assert delays.delay("KeyQuery") is None
+    assert delays.delay("KeyQuery") == 1.0
+    delays.record("KeyQuery", 0.01)
+    assert delays.delay("KeyQuery") == 0.1
 
 
 def test_three_times_p99_within_floor_and_ceiling() -> None:
@@ -54,23 +63,105 @@ def test_bad_limits_are_refused() -> None:
         HedgeDelay(floor=2.0, ceiling=1.0)
 
 
-def test_first_byte_limit_gives_up_on_a_silent_server() -> None:
-    """A server that accepts and never answers (a blackholed node) costs ``first_byte``,
-    not the pool's timeout."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        accepted: list[socket.socket] = []
-        thread = threading.Thread(target=lambda: accepted.append(server.accept()[0]))
-        thread.start()
-        pool = HttpPool(timeout=30.0)
-        url = f"http://127.0.0.1:{server.getsockname()[1]}"
-        started = time.monotonic()
-        with pytest.raises(NodeTimeoutError, match="did not answer in time"):
-            pool.request(url, "POST", "/internal/query", b"x", {}, first_byte=0.3)
-        took = time.monotonic() - started
-        thread.join()
-        for conn in accepted:
+class Silent:
+    """A server that accepts connections and answers nothing for ``answer_after`` seconds
+    (forever if None), then a 500: a blackholed node, or a node stuck on something."""
+
+    def __init__(self, answer_after: float | None = None) -> None:
+        self.answer_after = answer_after
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.accepted: list[socket.socket] = []
+        self.stopped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+            if self.answer_after is not None:
+                threading.Thread(target=self._answer_late, args=(conn,), daemon=True).start()
+
+    def _answer_late(self, conn: socket.socket) -> None:
+        assert self.answer_after is not None
+        if not self.stopped.wait(self.answer_after):
+            body = b'{"error": {"code": "internal", "message": "too late to matter"}}'
+            head = f"HTTP/1.1 500 Internal Server Error\r\ncontent-length: {len(body)}\r\n\r\n"
+            with contextlib.suppress(OSError):
+                conn.sendall(head.encode() + body)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.server.close()
+        for conn in self.accepted:
             conn.close()
-        pool.close()
-    assert 0.3 <= took < 10.0  # gave up at the limit; far below the 30 s timeout
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    state_dir = str(tmp_path_factory.mktemp("hedge"))
+    write_batch(make_table(state_dir, partitions=4), 0, ROWS)
+    (started,) = start_http_cluster(state_dir, 1)
+    yield started
+    started.stop()
+
+
+def key_request(key: str) -> StateQueryRequest:
+    return StateQueryRequest.in_store("t").with_query(KeyQuery.with_key(key))
+
+
+@pytest.mark.parametrize("answer_after", [None, 1.5])
+def test_a_new_client_whose_first_node_is_silent_is_answered_by_the_next(
+    node: Node, answer_after: float | None
+) -> None:
+    """A client with no latencies yet hedges after ``hedge_ceiling``, not its 30 s timeout;
+    a silent node that answers (with an error) after the other has is not heard: the first
+    answer won, and later reads start at the node that answered."""
+    silent = Silent(answer_after)
+    expected = expected_rows([ROWS])
+    try:
+        with Client([silent.url, node.url], timeout=30.0, hedge_ceiling=0.3) as client:
+            started = time.monotonic()
+            assert client.get("t", "k007") == expected["k007"]
+            assert time.monotonic() - started < 10.0  # a hang bound, far below the timeout
+            for key in ("k001", "k150", "k199"):  # no longer asked first
+                assert client.get("t", key) == expected[key]
+            result = client.sql("SELECT count(*) AS c, sum(n) AS s FROM t")
+            assert result.rows == [{"c": 200, "s": sum(ROWS.values())}]
+            if answer_after is not None:
+                time.sleep(answer_after)  # its late 500 arrives: nobody is waiting for it
+            assert client.get("t", "k042") == expected["k042"]
+    finally:
+        silent.close()
+    assert len(silent.accepted) == 1  # asked once, then last
+
+
+def test_a_streamed_range_that_loses_the_race_is_closed(node: Node) -> None:
+    """Two live nodes race (a delay of 0 hedges at once): exactly one answer is read, the
+    other's rows are released, and the answer is the table."""
+    expected = expected_rows([ROWS])
+    fast = {"hedge_floor": 0.0001, "hedge_ceiling": 0.0001}
+    with Client([node.url, node.url + "/"], timeout=30.0, **fast) as client:
+        for _ in range(20):
+            request = StateQueryRequest.in_store("t").with_query(RangeQuery.with_no_bounds())
+            answer = client.query(request)
+            rows = {}
+            for result in answer.partition_results.values():
+                with result.result as stream:
+                    rows.update((k, row) for k, row in stream)
+            assert rows == expected
+
+
+def test_a_request_refused_by_the_node_is_not_retried_elsewhere(node: Node) -> None:
+    """A 4xx is the node's verdict on the request, not on the node: raised as it comes,
+    without waiting for the silent node asked before it."""
+    silent = Silent()
+    try:
+        client = Client([silent.url, node.url], timeout=30.0, hedge_ceiling=0.3)
+        with client, pytest.raises(UnknownStoreError, match="nope"):
+            client.query(StateQueryRequest.in_store("nope").with_query(KeyQuery.with_key("a")))
+    finally:
+        silent.close()

@@ -7,15 +7,15 @@ requests per kind (a query type, ``sql``) and derives the wait from them:
 every request twice) and never above ``ceiling`` (so a node cut off from the network costs
 at most that, whatever the history says).
 
-``None`` means "no basis to give up early; wait as you would without hedging":
+``None`` means "do not hedge; wait as you would without hedging": for a kind whose median
+latency is above ``ceiling`` (a heavy SQL statement), a node working on it and a node that
+is gone look the same for that long, and sending it elsewhere would only double heavy work.
 
-- for a kind whose median latency is above ``ceiling`` (a heavy SQL statement): a node
-  working on it and a node that is gone look the same for that long, and sending it
-  elsewhere would only double heavy work;
-- while neither the kind nor all kinds together have :data:`MIN_SAMPLES` latencies.
-
-A kind with too few latencies of its own, when the kinds together show a median within the
-ceiling, gets ``ceiling``: the most patient bounded wait.
+A kind with too few latencies of its own (fewer than :data:`MIN_SAMPLES`) gets ``ceiling``,
+the most patient bounded wait -- unless the kinds together show a median above it. So a
+caller with no history yet (a new client whose first node is cut off) waits ``ceiling``, not
+its whole timeout; the price is that a heavy kind is sent twice until its latencies are
+known.
 
 The latencies are wall-clock and measured where they are used, so a loaded machine raises
 the delay with everything else: the delay follows what the machine does now, not a guess
@@ -82,4 +82,4 @@ class HedgeDelay:
         if kind in self._delays:
             return self._delays[kind]
         median = self._pooled_median
-        return None if median is None or median > self.ceiling else self.ceiling
+        return None if median is not None and median > self.ceiling else self.ceiling

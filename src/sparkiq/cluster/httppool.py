@@ -83,17 +83,9 @@ class PooledResponse:
             raise _unreachable(f"{self._key} went away mid-response", exc) from None
         self._finish()
 
-    def patient(self) -> None:
-        """Read the rest of the body with the pool's full ``timeout`` (the caller has what
-        it needed to decide this node is answering; the rest may stream slowly)."""
-        sock = self._conn.sock
-        if sock is not None:
-            sock.settimeout(self._pool.timeout)
-
     def _finish(self) -> None:
         if not self._done:
             self._done = True
-            self.patient()  # a pooled connection starts every request with the full timeout
             if self._response.will_close:
                 self._conn.close()
             else:
@@ -122,23 +114,13 @@ class HttpPool:
         path: str,
         body: bytes,
         headers: dict[str, str],
-        *,
-        first_byte: float | None = None,
     ) -> PooledResponse:
         """Send one request to ``url`` (``http://host:port``); raise
         :class:`NodeUnreachableError` when no connection can be made or the server went
-        away, :class:`NodeTimeoutError` when it does not answer in time. ``first_byte``, if
-        given, bounds the wait for the response to begin (the body is then read with the
-        pool's ``timeout``): callers with another node to ask give up on this one sooner.
-        It stays the limit for each read of the body too (a node cut off mid-response is as
-        silent as one that never began) until :meth:`PooledResponse.patient` is called."""
+        away, :class:`NodeTimeoutError` when it does not answer in time."""
         for attempt in (0, 1):
             conn, reused = self._take(url)
             try:
-                if first_byte is not None:
-                    if conn.sock is None:
-                        conn.connect()
-                    conn.sock.settimeout(min(first_byte, self.timeout))
                 conn.request(method, path, body=body, headers=headers)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:

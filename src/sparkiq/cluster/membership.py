@@ -207,6 +207,8 @@ class Membership:
                 member = self._members[beat.node_id] = Member(beat.node_id, beat.url)
                 member.learned_at = now
                 log.info("%s: member %s joined at %s", self.node_id, beat.node_id, beat.url)
+            elif member.suspect_since is not None or member.last_heard is None:
+                log.info("%s: member %s is back at %s", self.node_id, beat.node_id, beat.url)
             member.url = beat.url
             member.arrivals.arrived(now, self.failure_timeout)
             member.last_heard = now
