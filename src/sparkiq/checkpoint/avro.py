@@ -3,7 +3,7 @@
 A query that sets ``spark.sql.streaming.stateStore.encodingFormat=avro`` has the RocksDB
 provider store transformWithState's keys and values as Avro binary (Spark's
 ``AvroStateEncoder``) instead of UnsafeRows. The framing around the Avro bytes is
-``sparkiq.checkpoint.rocksdb``'s; this module reads one row:
+``sparkiq.checkpoint.framing``'s; this module reads one row:
 
 Schema (``SchemaConverters.toAvroTypeWithDefaults``; only the binary layout matters, so
 names and logical types are left out here):

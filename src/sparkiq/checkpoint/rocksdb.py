@@ -27,50 +27,27 @@ Files (as Spark 4.x writes them; nothing here writes them):
     Hadoop's local-filesystem checksum (``crc\\0``, int bytesPerChecksum, one CRC-32 per chunk,
     big-endian), verified whenever present.
 
-Encoding of a RocksDB key / value (``RocksDBStateEncoder.scala``, UnsafeRow format):
+Keys and values: with column families (transformWithState) every key starts with the
+virtual column family's 2-byte id (:func:`~sparkiq.checkpoint.framing.family_prefix`, from
+``columnFamilyMapping``), since Spark keeps every state variable in RocksDB's default column
+family; this module keeps the keys of its own column family and removes that prefix. What
+remains is a framed row, UnsafeRow or Avro, which :mod:`sparkiq.checkpoint.framing` turns into
+UnsafeRow bytes (:meth:`RocksDBStateFiles.unframe_key` and its siblings); :meth:`records` and
+:meth:`raw_snapshot` hand it out still framed, for list and map state.
 
-- with column families (transformWithState): a 2-byte little-endian virtual column family id
-  first; Spark keeps every variable in RocksDB's default column family under that prefix;
-- a row is ``0x00`` (encoding version) + the UnsafeRow bytes;
-- ``NoPrefixKeyStateEncoderSpec`` keys are one such row; ``PrefixKeyScanStateEncoderSpec``
-  keys are ``int32 LE len(prefix)`` + prefix row (the first N key columns) + row of the rest,
-  rejoined here into one row of the key schema;
-- multi-value (list state) values: ``int32 LE len`` + row per element; RocksDB's string-append
-  merge operator puts ``,`` between merged operands (``mergeOperatorVersion`` 1; version 2
-  puts nothing, but a snapshot read here is merged by RocksDB's default ``,`` operator). An
-  element is ``0x00`` + an UnsafeRow, so its length is 1 modulo 8 and can never start with
-  ``,`` (0x2C): the delimiter is recognised without knowing the version. A changelog merge
-  record appends elements.
-
-Avro encoding (``spark.sql.streaming.stateStore.encodingFormat=avro``, ``AvroStateEncoder``;
-transformWithState only -- the stores of other operators keep UnsafeRows): the same framing
-with Avro binary rows (:mod:`sparkiq.checkpoint.avro`) in place of UnsafeRows, and a schema
-id after the version byte:
-
-- a ``NoPrefixKeyStateEncoderSpec`` key and every value: ``0x00`` + ``int16 LE`` schema id +
-  the Avro row;
-- a ``PrefixKeyScanStateEncoderSpec`` key: ``int32 LE len(prefix)`` + ``0x00`` + the prefix
-  columns' Avro row (no schema id), then ``0x00`` + schema id + the other columns' Avro row;
-- list state: ``int32 LE len`` + value per element, as above; an element's length says
-  nothing about the delimiter here, so the elements are split where the whole value parses.
-
-The schema ids are those of the column family in the state schema file; a row written under
-another id (a query that evolved its state schema) is refused by name, never decoded by the
-wrong schema. Each row is converted to UnsafeRow bytes, so everything downstream is shared.
-
-Not supported (a clear :class:`~sparkiq.errors.ChangelogError`, never a wrong row):
-``RangeKeyScan`` keys (only Spark's internal timer and TTL index column families use them),
-row checksums (``spark.sql.streaming.stateStore.rowChecksum.enabled``) and Avro rows of an
-evolved schema. (Changelogs are read in every codec :mod:`sparkiq.checkpoint.compression`
-reads.)
+Not supported (a clear :class:`~sparkiq.errors.ChangelogError`, never a wrong row): row
+checksums (``spark.sql.streaming.stateStore.rowChecksum.enabled``), and what the framing
+refuses. (Changelogs are read in every codec :mod:`sparkiq.checkpoint.compression` reads.)
 
 With changelog checkpointing off Spark uploads a snapshot at every commit: the store is then
 served at snapshot granularity -- :meth:`versions` are the snapshot versions and
 :meth:`changes` is the difference between two consecutive snapshots.
 
-Over 600 lines because the two file formats, their framing and the encoder framing (UnsafeRow
-and Avro rows, checkpointFormatVersion 2 attempts) are one concept -- what the provider
-writes -- and are documented and read together here.
+Over 600 lines because the provider's files are one concept -- the two formats, the snapshot
+restore with its shared SST files, the committed attempt of checkpointFormatVersion 2 and
+Spark's maintenance deleting files mid-read -- documented and read together here, with the
+functions that open a store's files from its description; the row framing is
+:mod:`sparkiq.checkpoint.framing`'s.
 """
 
 from __future__ import annotations
@@ -84,15 +61,14 @@ import struct
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rocksdict import AccessType, Options, Rdict
 
-from sparkiq.checkpoint.avro import AvroRowCodec, AvroStateError
 from sparkiq.checkpoint.compression import CompressionError, decompress
 from sparkiq.checkpoint.files import ChecksumMismatch, read_verified
+from sparkiq.checkpoint.framing import RocksDBEncoding, RowFraming, family_prefix
 from sparkiq.checkpoint.logs import read_commit
 from sparkiq.checkpoint.provider import (
     DEFAULT_STORE,
@@ -108,11 +84,9 @@ from sparkiq.checkpoint.tws import (
     MapStateFiles,
     RawRecord,
     StateVariableKind,
-    field_is_variable,
-    join_rows,
 )
 from sparkiq.errors import ChangelogError, CorruptSegmentError
-from sparkiq.schema.types import DataType, Field, parse_type
+from sparkiq.schema.types import DataType, parse_type
 
 __all__ = [
     "DELETE",
@@ -131,10 +105,6 @@ _END = 0x00  # v2/v4 end record; PUT, DELETE, MERGE are the record kinds
 
 #: ``int32`` big-endian, as Java's DataOutputStream writes it.
 _BE_INT = struct.Struct(">i")
-#: ``int32`` little-endian, as Spark's ``Platform.putInt`` writes it on every platform it runs on.
-_LE_INT = struct.Struct("<i")
-_LE_SHORT = struct.Struct("<h")
-_ROW_VERSION = 0
 _FILE = re.compile(r"^(\d+)(?:_([0-9A-Za-z-]+))?\.(changelog|zip)$")
 
 
@@ -149,30 +119,6 @@ class StateFileGoneError(ChangelogError):
 class UnsupportedStateFormatError(ChangelogError):
     """The store uses an encoding or format this reader does not decode (the message names
     what is supported)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RocksDBEncoding:
-    """How one store's rows are framed in RocksDB.
-
-    ``column_family`` is the virtual column family (a transformWithState state variable),
-    None when the store owns the whole database (aggregations, dropDuplicates, joins...).
-    ``key_schema`` is the store's key struct; ``prefix_columns`` > 0 means
-    ``PrefixKeyScanStateEncoderSpec`` with that many leading columns. ``multi_value`` marks
-    list state. ``row_format`` is Spark's ``encodingFormat``: ``"unsaferow"`` or ``"avro"``;
-    Avro rows also need the ``value_schema`` (one list element's, for list state) and the
-    schema ids the state schema file gives the column family.
-    """
-
-    key_schema: DataType
-    column_family: str | None = None
-    prefix_columns: int = 0
-    range_scan: bool = False
-    multi_value: bool = False
-    row_format: str = "unsaferow"
-    value_schema: DataType | None = None
-    key_schema_id: int = 0
-    value_schema_id: int = 0
 
 
 class RocksDBStateFiles:
@@ -209,28 +155,10 @@ class RocksDBStateFiles:
         self._name = name or str(self._dir)
         self._partition = partition
         self._local_dir = local_dir
-        row_format = encoding.row_format.lower()
-        if row_format not in ("unsaferow", "avro"):
-            raise self._unsupported(
-                f"row encoding {encoding.row_format!r}: supported are 'unsaferow' and 'avro' "
-                "(spark.sql.streaming.stateStore.encodingFormat)"
-            )
-        if encoding.range_scan:
-            raise self._unsupported(
-                "RangeKeyScanStateEncoderSpec keys: supported are NoPrefixKeyStateEncoderSpec "
-                "and PrefixKeyScanStateEncoderSpec"
-            )
-        fields = encoding.key_schema.fields
-        self._split: tuple[tuple[bool, ...], tuple[bool, ...]] | None = None
-        if encoding.prefix_columns:
-            var = tuple(field_is_variable(f.type) for f in fields)
-            self._split = (var[: encoding.prefix_columns], var[encoding.prefix_columns :])
+        self._framing = RowFraming(
+            encoding, error=self._error, corrupt=self._corrupt, unsupported=self._unsupported
+        )
         self._cf_prefix: bytes | None = None
-        # Avro: one codec per encoded part -- the whole key (or its prefix and the rest) and
-        # the value; None for UnsafeRows
-        self._avro: tuple[AvroRowCodec, AvroRowCodec | None, AvroRowCodec] | None = None
-        if row_format == "avro":
-            self._avro = self._avro_codecs(fields)
 
     # -- StateFiles --------------------------------------------------------------------
 
@@ -251,8 +179,9 @@ class RocksDBStateFiles:
         checked before the first change is yielded. List state is read through
         :class:`~sparkiq.checkpoint.tws.ListStateFiles` (an append needs the list's length)."""
         self._single_value()
+        key, value = self._framing.unframe_key, self._framing.unframe_value
         changes = [
-            (self._key(rec.key), None if rec.value is None else self._value(rec.value))
+            (key(rec.key), None if rec.value is None else value(rec.value))
             for rec in self.records(version)
         ]
         yield from changes
@@ -261,7 +190,8 @@ class RocksDBStateFiles:
         """Every (key, value) of the snapshot ``version``, in RocksDB key order; the whole
         snapshot is read before the first row is yielded."""
         self._single_value()
-        rows = [(self._key(key), self._value(value)) for key, value in self.raw_snapshot(version)]
+        key, value = self._framing.unframe_key, self._framing.unframe_value
+        rows = [(key(k), value(v)) for k, v in self.raw_snapshot(version)]
         yield from rows
 
     def stamp(self, version: int) -> FileStamp | None:
@@ -273,11 +203,9 @@ class RocksDBStateFiles:
 
     def _single_value(self) -> None:
         if self._enc.multi_value:
-            raise ChangelogError(
-                f"{self._where(None)}: list state has append records; read it through "
-                "sparkiq.checkpoint.tws.ListStateFiles",
-                store=self._store,
-                partition=self._partition,
+            raise self._error(
+                "list state has append records; read it through "
+                "sparkiq.checkpoint.tws.ListStateFiles"
             )
 
     # -- raw access for tws ----------------------------------------------------------
@@ -303,68 +231,15 @@ class RocksDBStateFiles:
 
     def unframe_key(self, key: bytes) -> bytes:
         """A raw key (as :meth:`records` gives it) as one UnsafeRow of the key schema."""
-        return self._key(key)
+        return self._framing.unframe_key(key)
 
     def unframe_value(self, value: bytes) -> bytes:
         """A raw single value as its UnsafeRow bytes."""
-        return self._value(value)
+        return self._framing.unframe_value(value)
 
     def unframe_values(self, value: bytes) -> list[bytes]:
         """A raw multi-value (list state) value as the UnsafeRow bytes of its elements."""
-        if self._avro is not None:
-            return [self._value(element) for element in self._avro_elements(value)]
-        out: list[bytes] = []
-        pos, end = 0, len(value)
-        while pos < end:
-            if pos + 4 > end:
-                raise self._corrupt("list value ends inside an element length")
-            (size,) = _LE_INT.unpack_from(value, pos)
-            pos += 4
-            if size % 8 != 1 or pos + size > end:
-                raise self._corrupt(f"list element of {size} bytes does not fit its value")
-            out.append(self._value(value[pos : pos + size]))
-            pos += size
-            if value[pos : pos + 1] == b",":
-                pos += 1
-        return out
-
-    def _avro_elements(self, value: bytes) -> list[bytes]:
-        """The encoded elements of an Avro list value. Each is ``int32 LE len`` + bytes that
-        start with the version byte and a schema id; a ``,`` may follow each one (merge
-        operator version 1, or RocksDB's own merge of a snapshot). Where a ``,`` could also
-        be the low byte of the next length, the split that parses the whole value wins."""
-        end = len(value)
-        # every position an element can start at, with the positions the next one can
-        # start at (right after it, or after a "," delimiter)
-        nexts: dict[int, tuple[int, ...]] = {}
-        todo = [0]
-        while todo:
-            pos = todo.pop()
-            if pos in nexts or pos == end:
-                continue
-            nexts[pos] = ()
-            if pos + 4 > end:
-                continue
-            (size,) = _LE_INT.unpack_from(value, pos)
-            stop = pos + 4 + size
-            if size < 3 or stop > end or value[pos + 4] != _ROW_VERSION:
-                continue
-            after = (stop + 1, stop) if value[stop : stop + 1] == b"," else (stop,)
-            nexts[pos] = after
-            todo.extend(after)
-        parses = {end}  # positions from which the rest of the value splits into elements
-        for pos in sorted(nexts, reverse=True):  # a successor always lies further on
-            if any(n in parses for n in nexts[pos]):
-                parses.add(pos)
-        if 0 not in parses:
-            raise self._corrupt("list value does not split into length-prefixed elements")
-        found: list[bytes] = []
-        pos = 0
-        while pos != end:
-            (size,) = _LE_INT.unpack_from(value, pos)
-            found.append(value[pos + 4 : pos + 4 + size])
-            pos = next(n for n in nexts[pos] if n in parses)
-        return found
+        return self._framing.unframe_values(value)
 
     # -- files -----------------------------------------------------------------------
 
@@ -451,14 +326,12 @@ class RocksDBStateFiles:
                 except StateFileGoneError:
                     continue
                 if name in mapping:
-                    self._cf_prefix = _LE_SHORT.pack(int(mapping[name]))
+                    self._cf_prefix = family_prefix(int(mapping[name]))
                     break
             else:
-                raise ChangelogError(
-                    f"{self._where(None)}: column family {name!r} is in no snapshot's "
-                    "columnFamilyMapping yet; retry once Spark has uploaded a snapshot",
-                    store=self._store,
-                    partition=self._partition,
+                raise self._error(
+                    f"column family {name!r} is in no snapshot's columnFamilyMapping yet; "
+                    "retry once Spark has uploaded a snapshot"
                 )
         return self._cf_prefix
 
@@ -557,82 +430,6 @@ class RocksDBStateFiles:
                 i, j = i + 1, j + 1
         return out
 
-    # -- framing ---------------------------------------------------------------------
-
-    def _avro_codecs(
-        self, fields: tuple[Field, ...]
-    ) -> tuple[AvroRowCodec, AvroRowCodec | None, AvroRowCodec]:
-        enc = self._enc
-        if enc.value_schema is None:
-            raise ChangelogError(
-                f"{self._where(None)}: Avro-encoded state needs the store's value schema",
-                store=self._store,
-                partition=self._partition,
-            )
-        try:
-            if enc.prefix_columns:
-                head = DataType("struct", fields=fields[: enc.prefix_columns])
-                rest = DataType("struct", fields=fields[enc.prefix_columns :])
-                return AvroRowCodec(head), AvroRowCodec(rest), AvroRowCodec(enc.value_schema)
-            return AvroRowCodec(enc.key_schema), None, AvroRowCodec(enc.value_schema)
-        except AvroStateError as exc:
-            raise self._unsupported(f"Avro state: {exc}") from None
-
-    def _row(self, data: bytes, what: str) -> bytes:
-        if not data or data[0] != _ROW_VERSION:
-            found = f"version byte {data[0]}" if data else "no bytes"
-            raise self._unsupported(f"{what} with {found}: only encoding version 0 is known")
-        return data[1:]
-
-    def _avro_row(
-        self, data: bytes, codec: AvroRowCodec, what: str, schema_id: int | None
-    ) -> bytes:
-        """An Avro part (version byte, then the schema id unless ``schema_id`` is None) as
-        UnsafeRow bytes."""
-        body = self._row(data, what)
-        if schema_id is not None:
-            if len(body) < 2:
-                raise self._corrupt(f"{what} ends inside its schema id")
-            (found,) = _LE_SHORT.unpack_from(body, 0)
-            if found != schema_id:
-                raise self._unsupported(
-                    f"{what} written with state schema id {found}, but the state schema file "
-                    f"describes id {schema_id}: rows of an evolved state schema are not "
-                    "decoded; restart the query from a new checkpoint to serve it"
-                )
-            body = body[2:]
-        try:
-            return codec.unsafe_row(body)
-        except AvroStateError as exc:
-            raise self._corrupt(f"{what}: {exc}") from None
-
-    def _key(self, key: bytes) -> bytes:
-        avro = self._avro
-        if self._split is None:
-            if avro is not None:
-                return self._avro_row(key, avro[0], "key", self._enc.key_schema_id)
-            return self._row(key, "key")
-        if len(key) < 4:
-            raise self._corrupt("prefix-scan key shorter than its length field")
-        (size,) = _LE_INT.unpack_from(key, 0)
-        if size < 1 or 4 + size > len(key):
-            raise self._corrupt(f"prefix-scan key prefix of {size} bytes overruns the key")
-        if avro is not None:
-            assert avro[1] is not None
-            left = self._avro_row(key[4 : 4 + size], avro[0], "key prefix", None)
-            right = self._avro_row(
-                key[4 + size :], avro[1], "key remainder", self._enc.key_schema_id
-            )
-        else:
-            left = self._row(key[4 : 4 + size], "key prefix")
-            right = self._row(key[4 + size :], "key remainder")
-        return join_rows(left, self._split[0], right, self._split[1])
-
-    def _value(self, value: bytes) -> bytes:
-        if self._avro is not None:
-            return self._avro_row(value, self._avro[2], "value", self._enc.value_schema_id)
-        return self._row(value, "value")
-
     # -- errors ----------------------------------------------------------------------
 
     def _where(self, path: Path | None) -> str:
@@ -640,6 +437,11 @@ class RocksDBStateFiles:
             f" partition {self._partition}" if self._partition is not None else ""
         )
         return f"{where} ({path})" if path is not None else where
+
+    def _error(self, message: str) -> ChangelogError:
+        return ChangelogError(
+            f"{self._where(None)}: {message}", store=self._store, partition=self._partition
+        )
 
     def _corrupt(self, message: str, path: Path | None = None) -> CorruptSegmentError:
         return CorruptSegmentError(
