@@ -99,6 +99,7 @@ class FaultTally:
     ops: int = 0
     failed: int = 0
     worst_gap: float = 0.0
+    worst_client_gap: float = 0.0
     slowest: float = 0.0
     failed_after: int = 0
     errors: set[str] = field(default_factory=set)
@@ -120,6 +121,8 @@ def schedule(cluster: Any) -> list[tuple[str, Callable[[int], Any]]]:
          lambda m: cluster.store_faults(Faults(fail_writes=0.2, partial_writes=0.3), 5.0,
                                         writer=True)),
         ("partition (drop) 5 s", lambda m: cluster.isolate_node(m % 3, "drop", 5.0)),
+        ("partition one way (blackhole) 5 s",
+         lambda m: cluster.isolate_node(m % 3, "blackhole", 5.0, one_way=True)),
     ]  # fmt: skip
     if not cluster.disk_error:
         faults.append(("full disk under n2", lambda m: cluster.full_disk(2, hold=5.0)))
@@ -163,6 +166,7 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
             tally.ops += window.ops
             tally.failed += window.failed
             tally.worst_gap = max(tally.worst_gap, window.longest_gap)
+            tally.worst_client_gap = max(tally.worst_client_gap, window.client_gap)
             tally.slowest = max(tally.slowest, window.slowest)
             tally.failed_after += window.failed_after_settle
             tally.errors.update(e[:120] for e in window.errors)
@@ -246,7 +250,8 @@ def run(quick: bool, minutes: float | None = None) -> Report:
     for name, tally in tallies.items():
         report.readings.append(
             f"{name} (x{tally.count}): {tally.failed} of {tally.ops} operations failed while "
-            f"it held, longest gap {tally.worst_gap:.2f} s, slowest answer "
+            f"it held, longest gap {tally.worst_gap:.2f} s (one session "
+            f"{tally.worst_client_gap:.2f} s), slowest answer "
             f"{tally.slowest:.2f} s, {tally.failed_after} failures after it settled"
         )
     report.notes.append(

@@ -323,7 +323,11 @@ class FaultCluster:
             assert node.process is not None
             if node.process.poll() is not None:
                 raise AssertionError(f"{node.node_id} exited: {node.log()}")
-        wait_cluster([n.url for n in self.nodes], self.count, timeout=SETTLE)
+        try:
+            wait_cluster([n.url for n in self.nodes], self.count, timeout=SETTLE)
+        except AssertionError as exc:  # what each node said of the others, to find out why
+            logs = "\n".join(f"--- {n.node_id}:\n{_events(n.log_path)}" for n in self.nodes)
+            raise AssertionError(f"{exc}\n{logs}\n--- proxy rules: {self.rules}") from None
         head = self.head()
         wait_until(lambda: self.head() > head, SETTLE, "the writer stopped committing")
 
@@ -384,6 +388,12 @@ class FaultCluster:
             self.mounted.append(str(path))
         else:
             self.disk_error = f"mount -t tmpfs failed: {result.stderr.strip() or result.returncode}"
+
+
+def _events(log_path: str | Path, lines: int = 60) -> str:
+    """The last ``lines`` lines of a node's log (membership changes, hosting, routing)."""
+    with open(log_path, errors="replace") as handle:
+        return "".join(handle.readlines()[-lines:])
 
 
 def _names(directory: Path) -> list[str]:
