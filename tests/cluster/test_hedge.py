@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
 from sparkiq import Client, KeyQuery, Node, RangeQuery, StateQueryRequest, UnknownStoreError
 from sparkiq.cluster.hedge import MIN_SAMPLES, HedgeDelay
+from sparkiq.cluster.httppool import HttpPool
 from tests.changelog.helpers import expected_rows, make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 
@@ -119,7 +122,8 @@ def test_a_new_client_whose_first_node_is_silent_is_answered_by_the_next(
 ) -> None:
     """A client with no latencies yet hedges after ``hedge_ceiling``, not its 30 s timeout;
     a silent node that answers (with an error) after the other has is not heard: the first
-    answer won, and later reads start at the node that answered."""
+    answer won. (How often the silent node is asked again is not asserted: a read that the
+    live node answers slower than the delay is hedged to it, legitimately.)"""
     silent = Silent(answer_after)
     expected = expected_rows([ROWS])
     try:
@@ -136,7 +140,6 @@ def test_a_new_client_whose_first_node_is_silent_is_answered_by_the_next(
             assert client.get("t", "k042") == expected["k042"]
     finally:
         silent.close()
-    assert len(silent.accepted) == 1  # asked once, then last
 
 
 def test_a_streamed_range_that_loses_the_race_is_closed(node: Node) -> None:
@@ -165,3 +168,62 @@ def test_a_request_refused_by_the_node_is_not_retried_elsewhere(node: Node) -> N
             client.query(StateQueryRequest.in_store("nope").with_query(KeyQuery.with_key("a")))
     finally:
         silent.close()
+
+
+def test_closing_the_client_ends_a_copy_still_out_to_a_silent_node(node: Node) -> None:
+    """The losing copy of a hedged read waits on a node that never answers; closing the
+    client cuts it, so no thread is left waiting out the 30 s timeout (a script would hang
+    at exit)."""
+    silent = Silent()
+    try:
+        with Client([silent.url, node.url], timeout=30.0, hedge_ceiling=0.3) as client:
+            assert client.get("t", "k003") == expected_rows([ROWS])["k003"]
+        deadline = time.monotonic() + 10.0  # a hang bound, far below the timeout
+        while any(t.name.startswith("sparkiq-client") for t in threading.enumerate()):
+            assert time.monotonic() < deadline, "a hedged copy outlived its client"
+            time.sleep(0.05)
+    finally:
+        silent.close()
+
+
+class KeepAlive(http.server.BaseHTTPRequestHandler):
+    """Answers every POST with 200 "ok" on a keep-alive HTTP/1.1 connection."""
+
+    protocol_version = "HTTP/1.1"
+    open_sockets: ClassVar[list[socket.socket]] = []
+
+    def setup(self) -> None:
+        super().setup()
+        KeepAlive.open_sockets.append(self.connection)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_that_dropped_its_idle_connections_is_reached_on_a_new_one() -> None:
+    """Three idle connections the server has since closed (a restart, a dropped link): the
+    next request does not fail on the second stale one it would otherwise take for its
+    retry."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    pool = HttpPool(timeout=10.0)
+    try:
+        held = [pool.request(url, "POST", "/", b"x", {}) for _ in range(3)]
+        for response in held:
+            assert response.read() == b"ok"  # three connections, back in the pool
+        for sock in KeepAlive.open_sockets:
+            sock.shutdown(socket.SHUT_RDWR)
+        time.sleep(0.2)  # the FINs arrive
+        assert pool.request(url, "POST", "/", b"x", {}).read() == b"ok"
+    finally:
+        pool.close()
+        server.shutdown()
+        server.server_close()

@@ -8,11 +8,14 @@ uses this small pool instead; the REST client side keeps httpx.
 A connection is reused only after its response was read to the end; a response closed
 early closes its connection. Requests through this pool are reads (queries, heartbeats), so
 one that fails on a reused connection (the server closed it while idle) is retried once on a
-new one. Thread-safe.
+new one, and the server's other idle connections are dropped: what closed one (a restart, a
+network fault) closed them all. :meth:`HttpPool.close` also cuts the connections requests
+are still waiting on. Thread-safe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import threading
@@ -87,7 +90,7 @@ class PooledResponse:
         if not self._done:
             self._done = True
             if self._response.will_close:
-                self._conn.close()
+                self._pool._drop(self._conn)
             else:
                 self._pool._release(self._key, self._conn)
 
@@ -95,7 +98,7 @@ class PooledResponse:
         """Give up on the rest of the body (closes the connection unless it was read)."""
         if not self._done:
             self._done = True
-            self._conn.close()
+            self._pool._drop(self._conn)
 
 
 class HttpPool:
@@ -104,7 +107,8 @@ class HttpPool:
     ) -> None:
         self.connect_timeout, self.timeout, self.max_idle = connect_timeout, timeout, max_idle
         self._idle: dict[str, list[_Connection]] = {}
-        self._lock = threading.Lock()
+        self._busy: set[_Connection] = set()  # sending or answering: shut down by close()
+        self._lock = threading.Lock()  # guards _idle, _busy and _closed
         self._closed = False
 
     def request(
@@ -124,37 +128,66 @@ class HttpPool:
                 conn.request(method, path, body=body, headers=headers)
                 response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
-                conn.close()
+                self._drop(conn)
                 if reused and attempt == 0 and not isinstance(exc, TimeoutError):
-                    continue  # the server closed the idle connection: once more, on a new one
+                    # The server closed the idle connection (it restarted, or a network
+                    # fault cut it): its other idle ones are as stale. Once more, on a new one.
+                    self._forget(url)
+                    continue
                 raise _unreachable(f"{url} is unreachable", exc) from None
             return PooledResponse(self, url, conn, response)
         raise AssertionError("unreachable")
 
     def _take(self, url: str) -> tuple[_Connection, bool]:
         with self._lock:
+            if self._closed:
+                raise NodeUnreachableError("the connection pool is closed")
             idle = self._idle.get(url)
             if idle:
-                return idle.pop(), True
+                conn = idle.pop()
+                self._busy.add(conn)
+                return conn, True
         parts = urllib.parse.urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise NodeUnreachableError(f"{url!r} is not an http://host:port address")
-        return _Connection(
-            parts.hostname, parts.port or 80, self.connect_timeout, self.timeout
-        ), False
+        conn = _Connection(parts.hostname, parts.port or 80, self.connect_timeout, self.timeout)
+        with self._lock:
+            self._busy.add(conn)
+        return conn, False
 
     def _release(self, url: str, conn: _Connection) -> None:
         with self._lock:
+            self._busy.discard(conn)
             idle = self._idle.setdefault(url, [])
             if self._closed or len(idle) >= self.max_idle:
                 conn.close()
             else:
                 idle.append(conn)
 
+    def _drop(self, conn: _Connection) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+        conn.close()
+
+    def _forget(self, url: str) -> None:
+        with self._lock:
+            stale = self._idle.pop(url, [])
+        for conn in stale:
+            conn.close()
+
     def close(self) -> None:
+        """Close every connection, including those a request is still waiting on: their
+        callers get :class:`NodeUnreachableError` at once instead of waiting out the read
+        timeout (a hedged read still out to a silent node must not hold up the process)."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, {}
+            busy, self._busy = self._busy, set()
         for conns in idle.values():
             for conn in conns:
                 conn.close()
+        for conn in busy:
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it
