@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import http.server
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -227,3 +229,25 @@ def test_a_server_that_dropped_its_idle_connections_is_reached_on_a_new_one() ->
         pool.close()
         server.shutdown()
         server.server_close()
+
+
+def test_a_script_that_never_closes_its_client_exits_at_once(node: Node) -> None:
+    """The losing copy of a hedged read still waits on a silent node when the script ends;
+    the interpreter does not wait for it (30 s) before exiting."""
+    silent = Silent()
+    script = (
+        "from sparkiq import Client\n"
+        f"client = Client([{silent.url!r}, {node.url!r}], timeout=30.0, hedge_ceiling=0.3)\n"
+        "print(client.get('t', 'k005')['n'])\n"
+    )
+    try:
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "5"
+    assert took < 25.0, f"the script took {took:.1f} s: it waited for the hedged copy"
