@@ -435,7 +435,7 @@ def check_row(row: bytes, variable: tuple[bool, ...]) -> None:
     size = len(row)
     if size < head or size % 8 or (size != head and not any(variable)):
         raise UnsafeRowError(
-            f"a {size}-byte row cannot be an UnsafeRow of {count} fields ({head} bytes of null "
+            f"a {size}-byte row cannot be an UnsafeRow of {count} field(s) ({head} bytes of null "
             f"bitset and slots{'' if any(variable) else ' exactly'}, whole 8-byte words)"
         )
     nulls = int.from_bytes(row[:bitset], "little")
