@@ -22,8 +22,8 @@ from sparkiq.checkpoint.rocksdb import (
     RocksDBStateFiles,
     StateFileGoneError,
     UnsupportedStateFormatError,
-    commit_log_ids,
 )
+from sparkiq.checkpoint.rocksdb_stores import commit_log_ids
 from sparkiq.checkpoint.unsaferow import UnsafeRowDecoder
 from sparkiq.errors import ChangelogError, CorruptSegmentError
 from sparkiq.schema.types import DataType, parse_type

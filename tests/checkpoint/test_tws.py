@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sparkiq.checkpoint import Checkpoint, RowDecoder, replay
-from sparkiq.checkpoint.rocksdb import open_state_variable
+from sparkiq.checkpoint.rocksdb_stores import open_state_variable
 from sparkiq.checkpoint.tws import (
     LIST_INDEX,
     read_schema_v3,

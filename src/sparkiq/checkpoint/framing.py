@@ -14,7 +14,8 @@ UnsafeRow format (the default ``encodingFormat``):
 - a row is ``0x00`` (encoding version) + the UnsafeRow bytes;
 - ``NoPrefixKeyStateEncoderSpec`` keys are one such row; ``PrefixKeyScanStateEncoderSpec``
   keys are ``int32 LE len(prefix)`` + prefix row (the first N key columns) + row of the rest,
-  rejoined here into one row of the key schema;
+  rejoined here into one row of the key schema (each part checked to be a whole row of its
+  columns first: joined, a cut-short part would decode as other values, never as an error);
 - a single value is one row; a multi-value (list state) value is ``int32 LE len`` + row per
   element; RocksDB's string-append merge operator puts ``,`` between merged operands
   (``mergeOperatorVersion`` 1; version 2 puts nothing, but a snapshot is merged by RocksDB's
@@ -51,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkiq.checkpoint.avro import AvroRowCodec, AvroStateError
-from sparkiq.checkpoint.tws import field_is_variable, join_rows
+from sparkiq.checkpoint.unsaferow import UnsafeRowError, field_is_variable, join_rows
 from sparkiq.errors import ChangelogError
 from sparkiq.schema.types import DataType
 
@@ -159,7 +160,12 @@ class RowFraming:
         else:
             left = self._row(key[4 : 4 + size], "key prefix")
             right = self._row(key[4 + size :], "key remainder")
-        return join_rows(left, self._split[0], right, self._split[1])
+        try:
+            return join_rows(left, self._split[0], right, self._split[1])
+        except UnsafeRowError as exc:
+            # a part cut short or pointing outside itself: joined, it would read as a null
+            # or as the other part's bytes
+            raise self._corrupt(f"prefix-scan key of {len(key)} bytes: {exc}") from None
 
     def unframe_value(self, value: bytes) -> bytes:
         """A raw single value (or one list element) as its UnsafeRow bytes."""

@@ -51,9 +51,12 @@ PROVIDERS = {
     f"{_PACKAGE}RocksDBStateStoreProvider": "rocksdb",
 }
 _DEFAULT_PROVIDER = f"{_PACKAGE}HDFSBackedStateStoreProvider"
-# Each provider's reader module; ``rocksdb`` is built on its own branch: until it is there,
-# a RocksDB checkpoint gets a clear error rather than an ImportError.
-_PROVIDER_MODULES = {"hdfs": "sparkiq.checkpoint.hdfs", "rocksdb": "sparkiq.checkpoint.rocksdb"}
+# Each provider's module with ``open_state_files``; one missing from this build gives a
+# clear error rather than an ImportError.
+_PROVIDER_MODULES = {
+    "hdfs": "sparkiq.checkpoint.hdfs",
+    "rocksdb": "sparkiq.checkpoint.rocksdb_stores",
+}
 _STATE_FILE_SUFFIXES = (".delta", ".snapshot", ".changelog", ".zip")
 
 

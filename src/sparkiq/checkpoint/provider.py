@@ -10,7 +10,7 @@ first batch, 0, writes version 1). Readers speak versions, because file names do
 
 Providers
 ---------
-A provider module (``hdfs``; ``rocksdb``) offers ``open_state_files(store, partition) ->
+A provider module (``hdfs``; ``rocksdb_stores``) offers ``open_state_files(store, partition) ->
 StateFiles`` for a :class:`StateStoreInfo` that :class:`~sparkiq.checkpoint.layout.Checkpoint`
 discovered; :meth:`~sparkiq.checkpoint.layout.Checkpoint.files` picks the module by
 ``StateStoreInfo.provider``.

@@ -43,11 +43,10 @@ With changelog checkpointing off Spark uploads a snapshot at every commit: the s
 served at snapshot granularity -- :meth:`versions` are the snapshot versions and
 :meth:`changes` is the difference between two consecutive snapshots.
 
-Over 600 lines because the provider's files are one concept -- the two formats, the snapshot
-restore with its shared SST files, the committed attempt of checkpointFormatVersion 2 and
-Spark's maintenance deleting files mid-read -- documented and read together here, with the
-functions that open a store's files from its description; the row framing is
-:mod:`sparkiq.checkpoint.framing`'s.
+A key or value that does not parse is corruption of the file it came from: the error names
+the file whose raw rows were handed out last (:meth:`RocksDBStateFiles.corrupt`). Opening a
+store from its description (what ``Checkpoint.files`` calls) is
+:mod:`sparkiq.checkpoint.rocksdb_stores`'.
 """
 
 from __future__ import annotations
@@ -69,24 +68,9 @@ from rocksdict import AccessType, Options, Rdict
 from sparkiq.checkpoint.compression import CompressionError, decompress
 from sparkiq.checkpoint.files import ChecksumMismatch, read_verified
 from sparkiq.checkpoint.framing import RocksDBEncoding, RowFraming, family_prefix
-from sparkiq.checkpoint.logs import read_commit
-from sparkiq.checkpoint.provider import (
-    DEFAULT_STORE,
-    FileStamp,
-    StateStoreInfo,
-    file_stamp,
-)
-from sparkiq.checkpoint.tws import (
-    DELETE,
-    MERGE,
-    PUT,
-    ListStateFiles,
-    MapStateFiles,
-    RawRecord,
-    StateVariableKind,
-)
+from sparkiq.checkpoint.provider import FileStamp, file_stamp
+from sparkiq.checkpoint.tws import DELETE, MERGE, PUT, RawRecord
 from sparkiq.errors import ChangelogError, CorruptSegmentError
-from sparkiq.schema.types import DataType, parse_type
 
 __all__ = [
     "DELETE",
@@ -96,9 +80,6 @@ __all__ = [
     "RocksDBStateFiles",
     "StateFileGoneError",
     "UnsupportedStateFormatError",
-    "commit_log_ids",
-    "open_state_files",
-    "open_state_variable",
 ]
 
 _END = 0x00  # v2/v4 end record; PUT, DELETE, MERGE are the record kinds
@@ -155,8 +136,13 @@ class RocksDBStateFiles:
         self._name = name or str(self._dir)
         self._partition = partition
         self._local_dir = local_dir
+        # the file(s) the raw rows handed out last came from: the framing's errors name it
+        self._reading: str | None = None
         self._framing = RowFraming(
-            encoding, error=self._error, corrupt=self._corrupt, unsupported=self._unsupported
+            encoding,
+            error=self._error,
+            corrupt=self.corrupt,
+            unsupported=lambda message: self._unsupported(message, self._reading),
         )
         self._cf_prefix: bytes | None = None
 
@@ -216,10 +202,15 @@ class RocksDBStateFiles:
         difference between snapshots ``version - 1`` and ``version``."""
         files = self._files("changelog")
         if version in files:
-            return self._changelog(files[version])
+            records = self._changelog(files[version])
+            self._reading = str(files[version])
+            return records
         if files:
             raise self._gone(f"no changelog for state version {version}")
-        return self._snapshot_diff(version)
+        records = self._snapshot_diff(version)
+        zips = self._files("zip")
+        self._reading = " and ".join(str(zips[v]) for v in (version - 1, version) if v in zips)
+        return records
 
     def raw_snapshot(self, version: int) -> list[tuple[bytes, bytes]]:
         """The snapshot's (key, value) pairs of this store, in key order, with only the
@@ -227,7 +218,9 @@ class RocksDBStateFiles:
         zips = self._files("zip")
         if version not in zips:
             raise self._gone(f"no snapshot for state version {version}")
-        return self._read_snapshot(zips[version], version)
+        rows = self._read_snapshot(zips[version], version)
+        self._reading = str(zips[version])
+        return rows
 
     def unframe_key(self, key: bytes) -> bytes:
         """A raw key (as :meth:`records` gives it) as one UnsafeRow of the key schema."""
@@ -240,6 +233,11 @@ class RocksDBStateFiles:
     def unframe_values(self, value: bytes) -> list[bytes]:
         """A raw multi-value (list state) value as the UnsafeRow bytes of its elements."""
         return self._framing.unframe_values(value)
+
+    def corrupt(self, message: str) -> CorruptSegmentError:
+        """The error for a raw key or value that does not parse: corruption of the file(s)
+        :meth:`records` or :meth:`raw_snapshot` read last, named in the message."""
+        return self._corrupt(message, self._reading)
 
     # -- files -----------------------------------------------------------------------
 
@@ -432,7 +430,7 @@ class RocksDBStateFiles:
 
     # -- errors ----------------------------------------------------------------------
 
-    def _where(self, path: Path | None) -> str:
+    def _where(self, path: Path | str | None) -> str:
         where = f"{self._name}" + (
             f" partition {self._partition}" if self._partition is not None else ""
         )
@@ -443,7 +441,7 @@ class RocksDBStateFiles:
             f"{self._where(None)}: {message}", store=self._store, partition=self._partition
         )
 
-    def _corrupt(self, message: str, path: Path | None = None) -> CorruptSegmentError:
+    def _corrupt(self, message: str, path: Path | str | None = None) -> CorruptSegmentError:
         return CorruptSegmentError(
             f"{self._where(path)}: {message}; the partition cannot be served from this file",
             store=self._store,
@@ -458,9 +456,11 @@ class RocksDBStateFiles:
             partition=self._partition,
         )
 
-    def _unsupported(self, message: str) -> UnsupportedStateFormatError:
+    def _unsupported(
+        self, message: str, path: Path | str | None = None
+    ) -> UnsupportedStateFormatError:
         return UnsupportedStateFormatError(
-            f"{self._where(None)}: unsupported {message}",
+            f"{self._where(path)}: unsupported {message}",
             store=self._store,
             partition=self._partition,
         )
@@ -550,148 +550,3 @@ def _parse_metadata(raw: bytes, corrupt: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise corrupt("snapshot metadata is not a JSON object")
     return doc
-
-
-def open_state_variable(
-    directory: str | os.PathLike[str],
-    kind: StateVariableKind,
-    *,
-    column_family: str,
-    key_schema: DataType,
-    row_format: str = "unsaferow",
-    value_schema: DataType | None = None,
-    key_schema_id: int = 0,
-    value_schema_id: int = 0,
-    name: str = "",
-    partition: int | None = None,
-    store: str | None = None,
-    codec: str = "lz4",
-    local_dir: str | None = None,
-    committed_ids: Callable[[int], frozenset[str] | None] | None = None,
-) -> RocksDBStateFiles | ListStateFiles | MapStateFiles:
-    """``StateFiles`` of one transformWithState variable in one partition directory,
-    serving the rows :func:`sparkiq.checkpoint.tws.served_schemas` describes. ``key_schema``
-    and ``value_schema`` are Spark's schemas of the variable's column family (``_stateSchema``
-    v3; the value schema and the schema ids are needed for ``row_format="avro"`` only)."""
-    if column_family.startswith("$"):
-        raise ChangelogError(
-            f"{name or column_family}: column family {column_family!r} is Spark's internal "
-            "bookkeeping (row counters, TTL index, timers), not a state variable",
-            store=store,
-            partition=partition,
-        )
-    encoding = RocksDBEncoding(
-        key_schema,
-        column_family=column_family,
-        prefix_columns=1 if kind == "map" else 0,
-        multi_value=kind == "list",
-        row_format=row_format,
-        value_schema=value_schema,
-        key_schema_id=key_schema_id,
-        value_schema_id=value_schema_id,
-    )
-    files = RocksDBStateFiles(
-        directory,
-        encoding,
-        name=name,
-        partition=partition,
-        store=store,
-        codec=codec,
-        local_dir=local_dir,
-        committed_ids=committed_ids,
-    )
-    if kind == "list":
-        return ListStateFiles(files, key_schema)
-    if kind == "map":
-        return MapStateFiles(files, key_schema)
-    return files
-
-
-_ROW_CHECKSUM = "spark.sql.streaming.stateStore.rowChecksum.enabled"
-_ENCODING_FORMAT = "spark.sql.streaming.stateStore.encodingFormat"
-
-
-def open_state_files(
-    store: StateStoreInfo, partition: int
-) -> RocksDBStateFiles | ListStateFiles | MapStateFiles:
-    """The files of ``store``'s ``partition`` (what ``Checkpoint.files`` calls): a whole
-    RocksDB store, or one transformWithState variable when ``store.schema_json`` describes
-    its column family (``ColumnFamily.spec_json``). The query's ``encodingFormat`` applies to
-    the column families of a v3 state schema (transformWithState); Spark keeps the other
-    operators' stores in UnsafeRows whatever it says."""
-    name = store.describe()
-    if store.setting(_ROW_CHECKSUM).lower() == "true":
-        raise UnsupportedStateFormatError(
-            f"{store.describe(partition)}: the query writes row checksums ({_ROW_CHECKSUM}"
-            "=true), which sparkiq does not read yet; turn the setting off for this query",
-            store=store.store_name,
-            partition=partition,
-        )
-    row_format = store.setting(_ENCODING_FORMAT, "unsaferow") or "unsaferow"
-    directory = store.directory(partition)
-    common: dict[str, Any] = {
-        "name": name,
-        "partition": partition,
-        "store": store.store_name,
-        "codec": store.codec,
-        "committed_ids": commit_log_ids(store.checkpoint, store.operator_id, partition),
-    }
-    if not store.schema_json:
-        prefix = store.num_cols_prefix_key
-        encoding = RocksDBEncoding(store.key_schema, prefix_columns=prefix)
-        return RocksDBStateFiles(directory, encoding, **common)
-    doc = json.loads(store.schema_json)
-    spec = doc.get("keyStateEncoderSpec") or {}
-    encoder = str(spec.get("keyStateEncoderType", "NoPrefixKeyStateEncoderSpec"))
-    kind = doc.get("stateVariableKind")
-    key_schema = parse_type(doc["keySchema"])
-    avro: dict[str, Any] = {
-        "row_format": row_format,
-        "value_schema": parse_type(doc["valueSchema"]),
-        "key_schema_id": int(doc.get("keySchemaId", 0)),
-        "value_schema_id": int(doc.get("valueSchemaId", 0)),
-    }
-    family = str(doc["columnFamilyName"])
-    if kind in ("value", "list", "map"):
-        return open_state_variable(
-            directory, kind, column_family=family, key_schema=key_schema, **avro, **common
-        )
-    encoding = RocksDBEncoding(
-        key_schema,
-        column_family=None if family == DEFAULT_STORE else family,
-        prefix_columns=int(spec.get("numColsPrefixKey", 0)),
-        range_scan=encoder.startswith("RangeKeyScan"),
-        **avro,
-    )
-    return RocksDBStateFiles(directory, encoding, **common)
-
-
-def commit_log_ids(
-    checkpoint: Path, operator_id: int, partition: int
-) -> Callable[[int], frozenset[str] | None]:
-    """``committed_ids`` for :class:`RocksDBStateFiles`: the unique ids ``commits/<version -
-    1>`` records for the operator's partition (``stateUniqueIds``: operator id -> per
-    partition the ids of its stores' files), None while the batch is not committed or when
-    it records none (checkpointFormatVersion 1). A commit never changes once written, so
-    each is read once."""
-    known: dict[int, frozenset[str]] = {}
-
-    def ids(version: int) -> frozenset[str] | None:
-        if version in known:
-            return known[version]
-        if not (checkpoint / "commits" / str(version - 1)).is_file():
-            return None  # not committed yet (or already dropped from the commit log)
-        try:
-            commit = read_commit(checkpoint, version - 1)
-        except ChangelogError:
-            # removed by Spark's log cleanup since the check; an unreadable one raises
-            if (checkpoint / "commits" / str(version - 1)).is_file():
-                raise
-            return None
-        for op, parts in commit.state_unique_ids:
-            if op == operator_id and partition < len(parts):
-                known[version] = frozenset(parts[partition])
-                return known[version]
-        return None
-
-    return ids

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from sparkiq.checkpoint.provider import FileStamp
+from sparkiq.checkpoint.unsaferow import UnsafeRowError, field_is_variable, join_rows, nested_row
 from sparkiq.errors import ChangelogError
 from sparkiq.schema.types import DataType, Field, parse_type
 
@@ -51,9 +52,6 @@ __all__ = [
     "StateVariable",
     "StateVariableKind",
     "read_schema_v3",
-    "field_is_variable",
-    "join_rows",
-    "nested_row",
     "served_schemas",
     "state_variables",
     "variable_kind",
@@ -69,7 +67,6 @@ _KINDS: dict[str, StateVariableKind] = {
 }
 _INT = DataType("integer")
 _SLOT = struct.Struct("<q")
-_LE_LONG = _SLOT
 #: The changelog's record kinds (Spark's ``RecordType`` bytes).
 PUT, DELETE, MERGE = 0x01, 0x10, 0x11
 
@@ -86,7 +83,8 @@ class RawRecord:
 
 class RawStateFiles(Protocol):
     """What the RocksDB reader offers the state variable views: raw records and snapshot
-    pairs, and the encoder framing's removal."""
+    pairs, the encoder framing's removal, and the error for rows of the file it read last
+    that do not parse (``corrupt``, naming that file)."""
 
     def versions(self) -> list[int]: ...
 
@@ -105,6 +103,8 @@ class RawStateFiles(Protocol):
     def unframe_key(self, key: bytes) -> bytes: ...
 
     def unframe_values(self, value: bytes) -> list[bytes]: ...
+
+    def corrupt(self, message: str) -> ChangelogError: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +185,8 @@ class ColumnFamily:
 
     def spec_json(self, variable: StateVariable | None = None) -> str:
         """A self-contained JSON description (what ``StateStoreInfo.schema_json`` holds for a
-        transformWithState variable; ``sparkiq.checkpoint.rocksdb`` opens the store from it)."""
+        transformWithState variable; ``sparkiq.checkpoint.rocksdb_stores`` opens the store
+        from it)."""
         doc: dict[str, Any] = {
             "columnFamilyName": self.name,
             "keySchema": self.key_schema.to_json(),
@@ -306,9 +307,9 @@ class MapStateFiles:
         try:
             grouping = nested_row(key, 0, 2)
             user = nested_row(key, 1, 2)
-        except ValueError as exc:
-            raise ChangelogError(f"map state key without its parts: {exc}") from None
-        return join_rows(grouping, self._grouping[1], user, self._user[1])
+            return join_rows(grouping, self._grouping[1], user, self._user[1])
+        except UnsafeRowError as exc:
+            raise self._files.corrupt(f"map state key without its parts: {exc}") from None
 
 
 class ListStateFiles:
@@ -384,67 +385,7 @@ class ListStateFiles:
                 pass
 
     def _row_key(self, key: bytes, index: int) -> bytes:
-        return join_rows(key, self._key_var, bytes(8) + _SLOT.pack(index), (False,))
-
-
-_FIXED = frozenset(
-    {
-        "void", "null", "boolean", "byte", "short", "integer", "long", "float", "double",
-        "date", "timestamp", "timestamp_ntz",
-    }
-)  # fmt: skip
-
-
-def field_is_variable(kind: DataType) -> bool:
-    """Whether UnsafeRow keeps this type in the variable-length region (offset and size in
-    its 8-byte slot) rather than in the slot itself."""
-    if kind.name == "decimal":
-        return kind.precision > 18
-    return kind.name not in _FIXED and not kind.name.startswith("interval ")
-
-
-def _bitset_bytes(fields: int) -> int:
-    return ((fields + 63) // 64) * 8
-
-
-def join_rows(
-    left: bytes, left_var: tuple[bool, ...], right: bytes, right_var: tuple[bool, ...]
-) -> bytes:
-    """One UnsafeRow with the fields of ``left`` then those of ``right`` (what Spark's
-    ``JoinedRow`` + ``UnsafeProjection`` produce): null bits merged, fixed slots copied,
-    variable-length data appended with its offsets moved."""
-    nl, nr = len(left_var), len(right_var)
-    n = nl + nr
-    head = _bitset_bytes(n) + 8 * n
-    left_head = _bitset_bytes(nl) + 8 * nl
-    right_head = _bitset_bytes(nr) + 8 * nr
-    left_tail, right_tail = left[left_head:], right[right_head:]
-    bits = 0
-    for i in range(nl):
-        if left[i // 8] >> (i % 8) & 1:
-            bits |= 1 << i
-    for i in range(nr):
-        if right[i // 8] >> (i % 8) & 1:
-            bits |= 1 << (nl + i)
-    out = bytearray(bits.to_bytes(_bitset_bytes(n), "little"))
-    for row, var, base, shift, count in (
-        (left, left_var, _bitset_bytes(nl), head - left_head, nl),
-        (right, right_var, _bitset_bytes(nr), head + len(left_tail) - right_head, nr),
-    ):
-        for i in range(count):
-            slot = row[base + 8 * i : base + 8 * i + 8]
-            if var[i] and not (row[i // 8] >> (i % 8) & 1):
-                (word,) = _LE_LONG.unpack(slot)
-                slot = _LE_LONG.pack(((word >> 32) + shift) << 32 | (word & 0xFFFFFFFF))
-            out += slot
-    return bytes(out + left_tail + right_tail)
-
-
-def nested_row(row: bytes, ordinal: int, fields: int) -> bytes:
-    """The bytes of the struct in field ``ordinal`` of an UnsafeRow with ``fields`` fields
-    (itself an UnsafeRow); raises ValueError when that field is null."""
-    if row[ordinal // 8] >> (ordinal % 8) & 1:
-        raise ValueError(f"struct field {ordinal} is null")
-    (word,) = _LE_LONG.unpack_from(row, _bitset_bytes(fields) + 8 * ordinal)
-    offset, size = word >> 32, word & 0xFFFFFFFF
-    return row[offset : offset + size]
+        try:
+            return join_rows(key, self._key_var, bytes(8) + _SLOT.pack(index), (False,))
+        except UnsafeRowError as exc:
+            raise self._files.corrupt(f"list state key: {exc}") from None

@@ -32,6 +32,12 @@ codec encodes and (decimals aside) the row codec stores.
 Every offset and size is checked against the row's length and the row's length against the
 schema, so bytes that do not fit raise :class:`UnsafeRowError` instead of decoding into a
 wrong value.
+
+The RocksDB provider splits some keys into two rows (a prefix-scan key's prefix columns and
+the rest) and transformWithState nests rows in rows (a map state key's grouping key and user
+key); :func:`join_rows` and :func:`nested_row` take them apart and put them together at the
+byte level. Both check the rows they are given as the decoder would (:func:`check_row`): the
+decoder sees only the joined row, in which a cut-short part no longer shows.
 """
 
 from __future__ import annotations
@@ -48,7 +54,15 @@ from sparkiq.schema.internal import (
 )
 from sparkiq.schema.types import DataType
 
-__all__ = ["SUPPORTED_TYPES", "UnsafeRowDecoder", "UnsafeRowError"]
+__all__ = [
+    "SUPPORTED_TYPES",
+    "UnsafeRowDecoder",
+    "UnsafeRowError",
+    "check_row",
+    "field_is_variable",
+    "join_rows",
+    "nested_row",
+]
 
 
 class UnsafeRowError(ValueError):
@@ -76,6 +90,7 @@ _VARIABLE = frozenset({"string", "binary", "struct", "array", "map"})
 SUPPORTED_TYPES = frozenset({*_SLOT, *_VARIABLE, "decimal", "void"})
 _MAX_COMPACT_DECIMAL = 18  # Decimal.MAX_LONG_DIGITS: larger ones are variable-length
 _LONG = struct.Struct("<q")
+_WORD = struct.Struct("<Q")  # a variable-length field's slot: offset << 32 | size
 
 
 def _span(buf: bytes, base: int, raw: int) -> tuple[int, int]:
@@ -384,3 +399,102 @@ class UnsafeRowDecoder:
             return general(data)  # a null, or bytes that do not fit: raises, saying why
 
         return one_string
+
+
+# -- rows taken apart and joined (the RocksDB provider's key framing) -------------------------
+
+_FIXED = frozenset(
+    {
+        "void", "null", "boolean", "byte", "short", "integer", "long", "float", "double",
+        "date", "timestamp", "timestamp_ntz",
+    }
+)  # fmt: skip
+
+
+def field_is_variable(kind: DataType) -> bool:
+    """Whether UnsafeRow keeps this type in the variable-length region (offset and size in
+    its 8-byte slot) rather than in the slot itself."""
+    if kind.name == "decimal":
+        return kind.precision > _MAX_COMPACT_DECIMAL
+    return kind.name not in _FIXED and not kind.name.startswith("interval ")
+
+
+def _bitset_bytes(fields: int) -> int:
+    return ((fields + 63) // 64) * 8
+
+
+def check_row(row: bytes, variable: tuple[bool, ...]) -> None:
+    """Raise :class:`UnsafeRowError` unless ``row`` can be an UnsafeRow whose fields are
+    variable-length where ``variable`` says: a whole number of 8-byte words (Spark's
+    ``UnsafeRow.pointTo`` asserts it), its null bitset and slots present, no null bit past its
+    fields, exactly that long without variable-length fields, and each non-null
+    variable-length field's bytes between the slots and the row's end."""
+    count = len(variable)
+    bitset = _bitset_bytes(count)
+    head = bitset + 8 * count
+    size = len(row)
+    if size < head or size % 8 or (size != head and not any(variable)):
+        raise UnsafeRowError(
+            f"a {size}-byte row cannot be an UnsafeRow of {count} field(s) ({head} bytes of null "
+            f"bitset and slots{'' if any(variable) else ' exactly'}, whole 8-byte words)"
+        )
+    nulls = int.from_bytes(row[:bitset], "little")
+    if nulls >> count:
+        raise UnsafeRowError(f"the null bitset marks field {nulls.bit_length() - 1} of {count}")
+    for i, var in enumerate(variable):
+        if var and not nulls >> i & 1:
+            (word,) = _WORD.unpack_from(row, bitset + 8 * i)
+            start, end = word >> 32, (word >> 32) + (word & 0xFFFFFFFF)
+            if start < head or end > size:
+                raise UnsafeRowError(
+                    f"field {i} points at bytes {start}..{end} of a {size}-byte row whose "
+                    f"variable-length part is bytes {head}..{size}"
+                )
+
+
+def join_rows(
+    left: bytes, left_var: tuple[bool, ...], right: bytes, right_var: tuple[bool, ...]
+) -> bytes:
+    """One UnsafeRow with the fields of ``left`` then those of ``right`` (what Spark's
+    ``JoinedRow`` + ``UnsafeProjection`` produce): null bits merged, fixed slots copied,
+    variable-length data appended with its offsets moved. Raises :class:`UnsafeRowError`
+    when either is not a row of its fields (:func:`check_row`): joined, a cut-short part
+    would read as other values (a null, another field's bytes), never as an error."""
+    check_row(left, left_var)
+    check_row(right, right_var)
+    nl, nr = len(left_var), len(right_var)
+    n = nl + nr
+    head = _bitset_bytes(n) + 8 * n
+    left_head = _bitset_bytes(nl) + 8 * nl
+    right_head = _bitset_bytes(nr) + 8 * nr
+    left_tail, right_tail = left[left_head:], right[right_head:]
+    left_nulls = int.from_bytes(left[: _bitset_bytes(nl)], "little")
+    right_nulls = int.from_bytes(right[: _bitset_bytes(nr)], "little")
+    out = bytearray((left_nulls | right_nulls << nl).to_bytes(_bitset_bytes(n), "little"))
+    for row, var, nulls, base, shift in (
+        (left, left_var, left_nulls, _bitset_bytes(nl), head - left_head),
+        (right, right_var, right_nulls, _bitset_bytes(nr), head + len(left_tail) - right_head),
+    ):
+        for i, variable in enumerate(var):
+            slot = row[base + 8 * i : base + 8 * i + 8]
+            if variable and not nulls >> i & 1:
+                (word,) = _WORD.unpack(slot)
+                slot = _WORD.pack(((word >> 32) + shift) << 32 | (word & 0xFFFFFFFF))
+            out += slot
+    return bytes(out + left_tail + right_tail)
+
+
+def nested_row(row: bytes, ordinal: int, fields: int) -> bytes:
+    """The bytes of the struct in field ``ordinal`` of an UnsafeRow with ``fields`` fields
+    (itself an UnsafeRow); raises :class:`UnsafeRowError` when that field is null or its
+    bytes are not inside ``row``."""
+    bitset = _bitset_bytes(fields)
+    if len(row) < bitset + 8 * fields:
+        raise UnsafeRowError(f"a {len(row)}-byte row cannot hold {fields} fields")
+    if row[ordinal // 8] >> (ordinal % 8) & 1:
+        raise UnsafeRowError(f"struct field {ordinal} is null")
+    (word,) = _WORD.unpack_from(row, bitset + 8 * ordinal)
+    start, end = word >> 32, (word >> 32) + (word & 0xFFFFFFFF)
+    if start < bitset + 8 * fields or end > len(row):
+        raise UnsafeRowError(f"struct field {ordinal} points at bytes {start}..{end} of {len(row)}")
+    return row[start:end]
