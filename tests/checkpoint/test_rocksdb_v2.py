@@ -35,8 +35,8 @@ from sparkiq.checkpoint.rocksdb import (
     RocksDBStateFiles,
     StateFileGoneError,
     UnsupportedStateFormatError,
-    commit_log_ids,
 )
+from sparkiq.checkpoint.rocksdb_stores import commit_log_ids
 from sparkiq.schema.types import parse_type
 from sparkiq.testing import JsonSource
 from tests.checkpoint.streams import sql_conf
