@@ -13,7 +13,9 @@ Anomalies (each is a bug, never load):
   in the client or a malformed answer).
 - ``lost-batch``, ``batch-content``, ``committed-twice``: the changelog itself (see
   :func:`check_changelog`): batch ids not contiguous, a committed batch whose segments are not
-  the model's changes, a batch committed after a later one (a re-run that rewrote it).
+  the model's changes, a batch committed after a later one (a re-run that rewrote it);
+  ``snapshot-content``: a snapshot (the writer takes one every 100 batches) that is not the
+  model's table at its batch.
 
 Unavailability is reported per fault (:func:`windows`): failed operations, the longest time
 no operation succeeded, and failures after the fault was healed.
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sparkiq.changelog import Changelog
+from sparkiq.changelog.snapshot import list_snapshots, read_snapshot
 from sparkiq.schema.keycodec import KeyCodec
 from sparkiq.schema.rowcodec import RowCodec
 from tests.faults.history import Op
@@ -179,6 +182,17 @@ def check_changelog(state_dir: str) -> tuple[int, list[Anomaly]]:
                 written[name] = None if value is None else rows.decode(value)["n"]
         if written != changes(batch_id):
             found.append(Anomaly("batch-content", f"batch {batch_id} is not the model's"))
+    model = Model()
+    for partition in range(PARTITIONS):
+        for info in list_snapshots(changelog, partition):
+            snapshot_keys, values = read_snapshot(changelog, info)
+            state = {
+                keys.from_internal(keys.decode(k)): rows.decode(v)["n"]
+                for k, v in zip(snapshot_keys, values, strict=True)
+            }
+            if state != model.partition_state(info.batch_id, partition):
+                detail = f"snapshot of partition {partition} at batch {info.batch_id}"
+                found.append(Anomaly("snapshot-content", f"{detail} is not the model's"))
     return (ids[-1] if ids else -1), found
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkiq.changelog.snapshot import write_snapshot
 from tests.changelog.helpers import make_table, write_batch
 from tests.faults.checker import Fault, check_changelog, check_history, windows
 from tests.faults.history import SQL, Op
@@ -118,6 +119,21 @@ def test_the_changelog_check(tmp_path: Path) -> None:
     assert head == 6
     assert found[0].kind == "lost-batch"
     assert "[2]" in found[0].detail
+
+
+def test_snapshots_are_checked_against_the_model(tmp_path: Path) -> None:
+    state_dir = str(tmp_path / "state")
+    changelog = make_table(state_dir, TABLE, partitions=PARTITIONS)
+    for batch_id in range(6):
+        write_batch(changelog, batch_id, changes(batch_id))
+    for partition in range(PARTITIONS):
+        write_snapshot(changelog, partition, 5)
+    assert check_changelog(state_dir) == (5, [])
+
+    write_batch(changelog, 6, changes(7))  # wrong content, and so is the snapshot over it
+    write_snapshot(changelog, 0, 6)
+    found = sorted(a.kind for a in check_changelog(state_dir)[1])
+    assert found == ["batch-content", "snapshot-content"]
 
 
 def test_unavailability_windows() -> None:
