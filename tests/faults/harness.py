@@ -391,9 +391,13 @@ class FaultCluster:
 
 
 def _events(log_path: str | Path, lines: int = 60) -> str:
-    """The last ``lines`` lines of a node's log (membership changes, hosting, routing)."""
+    """The last ``lines`` events of a node's log (membership changes, hosting, routing);
+    restore progress lines (one per partition every 2 s) are left out but the last."""
     with open(log_path, errors="replace") as handle:
-        return "".join(handle.readlines()[-lines:])
+        kept = handle.readlines()
+    progress = [line for line in kept if "restoring, batch" in line]
+    events = [line for line in kept if "restoring, batch" not in line]
+    return "".join(events[-lines:] + progress[-4:])
 
 
 def _names(directory: Path) -> list[str]:
