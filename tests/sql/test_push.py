@@ -237,11 +237,13 @@ def test_resume_from_tokens_loses_and_repeats_nothing(tmp_path: Any, hub: Subscr
     write_batch(changelog, 0, {"a": 1})
     statement = "SELECT * FROM t WHERE n < 90 EMIT CHANGES"
     reference = hub.subscribe(statement)
+    # Both subscribed before the writer starts: a subscription begins after the batch it
+    # was made at, and on a busy machine batch 1 could otherwise land between the two.
+    sub = hub.subscribe(statement)
     batches = random_batches(40, seed=6)
     thread = writer(changelog, batches, first=1)
     rng = random.Random(7)
     pieces: list[Change] = []
-    sub = hub.subscribe(statement)
     token = None
     deadline = time.monotonic() + 20
     while thread.is_alive() or len(pieces) < 5:
