@@ -30,7 +30,6 @@ rules above.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 import urllib.parse
@@ -43,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import orjson
 
-from sparkiq.cluster.hedge import HedgeDelay
+from sparkiq.cluster.hedge import HedgeDelay, Senders
 from sparkiq.cluster.httppool import HttpPool
 from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
@@ -105,7 +104,7 @@ class Client:
         self._stores: dict[str, dict[str, Any]] = {}
         # guards _urls' order, _seen and _senders' creation
         self._lock = threading.Lock()
-        self._senders: _Senders | None = None  # hedged reads; made on first use
+        self._senders: Senders | None = None  # hedged reads; made on first use
 
     def close(self) -> None:
         with self._lock:
@@ -378,10 +377,10 @@ class Client:
                 future.add_done_callback(lambda f: _release(f, discard))
         raise NodeUnreachableError(f"no node answered: {'; '.join(errors)}")
 
-    def _sender_pool(self) -> _Senders:
+    def _sender_pool(self) -> Senders:
         with self._lock:
             if self._senders is None:
-                self._senders = _Senders(_MAX_IN_FLIGHT)
+                self._senders = Senders(_MAX_IN_FLIGHT)
             return self._senders
 
     def _demote(self, url: str) -> None:
@@ -426,56 +425,6 @@ class Client:
                     store=store,
                 )
         return found
-
-
-_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
-
-
-class _Senders:
-    """Threads that send hedged reads, started as needed up to ``max_threads`` and reused.
-
-    Not a ``ThreadPoolExecutor``: the interpreter joins those threads at exit, so a script
-    that never closed its client would wait out the ``timeout`` of a copy still out to a
-    silent node before it could end. These threads are daemons."""
-
-    def __init__(self, max_threads: int) -> None:
-        self.max_threads = max_threads
-        self._jobs: queue.SimpleQueue[
-            tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None
-        ]
-        self._jobs = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)  # one count per thread waiting for a job
-        self._threads = 0  # started so far; only submit() changes it, under _lock
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        future: Future[T] = Future()
-        self._jobs.put((future, fn, args))
-        if not self._idle.acquire(blocking=False):
-            with self._lock:
-                if self._threads < self.max_threads:
-                    self._threads += 1
-                    threading.Thread(
-                        target=self._work, name="sparkiq-client-hedge", daemon=True
-                    ).start()
-        return future
-
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, fn, args = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as exc:  # handed to whoever waits on the future
-                    future.set_exception(exc)
-            self._idle.release()
-
-    def shutdown(self) -> None:
-        """Let every thread end once the job it runs is over (queued jobs still run)."""
-        with self._lock:
-            count, self._threads = self._threads, 0
-        for _ in range(count):
-            self._jobs.put(None)
 
 
 class _ArrowResult(SqlResult):
