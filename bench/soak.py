@@ -185,6 +185,7 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
             minute += 1
         sampler.stop_event.set()
         sampler.join()
+        pools = {n.node_id: thread_pools(n.url) for n in cluster.nodes}
         head, changelog_anomalies = check_changelog(cluster.state_dir)
         anomalies += [str(a) for a in changelog_anomalies]
         mid_batch = f"{cluster.mid_batch_kills} of {cluster.writer_kills}"
@@ -197,6 +198,22 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
         "samples": sampler.samples,
         "writer_kills_mid_batch": mid_batch,
         "disk": cluster.disk_error or "tmpfs mounted",
+        "pools": pools,
+    }
+
+
+def thread_pools(url: str) -> dict[str, int]:
+    """A node's threads by pool, from ``sparkiq_threads`` of its ``/metrics``."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    return {
+        line.split('"')[1]: int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("sparkiq_threads{")
     }
 
 
@@ -271,6 +288,12 @@ def run(quick: bool, minutes: float | None = None) -> Report:
         f"{found['disk']}; slopes are least-squares fits over each node's longest "
         f"incarnation after {warmup:.0f} s of warm-up"
     )
+    for node, pools in found["pools"].items():
+        biggest = sorted(pools.items(), key=lambda p: -p[1])[:6]
+        report.notes.append(
+            f"{node} threads at the end by pool: "
+            + ", ".join(f"{name} {count}" for name, count in biggest)
+        )
     report.console += [e for t in tallies.values() for e in sorted(t.errors)][:10]
     report.figures = {
         "anomalies": anomalies[:50],

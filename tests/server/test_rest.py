@@ -282,6 +282,14 @@ def test_metadata_readiness_and_metrics(nodes: list[Node]) -> None:
     assert 'sparkiq_replica_batch_id{partition="0",store="t"} 1.0' in metrics
     assert "sparkiq_cluster_live_members 2.0" in metrics
     assert 'sparkiq_http_requests_total{route="/stores/{store}/keys/{key}",status="200"}' in metrics
+    # threads by pool: the two nodes share this process, so each has a heartbeat thread here
+    pools = {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("sparkiq_threads{")
+    }
+    assert pools["sparkiq-heartbeat-n0"] == pools["sparkiq-heartbeat-n1"] == 1
+    assert pools["MainThread"] == 1
 
 
 def test_openapi_documents_every_route(nodes: list[Node]) -> None:

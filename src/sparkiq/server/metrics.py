@@ -16,6 +16,12 @@ from sparkiq.server.served import ServedNode
 __all__ = ["Metrics", "QueryRate"]
 
 
+def _pool(thread_name: str) -> str:
+    """The pool a thread belongs to: its name without a pool's ``_<n>`` suffix."""
+    head, _, tail = thread_name.rpartition("_")
+    return head if head and tail.isdigit() else thread_name
+
+
 class _ReplicaCollector:
     """Per-partition replica state, read from the node at scrape time."""
 
@@ -48,6 +54,17 @@ class _ReplicaCollector:
             lag_s.add_metric(labels, s.lag_seconds)
             state.add_metric([*labels, s.state], 1)
         yield from (batch, lag, lag_s, state)
+        threads = GaugeMetricFamily(
+            "sparkiq_threads",
+            "Live threads of this process by pool (a pool's threads end with _<n>)",
+            labels=["pool"],
+        )
+        pools: dict[str, int] = {}
+        for thread in threading.enumerate():
+            pools[_pool(thread.name)] = pools.get(_pool(thread.name), 0) + 1
+        for pool, count in sorted(pools.items()):
+            threads.add_metric([pool], count)
+        yield threads
         coordinator = getattr(self._node, "coordinator", None)
         if coordinator is not None:
             members = GaugeMetricFamily("sparkiq_cluster_live_members", "Live members seen")
