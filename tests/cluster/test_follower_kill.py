@@ -25,6 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = [f"key{i:04d}" for i in range(1500)]
 INITIAL_BATCHES = 300
 KILLS = 20
+#: Batches the owner commits for each follower run, 30 ms apart, from the run's start: the
+#: changelog keeps growing while each follower restores and tails, but by an amount that does
+#: not depend on how slow the machine is (paced by time alone, a run at load 25 wrote 2,250
+#: batches and the fresh follower's restore of them outlasted its bound).
+BATCHES_PER_RUN = 40
 
 
 def changes_of(rng: random.Random, batch_id: int) -> dict[str, Any]:
@@ -113,10 +118,13 @@ def test_a_follower_killed_at_random_points_recovers_to_a_fresh_followers_state(
         write_rows(changelog, batch_id, changes)
 
     stop_writing = threading.Event()
+    budget = threading.Semaphore(0)  # batches the owner may still commit
 
     def keep_writing() -> None:  # the owner keeps committing while the follower is killed
         writer_rng = random.Random(575)
         while not stop_writing.wait(0.03):
+            if not budget.acquire(blocking=False):
+                continue
             changes = changes_of(writer_rng, len(history))
             write_rows(Changelog(str(state), "w"), len(history), changes)
             history.append(changes)
@@ -126,6 +134,8 @@ def test_a_follower_killed_at_random_points_recovers_to_a_fresh_followers_state(
     reported: list[tuple[str, tuple[int, int] | None]] = []
     try:
         for kill in range(KILLS):
+            for _ in range(BATCHES_PER_RUN):
+                budget.release()
             run = Run(state, local, 10**9, out)
             try:
                 phase = kill_at_random(run, kill, rng)
