@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import orjson
 
-from sparkiq.cluster.hedge import HedgeDelay, Senders
+from sparkiq.cluster.hedge import HedgeDelay, Senders, close_results
 from sparkiq.cluster.httppool import HttpPool
 from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
@@ -146,7 +146,7 @@ class Client:
         deadline = time.monotonic() + self.bound_wait
         while True:
             kind = f"query:{type(request.query).__name__}"
-            results = self._call(lambda url: self._send(url, request), kind, discard=_close_results)
+            results = self._call(lambda url: self._send(url, request), kind, discard=close_results)
             behind = any(
                 r.failure_reason is FailureReason.NOT_UP_TO_BOUND for r in results.values()
             )
@@ -510,14 +510,6 @@ def _release(future: Future[T], discard: Callable[[T], None] | None) -> None:
     if discard is None or future.cancelled() or future.exception() is not None:
         return
     discard(future.result())
-
-
-def _close_results(results: dict[int, QueryResult[Any]]) -> None:
-    """Close the rows of results nobody reads (they may still be streaming)."""
-    for result in results.values():
-        close = getattr(result.result, "close", None)
-        if callable(close):
-            close()
 
 
 def _key_text(key: Any) -> str:

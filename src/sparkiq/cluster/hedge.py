@@ -31,13 +31,15 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from sparkiq.query.result import QueryResult
+
 T = TypeVar("T")
 
-__all__ = ["MIN_SAMPLES", "HedgeDelay", "Senders"]
+__all__ = ["MIN_SAMPLES", "HedgeDelay", "Senders", "close_results"]
 
 #: Latencies a kind needs before a delay is derived from them.
 MIN_SAMPLES = 8
@@ -137,3 +139,12 @@ class Senders:
             count, self._threads = self._threads, 0
         for _ in range(count):
             self._jobs.put(None)
+
+
+def close_results(results: Mapping[int, QueryResult[Any]]) -> None:
+    """Close the rows of results nobody reads any more -- the answer of a copy that lost the
+    race (they may still be streaming from the node that sent them)."""
+    for result in results.values():
+        close = getattr(result.result, "close", None)
+        if callable(close):
+            close()

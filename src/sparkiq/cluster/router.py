@@ -48,7 +48,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Any, Protocol
 
 from sparkiq.cluster.assignment import Assignment
-from sparkiq.cluster.hedge import HedgeDelay
+from sparkiq.cluster.hedge import HedgeDelay, close_results
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import Membership
 from sparkiq.cluster.transport import NodeUnreachableError, Transport
@@ -341,7 +341,4 @@ def _discard(future: Future[_Remote]) -> None:
     """Close the streamed results of a sub-request nobody waits for any more."""
     if future.cancelled() or future.exception() is not None:
         return
-    for result in future.result().values():
-        close = getattr(result.result, "close", None)
-        if callable(close):
-            close()
+    close_results(future.result())
