@@ -18,7 +18,7 @@ SRC = Path(sparkiq.__file__).resolve().parent
 # Lower layers first; a module may import its own layer and the layers before it. A module's
 # layer is its first path component under src/sparkiq ("__init__" is the top package itself).
 LAYERS = [
-    {"errors", "_version"},
+    {"errors", "_version", "pools"},
     {"query"},
     {"schema"},
     {"stores"},

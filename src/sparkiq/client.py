@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import orjson
 
-from sparkiq.cluster.hedge import HedgeDelay, Senders, close_results
+from sparkiq.cluster.hedge import HedgeDelay, close_results
 from sparkiq.cluster.httppool import HttpPool
 from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
@@ -52,6 +52,7 @@ from sparkiq.errors import (
     SparkiqError,
     UnknownStoreError,
 )
+from sparkiq.pools import ElasticPool
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
@@ -104,13 +105,13 @@ class Client:
         self._stores: dict[str, dict[str, Any]] = {}
         # guards _urls' order, _seen and _senders' creation
         self._lock = threading.Lock()
-        self._senders: Senders | None = None  # hedged reads; made on first use
+        self._senders: ElasticPool | None = None  # hedged reads; made on first use
 
     def close(self) -> None:
         with self._lock:
             senders, self._senders = self._senders, None
         if senders is not None:
-            senders.shutdown()
+            senders.shutdown(wait=False)  # copies still out end on their own
         self._conns.close()
         self._http.close()
 
@@ -377,10 +378,10 @@ class Client:
                 future.add_done_callback(lambda f: _release(f, discard))
         raise NodeUnreachableError(f"no node answered: {'; '.join(errors)}")
 
-    def _sender_pool(self) -> Senders:
+    def _sender_pool(self) -> ElasticPool:
         with self._lock:
             if self._senders is None:
-                self._senders = Senders(_MAX_IN_FLIGHT)
+                self._senders = ElasticPool("sparkiq-client-hedge", _MAX_IN_FLIGHT)
             return self._senders
 
     def _demote(self, url: str) -> None:

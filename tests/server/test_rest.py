@@ -22,6 +22,7 @@ from sparkiq import (
     UnknownStoreError,
 )
 from sparkiq.errors import InvalidQueryError
+from sparkiq.stores.rocksdb import BLOCK_CACHE_BYTES, MEMTABLE_BUDGET_BYTES
 from tests.changelog.helpers import (
     apply_changes,
     create_changelog,
@@ -283,13 +284,28 @@ def test_metadata_readiness_and_metrics(nodes: list[Node]) -> None:
     assert "sparkiq_cluster_live_members 2.0" in metrics
     assert 'sparkiq_http_requests_total{route="/stores/{store}/keys/{key}",status="200"}' in metrics
     # threads by pool: the two nodes share this process, so each has a heartbeat thread here
-    pools = {
-        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("sparkiq_threads{")
-    }
+    pools = _labelled(metrics, "sparkiq_threads")
     assert pools["sparkiq-heartbeat-n0"] == pools["sparkiq-heartbeat-n1"] == 1
     assert pools["MainThread"] == 1
+    # each pool's bound, summed over the two nodes' pools; a pool never holds more
+    limits = _labelled(metrics, "sparkiq_thread_pool_limit")
+    assert limits["sparkiq-router"] >= 2 * 32 and limits["sparkiq-subrequest"] >= 2 * 64
+    assert all(pools.get(pool, 0) <= limit for pool, limit in limits.items())
+    # the replicas' RocksDB memory, shared by the process, next to its bounds
+    used = _labelled(metrics, "sparkiq_rocksdb_memory_bytes")
+    bound = _labelled(metrics, "sparkiq_rocksdb_memory_limit_bytes")
+    assert bound == {"block_cache": BLOCK_CACHE_BYTES, "memtables": MEMTABLE_BUDGET_BYTES}
+    assert 0 < used["memtables"] <= bound["memtables"]  # the replicas hold batch 1
+    assert 0 <= used["block_cache"] <= bound["block_cache"]
+
+
+def _labelled(metrics: str, name: str) -> dict[str, float]:
+    """The gauge ``name``'s value by its one label's value."""
+    return {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(name + "{")
+    }
 
 
 def test_openapi_documents_every_route(nodes: list[Node]) -> None:

@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import wait as futures_wait
 from typing import Any
 
@@ -43,6 +43,7 @@ from sparkiq.cluster.membership import HostedState, Membership
 from sparkiq.cluster.router import LocalAnswer, Router
 from sparkiq.cluster.transport import Transport
 from sparkiq.errors import AuthenticationError, NodeUnreachableError, SparkiqError
+from sparkiq.pools import ElasticPool
 
 __all__ = ["Coordinator"]
 
@@ -89,10 +90,10 @@ class Coordinator:
             on_change=self._changed.set,
         )
         self._assignment = Assignment((node_id,), standbys)
-        self._executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="sparkiq-router")
+        self._executor = ElasticPool("sparkiq-router", 32)
         # Heartbeats have threads of their own: routed load must never delay them, or a
         # busy node would look silent to the others.
-        self._beats = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sparkiq-beat")
+        self._beats = ElasticPool("sparkiq-beat", 8)
         self._in_flight: dict[str, Future[dict[str, Any]]] = {}
         self._in_flight_lock = threading.Lock()
         self._round_done = threading.Condition()

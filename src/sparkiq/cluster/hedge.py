@@ -1,5 +1,5 @@
 """How long to wait for one replica before asking another (a delay learned from latency),
-and the threads that send the copies.
+and how a copy that lost the race is let go.
 
 A request that a healthy node answers in 5 ms and one that it answers in 2 s must not be
 given up on after the same wait. :class:`HedgeDelay` keeps the latest latencies of answered
@@ -28,18 +28,14 @@ Thread-safe: ``record`` and ``delay`` may run on any thread (``record`` takes a 
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from sparkiq.query.result import QueryResult
 
-T = TypeVar("T")
-
-__all__ = ["MIN_SAMPLES", "HedgeDelay", "Senders", "close_results"]
+__all__ = ["MIN_SAMPLES", "HedgeDelay", "close_results"]
 
 #: Latencies a kind needs before a delay is derived from them.
 MIN_SAMPLES = 8
@@ -92,53 +88,6 @@ class HedgeDelay:
             return self._delays[kind]
         median = self._pooled_median
         return None if median is not None and median > self.ceiling else self.ceiling
-
-
-_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
-
-
-class Senders:
-    """Threads that send hedged copies, started as needed up to ``max_threads`` and reused.
-
-    Not a ``ThreadPoolExecutor``: the interpreter joins those threads at exit, so a script
-    that never closed its client would wait out the ``timeout`` of a copy still out to a
-    silent node before it could end. These threads are daemons."""
-
-    def __init__(self, max_threads: int) -> None:
-        self.max_threads = max_threads
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)  # one count per thread waiting for a job
-        self._threads = 0  # started so far; only submit() changes it, under _lock
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        future: Future[T] = Future()
-        self._jobs.put((future, fn, args))
-        if not self._idle.acquire(blocking=False):
-            with self._lock:
-                if self._threads < self.max_threads:
-                    self._threads += 1
-                    threading.Thread(
-                        target=self._work, name="sparkiq-client-hedge", daemon=True
-                    ).start()
-        return future
-
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, fn, args = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as exc:  # handed to whoever waits on the future
-                    future.set_exception(exc)
-            self._idle.release()
-
-    def shutdown(self) -> None:
-        """Let every thread end once the job it runs is over (queued jobs still run)."""
-        with self._lock:
-            count, self._threads = self._threads, 0
-        for _ in range(count):
-            self._jobs.put(None)
 
 
 def close_results(results: Mapping[int, QueryResult[Any]]) -> None:

@@ -43,7 +43,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Executor, Future
 from concurrent.futures import wait as futures_wait
 from typing import Any, Protocol
 
@@ -52,6 +52,7 @@ from sparkiq.cluster.hedge import HedgeDelay, close_results
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import Membership
 from sparkiq.cluster.transport import NodeUnreachableError, Transport
+from sparkiq.pools import ElasticPool
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.wire.protocol import RemoteError
@@ -121,7 +122,7 @@ class Router:
         self._lagging: dict[str, float] = {}
         # Sub-requests to other nodes run here, never on ``executor`` (which runs the
         # per-partition fan-out that waits for them): no pool ever waits on itself.
-        self._io = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sparkiq-subrequest")
+        self._io = ElasticPool("sparkiq-subrequest", 64)
         self.forwarded = 0  # sub-requests sent to other nodes (for metrics)
         self.hedged = 0  # candidates asked because an earlier one was silent (for metrics)
 

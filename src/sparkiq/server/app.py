@@ -35,13 +35,13 @@ import os
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 from sqlglot import exp
 
 from sparkiq.cluster.heartbeat import HeartbeatError
+from sparkiq.pools import ElasticPool
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
@@ -94,13 +94,11 @@ class RestApp:
         self.node = node
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics(node)
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sparkiq-http")
+        self._pool = ElasticPool("sparkiq-http", threads)
         # A push stream's producer waits for changes in its own thread: streams never take
         # the threads lookups and scans need, and their number is bounded.
         self.max_push_streams = max_push_streams
-        self._push_pool = ThreadPoolExecutor(
-            max_workers=max_push_streams, thread_name_prefix="sparkiq-push"
-        )
+        self._push_pool = ElasticPool("sparkiq-push", max_push_streams)
         self._push_streams = 0
         self._openapi = jsonapi.dumps(openapi_document())
         self._console = (
@@ -440,7 +438,7 @@ class RestApp:
         chunks: Iterator[bytes],
         *,
         coalesce: bool = True,
-        pool: ThreadPoolExecutor | None = None,
+        pool: ElasticPool | None = None,
         headers_first: bool = False,
     ) -> None:
         """Send ``chunks`` as they are produced (on the pool: producing may block). Unless

@@ -11,7 +11,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from sparkiq.pools import pool_limits
 from sparkiq.server.served import ServedNode
+from sparkiq.stores.rocksdb import rocksdb_memory
 
 __all__ = ["Metrics", "QueryRate"]
 
@@ -65,6 +67,29 @@ class _ReplicaCollector:
         for pool, count in sorted(pools.items()):
             threads.add_metric([pool], count)
         yield threads
+        limits = GaugeMetricFamily(
+            "sparkiq_thread_pool_limit",
+            "Most threads a pool may have (its idle threads end after a while)",
+            labels=["pool"],
+        )
+        for pool, limit in sorted(pool_limits().items()):
+            limits.add_metric([pool], limit)
+        yield limits
+        memory = GaugeMetricFamily(
+            "sparkiq_rocksdb_memory_bytes",
+            "Memory the replicas' RocksDB stores hold, of memory they share (all stores of the"
+            " process share one block cache and one memtable budget)",
+            labels=["part"],
+        )
+        memory_limit = GaugeMetricFamily(
+            "sparkiq_rocksdb_memory_limit_bytes",
+            "The bound of each part of sparkiq_rocksdb_memory_bytes",
+            labels=["part"],
+        )
+        for part, (used, limit) in sorted(rocksdb_memory().items()):
+            memory.add_metric([part], used)
+            memory_limit.add_metric([part], limit)
+        yield from (memory, memory_limit)
         coordinator = getattr(self._node, "coordinator", None)
         if coordinator is not None:
             members = GaugeMetricFamily("sparkiq_cluster_live_members", "Live members seen")

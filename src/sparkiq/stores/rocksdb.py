@@ -104,6 +104,7 @@ __all__ = [
     "MEMTABLE_BUDGET_BYTES",
     "META_KEY",
     "RocksDBStore",
+    "rocksdb_memory",
 ]
 
 FORMAT_VERSION = 1
@@ -144,6 +145,20 @@ def _shared_resources() -> tuple[Cache, WriteBufferManager]:
                 WriteBufferManager(MEMTABLE_BUDGET_BYTES, False),
             )
         return _shared
+
+
+def rocksdb_memory() -> dict[str, tuple[int, int]]:
+    """Bytes used and the bound of the shared block cache and memtables, by part; empty
+    before any store was opened."""
+    with _shared_lock:
+        shared = _shared
+    if shared is None:
+        return {}
+    cache, write_buffers = shared
+    return {
+        "block_cache": (cache.get_usage(), BLOCK_CACHE_BYTES),
+        "memtables": (write_buffers.get_usage(), MEMTABLE_BUDGET_BYTES),
+    }
 
 
 def _options(create: bool) -> Options:
