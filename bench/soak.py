@@ -185,7 +185,7 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
             minute += 1
         sampler.stop_event.set()
         sampler.join()
-        pools = {n.node_id: thread_pools(n.url) for n in cluster.nodes}
+        gauges = {n.node_id: node_gauges(n.url) for n in cluster.nodes}
         head, changelog_anomalies = check_changelog(cluster.state_dir)
         anomalies += [str(a) for a in changelog_anomalies]
         mid_batch = f"{cluster.mid_batch_kills} of {cluster.writer_kills}"
@@ -198,23 +198,31 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
         "samples": sampler.samples,
         "writer_kills_mid_batch": mid_batch,
         "disk": cluster.disk_error or "tmpfs mounted",
-        "pools": pools,
+        "gauges": gauges,
     }
 
 
-def thread_pools(url: str) -> dict[str, int]:
-    """A node's threads by pool, from ``sparkiq_threads`` of its ``/metrics``."""
+def node_gauges(url: str) -> dict[str, dict[str, float]]:
+    """A node's labelled gauges of interest from its ``/metrics``: threads by pool and each
+    pool's bound, RocksDB's shared memory by part and its bound."""
     import httpx
 
+    wanted = (
+        "sparkiq_threads",
+        "sparkiq_thread_pool_limit",
+        "sparkiq_rocksdb_memory_bytes",
+        "sparkiq_rocksdb_memory_limit_bytes",
+    )
     try:
         text = httpx.get(f"{url}/metrics", timeout=10).text
     except httpx.HTTPError:
         return {}
-    return {
-        line.split('"')[1]: int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("sparkiq_threads{")
-    }
+    gauges: dict[str, dict[str, float]] = {name: {} for name in wanted}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in gauges:
+            gauges[name][rest.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return gauges
 
 
 def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]]:
@@ -288,11 +296,27 @@ def run(quick: bool, minutes: float | None = None) -> Report:
         f"{found['disk']}; slopes are least-squares fits over each node's longest "
         f"incarnation after {warmup:.0f} s of warm-up"
     )
-    for node, pools in found["pools"].items():
+    for node, gauges in found["gauges"].items():
+        pools, limits = (
+            gauges.get("sparkiq_threads", {}),
+            gauges.get("sparkiq_thread_pool_limit", {}),
+        )
         biggest = sorted(pools.items(), key=lambda p: -p[1])[:6]
         report.notes.append(
-            f"{node} threads at the end by pool: "
-            + ", ".join(f"{name} {count}" for name, count in biggest)
+            f"{node} threads at the end by pool (of its bound): "
+            + ", ".join(
+                f"{name} {count:.0f}" + (f"/{limits[name]:.0f}" if name in limits else "")
+                for name, count in biggest
+            )
+        )
+        used = gauges.get("sparkiq_rocksdb_memory_bytes", {})
+        bound = gauges.get("sparkiq_rocksdb_memory_limit_bytes", {})
+        report.notes.append(
+            f"{node} RocksDB memory at the end: "
+            + ", ".join(
+                f"{part} {used[part] / 2**20:.0f}/{bound[part] / 2**20:.0f} MB"
+                for part in sorted(used)
+            )
         )
     report.console += [e for t in tallies.values() for e in sorted(t.errors)][:10]
     report.figures = {
