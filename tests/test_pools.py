@@ -141,3 +141,12 @@ def test_limits_sum_the_live_pools_of_a_name() -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least one thread"):
         ElasticPool("test-empty", 0)
+
+
+def test_a_pool_thread_cannot_wait_for_its_own_pool() -> None:
+    pool = ElasticPool("test-self", 2)
+    try:
+        with pytest.raises(RuntimeError, match="cannot wait for its shutdown"):
+            pool.submit(pool.shutdown).result(HANG)
+    finally:
+        pool.shutdown()

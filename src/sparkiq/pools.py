@@ -62,10 +62,11 @@ class ElasticPool(Executor):
         # same lock) wakes an idle thread when work arrives or the pool shuts down.
         self._ready = threading.Condition(self._lock)
         self._work: deque[_Work] = deque()
-        self._threads = 0  # running threads
-        self._idle = 0  # threads waiting on _ready
+        self._threads = 0  # threads alive
+        self._idle = 0  # of them, those not running work (waiting, woken, handing back)
         self._started = 0  # threads ever started, for their names
         self._shut = False
+        self._own = threading.local()  # .thread is True on this pool's threads
         with _live_lock:
             _live.add(self)
 
@@ -84,17 +85,29 @@ class ElasticPool(Executor):
             # Idle threads (waiting, woken but not yet running, or handing back a result)
             # each take one piece of work; only work beyond them needs a new thread.
             if len(self._work) > self._idle and self._threads < self.max_threads:
-                self._threads += 1
-                self._idle += 1  # it starts by taking work
-                self._started += 1
-                threading.Thread(
-                    target=self._run, name=f"{self.name}_{self._started}", daemon=True
-                ).start()
+                self._start_thread()
             else:
                 self._ready.notify()
         return future
 
+    def _start_thread(self) -> None:
+        """Start a thread for the work just queued (caller holds _lock)."""
+        self._threads += 1
+        self._idle += 1  # it starts by taking work
+        self._started += 1
+        thread = threading.Thread(
+            target=self._run, name=f"{self.name}_{self._started}", daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError:  # the process can start no more threads: refuse the work
+            self._threads -= 1
+            self._idle -= 1
+            self._work.pop()
+            raise
+
     def _run(self) -> None:
+        self._own.thread = True
         while (work := self._next()) is not None:
             self._execute(*work)
             del work  # hold nothing of it (its arguments) while idle
@@ -144,7 +157,10 @@ class ElasticPool(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Take no more work; with ``cancel_futures``, cancel what has not started. Threads end
-        once the queue is empty; with ``wait``, this returns when they have."""
+        once the queue is empty; with ``wait``, this returns when they have (so a pool's own
+        thread may not wait for it)."""
+        if wait and getattr(self._own, "thread", False):
+            raise RuntimeError(f"a thread of pool {self.name!r} cannot wait for its shutdown")
         with self._lock:
             self._shut = True
             cancelled = list(self._work) if cancel_futures else []
