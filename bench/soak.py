@@ -45,6 +45,7 @@ class Sample:
     rss_mb: float
     threads: int
     fds: int
+    rocksdb_mb: float | None = None  # RocksDB's shared memory, when /metrics answered
 
 
 def _sample(pid: int) -> tuple[float, int, int] | None:
@@ -61,22 +62,35 @@ def _sample(pid: int) -> tuple[float, int, int] | None:
         return None
 
 
-class Sampler(threading.Thread):
-    """Samples every node's RSS, threads and fds every ``SAMPLE_EVERY`` s."""
+def _rocksdb_mb(url: str) -> float | None:
+    """The memory a node's RocksDB stores hold (block cache and memtables: bounded, filling
+    as data arrives), so it can be told apart from memory that grows without bound."""
+    used = node_gauges(url, timeout=2.0).get("sparkiq_rocksdb_memory_bytes")
+    return sum(used.values()) / 2**20 if used else None
 
-    def __init__(self, pids: Callable[[], dict[str, int]]) -> None:
+
+class Sampler(threading.Thread):
+    """Samples every node's RSS, threads and fds every ``SAMPLE_EVERY`` s, and its RocksDB
+    memory from ``/metrics`` (absent while the node is stopped or cut off)."""
+
+    def __init__(
+        self, pids: Callable[[], dict[str, int]], urls: Callable[[], dict[str, str]]
+    ) -> None:
         super().__init__(daemon=True, name="soak-sampler")
         self.pids = pids
+        self.urls = urls
         self.samples: dict[str, list[Sample]] = {}
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         while not self.stop_event.is_set():
             now = time.monotonic()
+            urls = self.urls()
             for node, pid in self.pids().items():
                 got = _sample(pid)
                 if got is not None:
-                    self.samples.setdefault(node, []).append(Sample(now, pid, *got))
+                    rocksdb = _rocksdb_mb(urls[node]) if node in urls else None
+                    self.samples.setdefault(node, []).append(Sample(now, pid, *got, rocksdb))
             self.stop_event.wait(SAMPLE_EVERY)
 
 
@@ -146,7 +160,9 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
     anomalies: list[str] = []
     total_ops = 0
     with cluster:
-        sampler = Sampler(lambda: dict(cluster.pids))
+        sampler = Sampler(
+            lambda: dict(cluster.pids), lambda: {n.node_id: n.url for n in cluster.nodes}
+        )
         sampler.start()
         began = time.monotonic()
         faults = schedule(cluster)
@@ -202,7 +218,7 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
     }
 
 
-def node_gauges(url: str) -> dict[str, dict[str, float]]:
+def node_gauges(url: str, timeout: float = 10.0) -> dict[str, dict[str, float]]:
     """A node's labelled gauges of interest from its ``/metrics``: threads by pool and each
     pool's bound, RocksDB's shared memory by part and its bound."""
     import httpx
@@ -214,7 +230,7 @@ def node_gauges(url: str) -> dict[str, dict[str, float]]:
         "sparkiq_rocksdb_memory_limit_bytes",
     )
     try:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
+        text = httpx.get(f"{url}/metrics", timeout=timeout).text
     except httpx.HTTPError:
         return {}
     gauges: dict[str, dict[str, float]] = {name: {} for name in wanted}
@@ -241,9 +257,12 @@ def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]
             return slope_per_hour([(s.at, float(getattr(s, attr))) for s in steady])
 
         first, last = steady[0], steady[-1]
+        known = [s for s in steady if s.rocksdb_mb is not None]
+        besides = slope_per_hour([(s.at, s.rss_mb - (s.rocksdb_mb or 0.0)) for s in known])
         rows.append([
             node, str(len(by_pid)), f"{hours * 60:.1f} min",
             f"{first.rss_mb:.0f} -> {last.rss_mb:.0f} MB", f"{fit('rss_mb'):+.1f} MB/h",
+            f"{besides:+.1f} MB/h",
             f"{first.threads} -> {last.threads}", f"{fit('threads'):+.1f}/h",
             f"{first.fds} -> {last.fds}", f"{fit('fds'):+.1f}/h",
         ])  # fmt: skip
@@ -267,6 +286,7 @@ def run(quick: bool, minutes: float | None = None) -> Report:
             "longest",
             "RSS",
             "RSS slope",
+            "RSS besides RocksDB, slope",
             "threads",
             "threads slope",
             "fds",
