@@ -119,8 +119,8 @@ class Pages:
     def run(self, spec: Path, timeout: float) -> tuple[int | None, str]:
         """Run the page ``spec`` describes: its exit code (None: it did not finish within
         ``timeout`` s, or the runner died) and what it printed, then what the runner wrote
-        on stderr meanwhile when the page failed. After a failure the runner
-        is replaced, so that no later page runs beside what a failed one left behind."""
+        on stderr meanwhile when the page failed. After a failure the runner is replaced,
+        so that no later page runs beside what a failed one left behind."""
         if self.process is None or self.process.poll() is not None:
             self.process = self._start()
         assert self.process.stdin is not None
@@ -141,6 +141,8 @@ class Pages:
                 code = int(line[len(DONE) :])
                 break
             printed.append(line)
+        if code is None and self.process.poll() is None:
+            self.process.kill()  # a hung page: what it printed is the clue, not its exit
         if code != 0:
             self.close()
             with self.log.open() as log:
@@ -188,7 +190,10 @@ def test_python_blocks(page: Path, live: Live, pages: Pages, tmp_path: Path) -> 
     # A page may start several Spark pipelines: minutes on a loaded machine. The bound
     # only turns a hang into a failure that shows how far the page got.
     code, printed = pages.run(spec, timeout=1500)
-    assert code is not None, f"{_id(page)}: not done after 1500 s; it printed:\n{printed}"
+    assert code is not None, (
+        f"{_id(page)}: the runner ended, or 1500 s passed, before the page was done; "
+        f"it printed:\n{printed}"
+    )
     assert code == 0, printed[-7000:]
     ran = [line[3:] for line in printed.splitlines() if line.startswith("ok ")]
     assert ran == [b["where"] for b in blocks], printed[-4000:]
@@ -291,3 +296,49 @@ def test_substitution_and_command_parsing() -> None:
     (command,) = commands_of(block)
     assert (command.line, command.text, command.output) == (11, "sparkiq a b", ("out",))
     assert shlex.split(command.text) == ["sparkiq", "a", "b"]
+
+
+def test_the_page_runner_reports_a_failing_or_hung_page_and_starts_afresh(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # no live demo: the runner alone
+    (tmp_path / "page").mkdir()
+    runner = Pages(tmp_path / "page", env, tmp_path / "runner.log")
+
+    def page(name: str, *texts: str) -> Path:
+        spec = tmp_path / f"{name}.json"
+        blocks = [{"where": f"{name}.md:{i}", "text": t} for i, t in enumerate(texts)]
+        spec.write_text(json.dumps(blocks))
+        return spec
+
+    try:
+        code, printed = runner.run(page("good", "x = 6 * 7", "print(x)"), timeout=120)
+        assert code == 0, printed
+        assert [line for line in printed.splitlines() if not line.startswith("#")] == [
+            "ok good.md:0",
+            "42",
+            "ok good.md:1",
+        ]
+        first = runner.process
+        code, printed = runner.run(page("next", "print('x' in dir())"), timeout=120)
+        assert (code, runner.process) == (0, first), printed  # the same runner...
+        assert "False" in printed.splitlines()  # ...and a namespace of the page's own
+
+        code, printed = runner.run(
+            page(
+                "bad", "import sys; print('to stderr', file=sys.stderr)", "1 / 0", "print('never')"
+            ),
+            timeout=120,
+        )
+        assert code == 1, printed
+        assert "FAILED bad.md:1" in printed and "ZeroDivisionError" in printed
+        assert "never" not in printed and "to stderr" in printed
+        assert runner.process is None  # replaced before the next page
+
+        code, printed = runner.run(page("after", "print('fresh')"), timeout=120)
+        assert code == 0 and "fresh" in printed.splitlines()
+        # a started runner: the first block prints at once, the second never ends
+        hung = page("hung", "print('started', flush=True)", "import time; time.sleep(600)")
+        code, printed = runner.run(hung, timeout=10)
+        assert code is None and "ok hung.md:0" in printed, printed
+        assert runner.process is None  # killed, not waited for
+    finally:
+        runner.close()
