@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,10 +91,21 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             process.wait()
 
 
+def fill_page_dir(directory: Path, live: Live) -> None:
+    """Make ``directory`` a page's working directory afresh: whatever it held goes, then
+    ``demo-state`` (a link to the live demo's) and the input folders of
+    :data:`tests.docs.blocks.INPUTS` come."""
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    os.symlink(live.root / "demo-state", directory / "demo-state")
+    write_inputs(directory)
+
+
 @pytest.fixture
 def page_dir(live: Live, tmp_path: Path) -> Path:
-    """A page's working directory: ``demo-state`` (the live demo's) and the input folders
-    of :data:`tests.docs.blocks.INPUTS`."""
-    os.symlink(live.root / "demo-state", tmp_path / "demo-state")
-    write_inputs(tmp_path)
+    """A page's working directory of its own (see :func:`fill_page_dir`)."""
+    fill_page_dir(tmp_path, live)
     return tmp_path

@@ -1,19 +1,25 @@
 """Every fenced code block of README.md and docs/*.md is run, or explicitly marked as not
 runnable with a reason (the conventions: tests/docs/blocks.py, docs/contributing-docs.md).
 
-Python blocks run page by page in a fresh interpreter; shell blocks (``sparkiq``, ``curl``,
+Python blocks run page by page, each page in a namespace of its own, in one interpreter that
+starts Spark once (tests/docs/run_page.py); shell blocks (``sparkiq``, ``curl``,
 ``psql``) and SQL blocks run against a live ``sparkiq demo`` and a node with the Postgres
 endpoint beside it (tests/docs/conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -32,7 +38,8 @@ from tests.docs.blocks import (
     program_of,
     substitute,
 )
-from tests.docs.conftest import Live
+from tests.docs.conftest import Live, fill_page_dir
+from tests.docs.run_page import DONE
 
 BLOCKS = all_blocks()
 PAGES_WITH_PYTHON = [
@@ -72,34 +79,124 @@ def test_json_blocks_parse() -> None:
                 pytest.fail(f"{block.where}: not JSON ({exc}); mark it 'text' if it is a sketch")
 
 
+class Pages:
+    """One ``python -m tests.docs.run_page --serve`` for the pages of this module: Spark
+    starts once for all of them. Its working directory, ``cwd``, is emptied and filled
+    afresh before each page (:func:`tests.docs.conftest.fill_page_dir`): Spark's JVM
+    resolves relative paths against the directory it started in, so a page's ``orders/``
+    or ``data/shop`` must be there, and must not be what an earlier page left."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.cwd = cwd
+        self.log = log  # the runner's stderr: Spark's log, warnings
+        self.env = env
+        self.process: subprocess.Popen[str] | None = None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+
+    def _start(self) -> subprocess.Popen[str]:
+        self.lines = queue.Queue()
+        with self.log.open("a") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tests.docs.run_page", "--serve"],
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        lines, out = self.lines, process.stdout
+        assert out is not None
+
+        def read() -> None:
+            for line in out:
+                lines.put(line)
+            lines.put(None)  # the runner ended
+
+        threading.Thread(target=read, daemon=True).start()
+        return process
+
+    def run(self, spec: Path, timeout: float) -> tuple[int | None, str]:
+        """Run the page ``spec`` describes: its exit code (None: it did not finish within
+        ``timeout`` s, or the runner died) and what it printed, then what the runner wrote
+        on stderr meanwhile when the page failed. After a failure the runner is replaced,
+        so that no later page runs beside what a failed one left behind."""
+        if self.process is None or self.process.poll() is not None:
+            self.process = self._start()
+        assert self.process.stdin is not None
+        logged = self.log.stat().st_size
+        self.process.stdin.write(f"{spec}\n")
+        self.process.stdin.flush()
+        printed: list[str] = []
+        deadline = time.monotonic() + timeout
+        code: int | None = None
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if line.startswith(DONE):
+                code = int(line[len(DONE) :])
+                break
+            printed.append(line)
+        if code is None and self.process.poll() is None:
+            self.process.kill()  # a hung page: what it printed is the clue, not its exit
+        if code != 0:
+            self.close()
+            with self.log.open() as log:
+                log.seek(logged)
+                printed.append(f"\n--- stderr:\n{log.read()[-3000:]}")
+        return code, "".join(printed)
+
+    def close(self) -> None:
+        if self.process is None:
+            return
+        process, self.process = self.process, None
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # the runner stops Spark and exits
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def pages(live: Live, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pages]:
+    root = tmp_path_factory.mktemp("docs-pages")
+    (root / "page").mkdir()
+    runner = Pages(root / "page", _env(live), root / "runner.log")
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # the first one also waits for the demo's first micro-batch
 @pytest.mark.parametrize("page", PAGES_WITH_PYTHON, ids=_id)
-def test_python_blocks(page: Path, live: Live, page_dir: Path) -> None:
+def test_python_blocks(page: Path, live: Live, pages: Pages, tmp_path: Path) -> None:
     blocks = [
         {"where": b.where, "text": substitute(b.text, live.http, live.pg_port)}
         for b in blocks_of(page)
         if b.kind == "python" and not b.no_run
     ]
-    spec = page_dir / "blocks.json"
+    spec = tmp_path / "blocks.json"
     spec.write_text(json.dumps(blocks))
-    try:
-        # A page may start several Spark pipelines: minutes on a loaded machine. The bound
-        # only turns a hang into a failure that shows how far the page got.
-        result = subprocess.run(
-            [sys.executable, "-m", "tests.docs.run_page", str(spec)],
-            cwd=page_dir,
-            env=_env(live),
-            capture_output=True,
-            text=True,
-            timeout=1500,
-        )
-    except subprocess.TimeoutExpired as exc:
-        done = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout
-        pytest.fail(f"{_id(page)}: still running after {exc.timeout} s; it printed:\n{done}")
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
-    ran = [line[3:] for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert ran == [b["where"] for b in blocks], result.stdout[-4000:]
+    fill_page_dir(pages.cwd, live)
+    # A page may start several Spark pipelines: minutes on a loaded machine. The bound
+    # only turns a hang into a failure that shows how far the page got.
+    code, printed = pages.run(spec, timeout=1500)
+    assert code is not None, (
+        f"{_id(page)}: the runner ended, or 1500 s passed, before the page was done; "
+        f"it printed:\n{printed}"
+    )
+    assert code == 0, printed[-7000:]
+    ran = [line[3:] for line in printed.splitlines() if line.startswith("ok ")]
+    assert ran == [b["where"] for b in blocks], printed[-4000:]
 
 
 @pytest.mark.slow
@@ -199,3 +296,49 @@ def test_substitution_and_command_parsing() -> None:
     (command,) = commands_of(block)
     assert (command.line, command.text, command.output) == (11, "sparkiq a b", ("out",))
     assert shlex.split(command.text) == ["sparkiq", "a", "b"]
+
+
+def test_the_page_runner_reports_a_failing_or_hung_page_and_starts_afresh(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # no live demo: the runner alone
+    (tmp_path / "page").mkdir()
+    runner = Pages(tmp_path / "page", env, tmp_path / "runner.log")
+
+    def page(name: str, *texts: str) -> Path:
+        spec = tmp_path / f"{name}.json"
+        blocks = [{"where": f"{name}.md:{i}", "text": t} for i, t in enumerate(texts)]
+        spec.write_text(json.dumps(blocks))
+        return spec
+
+    try:
+        code, printed = runner.run(page("good", "x = 6 * 7", "print(x)"), timeout=120)
+        assert code == 0, printed
+        assert [line for line in printed.splitlines() if not line.startswith("#")] == [
+            "ok good.md:0",
+            "42",
+            "ok good.md:1",
+        ]
+        first = runner.process
+        code, printed = runner.run(page("next", "print('x' in dir())"), timeout=120)
+        assert (code, runner.process) == (0, first), printed  # the same runner...
+        assert "False" in printed.splitlines()  # ...and a namespace of the page's own
+
+        code, printed = runner.run(
+            page(
+                "bad", "import sys; print('to stderr', file=sys.stderr)", "1 / 0", "print('never')"
+            ),
+            timeout=120,
+        )
+        assert code == 1, printed
+        assert "FAILED bad.md:1" in printed and "ZeroDivisionError" in printed
+        assert "never" not in printed and "to stderr" in printed
+        assert runner.process is None  # replaced before the next page
+
+        code, printed = runner.run(page("after", "print('fresh')"), timeout=120)
+        assert code == 0 and "fresh" in printed.splitlines()
+        # a started runner: the first block prints at once, the second never ends
+        hung = page("hung", "print('started', flush=True)", "import time; time.sleep(600)")
+        code, printed = runner.run(hung, timeout=10)
+        assert code is None and "ok hung.md:0" in printed, printed
+        assert runner.process is None  # killed, not waited for
+    finally:
+        runner.close()

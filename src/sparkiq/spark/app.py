@@ -507,14 +507,27 @@ class App:
 
         Each query is stopped between micro-batches when one finishes within ``timeout``
         seconds: interrupting a batch is safe (the changelog stays consistent and the batch
-        re-runs on restart) but wastes its work and makes Spark log the interruption.
+        re-runs on restart) but wastes its work and makes Spark log the interruption. The
+        queries are stopped side by side, so ``timeout`` bounds the whole wait: one after
+        another, the queries still running start new batches while an earlier one is waited
+        for, and on a machine whose batches take longer than their trigger each wait ran to
+        its ``timeout`` (three queries, three timeouts).
         """
         with self._lock:
             watcher, self._watcher = self._watcher, None
             if watcher is not None:
                 watcher.stop()
-            for table in self._tables.values():
-                self._stop_query(table, timeout)
+            stopping = [
+                threading.Thread(
+                    target=self._stop_query, args=(table, timeout), name=f"sparkiq-stop-{name}"
+                )
+                for name, table in self._tables.items()
+                if table.query is not None
+            ]
+            for thread in stopping:
+                thread.start()
+            for thread in stopping:
+                thread.join()  # _stop_query catches what a stop raises: each thread ends
             if self.node is not None:
                 self.node.stop()
                 self.node = None
