@@ -29,6 +29,9 @@ from tests.spark.test_differential import (
 # Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
 pytestmark = pytest.mark.slow
 
+#: The differential pipeline's tables but its windowed one (materialize_tables(per_window=False)).
+TABLES = ("by_product", "by_user_day", "orders")
+
 
 def test_the_sink_is_plain_data(spark: Any, tmp_path: Path) -> None:
     """What foreachBatch ships holds no App, node, lock or session: it pickles with the
@@ -133,13 +136,13 @@ def test_differential_pipeline_snapshots_and_compact_under_connect(
             app.process_all_available()
             # No waiting here: the replicas already hold the newest commit of every table.
             assert app.node is not None
-            for name in ("by_product", "by_user_day", "orders"):
+            for name in TABLES:
                 newest = Changelog(str(state), name).committed_batch_ids()[-1]
                 assert newest == index == app.tables[name].committed_batch_id
                 offsets = app.node.position(name).partition_offsets(name)
                 assert set(offsets.values()) == {index}, (name, offsets)
-            truth = batch_truth(spark, source)
-            for store in ("by_product", "by_user_day", "orders"):
+            truth = batch_truth(spark, source, TABLES)
+            for store in TABLES:
                 scanned = {
                     k: normalize(v) for k, v in full_scan(app, store, RangeQuery.with_no_bounds())
                 }
@@ -160,7 +163,7 @@ def test_differential_pipeline_snapshots_and_compact_under_connect(
         app.compact("by_product")
         products = Changelog(str(state), "by_product")
         assert all(list_snapshots(products, p)[-1].batch_id == 3 for p in range(5))
-        truth = batch_truth(spark, source)
+        truth = batch_truth(spark, source, ["by_product"])
         with Node(str(state), node_id="fresh", store="memory") as node:
             node.poll_once()
             got = {k: normalize(node.get("by_product", k)) for k in truth["by_product"]}

@@ -34,6 +34,7 @@ from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import list_snapshots
 from sparkiq.spark.sink import CRASH_ENV, SEGMENT_FAULT_ENV, TableSink, absolute_location
 from sparkiq.testing import JsonSource, assert_table_matches, diff_table
+from tests.spark.short_jvm import SHORT_JVM_OPTIONS
 from tests.spark.test_differential import normalize, write_orders
 
 # Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
@@ -75,6 +76,7 @@ def _spark_env(logs: Path) -> dict[str, str]:
         SPARK_HOME=_find_spark_home(),
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_DAEMON_MEMORY="256m",
+        SPARK_DAEMON_JAVA_OPTS=SHORT_JVM_OPTIONS,
         SPARK_LOG_DIR=str(logs),
         PYSPARK_PYTHON=sys.executable,
     )
