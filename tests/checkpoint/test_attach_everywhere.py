@@ -165,6 +165,11 @@ def get_json(url: str) -> Any:
     return response.json()
 
 
+def post_sql(url: str, sql: str) -> httpx.Response:
+    # a hang bound, not httpx's implicit 5 s: a loaded machine runs the statement slower
+    return httpx.post(f"{url}/query", json={"sql": sql}, timeout=30)
+
+
 def test_console_views_show_attached_tables(pipeline: Pipeline, cluster: Cluster) -> None:
     """What the console's table and cluster views read (``/stores``, ``/metadata``,
     ``/stats``, ``/readyz``, its SQL and key lookups) on each node: the attached table,
@@ -202,9 +207,9 @@ def test_console_views_show_attached_tables(pipeline: Pipeline, cluster: Cluster
         assert {s["partition"] for s in mine} == set(range(PARTITIONS))  # active + standby
         assert all(s["state"] == "live" and s["batch_id"] >= batch for s in mine)
         # the table view's count and sample, and its key lookup, through the REST API
-        count = httpx.post(f"{node.url}/query", json={"sql": f"SELECT count(*) AS n FROM {TABLE}"})
+        count = post_sql(node.url, f"SELECT count(*) AS n FROM {TABLE}")
         assert count.status_code == 200 and count.json()["rows"] == [{"n": len(expected)}]
-        sample = httpx.post(f"{node.url}/query", json={"sql": f"SELECT * FROM {TABLE} LIMIT 20"})
+        sample = post_sql(node.url, f"SELECT * FROM {TABLE} LIMIT 20")
         assert sample.status_code == 200, sample.text
         assert sample.json()["columns"] == ["user", "count", "sum"]
         for row in sample.json()["rows"]:
@@ -212,7 +217,7 @@ def test_console_views_show_attached_tables(pipeline: Pipeline, cluster: Cluster
         for user in ("u3", "console", "u17"):
             doc = get_json(f"{node.url}/stores/{TABLE}/keys/{user}")
             assert doc["row"] == expected[user]
-        missing = httpx.get(f"{node.url}/stores/{TABLE}/keys/nobody")
+        missing = httpx.get(f"{node.url}/stores/{TABLE}/keys/nobody", timeout=30)
         assert missing.status_code == 404, missing.text
 
 
