@@ -149,8 +149,9 @@ class _Shell:
         sql = statement.rstrip().rstrip(";").rstrip()
         if is_push_query(sql):
             printer = ChangePrinter(sys.stdout, "table")
-            self.console.print("[dim]streaming changes; Ctrl-C stops[/dim]")
             with self.client.stream(sql) as changes:
+                # said once the node answered, i.e. subscribed: from here no batch is missed
+                self.console.print("[dim]streaming changes; Ctrl-C stops[/dim]")
                 try:
                     for change in changes:
                         printer(change)
