@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 import sparkiq
 
 SRC = Path(sparkiq.__file__).resolve().parent
@@ -18,7 +20,7 @@ SRC = Path(sparkiq.__file__).resolve().parent
 # Lower layers first; a module may import its own layer and the layers before it. A module's
 # layer is its first path component under src/sparkiq ("__init__" is the top package itself).
 LAYERS = [
-    {"errors", "_version", "pools"},
+    {"errors", "_version", "pools", "exports", "cancel"},
     {"query"},
     {"schema"},
     {"stores"},
@@ -31,8 +33,8 @@ LAYERS = [
     {"node"},  # the Node facade assembles cluster, sql and server (may not exist yet)
     {"spark"},  # the App embeds a node
     {"client"},
-    # `from sparkiq import X` runs sparkiq/__init__, which imports every layer: only the top
-    # layer may do it.
+    # `from sparkiq import X` runs sparkiq/__init__, which may import every layer (each public
+    # name's module, when the name is first used): only the top layer may do it.
     {"cli", "output", "shell", "demo", "testing", "__init__"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
@@ -393,6 +395,72 @@ def test_spark_code_works_with_spark_connect() -> None:
             if classic_only.intersection(names):
                 offenders.append(f"{module.relative_to(SRC)}:{node.lineno}")
     assert offenders == []
+
+
+def lazy_packages() -> list[Path]:
+    return sorted(p for p in SRC.rglob("__init__.py") if "_HOMES" in p.read_text())
+
+
+def test_lazy_packages_name_each_export_once_in_all_three_lists() -> None:
+    """A lazy package names its exports three times: ``_HOMES`` (what runs), the
+    ``TYPE_CHECKING`` imports (what type checkers see) and ``__all__``; they must agree."""
+    assert {p.parent.name for p in lazy_packages()} == {"sparkiq", "spark", "sql"}
+    for init in lazy_packages():
+        tree = ast.parse(init.read_text())
+        homes: dict[str, tuple[str, ...]] = {}
+        checked: dict[str, tuple[str, ...]] = {}
+        listed: list[str] = []
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        for node in tree.body:
+            if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "_HOMES":
+                assert node.value is not None
+                homes = ast.literal_eval(node.value)
+            elif isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__":
+                listed = ast.literal_eval(node.value)
+            elif isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                for item in node.body:
+                    assert isinstance(item, ast.ImportFrom), ast.unparse(item)
+                    checked[str(item.module)] = tuple(a.name for a in item.names)
+        assert homes == checked, init
+        exported = sorted(name for names in homes.values() for name in names)
+        assert sorted(set(listed) - {"__version__"} - defined) == exported, init
+
+
+def test_a_lazy_package_loads_a_module_when_a_name_is_first_read() -> None:
+    code = """
+import sys, sparkiq, sparkiq.sql
+assert "sparkiq.node" not in sys.modules
+assert "Node" in dir(sparkiq) and "SqlEngine" in dir(sparkiq.sql)
+node = sparkiq.Node
+assert "sparkiq.node" in sys.modules and sparkiq.Node is node
+# the engine registers SQL fragments with the wire protocol; a node answers them
+from sparkiq.sql import SqlEngine
+assert "sparkiq.sql.fragment" in sys.modules
+try:
+    sparkiq.Nope
+except AttributeError as e:
+    assert str(e) == "module 'sparkiq' has no attribute 'Nope'", e
+else:
+    raise AssertionError("sparkiq.Nope")
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# What the command line and a client-only script must not load: the SQL engine, the stores,
+# the HTTP server (``sparkiq --help`` took 0.9 CPU-s, 12 s on a busy machine, loading them).
+HEAVY = ["duckdb", "sqlglot", "rocksdict", "uvicorn", "sparkiq.node"]
+
+
+@pytest.mark.parametrize(
+    "module, heavy",
+    [("sparkiq.cli", [*HEAVY, "pyarrow", "httpx"]), ("sparkiq.client", HEAVY)],
+)
+def test_the_command_line_and_the_client_load_only_what_they_use(
+    module: str, heavy: list[str]
+) -> None:
+    code = f"import sys, {module}; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    assert out.stdout.decode().strip() == "[]"
 
 
 def test_import_starts_no_jvm_and_no_threads() -> None:

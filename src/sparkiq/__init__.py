@@ -7,66 +7,73 @@ no JVM and does not import pyspark.
 
 from __future__ import annotations
 
-from sparkiq._version import __version__
-from sparkiq.client import Client
-from sparkiq.cluster.attach import Attached, attach
-from sparkiq.cluster.config import NodeConfig
-from sparkiq.cluster.follower import Follower, follow
-from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
-from sparkiq.errors import (
-    AuthenticationError,
-    ChangelogError,
-    ConfigError,
-    CorruptSegmentError,
-    InvalidQueryError,
-    LayoutMismatchError,
-    NodeUnreachableError,
-    ReadOnlyError,
-    SchemaError,
-    SparkiqError,
-    StoreError,
-    UnknownStoreError,
-)
-from sparkiq.node import Node
-from sparkiq.query import (
-    FailureReason,
-    KeyQuery,
-    MultiVersionedKeyQuery,
-    Position,
-    PositionBound,
-    Query,
-    QueryResult,
-    RangeQuery,
-    ResultOrder,
-    RowIterator,
-    StateQueryRequest,
-    StateQueryResult,
-    VersionedKeyQuery,
-    VersionedRecord,
-    WindowKeyQuery,
-    WindowRangeQuery,
-)
-from sparkiq.schema.partitioner import partition_for, spark_hash
-from sparkiq.spark import register_data_source
-from sparkiq.spark.app import App, Table
-from sparkiq.spark.lookup import enrich
-from sparkiq.sql import (
-    QuerySource,
-    SqlEngine,
-    SqlError,
-    SqlLimitError,
-    SqlLimits,
-    SqlPartitionError,
-    SqlResult,
-    SqlSyntaxError,
-    SqlUnknownNameError,
-    SqlUnsupportedError,
-)
-from sparkiq.sql.change import Change
-from sparkiq.sql.push import SubscriptionHub
-from sparkiq.stores.dispatch import QueryContext, register
-from sparkiq.stores.partition import PartitionStore
+from typing import TYPE_CHECKING
 
+from sparkiq._version import __version__
+from sparkiq.exports import lazy_exports
+
+#: Where each public name lives; importing sparkiq imports none of these modules (see
+#: sparkiq.exports): ``sparkiq --help`` or a client-only script loads only what it uses.
+_HOMES: dict[str, tuple[str, ...]] = {
+    "sparkiq.client": ("Client",),
+    "sparkiq.cluster.attach": ("Attached", "attach"),
+    "sparkiq.cluster.config": ("NodeConfig",),
+    "sparkiq.cluster.follower": ("Follower", "follow"),
+    "sparkiq.cluster.metadata": ("HostInfo", "KeyQueryMetadata", "NodeMetadata"),
+    "sparkiq.errors": (
+        "AuthenticationError",
+        "ChangelogError",
+        "ConfigError",
+        "CorruptSegmentError",
+        "InvalidQueryError",
+        "LayoutMismatchError",
+        "NodeUnreachableError",
+        "ReadOnlyError",
+        "SchemaError",
+        "SparkiqError",
+        "StoreError",
+        "UnknownStoreError",
+    ),
+    "sparkiq.node": ("Node",),
+    "sparkiq.query": (
+        "FailureReason",
+        "KeyQuery",
+        "MultiVersionedKeyQuery",
+        "Position",
+        "PositionBound",
+        "Query",
+        "QueryResult",
+        "RangeQuery",
+        "ResultOrder",
+        "RowIterator",
+        "StateQueryRequest",
+        "StateQueryResult",
+        "VersionedKeyQuery",
+        "VersionedRecord",
+        "WindowKeyQuery",
+        "WindowRangeQuery",
+    ),
+    "sparkiq.schema.partitioner": ("partition_for", "spark_hash"),
+    "sparkiq.spark": ("register_data_source",),
+    "sparkiq.spark.app": ("App", "Table"),
+    "sparkiq.spark.lookup": ("enrich",),
+    "sparkiq.sql": (
+        "QuerySource",
+        "SqlEngine",
+        "SqlError",
+        "SqlLimitError",
+        "SqlLimits",
+        "SqlPartitionError",
+        "SqlResult",
+        "SqlSyntaxError",
+        "SqlUnknownNameError",
+        "SqlUnsupportedError",
+    ),
+    "sparkiq.sql.change": ("Change",),
+    "sparkiq.sql.push": ("SubscriptionHub",),
+    "sparkiq.stores.dispatch": ("QueryContext", "register"),
+    "sparkiq.stores.partition": ("PartitionStore",),
+}
 __all__ = [
     "App",
     "Attached",
@@ -129,3 +136,67 @@ __all__ = [
     "register_data_source",
     "spark_hash",
 ]
+
+if TYPE_CHECKING:
+    # What type checkers and editors see; tests/test_package.py keeps these imports,
+    # _HOMES and __all__ naming the same things.
+    from sparkiq.client import Client
+    from sparkiq.cluster.attach import Attached, attach
+    from sparkiq.cluster.config import NodeConfig
+    from sparkiq.cluster.follower import Follower, follow
+    from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
+    from sparkiq.errors import (
+        AuthenticationError,
+        ChangelogError,
+        ConfigError,
+        CorruptSegmentError,
+        InvalidQueryError,
+        LayoutMismatchError,
+        NodeUnreachableError,
+        ReadOnlyError,
+        SchemaError,
+        SparkiqError,
+        StoreError,
+        UnknownStoreError,
+    )
+    from sparkiq.node import Node
+    from sparkiq.query import (
+        FailureReason,
+        KeyQuery,
+        MultiVersionedKeyQuery,
+        Position,
+        PositionBound,
+        Query,
+        QueryResult,
+        RangeQuery,
+        ResultOrder,
+        RowIterator,
+        StateQueryRequest,
+        StateQueryResult,
+        VersionedKeyQuery,
+        VersionedRecord,
+        WindowKeyQuery,
+        WindowRangeQuery,
+    )
+    from sparkiq.schema.partitioner import partition_for, spark_hash
+    from sparkiq.spark import register_data_source
+    from sparkiq.spark.app import App, Table
+    from sparkiq.spark.lookup import enrich
+    from sparkiq.sql import (
+        QuerySource,
+        SqlEngine,
+        SqlError,
+        SqlLimitError,
+        SqlLimits,
+        SqlPartitionError,
+        SqlResult,
+        SqlSyntaxError,
+        SqlUnknownNameError,
+        SqlUnsupportedError,
+    )
+    from sparkiq.sql.change import Change
+    from sparkiq.sql.push import SubscriptionHub
+    from sparkiq.stores.dispatch import QueryContext, register
+    from sparkiq.stores.partition import PartitionStore
+else:
+    __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -12,12 +12,17 @@ Its threads are daemons. Whoever owns a pool shuts it down; at interpreter exit 
 running (a copy out to a silent node) is abandoned instead of holding the process until its
 timeout, which a ``ThreadPoolExecutor`` would do.
 
+Work runs in the context (``contextvars``) of the code that submitted it, as
+``asyncio.to_thread`` does: a request's cancel signal (:mod:`sparkiq.cancel`) follows its
+work onto pool threads.
+
 Every live pool is listed by :func:`pool_limits`, so ``/metrics`` can show each pool's
 threads next to its bound.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import weakref
 from collections import deque
@@ -29,7 +34,7 @@ __all__ = ["ElasticPool", "pool_limits"]
 
 T = TypeVar("T")
 
-_Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+_Work = tuple[Future[Any], contextvars.Context, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 #: Every pool not yet shut down (weak: a pool nobody holds any more drops out by itself).
 _live: weakref.WeakSet[ElasticPool] = weakref.WeakSet()
@@ -81,7 +86,7 @@ class ElasticPool(Executor):
         with self._lock:
             if self._shut:
                 raise RuntimeError(f"cannot schedule new work: pool {self.name!r} is shut down")
-            self._work.append((future, fn, args, kwargs))
+            self._work.append((future, contextvars.copy_context(), fn, args, kwargs))
             # Idle threads (waiting, woken but not yet running, or handing back a result)
             # each take one piece of work; only work beyond them needs a new thread.
             if len(self._work) > self._idle and self._threads < self.max_threads:
@@ -115,6 +120,7 @@ class ElasticPool(Executor):
     def _execute(
         self,
         future: Future[Any],
+        context: contextvars.Context,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -123,7 +129,7 @@ class ElasticPool(Executor):
             self._back()
             return
         try:
-            result = fn(*args, **kwargs)
+            result = context.run(fn, *args, **kwargs)
         except BaseException as exc:  # handed to whoever waits on the future
             self._back()
             future.set_exception(exc)

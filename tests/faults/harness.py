@@ -301,13 +301,21 @@ class FaultCluster:
 
         def apply() -> None:
             stat = os.statvfs(filler.parent)
-            with open(filler, "wb") as handle:
+            # Unbuffered: a buffered file kept what the full disk refused and raised ENOSPC
+            # again when closed (under load, when the replica wrote between statvfs and
+            # fallocate and fallocate failed, the write loop below did the filling).
+            try:
+                handle = open(filler, "wb", buffering=0)  # noqa: SIM115 (closed below)
+            except OSError as exc:  # full before the fault: say with what
+                raise AssertionError(
+                    f"{filler.parent}: {exc}; it holds {_usage(filler.parent)}"
+                ) from None
+            with handle:
                 with contextlib.suppress(OSError):
                     os.posix_fallocate(handle.fileno(), 0, stat.f_bavail * stat.f_frsize)
                 with contextlib.suppress(OSError):  # whatever fallocate left
-                    while True:
-                        handle.write(b"\0" * 65536)
-                        handle.flush()
+                    while handle.write(b"\0" * 65536):
+                        pass
 
         def heal() -> None:
             filler.unlink(missing_ok=True)
@@ -398,6 +406,18 @@ def _events(log_path: str | Path, lines: int = 60) -> str:
     progress = [line for line in kept if "restoring, batch" in line]
     events = [line for line in kept if "restoring, batch" not in line]
     return "".join(events[-lines:] + progress[-4:])
+
+
+def _usage(root: Path) -> str:
+    """The largest directories under ``root`` with their sizes (a full disk's culprits)."""
+    sizes: dict[str, int] = {}
+    for path in root.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                top = path.relative_to(root).parts[:3]
+                sizes["/".join(top)] = sizes.get("/".join(top), 0) + path.stat().st_size
+    largest = sorted(sizes.items(), key=lambda item: -item[1])[:12]
+    return ", ".join(f"{name} {size >> 10} KiB" for name, size in largest) or "nothing"
 
 
 def _names(directory: Path) -> list[str]:

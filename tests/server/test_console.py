@@ -4,10 +4,15 @@ rows shown, an error located, a push query's changes streamed as they are commit
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
+import sys
+import threading
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -163,6 +168,20 @@ def assert_not_blank(browser: Any, path: Path) -> None:
     assert top_share < 0.95, f"{path.name}: {top_share:.0%} of the image is one colour"
 
 
+@contextlib.contextmanager
+def threads_shown_on_failure() -> Iterator[None]:
+    """Print every thread's stack when the block fails: the nodes run in this process, and a
+    node gone silent under load (session 10, not yet explained) shows where it waits."""
+    try:
+        yield
+    except Exception:
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            print(f"--- thread {names.get(ident)}", file=sys.stderr)
+            traceback.print_stack(frame, file=sys.stderr)
+        raise
+
+
 def test_console_cluster_and_table_views(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -197,9 +216,12 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
 
                 # table view: schema, partitions, count and sample rows as the REST API has them
                 page.click("#stores li button.name")
-                page.wait_for_function(
-                    "document.getElementById('table-count').textContent.endsWith('rows')"
-                )
+                with threads_shown_on_failure():  # failed 1 in 24 beside 8 CPU hogs
+                    page.wait_for_function(
+                        "document.getElementById('table-count').textContent.endsWith('rows')"
+                        " || document.getElementById('table-error').textContent !== ''"
+                    )
+                assert page.inner_text("#table-error") == ""
                 count = rest(
                     nodes[0], "POST", "/query", json={"sql": "SELECT count(*) AS n FROM t"}
                 )

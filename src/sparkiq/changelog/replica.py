@@ -63,6 +63,13 @@ StoreFactory = Callable[[str, int], Store]
 RowTransform = Callable[[bytes], bytes | None]
 
 _BOOTSTRAP_CHECK_SECONDS = 5.0
+#: A replica that applied everything it knew of this recently is ``live`` even though a
+#: newer batch is already committed. A replica following a busy writer is one batch behind
+#: for most of each poll (it has seen the commit and is applying it); on a loaded machine
+#: that is most of the time, and a state that flipped to ``restoring`` with it made
+#: ``/readyz`` flap and kept a cluster from ever looking ready. ``restoring`` means a
+#: backlog: never caught up since it was opened, or not for this long.
+KEEPING_UP_SECONDS = 5.0
 _PROGRESS_LOG_SECONDS = 2.0
 
 
@@ -70,7 +77,8 @@ _PROGRESS_LOG_SECONDS = 2.0
 class ReplicaStatus:
     """Health and progress of one hosted partition.
 
-    ``state`` is ``"live"`` (caught up), ``"restoring"`` (applying a backlog or a snapshot)
+    ``state`` is ``"live"`` (caught up, or keeping up: it applied everything it knew of in
+    the last :data:`KEEPING_UP_SECONDS`), ``"restoring"`` (applying a backlog or a snapshot)
     or ``"error"`` (stuck on a batch it cannot read; ``error`` says which file and why).
     ``restored_rows``/``restored_bytes`` count what this process applied since it opened the
     replica; ``eta_seconds`` extrapolates the backlog from the recent apply rate.
@@ -113,6 +121,7 @@ class PartitionReplica:
         self.applied_bytes = 0
         self.applied_batches = 0
         self.apply_seconds = 0.0
+        self.caught_up_at: float | None = None  # monotonic; when it last reached the head
 
     @property
     def batch_id(self) -> int:
@@ -289,6 +298,10 @@ class TableReplica:
             log.error("%s: %s", self.table, exc.message)
         if stuck:  # a snapshot may cover what is missing: check now rather than in 5 s
             self._last_bootstrap_check = -1e9
+        now = time.monotonic()
+        for replica in replicas:
+            if replica.error is None and replica.batch_id >= self.latest_batch_id:
+                replica.caught_up_at = now
         return applied
 
     def _learn_head(self) -> None:
@@ -381,6 +394,12 @@ class TableReplica:
                     "unknown" if status.eta_seconds is None else f"{status.eta_seconds:.0f} s",
                 )
 
+    def _keeping_up(self, replica: PartitionReplica) -> bool:
+        if replica.batch_id >= self.latest_batch_id:
+            return True
+        caught_up_at = replica.caught_up_at
+        return caught_up_at is not None and time.monotonic() - caught_up_at < KEEPING_UP_SECONDS
+
     def status(self) -> list[ReplicaStatus]:
         now = time.time()
         out = []
@@ -389,7 +408,9 @@ class TableReplica:
             eta = None
             if lag and replica.applied_batches:
                 eta = lag * replica.apply_seconds / replica.applied_batches
-            state = "error" if replica.error else ("restoring" if lag else "live")
+            state = (
+                "error" if replica.error else ("live" if self._keeping_up(replica) else "restoring")
+            )
             out.append(
                 ReplicaStatus(
                     table=self.table,

@@ -257,9 +257,9 @@ class Coordinator:
             reply = future.result()
         except NodeTimeoutError:
             pass  # no reply in time: the failure detector judges the silence
-        except NodeUnreachableError:
+        except NodeUnreachableError as exc:
             if url is not None:
-                self.membership.unreachable(url)
+                self.membership.unreachable(url, f"heartbeat: {exc}")
         except (SparkiqError, CancelledError) as exc:
             log.warning("heartbeat to %s refused: %s", url, exc)
         else:

@@ -10,7 +10,9 @@ early closes its connection. Requests through this pool are reads (queries, hear
 one that fails on a reused connection (the server closed it while idle) is retried once on a
 new one, and the server's other idle connections are dropped: what closed one (a restart, a
 network fault) closed them all. :meth:`HttpPool.close` also cuts the connections requests
-are still waiting on. Thread-safe.
+are still waiting on, and a request whose caller stopped waiting (a router's sub-request
+another replica answered first: :mod:`sparkiq.cancel`) has its connection cut, so the other
+node sees its caller leave and stops too. Thread-safe.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
+from sparkiq.cancel import CancelSignal, cancel_signal
 from sparkiq.errors import NodeUnreachableError
 
 __all__ = ["HttpPool", "NodeTimeoutError", "PooledResponse"]
@@ -122,13 +126,19 @@ class HttpPool:
         """Send one request to ``url`` (``http://host:port``); raise
         :class:`NodeUnreachableError` when no connection can be made or the server went
         away, :class:`NodeTimeoutError` when it does not answer in time."""
+        signal = cancel_signal()
         for attempt in (0, 1):
+            if signal is not None and signal.is_set():
+                raise _abandoned(url)
             conn, reused = self._take(url)
             try:
-                conn.request(method, path, body=body, headers=headers)
-                response = conn.getresponse()
+                with _cut_on(signal, conn):
+                    conn.request(method, path, body=body, headers=headers)
+                    response = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(conn)
+                if signal is not None and signal.is_set():
+                    raise _abandoned(url) from None  # cut by us: nothing wrong with the server
                 if reused and attempt == 0 and not isinstance(exc, TimeoutError):
                     # The server closed the idle connection (it restarted, or a network
                     # fault cut it): its other idle ones are as stale. Once more, on a new one.
@@ -187,7 +197,22 @@ class HttpPool:
             for conn in conns:
                 conn.close()
         for conn in busy:
-            sock = conn.sock
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it
+            _cut(conn)
+
+
+def _cut(conn: _Connection) -> None:
+    """Shut ``conn`` down under the thread blocked reading it (which then gets an error)."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _cut_on(signal: CancelSignal | None, conn: _Connection) -> AbstractContextManager[None]:
+    if signal is None:
+        return contextlib.nullcontext()
+    return signal.on_cancel(lambda: _cut(conn))
+
+
+def _abandoned(url: str) -> NodeUnreachableError:
+    return NodeUnreachableError(f"the request to {url} was abandoned: its caller stopped waiting")

@@ -223,22 +223,25 @@ class Membership:
                 self._members[other_id] = Member(other_id, other_url, learned_at=now)
         self._check_change()
 
-    def suspect(self, node_id: str) -> None:
-        """A request to ``node_id`` failed: skip it until it is heard from again."""
+    def suspect(self, node_id: str, why: str = "") -> None:
+        """A request to ``node_id`` failed (``why``: the error, for the log): skip it until
+        it is heard from again."""
         with self._lock:
             member = self._members.get(node_id)
             if member is None or member.suspect_since is not None:
                 return
             member.suspect_since = time.monotonic()
-            log.warning("%s: member %s is unreachable; routing around it", self.node_id, node_id)
+            log.warning(
+                "%s: member %s is unreachable (%s); routing around it", self.node_id, node_id, why
+            )
         self._check_change()
 
-    def unreachable(self, url: str) -> None:
-        """A heartbeat to ``url`` failed."""
+    def unreachable(self, url: str, why: str = "") -> None:
+        """A heartbeat to ``url`` failed (``why``: the error, for the log)."""
         with self._lock:
             ids = [m.node_id for m in self._members.values() if m.url == url]
         for node_id in ids:
-            self.suspect(node_id)
+            self.suspect(node_id, why)
 
     def check(self) -> None:
         """Notice members that went silent, forget invented ones (every heartbeat round)."""

@@ -32,6 +32,11 @@ the other partitions still answer. A request pinned to a batch that every candid
 with ``NOT_UP_TO_BOUND`` is not asked again: each has already waited for the batch.
 ``require_active()`` restricts candidates to the active.
 
+A sub-request nobody waits for any more -- another replica answered first, the member was
+given up on, or the request's own caller left (:mod:`sparkiq.cancel`) -- has its connection
+cut, so the member stops working on it (a DuckDB fragment is interrupted) instead of
+running on to its timeout.
+
 Before routing, a node that was itself stalled waits (briefly) until it has resynchronized
 (:meth:`~sparkiq.cluster.coordinator.Coordinator.is_fresh`), so it never routes on the view
 it had before a pause.
@@ -47,6 +52,7 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future
 from concurrent.futures import wait as futures_wait
 from typing import Any, Protocol
 
+from sparkiq.cancel import CancelSignal, cancel_signal, cancellable
 from sparkiq.cluster.assignment import Assignment
 from sparkiq.cluster.hedge import HedgeDelay, close_results
 from sparkiq.cluster.httppool import NodeTimeoutError
@@ -190,6 +196,11 @@ class Router:
         best, tried, unanswered = self._attempt(request, partition, token)
         if _final(best):
             return best
+        caller = cancel_signal()
+        if caller is not None and caller.is_set():  # nobody waits for a second round
+            return best or QueryResult.for_failure(
+                FailureReason.NOT_PRESENT, "the caller left before any node answered"
+            )
         if (
             request.at_batch is not None
             and unanswered == 0
@@ -224,13 +235,18 @@ class Router:
         queue = deque(self.candidates(request.store, partition, request.is_require_active))
         kind = type(request.query).__name__
         wait = self._delays.delay(kind)
-        pending: dict[Future[_Remote], tuple[str, float]] = {}
+        # each sub-request out: its member, when it was sent, and the signal that cuts its
+        # connection once nobody waits for it (the member then stops working on it)
+        pending: dict[Future[_Remote], tuple[str, float, CancelSignal]] = {}
         best: QueryResult[Any] | None = None
         tried: list[str] = []
         answered = 0
+        caller = cancel_signal()
         try:
             while queue or pending:
-                if queue and all(self._overdue(m, t, wait) for m, t in pending.values()):
+                if caller is not None and caller.is_set():
+                    break  # the request's own caller left: so do its sub-requests
+                if queue and all(self._overdue(m, t, wait) for m, t, _ in pending.values()):
                     member = queue.popleft()
                     if pending:
                         self.hedged += 1
@@ -246,12 +262,14 @@ class Router:
                     if url is None:
                         continue
                     self.forwarded += 1
-                    future = self._io.submit(self._transport.query, url, sub, token)
-                    pending[future] = (member, time.monotonic())
+                    abandon = CancelSignal()
+                    query = self._transport.query
+                    future = self._io.submit(_cancellable_by, abandon, query, url, sub, token)
+                    pending[future] = (member, time.monotonic(), abandon)
                     continue
                 done, _ = futures_wait(pending, timeout=_POLL, return_when=FIRST_COMPLETED)
                 for future in done:
-                    member, sent_at = pending.pop(future)
+                    member, sent_at, _ = pending.pop(future)
                     result = self._remote_result(future, member, partition, request.store)
                     if result is None:
                         continue
@@ -265,8 +283,8 @@ class Router:
                     self._give_up_on_gone(pending, wait, others_answered=best is not None)
             return best, tried, len(tried) - answered
         finally:
-            for future in pending:  # abandoned: close whatever they stream when they finish
-                future.add_done_callback(_discard)
+            for future, (_, _, abandon) in pending.items():
+                _abandon(future, abandon)
 
     def _overdue(self, member: str, sent_at: float, wait: float | None) -> bool:
         """Whether to stop waiting for ``member`` alone: its sub-request has been out for
@@ -287,7 +305,7 @@ class Router:
 
     def _give_up_on_gone(
         self,
-        pending: dict[Future[_Remote], tuple[str, float]],
+        pending: dict[Future[_Remote], tuple[str, float, CancelSignal]],
         wait: float | None,
         *,
         others_answered: bool,
@@ -298,12 +316,12 @@ class Router:
         round on a new view is then a better bet than a member that may never answer --
         one still heartbeating behind a one-way partition is never declared gone."""
         live = self._membership.live()
-        for future, (member, _) in list(pending.items()):
+        for future, (member, sent_at, abandon) in list(pending.items()):
             gone = member not in live or others_answered
-            if gone and self._overdue(member, pending[future][1], wait):
+            if gone and self._overdue(member, sent_at, wait):
                 log.info("giving up on %s: it went silent", member)
                 del pending[future]
-                future.add_done_callback(_discard)
+                _abandon(future, abandon)
 
     def _remote_result(
         self, future: Future[_Remote], member: str, partition: int, store: str
@@ -313,7 +331,7 @@ class Router:
         except NodeTimeoutError as exc:  # slow or paused: the detector decides
             log.info("partition %d of %r: %s", partition, store, exc)
         except NodeUnreachableError as exc:
-            self._membership.suspect(member)
+            self._membership.suspect(member, str(exc))
             log.info("partition %d of %r: %s", partition, store, exc)
         except RemoteError as exc:
             if exc.code == "unauthorized":
@@ -336,6 +354,18 @@ def _better(result: QueryResult[Any] | None, than: QueryResult[Any] | None) -> b
     if than is None or than.failure_reason is None:
         return than is None
     return _RETRY_RANK[result.failure_reason] > _RETRY_RANK.get(than.failure_reason, -1)
+
+
+def _cancellable_by(signal: CancelSignal, fn: Callable[..., _Remote], *args: Any) -> _Remote:
+    with cancellable(signal):
+        return fn(*args)
+
+
+def _abandon(future: Future[_Remote], signal: CancelSignal) -> None:
+    """Stop waiting for a sub-request: cut its connection (the member then stops working on
+    it) and close whatever it streams if it had already answered."""
+    signal.set()
+    future.add_done_callback(_discard)
 
 
 def _discard(future: Future[_Remote]) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 import pyarrow as pa
 from sqlglot import exp
 
+from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.pools import ElasticPool
 from sparkiq.query.queries import KeyQuery
@@ -147,7 +148,7 @@ class RestApp:
         if path == "/internal/query":
             _allow(method, "POST")
             body = await self._body(receive)
-            await self._internal_query(scope, send, body)
+            await self._internal_query(scope, receive, send, body)
             return "/internal/query", 200
         if path == "/internal/heartbeat":
             _allow(method, "POST")
@@ -241,6 +242,18 @@ class RestApp:
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    async def _run_while_awaited(self, receive: Receive, fn: Callable[..., Any]) -> Any:
+        """``fn()`` on the pool, canceled (sparkiq.cancel) if the client hangs up first: a
+        statement nobody waits for -- a curl stopped with Ctrl-C, a hedged copy that lost --
+        stops instead of running on to its timeout."""
+        gone = CancelSignal()
+        watcher = asyncio.ensure_future(_when_disconnected(receive, gone.set))
+        try:
+            with cancellable(gone):  # the pool runs fn in this task's context
+                return await self._run(fn)
+        finally:
+            watcher.cancel()
+
     # -- handlers ----------------------------------------------------------------------------
 
     async def _get_key(self, scope: Scope, send: Send, store: str, key_text: str) -> int:
@@ -265,13 +278,15 @@ class RestApp:
         await _send(send, 200, jsonapi.dumps(doc), _JSON)
         return 200
 
-    async def _internal_query(self, scope: Scope, send: Send, body: bytes) -> None:
+    async def _internal_query(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes
+    ) -> None:
         request, local = protocol.decode_request(body)
         node = self.node
         if local and isinstance(request.query, KeyQuery):  # microseconds: no thread hop
             results = node.query_local(request)
-        elif local:
-            results = await self._run(node.query_local, request)
+        elif local:  # a SQL fragment among them: stopped if the asking node gives up on it
+            results = await self._run_while_awaited(receive, lambda: node.query_local(request))
         else:
             results = await self._run(node.route, request, _bearer(scope))
         if not any(isinstance(r.result, Iterator) for r in results.partition_results.values()):
@@ -319,7 +334,7 @@ class RestApp:
             self._push_streams += 1
             try:
                 subscription = await self._run(lambda: self.node.stream(text, **options))
-                watcher = asyncio.ensure_future(_closed_by_client(receive, subscription))
+                watcher = asyncio.ensure_future(_when_disconnected(receive, subscription.close))
                 try:
                     await self._stream(
                         send,
@@ -338,7 +353,7 @@ class RestApp:
         for name in ("page_token", "page_size"):
             if doc.get(name) is not None:
                 options[name] = doc[name]
-        result = await self._run(lambda: self.node.sql(text, **options))
+        result = await self._run_while_awaited(receive, lambda: self.node.sql(text, **options))
         self.metrics.queried(*_tables_read(result.position.to_map(), self.node.tables))
         if arrow:
             headers, table = await self._sql_arrow(text, result)
@@ -463,13 +478,12 @@ class RestApp:
             await loop.run_in_executor(pool, _close, source, chunks)
 
 
-async def _closed_by_client(receive: Receive, subscription: Any) -> None:
-    """Close ``subscription`` when the client disconnects (its producer thread then ends)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            subscription.close()
-            return
+async def _when_disconnected(receive: Receive, then: Callable[[], Any]) -> None:
+    """Call ``then`` when the client disconnects (a push stream's producer thread then ends,
+    a statement is canceled); the request's body has been read."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    then()
 
 
 def _coalesced(chunks: Iterator[bytes], size: int = 65536) -> Iterator[bytes]:

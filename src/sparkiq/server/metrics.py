@@ -8,11 +8,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sparkiq.pools import pool_limits
 from sparkiq.server.served import ServedNode
+from sparkiq.sql.watchdog import statement_counts
 from sparkiq.stores.rocksdb import rocksdb_memory
 
 __all__ = ["Metrics", "QueryRate"]
@@ -90,6 +91,20 @@ class _ReplicaCollector:
             memory.add_metric([part], used)
             memory_limit.add_metric([part], limit)
         yield from (memory, memory_limit)
+        running, interrupted = statement_counts()
+        statements = GaugeMetricFamily(
+            "sparkiq_sql_statements_running", "DuckDB statements (SQL and fragments) running"
+        )
+        statements.add_metric([], running)
+        stopped = CounterMetricFamily(
+            "sparkiq_sql_statements_interrupted",
+            "DuckDB statements interrupted: past the statement timeout, over the memory "
+            "budget, or canceled because their caller left",
+            labels=["reason"],
+        )
+        for reason, count in sorted(interrupted.items()):
+            stopped.add_metric([reason], count)
+        yield from (statements, stopped)
         coordinator = getattr(self._node, "coordinator", None)
         if coordinator is not None:
             members = GaugeMetricFamily("sparkiq_cluster_live_members", "Live members seen")

@@ -22,9 +22,10 @@ the strings and lists a function builds, so three more bounds hold here:
   ``max_value_bytes`` before the original runs. A function cannot be called qualified
   (``system.main.repeat``): the parser refuses dotted calls.
 - **process memory**: while statements run, one watchdog thread reads the process's
-  resident size every :data:`_RSS_POLL` seconds and interrupts every running statement
+  resident size every 25 ms (:mod:`sparkiq.sql.watchdog`) and interrupts every running statement
   during which it grew more than twice ``memory_limit`` (over its size when that statement
-  started).
+  started). It also interrupts a statement whose caller left (:mod:`sparkiq.cancel`: an
+  HTTP client hung up, a hedged copy lost, psql's Ctrl-C).
 - **result bytes**: rows are fetched in chunks and counted (:func:`approx_bytes`); a
   result beyond ``max_result_bytes`` stops fetching and fails.
 
@@ -38,7 +39,6 @@ from __future__ import annotations
 import atexit
 import datetime as dt
 import functools
-import os
 import re
 import shutil
 import tempfile
@@ -53,10 +53,11 @@ import pyarrow as pa
 
 from sparkiq.errors import ConfigError
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnknownNameError
+from sparkiq.sql.watchdog import WATCHDOG, Statement
 
 __all__ = ["DuckPool", "approx_bytes", "parse_size", "run"]
 
-_RSS_POLL = 0.025
+_CLOSE_WAIT = 10.0  # seconds close() waits for interrupted statements to return
 _FETCH_ROWS = 1024
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|[kmgt]i?b)?\s*$", re.IGNORECASE)
 _UNIT = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -98,9 +99,10 @@ class DuckPool:
         self.max_result_bytes = max_result_bytes
         self.spill_dir: str | None = None
         self._local = threading.local()
-        # _lock guards _root, spill_dir and _all (threads create cursors concurrently)
+        # _lock guards _root, _closed, spill_dir and _all (threads create cursors concurrently)
         self._lock = threading.Lock()
         self._root: duckdb.DuckDBPyConnection | None = None
+        self._closed = False
         self._all: dict[int, tuple[threading.Thread, duckdb.DuckDBPyConnection]] = {}
 
     @staticmethod
@@ -120,6 +122,10 @@ class DuckPool:
         con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
         if con is None:
             with self._lock:
+                if self._closed:  # at exit: a new database now would outlive the interpreter
+                    raise SqlError(
+                        "the SQL engine is closed: the process is exiting", code="closed"
+                    )
                 if self._root is None:
                     self._root = self._open()
                     atexit.register(self.close)
@@ -153,10 +159,27 @@ class DuckPool:
 
     def close(self) -> None:
         """Close every cursor and the database and remove the spill directory (at
-        interpreter exit; DuckDB complains otherwise)."""
+        interpreter exit; DuckDB complains otherwise). A statement still running is
+        interrupted until it returns: DuckDB refuses to close a busy cursor, a process
+        exiting with one open aborted in DuckDB's destructor, and an interrupt that lands
+        before the query has started is dropped (see sparkiq.sql.watchdog). A closed pool
+        opens nothing again: a statement's next step after an interrupted one (the engine's
+        final query after its fragments) opened a new database during interpreter exit, and
+        a daemon thread inside DuckDB then aborted the process ("FATAL: exception not
+        rethrown")."""
         with self._lock:
+            self._closed = True
+            deadline = time.monotonic() + _CLOSE_WAIT
             for _, con in self._all.values():
-                con.close()
+                while True:
+                    con.interrupt()
+                    try:
+                        con.close()
+                        break
+                    except duckdb.ResourceInUseException:  # still returning
+                        if time.monotonic() > deadline:
+                            break  # left to the process's end rather than hang a stop
+                        time.sleep(0.01)
             self._all.clear()
             if self._root is not None:
                 self._root.close()
@@ -252,83 +275,6 @@ def _guard_macros(cap: int) -> list[str]:
     ]
 
 
-class _Statement:
-    """One running statement the watchdog may interrupt, and why it did."""
-
-    __slots__ = ("budget", "con", "deadline", "reason", "start_rss")
-
-    def __init__(self, deadline: float, con: duckdb.DuckDBPyConnection, budget: int) -> None:
-        self.deadline, self.con, self.budget = deadline, con, budget
-        self.reason: str | None = None
-        # measured per statement: a node busy for hours never has an idle moment to
-        # measure a baseline at, and grows for other reasons meanwhile (replicas, caches)
-        self.start_rss = _rss()
-
-
-class _Watchdog:
-    """One daemon thread interrupting statements whose deadline passed, or all of them when
-    the process grew past their memory budget (started on first use; a timer thread per
-    statement would cost more than a key lookup)."""
-
-    def __init__(self) -> None:
-        # _cond guards _armed and _thread
-        self._cond = threading.Condition()
-        self._armed: dict[int, _Statement] = {}
-        self._next = 0
-        self._thread: threading.Thread | None = None
-
-    def arm(self, statement: _Statement) -> int:
-        with self._cond:
-            self._next += 1
-            self._armed[self._next] = statement
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="sparkiq-sql-watchdog", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
-            return self._next
-
-    def disarm(self, token: int) -> None:
-        with self._cond:
-            self._armed.pop(token, None)
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                self._interrupt_due(now)
-                soonest = min((s.deadline for s in self._armed.values()), default=now + 60)
-                if self._armed:
-                    soonest = min(soonest, now + _RSS_POLL)
-                self._cond.wait(max(0.001, soonest - time.monotonic()))
-
-    def _interrupt_due(self, now: float) -> None:
-        """Interrupt statements past their deadline or budget (a function of its own: the
-        waiting loop must hold no reference to a statement, hence none to a connection)."""
-        rss = _rss() if self._armed else 0
-        for token, statement in list(self._armed.items()):
-            if statement.deadline <= now:
-                statement.reason = "timeout"
-            elif rss - statement.start_rss > statement.budget:
-                statement.reason = "memory"
-            else:
-                continue
-            del self._armed[token]
-            statement.con.interrupt()
-
-
-def _rss() -> int:
-    """This process's resident bytes (Linux; 0 elsewhere, which disables the check)."""
-    try:
-        with open("/proc/self/statm", "rb") as handle:
-            return int(handle.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_WATCHDOG = _Watchdog()
 _SCALAR = (int, float, bool, Decimal, dt.date, dt.time, dt.datetime, dt.timedelta)
 
 
@@ -368,12 +314,12 @@ def run(
     fetching after that many rows.
     """
     con = pool.connection()
-    statement = _Statement(
+    statement = Statement(
         time.monotonic() + (timeout if timeout is not None else 1e9), con, 2 * pool.memory_bytes
     )
     if timeout is not None and timeout <= 0:
         raise SqlLimitError(_timeout_message(), code="timeout")
-    armed = _WATCHDOG.arm(statement)
+    armed = WATCHDOG.arm(statement)
     try:
         for name, table in relations.items():
             con.register(name, table)
@@ -413,7 +359,7 @@ def run(
             ) from None
         raise SqlError(f"the query failed while executing: {text}", code="execution") from None
     finally:
-        _WATCHDOG.disarm(armed)
+        WATCHDOG.disarm(armed)
 
 
 def _fetch_rows(cursor: Any, max_rows: int | None, max_bytes: int) -> list[tuple[Any, ...]]:
@@ -490,9 +436,11 @@ def _too_large(max_bytes: int) -> SqlLimitError:
     )
 
 
-def _interrupted(statement: _Statement, pool: DuckPool) -> SqlLimitError:
+def _interrupted(statement: Statement, pool: DuckPool) -> SqlLimitError:
     if statement.reason == "memory":
         return _out_of_memory(pool)
+    if statement.reason == "canceled":  # nobody waits for this answer: the message is for logs
+        return SqlLimitError("the statement was canceled: its caller left", code="canceled")
     return SqlLimitError(_timeout_message(), code="timeout")
 
 

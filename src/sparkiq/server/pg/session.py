@@ -40,6 +40,7 @@ from typing import Any
 from pygwire import BackendConnection, TransactionStatus
 from pygwire import messages as m
 
+from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.errors import AuthenticationError
 from sparkiq.server.pg.catalog import Answer, Catalog
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
@@ -104,9 +105,11 @@ class PgSession:
         # BackendKeyData: a client's CancelRequest names this session by both.
         self.process_id = process_id
         self.secret = os.urandom(4)
-        self._cancel_lock = threading.Lock()  # guards _busy and _canceled
+        self._cancel_lock = threading.Lock()  # guards _busy and _canceled (not its state)
         self._busy = False
-        self._canceled = False
+        # set by a cancel request while a message runs; the statement's work sees it too
+        # (sparkiq.cancel), so DuckDB stops instead of running on to the timeout
+        self._canceled = CancelSignal()
         self.catalog = rules.catalog
         self.token = rules.token
         self.startup_timeout = rules.startup_timeout
@@ -141,13 +144,15 @@ class PgSession:
     def _running(self) -> Iterator[None]:
         """Mark the session busy while a message runs: only then may a cancel request
         cancel it (one that arrives between statements does nothing, as in Postgres)."""
+        canceled = CancelSignal()
         with self._cancel_lock:
-            self._busy, self._canceled = True, False
+            self._busy, self._canceled = True, canceled
         try:
-            yield
+            with cancellable(canceled):
+                yield
         finally:
             with self._cancel_lock:
-                self._busy = self._canceled = False
+                self._busy = False
 
     @property
     def busy(self) -> bool:
@@ -159,18 +164,18 @@ class PgSession:
         """Cancel the running statement if ``secret`` is this session's (from another
         thread: a CancelRequest). The statement fails with SQLSTATE 57014 at its next
         check: before it starts, when the node's answer comes back, and between batches of
-        rows sent. The node's own work on it is not interrupted (it ends within the SQL
-        timeout). Returns whether the secret matched."""
+        rows sent; a DuckDB statement running on this node for it is interrupted within
+        the SQL watchdog's poll. Returns whether the secret matched."""
         if not hmac.compare_digest(secret, self.secret):
             return False
         with self._cancel_lock:
             if self._busy:
-                self._canceled = True
+                self._canceled.set()
         return True
 
     def _check_canceled(self) -> None:
         with self._cancel_lock:
-            canceled = self._canceled
+            canceled = self._canceled.is_set()
         if canceled:
             raise StatementCanceledError("canceling statement due to user request")
 
