@@ -2,45 +2,21 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import stat
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sparkiq.spark import worker_python
 from sparkiq.testing import connect_server, spark_session
-
-
-def _python_workers_first() -> str:
-    """An interpreter for Spark's Python workers that runs them ahead of other work.
-
-    Spark gives a newly started Python worker a fixed 10 s to connect back (hard-coded in
-    PythonWorkerFactory, not a setting), and the workers Spark Connect's foreachBatch and
-    Python data sources start import PySpark, pandas and pyarrow first: about 1 s on an idle
-    core, 13-19 s measured at load 34 on this 2-core machine. On a busy machine the worker then
-    misses Spark's deadline and the query fails ("Python worker failed to connect back"),
-    whatever the test does. Running the workers at the highest CPU priority (nice -20; root
-    only, elsewhere `nice` warns and runs them as before) gives them the CPU their deadline
-    needs. (-10 was not enough at load 31: both Connect foreachBatch tests missed the
-    deadline in session 7's CI run, with a soak, a CPU hog and another suite beside it.)
-    """
-    folder = Path(tempfile.mkdtemp(prefix="sparkiq-python-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    wrapper = folder / "python"
-    wrapper.write_text(f'#!/bin/sh\nexec nice -n -20 "{sys.executable}" "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return str(wrapper)
-
 
 # Set before any session starts: the local session's workers, the Connect server's and those
 # of the Spark drivers tests start as subprocesses (they inherit the environment).
-os.environ.setdefault("PYSPARK_PYTHON", _python_workers_first())
+# Spark's Python workers connect back at once, before their imports: a busy machine made them
+# miss Spark's fixed 10 s deadline (see sparkiq.spark.worker_python).
+os.environ.setdefault("PYSPARK_PYTHON", worker_python.command())
 
 
 # Tests that use a SparkSession: after the slow ones, before those that need no JVM.

@@ -25,7 +25,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 
 from sparkiq.query.queries import RangeQuery
 from sparkiq.query.request import StateQueryRequest
+from sparkiq.spark import worker_python
 
 __all__ = [
     "LOCAL_SPARK_CONF",
@@ -115,7 +115,7 @@ def spark_session(
         overridden = set(config or {})
         settings = {k: v for k, v in settings.items() if k in _REMOTE_CONF or k in overridden}
     else:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_PYTHON", worker_python.command())
         builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -137,9 +137,9 @@ def connect_server(
     so a process can hold a classic session and a Connect session at once (PySpark's
     ``remote("local")`` refuses to start a server next to an existing SparkContext). It
     listens on 127.0.0.1 on a free port, runs ``master`` with :data:`LOCAL_SPARK_CONF` and
-    ``config``, starts its Python workers with ``python`` (default: this interpreter), and is
-    stopped (with its process group) when the block ends. When it does not start within
-    ``timeout``, the error quotes the end of its log.
+    ``config``, starts its Python workers with ``python`` (default: this interpreter, through
+    ``sparkiq-worker-python``), and is stopped (with its process group) when the block ends.
+    When it does not start within ``timeout``, the error quotes the end of its log.
     """
     import signal
     import socket
@@ -165,7 +165,7 @@ def connect_server(
     command += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
     workdir = tempfile.mkdtemp(prefix="sparkiq-connect-")
     log_path = os.path.join(workdir, "spark-connect.log")
-    env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": python or sys.executable}
+    env = {**os.environ, "SPARK_HOME": home, "PYSPARK_PYTHON": python or worker_python.command()}
     env.pop("SPARK_REMOTE", None)
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -51,6 +50,7 @@ from sparkiq.changelog.segment import check_visible, verify_landed
 from sparkiq.changelog.storage import Storage, open_storage
 from sparkiq.errors import ChangelogError
 from sparkiq.schema.codec import KeyCodec, RowCodec
+from sparkiq.spark import worker_python
 
 __all__ = [
     "CRASH_ENV",
@@ -333,7 +333,9 @@ def _maybe_crash(point: str, table: str, batch_id: int) -> None:
 
 
 def use_this_python_for_local_workers(spark: Any) -> None:
-    """In local mode, run Spark's Python workers with this interpreter.
+    """In local mode, run Spark's Python workers with this interpreter, through
+    ``sparkiq-worker-python`` (:mod:`sparkiq.spark.worker_python`: workers that connect back
+    before their imports, so a busy machine does not make them miss Spark's 10 s).
 
     Without ``PYSPARK_PYTHON`` PySpark starts workers with whatever ``python3`` is first on
     ``PATH``, which for a script run as ``.venv/bin/python app.py`` is not the virtual
@@ -349,6 +351,7 @@ def use_this_python_for_local_workers(spark: Any) -> None:
         return
     if os.environ.get("PYSPARK_PYTHON") or context.getConf().get("spark.pyspark.python"):
         return
-    if getattr(context, "pythonExec", sys.executable) != sys.executable:
-        log.info("running local Python workers with %s", sys.executable)
-        context.pythonExec = sys.executable
+    python = worker_python.command()
+    if getattr(context, "pythonExec", python) != python:
+        log.info("running local Python workers with %s", python)
+        context.pythonExec = python
