@@ -262,6 +262,47 @@ def test_a_dropped_or_recreated_table_is_released(tmp_path: Path) -> None:
         assert node.get("kept", "a") == {"k": "a", "n": 2}
 
 
+def test_a_released_table_leaves_the_list_only_once_its_files_are_closed(tmp_path: Path) -> None:
+    """``DROP TABLE ... DELETE CHANGELOG`` removes a replica's directory as soon as the node
+    no longer lists the table; the node's own refresh may be the one releasing it. If the
+    table left the list before RocksDB had closed, the closing store flushed into a directory
+    being deleted: the close failed and left files behind (a CI failure of test_sql_ddl)."""
+    import shutil
+    import threading
+
+    from sparkiq.changelog import Changelog
+
+    changelog = make_table(str(tmp_path), name="gone", partitions=8)
+    for batch_id in range(3):
+        write_batch(changelog, batch_id, {f"k{i}": batch_id for i in range(2000)})
+    local = tmp_path / "local"
+    node = Node(str(tmp_path), local_dir=str(local))
+    node.refresh_tables()
+    node.poll_once()
+    assert node.tables == ["gone"] and (local / "gone").is_dir()
+    removed: list[BaseException | None] = []
+
+    def remove_once_unlisted() -> None:  # what App._drop_table does after DELETE CHANGELOG
+        while "gone" in node.tables:
+            pass
+        try:
+            shutil.rmtree(local / "gone")
+            removed.append(None)
+        except BaseException as exc:  # reported below, with the node's own outcome
+            removed.append(exc)
+
+    watcher = threading.Thread(target=remove_once_unlisted)
+    watcher.start()
+    Changelog(str(tmp_path), "gone").storage.delete_dir(changelog.root)
+    try:
+        node.refresh_tables()  # raised a StoreError when the directory went first
+    finally:
+        watcher.join(timeout=30)
+        node.stop()
+    assert removed == [None]
+    assert not (local / "gone").exists()
+
+
 def test_settings_come_from_arguments_then_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -247,12 +247,22 @@ class Hosting:
             "%s: table %r was dropped or recreated; releasing its replicas", self.node_id, name
         )
         with self._poll_lock, self._lock:
-            replica = self._tables.pop(name)
+            replica = self._tables[name]
+            # Closed before it leaves `tables`: whoever waits for the table to go (DROP TABLE
+            # ... DELETE CHANGELOG) then deletes its files, and a store still closing would
+            # flush into a directory being deleted. A read racing this fails with a
+            # StoreError, never a wrong row.
+            try:
+                replica.close()
+            except Exception:  # released either way: its files are of no further use
+                log.warning(
+                    "%s: closing the replicas of %r failed", self.node_id, name, exc_info=True
+                )
+            del self._tables[name]
             self._routes.pop(name, None)
             self._catalog_of.pop(name, None)
             if self._on_drop is not None:
                 self._on_drop(name)
-            replica.close()  # a read racing this fails with a StoreError, never a wrong row
 
     def _host(self, name: str, catalog: SourceCatalog) -> None:
         source = catalog.open(name)
