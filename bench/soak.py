@@ -45,7 +45,9 @@ class Sample:
     rss_mb: float
     threads: int
     fds: int
-    rocksdb_mb: float | None = None  # RocksDB's shared memory, when /metrics answered
+    #: MB by part, when /metrics answered: RocksDB's shared memory, the C allocator's
+    #: chunks in use and the freed ones it keeps, Arrow's pool (see MEMORY_PARTS)
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 def _sample(pid: int) -> tuple[float, int, int] | None:
@@ -62,16 +64,28 @@ def _sample(pid: int) -> tuple[float, int, int] | None:
         return None
 
 
-def _rocksdb_mb(url: str) -> float | None:
-    """The memory a node's RocksDB stores hold (block cache and memtables: bounded, filling
-    as data arrives), so it can be told apart from memory that grows without bound."""
-    used = node_gauges(url, timeout=2.0).get("sparkiq_rocksdb_memory_bytes")
-    return sum(used.values()) / 2**20 if used else None
+#: The parts of a node's memory its /metrics reports, in the order the report lists them;
+#: "rest" is the RSS less all of them (Python's small-object arenas, thread stacks, code).
+MEMORY_PARTS = ("malloc_in_use", "malloc_free_held", "arrow", "rocksdb")
+
+
+def _memory_parts_mb(url: str) -> dict[str, float]:
+    """The parts of a node's memory, in MB: RocksDB's block cache and memtables (bounded,
+    filling as data arrives) and what ``sparkiq_process_memory_bytes`` reports, so that
+    growth can be told apart from a leak. Empty when the node did not answer."""
+    gauges = node_gauges(url, timeout=2.0)
+    process = gauges.get("sparkiq_process_memory_bytes", {})
+    rocksdb = gauges.get("sparkiq_rocksdb_memory_bytes", {})
+    if not process:
+        return {}
+    parts = {part: process[part] / 2**20 for part in MEMORY_PARTS if part in process}
+    parts["rocksdb"] = sum(rocksdb.values()) / 2**20
+    return parts
 
 
 class Sampler(threading.Thread):
-    """Samples every node's RSS, threads and fds every ``SAMPLE_EVERY`` s, and its RocksDB
-    memory from ``/metrics`` (absent while the node is stopped or cut off)."""
+    """Samples every node's RSS, threads and fds every ``SAMPLE_EVERY`` s, and its memory by
+    part from ``/metrics`` (absent while the node is stopped or cut off)."""
 
     def __init__(
         self, pids: Callable[[], dict[str, int]], urls: Callable[[], dict[str, str]]
@@ -89,8 +103,8 @@ class Sampler(threading.Thread):
             for node, pid in self.pids().items():
                 got = _sample(pid)
                 if got is not None:
-                    rocksdb = _rocksdb_mb(urls[node]) if node in urls else None
-                    self.samples.setdefault(node, []).append(Sample(now, pid, *got, rocksdb))
+                    parts = _memory_parts_mb(urls[node]) if node in urls else {}
+                    self.samples.setdefault(node, []).append(Sample(now, pid, *got, parts))
             self.stop_event.wait(SAMPLE_EVERY)
 
 
@@ -228,6 +242,7 @@ def node_gauges(url: str, timeout: float = 10.0) -> dict[str, dict[str, float]]:
         "sparkiq_thread_pool_limit",
         "sparkiq_rocksdb_memory_bytes",
         "sparkiq_rocksdb_memory_limit_bytes",
+        "sparkiq_process_memory_bytes",
     )
     try:
         text = httpx.get(f"{url}/metrics", timeout=timeout).text
@@ -257,12 +272,19 @@ def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]
             return slope_per_hour([(s.at, float(getattr(s, attr))) for s in steady])
 
         first, last = steady[0], steady[-1]
-        known = [s for s in steady if s.rocksdb_mb is not None]
-        besides = slope_per_hour([(s.at, s.rss_mb - (s.rocksdb_mb or 0.0)) for s in known])
+        known = [s for s in steady if s.parts]
+        by_part = {
+            part: slope_per_hour([(s.at, s.parts.get(part, 0.0)) for s in known])
+            for part in MEMORY_PARTS
+        }
+        by_part["rest"] = slope_per_hour([(s.at, s.rss_mb - sum(s.parts.values())) for s in known])
+        # the second half alone: memory filling toward a bound flattens, a leak does not
+        late = [s for s in steady if s.at >= (steady[0].at + steady[-1].at) / 2]
         rows.append([
             node, str(len(by_pid)), f"{hours * 60:.1f} min",
             f"{first.rss_mb:.0f} -> {last.rss_mb:.0f} MB", f"{fit('rss_mb'):+.1f} MB/h",
-            f"{besides:+.1f} MB/h",
+            f"{fit('rss_mb', late):+.1f} MB/h",
+            ", ".join(f"{part} {slope:+.0f}" for part, slope in by_part.items()),
             f"{first.threads} -> {last.threads}", f"{fit('threads'):+.1f}/h",
             f"{first.fds} -> {last.fds}", f"{fit('fds'):+.1f}/h",
         ])  # fmt: skip
@@ -286,7 +308,8 @@ def run(quick: bool, minutes: float | None = None) -> Report:
             "longest",
             "RSS",
             "RSS slope",
-            "RSS besides RocksDB, slope",
+            "RSS slope, 2nd half",
+            "slope by part, MB/h",
             "threads",
             "threads slope",
             "fds",

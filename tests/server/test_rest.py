@@ -297,6 +297,11 @@ def test_metadata_readiness_and_metrics(nodes: list[Node]) -> None:
     assert bound == {"block_cache": BLOCK_CACHE_BYTES, "memtables": MEMTABLE_BUDGET_BYTES}
     assert 0 < used["memtables"] <= bound["memtables"]  # the replicas hold batch 1
     assert 0 <= used["block_cache"] <= bound["block_cache"]
+    # the process's memory by part, read from /proc and glibc's own accounting
+    process = _labelled(metrics, "sparkiq_process_memory_bytes")
+    assert set(process) == {"resident", "malloc_in_use", "malloc_free_held", "arrow"}
+    assert process["resident"] > process["malloc_in_use"] > 0 and process["arrow"] > 0
+    assert process["resident"] > process["arrow"] + process["malloc_in_use"]
 
 
 def _labelled(metrics: str, name: str) -> dict[str, float]:

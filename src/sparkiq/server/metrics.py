@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sparkiq.pools import pool_limits
+from sparkiq.server.process_memory import process_memory
 from sparkiq.server.served import ServedNode
 from sparkiq.sql.watchdog import statement_counts
 from sparkiq.stores.rocksdb import rocksdb_memory
@@ -91,6 +92,15 @@ class _ReplicaCollector:
             memory.add_metric([part], used)
             memory_limit.add_metric([part], limit)
         yield from (memory, memory_limit)
+        process = GaugeMetricFamily(
+            "sparkiq_process_memory_bytes",
+            "This process's memory by part: resident (RSS), malloc_in_use and malloc_free_held"
+            " (the C allocator's chunks in use, and freed ones it keeps), arrow (Arrow's pool)",
+            labels=["part"],
+        )
+        for part, size in sorted(process_memory().items()):
+            process.add_metric([part], size)
+        yield process
         running, interrupted = statement_counts()
         statements = GaugeMetricFamily(
             "sparkiq_sql_statements_running", "DuckDB statements (SQL and fragments) running"
