@@ -225,7 +225,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     from sparkiq.errors import SparkiqError
     from sparkiq.node import Node
-    from sparkiq.server.process_memory import RELEASE_EVERY, release_free_memory
 
     try:
         checkpoints = _checkpoints(args.checkpoint or _env("CHECKPOINT", "").split(","))
@@ -259,10 +258,7 @@ def _serve(args: argparse.Namespace) -> int:
     if node.pg_address is not None:
         print("Postgres wire protocol on {}:{}".format(*node.pg_address), flush=True)
     try:
-        # The process is the node's own: the C allocator's freed pages go back to the system
-        # now and then, or a node's RSS stays at the highest it ever was (see process_memory).
-        while not stop.wait(RELEASE_EVERY):
-            release_free_memory()
+        stop.wait()
     finally:
         node.stop()
     return 0

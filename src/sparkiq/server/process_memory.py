@@ -11,12 +11,6 @@ allocated, up to eight per core) and the resident size keeps its peak. Reported 
 glibc's ``mallinfo2`` (2.33 and later) reads the allocator's own accounting; where the C
 library has none (musl, macOS) those two parts are left out. Every value is read when
 asked: a scrape every few seconds costs a walk over the allocator's free lists.
-
-:func:`release_free_memory` hands the whole free pages inside those chunks back to the
-system (glibc's ``malloc_trim``): ``sparkiq serve`` calls it every
-:data:`RELEASE_EVERY` seconds, so a node's resident size follows what it uses rather than
-the highest it ever used. The chunks stay free in the allocator's books
-(``malloc_free_held`` does not drop); their pages are no longer resident.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["RELEASE_EVERY", "process_memory", "release_free_memory"]
+__all__ = ["process_memory"]
 
 
 class _MallInfo2(ctypes.Structure):
@@ -58,22 +52,7 @@ def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     return function
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        function = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return None
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_size_t]
-    return function
-
-
-_LINUX = sys.platform.startswith("linux")
-_MALLINFO2 = _mallinfo2() if _LINUX else None
-_MALLOC_TRIM = _malloc_trim() if _LINUX else None
-#: Seconds between two releases in ``sparkiq serve``: each costs a walk over the free lists
-#: of every arena, holding each arena's lock for the while (milliseconds; see the tests).
-RELEASE_EVERY = 30.0
+_MALLINFO2 = _mallinfo2() if sys.platform.startswith("linux") else None
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -102,12 +81,3 @@ def process_memory() -> dict[str, int]:
     if arrow is not None:
         out["arrow"] = int(arrow.total_allocated_bytes())
     return out
-
-
-def release_free_memory() -> bool:
-    """Give the pages of the C allocator's free chunks back to the system (every arena's,
-    not only the main one's). True when the allocator released something; False when it
-    had nothing to release or this C library cannot (no ``malloc_trim``)."""
-    if _MALLOC_TRIM is None:
-        return False
-    return bool(_MALLOC_TRIM(0))
