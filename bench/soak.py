@@ -134,12 +134,16 @@ class FaultTally:
     errors: set[str] = field(default_factory=set)
 
 
-def schedule(cluster: Any) -> list[tuple[str, Callable[[int], Any]]]:
-    """The faults, in turn; each takes the minute's number (to rotate its victim)."""
+def schedule(cluster: Any, spare: int | None = None) -> list[tuple[str, Callable[[int], Any]]]:
+    """The faults, in turn; each takes the minute's number (to rotate its victim). Node
+    ``spare``, if given, is never killed: its one incarnation lasts the whole run, so its
+    memory is fitted over all of it (the other faults still reach it)."""
     from tests.faults.faultfs import Faults
 
+    killed = [i for i in range(3) if i != spare]
     faults: list[tuple[str, Callable[[int], Any]]] = [
-        ("kill -9 + restart", lambda m: cluster.kill_node(m % 3, hold=3.0)),
+        ("kill -9 + restart",
+         lambda m: cluster.kill_node(killed[m % len(killed)], hold=3.0)),
         ("SIGSTOP 5 s", lambda m: cluster.pause_node(m % 3, hold=5.0)),
         ("partition (blackhole) 5 s", lambda m: cluster.isolate_node(m % 3, "blackhole", 5.0)),
         ("changelog store fails under nodes",
@@ -158,7 +162,7 @@ def schedule(cluster: Any) -> list[tuple[str, Callable[[int], Any]]]:
     return faults
 
 
-def soak(minutes: float, root: str) -> dict[str, Any]:
+def soak(minutes: float, root: str, spare: int | None = None) -> dict[str, Any]:
     from tests.faults.checker import check_changelog, check_history, windows
     from tests.faults.harness import FaultCluster
     from tests.faults.model import Model
@@ -179,7 +183,7 @@ def soak(minutes: float, root: str) -> dict[str, Any]:
         )
         sampler.start()
         began = time.monotonic()
-        faults = schedule(cluster)
+        faults = schedule(cluster, spare)
         minute = 0
         while time.monotonic() - began < minutes * 60 - 1:
             slot = began + minute * 60
@@ -291,10 +295,10 @@ def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]
     return rows
 
 
-def run(quick: bool, minutes: float | None = None) -> Report:
+def run(quick: bool, minutes: float | None = None, spare: int | None = None) -> Report:
     minutes = minutes or (QUICK_MINUTES if quick else DEFAULT_MINUTES)
     with scratch_dir("soak") as root:
-        found = soak(minutes, root)
+        found = soak(minutes, root, spare)
     report = Report(
         name="soak",
         title=f"Soak: {minutes:g} minutes, a fault every minute",
@@ -374,8 +378,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_MINUTES:g} minutes")
     parser.add_argument("--minutes", type=float, help=f"default {DEFAULT_MINUTES:g}")
+    parser.add_argument(
+        "--spare-node",
+        type=int,
+        choices=(0, 1),
+        help="never kill -9 this node, so one incarnation spans the run (n2's disk fills)",
+    )
     args = parser.parse_args(argv)
-    report = run(args.quick, args.minutes)
+    report = run(args.quick, args.minutes, args.spare_node)
     report.print()
     return report.as_dict()
 
