@@ -6,7 +6,8 @@ memory pool (the replicas' versions), the C allocator's heap (RocksDB, DuckDB, P
 objects over 512 bytes) and Python's own small-object arenas. The C allocator keeps memory
 it was given back: after a burst, the freed chunks stay in its arenas (one per thread that
 allocated, up to eight per core) and the resident size keeps its peak. Reported apart,
-"in use" growing is a leak and "free, held" growing is the allocator's retention.
+"in use" growing past RocksDB's bounded share (its memtables are allocated there too) is a
+leak, and "free, held" growing is the allocator's retention.
 
 glibc's ``mallinfo2`` (2.33 and later) reads the allocator's own accounting; where the C
 library has none (musl, macOS) those two parts are left out. Every value is read when
@@ -16,6 +17,7 @@ asked: a scrape every few seconds costs a walk over the allocator's free lists.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -42,7 +44,10 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
+@functools.cache  # looked up on first use, not at import
 def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         function = ctypes.CDLL(None).mallinfo2
     except (AttributeError, OSError):  # not glibc, or a glibc before 2.33
@@ -52,14 +57,10 @@ def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     return function
 
 
-_MALLINFO2 = _mallinfo2() if sys.platform.startswith("linux") else None
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
 def _resident() -> int | None:
     try:
         with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * _PAGE
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 
@@ -73,8 +74,9 @@ def process_memory() -> dict[str, int]:
     resident = _resident()
     if resident is not None:
         out["resident"] = resident
-    if _MALLINFO2 is not None:
-        info = _MALLINFO2()
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is not None:
+        info = mallinfo2()
         out["malloc_in_use"] = info.uordblks + info.hblkhd
         out["malloc_free_held"] = info.fordblks
     arrow = sys.modules.get("pyarrow")  # never imported for this: a node without Arrow data
