@@ -64,8 +64,10 @@ def _sample(pid: int) -> tuple[float, int, int] | None:
         return None
 
 
-#: The parts of a node's memory its /metrics reports, in the order the report lists them;
-#: "rest" is the RSS less all of them (Python's small-object arenas, thread stacks, code).
+#: The parts of a node's memory its /metrics reports. RocksDB's memory is allocated through
+#: malloc, so it is inside "malloc_in_use": the report shows "in use besides RocksDB" and
+#: "rest", the RSS less in use, free-held and Arrow (Python's small-object arenas, thread
+#: stacks, code; negative drift when freed pages are no longer resident).
 MEMORY_PARTS = ("malloc_in_use", "malloc_free_held", "arrow", "rocksdb")
 
 
@@ -277,11 +279,23 @@ def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]
 
         first, last = steady[0], steady[-1]
         known = [s for s in steady if s.parts]
+
+        def part_slope(
+            value: Callable[[dict[str, float]], float], known: list[Sample] = known
+        ) -> float:
+            return slope_per_hour([(s.at, value(s.parts)) for s in known])
+
         by_part = {
-            part: slope_per_hour([(s.at, s.parts.get(part, 0.0)) for s in known])
-            for part in MEMORY_PARTS
+            "rocksdb": part_slope(lambda p: p.get("rocksdb", 0.0)),
+            "in use besides rocksdb": part_slope(
+                lambda p: p.get("malloc_in_use", 0.0) - p.get("rocksdb", 0.0)
+            ),
+            "free held": part_slope(lambda p: p.get("malloc_free_held", 0.0)),
+            "arrow": part_slope(lambda p: p.get("arrow", 0.0)),
         }
-        by_part["rest"] = slope_per_hour([(s.at, s.rss_mb - sum(s.parts.values())) for s in known])
+        by_part["rest"] = slope_per_hour([
+            (s.at, s.rss_mb - sum(s.parts.get(p, 0.0) for p in MEMORY_PARTS[:3])) for s in known
+        ])  # fmt: skip
         # the second half alone: memory filling toward a bound flattens, a leak does not
         late = [s for s in steady if s.at >= (steady[0].at + steady[-1].at) / 2]
         rows.append([
