@@ -60,14 +60,14 @@ def _write_changelog(
 
 def _replica_options() -> Callable[[], Options] | None:
     """The options sparkiq's replicas open RocksDB with (block cache, shared memtable budget,
-    8 MiB write buffers...), or None if that private helper has changed."""
+    8 MiB write buffers...), or None if that helper has changed."""
     try:
-        from sparkiq.stores.rocksdb import _options
+        from sparkiq.stores.rocksdb_options import store_options
 
-        _options(True)
+        store_options(True)
     except Exception:
         return None
-    return lambda: _options(True)
+    return lambda: store_options(True)
 
 
 def _raw_rocksdict(

@@ -11,6 +11,7 @@ import pytest
 
 from sparkiq.spark import worker_python
 from sparkiq.testing import connect_server, spark_session
+from tests.small_disk import mount_tmpfs, unmount
 
 # Set before any session starts: the local session's workers, the Connect server's and those
 # of the Spark drivers tests start as subprocesses (they inherit the environment).
@@ -81,3 +82,17 @@ def connect_spark(_connect_session: Any, monkeypatch: pytest.MonkeyPatch) -> Any
     Connect mode for the test's duration."""
     monkeypatch.setenv(_CONNECT_MODE, "1")
     return _connect_session
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MB tmpfs to fill up (:mod:`tests.small_disk`); skips where mounting is refused."""
+    disk = tmp_path / "small"
+    disk.mkdir()
+    error = mount_tmpfs(disk, 8)
+    if error:
+        pytest.skip(f"no tmpfs to fill ({error}); mounting needs root")
+    try:
+        yield disk
+    finally:
+        unmount(disk)

@@ -40,6 +40,7 @@ from tests.faults.checker import Anomaly, Fault, Window, check_changelog, check_
 from tests.faults.faultfs import Faults
 from tests.faults.history import Loader, Op
 from tests.faults.model import PARTITIONS, Model
+from tests.small_disk import fill, mount_tmpfs, unmount
 
 STARTUP = 180.0  # a hang bound for starting processes on a loaded machine
 SETTLE = 120.0  # a hang bound for the cluster to be whole and ready after a fault
@@ -167,7 +168,7 @@ class FaultCluster:
                 process.kill()
                 process.wait()
         for mount in self.mounted:
-            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+            unmount(mount)
 
     def __enter__(self) -> FaultCluster:
         return self.start()
@@ -297,25 +298,14 @@ class FaultCluster:
 
     def full_disk(self, i: int, hold: float = 5.0) -> Fault:
         """Fill the tmpfs under node ``i``'s replicas, then free it."""
-        filler = self.root / f"local-{self.nodes[i].node_id}" / "filler"
+        under = self.root / f"local-{self.nodes[i].node_id}"
+        filler = under / "filler"
 
         def apply() -> None:
-            stat = os.statvfs(filler.parent)
-            # Unbuffered: a buffered file kept what the full disk refused and raised ENOSPC
-            # again when closed (under load, when the replica wrote between statvfs and
-            # fallocate and fallocate failed, the write loop below did the filling).
             try:
-                handle = open(filler, "wb", buffering=0)  # noqa: SIM115 (closed below)
+                fill(under)
             except OSError as exc:  # full before the fault: say with what
-                raise AssertionError(
-                    f"{filler.parent}: {exc}; it holds {_usage(filler.parent)}"
-                ) from None
-            with handle:
-                with contextlib.suppress(OSError):
-                    os.posix_fallocate(handle.fileno(), 0, stat.f_bavail * stat.f_frsize)
-                with contextlib.suppress(OSError):  # whatever fallocate left
-                    while handle.write(b"\0" * 65536):
-                        pass
+                raise AssertionError(f"{under}: {exc}; it holds {_usage(under)}") from None
 
         def heal() -> None:
             filler.unlink(missing_ok=True)
@@ -387,15 +377,9 @@ class FaultCluster:
         os.replace(tmp, self.proxy_control)
 
     def _mount_tmpfs(self, path: Path) -> None:
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(path)],
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode == 0:
+        self.disk_error = mount_tmpfs(path, DISK_MB)
+        if not self.disk_error:
             self.mounted.append(str(path))
-        else:
-            self.disk_error = f"mount -t tmpfs failed: {result.stderr.strip() or result.returncode}"
 
 
 def _events(log_path: str | Path, lines: int = 60) -> str:

@@ -22,7 +22,7 @@ from sparkiq import (
     UnknownStoreError,
 )
 from sparkiq.errors import InvalidQueryError
-from sparkiq.stores.rocksdb import BLOCK_CACHE_BYTES, MEMTABLE_BUDGET_BYTES
+from sparkiq.stores.rocksdb_options import BLOCK_CACHE_BYTES, MEMTABLE_BUDGET_BYTES
 from tests.changelog.helpers import (
     apply_changes,
     create_changelog,

@@ -36,7 +36,7 @@ from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.manifest import TableManifest
 from sparkiq.changelog.snapshot import SnapshotInfo
 from sparkiq.changelog.source import ChangelogSource, newest_snapshot
-from sparkiq.errors import ChangelogError
+from sparkiq.errors import ChangelogError, StoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.types import TableSchema
 from sparkiq.stores.base import Store
@@ -71,6 +71,12 @@ _BOOTSTRAP_CHECK_SECONDS = 5.0
 #: backlog: never caught up since it was opened, or not for this long.
 KEEPING_UP_SECONDS = 5.0
 _PROGRESS_LOG_SECONDS = 2.0
+#: A partition whose local store refused a write (a full disk, an I/O error) is tried again
+#: after this long, doubling up to :data:`STORE_RETRY_MAX_SECONDS`. Each failed write also
+#: reloads the partition's versions from the store; retried on every poll (every few tens of
+#: milliseconds) a full disk cost a core and logged a traceback 30 times a second.
+STORE_RETRY_FIRST_SECONDS = 0.05
+STORE_RETRY_MAX_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,9 @@ class PartitionReplica:
         self.store = store
         self.transform = transform
         self.error: str | None = None
+        #: Not tried again before this (monotonic), after its store refused a write.
+        self.retry_at = 0.0
+        self._retry_delay = 0.0
         self.applied_rows = 0
         self.applied_bytes = 0
         self.applied_batches = 0
@@ -126,6 +135,26 @@ class PartitionReplica:
     @property
     def batch_id(self) -> int:
         return self.store.batch_id
+
+    def back_off(self) -> None:
+        """Its store refused a write: wait before trying again, longer each time."""
+        self._retry_delay = min(
+            STORE_RETRY_MAX_SECONDS, max(STORE_RETRY_FIRST_SECONDS, 2 * self._retry_delay)
+        )
+        self.retry_at = time.monotonic() + self._retry_delay
+
+    def applied(self) -> None:
+        """A batch landed: clear the error and the back-off, saying so after an error."""
+        if self.error is not None:
+            log.info(
+                "%s[%d]: applying again (batch %d) after: %s",
+                self.table,
+                self.partition,
+                self.batch_id,
+                self.error,
+            )
+        self.error = None
+        self._retry_delay = 0.0
 
     def _values(self, values: list[bytes | None]) -> list[bytes | None]:
         transform = self.transform
@@ -267,7 +296,7 @@ class TableReplica:
         replicas = [
             r
             for r in self.partitions.values()
-            if r.error is None or self.source.has_commit(r.batch_id + 1)
+            if r.retry_at <= now and (r.error is None or self.source.has_commit(r.batch_id + 1))
         ]
         if not replicas:
             return applied
@@ -284,10 +313,14 @@ class TableReplica:
                         continue
                     try:
                         replica.apply(self.source, record)
-                        replica.error = None
+                        replica.applied()
                         applied += 1
                     except ChangelogError as exc:
                         self._fail(replica, record.batch_id, exc.message)
+                        stuck.append(replica)
+                    except StoreError as exc:  # this partition's disk: the others go on
+                        self._fail(replica, record.batch_id, exc.message)
+                        replica.back_off()
                         stuck.append(replica)
                 if len(stuck) == len(replicas):
                     break
@@ -333,10 +366,11 @@ class TableReplica:
     def _bootstrap(self) -> int:
         """Restore from snapshots the partitions that are empty or whose next batch is gone."""
         loaded = 0
+        now = time.monotonic()
         for replica in self.partitions.values():
             next_id = replica.batch_id + 1
             at_head = 0 <= self.latest_batch_id <= replica.batch_id
-            if (
+            if replica.retry_at > now or (
                 replica.batch_id >= 0
                 and replica.error is None
                 and (at_head or self.source.has_commit(next_id))
@@ -369,8 +403,13 @@ class TableReplica:
             if found is None or found[0].batch_id < next_id:
                 continue
             info, keys, values = found
-            replica.load_snapshot(info, keys, values, self.commit_time(info.batch_id))
-            replica.error = None
+            try:
+                replica.load_snapshot(info, keys, values, self.commit_time(info.batch_id))
+            except StoreError as exc:
+                self._fail(replica, info.batch_id, exc.message)
+                replica.back_off()
+                continue
+            replica.applied()
             loaded += 1
         return loaded
 

@@ -59,6 +59,8 @@ from sparkiq.stores.partition import PartitionStore
 __all__ = ["Hosting", "Placement", "TableRoute", "TableView"]
 
 log = logging.getLogger("sparkiq.node")
+#: A tailing failure that repeats unchanged is logged again only after this long.
+_REPEAT_LOG_SECONDS = 60.0
 
 #: ``placement(table, partition_count)``: the partitions of ``table`` this node should hold.
 Placement = Callable[[str, int], Iterable[int]]
@@ -153,6 +155,9 @@ class Hosting:
         self._routes: dict[str, TableRoute] = {}
         self._refresh_lock = threading.RLock()
         self._poll_lock = threading.Lock()
+        # Guarded by _poll_lock: per table, the last tailing failure logged and when, so a
+        # failure that repeats on every poll is logged once a minute, not 20 times a second.
+        self._poll_failures: dict[str, tuple[str, float]] = {}
         self._lock = threading.RLock()
         self._applied = threading.Condition()
         self._wake = threading.Event()
@@ -366,12 +371,26 @@ class Hosting:
             for replica in list(self._tables.values()):
                 try:
                     applied += replica.poll()
-                except Exception:
-                    log.exception("tailing %s failed; retrying on the next poll", replica.table)
+                except Exception as exc:
+                    self._log_poll_failure(replica.table, exc)
         if applied:
             with self._applied:
                 self._applied.notify_all()
         return applied
+
+    def _log_poll_failure(self, table: str, exc: Exception) -> None:
+        message, now = repr(exc), time.monotonic()
+        last = self._poll_failures.get(table)
+        if last is not None and last[0] == message and now - last[1] < _REPEAT_LOG_SECONDS:
+            return
+        self._poll_failures[table] = (message, now)
+        log.error(
+            "tailing %s failed; retrying on the next poll (the same failure is logged again "
+            "at most every %.0f s)",
+            table,
+            _REPEAT_LOG_SECONDS,
+            exc_info=exc,
+        )
 
     def wait_for(self, table: str, batch_id: int, timeout: float | None = None) -> bool:
         """Block until every hosted partition of ``table`` applied ``batch_id``; False on

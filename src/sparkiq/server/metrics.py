@@ -15,7 +15,7 @@ from sparkiq.pools import pool_limits
 from sparkiq.server.process_memory import process_memory
 from sparkiq.server.served import ServedNode
 from sparkiq.sql.watchdog import statement_counts
-from sparkiq.stores.rocksdb import rocksdb_memory
+from sparkiq.stores.rocksdb_options import rocksdb_memory
 
 __all__ = ["Metrics", "QueryRate"]
 

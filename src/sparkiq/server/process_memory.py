@@ -1,7 +1,7 @@
 """Where a node's resident memory is, so that growth can be told apart from a leak.
 
 A serving process holds memory in places no single counter sees: RocksDB's block cache and
-memtables (bounded, reported by :func:`sparkiq.stores.rocksdb.rocksdb_memory`), Arrow's
+memtables (bounded, reported by :func:`sparkiq.stores.rocksdb_options.rocksdb_memory`), Arrow's
 memory pool (the replicas' versions), the C allocator's heap (RocksDB, DuckDB, Python
 objects over 512 bytes) and Python's own small-object arenas. The C allocator keeps memory
 it was given back: after a burst, the freed chunks stay in its arenas (one per thread that

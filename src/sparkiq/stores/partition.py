@@ -71,6 +71,9 @@ class PartitionStore:
         self.rows = RowCodec(schema)
         self._seq = 0
         self._write_lock = threading.Lock()
+        # The writer's own: the versions hold a batch whose write failed and could not be
+        # reset to the store's contents then.
+        self._versions_stale = False
         self.batch_id, self.position = decode_meta(store.meta())
         # The commit time of a batch (0.0: unknown), for the batch the versions are loaded
         # at: the store's meta does not hold it, the changelog's commit record does.
@@ -202,6 +205,9 @@ class PartitionStore:
             )
         versions = self.versions
         if versions is not None:
+            if self._versions_stale:  # a failed write could not reset them: do it now
+                self._load_versions(versions)
+                self._versions_stale = False
             # Versions first, so that once batch_id moves every read path can serve it.
             versions.apply(batch_id, position, committed_at, keys, values, replace_all=replace_all)
         with self._write_lock:
@@ -212,7 +218,10 @@ class PartitionStore:
                 self.batch_id, self.position = batch_id, position
             except BaseException:
                 if versions is not None:  # the batch did not land: neither may its versions
-                    self._load_versions(versions)
+                    try:
+                        self._load_versions(versions)
+                    except Exception:  # the store cannot be read either: before the next batch
+                        self._versions_stale = True
                 raise
             finally:
                 self._seq += 1

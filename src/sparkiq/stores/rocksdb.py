@@ -22,10 +22,12 @@ Durability
     one that ``apply`` published. Surviving power loss needs :meth:`RocksDBStore.flush`.
 
 Tuning
-    Point lookups dominate, and one process hosts many partitions on a small machine: a
-    bloom filter per table, a hash index inside data blocks, and one block cache and one
-    memtable budget shared by every store in the process (:data:`BLOCK_CACHE_BYTES`,
-    :data:`MEMTABLE_BUDGET_BYTES`), created when the first store opens.
+    In :mod:`sparkiq.stores.rocksdb_options`: one block cache and one memtable budget shared
+    by every store in the process (:data:`BLOCK_CACHE_BYTES`, :data:`MEMTABLE_BUDGET_BYTES`).
+
+A failed write
+    RocksDB refuses every write after one failed (a full disk, an I/O error) until the
+    database is opened again; the next ``apply`` reopens it (:meth:`RocksDBStore._reopen`).
 
 rocksdict pitfalls (0.3.29) this module works around
     ``Snapshot.iter`` / ``Snapshot.items`` ignore the snapshot, and
@@ -60,10 +62,10 @@ Bulk reads (``next_chunk``)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
-import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -72,19 +74,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from rocksdict import (
-    AccessType,
-    BlockBasedOptions,
-    Cache,
-    DataBlockIndexType,
-    DbClosedError,
-    DBCompressionType,
-    DBRecoveryMode,
-    Options,
-    Rdict,
-    WriteBatch,
-    WriteBufferManager,
-)
+from rocksdict import AccessType, DbClosedError, Rdict, WriteBatch
 
 from sparkiq.errors import StoreError
 from sparkiq.stores.base import (
@@ -95,6 +85,12 @@ from sparkiq.stores.base import (
     _iterator_closed_error,
     _reserved_key,
     _StoreBase,
+)
+from sparkiq.stores.rocksdb_options import (
+    BLOCK_CACHE_BYTES,
+    MEMTABLE_BUDGET_BYTES,
+    rocksdb_memory,
+    store_options,
 )
 
 __all__ = [
@@ -113,11 +109,10 @@ META_KEY = RESERVED_PREFIX + b"\x00sparkiq.meta"
 #: Reserved key holding the store format version as ASCII digits.
 FORMAT_KEY = RESERVED_PREFIX + b"\x00sparkiq.format"
 
-#: LRU block cache shared by every RocksDB store of the process (data, index, filters).
-BLOCK_CACHE_BYTES = 32 << 20
-#: Memory all memtables of the process may use before RocksDB flushes the largest.
-MEMTABLE_BUDGET_BYTES = 64 << 20
-_WRITE_BUFFER_BYTES = 8 << 20
+#: Free bytes a full disk needs before a store whose write failed is opened again: room for
+#: the files RocksDB writes when it opens (a manifest, its options, a new log: tens of KB)
+#: and a batch. Less, and the reopen would fail and take reads down with it.
+_ROOM_TO_REOPEN = 1 << 20
 
 #: Rows of the first bulk read of a range, then doubled on each read up to _MAX_CHUNK.
 _FIRST_CHUNK = 32
@@ -131,59 +126,6 @@ _OWN_FILE = re.compile(
     r"LOCK|LOG(\.old\.\d+)?|IDENTITY|MANIFEST-\d+|OPTIONS-\d+(\.dbtmp)?"
     r"|\d+\.(log|sst|dbtmp)|rocksdict-config\.json"
 )
-
-_shared_lock = threading.Lock()
-_shared: tuple[Cache, WriteBufferManager] | None = None
-
-
-def _shared_resources() -> tuple[Cache, WriteBufferManager]:
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = (
-                Cache(BLOCK_CACHE_BYTES),
-                WriteBufferManager(MEMTABLE_BUDGET_BYTES, False),
-            )
-        return _shared
-
-
-def rocksdb_memory() -> dict[str, tuple[int, int]]:
-    """Bytes used and the bound of the shared block cache and memtables, by part; empty
-    before any store was opened."""
-    with _shared_lock:
-        shared = _shared
-    if shared is None:
-        return {}
-    cache, write_buffers = shared
-    return {
-        "block_cache": (cache.get_usage(), BLOCK_CACHE_BYTES),
-        "memtables": (write_buffers.get_usage(), MEMTABLE_BUDGET_BYTES),
-    }
-
-
-def _options(create: bool) -> Options:
-    cache, write_buffers = _shared_resources()
-    table = BlockBasedOptions()
-    table.set_block_cache(cache)
-    table.set_bloom_filter(10, False)  # full filter, ~1% false positives
-    table.set_cache_index_and_filter_blocks(True)  # bounded by the shared cache
-    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-    table.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
-    table.set_data_block_hash_ratio(0.75)
-
-    options = Options(raw_mode=True)
-    options.create_if_missing(create)
-    options.set_block_based_table_factory(table)
-    options.set_write_buffer_manager(write_buffers)
-    options.set_write_buffer_size(_WRITE_BUFFER_BYTES)
-    options.set_compression_type(DBCompressionType.lz4())
-    options.set_level_compaction_dynamic_level_bytes(True)
-    options.set_max_background_jobs(2)
-    options.set_max_open_files(256)  # many partitions share the process's descriptors
-    options.set_keep_log_file_num(2)
-    options.set_max_log_file_size(1 << 20)
-    options.set_wal_recovery_mode(DBRecoveryMode.point_in_time())
-    return options
 
 
 class RocksDBStore(_StoreBase["_RocksDBIterator"]):
@@ -203,11 +145,17 @@ class RocksDBStore(_StoreBase["_RocksDBIterator"]):
         super().__init__()
         self._path = Path(path)
         self._read_only = read_only
+        #: Why the last write failed, until the database is opened again (:meth:`_reopen`).
+        self._failed_write: str | None = None
+        self._reopening = False  # set under _lock while _reopen swaps the database
         self._check_directory()
-        options = _options(create=not read_only)
-        access = AccessType.read_only(False) if read_only else AccessType.read_write()
+        self._db = self._open()
+
+    def _open(self) -> Rdict:
+        options = store_options(create=not self._read_only)
+        access = AccessType.read_only(False) if self._read_only else AccessType.read_write()
         try:
-            self._db = Rdict(
+            db = Rdict(
                 str(self._path),
                 options,
                 column_families={"default": options},
@@ -216,13 +164,14 @@ class RocksDBStore(_StoreBase["_RocksDBIterator"]):
         except Exception as exc:
             raise self._open_error(exc) from exc
         try:
-            self._check_format()
+            self._check_format(db)
         except StoreError:
-            self._db.close()
+            db.close()
             raise
         except Exception as exc:
-            self._db.close()
+            db.close()
             raise self._fault(exc) from exc
+        return db
 
     def __repr__(self) -> str:
         return f"RocksDBStore({str(self._path)!r})"
@@ -239,10 +188,34 @@ class RocksDBStore(_StoreBase["_RocksDBIterator"]):
         if key >= RESERVED_PREFIX:
             raise _reserved_key(key)
         # The hot path: ``_native_errors`` inline, without the cost of a context manager.
+        db = self._db
         try:
-            value: bytes | None = self._db.get(key)
+            value: bytes | None = db.get(key)
         except DbClosedError:
-            raise _closed_error(self) from None
+            return self._get_reopened(key)
+        except Exception as exc:
+            # Met _reopen closing it (rocksdict: "Already mutably borrowed").
+            if self._reopening or db is not self._db:
+                return self._get_reopened(key)
+            raise self._fault(exc) from exc
+        return value
+
+    def _get_reopened(self, key: bytes) -> bytes | None:
+        """A get that found the database closed, or closing: by :meth:`close` (an error), or
+        by :meth:`_reopen`, which holds ``_lock`` until the new one is open (read that)."""
+        with self._lock:
+            if self._closed:
+                raise _closed_error(self) from None
+            db = self._db
+        try:
+            value: bytes | None = db.get(key)
+        except DbClosedError:  # the reopen failed: the next write tries again
+            raise self._fault(
+                RuntimeError(
+                    f"closed to be opened again after a failed write and not open yet "
+                    f"({self._failed_write})"
+                )
+            ) from None
         except Exception as exc:
             raise self._fault(exc) from exc
         return value
@@ -277,8 +250,52 @@ class RocksDBStore(_StoreBase["_RocksDBIterator"]):
             else:
                 raise _invalid_op(key, value)
         put(META_KEY, meta)
-        with self._native_errors():
+        if self._failed_write is not None:
+            self._reopen()
+        try:
             self._db.write(batch)
+        except DbClosedError:
+            raise _closed_error(self) from None
+        except Exception as exc:
+            self._failed_write = str(exc)
+            raise self._fault(exc) from exc
+
+    def _reopen(self) -> None:
+        """Open the database again after a write failed.
+
+        After a failed write (a full disk, an I/O error) RocksDB refuses every later one
+        until ``DB::Resume``, which rocksdict does not expose, or a reopen; it does not
+        resume by itself on a disk that has room again (only when it happens to start a new
+        log file). Reads go on meanwhile. The database is reopened only once its disk has
+        :data:`_ROOM_TO_REOPEN`: a reopen on a full disk fails, and reads would fail with it.
+        Iterators handed out are closed, as by :meth:`close`: they hold the old database, its
+        files and its lock. Reopening replays the log, which holds exactly the batches whose
+        records are complete (module docstring, Durability).
+        """
+        free = shutil.disk_usage(self._path).free
+        if free < _ROOM_TO_REOPEN:
+            raise StoreError(
+                f"RocksDB store at '{self._path}' is on a disk with {free} bytes free after a "
+                f"write failed ({self._failed_write}); it writes again once the disk has room"
+            )
+        # Under _lock (which also guards _db here): range() and _get_reopened() wait for the
+        # new database rather than find the old one closed.
+        with self._lock:
+            if self._closed:
+                raise _closed_error(self)
+            for iterator in list(self._iterators):
+                iterator.close()
+            self._reopening = True
+            try:
+                # Closing flushes the memtables, which fails with the write's error ("Writer
+                # has previous error") and closes the database all the same; what it did not
+                # flush, the log replays on the open.
+                with contextlib.suppress(Exception):
+                    self._db.close()
+                self._db = self._open()  # raises: still closed; the next write tries again
+                self._failed_write = None
+            finally:
+                self._reopening = False
 
     def meta(self) -> bytes | None:
         with self._native_errors():
@@ -361,11 +378,11 @@ class RocksDBStore(_StoreBase["_RocksDBIterator"]):
                 f"a damaged replica, {_CORRUPTION_HINT}."
             )
 
-    def _check_format(self) -> None:
-        found = self._db.get(FORMAT_KEY)
+    def _check_format(self, db: Rdict) -> None:
+        found = db.get(FORMAT_KEY)
         expected = str(FORMAT_VERSION).encode()
-        if found is None and not self._read_only and next(self._db.keys(), None) is None:
-            self._db.put(FORMAT_KEY, expected)  # a new database
+        if found is None and not self._read_only and next(db.keys(), None) is None:
+            db.put(FORMAT_KEY, expected)  # a new database
             return
         if found != expected:
             raise StoreError(
