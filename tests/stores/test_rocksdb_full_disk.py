@@ -33,7 +33,7 @@ def test_reads_go_on_while_the_disk_is_full_and_writes_resume_once_it_has_room(
 
     with pytest.raises(StoreError, match="No space left on device"):
         store.apply(_batch(b"b"), b"batch-b")
-    with pytest.raises(StoreError, match="bytes free after a write failed"):
+    with pytest.raises(StoreError, match="less than 1 MiB free after a write failed"):
         store.apply(_batch(b"c"), b"batch-c")  # not reopened on a full disk
     # Nothing of the failed batches: the store reads as it was.
     assert store.meta() == b"batch-a"

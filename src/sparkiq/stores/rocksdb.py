@@ -274,9 +274,11 @@ class RocksDBStore(_StoreBase["_RocksDBIterator"]):
         """
         free = shutil.disk_usage(self._path).free
         if free < _ROOM_TO_REOPEN:
+            # The same words each time (not the bytes free): the replica logs a new message.
             raise StoreError(
-                f"RocksDB store at '{self._path}' is on a disk with {free} bytes free after a "
-                f"write failed ({self._failed_write}); it writes again once the disk has room"
+                f"RocksDB store at '{self._path}' is on a disk with less than "
+                f"{_ROOM_TO_REOPEN >> 20} MiB free after a write failed ({self._failed_write}); "
+                "it writes again once the disk has room"
             )
         # Under _lock (which also guards _db here): range() and _get_reopened() wait for the
         # new database rather than find the old one closed.
