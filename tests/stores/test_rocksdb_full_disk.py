@@ -24,15 +24,20 @@ def _batch(tag: bytes, count: int = 64) -> list[tuple[bytes, bytes | None]]:
     return [(b"k%03d" % i, tag + BIG) for i in range(count)]
 
 
+def _failed_on_a_full_disk(disk: Path) -> tuple[RocksDBStore, Path]:
+    """A store holding batch a, whose batch b was refused by the full ``disk``."""
+    store = RocksDBStore(disk / "db")
+    store.apply(_batch(b"a"), b"batch-a")
+    filler = fill(disk)
+    with pytest.raises(StoreError, match="No space left on device"):
+        store.apply(_batch(b"b"), b"batch-b")
+    return store, filler
+
+
 def test_reads_go_on_while_the_disk_is_full_and_writes_resume_once_it_has_room(
     small_disk: Path,
 ) -> None:
-    store = RocksDBStore(small_disk / "db")
-    store.apply(_batch(b"a"), b"batch-a")
-    filler = fill(small_disk)
-
-    with pytest.raises(StoreError, match="No space left on device"):
-        store.apply(_batch(b"b"), b"batch-b")
+    store, filler = _failed_on_a_full_disk(small_disk)
     with pytest.raises(StoreError, match="less than 1 MiB free after a write failed"):
         store.apply(_batch(b"c"), b"batch-c")  # not reopened on a full disk
     # Nothing of the failed batches: the store reads as it was.
@@ -60,11 +65,7 @@ def test_reads_go_on_while_the_disk_is_full_and_writes_resume_once_it_has_room(
 def test_readers_never_see_the_database_closed_while_it_is_opened_again(
     small_disk: Path,
 ) -> None:
-    store = RocksDBStore(small_disk / "db")
-    store.apply(_batch(b"a"), b"batch-a")
-    filler = fill(small_disk)
-    with pytest.raises(StoreError, match="No space left"):
-        store.apply(_batch(b"b"), b"batch-b")
+    store, filler = _failed_on_a_full_disk(small_disk)
     filler.unlink()
 
     stop = threading.Event()
