@@ -143,9 +143,15 @@ def schedule(cluster: Any, spare: int | None = None) -> list[tuple[str, Callable
     from tests.faults.faultfs import Faults
 
     killed = [i for i in range(3) if i != spare]
+
+    def turn(minute: int) -> int:
+        """How many times this minute's fault came before (its victims rotate by it: with
+        two nodes to kill, ``minute % 2`` picked the same one every ten minutes)."""
+        return minute // len(faults)
+
     faults: list[tuple[str, Callable[[int], Any]]] = [
         ("kill -9 + restart",
-         lambda m: cluster.kill_node(killed[m % len(killed)], hold=3.0)),
+         lambda m: cluster.kill_node(killed[turn(m) % len(killed)], hold=3.0)),
         ("SIGSTOP 5 s", lambda m: cluster.pause_node(m % 3, hold=5.0)),
         ("partition (blackhole) 5 s", lambda m: cluster.isolate_node(m % 3, "blackhole", 5.0)),
         ("changelog store fails under nodes",
@@ -298,6 +304,10 @@ def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]
         ])  # fmt: skip
         # the second half alone: memory filling toward a bound flattens, a leak does not
         late = [s for s in steady if s.at >= (steady[0].at + steady[-1].at) / 2]
+        by_part["in use besides rocksdb, 2nd half"] = part_slope(
+            lambda p: p.get("malloc_in_use", 0.0) - p.get("rocksdb", 0.0),
+            [s for s in late if s.parts],
+        )
         rows.append([
             node, str(len(by_pid)), f"{hours * 60:.1f} min",
             f"{first.rss_mb:.0f} -> {last.rss_mb:.0f} MB", f"{fit('rss_mb'):+.1f} MB/h",
@@ -309,10 +319,27 @@ def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]
     return rows
 
 
-def run(quick: bool, minutes: float | None = None, spare: int | None = None) -> Report:
+def write_samples(samples: dict[str, list[Sample]], path: str) -> None:
+    """Every sample as a JSON line (node, seconds, pid, RSS, threads, fds, parts in MB)."""
+    import json
+
+    with open(path, "w") as handle:
+        for node, taken in sorted(samples.items()):
+            for sample in taken:
+                handle.write(json.dumps({"node": node, **vars(sample)}) + "\n")
+
+
+def run(
+    quick: bool,
+    minutes: float | None = None,
+    spare: int | None = None,
+    samples_path: str | None = None,
+) -> Report:
     minutes = minutes or (QUICK_MINUTES if quick else DEFAULT_MINUTES)
     with scratch_dir("soak") as root:
         found = soak(minutes, root, spare)
+    if samples_path is not None:
+        write_samples(found["samples"], samples_path)
     report = Report(
         name="soak",
         title=f"Soak: {minutes:g} minutes, a fault every minute",
@@ -398,8 +425,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         choices=(0, 1),
         help="never kill -9 this node, so one incarnation spans the run (n2's disk fills)",
     )
+    parser.add_argument("--samples", help="write every resource sample to this file (JSON lines)")
     args = parser.parse_args(argv)
-    report = run(args.quick, args.minutes, args.spare_node)
+    report = run(args.quick, args.minutes, args.spare_node, args.samples)
     report.print()
     return report.as_dict()
 
