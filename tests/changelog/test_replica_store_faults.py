@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from sparkiq import Node
 from sparkiq.changelog import replica as replica_module
 from sparkiq.changelog.replica import TableReplica
 from sparkiq.changelog.source import SegmentSource
+from sparkiq.errors import ChangelogError, StoreError
 from sparkiq.stores.base import Store
 from sparkiq.stores.rocksdb import RocksDBStore
 from tests.changelog.helpers import expected_rows, make_table, write_batch
@@ -86,3 +88,25 @@ def test_a_full_disk_under_one_partition_holds_back_only_that_partition(
     assert {s.state for s in replica.status()} == {"live"}
     assert _rows(replica) == expected_rows(history)
     replica.close()
+
+
+def test_a_tailing_failure_that_repeats_is_logged_once_a_minute_by_kind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flaky changelog store fails on another file at each poll: the messages differ, the
+    kind does not, and the node logged a traceback per poll."""
+    make_table(str(tmp_path / "state"), partitions=1)
+    caplog.set_level(logging.ERROR, logger="sparkiq.node")
+    with Node(str(tmp_path / "state"), node_id="n1") as node:
+        hosting = node._hosting
+        for batch in range(50):
+            hosting._log_poll_failure("t", ChangelogError(f"cannot read commit {batch}"))
+        hosting._log_poll_failure("t", StoreError("the disk is gone"))
+        hosting._log_poll_failure("t", StoreError("the disk is still gone"))
+        hosting._log_poll_failure("u", StoreError("another table"))
+    logged = [r for r in caplog.records if r.getMessage().startswith("tailing")]
+    assert [(r.getMessage().split()[1], str(r.exc_info[1])) for r in logged] == [
+        ("t", "cannot read commit 0"),
+        ("t", "the disk is gone"),
+        ("u", "another table"),
+    ]

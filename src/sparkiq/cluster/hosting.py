@@ -155,8 +155,9 @@ class Hosting:
         self._routes: dict[str, TableRoute] = {}
         self._refresh_lock = threading.RLock()
         self._poll_lock = threading.Lock()
-        # Guarded by _poll_lock: per table, the last tailing failure logged and when, so a
-        # failure that repeats on every poll is logged once a minute, not 20 times a second.
+        # Guarded by _poll_lock: per table, the kind of the last tailing failure logged and
+        # when, so a failure that repeats on every poll is logged once a minute, not 20 times
+        # a second.
         self._poll_failures: dict[str, tuple[str, float]] = {}
         self._lock = threading.RLock()
         self._applied = threading.Condition()
@@ -379,14 +380,15 @@ class Hosting:
         return applied
 
     def _log_poll_failure(self, table: str, exc: Exception) -> None:
-        message, now = repr(exc), time.monotonic()
+        # By kind, not by message: a flaky store fails on a different file each poll.
+        kind, now = type(exc).__qualname__, time.monotonic()
         last = self._poll_failures.get(table)
-        if last is not None and last[0] == message and now - last[1] < _REPEAT_LOG_SECONDS:
+        if last is not None and last[0] == kind and now - last[1] < _REPEAT_LOG_SECONDS:
             return
-        self._poll_failures[table] = (message, now)
+        self._poll_failures[table] = (kind, now)
         log.error(
-            "tailing %s failed; retrying on the next poll (the same failure is logged again "
-            "at most every %.0f s)",
+            "tailing %s failed; retrying on the next poll (failures of this kind are logged "
+            "again at most every %.0f s)",
             table,
             _REPEAT_LOG_SECONDS,
             exc_info=exc,
