@@ -17,7 +17,8 @@ Locks, in the order they are taken (never the other way round):
    dropping whole tables).
 2. ``_poll_lock`` serializes applying batches with every change to *which* partitions a
    replica holds (dropping a table, :meth:`Hosting.changing_partitions` for rebalancing): a
-   poll never races a partition being added or closed under it.
+   poll never races a partition being added or closed under it. It also guards
+   ``_poll_failures`` (the tailing failures logged lately).
 3. ``_lock`` guards the ``_tables`` and ``_routes`` dicts themselves (readers take no lock:
    they read a dict entry once, which is atomic, and a closed store fails a racing read with
    a :class:`~sparkiq.errors.StoreError`, never a wrong row).
