@@ -32,6 +32,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def press_across_a_refresh(page: Any, selector: str) -> None:
+    """Click ``selector`` as a slow hand (or a loaded machine) does: the button stays down
+    until the console has refreshed its sidebar at least once. The press takes focus from
+    the token input, whose "change" then refreshes; a list redrawn under the pointer before
+    the release would lose the click (CI saw exactly that once)."""
+    box = page.locator(selector).first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    with page.expect_response(lambda r: r.url.endswith("/metadata")):
+        page.mouse.down()
+    page.mouse.up()
+
+
 def test_console_runs_pull_and_push_queries(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -50,7 +62,7 @@ def test_console_runs_pull_and_push_queries(tmp_path: Path) -> None:
                 assert "4 partitions" in page.inner_text("#stores")
                 assert "console" in page.inner_text("#nodes")
 
-                page.click("#stores li")  # fills in a query for the table
+                press_across_a_refresh(page, "#stores li")  # fills in a query for the table
                 page.click("#run")
                 page.wait_for_selector("#result table")
                 assert page.locator("#result tbody tr").count() == 30
