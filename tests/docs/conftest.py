@@ -1,6 +1,6 @@
 """The live system the docs' samples run against: ``sparkiq demo`` (as ``make demo`` runs
 it, on a free port, into a temporary state dir) and, beside it, a node on the same state with
-the Postgres endpoint. Started once for the docs tests."""
+the Postgres endpoint. Started once for the docs tests, stopped after the last of them."""
 
 from __future__ import annotations
 
@@ -55,7 +55,9 @@ def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> N
         time.sleep(0.5)
 
 
-@pytest.fixture(scope="session")
+# Package scope: the demo streams three queries every second, most of a core; kept for the
+# whole session it went on taking that from every test its worker ran after the docs.
+@pytest.fixture(scope="package")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("docs-live")
     state = root / "demo-state"
