@@ -2,7 +2,9 @@
 
 A statement may span lines and runs when a line ends with ``;``. Pull queries print a table
 and the position read at; push queries (``... EMIT CHANGES``) print changes as they commit
-until Ctrl-C, which returns to the prompt. Tab completes SQL keywords and the node's table
+until Ctrl-C, which returns to the prompt. A pull query running longer than a second shows a
+spinner with the elapsed time (as ``sparkiq query`` does); Ctrl-C cancels it on the node and
+returns to the prompt. Tab completes SQL keywords and the node's table
 and column names (read from ``GET /stores`` at start and by ``\\dt``). History is kept in
 ``$SPARKIQ_HISTORY`` (default ``~/.sparkiq/history``). ``\\q`` or Ctrl-D leaves.
 
@@ -30,7 +32,7 @@ from rich.text import Text
 
 from sparkiq.client import Client
 from sparkiq.errors import SparkiqError
-from sparkiq.output import ChangePrinter, failure_message, print_rows
+from sparkiq.output import ChangePrinter, Elapsed, failure_message, print_rows
 from sparkiq.sql.statement import is_push_query
 
 __all__ = ["KEYWORDS", "SqlCompleter", "history_path", "run_shell"]
@@ -48,7 +50,7 @@ _HELP = """\
   SQL statements end with ';' and may span lines. Tab completes keywords, tables, columns.
   \\dt          list the tables (and refresh completion)
   \\q, Ctrl-D   leave
-  Ctrl-C       cancel the line, or stop a push query"""
+  Ctrl-C       cancel the line, a running query, or stop a push query"""
 
 _PROMPT = "sparkiq> "
 _CONTINUATION = "      -> "
@@ -158,7 +160,14 @@ class _Shell:
                 except KeyboardInterrupt:
                     pass
             return
-        answer = self.client.sql(sql)
+        try:
+            with Elapsed(sys.stderr, "running query"):
+                answer = self.client.sql(sql)
+        except KeyboardInterrupt:
+            # The request's connection closes with the interrupt: the node sees its caller
+            # leave and stops the statement (sparkiq.cancel). The shell stays.
+            self.console.print("[dim]canceled[/dim]", highlight=False)
+            return
         print_rows(sys.stdout, answer.columns, answer.rows, "table", console=self.console)
         noun = "row" if len(answer.rows) == 1 else "rows"
         self.console.print(

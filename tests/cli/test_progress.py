@@ -1,5 +1,6 @@
 """Progress on a terminal: a bar per restoring partition in ``sparkiq status --watch``, and a
-spinner with the elapsed time while a long pull query runs; neither when piped."""
+spinner with the elapsed time while a long pull query runs (``sparkiq query`` and the shell,
+where Ctrl-C cancels it); neither when piped."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from sparkiq import Node
+from sparkiq.sql.watchdog import statement_counts
 from tests.changelog.helpers import make_table, write_batch
 from tests.cli.terminal import Terminal
 
@@ -148,3 +150,46 @@ def test_a_long_pull_query_piped_prints_no_progress(slow_node: Node) -> None:
     assert result.stdout == "n\n0\n"
     assert result.stderr.startswith("-- 1 rows at position p1.")
     assert result.stderr.count("\n") == 1 and "\x1b" not in result.stderr
+
+
+def _statements_settle(running: int, canceled: int, within: float = 120) -> None:
+    """Until the node's DuckDB statements (the node runs in this process) are ``running``
+    and ``canceled`` of them were interrupted because their caller left."""
+    deadline = time.monotonic() + within
+    while statement_counts()[0] != running or statement_counts()[1]["canceled"] != canceled:
+        assert time.monotonic() < deadline, f"statements: {statement_counts()}"
+        time.sleep(0.05)
+
+
+@needs_tmux
+def test_the_shell_shows_a_spinner_and_ctrl_c_cancels_the_query_on_the_node(
+    slow_node: Node, terminal: Terminal, tmp_path: Path
+) -> None:
+    command = f"{shlex.quote(sys.executable)} -m sparkiq.cli shell --url {slow_node.url}"
+    terminal.start(command, {"SPARKIQ_HISTORY": str(tmp_path / "history")})
+    terminal.wait_for(lambda s: "sparkiq>" in s, timeout=120)
+    canceled = statement_counts()[1]["canceled"]
+
+    terminal.type(SLOW + ";")
+    terminal.keys("Enter")
+    screen = terminal.wait_for(lambda s: "(Ctrl-C stops)" in s, timeout=120)
+    assert "running query: " in screen
+    _statements_settle(running=1, canceled=canceled)
+    terminal.keys("C-c")
+    screen = terminal.wait_for(lambda s: "canceled" in s, timeout=120)
+    _statements_settle(running=0, canceled=canceled + 1)  # stopped on the node, not left on
+    assert "running query" not in screen and "Traceback" not in screen
+
+    # the shell goes on: a quick query, then the slow one to its end, its spinner erased
+    terminal.type("SELECT k FROM t WHERE k < 'k00003';")
+    terminal.keys("Enter")
+    terminal.wait_for(lambda s: "3 rows at position" in s, timeout=120)
+    terminal.type(SLOW + ";")
+    terminal.keys("Enter")
+    screen = terminal.wait_for(lambda s: "1 row at position" in s, timeout=300)
+    assert "running query" not in screen
+    assert any(line.split() == ["│", "0", "│"] for line in screen.splitlines())
+    assert statement_counts()[1]["canceled"] == canceled + 1
+    terminal.type("\\q")
+    terminal.keys("Enter")
+    assert "EXIT=0" in terminal.wait_for(lambda s: "EXIT=" in s, timeout=60)
