@@ -91,6 +91,11 @@ def test_status_watch_draws_a_bar_per_restoring_partition(
 # string expression no join algorithm can use (``slow_node`` sizes the table).
 SLOW = "SELECT count(*) AS n FROM t a JOIN t b ON a.k || b.k LIKE '%k00000k%zz'"
 
+# SLOW over a third copy of t (a thousand times its work at least): it would run into the
+# node's 30 s statement timeout, so it is surely still running when Ctrl-C comes, however
+# fast the machine is just then.
+ENDLESS = "SELECT count(*) AS n FROM t a, t b, t c WHERE a.k || b.k || c.k LIKE '%k00000k%zz'"
+
 
 @pytest.fixture
 def slow_node(tmp_path: Path) -> Any:
@@ -170,7 +175,7 @@ def test_the_shell_shows_a_spinner_and_ctrl_c_cancels_the_query_on_the_node(
     terminal.wait_for(lambda s: "sparkiq>" in s, timeout=120)
     canceled = statement_counts()[1]["canceled"]
 
-    terminal.type(SLOW + ";")
+    terminal.type(ENDLESS + ";")
     terminal.keys("Enter")
     screen = terminal.wait_for(lambda s: "(Ctrl-C stops)" in s, timeout=120)
     assert "running query: " in screen
