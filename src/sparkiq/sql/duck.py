@@ -37,6 +37,7 @@ bound that for certain.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime as dt
 import functools
 import re
@@ -44,7 +45,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -99,11 +100,14 @@ class DuckPool:
         self.max_result_bytes = max_result_bytes
         self.spill_dir: str | None = None
         self._local = threading.local()
-        # _lock guards _root, _closed, spill_dir and _all (threads create cursors concurrently)
+        # _lock guards _root, _closed, spill_dir, _all and _inside (threads create cursors
+        # concurrently); _left is notified, under it, when a thread leaves DuckDB
         self._lock = threading.Lock()
+        self._left = threading.Condition(self._lock)
         self._root: duckdb.DuckDBPyConnection | None = None
         self._closed = False
         self._all: dict[int, tuple[threading.Thread, duckdb.DuckDBPyConnection]] = {}
+        self._inside = 0  # threads in run() for this pool, until every DuckDB call returned
 
     @staticmethod
     def for_limits(limits: Any, threads: int | None = None) -> DuckPool:
@@ -123,9 +127,7 @@ class DuckPool:
         if con is None:
             with self._lock:
                 if self._closed:  # at exit: a new database now would outlive the interpreter
-                    raise SqlError(
-                        "the SQL engine is closed: the process is exiting", code="closed"
-                    )
+                    raise _closed_error()
                 if self._root is None:
                     self._root = self._open()
                     atexit.register(self.close)
@@ -138,6 +140,22 @@ class DuckPool:
             con.execute(_guards(self.max_value_bytes))
             self._local.con = con
         return con
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """This thread's cursor, the thread counted as inside DuckDB for the block (see
+        :meth:`close`)."""
+        con = self.connection()
+        with self._lock:
+            if self._closed:  # closed since: its close() has not waited for this thread
+                raise _closed_error()
+            self._inside += 1
+        try:
+            yield con
+        finally:
+            with self._lock:
+                self._inside -= 1
+                self._left.notify_all()
 
     def _open(self) -> duckdb.DuckDBPyConnection:
         # DuckDB's default spill directory is <cwd>/.tmp, shared and unbounded
@@ -160,8 +178,9 @@ class DuckPool:
     def close(self) -> None:
         """Close every cursor and the database and remove the spill directory (at
         interpreter exit; DuckDB complains otherwise). A statement still running is
-        interrupted until it returns: DuckDB refuses to close a busy cursor, a process
-        exiting with one open aborted in DuckDB's destructor, and an interrupt that lands
+        interrupted until its thread has left DuckDB (at most ``_CLOSE_WAIT`` seconds):
+        DuckDB refuses to close a busy cursor, a process exiting with one open aborted in
+        DuckDB's destructor, and an interrupt that lands
         before the query has started is dropped (see sparkiq.sql.watchdog). A closed pool
         opens nothing again: a statement's next step after an interrupted one (the engine's
         final query after its fragments) opened a new database during interpreter exit, and
@@ -170,16 +189,17 @@ class DuckPool:
         with self._lock:
             self._closed = True
             deadline = time.monotonic() + _CLOSE_WAIT
-            for _, con in self._all.values():
-                while True:
+            # Until every thread is back in Python, not merely until DuckDB lets a cursor
+            # close: a statement's thread is still in DuckDB's C++ frames after that, waiting
+            # for the GIL, and a daemon thread the interpreter's exit then ends there aborts
+            # the process (its forced unwind meets DuckDB's catch-all).
+            while self._inside and time.monotonic() < deadline:
+                for _, con in self._all.values():
                     con.interrupt()
-                    try:
-                        con.close()
-                        break
-                    except duckdb.ResourceInUseException:  # still returning
-                        if time.monotonic() > deadline:
-                            break  # left to the process's end rather than hang a stop
-                        time.sleep(0.01)
+                self._left.wait(0.01)  # releases _lock: run() counts its thread out under it
+            for _, con in self._all.values():
+                with contextlib.suppress(duckdb.ResourceInUseException):
+                    con.close()  # one still busy is left to the process's end: no hung stop
             self._all.clear()
             if self._root is not None:
                 self._root.close()
@@ -188,6 +208,10 @@ class DuckPool:
                 shutil.rmtree(self.spill_dir, ignore_errors=True)
                 self.spill_dir = None
         self._local = threading.local()
+
+
+def _closed_error() -> SqlError:
+    return SqlError("the SQL engine is closed: the process is exiting", code="closed")
 
 
 @functools.cache
@@ -313,12 +337,26 @@ def run(
     (:class:`SqlLimitError`); its errors become :class:`SqlError`. ``max_rows`` stops
     fetching after that many rows.
     """
-    con = pool.connection()
+    if timeout is not None and timeout <= 0:
+        raise SqlLimitError(_timeout_message(), code="timeout")
+    with pool.inside() as con:
+        return _run(pool, con, sql, relations, timeout, arrow, types, max_rows, params)
+
+
+def _run(
+    pool: DuckPool,
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    relations: Mapping[str, pa.Table],
+    timeout: float | None,
+    arrow: bool,
+    types: bool,
+    max_rows: int | None,
+    params: Mapping[str, Any] | None,
+) -> tuple[list[str], Any]:
     statement = Statement(
         time.monotonic() + (timeout if timeout is not None else 1e9), con, 2 * pool.memory_bytes
     )
-    if timeout is not None and timeout <= 0:
-        raise SqlLimitError(_timeout_message(), code="timeout")
     armed = WATCHDOG.arm(statement)
     try:
         for name, table in relations.items():
