@@ -180,8 +180,8 @@ class DuckPool:
         interpreter exit; DuckDB complains otherwise). A statement still running is
         interrupted until its thread has left DuckDB (at most ``_CLOSE_WAIT`` seconds):
         DuckDB refuses to close a busy cursor, a process exiting with one open aborted in
-        DuckDB's destructor, and an interrupt that lands
-        before the query has started is dropped (see sparkiq.sql.watchdog). A closed pool
+        DuckDB's destructor, and an interrupt that lands before the query has started is
+        dropped (see sparkiq.sql.watchdog). A closed pool
         opens nothing again: a statement's next step after an interrupted one (the engine's
         final query after its fragments) opened a new database during interpreter exit, and
         a daemon thread inside DuckDB then aborted the process ("FATAL: exception not
@@ -339,65 +339,51 @@ def run(
     """
     if timeout is not None and timeout <= 0:
         raise SqlLimitError(_timeout_message(), code="timeout")
-    with pool.inside() as con:
-        return _run(pool, con, sql, relations, timeout, arrow, types, max_rows, params)
-
-
-def _run(
-    pool: DuckPool,
-    con: duckdb.DuckDBPyConnection,
-    sql: str,
-    relations: Mapping[str, pa.Table],
-    timeout: float | None,
-    arrow: bool,
-    types: bool,
-    max_rows: int | None,
-    params: Mapping[str, Any] | None,
-) -> tuple[list[str], Any]:
-    statement = Statement(
-        time.monotonic() + (timeout if timeout is not None else 1e9), con, 2 * pool.memory_bytes
-    )
-    armed = WATCHDOG.arm(statement)
-    try:
-        for name, table in relations.items():
-            con.register(name, table)
+    with pool.inside() as con:  # counted until every DuckDB call below returned
+        statement = Statement(
+            time.monotonic() + (timeout if timeout is not None else 1e9), con, 2 * pool.memory_bytes
+        )
+        armed = WATCHDOG.arm(statement)
         try:
-            if arrow:
-                return _fetch_arrow(con, sql, params, pool.max_result_bytes)
-            cursor = con.execute(sql, params)
-            names = [d[0] for d in cursor.description or ()]
-            rows = _fetch_rows(cursor, max_rows, pool.max_result_bytes)
-            if types:
-                return names, [str(d[1]) for d in cursor.description or ()]
-            return names, rows
-        finally:
-            for name in relations:
-                con.unregister(name)
-    except duckdb.InterruptException:
-        raise _interrupted(statement, pool) from None
-    except duckdb.BinderException as exc:
-        raise _binder_error(str(exc), relations) from None
-    except duckdb.OutOfMemoryException as exc:
-        raise _out_of_memory(pool, "temp" in str(exc).lower()) from None
-    except duckdb.Error as exc:
-        if statement.reason is not None:
+            for name, table in relations.items():
+                con.register(name, table)
+            try:
+                if arrow:
+                    return _fetch_arrow(con, sql, params, pool.max_result_bytes)
+                cursor = con.execute(sql, params)
+                names = [d[0] for d in cursor.description or ()]
+                rows = _fetch_rows(cursor, max_rows, pool.max_result_bytes)
+                if types:
+                    return names, [str(d[1]) for d in cursor.description or ()]
+                return names, rows
+            finally:
+                for name in relations:
+                    con.unregister(name)
+        except duckdb.InterruptException:
             raise _interrupted(statement, pool) from None
-        text = _clean(str(exc))
-        if _VALUE_ERROR in text or _COST_ERROR in text:
-            raise _value_error(text, pool) from None
-        if "max_temp_directory_size" in text or "temp_directory" in text:
-            raise _out_of_memory(pool, True) from None
-        function = re.search(r"Function with name (\w+) does not exist", text)
-        if function is not None:
-            raise SqlUnknownNameError(
-                f"unknown function {function.group(1)}(): {text}",
-                code="unknown_function",
-                field=function.group(1),
-                candidates=_did_you_mean(str(exc)),
-            ) from None
-        raise SqlError(f"the query failed while executing: {text}", code="execution") from None
-    finally:
-        WATCHDOG.disarm(armed)
+        except duckdb.BinderException as exc:
+            raise _binder_error(str(exc), relations) from None
+        except duckdb.OutOfMemoryException as exc:
+            raise _out_of_memory(pool, "temp" in str(exc).lower()) from None
+        except duckdb.Error as exc:
+            if statement.reason is not None:
+                raise _interrupted(statement, pool) from None
+            text = _clean(str(exc))
+            if _VALUE_ERROR in text or _COST_ERROR in text:
+                raise _value_error(text, pool) from None
+            if "max_temp_directory_size" in text or "temp_directory" in text:
+                raise _out_of_memory(pool, True) from None
+            function = re.search(r"Function with name (\w+) does not exist", text)
+            if function is not None:
+                raise SqlUnknownNameError(
+                    f"unknown function {function.group(1)}(): {text}",
+                    code="unknown_function",
+                    field=function.group(1),
+                    candidates=_did_you_mean(str(exc)),
+                ) from None
+            raise SqlError(f"the query failed while executing: {text}", code="execution") from None
+        finally:
+            WATCHDOG.disarm(armed)
 
 
 def _fetch_rows(cursor: Any, max_rows: int | None, max_bytes: int) -> list[tuple[Any, ...]]:
