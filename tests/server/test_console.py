@@ -55,12 +55,27 @@ def test_console_runs_pull_and_push_queries(tmp_path: Path) -> None:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             try:
                 page = browser.new_page()
+                # /stats is held back until the sidebar is checked: what comes after it (the
+                # charts) may be late on a loaded machine, the sidebar must not wait for it
+                held: list[Any] = []
+                released: list[bool] = []
+
+                def hold_stats(route: Any) -> None:
+                    if released:
+                        route.continue_()
+                    else:
+                        held.append(route)
+
+                page.route("**/stats", hold_stats)
                 page.goto(f"{node.url}/")
                 page.fill("#token", "tok")
                 page.dispatch_event("#token", "change")
                 page.wait_for_selector("#stores li")
                 assert "4 partitions" in page.inner_text("#stores")
                 assert "console" in page.inner_text("#nodes")
+                released.append(True)
+                for route in held:
+                    route.continue_()
 
                 press_across_a_refresh(page, "#stores li")  # fills in a query for the table
                 page.click("#run")
