@@ -12,12 +12,16 @@ import pytest
 from sparkiq.spark import worker_python
 from sparkiq.testing import connect_server, spark_session
 from tests.small_disk import mount_tmpfs, unmount
+from tests.spark.short_jvm import SHORT_JVM_OPTIONS
 
 # Set before any session starts: the local session's workers, the Connect server's and those
 # of the Spark drivers tests start as subprocesses (they inherit the environment).
 # Spark's Python workers connect back at once, before their imports: a busy machine made them
 # miss Spark's fixed 10 s deadline (see sparkiq.spark.worker_python).
 os.environ.setdefault("PYSPARK_PYTHON", worker_python.command())
+# Every Spark driver the tests start runs C1-only with the serial GC: a third less CPU for
+# JVMs that live minutes (tests/spark/short_jvm.py has the measurements).
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_JVM_OPTIONS)
 
 
 # Tests that use a SparkSession: after the slow ones, before those that need no JVM.

@@ -26,7 +26,7 @@ from typing import Any
 
 from sparkiq import App
 from sparkiq.testing import diff_table, spark_session
-from tests.spark.short_jvm import short_jvm_conf
+from tests.spark.short_jvm import executor_conf
 from tests.spark.test_differential import SCHEMA, aggregations, materialize_tables, normalize
 
 #: Room for one executor with one core next to the test's own JVMs on a small machine.
@@ -69,7 +69,7 @@ def main() -> int:
         master=master,
         shuffle_partitions=1,  # one core: each stateful stage is one task
         driver_memory="768m",
-        config={**CLUSTER_CONF, **short_jvm_conf(executors=True)},
+        config={**CLUSTER_CONF, **executor_conf()},
     )
     source_dir = Path(source).resolve()
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source_dir))

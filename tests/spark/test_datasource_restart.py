@@ -40,9 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 def consume(state_dir: str, out_dir: str, checkpoint: str, mode: str) -> int:
     from sparkiq import register_data_source
     from sparkiq.testing import spark_session
-    from tests.spark.short_jvm import short_jvm_conf
 
-    spark = spark_session("sparkiq-feed-consumer", shuffle_partitions=2, config=short_jvm_conf())
+    spark = spark_session("sparkiq-feed-consumer", shuffle_partitions=2)
     register_data_source(spark)
     reader = spark.readStream.format("sparkiq").option("state_dir", state_dir)
     if mode == "run":  # small micro-batches, so that the kill lands mid-stream

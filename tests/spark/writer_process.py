@@ -13,7 +13,6 @@ from pyspark.sql import functions as F
 
 from sparkiq import App
 from sparkiq.testing import spark_session
-from tests.spark.short_jvm import short_jvm_conf
 
 SCHEMA = "k string, v long"
 
@@ -24,7 +23,7 @@ def totals(df):  # type: ignore[no-untyped-def]
 
 def main() -> int:
     source, state_dir = sys.argv[1], sys.argv[2]
-    spark = spark_session("sparkiq-writer", shuffle_partitions=2, config=short_jvm_conf())
+    spark = spark_session("sparkiq-writer", shuffle_partitions=2)
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
     app = App(spark, state_dir=state_dir, name="writer")
     app.materialize("totals", totals(stream), key="k", partitions=3)
