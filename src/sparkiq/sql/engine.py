@@ -238,7 +238,7 @@ class SqlEngine:
         table = plan.tables[0]
         schema, codec, _ = self._codec(table.name)
         access = bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
-        at_batch = self._as_of(table)
+        at_batch = self._at_batch(table, _pinned(token))
         if access.keys is not None and access.exact:
             rows, position, _ = lookup_rows(
                 self.source, table.name, schema, access, bound, at_batch
@@ -252,7 +252,7 @@ class SqlEngine:
         items = projection.items
         columns = [name for name, _ in items]
         if projection.whole_rows:  # SELECT *: the decoded rows are fresh dicts already
-            return self._page(digest, columns, rows, position, page_size, token)
+            return self._page(digest, table.name, columns, rows, position, page_size, token)
         window = projection.window_column
         out: list[dict[str, Any]] = []
         for row in rows:
@@ -265,28 +265,31 @@ class SqlEngine:
                 else:
                     shaped[name] = row[column]
             out.append(shaped)
-        return self._page(digest, columns, out, position, page_size, token)
+        return self._page(digest, table.name, columns, out, position, page_size, token)
 
     def _page(
         self,
         digest: str,
+        table: str,
         columns: list[str],
         rows: list[dict[str, Any]],
         position: Position,
         page_size: int | None,
         token: PageToken | None,
     ) -> SqlResult:
-        """Offset paging over a fully computed result."""
+        """Offset paging over a fully computed result of one table."""
         if page_size is None:
             self._check_size(len(rows))
             return SqlResult(columns, rows, position)
         start = token.returned if token is not None else 0
+        served = batch_of(table, position)
+        batches = {table: served} if served is not None else {}
         if token is not None:
             position = position.merge(token.position)
         page = rows[start : start + page_size]
         more = start + page_size < len(rows)
         next_token = (
-            PageToken(digest, "offset", None, start + len(page), position).encode()
+            PageToken(digest, "offset", None, start + len(page), position, batches).encode()
             if more
             else None
         )
@@ -335,7 +338,8 @@ class SqlEngine:
         else:
             fragments = [t.fragment_sql for t in plan.tables]
             columns = [t.columns for t in plan.tables]
-        batches: dict[str, int] = {}  # a table read twice (a self-join) reads one batch
+        # a table read twice (a self-join) reads one batch; offset pages, the first page's
+        batches = {} if key_mode else _pinned(token)
         for table, access, fragment_sql, cols in zip(
             plan.tables, accesses, fragments, columns, strict=True
         ):
@@ -389,7 +393,7 @@ class SqlEngine:
                 row.pop(KEY_COLUMN, None)
         elif more:
             returned = (token.returned if token else 0) + len(rows)
-            next_token = PageToken(plan.digest, "offset", None, returned, position)
+            next_token = PageToken(plan.digest, "offset", None, returned, position, batches)
         return SqlResult(names, rows, position, next_token.encode() if next_token else None)
 
     def _columnar(
@@ -408,7 +412,7 @@ class SqlEngine:
             return None
         relations: dict[str, pa.Table] = {}
         versions: dict[str, tuple[str, tuple[str, ...], int]] = {}
-        batches: dict[str, int] = {}
+        batches = _pinned(token)  # offset pages read every table where the first page did
         position = Position.empty()
         for index, (table, access) in enumerate(zip(plan.tables, accesses, strict=True)):
             if access.keys is not None:
@@ -445,7 +449,9 @@ class SqlEngine:
         if len(rows) > page_size:
             rows = rows[:page_size]
             returned = (token.returned if token else 0) + len(rows)
-            next_token = PageToken(plan.digest, "offset", None, returned, position).encode()
+            next_token = PageToken(
+                plan.digest, "offset", None, returned, position, batches
+            ).encode()
         return SqlResult(names, rows, position, next_token)
 
     def _as_of(self, table: TablePlan) -> int | None:
@@ -467,7 +473,8 @@ class SqlEngine:
 
     def _at_batch(self, table: TablePlan, batches: dict[str, int]) -> int | None:
         """The batch to read a table reference at: its AS OF, else the batch this
-        statement already read the table at (None: the source picks one)."""
+        statement (or, for an offset page, its first page) already read the table at
+        (None: the source picks one)."""
         if table.as_of is not None:
             return self._as_of(table)
         return batches.get(table.name)
@@ -532,6 +539,14 @@ def _with_versions(query: exp.Query, versions: dict[str, tuple[str, tuple[str, .
         recursive = existing.args.get("recursive")
     copy.set("with_", exp.With(expressions=ctes, recursive=recursive))
     return copy
+
+
+def _pinned(token: PageToken | None) -> dict[str, int]:
+    """The batches an offset page reads its tables at: those of the statement's first page
+    (a fresh dict: the statement adds the tables it reads)."""
+    if token is None or token.mode != "offset":
+        return {}
+    return dict(token.batches)
 
 
 def _remaining(deadline: float) -> float:

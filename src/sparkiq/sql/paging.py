@@ -3,15 +3,17 @@
 Token format 1: ``"sq1."`` + URL-safe base64 (no padding) of compact JSON::
 
     {"v": 1, "h": statement digest, "m": "key" | "offset", "k": last store key (hex) | null,
-     "n": rows returned so far, "p": position token}
+     "n": rows returned so far, "p": position token, "b": {table: batch} (offset mode)}
 
 - ``key`` mode (single-table queries without ORDER BY, aggregates or DISTINCT): rows come in
   key order and the next page starts strictly after the last key returned. Every key
   appears at most once across the pages, and a key present during the whole paging
   appears exactly once.
 - ``offset`` mode (everything else): the statement runs again and skips the rows already
-  returned. It is exact when the table did not change between pages; otherwise rows may
-  shift between pages.
+  returned, reading every table at the batch the first page read it at (``b``, as ``AS OF``
+  would), so that all pages are cut from one state even while the tables change. A page
+  whose batch left a table's history fails like any ``AS OF`` past it. (A token without
+  ``b``, from a node before pinning, pins nothing.)
 
 In both modes each next page is read at a position at least as fresh as the previous
 page's (the token's position is the page's position bound).
@@ -21,7 +23,8 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from sparkiq.query.position import Position
 from sparkiq.sql.errors import SqlError
@@ -40,6 +43,8 @@ class PageToken:
     last_key: bytes | None
     returned: int
     position: Position
+    #: offset mode: the batch each table was read at, which later pages read it at too
+    batches: Mapping[str, int] = field(default_factory=dict)
 
     def encode(self) -> str:
         doc = {
@@ -50,6 +55,8 @@ class PageToken:
             "n": self.returned,
             "p": self.position.to_token(),
         }
+        if self.batches:
+            doc["b"] = dict(self.batches)
         raw = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
         return _PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
@@ -61,12 +68,18 @@ class PageToken:
         body = token[len(_PREFIX) :]
         try:
             doc = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            batches = doc.get("b", {})
+            if not isinstance(batches, dict) or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in batches.values()
+            ):
+                raise ValueError(f"batches {batches!r:.60}")
             parsed = PageToken(
                 str(doc["h"]),
                 str(doc["m"]),
                 None if doc["k"] is None else bytes.fromhex(doc["k"]),
                 int(doc["n"]),
                 Position.from_token(doc["p"]),
+                {str(t): b for t, b in batches.items()},
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise _bad(f"corrupted page token {token!r:.60}: {exc}") from None
