@@ -53,6 +53,7 @@ def test_every_option_names_its_environment_variable() -> None:
     serve = sparkiq("serve", "--help").stdout
     for name in ("NODE_ID", "LISTEN", "ADVERTISE", "PEERS", "STANDBYS", "TOKEN", "LOCAL_DIR"):
         assert f"SPARKIQ_{name}" in serve
+    assert "--allowed-host" in serve and "SPARKIQ_ALLOWED_HOSTS" in serve
 
 
 def test_serve_takes_its_settings_from_the_environment(tmp_path: Path) -> None:

@@ -174,6 +174,16 @@ def _parser() -> argparse.ArgumentParser:
             default=argparse.SUPPRESS,  # absent: NodeConfig reads the variable, then defaults
             help=f"{text} [{variable}{f', default {shown}' if shown else ''}]",
         )
+    serve.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        metavar="NAME",
+        default=argparse.SUPPRESS,
+        help="also answer HTTP requests for this host name (repeatable; *.example.com, or * "
+        "for any); localhost, IP addresses and the host of --advertise/--listen always are "
+        f"[{ENV_VARIABLES['allowed_hosts']}, comma-separated]",
+    )
 
     query = commands.add_parser(
         "query",
@@ -244,6 +254,8 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         given = {field: getattr(args, field) for field, *_ in _SERVE_OPTIONS if field in args}
+        if "allowed_hosts" in args:
+            given["allowed_hosts"] = args.allowed_hosts
         config = NodeConfig.resolve(
             # only checkpoints: the state_dir holds nothing but this node's replicas
             args.state_dir or "sparkiq-serve",

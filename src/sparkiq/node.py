@@ -85,7 +85,10 @@ class Node:
     hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
     partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
     authentication for HTTP callers and between nodes. ``advertise`` is the URL other nodes
-    and clients use to reach this one (default: from ``listen``).
+    and clients use to reach this one (default: from ``listen``). The HTTP server answers
+    only requests for its own host names (a guard against DNS rebinding): ``localhost``, IP
+    addresses, the host of ``advertise`` or ``listen``, and ``allowed_hosts`` (names,
+    ``*.example.com``, or ``*`` for any; see :mod:`sparkiq.server.browser`).
 
     **Postgres wire protocol.** With ``pg_listen`` (``"host:port"``, port 0 picks a free
     one; :attr:`pg_address` is where it listens once started) the node also answers psql,
@@ -97,7 +100,8 @@ class Node:
     ``failure_timeout`` default to ``SPARKIQ_NODE_ID``, ``SPARKIQ_LISTEN``,
     ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``, ``SPARKIQ_TOKEN``,
     ``SPARKIQ_LOCAL_DIR``, ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT``
-    (and ``pg_listen`` to ``SPARKIQ_PG_LISTEN``);
+    (and ``pg_listen`` to ``SPARKIQ_PG_LISTEN``, ``allowed_hosts`` to
+    ``SPARKIQ_ALLOWED_HOSTS``, comma-separated);
     pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
@@ -120,6 +124,7 @@ class Node:
         store: str = NOT_GIVEN,
         poll_interval: float = NOT_GIVEN,
         pg_listen: str | None = NOT_GIVEN,
+        allowed_hosts: Iterable[str] | str | None = NOT_GIVEN,
         transport: Transport | None = None,
         partitions: Mapping[str, Iterable[int]] | None = None,
         tables: Iterable[str] | None = None,
@@ -141,6 +146,7 @@ class Node:
             "store": store,
             "poll_interval": poll_interval,
             "pg_listen": pg_listen,
+            "allowed_hosts": allowed_hosts,
         }
         given = {k: v for k, v in settings.items() if v is not NOT_GIVEN}
         if config is None:

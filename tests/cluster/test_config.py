@@ -57,9 +57,12 @@ def test_arguments_win_over_variables_which_win_over_defaults() -> None:
 
 def test_every_variable_is_read_and_empty_ones_are_unset() -> None:
     for field, variable in ENV_VARIABLES.items():
-        value = {"standbys": "3", "heartbeat_interval": "2", "failure_timeout": "5"}.get(
-            field, "127.0.0.1:1"
-        )
+        value = {
+            "standbys": "3",
+            "heartbeat_interval": "2",
+            "failure_timeout": "5",
+            "allowed_hosts": "sparkiq.example.com",
+        }.get(field, "127.0.0.1:1")
         resolved = getattr(NodeConfig.resolve("/s", environ={variable: value}), field)
         assert resolved not in (None, (), NodeConfig.__dataclass_fields__[field].default), field
     assert NodeConfig.resolve("/s", environ={"SPARKIQ_LISTEN": ""}).listen is None

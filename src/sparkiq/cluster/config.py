@@ -9,7 +9,9 @@ in :data:`ENV_VARIABLES` (the CLI shows them in ``--help``).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +43,7 @@ ENV_VARIABLES: dict[str, str] = {
     "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
     "pg_listen": "SPARKIQ_PG_LISTEN",
+    "allowed_hosts": "SPARKIQ_ALLOWED_HOSTS",
 }
 
 _STORES = ("rocksdb", "memory")
@@ -74,6 +77,9 @@ class NodeConfig:
     failure_timeout: float = 3.0
     release_grace: float = 5.0
     pg_listen: str | None = None
+    #: Host names the HTTP server answers besides loopback names, IP addresses and its own
+    #: URL's host (sparkiq.server.browser): ``example.com``, ``*.example.com``, or ``*``.
+    allowed_hosts: tuple[str, ...] = ()
 
     @property
     def clustered(self) -> bool:
@@ -133,6 +139,8 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
             )
     if "peers" in out:
         out["peers"] = _peers(out["peers"], origin["peers"])
+    if "allowed_hosts" in out:
+        out["allowed_hosts"] = _hosts(out["allowed_hosts"], origin["allowed_hosts"])
     if "standbys" in out:
         standbys = _number(out["standbys"], int, "standbys", origin["standbys"])
         if standbys < 0:
@@ -170,6 +178,39 @@ def _peers(value: Any, origin: str) -> tuple[str, ...]:
         if item.strip():
             peers.append(node_url(item))
     return tuple(peers)
+
+
+_HOST_NAME = re.compile(r"(\*|(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?)")
+
+
+def _hosts(value: Any, origin: str) -> tuple[str, ...]:
+    """``allowed_hosts``: comma-separated or a list; names, ``*.suffix``, ``*`` or IP
+    addresses, each without a scheme or port (a name is answered on every port)."""
+    if value is None:
+        return ()
+    items: Iterable[Any] = value.split(",") if isinstance(value, str) else value
+    hosts = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"allowed_hosts must be host names, got {item!r}{origin}")
+        name = item.strip().lower().rstrip(".")
+        if not name:
+            continue
+        if not _HOST_NAME.fullmatch(name) and not _is_address(name.strip("[]")):
+            raise ConfigError(
+                f"allowed_hosts: {item.strip()!r} is not a host name; give names such as "
+                f"'sparkiq.example.com', '*.example.com' or '*', without scheme or port{origin}"
+            )
+        hosts.append(name)
+    return tuple(hosts)
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _number(value: Any, kind: type[int] | type[float], name: str, origin: str) -> Any:

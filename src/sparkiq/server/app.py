@@ -46,6 +46,7 @@ from sparkiq.pools import ElasticPool
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.browser import BrowserGuard
 from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
@@ -105,6 +106,11 @@ class RestApp:
         self._console = (
             importlib.resources.files("sparkiq.server").joinpath("console.html").read_bytes()
         )
+        config = getattr(node, "config", None)  # a Node's; tests' fakes have none
+        self._browser = BrowserGuard.for_node(
+            getattr(config, "allowed_hosts", ()),
+            [getattr(node, "url", None), getattr(config, "listen", None)],
+        )
         # directories whose paths never reach a caller, even relative ones (see scrub)
         self._roots = roots_of(
             getattr(node, "state_dir", None),
@@ -138,6 +144,7 @@ class RestApp:
         path: str = scope["path"]
         method: str = scope["method"]
         parts = path.strip("/").split("/")
+        self._browser.check(scope)  # before anything else: what a web page may not ask
         if path not in PUBLIC_PATHS:
             self.node.check_token(_bearer(scope))
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":

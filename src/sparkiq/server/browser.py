@@ -1,0 +1,126 @@
+"""What a web page may make a node do: the Host check.
+
+A browser visiting any site can send requests to a node it can reach (one on the visitor's
+own machine, one on the visitor's network). One door is closed here, before routing and
+before the token check (a forged request costs no more than a lookup in a set):
+
+- **DNS rebinding.** A page at ``http://evil.example:8081`` whose name is re-pointed at
+  ``127.0.0.1`` reads the node *same-origin*: no CORS check applies, but every request
+  still says ``Host: evil.example:8081``. A node answers only the Host names it is
+  configured for (:class:`BrowserGuard`): ``localhost``, any IP address literal (an
+  address is not a DNS name, so no rebinding can produce it: this is also what
+  Kubernetes probes send, the pod's IP), the host of the node's own URL (``advertise`` or
+  ``listen``), and the ``allowed_hosts`` setting (``*`` allows every name). Others get
+  ``421`` naming that setting. Probes (``/healthz``, ``/readyz``) are checked like every
+  path (``/readyz`` names tables): Kubernetes' probes send the pod's IP, an address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import urllib.parse
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sparkiq.server.http_errors import HttpError
+
+__all__ = ["BrowserGuard"]
+
+_SETTING = "allowed_hosts (sparkiq serve --allowed-host, SPARKIQ_ALLOWED_HOSTS)"
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserGuard:
+    """The Host names one node answers and the origins it takes POSTs from (see the module
+    docstring). Immutable: built once per server by :meth:`for_node`."""
+
+    #: exact host names, lowercase, without a port or trailing dot
+    hosts: frozenset[str]
+    #: ``*.example.com`` entries as ``.example.com``: any name ending so
+    suffixes: tuple[str, ...]
+    #: ``*`` was configured: every Host is answered
+    any_host: bool
+    #: ``host[:port]`` of the node's own URLs, as an ``Origin`` names them (a proxy in front
+    #: may rewrite Host; a page from the node's advertised URL is still its own)
+    own_origins: frozenset[str]
+
+    @classmethod
+    def for_node(cls, allowed_hosts: Iterable[str], urls: Iterable[str | None]) -> BrowserGuard:
+        """``allowed_hosts`` as :class:`~sparkiq.NodeConfig` holds them (validated there),
+        plus the hosts of ``urls`` (the node's own URL and its ``listen`` address)."""
+        hosts = {"localhost"}
+        suffixes = []
+        any_host = False
+        for entry in allowed_hosts:
+            name = _normal(entry)
+            if name == "*":
+                any_host = True
+            elif name.startswith("*."):
+                suffixes.append(name[1:])
+            elif name:
+                hosts.add(name.strip("[]"))
+        own = set()
+        for url in urls:
+            if not url:
+                continue
+            parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+            if parts.hostname:
+                hosts.add(_normal(parts.hostname))
+                own.add(parts.netloc.lower())
+        return cls(frozenset(hosts), tuple(suffixes), any_host, frozenset(own))
+
+    def check(self, scope: dict[str, Any]) -> None:
+        """Raise :class:`HttpError` if a browser could have sent this request from a page
+        the node does not trust; return otherwise (see the module docstring)."""
+        host_values = _header_values(scope, b"host")
+        for value in host_values:
+            self._check_host(value)
+
+    def allows_host(self, host: str) -> bool:
+        """Whether ``host`` (a name or address, without a port) is answered."""
+        name = _normal(host).strip("[]")
+        if self.any_host or name in self.hosts:
+            return True
+        if any(name.endswith(suffix) for suffix in self.suffixes):
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
+
+    def _check_host(self, value: str) -> None:
+        host = _host_of(value)
+        if host is not None and self.allows_host(host):
+            return
+        raise HttpError(
+            421,
+            "host_not_allowed",
+            f"this node does not answer requests for host {value[:200]!r} (a guard against "
+            f"DNS rebinding); if clients reach it by that name, add the name to {_SETTING}",
+            "host",
+        )
+
+
+def _header_values(scope: dict[str, Any], name: bytes) -> list[str]:
+    return [v.decode("latin-1") for n, v in scope["headers"] if n == name]
+
+
+def _normal(name: str) -> str:
+    return name.strip().lower().rstrip(".")
+
+
+def _host_of(value: str) -> str | None:
+    """The host of a Host header (``name``, ``name:port``, ``[v6]:port``), or ``None``
+    when it is not one."""
+    value = value.strip()
+    if value.startswith("["):
+        inside, bracket, rest = value[1:].partition("]")
+        if not bracket or (rest and not (rest[:1] == ":" and rest[1:].isdigit())):
+            return None
+        return inside
+    name, colon, port = value.partition(":")
+    if not name or (colon and not port.isdigit()):
+        return None
+    return name
