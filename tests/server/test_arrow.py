@@ -36,6 +36,7 @@ from tests.sql.test_differential import QUERIES
 
 TOKEN = "arrow-secret"
 ARROW = arrowipc.CONTENT_TYPE
+JSON = "application/json"
 BIG_ROWS = 100_000
 
 # One column of every Spark type the schema knows (KINDS), nested ones holding others.
@@ -285,7 +286,7 @@ def test_a_100k_row_result_streams_in_record_batches(node: Node, client: Client)
         "POST",
         f"{node.url}/query",
         content=orjson.dumps({"sql": sql}),
-        headers={"accept": ARROW, "authorization": f"Bearer {TOKEN}"},
+        headers={"accept": ARROW, "authorization": f"Bearer {TOKEN}", "content-type": JSON},
         timeout=60,
     ) as response:
         assert response.status_code == 200
@@ -368,7 +369,7 @@ def test_errors_stay_json_with_their_status(node: Node, client: Client) -> None:
     response = httpx.post(
         f"{node.url}/query",
         content=b"{not json",
-        headers={"accept": ARROW, "authorization": f"Bearer {TOKEN}"},
+        headers={"accept": ARROW, "authorization": f"Bearer {TOKEN}", "content-type": JSON},
     )
     assert response.status_code == 400 and response.json()["error"]["code"] == "malformed_json"
     with pytest.raises(ValueError, match="format must be 'rows' or 'arrow'"):
@@ -459,7 +460,7 @@ def test_a_client_that_disconnects_mid_stream_does_not_break_the_node(
     for _ in range(3):
         with socket.create_connection((host, int(port)), timeout=120) as conn:
             conn.sendall(
-                b"POST /query HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"POST /query HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                 + f"accept: {ARROW}\r\nauthorization: Bearer {TOKEN}\r\n".encode()
                 + f"content-length: {len(body)}\r\n\r\n".encode()
                 + body

@@ -15,10 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkiq import Node
+from sparkiq import Client, Node
+from sparkiq.query.queries import RangeQuery
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.wire.values import pack
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.cluster.serve_processes import ServeProcess, free_port
+from tests.cluster.test_membership import beat
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -166,3 +170,95 @@ def test_a_bad_allowed_host_is_refused_with_what_to_give(tmp_path: Path) -> None
     for bad in ("http://sparkiq.test", "sparkiq.test:8081", "a/b", "*.*"):
         with pytest.raises(ConfigError, match=r"not a host name.*without scheme or port"):
             Node(str(tmp_path), allowed_hosts=[bad])
+
+
+# --- cross-origin POSTs ----------------------------------------------------------------------
+
+#: what a page on another site can POST without a preflight ("" is no content-type at all)
+SIMPLE_TYPES = (
+    "text/plain",
+    "text/plain;charset=UTF-8",  # what fetch() sends for a string body
+    "application/x-www-form-urlencoded",  # a <form>, and curl -d
+    "multipart/form-data; boundary=x",
+    "Text/Plain ; charset=utf-8",
+    "",
+)
+SQL = b'{"sql": "SELECT k, n FROM t WHERE k = \'a\'"}'
+
+
+def post(node: Node, path: str, body: bytes, content_type: str, **headers: str) -> httpx.Response:
+    sent = dict(headers)
+    if content_type:
+        sent["content-type"] = content_type
+    return httpx.post(f"{node.url}{path}", content=body, headers=sent, timeout=30)
+
+
+def test_a_post_a_page_can_send_without_a_preflight_is_refused(node: Node) -> None:
+    assert node.coordinator is not None
+    members = node.coordinator.membership.members()
+    rogue = pack(beat(node_id="rogue", url="http://127.0.0.1:9"))
+    bodies = {
+        "/query": SQL,
+        "/stores/t/query": b'{"query": {"type": "range"}}',
+        "/internal/heartbeat": rogue,  # a no-cors POST joined a rogue member
+        "/internal/query": b"\x80",
+    }
+    for path, body in bodies.items():
+        for content_type in SIMPLE_TYPES:
+            response = post(node, path, body, content_type, origin="http://evil.example")
+            assert response.status_code == 415, (path, content_type, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "unsupported_content_type", error
+            assert error["field"] == "content-type"
+            assert "content-type: application/json" in error["message"]
+            assert '"n":1' not in response.text
+    assert node.coordinator.membership.members() == members  # nobody joined
+
+
+def test_a_post_from_another_origin_is_refused(node: Node) -> None:
+    port = port_of(node)
+    for origin in ("http://evil.example", f"http://localhost:{port + 1}", "null", "http://[x"):
+        response = post(node, "/query", SQL, "application/json", origin=origin)
+        assert response.status_code == 403, (origin, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "cross_origin" and error["field"] == "origin"
+        assert repr(origin) in error["message"]
+    # the console posts same-origin, under whichever name it was loaded
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "sparkiq.test"):
+        response = post(node, "/query", SQL, "application/json", origin=f"http://{host}", host=host)
+        assert response.status_code == 200, (host, response.text)
+        assert response.json()["rows"] == [ROW]
+
+
+def test_every_caller_of_a_node_still_posts(tmp_path: Path) -> None:
+    """sparkiq.Client (JSON, its binary SQL answers, the node protocol, push), nodes among
+    themselves (heartbeats, routed sub-requests), and a program's plain JSON POST."""
+    changelog = make_table(str(tmp_path), partitions=4)
+    write_batch(changelog, 0, {f"k{i}": i for i in range(20)})
+    nodes = start_http_cluster(str(tmp_path), 2, standbys=0)  # settles if heartbeats pass
+    try:
+        hosted = [len(n.status()) for n in nodes]
+        assert sum(hosted) == 4 and all(hosted), hosted  # each hosts a share: queries route
+        with Client(nodes[0].url) as client:
+            rows = client.sql("SELECT k, n FROM t ORDER BY n").rows
+            assert [r["n"] for r in rows] == list(range(20))
+            assert client.sql("SELECT count(*) AS c FROM t", format="arrow").rows == [{"c": 20}]
+            assert [client.get("t", f"k{i}") for i in (3, 17)] == [
+                {"k": "k3", "n": 3},
+                {"k": "k17", "n": 17},
+            ]
+            ranged = client.query(
+                StateQueryRequest.in_store("t").with_query(RangeQuery.with_no_bounds())
+            )
+            assert sorted(
+                r["n"] for p in ranged.partition_results.values() for _, r in p.result
+            ) == (list(range(20)))
+            with client.stream("SELECT k, n FROM t EMIT CHANGES", snapshot=True) as changes:
+                first = next(iter(changes))
+                assert first.row is not None and first.row["k"].startswith("k")
+        answer = httpx.post(f"{nodes[1].url}/stores/t/query", json={"query": {"type": "range"}})
+        assert answer.status_code == 200
+        assert sum(len(p["rows"]) for p in answer.json()["partitions"].values()) == 20
+    finally:
+        for n in nodes:
+            n.stop()

@@ -28,6 +28,7 @@ from sparkiq import Node
 from sparkiq.errors import ChangelogError, InvalidQueryError, StoreError
 from sparkiq.server.app import PUBLIC_PATHS
 from sparkiq.sql.parse import MAX_NESTING
+from sparkiq.wire import protocol
 from sparkiq.wire.values import pack
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.sql.tables import build_world
@@ -152,10 +153,12 @@ def refused(
     quick 4xx, quick concurrent lookups and a healthy node afterwards."""
     assert_healthy(h)
     body = orjson.dumps(json) if json is not None else content
+    # a POST names its body's type (a node refuses the types any web page may send)
+    kind = {"content-type": "application/json" if json is not None else protocol.CONTENT_TYPE}
     with Probe(h):
         started = time.monotonic()
         response = httpx.request(
-            method, h.url(path), content=body, headers=auth() | (headers or {}), timeout=30
+            method, h.url(path), content=body, headers=auth() | kind | (headers or {}), timeout=30
         )
         elapsed = time.monotonic() - started
     statuses = status if isinstance(status, tuple) else (status,)
@@ -370,7 +373,10 @@ def test_extreme_window_bounds_over_the_node_protocol(hostile: Hostile) -> None:
             }
         )
         response = httpx.post(
-            hostile.url("/internal/query"), content=body, headers=auth(), timeout=30
+            hostile.url("/internal/query"),
+            content=body,
+            headers=auth() | {"content-type": protocol.CONTENT_TYPE},
+            timeout=30,
         )
         assert response.status_code == 200, response.content[:300]
 

@@ -73,7 +73,7 @@ def status_of(response: bytes) -> int:
 
 def request_head(path: str = PROBE_PATH, method: str = "GET", extra: str = "") -> bytes:
     return (
-        f"{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n{extra}"
+        f"{method} {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {TOKEN}\r\n{extra}"
     ).encode()
 
 

@@ -88,7 +88,7 @@ def test_a_subscriber_sees_every_committed_change_in_order_and_resumes(cluster: 
 def test_snapshot_then_changes_with_a_filter_as_ndjson(cluster: Any) -> None:
     nodes, changelog = cluster
     body = orjson.dumps({"sql": "SELECT k, n FROM t WHERE n >= 10 EMIT CHANGES", "snapshot": True})
-    headers = {"authorization": "Bearer tok"}
+    headers = {"authorization": "Bearer tok", "content-type": "application/json"}
     lines = []
     with httpx.stream("POST", f"{nodes[0].url}/query", content=body, headers=headers) as r:
         assert r.status_code == 200
@@ -113,7 +113,9 @@ def test_bad_push_statements_are_400_and_unauthenticated_is_401(cluster: Any) ->
         with pytest.raises(SparkiqError):
             client.stream("SELECT * FROM nope EMIT CHANGES")
     response = httpx.post(
-        f"{nodes[0].url}/query", content=orjson.dumps({"sql": "SELECT * FROM t EMIT CHANGES"})
+        f"{nodes[0].url}/query",
+        content=orjson.dumps({"sql": "SELECT * FROM t EMIT CHANGES"}),
+        headers={"content-type": "application/json"},
     )
     assert response.status_code == 401
 
@@ -136,7 +138,7 @@ def test_a_disconnected_subscriber_is_closed_on_the_node(cluster: Any) -> None:
 
 def test_post_query_streams_exactly_the_push_spellings(cluster: Any) -> None:
     nodes, _ = cluster
-    headers = {"authorization": "Bearer tok"}
+    headers = {"authorization": "Bearer tok", "content-type": "application/json"}
     for template, push in [(t, True) for t in PUSH] + [(t, False) for t in PULL]:
         body = orjson.dumps({"sql": spell(template, "k, n", "t")})
         with httpx.stream("POST", f"{nodes[0].url}/query", content=body, headers=headers) as r:

@@ -68,7 +68,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def auth() -> dict[str, str]:
-    return {"authorization": f"Bearer {TOKEN}"}
+    # POSTs must name their type (a node refuses those any web page may send); GETs ignore it
+    return {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
 
 
 def url(node: Node, path: str) -> str:
@@ -105,7 +106,8 @@ def test_wrong_or_missing_token_gets_401_and_no_data(nodes: list[Node]) -> None:
             ("POST", "/internal/query", b"\x80"),
             ("POST", "/internal/heartbeat", b"\x80"),
         ]:
-            response = httpx.request(method, url(node, path), headers=headers, content=body)
+            typed = headers | {"content-type": "application/json"}
+            response = httpx.request(method, url(node, path), headers=typed, content=body)
             assert response.status_code == 401, (path, headers)
             assert response.headers["www-authenticate"].startswith("Bearer")
             assert "k00001" not in response.text and '"row"' not in response.text

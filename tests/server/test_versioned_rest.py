@@ -52,7 +52,7 @@ def http() -> Iterator[httpx.Client]:
 def post(http: httpx.Client, node: Node, query: dict[str, Any]) -> httpx.Response:
     return http.post(
         f"{node.url}/stores/t/query",
-        headers={"authorization": f"Bearer {TOKEN}"},
+        headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"},
         content=orjson.dumps({"query": query}),
     )
 

@@ -1,7 +1,7 @@
-"""What a web page may make a node do: the Host check.
+"""What a web page may make a node do: the Host, Origin and content-type checks.
 
 A browser visiting any site can send requests to a node it can reach (one on the visitor's
-own machine, one on the visitor's network). One door is closed here, before routing and
+own machine, one on the visitor's network). Two doors are closed here, before routing and
 before the token check (a forged request costs no more than a lookup in a set):
 
 - **DNS rebinding.** A page at ``http://evil.example:8081`` whose name is re-pointed at
@@ -13,6 +13,17 @@ before the token check (a forged request costs no more than a lookup in a set):
   ``listen``), and the ``allowed_hosts`` setting (``*`` allows every name). Others get
   ``421`` naming that setting. Probes (``/healthz``, ``/readyz``) are checked like every
   path (``/readyz`` names tables): Kubernetes' probes send the pod's IP, an address.
+- **Cross-origin writes.** A page may POST to any address without asking ("no-cors"),
+  but only with a body typed ``text/plain``, ``application/x-www-form-urlencoded`` or
+  ``multipart/form-data`` (the CORS-safelisted types); any other type makes the browser
+  ask first (a preflight ``OPTIONS``, which no node answers with a grant). So every POST
+  must name another type (sparkiq's callers send ``application/json`` or the node
+  protocol's type): ``415`` otherwise. A POST whose ``Origin`` header names another origin
+  than the one it was sent to is refused too (``403``): a same-origin page (the console)
+  is the only one that may post with a browser.
+
+GETs carry no ``Origin`` check: they change nothing, and a cross-origin page cannot read
+their answers (no node sends ``Access-Control-Allow-Origin``).
 """
 
 from __future__ import annotations
@@ -25,7 +36,13 @@ from typing import Any
 
 from sparkiq.server.http_errors import HttpError
 
-__all__ = ["BrowserGuard"]
+__all__ = ["SIMPLE_CONTENT_TYPES", "BrowserGuard"]
+
+#: Content types a browser sends cross-origin without a preflight (the Fetch standard's
+#: CORS-safelisted ones), and "" for a POST that names none.
+SIMPLE_CONTENT_TYPES = frozenset(
+    {"", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
+)
 
 _SETTING = "allowed_hosts (sparkiq serve --allowed-host, SPARKIQ_ALLOWED_HOSTS)"
 
@@ -64,7 +81,10 @@ class BrowserGuard:
         for url in urls:
             if not url:
                 continue
-            parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+            try:
+                parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+            except ValueError:  # not a URL: names no host to answer
+                continue
             if parts.hostname:
                 hosts.add(_normal(parts.hostname))
                 own.add(parts.netloc.lower())
@@ -76,6 +96,23 @@ class BrowserGuard:
         host_values = _header_values(scope, b"host")
         for value in host_values:
             self._check_host(value)
+        if scope["method"] != "POST":
+            return
+        types = _header_values(scope, b"content-type") or [""]
+        for value in types:
+            essence = value.split(";", 1)[0].strip().lower()
+            if essence in SIMPLE_CONTENT_TYPES:
+                named = f"'content-type: {essence}'" if essence else "no content-type"
+                raise HttpError(
+                    415,
+                    "unsupported_content_type",
+                    f"a POST with {named} is refused, because any web page can send one: "
+                    "send 'content-type: application/json' (curl: -H 'content-type: "
+                    "application/json')",
+                    "content-type",
+                )
+        for value in _header_values(scope, b"origin"):
+            self._check_origin(value, host_values)
 
     def allows_host(self, host: str) -> bool:
         """Whether ``host`` (a name or address, without a port) is answered."""
@@ -100,6 +137,24 @@ class BrowserGuard:
             f"this node does not answer requests for host {value[:200]!r} (a guard against "
             f"DNS rebinding); if clients reach it by that name, add the name to {_SETTING}",
             "host",
+        )
+
+    def _check_origin(self, origin: str, host_values: list[str]) -> None:
+        try:
+            parts = urllib.parse.urlsplit(origin.strip())
+        except ValueError:  # "http://[x": no origin a browser sends; refused below
+            parts = urllib.parse.urlsplit("")
+        netloc = parts.netloc.lower() if parts.scheme in ("http", "https") else ""
+        if netloc and (
+            netloc in self.own_origins or netloc in (h.strip().lower() for h in host_values)
+        ):
+            return
+        raise HttpError(
+            403,
+            "cross_origin",
+            f"a POST from a page at {origin[:200]!r} is refused: only this node's own pages "
+            "(the console) may post from a browser; programs send no Origin header",
+            "origin",
         )
 
 
