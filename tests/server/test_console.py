@@ -32,6 +32,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def wait_until(page: Any, expression: str, timeout: float = 30.0) -> None:
+    """Until ``expression`` is true in the page. Playwright's ``wait_for_function`` evaluates
+    its text with ``eval`` inside the page, which the console's Content-Security-Policy
+    forbids; ``evaluate`` comes from outside the page and is not subject to it."""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(f"() => Boolean({expression})"):
+        assert time.monotonic() < deadline, f"never true: {expression}"
+        time.sleep(0.05)
+
+
 def press_across_a_refresh(page: Any, selector: str) -> None:
     """Click ``selector`` as a slow hand (or a loaded machine) does: the button stays down
     until the console has refreshed its sidebar at least once. The press takes focus from
@@ -84,22 +94,82 @@ def test_console_runs_pull_and_push_queries(tmp_path: Path) -> None:
 
                 page.fill("#sql", "SELECT k, n FROM t WHERE nn > 3")
                 page.click("#run")
-                page.wait_for_function("document.getElementById('error').textContent.length > 0")
+                wait_until(page, "document.getElementById('error').textContent.length > 0")
                 error = page.inner_text("#error")
                 assert "unknown column 'nn'" in error and "line 1, column 26" in error
 
                 page.fill("#sql", "SELECT k, n FROM t WHERE n >= 100 EMIT CHANGES")
                 page.click("#run")
-                page.wait_for_function(
-                    "document.getElementById('status').textContent.includes('streaming')"
+                wait_until(
+                    page, "document.getElementById('status').textContent.includes('streaming')"
                 )
                 write_batch(changelog, 1, {"k01": 101, "k02": 5, "zz": 500})
-                page.wait_for_function(
-                    "document.getElementById('status').textContent === '2 changes'"
-                )
+                wait_until(page, "document.getElementById('status').textContent === '2 changes'")
                 rows = page.inner_text("#result tbody")
                 assert '"n":101' in rows and '"n":500' in rows and '"n":5}' not in rows
                 page.click("#stop")
+            finally:
+                browser.close()
+
+
+def test_the_console_works_under_its_content_security_policy(tmp_path: Path) -> None:
+    """The page's own inline script and style run (allowed by hash), nothing else does: a
+    script injected into the page is refused, and using the console violates nothing."""
+    from playwright.sync_api import sync_playwright
+
+    changelog = make_table(str(tmp_path), partitions=2)
+    write_batch(changelog, 0, {f"k{i:02d}": i for i in range(5)})
+    with Node(str(tmp_path), node_id="csp", listen="127.0.0.1:0", token="tok") as node:
+        node.poll_once()
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                errors: list[str] = []
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                page.add_init_script(  # runs before the page's script, outside its policy
+                    "window.violations = [];"
+                    "document.addEventListener('securitypolicyviolation', (e) =>"
+                    "  window.violations.push(e.effectiveDirective + ' ' + e.blockedURI));"
+                )
+                response = page.goto(f"{node.url}/")
+                assert response is not None
+                header = response.headers["content-security-policy"]
+                policy = {
+                    d.strip().partition(" ")[0]: d.strip().partition(" ")[2]
+                    for d in header.split(";")
+                }
+                assert policy["default-src"] == "'none'"
+                assert policy["connect-src"] == "'self'"
+                assert policy["frame-ancestors"] == "'none'"
+                for directive in ("script-src", "style-src"):
+                    sources = policy[directive].split()
+                    assert sources and all(s.startswith("'sha256-") for s in sources), policy
+
+                page.fill("#token", "tok")
+                page.dispatch_event("#token", "change")
+                page.wait_for_selector("#stores li")
+                page.click("#tab-sql")
+                page.fill("#sql", "SELECT k, n FROM t ORDER BY k")
+                page.click("#run")
+                page.wait_for_selector("#result table")
+                assert page.locator("#result tbody tr").count() == 5
+                # the spacer and the page-size input keep the layout their styles give them
+                assert page.eval_on_selector("#page-size", "e => e.offsetWidth") < 120
+                assert page.evaluate("window.violations") == []
+                assert not [e for e in errors if "Content Security Policy" in e], errors
+
+                injected = page.evaluate(
+                    """() => {
+                        const s = document.createElement("script");
+                        s.textContent = "window.pwned = true";
+                        document.body.appendChild(s);
+                        return window.pwned === true;
+                    }"""
+                )
+                assert injected is False
+                wait_until(page, "window.violations.length > 0")
+                assert page.evaluate("window.violations")[0].startswith("script-src")
             finally:
                 browser.close()
 
@@ -234,9 +304,7 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
                 want = expected_grid(metadata, "t", 4)
                 assert all("active · batch 1 · lag 0 · live" in row for row in want)
                 assert all(any(c.startswith("standby · batch 1") for c in row) for row in want)
-                page.wait_for_function(
-                    "document.querySelectorAll('table.grid thead th').length === 3"
-                )
+                wait_until(page, "document.querySelectorAll('table.grid thead th').length === 3")
                 assert page_grid(page, "t") == want
                 assert page.inner_text("table.grid thead").split() == ["partition", "n0", "n1"]
                 assert page.inner_text("#ready") == "ready"
@@ -244,9 +312,10 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
                 # table view: schema, partitions, count and sample rows as the REST API has them
                 page.click("#stores li button.name")
                 with threads_shown_on_failure():  # failed 1 in 24 beside 8 CPU hogs
-                    page.wait_for_function(
+                    wait_until(
+                        page,
                         "document.getElementById('table-count').textContent.endsWith('rows')"
-                        " || document.getElementById('table-error').textContent !== ''"
+                        " || document.getElementById('table-error').textContent !== ''",
                     )
                 assert page.inner_text("#table-error") == ""
                 count = rest(
@@ -303,9 +372,7 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
                 screenshot(page, shots, "table")
                 page.fill("#lookup-key", "k29")  # deleted: the API's 404, shown as it gives it
                 page.press("#lookup-key", "Enter")
-                page.wait_for_function(
-                    "document.getElementById('lookup-error').textContent.length > 0"
-                )
+                wait_until(page, "document.getElementById('lookup-error').textContent.length > 0")
                 assert page.inner_text("#lookup-error").startswith("key_not_found: ")
                 assert rest(nodes[0], "GET", "/stores/t/keys/k29").status_code == 404
 
@@ -361,7 +428,7 @@ def check_sql_editor(page: Any, node: Node, shots: Path) -> None:
     page.fill("#sql", sql)
     page.fill("#page-size", "10")
     page.press("#sql", "Control+Enter")
-    page.wait_for_function("document.getElementById('status').textContent.includes('page 1')")
+    wait_until(page, "document.getElementById('status').textContent.includes('page 1')")
     pages = [rest(node, "POST", "/query", json={"sql": sql, "page_size": 10}).json()]
     while pages[-1].get("next_page_token"):
         doc = {"sql": sql, "page_size": 10, "page_token": pages[-1]["next_page_token"]}
@@ -371,8 +438,8 @@ def check_sql_editor(page: Any, node: Node, shots: Path) -> None:
     for number, want in enumerate(pages, 1):
         if number > 1:
             page.click("#next-page")
-            page.wait_for_function(
-                f"document.getElementById('status').textContent.includes('(page {number},')"
+            wait_until(
+                page, f"document.getElementById('status').textContent.includes('(page {number},')"
             )
         shown = rows_of(page, "#result tbody")
         assert shown == [[r["k"], str(r["n"])] for r in want["rows"]]
@@ -396,7 +463,7 @@ def check_sql_editor(page: Any, node: Node, shots: Path) -> None:
     # "read at least at": the next query sends the last position as its bound
     page.fill("#sql", "SELECT n FROM t WHERE k = 'k03'")
     page.press("#sql", "Control+Enter")
-    page.wait_for_function("document.getElementById('status').textContent.includes('1 rows')")
+    wait_until(page, "document.getElementById('status').textContent.includes('1 rows')")
     position = page.inner_text("#position")
     lookup = {"sql": "SELECT n FROM t WHERE k = 'k03'"}
     assert position == rest(node, "POST", "/query", json=lookup).json()["position"]
@@ -415,9 +482,7 @@ def check_push_view(page: Any, nodes: list[Node], changelog: Any, shots: Path) -
     assert page.input_value("#push-sql") == "SELECT * FROM t EMIT CHANGES"
     page.fill("#push-sql", "SELECT k, n FROM t WHERE n >= 1000 EMIT CHANGES")
     page.press("#push-sql", "Enter")
-    page.wait_for_function(
-        "document.getElementById('push-status').textContent.startsWith('streaming')"
-    )
+    wait_until(page, "document.getElementById('push-status').textContent.startsWith('streaming')")
     write_batch(changelog, 2, {"k05": 1005, "new": 2000, "k06": 6})
     for node in nodes:
         node.poll_once()
@@ -443,17 +508,18 @@ def check_push_view(page: Any, nodes: list[Node], changelog: Any, shots: Path) -
     ]
     screenshot(page, shots, "push")
     page.click("#push-stop")
-    page.wait_for_function(
-        "document.getElementById('push-status').textContent === 'stopped after 3 changes'"
+    wait_until(
+        page, "document.getElementById('push-status').textContent === 'stopped after 3 changes'"
     )
 
 
 def check_charts(page: Any, node: Node, shots: Path) -> None:
     """Lag and query-rate sparklines, sampled every refresh, agree with the API."""
     page.click("#tab-cluster")
-    page.wait_for_function(
+    wait_until(
+        page,
         "Number(document.getElementById('chart-lag-t').dataset.points) >= 5"
-        " && Number(document.getElementById('chart-rate-t').dataset.total) > 0"
+        " && Number(document.getElementById('chart-rate-t').dataset.total) > 0",
     )
     metadata = rest(node, "GET", "/metadata").json()
     lag = max(
@@ -472,10 +538,11 @@ def check_charts(page: Any, node: Node, shots: Path) -> None:
     total = int(page.locator("#chart-rate-t").get_attribute("data-total") or "0")
     assert total <= sum(rest(node, "GET", "/stats").json()["queries"]["t"])
     assert total >= 10
-    page.wait_for_function(
+    wait_until(
+        page,
         "document.querySelectorAll('table.grid tbody td').length === 8"
         " && [...document.querySelectorAll('table.grid tbody td')]"
-        ".every(c => c.textContent.includes('batch 3'))"
+        ".every(c => c.textContent.includes('batch 3'))",
     )
     assert page_grid(page, "t") == expected_grid(metadata, "t", 4)
     screenshot(page, shots, "cluster")

@@ -15,7 +15,7 @@ import pytest
 from sparkiq import Node
 from sparkiq.server.metrics import QueryRate
 from tests.changelog.helpers import create_changelog, make_table, write_batch
-from tests.server.test_console import CHROMIUM, VIEWPORT, screenshot
+from tests.server.test_console import CHROMIUM, VIEWPORT, screenshot, wait_until
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)"
@@ -109,9 +109,7 @@ def test_query_rate_per_table(tmp_path: Path) -> None:
                 # more queries show up at the next refresh
                 for _ in range(4):
                     rest(node, "GET", "/stores/u/keys/a")
-                page.wait_for_function(
-                    "document.getElementById('chart-rate-u').dataset.total === '5'"
-                )
+                wait_until(page, "document.getElementById('chart-rate-u').dataset.total === '5'")
                 assert page.locator("#chart-rate-t").get_attribute("data-total") == "10"
             finally:
                 browser.close()
@@ -235,8 +233,8 @@ def test_restore_progress_in_the_cluster_view(tmp_path: Path) -> None:
                 for path in fetched:
                     page.unroute(f"**{path}")
                 # live again: the page shows the finished restore at its next refresh
-                page.wait_for_function("document.querySelectorAll('.restore').length === 0")
-                page.wait_for_function("document.getElementById('ready').textContent === 'ready'")
+                wait_until(page, "document.querySelectorAll('.restore').length === 0")
+                wait_until(page, "document.getElementById('ready').textContent === 'ready'")
             finally:
                 browser.close()
     finally:

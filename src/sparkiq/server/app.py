@@ -46,7 +46,7 @@ from sparkiq.pools import ElasticPool
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
-from sparkiq.server.browser import BrowserGuard
+from sparkiq.server.browser import BrowserGuard, console_policy
 from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
@@ -106,6 +106,10 @@ class RestApp:
         self._console = (
             importlib.resources.files("sparkiq.server").joinpath("console.html").read_bytes()
         )
+        self._console_headers = [
+            *_HTML,
+            (b"content-security-policy", console_policy(self._console)),
+        ]
         config = getattr(node, "config", None)  # a Node's; tests' fakes have none
         self._browser = BrowserGuard.for_node(
             getattr(config, "allowed_hosts", ()),
@@ -193,7 +197,7 @@ class RestApp:
             return path, await self._ready(send)
         if path in ("/", "/console"):
             _allow(method, "GET")
-            await _send(send, 200, self._console, _HTML)
+            await _send(send, 200, self._console, self._console_headers)
             return "/console", 200
         if path == "/openapi.json":
             _allow(method, "GET")

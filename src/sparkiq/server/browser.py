@@ -1,4 +1,5 @@
-"""What a web page may make a node do: the Host, Origin and content-type checks.
+"""What a web page may make a node do: the Host, Origin and content-type checks, and the
+console's Content-Security-Policy.
 
 A browser visiting any site can send requests to a node it can reach (one on the visitor's
 own machine, one on the visitor's network). Two doors are closed here, before routing and
@@ -24,11 +25,17 @@ before the token check (a forged request costs no more than a lookup in a set):
 
 GETs carry no ``Origin`` check: they change nothing, and a cross-origin page cannot read
 their answers (no node sends ``Access-Control-Allow-Origin``).
+
+The console page is sent with a Content-Security-Policy (:func:`console_policy`) that lets
+only its own inline script and style run, by hash, and its requests go only to the node.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
+import re
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,7 +43,7 @@ from typing import Any
 
 from sparkiq.server.http_errors import HttpError
 
-__all__ = ["SIMPLE_CONTENT_TYPES", "BrowserGuard"]
+__all__ = ["SIMPLE_CONTENT_TYPES", "BrowserGuard", "console_policy"]
 
 #: Content types a browser sends cross-origin without a preflight (the Fetch standard's
 #: CORS-safelisted ones), and "" for a POST that names none.
@@ -179,3 +186,32 @@ def _host_of(value: str) -> str | None:
     if not name or (colon and not port.isdigit()):
         return None
     return name
+
+
+#: The page's inline ``<script>`` and ``<style>`` elements (it has no attributes on them and
+#: loads nothing else); a hash covers the exact text between the tags.
+_INLINE = re.compile(rb"<(script|style)>(.*?)</\1>", re.DOTALL)
+
+
+def console_policy(html: bytes) -> bytes:
+    """The ``Content-Security-Policy`` for the console page ``html``: scripts and styles
+    only those written inline in it, allowed by their SHA-256 (no other script runs, even
+    if a value shown on the page ever escaped its text node; no ``style`` attributes),
+    requests only to the node itself, no plugins, frames, form posts or ``<base>``."""
+    sources: dict[bytes, list[str]] = {b"script": [], b"style": []}
+    for match in _INLINE.finditer(html):
+        digest = base64.b64encode(hashlib.sha256(match.group(2)).digest()).decode()
+        sources[match.group(1)].append(f"'sha256-{digest}'")
+    scripts = " ".join(sources[b"script"]) or "'none'"
+    styles = " ".join(sources[b"style"]) or "'none'"
+    policy = [
+        "default-src 'none'",
+        f"script-src {scripts}",
+        f"style-src {styles}",
+        "connect-src 'self'",
+        "img-src 'self' data:",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+    return "; ".join(policy).encode()
