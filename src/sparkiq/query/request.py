@@ -20,11 +20,11 @@ partition unless it asks ``as_of``.
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sparkiq.query.instant import instant_problem
 from sparkiq.query.position import PositionBound
 from sparkiq.query.queries import Query
 
@@ -105,8 +105,9 @@ class StateQueryRequest:
         naive means local time, as PySpark shows timestamps)."""
         if not isinstance(when, dt.datetime):
             raise TypeError(f"as_of_time() takes a datetime, got {type(when).__name__}")
-        if not math.isfinite(when.timestamp()):
-            raise ValueError(f"as_of_time() takes a real instant, got {when!r}")
+        problem = instant_problem(when)
+        if problem is not None:
+            raise ValueError(f"as_of_time(): {problem}")
         return replace(self, at_time=when, at_batch=None)
 
     def enable_execution_info(self) -> StateQueryRequest:

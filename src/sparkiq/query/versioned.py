@@ -29,6 +29,7 @@ import datetime as dt
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sparkiq.query.instant import instant_problem
 from sparkiq.query.queries import Query, ResultOrder
 
 __all__ = ["MultiVersionedKeyQuery", "VersionedKeyQuery", "VersionedRecord"]
@@ -182,6 +183,9 @@ def _check_time(name: str, value: object) -> None:
             f"{name} must be a datetime.datetime or None, got {type(value).__name__} "
             f"{_shown(value)}"
         )
+    problem = None if value is None else instant_problem(value)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")
 
 
 def _shown(value: object) -> str:

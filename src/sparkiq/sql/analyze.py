@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from sparkiq.query.instant import instant_problem
 from sparkiq.schema.arrowrows import PSEUDO_COLUMNS
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.errors import SqlUnknownNameError, SqlUnsupportedError, closest, snippet_at
@@ -270,13 +271,19 @@ def _as_of(node: exp.Table, text: str) -> int | dt.datetime | str | None:
             return TEMPLATE_AS_OF
         stamp = str(value.this.this)
         try:
-            return dt.datetime.fromisoformat(stamp)
+            when = dt.datetime.fromisoformat(stamp)
         except ValueError:
             raise SqlUnsupportedError(
                 f"{usage}; {stamp!r} is not a time (write it as 'YYYY-MM-DD HH:MM:SS')",
                 code="bad_as_of",
                 field=node.name,
             ) from None
+        problem = instant_problem(when)
+        if problem is not None:
+            raise SqlUnsupportedError(
+                f"AS OF on {node.name!r}: {problem}", code="bad_as_of", field=node.name
+            )
+        return when
     if isinstance(value, exp.Cast) and isinstance(value.this, exp.Placeholder):
         return TEMPLATE_AS_OF
     raise SqlUnsupportedError(usage, code="unsupported_as_of", field=node.name)

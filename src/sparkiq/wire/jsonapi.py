@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from sparkiq.errors import InvalidQueryError
+from sparkiq.query.instant import instant_problem
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import (
     KeyQuery,
@@ -220,9 +221,13 @@ def _time(value: Any, field: str) -> dt.datetime | None:
     if not isinstance(value, str):
         raise field_error(field, f"expected an ISO timestamp string, got {_shown(value)}")
     try:
-        return dt.datetime.fromisoformat(value)
+        when = dt.datetime.fromisoformat(value)
     except ValueError as exc:
         raise field_error(field, str(exc)) from None
+    problem = instant_problem(when)
+    if problem is not None:
+        raise field_error(field, problem)
+    return when
 
 
 def _query_from_json(schema: TableSchema, doc: Any) -> Query:
@@ -365,15 +370,20 @@ def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQuer
 
 def _as_of(request: StateQueryRequest, as_of: Any) -> StateQueryRequest:
     """``"as_of"``: a batch id, or a time as ISO 8601 text (without an offset: local)."""
+    expected = "expected a batch id (an int >= 0) or an ISO 8601 time, got"
+    if isinstance(as_of, str):
+        try:
+            when = dt.datetime.fromisoformat(as_of)
+        except ValueError as exc:
+            raise field_error("as_of", f"{expected} {as_of!r} ({exc})") from None
+        problem = instant_problem(when)
+        if problem is not None:
+            raise field_error("as_of", problem)
+        return request.as_of_time(when)
     try:
-        if isinstance(as_of, str):
-            return request.as_of_time(dt.datetime.fromisoformat(as_of))
         return request.as_of(as_of)
     except (TypeError, ValueError) as exc:
-        raise field_error(
-            "as_of",
-            f"expected a batch id (an int >= 0) or an ISO 8601 time, got {as_of!r} ({exc})",
-        ) from None
+        raise field_error("as_of", f"{expected} {as_of!r} ({exc})") from None
 
 
 def position_from_token(token: Any, field: str = "bound") -> Position:
