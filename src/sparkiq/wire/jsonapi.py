@@ -215,7 +215,9 @@ def key_from_text(schema: TableSchema, text: str, field: str = "key") -> Any:
 # -- requests ----------------------------------------------------------------------------------
 
 
-def _time(value: Any, field: str) -> dt.datetime | None:
+def _time(value: Any, field: str, *, instant: bool = False) -> dt.datetime | None:
+    """An ISO time; with ``instant``, one a node can place among commit times
+    (sparkiq.query.instant). Window starts need not be: they are only compared."""
     if value is None:
         return None
     if not isinstance(value, str):
@@ -224,7 +226,7 @@ def _time(value: Any, field: str) -> dt.datetime | None:
         when = dt.datetime.fromisoformat(value)
     except ValueError as exc:
         raise field_error(field, str(exc)) from None
-    problem = instant_problem(when)
+    problem = instant_problem(when) if instant else None
     if problem is not None:
         raise field_error(field, problem)
     return when
@@ -305,7 +307,7 @@ def _versioned_query_from_json(schema: TableSchema, kind: str, doc: dict[str, An
         if as_of is None:
             return query
         if isinstance(as_of, str):
-            when = _time(as_of, "query.as_of")
+            when = _time(as_of, "query.as_of", instant=True)
             assert when is not None
             return query.as_of(when)
         batch_id = _batch(as_of, "query.as_of")
@@ -317,8 +319,8 @@ def _versioned_query_from_json(schema: TableSchema, kind: str, doc: dict[str, An
             "query.order", f"expected one of {list(_VERSION_ORDERS)}, got {_shown(order)}"
         )
     bounds = (
-        _time(doc.get("from"), "query.from"),
-        _time(doc.get("to"), "query.to"),
+        _time(doc.get("from"), "query.from", instant=True),
+        _time(doc.get("to"), "query.to", instant=True),
         _batch(doc.get("from_batch"), "query.from_batch"),
         _batch(doc.get("to_batch"), "query.to_batch"),
     )
