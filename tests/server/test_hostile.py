@@ -414,6 +414,69 @@ def test_malformed_internal_query_bodies_are_a_400(hostile: Hostile, body: bytes
     assert error["message"]
 
 
+#: Partition lists a caller may send (``partitions``): at most MAX_PARTITIONS, each once. A
+#: list of 200,000 was answered on the event loop, a frame per partition, for 9.8 s.
+HUGE = list(range(200_000))
+PARTITION_LISTS = {
+    "200,000 on the node protocol (a key, answered on the event loop)": (
+        "/internal/query",
+        _request({"key": 1}, partitions=HUGE, local=True),
+        "200000 partitions named; a request names at most 65536",
+    ),
+    "200,000 on the node protocol (routed)": (
+        "/internal/query",
+        _request({}, "RangeQuery", partitions=HUGE),
+        "200000 partitions named",
+    ),
+    "200,000 as JSON": (
+        "/stores/ik/query",
+        orjson.dumps({"query": {"type": "range"}, "partitions": [0] * 200_000}),
+        "200000 partitions named",
+    ),
+    "one named twice (node protocol)": (
+        "/internal/query",
+        _request({"key": 1}, partitions=[3, 1, 3], local=True),
+        "partitions [3] named more than once",
+    ),
+    "one named twice (JSON)": (
+        "/stores/ik/query",
+        b'{"query": {"type": "range"}, "partitions": [2, 2, 0, 0]}',
+        "partitions [0, 2] named more than once",
+    ),
+    "a number out of range": (
+        "/internal/query",
+        _request({"key": 1}, partitions=[0, 65536], local=True),
+        "partition numbers are 0 to 65535, got [65536]",
+    ),
+    "a negative number": (
+        "/stores/ik/query",
+        b'{"query": {"type": "range"}, "partitions": [-1]}',
+        "partition numbers are 0 to 65535, got [-1]",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"), PARTITION_LISTS.values(), ids=PARTITION_LISTS.keys()
+)
+def test_partition_lists_are_bounded_when_parsed(
+    hostile: Hostile, path: str, body: bytes, message: str
+) -> None:
+    kind = "application/json" if path.startswith("/stores") else protocol.CONTENT_TYPE
+    response = refused(hostile, "POST", path, content=body, headers={"content-type": kind})
+    error = error_of(response)
+    assert error["field"] == "partitions" and message in error["message"], error
+    # a list within the bounds is still answered (ik has 4 partitions)
+    if path == "/internal/query":
+        body = _request({"key": 1}, partitions=[0, 1, 2, 3], local=True)
+    else:
+        body = orjson.dumps({"query": {"type": "range"}, "partitions": [0, 1, 2, 3]})
+    answered = httpx.post(
+        hostile.url(path), content=body, headers=auth() | {"content-type": kind}, timeout=30
+    )
+    assert answered.status_code == 200, answered.content[:300]
+
+
 # -- 6. no paths or Python internals in messages ----------------------------------------------
 
 

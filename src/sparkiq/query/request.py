@@ -20,6 +20,7 @@ partition unless it asks ``as_of``.
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,6 +47,39 @@ class InStore:
                 f"got {type(query).__name__}"
             )
         return StateQueryRequest(self.store, query)
+
+
+#: The most partitions a request received from the network may name, and the bound of their
+#: numbers (``0 .. MAX_PARTITIONS - 1``). A table has far fewer (an ``App`` table at most
+#: 4096; an attached checkpoint as many as its ``spark.sql.shuffle.partitions``), and naming
+#: none means all of them; a node answers every partition named with a frame of its own,
+#: so a longer list would cost seconds before any check of the table (a list of 200,000 held
+#: a node's event loop for 9.8 s). :func:`partition_list_problem` checks a parsed list.
+MAX_PARTITIONS = 65536
+
+
+def partition_list_problem(partitions: object) -> str | None:
+    """What is wrong with ``partitions`` as a request's list of partition numbers, as
+    parsed from the network (JSON or MessagePack), or None when it is one: at most
+    :data:`MAX_PARTITIONS` ints from 0 to ``MAX_PARTITIONS - 1``, none twice. The length
+    is checked first, so a huge list costs no more than its parse."""
+    if not isinstance(partitions, list):
+        return f"expected a list of partition numbers, got {type(partitions).__name__}"
+    if len(partitions) > MAX_PARTITIONS:
+        return (
+            f"{len(partitions)} partitions named; a request names at most {MAX_PARTITIONS} "
+            "(name none to ask for every partition)"
+        )
+    bad = [p for p in partitions if isinstance(p, bool) or not isinstance(p, int)]
+    if bad:
+        return f"partitions must be ints, got {sorted(map(repr, bad))[:5]}"
+    outside = sorted(p for p in partitions if not 0 <= p < MAX_PARTITIONS)
+    if outside:
+        return f"partition numbers are 0 to {MAX_PARTITIONS - 1}, got {outside[:5]}"
+    if len(set(partitions)) != len(partitions):
+        twice = sorted(p for p, n in Counter(partitions).items() if n > 1)
+        return f"partitions {twice[:5]} named more than once; name each partition once"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

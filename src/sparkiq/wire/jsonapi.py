@@ -31,7 +31,7 @@ from sparkiq.query.queries import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
-from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.request import StateQueryRequest, partition_list_problem
 from sparkiq.query.versioned import MultiVersionedKeyQuery, VersionedKeyQuery
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
@@ -352,10 +352,11 @@ def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQuer
     )
     partitions = doc.get("partitions")
     if partitions is not None:
-        if not isinstance(partitions, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) for p in partitions
-        ):
-            raise field_error("partitions", "expected a JSON array of partition numbers")
+        problem = partition_list_problem(partitions)
+        if problem is not None:
+            raise field_error(
+                "partitions", f"expected a JSON array of partition numbers; {problem}"
+            )
         request = request.with_partitions(partitions)
     bound = doc.get("bound")
     if bound is not None:

@@ -8,6 +8,11 @@ A request is one MessagePack map (``POST /internal/query``, content type
      "require_active": bool, "info": bool, "local": bool,
      "at_batch": int | None, "at_time": epoch seconds | None}
 
+``partitions`` names at most :data:`~sparkiq.query.request.MAX_PARTITIONS` (65,536) distinct
+partition numbers, each below that number (``None``: every partition); a longer list, a
+number out of range or one named twice is refused as the request is decoded (an
+``invalid_query`` error on ``partitions``), before any work.
+
 ``local`` asks the node to answer from its own replicas only (a router's sub-request);
 otherwise the node routes the request itself. Query types travel by the name they are
 registered under (:mod:`sparkiq.query.registry`: the built-in types, and every type given a
@@ -44,7 +49,7 @@ from sparkiq.errors import InvalidQueryError, SparkiqError
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import Query, ResultOrder
 from sparkiq.query.registry import query_type, query_type_name, query_type_names
-from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.request import StateQueryRequest, partition_list_problem
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator, StateQueryResult
 from sparkiq.query.versioned import VersionedRecord
 from sparkiq.wire.values import pack, register_enum, register_record, unpack
@@ -155,10 +160,10 @@ def decode_request(body: bytes) -> tuple[StateQueryRequest, bool]:
     request = StateQueryRequest.in_store(store).with_query(query)
     partitions = doc.get("partitions")
     if partitions is not None:
-        try:
-            request = request.with_partitions(partitions)
-        except (TypeError, ValueError) as exc:
-            raise _field_error("partitions", str(exc)) from None
+        problem = partition_list_problem(partitions)
+        if problem is not None:
+            raise _field_error("partitions", problem)
+        request = request.with_partitions(partitions)
     if doc.get("bound") is not None:
         try:
             bound = Position.from_token(doc["bound"])
