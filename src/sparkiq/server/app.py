@@ -371,9 +371,9 @@ class RestApp:
             del result  # a slow reader pins the columns only, not the Python rows as well
             await self._stream(send, 200, headers, arrowipc.ipc_chunks(table))
         elif _accepts_binary(scope):  # sparkiq.Client: values keep their Python types
-            await _send(send, 200, pack(sql_json(result)), _BINARY)
-        else:
-            await _send(send, 200, jsonapi.dumps(sql_json(result)), _JSON)
+            await _send(send, 200, await self._run(lambda: pack(sql_json(result))), _BINARY)
+        else:  # encoding 64 MB holds the GIL for a fraction of a second: not on the loop
+            await _send(send, 200, await self._run(lambda: jsonapi.dumps(sql_json(result))), _JSON)
 
     async def _sql_arrow(
         self, text: str, result: Any

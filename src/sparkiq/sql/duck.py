@@ -27,7 +27,10 @@ the strings and lists a function builds, so three more bounds hold here:
   started). It also interrupts a statement whose caller left (:mod:`sparkiq.cancel`: an
   HTTP client hung up, a hedged copy lost, psql's Ctrl-C).
 - **result bytes**: rows are fetched in chunks and counted (:func:`approx_bytes`); a
-  result beyond ``max_result_bytes`` stops fetching and fails.
+  result beyond ``max_result_bytes`` stops fetching and fails. A result with a nested
+  column is read as Arrow and counted *before* it becomes Python objects, a large list
+  converted in slices (:mod:`sparkiq.sql.pyrows`): one list of millions of strings held
+  the GIL for seconds in DuckDB's conversion, stalling every other caller.
 
 Not bounded here (known): a chain of ``||`` over CTEs doubles a value per step within one
 chunk, before an interrupt is seen; only a worker process with its own memory limit would
@@ -45,6 +48,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -54,6 +58,7 @@ import pyarrow as pa
 
 from sparkiq.errors import ConfigError
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnknownNameError
+from sparkiq.sql.pyrows import arrow_rows, read_as_arrow
 from sparkiq.sql.watchdog import WATCHDOG, Statement
 
 __all__ = ["DuckPool", "approx_bytes", "parse_size", "run"]
@@ -158,6 +163,15 @@ class DuckPool:
                 self._left.notify_all()
 
     def _open(self) -> duckdb.DuckDBPyConnection:
+        # run() reads a pending result as Arrow on purpose (sparkiq.sql.pyrows), where
+        # DuckDB warns that the copy it makes could be avoided by running a relation:
+        # that would run the statement again. Silenced for that call site only.
+        warnings.filterwarnings(
+            "ignore",
+            message="Arrow output on a DB-API result",
+            category=UserWarning,
+            module=r"sparkiq\.sql\.duck",
+        )
         # DuckDB's default spill directory is <cwd>/.tmp, shared and unbounded
         self.spill_dir = tempfile.mkdtemp(prefix="sparkiq-duckdb-")
         return duckdb.connect(
@@ -352,7 +366,19 @@ def run(
                     return _fetch_arrow(con, sql, params, pool.max_result_bytes)
                 cursor = con.execute(sql, params)
                 names = [d[0] for d in cursor.description or ()]
-                rows = _fetch_rows(cursor, max_rows, pool.max_result_bytes)
+                kinds = [d[1] for d in cursor.description or ()]
+                if read_as_arrow(kinds):  # sized before conversion (sparkiq.sql.pyrows)
+                    reader = cursor.to_arrow_reader(_FETCH_ROWS)
+                    assert reader is not None  # a SELECT's result has a reader
+                    try:
+                        fetched = arrow_rows(reader, max_rows, pool.max_result_bytes)
+                    finally:
+                        reader.close()
+                    if fetched is None:
+                        raise _too_large(pool.max_result_bytes)
+                    rows = fetched
+                else:
+                    rows = _fetch_rows(cursor, max_rows, pool.max_result_bytes)
                 if types:
                     return names, [str(d[1]) for d in cursor.description or ()]
                 return names, rows
