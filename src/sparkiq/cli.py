@@ -28,7 +28,14 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("advertise", str, "URL other nodes and clients reach this node at", ""),
     ("peers", str, "comma-separated host:port of seed nodes", ""),
     ("standbys", int, "standby replicas per partition", "1"),
-    ("token", str, "require this bearer token from callers and other nodes", ""),
+    ("token", str, "require this bearer token from clients", ""),
+    (
+        "cluster_secret",
+        str,
+        "the secret every node of the cluster shares to prove it is a member "
+        "(never given to clients; prefer the variable: arguments show in ps)",
+        "",
+    ),
     ("local_dir", str, "where this node keeps its replicas", "<state_dir>/replicas/<node_id>"),
     ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
     ("failure_timeout", float, "a member silent this long is gone", "3"),

@@ -43,9 +43,10 @@ from sparkiq.cluster.hosting import Hosting, Placement, TableView
 from sparkiq.cluster.lookup import Lookup
 from sparkiq.cluster.membership import HostedState
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
+from sparkiq.cluster.nodeauth import NodeKey
 from sparkiq.cluster.rebalance import Rebalancer
 from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
-from sparkiq.errors import ConfigError, SparkiqError
+from sparkiq.errors import AuthenticationError, ConfigError, SparkiqError
 from sparkiq.query.position import Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
@@ -84,8 +85,11 @@ class Node:
     and it has been silent at least ``failure_timeout`` s), the node
     hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
     partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
-    authentication for HTTP callers and between nodes. ``advertise`` is the URL other nodes
-    and clients use to reach this one (default: from ``listen``).
+    authentication for HTTP callers. ``cluster_secret`` (at least 16 characters, the same
+    on every node, never given to clients) is how nodes prove to each other that they are
+    members (:mod:`sparkiq.cluster.nodeauth`; it never travels): without it only processes
+    on this host may join, and only when the node has no token. ``advertise`` is the URL
+    other nodes and clients use to reach this one (default: from ``listen``).
 
     **Postgres wire protocol.** With ``pg_listen`` (``"host:port"``, port 0 picks a free
     one; :attr:`pg_address` is where it listens once started) the node also answers psql,
@@ -93,11 +97,12 @@ class Node:
     is ``token`` when the node has one. It does not make the node clustered.
 
     **Settings from the environment.** ``node_id``, ``listen``, ``advertise``, ``peers``
-    (comma-separated), ``standbys``, ``token``, ``local_dir``, ``heartbeat_interval`` and
-    ``failure_timeout`` default to ``SPARKIQ_NODE_ID``, ``SPARKIQ_LISTEN``,
-    ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``, ``SPARKIQ_TOKEN``,
-    ``SPARKIQ_LOCAL_DIR``, ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT``
-    (and ``pg_listen`` to ``SPARKIQ_PG_LISTEN``);
+    (comma-separated), ``standbys``, ``token``, ``cluster_secret``, ``local_dir``,
+    ``heartbeat_interval`` and ``failure_timeout`` default to ``SPARKIQ_NODE_ID``,
+    ``SPARKIQ_LISTEN``, ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``,
+    ``SPARKIQ_TOKEN``, ``SPARKIQ_CLUSTER_SECRET``, ``SPARKIQ_LOCAL_DIR``,
+    ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT`` (and ``pg_listen`` to
+    ``SPARKIQ_PG_LISTEN``);
     pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
@@ -112,6 +117,7 @@ class Node:
         peers: Iterable[str] | None = NOT_GIVEN,
         standbys: int = NOT_GIVEN,
         token: str | None = NOT_GIVEN,
+        cluster_secret: str | None = NOT_GIVEN,
         advertise: str | None = NOT_GIVEN,
         local_dir: str | None = NOT_GIVEN,
         heartbeat_interval: float = NOT_GIVEN,
@@ -133,6 +139,7 @@ class Node:
             "peers": peers,
             "standbys": standbys,
             "token": token,
+            "cluster_secret": cluster_secret,
             "advertise": advertise,
             "local_dir": local_dir,
             "heartbeat_interval": heartbeat_interval,
@@ -180,7 +187,6 @@ class Node:
             catalogs=[_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()],
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id)
-        self._lookup.token = config.token
         self._server: RunningServer | None = None
         self._pg: PgServer | None = None
         self.pg_address: tuple[str, int] | None = None
@@ -243,8 +249,9 @@ class Node:
             self.url = node_url(config.advertise or f"local://{self.node_id}")
         self._lookup.url = self.url
         transport = self._transport
+        key = None if config.cluster_secret is None else NodeKey(config.cluster_secret)
         if transport is None:
-            transport = HttpTransport()
+            transport = HttpTransport(node_id=self.node_id, key=key)
         elif isinstance(transport, LocalTransport):
             transport.register(self.url, self)
         coordinator = Coordinator(
@@ -253,6 +260,7 @@ class Node:
             seeds=list(config.peers),
             standbys=config.standbys,
             token=config.token,
+            key=key,
             transport=transport,
             heartbeat_interval=config.heartbeat_interval,
             failure_timeout=config.failure_timeout,
@@ -261,6 +269,7 @@ class Node:
             hosted_state=self._hosting.hosted_state,
             rebalance=self._rebalance,
             catch_up=self._hosting.poll_once,
+            committed_head=self._hosting.latest_batch,
         )
         self._rebalancer = Rebalancer(
             self._hosting,
@@ -441,10 +450,6 @@ class Node:
         :mod:`sparkiq.cluster.router`)."""
         return self._lookup.query(request)
 
-    def route(self, request: StateQueryRequest, token: str | None) -> StateQueryResult[Any]:
-        """:meth:`query` on behalf of a caller whose ``token`` is forwarded to other nodes."""
-        return self._lookup.route(request, token)
-
     def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
         others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
@@ -464,6 +469,19 @@ class Node:
         """Raise :class:`~sparkiq.errors.AuthenticationError` unless ``token`` is accepted."""
         if self.coordinator is not None:
             self.coordinator.check_token(token)
+
+    def admit_node(
+        self, header: str | None, method: str, path: str, body: bytes, peer: str | None
+    ) -> str | None:
+        """Check the node credential of a node-protocol request (see
+        :meth:`sparkiq.cluster.coordinator.Coordinator.admit`)."""
+        if self.coordinator is None:
+            raise AuthenticationError(f"node {self.node_id!r} is not clustered: it has no members")
+        return self.coordinator.admit(header, method, path, body, peer)
+
+    def sign_reply(self, request_mac: str | None, body: bytes) -> str | None:
+        """The header proving this node's reply comes from a member (None: no secret)."""
+        return None if self.coordinator is None else self.coordinator.sign_reply(request_mac, body)
 
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
         """A heartbeat from another member; returns this node's."""

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkiq.cluster.nodeauth import MIN_SECRET_LENGTH, is_loopback_url
 from sparkiq.errors import ConfigError
 
 __all__ = ["ENV_VARIABLES", "NOT_GIVEN", "NodeConfig", "node_url"]
@@ -37,6 +38,7 @@ ENV_VARIABLES: dict[str, str] = {
     "peers": "SPARKIQ_PEERS",
     "standbys": "SPARKIQ_STANDBYS",
     "token": "SPARKIQ_TOKEN",
+    "cluster_secret": "SPARKIQ_CLUSTER_SECRET",
     "local_dir": "SPARKIQ_LOCAL_DIR",
     "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
@@ -67,6 +69,7 @@ class NodeConfig:
     peers: tuple[str, ...] = ()
     standbys: int = 1
     token: str | None = None
+    cluster_secret: str | None = None
     local_dir: str | None = None
     store: str = "rocksdb"
     poll_interval: float = 0.02
@@ -122,9 +125,21 @@ class NodeConfig:
 
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
     out = dict(values)
-    for name in ("listen", "advertise", "token", "local_dir", "pg_listen"):
+    for name in ("listen", "advertise", "token", "cluster_secret", "local_dir", "pg_listen"):
         if name in out:  # "" means unset, as it does for the variables
             out[name] = _optional_text(out[name], name, origin[name])
+    secret = out.get("cluster_secret")
+    if secret is not None and len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(
+            f"cluster_secret must be at least {MIN_SECRET_LENGTH} characters"
+            f"{origin['cluster_secret']}: make one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    if secret is not None and secret == out.get("token"):
+        raise ConfigError(
+            "cluster_secret must differ from token: clients hold the token, and a client "
+            "must not be able to join the cluster as a node"
+        )
     if "node_id" in out:
         node_id = out["node_id"]
         if not isinstance(node_id, str) or not node_id.strip():
@@ -133,6 +148,22 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
             )
     if "peers" in out:
         out["peers"] = _peers(out["peers"], origin["peers"])
+    if out.get("peers") and out.get("cluster_secret") is None:
+        # Without a secret nothing proves a member is a node: only this host's own processes
+        # may form a cluster, and only when no token says they are not all trusted.
+        if out.get("token") is not None:
+            raise ConfigError(
+                "a node with a token joins peers only with a cluster secret, which its peers "
+                "share and clients never hold: set cluster_secret (--cluster-secret / "
+                "SPARKIQ_CLUSTER_SECRET) on every node"
+            )
+        remote = [p for p in out["peers"] if not is_loopback_url(p)]
+        if remote:
+            raise ConfigError(
+                f"peers {remote} are not on this host: nodes on other hosts prove they are "
+                "members with a cluster secret; set cluster_secret (--cluster-secret / "
+                "SPARKIQ_CLUSTER_SECRET) on every node"
+            )
     if "standbys" in out:
         standbys = _number(out["standbys"], int, "standbys", origin["standbys"])
         if standbys < 0:

@@ -68,12 +68,22 @@ class PooledResponse:
         self.status = response.status
         self._done = False
 
-    def read(self) -> bytes:
+    def header(self, name: str) -> str | None:
+        return self._response.getheader(name)
+
+    def read(self, limit: int | None = None) -> bytes:
+        """The whole body; with ``limit``, a body longer than ``limit`` bytes is not read
+        on (the connection is dropped) and raises :class:`NodeUnreachableError`."""
         try:
-            data = self._response.read()
+            data = self._response.read() if limit is None else self._response.read(limit + 1)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise _unreachable(f"{self._key} went away mid-response", exc) from None
+        if limit is not None and len(data) > limit:
+            self.close()
+            raise NodeUnreachableError(
+                f"{self._key} answered with more than {limit} bytes: not a sparkiq node's reply"
+            )
         self._finish()
         return data
 

@@ -42,6 +42,7 @@ from sqlglot import exp
 
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.cluster.heartbeat import HeartbeatError
+from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER
 from sparkiq.pools import ElasticPool
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
@@ -55,7 +56,7 @@ from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
 from sparkiq.sql.parse import parse
 from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import arrowipc, jsonapi, protocol
-from sparkiq.wire.values import pack, unpack
+from sparkiq.wire.values import pack, unpack_plain
 
 __all__ = ["PUBLIC_PATHS", "RestApp", "scrub"]
 
@@ -71,6 +72,10 @@ _BINARY = [(b"content-type", protocol.CONTENT_TYPE.encode())]
 #: the API description, and the console page, which is static (no data) and sends the token
 #: its user types with every request it makes.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/console"})
+#: Paths of the node protocol, whose callers prove a node credential instead of (heartbeats)
+#: or besides (sub-requests) a client token: sparkiq.cluster.nodeauth.
+_NODE_PATHS = frozenset({"/internal/heartbeat", "/internal/query"})
+_REPLY = REPLY_HEADER.encode()
 _HTML = [
     (b"content-type", b"text/html; charset=utf-8"),
     # the page keeps the token in the browser: no framing by other sites, no referrer
@@ -138,7 +143,7 @@ class RestApp:
         path: str = scope["path"]
         method: str = scope["method"]
         parts = path.strip("/").split("/")
-        if path not in PUBLIC_PATHS:
+        if path not in PUBLIC_PATHS and path not in _NODE_PATHS:
             self.node.check_token(_bearer(scope))
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
             _allow(method, "GET")
@@ -146,16 +151,26 @@ class RestApp:
             key_text = urllib.parse.unquote(parts[3])
             return "/stores/{store}/keys/{key}", await self._get_key(scope, send, store, key_text)
         if path == "/internal/query":
+            # a member's sub-request carries a node credential; a client's, its token
             _allow(method, "POST")
+            credential = _header(scope, REQUEST_HEADER)
+            if credential is None:
+                self.node.check_token(_bearer(scope))
             body = await self._body(receive)
+            if credential is not None:
+                self.node.admit_node(credential, method, path, body, _peer(scope))
             await self._internal_query(scope, receive, send, body)
             return "/internal/query", 200
         if path == "/internal/heartbeat":
             _allow(method, "POST")
             body = await self._body(receive)
+            # proven before anything of it is decoded; client tokens never admit a member
+            mac = self.node.admit_node(
+                _header(scope, REQUEST_HEADER), method, path, body, _peer(scope)
+            )
             try:
-                doc = unpack(body)
-            except Exception:  # msgpack's errors vary by cause; all mean the same here
+                doc = unpack_plain(body)
+            except ValueError:  # msgpack's errors vary by cause; all mean the same here
                 raise HttpError(
                     400, "invalid_heartbeat", "the body is not a packed heartbeat", "body"
                 ) from None
@@ -163,7 +178,10 @@ class RestApp:
                 reply = self.node.on_heartbeat(doc)
             except HeartbeatError as exc:  # nothing was recorded: the membership is unchanged
                 raise HttpError(400, "invalid_heartbeat", exc.message, exc.field) from None
-            await _send(send, 200, pack(reply), _BINARY)
+            data = pack(reply)
+            signature = self.node.sign_reply(mac, data)
+            headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
+            await _send(send, 200, data, headers)
             return "/internal/heartbeat", 200
         if parts[0] == "stores" and len(parts) == 3 and parts[2] == "query":
             _allow(method, "POST")
@@ -288,7 +306,7 @@ class RestApp:
         elif local:  # a SQL fragment among them: stopped if the asking node gives up on it
             results = await self._run_while_awaited(receive, lambda: node.query_local(request))
         else:
-            results = await self._run(node.route, request, _bearer(scope))
+            results = await self._run(node.query, request)
         if not any(isinstance(r.result, Iterator) for r in results.partition_results.values()):
             await _send(send, 200, b"".join(protocol.result_frames(results)), _BINARY)
             return
@@ -296,7 +314,7 @@ class RestApp:
 
     async def _iq_query(self, scope: Scope, send: Send, store: str, body: bytes) -> None:
         request = jsonapi.request_from_json(store, self.node.schema(store), body)
-        results: StateQueryResult[Any] = await self._run(self.node.route, request, _bearer(scope))
+        results: StateQueryResult[Any] = await self._run(self.node.query, request)
         self.metrics.queried(store)
         await self._stream(send, 200, _JSON, iq_json_chunks(store, results, self._roots))
 
@@ -537,6 +555,21 @@ def _accepts_binary(scope: Scope) -> bool:
         name == b"accept" and protocol.CONTENT_TYPE.encode() in value
         for name, value in scope["headers"]
     )
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    wanted = name.encode()
+    for key, value in scope["headers"]:
+        if key == wanted:
+            text: str = value.decode("latin-1")
+            return text
+    return None
+
+
+def _peer(scope: Scope) -> str | None:
+    """The caller's address (None when the server does not know it)."""
+    client = scope.get("client")
+    return None if not client else str(client[0])
 
 
 def _bearer(scope: Scope) -> str | None:
