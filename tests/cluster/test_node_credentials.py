@@ -8,6 +8,7 @@ what clients read afterwards against the table's ground truth."""
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -170,19 +171,22 @@ def test_an_owner_keeps_what_a_member_claims_beyond_the_changelog(table: str, ro
 
 
 def test_hearsay_cannot_fill_the_member_table_or_split_the_cluster(table: str) -> None:
-    """One heartbeat naming 1,024 members at dead ports: the names are held as hearsay (a
-    bounded number, contacted on a lane of their own), and a node that joins afterwards is
-    still admitted by everyone."""
+    """One heartbeat naming 1,024 members, 256 of them at addresses that accept a connection
+    and never answer: the names are held as hearsay (a bounded number, contacted on a lane
+    of their own), so the members' own heartbeats are not held up behind them -- nobody is
+    declared gone -- and a node that joins afterwards is admitted by everyone."""
     n0 = Node(table, node_id="n0", listen="127.0.0.1:0", peers=[], **FAST).start()
     n1 = Node(table, node_id="n1", listen="127.0.0.1:0", peers=[n0.url or ""], **FAST).start()
     n2 = None
+    holes = [socket.create_server(("127.0.0.1", 0), backlog=64) for _ in range(256)]
     try:
         settle([n0, n1])
-        dead = {f"ghost{i}": f"http://127.0.0.1:{free_port()}" for i in range(1024)}
+        silent = [f"http://127.0.0.1:{hole.getsockname()[1]}" for hole in holes]
+        dead = [f"http://127.0.0.1:{free_port()}" for _ in range(1024 - len(silent))]
         flood = {
             "node_id": "x",
             "url": f"http://127.0.0.1:{free_port()}",
-            "members": dead,
+            "members": {f"ghost{i}": url for i, url in enumerate(silent + dead)},
             "hosted": {},
         }
         response = httpx.post(
@@ -191,16 +195,27 @@ def test_hearsay_cannot_fill_the_member_table_or_split_the_cluster(table: str) -
             headers={"content-type": "application/x-sparkiq-v1"},
         )
         assert response.status_code == 200, response.text
+        assert n0.coordinator is not None
+        ghosts = [m for m in n0.coordinator.membership.members() if m.startswith("ghost")]
+        assert len(ghosts) == 64, len(ghosts)  # the rest are not taken in
+        deadline = time.monotonic() + 5.0  # two heartbeat timeouts of the silent ones
+        while time.monotonic() < deadline:
+            for node in (n0, n1):
+                assert node.coordinator is not None
+                live = node.coordinator.membership.live()
+                assert {"n0", "n1"} <= set(live), f"{node.node_id} sees only {live}"
+            time.sleep(0.1)
         n2 = Node(table, node_id="n2", listen="127.0.0.1:0", peers=[n0.url or ""], **FAST)
         n2.start()
         settle([n0, n1, n2], timeout=30.0)
-        assert n0.coordinator is not None
         members = n0.coordinator.membership.members()
         assert len([m for m in members if m.startswith("ghost")]) <= 64
     finally:
         for node in (n2, n1, n0):
             if node is not None:
                 node.stop()
+        for hole in holes:
+            hole.close()
 
 
 def test_arrow_in_node_protocol_bodies_is_refused_before_decoding(
