@@ -55,6 +55,7 @@ from sparkiq.server import RunningServer, bind_socket, start_server
 from sparkiq.server.pg import PgServer
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
+from sparkiq.tls import TlsContexts, TlsFiles
 
 __all__ = ["Node", "TableView"]
 
@@ -96,13 +97,19 @@ class Node:
     psycopg and other Postgres clients with pull queries (docs/postgres.md); the password
     is ``token`` when the node has one. It does not make the node clustered.
 
+    **TLS.** With ``tls_cert`` and ``tls_key`` (PEM files) the node serves HTTPS and reaches
+    its peers over HTTPS, verifying their certificates against ``tls_ca`` (a PEM bundle;
+    default: the system's authorities); renewed files are picked up while it runs
+    (:mod:`sparkiq.tls`).
+
     **Settings from the environment.** ``node_id``, ``listen``, ``advertise``, ``peers``
     (comma-separated), ``standbys``, ``token``, ``cluster_secret``, ``local_dir``,
     ``heartbeat_interval`` and ``failure_timeout`` default to ``SPARKIQ_NODE_ID``,
     ``SPARKIQ_LISTEN``, ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``,
     ``SPARKIQ_TOKEN``, ``SPARKIQ_CLUSTER_SECRET``, ``SPARKIQ_LOCAL_DIR``,
-    ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT`` (and ``pg_listen`` to
-    ``SPARKIQ_PG_LISTEN``);
+    ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT`` (and ``pg_listen``,
+    ``tls_cert``, ``tls_key``, ``tls_ca`` to ``SPARKIQ_PG_LISTEN``, ``SPARKIQ_TLS_CERT``,
+    ``SPARKIQ_TLS_KEY``, ``SPARKIQ_TLS_CA``);
     pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
@@ -126,6 +133,9 @@ class Node:
         store: str = NOT_GIVEN,
         poll_interval: float = NOT_GIVEN,
         pg_listen: str | None = NOT_GIVEN,
+        tls_cert: str | None = NOT_GIVEN,
+        tls_key: str | None = NOT_GIVEN,
+        tls_ca: str | None = NOT_GIVEN,
         transport: Transport | None = None,
         partitions: Mapping[str, Iterable[int]] | None = None,
         tables: Iterable[str] | None = None,
@@ -148,6 +158,9 @@ class Node:
             "store": store,
             "poll_interval": poll_interval,
             "pg_listen": pg_listen,
+            "tls_cert": tls_cert,
+            "tls_key": tls_key,
+            "tls_ca": tls_ca,
         }
         given = {k: v for k, v in settings.items() if v is not NOT_GIVEN}
         if config is None:
@@ -188,6 +201,7 @@ class Node:
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id)
         self._server: RunningServer | None = None
+        self._tls: TlsContexts | None = None  # with tls_cert: every listener's certificate
         self._pg: PgServer | None = None
         self.pg_address: tuple[str, int] | None = None
         self._started = False
@@ -225,6 +239,10 @@ class Node:
             if self._started:
                 return self
             self._hosting.refresh_tables()
+            config = self.config
+            if config.tls_cert and config.tls_key and self._tls is None:
+                files = TlsFiles(config.tls_cert, config.tls_key, config.tls_ca)
+                self._tls = TlsContexts(files).start()
             if self.clustered:
                 self._start_cluster()
             self._hosting.start_tailing()
@@ -244,14 +262,15 @@ class Node:
             host, port = sock.getsockname()[:2]
             if host in ("0.0.0.0", "::", ""):
                 host = socket.gethostname()
-            self.url = node_url(config.advertise or f"{host}:{port}")
+            self.url = node_url(config.advertise or f"{host}:{port}", config.scheme)
         else:
             self.url = node_url(config.advertise or f"local://{self.node_id}")
         self._lookup.url = self.url
         transport = self._transport
         key = None if config.cluster_secret is None else NodeKey(config.cluster_secret)
         if transport is None:
-            transport = HttpTransport(node_id=self.node_id, key=key)
+            tls = None if self._tls is None else self._tls.client
+            transport = HttpTransport(node_id=self.node_id, key=key, tls=tls)
         elif isinstance(transport, LocalTransport):
             transport.register(self.url, self)
         coordinator = Coordinator(
@@ -279,7 +298,7 @@ class Node:
         )
         self.coordinator = self._lookup.coordinator = coordinator
         if sock is not None:
-            self._server = start_server(self, sock)
+            self._server = start_server(self, sock, tls=self._tls)
         coordinator.start()
 
     def stop(self) -> None:
@@ -306,6 +325,9 @@ class Node:
                 self._rebalancer.close()
                 self._rebalancer = None
             self._hosting.close()
+            if self._tls is not None:
+                self._tls.stop()
+                self._tls = None
             self._started = False
 
     def __enter__(self) -> Node:

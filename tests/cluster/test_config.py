@@ -65,7 +65,10 @@ def test_every_variable_is_read_and_empty_ones_are_unset() -> None:
             "failure_timeout": "5",
             "cluster_secret": "sixteen-chars-or-more",
         }.get(field, "127.0.0.1:1")
-        resolved = getattr(NodeConfig.resolve("/s", environ={variable: value}), field)
+        environ = {variable: value}
+        if field.startswith("tls_"):  # the TLS files go together
+            environ |= {ENV_VARIABLES[f]: "/etc/x.pem" for f in ("tls_cert", "tls_key")}
+        resolved = getattr(NodeConfig.resolve("/s", environ=environ), field)
         assert resolved not in (None, (), NodeConfig.__dataclass_fields__[field].default), field
     assert NodeConfig.resolve("/s", environ={"SPARKIQ_LISTEN": ""}).listen is None
 

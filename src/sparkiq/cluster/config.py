@@ -43,15 +43,19 @@ ENV_VARIABLES: dict[str, str] = {
     "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
     "pg_listen": "SPARKIQ_PG_LISTEN",
+    "tls_cert": "SPARKIQ_TLS_CERT",
+    "tls_key": "SPARKIQ_TLS_KEY",
+    "tls_ca": "SPARKIQ_TLS_CA",
 }
 
 _STORES = ("rocksdb", "memory")
 
 
-def node_url(address: str) -> str:
-    """``host:port`` (or a URL) as the URL nodes and clients use."""
+def node_url(address: str, scheme: str = "http") -> str:
+    """``host:port`` (or a URL) as the URL nodes and clients use (``scheme`` when the
+    address names none)."""
     address = address.strip().rstrip("/")
-    return address if "://" in address else f"http://{address}"
+    return address if "://" in address else f"{scheme}://{address}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,14 @@ class NodeConfig:
     failure_timeout: float = 3.0
     release_grace: float = 5.0
     pg_listen: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        """``https`` when the node has a certificate, else ``http``."""
+        return "https" if self.tls_cert else "http"
 
     @property
     def clustered(self) -> bool:
@@ -125,9 +137,18 @@ class NodeConfig:
 
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
     out = dict(values)
-    for name in ("listen", "advertise", "token", "cluster_secret", "local_dir", "pg_listen"):
+    texts = ("listen", "advertise", "token", "cluster_secret", "local_dir", "pg_listen")
+    for name in (*texts, "tls_cert", "tls_key", "tls_ca"):
         if name in out:  # "" means unset, as it does for the variables
             out[name] = _optional_text(out[name], name, origin[name])
+    if bool(out.get("tls_cert")) != bool(out.get("tls_key")) or (
+        out.get("tls_ca") and not out.get("tls_cert")
+    ):
+        raise ConfigError(
+            "TLS needs both tls_cert and tls_key (--tls-cert/--tls-key, SPARKIQ_TLS_CERT/"
+            "SPARKIQ_TLS_KEY), and tls_ca only goes with them; given: "
+            + ", ".join(n for n in ("tls_cert", "tls_key", "tls_ca") if out.get(n))
+        )
     secret = out.get("cluster_secret")
     if secret is not None and len(secret) < MIN_SECRET_LENGTH:
         raise ConfigError(
@@ -147,7 +168,8 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
                 f"node_id must be a non-empty string, got {node_id!r}{origin['node_id']}"
             )
     if "peers" in out:
-        out["peers"] = _peers(out["peers"], origin["peers"])
+        scheme = "https" if out.get("tls_cert") else "http"
+        out["peers"] = _peers(out["peers"], origin["peers"], scheme)
     if out.get("peers") and out.get("cluster_secret") is None:
         # Without a secret nothing proves a member is a node: only this host's own processes
         # may form a cluster, and only when no token says they are not all trusted.
@@ -190,7 +212,7 @@ def _optional_text(value: Any, name: str, origin: str) -> str | None:
     return value.strip() or None
 
 
-def _peers(value: Any, origin: str) -> tuple[str, ...]:
+def _peers(value: Any, origin: str, scheme: str) -> tuple[str, ...]:
     if value is None:
         return ()
     items: Iterable[Any] = value.split(",") if isinstance(value, str) else value
@@ -199,7 +221,7 @@ def _peers(value: Any, origin: str) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise ConfigError(f"peers must be addresses (host:port), got {item!r}{origin}")
         if item.strip():
-            peers.append(node_url(item))
+            peers.append(node_url(item, scheme))
     return tuple(peers)
 
 

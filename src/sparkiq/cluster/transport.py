@@ -14,8 +14,9 @@ treat as "try the next replica"; any answer, even a failure, is a value.
 
 from __future__ import annotations
 
+import ssl
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
@@ -95,21 +96,23 @@ class HttpTransport:
     a reply that late says nothing the failure detector does not already know, and a
     heartbeat must never wait behind a long query on the same connection. With ``key``
     (the cluster secret's) every request is signed as ``node_id`` and heartbeat replies are
-    checked before they are decoded."""
+    checked before they are decoded; with ``tls`` (the node's current client context,
+    :class:`sparkiq.tls.TlsContexts`) members are reached over verified ``https``."""
 
     def __init__(
         self,
         *,
         node_id: str = "",
         key: NodeKey | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
         connect_timeout: float = 1.0,
         read_timeout: float = 30.0,
         heartbeat_timeout: float = 2.0,
     ) -> None:
         self._node_id = node_id
         self._key = key
-        self._pool = HttpPool(connect_timeout=connect_timeout, timeout=read_timeout)
-        self._beats = HttpPool(connect_timeout=connect_timeout, timeout=heartbeat_timeout)
+        self._pool = HttpPool(connect_timeout=connect_timeout, timeout=read_timeout, tls=tls)
+        self._beats = HttpPool(connect_timeout=connect_timeout, timeout=heartbeat_timeout, tls=tls)
 
     def _signed(self, path: str, body: bytes) -> tuple[dict[str, str], SignedRequest | None]:
         headers = {"content-type": protocol.CONTENT_TYPE, "accept": protocol.CONTENT_TYPE}
