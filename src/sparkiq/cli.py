@@ -36,6 +36,8 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
         "(never given to clients; prefer the variable: arguments show in ps)",
         "",
     ),
+    ("principals", str, "TOML file of principals: their tokens and the tables they read", ""),
+    ("audit_log", str, "append one JSON line per request to this file (who read what)", ""),
     ("local_dir", str, "where this node keeps its replicas", "<state_dir>/replicas/<node_id>"),
     ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
     ("failure_timeout", float, "a member silent this long is gone", "3"),

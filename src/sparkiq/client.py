@@ -48,6 +48,7 @@ from sparkiq.cluster.httppool import HttpPool
 from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
     AuthenticationError,
+    ForbiddenError,
     InvalidQueryError,
     NodeUnreachableError,
     SparkiqError,
@@ -549,6 +550,8 @@ def _error(response: httpx.Response) -> SparkiqError:
             message, code, field = response.text[:300], "http_error", None
     if response.status_code == 401:
         return AuthenticationError(message)
+    if response.status_code == 403 and code == "forbidden":
+        return ForbiddenError(message)
     if code == "unknown_store":
         return UnknownStoreError(message)
     if response.status_code == 400 and isinstance(error, dict) and "line" in error:

@@ -43,15 +43,17 @@ from sparkiq.cluster.hosting import Hosting, Placement, TableView
 from sparkiq.cluster.lookup import Lookup
 from sparkiq.cluster.membership import HostedState
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
-from sparkiq.cluster.nodeauth import NodeKey
+from sparkiq.cluster.nodeauth import NodeKey, Opened
 from sparkiq.cluster.rebalance import Rebalancer
 from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
-from sparkiq.errors import AuthenticationError, ConfigError, SparkiqError
+from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
+from sparkiq.principals import Principal, Principals
 from sparkiq.query.position import Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 from sparkiq.server import RunningServer, bind_socket, start_server
+from sparkiq.server.audit import AuditLog
 from sparkiq.server.pg import PgServer
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
@@ -86,11 +88,14 @@ class Node:
     and it has been silent at least ``failure_timeout`` s), the node
     hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
     partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
-    authentication for HTTP callers. ``cluster_secret`` (at least 16 characters, the same
-    on every node, never given to clients) is how nodes prove to each other that they are
-    members (:mod:`sparkiq.cluster.nodeauth`; it never travels): without it only processes
-    on this host may join, and only when the node has no token. ``advertise`` is the URL
-    other nodes and clients use to reach this one (default: from ``listen``).
+    authentication for HTTP callers; ``principals`` (a TOML file, :mod:`sparkiq.principals`)
+    names several callers, each with its tokens and the tables it may read; ``audit_log``
+    (a file) records who read what (:mod:`sparkiq.server.audit`). ``cluster_secret`` (at
+    least 16 characters, the same on every node, never given to clients) is how nodes prove
+    to each other that they are members (:mod:`sparkiq.cluster.nodeauth`; it never
+    travels): without it only processes on this host may join, and only when the node asks
+    its clients for no token. ``advertise`` is the URL other nodes and clients use to reach
+    this one (default: from ``listen``).
 
     **Postgres wire protocol.** With ``pg_listen`` (``"host:port"``, port 0 picks a free
     one; :attr:`pg_address` is where it listens once started) the node also answers psql,
@@ -125,6 +130,8 @@ class Node:
         standbys: int = NOT_GIVEN,
         token: str | None = NOT_GIVEN,
         cluster_secret: str | None = NOT_GIVEN,
+        principals: str | None = NOT_GIVEN,
+        audit_log: str | None = NOT_GIVEN,
         advertise: str | None = NOT_GIVEN,
         local_dir: str | None = NOT_GIVEN,
         heartbeat_interval: float = NOT_GIVEN,
@@ -150,6 +157,8 @@ class Node:
             "standbys": standbys,
             "token": token,
             "cluster_secret": cluster_secret,
+            "principals": principals,
+            "audit_log": audit_log,
             "advertise": advertise,
             "local_dir": local_dir,
             "heartbeat_interval": heartbeat_interval,
@@ -175,6 +184,11 @@ class Node:
         self.state_dir = config.state_dir
         self.node_id = config.node_id
         self.token = config.token
+        #: Who may call this node and read what (``token``, ``principals``): ConfigError here
+        #: for a principals file that cannot be read.
+        self.principals = Principals(token=config.token, path=config.principals)
+        #: Who read what, when ``audit_log`` names a file (sparkiq.server.audit).
+        self.audit = None if config.audit_log is None else AuditLog(config.audit_log, self.node_id)
         self.clustered = config.clustered or transport is not None
         if self.clustered and partitions is not None:
             raise ConfigError(
@@ -278,8 +292,8 @@ class Node:
             url=self.url,
             seeds=list(config.peers),
             standbys=config.standbys,
-            token=config.token,
             key=key,
+            open_to_local=not self.principals.required,
             transport=transport,
             heartbeat_interval=config.heartbeat_interval,
             failure_timeout=config.failure_timeout,
@@ -328,6 +342,9 @@ class Node:
             if self._tls is not None:
                 self._tls.stop()
                 self._tls = None
+            if self.audit is not None:
+                self.audit.close()
+                self.audit = None
             self._started = False
 
     def __enter__(self) -> Node:
@@ -487,14 +504,28 @@ class Node:
 
     # -- cluster -----------------------------------------------------------------------------
 
-    def check_token(self, token: str | None) -> None:
-        """Raise :class:`~sparkiq.errors.AuthenticationError` unless ``token`` is accepted."""
-        if self.coordinator is not None:
-            self.coordinator.check_token(token)
+    def check_token(self, token: str | None) -> Principal | None:
+        """The principal ``token`` authenticates (None: the node asks for no token); raises
+        :class:`~sparkiq.errors.AuthenticationError` for a missing or unknown one."""
+        return self.principals.authenticate(token)
+
+    def principal_named(self, name: str | None) -> Principal | None:
+        """The principal a member says a routed request runs for (None: the member itself,
+        unrestricted); raises :class:`~sparkiq.errors.ForbiddenError` for a name this node
+        does not know."""
+        if name is None:
+            return None
+        principal = self.principals.principal(name)
+        if principal is None:
+            raise ForbiddenError(
+                f"a member routed a request for principal {name!r}, which node "
+                f"{self.node_id!r} does not know: give every node the same principals file"
+            )
+        return principal
 
     def admit_node(
         self, header: str | None, method: str, path: str, body: bytes, peer: str | None
-    ) -> str | None:
+    ) -> Opened | None:
         """Check the node credential of a node-protocol request (see
         :meth:`sparkiq.cluster.coordinator.Coordinator.admit`)."""
         if self.coordinator is None:

@@ -103,7 +103,8 @@ def test_a_node_named_after_its_address_when_asked() -> None:
         (
             {"peers": ["127.0.0.1:9"]},
             {"SPARKIQ_TOKEN": "tok"},
-            r"a node with a token joins peers only with a cluster secret.*--cluster-secret",
+            r"a node with a token \(or principals\) joins peers only with a cluster secret.*"
+            r"--cluster-secret",
         ),
         (
             {"peers": ["127.0.0.1:9", "10.1.2.3:9"]},

@@ -39,6 +39,8 @@ ENV_VARIABLES: dict[str, str] = {
     "standbys": "SPARKIQ_STANDBYS",
     "token": "SPARKIQ_TOKEN",
     "cluster_secret": "SPARKIQ_CLUSTER_SECRET",
+    "principals": "SPARKIQ_PRINCIPALS",
+    "audit_log": "SPARKIQ_AUDIT_LOG",
     "local_dir": "SPARKIQ_LOCAL_DIR",
     "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
@@ -74,6 +76,8 @@ class NodeConfig:
     standbys: int = 1
     token: str | None = None
     cluster_secret: str | None = None
+    principals: str | None = None
+    audit_log: str | None = None
     local_dir: str | None = None
     store: str = "rocksdb"
     poll_interval: float = 0.02
@@ -138,7 +142,7 @@ class NodeConfig:
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
     out = dict(values)
     texts = ("listen", "advertise", "token", "cluster_secret", "local_dir", "pg_listen")
-    for name in (*texts, "tls_cert", "tls_key", "tls_ca"):
+    for name in (*texts, "principals", "audit_log", "tls_cert", "tls_key", "tls_ca"):
         if name in out:  # "" means unset, as it does for the variables
             out[name] = _optional_text(out[name], name, origin[name])
     if bool(out.get("tls_cert")) != bool(out.get("tls_key")) or (
@@ -173,9 +177,10 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
     if out.get("peers") and out.get("cluster_secret") is None:
         # Without a secret nothing proves a member is a node: only this host's own processes
         # may form a cluster, and only when no token says they are not all trusted.
-        if out.get("token") is not None:
+        if out.get("token") is not None or out.get("principals") is not None:
             raise ConfigError(
-                "a node with a token joins peers only with a cluster secret, which its peers "
+                "a node with a token (or principals) joins peers only with a cluster secret, "
+                "which its peers "
                 "share and clients never hold: set cluster_secret (--cluster-secret / "
                 "SPARKIQ_CLUSTER_SECRET) on every node"
             )

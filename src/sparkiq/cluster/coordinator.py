@@ -27,7 +27,6 @@ answers from its old view nor reopens partitions that never left it.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -40,7 +39,7 @@ from sparkiq.cluster.assignment import Assignment
 from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import HostedState, Membership
-from sparkiq.cluster.nodeauth import NodeKey, RequestVerifier, is_loopback_host
+from sparkiq.cluster.nodeauth import NodeKey, Opened, RequestVerifier, is_loopback_host
 from sparkiq.cluster.router import LocalAnswer, Router
 from sparkiq.cluster.transport import Transport
 from sparkiq.errors import AuthenticationError, NodeUnreachableError, SparkiqError
@@ -64,8 +63,8 @@ class Coordinator:
         url: str,
         seeds: list[str],
         standbys: int,
-        token: str | None,
         key: NodeKey | None,
+        open_to_local: bool,
         transport: Transport,
         heartbeat_interval: float,
         failure_timeout: float,
@@ -76,9 +75,11 @@ class Coordinator:
         catch_up: Callable[[], object] | None = None,
         committed_head: Callable[[str], int] | None = None,
     ) -> None:
-        self.token = token
         #: Checks node credentials of incoming node-protocol requests (None: no secret).
         self.verifier = None if key is None else RequestVerifier(key)
+        #: Without a secret: whether processes on this host may be members (the node asks
+        #: no credential of its clients either).
+        self.open_to_local = open_to_local
         self.standbys = standbys
         self.transport = transport
         self.heartbeat_interval = heartbeat_interval
@@ -291,21 +292,22 @@ class Coordinator:
 
     def admit(
         self, header: str | None, method: str, path: str, body: bytes, peer: str | None
-    ) -> str | None:
+    ) -> Opened | None:
         """Check a node-protocol request's node credential before anything of it is
-        decoded: with a cluster secret its MAC (returned, to bind the reply to); without
-        one, only a process on this host may speak for a node (``peer``: the caller's
-        address), and only when the node has no token. Raises
+        decoded: with a cluster secret its MAC (the opened request is returned: the reply
+        is bound to its MAC, and it names the caller it runs for); without one, only a
+        process on this host may speak for a node (``peer``: the caller's address), and only
+        when the node asks no credential of its clients. Raises
         :class:`AuthenticationError` naming what is missing."""
         if self.verifier is not None:
-            return self.verifier.verify(header, method, path, body).mac
-        if self.token is None and is_loopback_host(peer):
+            return self.verifier.verify(header, method, path, body)
+        if self.open_to_local and is_loopback_host(peer):
             return None
         raise AuthenticationError(
             "this node admits no members: "
             + (
-                "it has a token but no cluster secret"
-                if self.token is not None
+                "its clients authenticate but it has no cluster secret"
+                if not self.open_to_local
                 else f"{peer or 'the caller'} is not on this host and the node has no "
                 "cluster secret"
             )
@@ -370,16 +372,6 @@ class Coordinator:
                     return False
                 self._round_done.wait(remaining)
         return True
-
-    def check_token(self, token: str | None) -> None:
-        """Raise :class:`AuthenticationError` unless ``token`` is the configured one."""
-        if self.token is None:
-            return
-        if token is None or not hmac.compare_digest(token.encode(), self.token.encode()):
-            raise AuthenticationError(
-                "missing or wrong bearer token: send 'Authorization: Bearer <token>' with the "
-                "token the node was started with (--token / SPARKIQ_TOKEN)"
-            )
 
     def handed_off(self, table: str, partition: int, my_batch: int) -> bool:
         """Whether every node ``partition`` is now assigned to has it caught up to at least

@@ -36,6 +36,7 @@ from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, TableRoute
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
 from sparkiq.errors import InvalidQueryError, SparkiqError
+from sparkiq.principals import check_read
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
@@ -112,6 +113,7 @@ class Lookup:
         return self._hosting.route(store).partition_of(key)[1]
 
     def locate(self, store: str, key: Any) -> KeyLocation:
+        check_read((store,))
         route = self._routes.get(store) or self._hosting.route(store)  # unknown: raises
         # The built-in key rule refuses only windowed tables: the common case skips asking
         # the registry here (read_key asks it before reading).
@@ -201,6 +203,7 @@ class Lookup:
     def route(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer ``request``, routing to the nodes that host its partitions (a standalone
         node answers locally)."""
+        check_read((request.store,))
         beyond = self._beyond_the_changelog(request)
         if beyond is not None:
             return beyond
@@ -237,6 +240,7 @@ class Lookup:
     def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
         others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
+        check_read((request.store,))
         partitions, results = self._partitions(request)
         coordinator = self.coordinator
         if coordinator is not None and not coordinator.is_fresh():

@@ -12,13 +12,16 @@ expires.
 Wire format (header values are ASCII; ``mac`` is lowercase hex of HMAC-SHA256 under the key
 ``HMAC-SHA256(b"sparkiq cluster secret v1", secret)``)::
 
-    request:  x-sparkiq-node: v1 <node_id> <unix_ms> <nonce> <mac>
+    request:  x-sparkiq-node: v1 <node_id> <unix_ms> <nonce> <principal> <mac>
               mac = HMAC(key, "request\\n" method "\\n" path "\\n" node_id "\\n" unix_ms
-                          "\\n" nonce "\\n" sha256_hex(body))
+                          "\\n" nonce "\\n" principal "\\n" sha256_hex(body))
     reply:    x-sparkiq-node-reply: v1 <mac>
               mac = HMAC(key, "reply\\n" <request mac> "\\n" sha256_hex(body))
 
-``node_id`` is percent-encoded (ids may hold spaces); ``nonce`` is 32 hex digits. A request
+``node_id`` and ``principal`` are percent-encoded (ids may hold spaces); ``principal`` is
+the caller a routed request runs for (:mod:`sparkiq.principals`; ``-``: the node itself, or
+an in-process caller, unrestricted), so the member applies that caller's grants too;
+``nonce`` is 32 hex digits. A request
 is accepted within :data:`MAX_SKEW` seconds of the receiver's clock, and each nonce once
 (:class:`RequestVerifier` remembers the nonces of that window, a bounded number), so a
 recorded request cannot be replayed. Node clocks must agree within ``MAX_SKEW`` (NTP).
@@ -48,6 +51,7 @@ __all__ = [
     "REPLY_HEADER",
     "REQUEST_HEADER",
     "NodeKey",
+    "Opened",
     "RequestVerifier",
     "SignedRequest",
     "is_loopback_host",
@@ -82,12 +86,15 @@ class NodeKey:
     def _mac(self, *parts: str) -> str:
         return hmac.new(self._key, "\n".join(parts).encode(), "sha256").hexdigest()
 
-    def sign_request(self, node_id: str, method: str, path: str, body: bytes) -> SignedRequest:
+    def sign_request(
+        self, node_id: str, method: str, path: str, body: bytes, principal: str | None = None
+    ) -> SignedRequest:
         stamp = str(int(time.time() * 1000))
         nonce = os.urandom(16).hex()
         quoted = urllib.parse.quote(node_id, safe="")
-        mac = self._mac("request", method, path, quoted, stamp, nonce, _digest(body))
-        return SignedRequest(f"{_VERSION} {quoted} {stamp} {nonce} {mac}", mac)
+        who = "-" if principal is None else urllib.parse.quote(principal, safe="")
+        mac = self._mac("request", method, path, quoted, stamp, nonce, who, _digest(body))
+        return SignedRequest(f"{_VERSION} {quoted} {stamp} {nonce} {who} {mac}", mac)
 
     def sign_reply(self, request_mac: str, body: bytes) -> str:
         return f"{_VERSION} {self._mac('reply', request_mac, _digest(body))}"
@@ -102,28 +109,39 @@ class NodeKey:
                 "a member of this cluster (or runs with another cluster_secret)"
             )
 
-    def open_request(self, header: str | None, method: str, path: str, body: bytes) -> _Opened:
+    def open_request(self, header: str | None, method: str, path: str, body: bytes) -> Opened:
         """The parts of a request's header once its MAC checks out; raises
         :class:`AuthenticationError` otherwise (the clock and nonce checks are
         :class:`RequestVerifier`'s)."""
         fields = (header or "").split(" ")
-        if len(fields) != 5 or fields[0] != _VERSION:
+        if len(fields) != 6 or fields[0] != _VERSION:
             raise _refused("it carries no node credential (x-sparkiq-node header)")
-        _, quoted, stamp, nonce, mac = fields
-        if not stamp.isdigit() or len(stamp) > 16 or len(nonce) != 32 or len(quoted) > 512:
+        _, quoted, stamp, nonce, who, mac = fields
+        if (
+            not stamp.isdigit()
+            or len(stamp) > 16
+            or len(nonce) != 32
+            or len(quoted) > 512
+            or len(who) > 512
+        ):
             raise _refused("its node credential is malformed")
-        expected = self._mac("request", method, path, quoted, stamp, nonce, _digest(body))
+        expected = self._mac("request", method, path, quoted, stamp, nonce, who, _digest(body))
         if not hmac.compare_digest(mac.encode(), expected.encode()):
             raise _refused("its node credential is not signed with this cluster's secret")
-        return _Opened(urllib.parse.unquote(quoted), int(stamp) / 1000.0, nonce, mac)
+        principal = None if who == "-" else urllib.parse.unquote(who)
+        return Opened(urllib.parse.unquote(quoted), int(stamp) / 1000.0, nonce, mac, principal)
 
 
 @dataclass(frozen=True, slots=True)
-class _Opened:
+class Opened:
+    """A request whose node credential checked out: its sender, when it was signed, its
+    nonce, its MAC (the reply's is bound to it) and the caller it runs for."""
+
     node_id: str
     sent_at: float
     nonce: str
     mac: str
+    principal: str | None
 
 
 class RequestVerifier:
@@ -135,7 +153,7 @@ class RequestVerifier:
         self._lock = threading.Lock()  # guards _seen
         self._seen: OrderedDict[str, float] = OrderedDict()  # nonce -> when it expires
 
-    def verify(self, header: str | None, method: str, path: str, body: bytes) -> _Opened:
+    def verify(self, header: str | None, method: str, path: str, body: bytes) -> Opened:
         """The request's sender (``.node_id``) and MAC (``.mac``, to sign the reply with);
         raises :class:`AuthenticationError` naming what is wrong."""
         opened = self.key.open_request(header, method, path, body)

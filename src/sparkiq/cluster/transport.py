@@ -24,6 +24,7 @@ import orjson
 from sparkiq.cluster.httppool import HttpPool, NodeTimeoutError
 from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER, NodeKey, SignedRequest
 from sparkiq.errors import NodeUnreachableError, SparkiqError
+from sparkiq.principals import current as current_principal
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import QueryResult
 from sparkiq.wire import protocol
@@ -118,7 +119,9 @@ class HttpTransport:
         headers = {"content-type": protocol.CONTENT_TYPE, "accept": protocol.CONTENT_TYPE}
         if self._key is None:
             return headers, None
-        signed = self._key.sign_request(self._node_id, "POST", path, body)
+        caller = current_principal.get()  # a routed request runs for its caller
+        name = None if caller is None else caller.name
+        signed = self._key.sign_request(self._node_id, "POST", path, body, name)
         headers[REQUEST_HEADER] = signed.header
         return headers, signed
 

@@ -44,9 +44,12 @@ from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER
 from sparkiq.pools import ElasticPool
+from sparkiq.principals import current as current_principal
+from sparkiq.principals import readable
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.audit import AuditLog
 from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
@@ -76,6 +79,7 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/console
 #: or besides (sub-requests) a client token: sparkiq.cluster.nodeauth.
 _NODE_PATHS = frozenset({"/internal/heartbeat", "/internal/query"})
 _REPLY = REPLY_HEADER.encode()
+_NOTE = "sparkiq.audit"  # the scope key of what a request read (tables, rows)
 _HTML = [
     (b"content-type", b"text/html; charset=utf-8"),
     # the page keeps the token in the browser: no framing by other sites, no referrer
@@ -107,6 +111,7 @@ class RestApp:
         self._push_pool = ElasticPool("sparkiq-push", max_push_streams)
         self._push_streams = 0
         self._openapi = jsonapi.dumps(openapi_document())
+        self._audit: AuditLog | None = getattr(node, "audit", None)
         self._console = (
             importlib.resources.files("sparkiq.server").joinpath("console.html").read_bytes()
         )
@@ -127,6 +132,8 @@ class RestApp:
         started = time.perf_counter()
         route = "unmatched"
         status = 500
+        note: dict[str, Any] = {}  # what the request read (tables, rows), for the audit log
+        scope[_NOTE] = note
         try:
             route, status = await self._dispatch(scope, receive, send)
         except Exception as exc:  # errors that are the caller's become 4xx, the rest 500
@@ -135,7 +142,20 @@ class RestApp:
             status = error.status
             await _send_error(send, error)
         finally:
-            self.metrics.observe(route, status, time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.metrics.observe(route, status, took)
+            if self._audit is not None and not _unaudited(scope):
+                principal = current_principal.get()
+                self._audit.record(
+                    listener="http",
+                    principal=None if principal is None else principal.name,
+                    peer=_peer(scope),
+                    kind=route if route != "unmatched" else scope["path"][:200],
+                    tables=note.get("tables", ()),
+                    status=status,
+                    seconds=took,
+                    rows=note.get("rows"),
+                )
 
     # -- dispatch ----------------------------------------------------------------------------
 
@@ -144,7 +164,8 @@ class RestApp:
         method: str = scope["method"]
         parts = path.strip("/").split("/")
         if path not in PUBLIC_PATHS and path not in _NODE_PATHS:
-            self.node.check_token(_bearer(scope))
+            # every read below runs as this principal and within its grants
+            current_principal.set(self.node.check_token(_bearer(scope)))
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
             _allow(method, "GET")
             store = urllib.parse.unquote(parts[1])
@@ -155,17 +176,20 @@ class RestApp:
             _allow(method, "POST")
             credential = _header(scope, REQUEST_HEADER)
             if credential is None:
-                self.node.check_token(_bearer(scope))
+                current_principal.set(self.node.check_token(_bearer(scope)))
             body = await self._body(receive)
             if credential is not None:
-                self.node.admit_node(credential, method, path, body, _peer(scope))
+                opened = self.node.admit_node(credential, method, path, body, _peer(scope))
+                # a member's sub-request runs for the caller it routes for, grants and all
+                caller = None if opened is None else opened.principal
+                current_principal.set(self.node.principal_named(caller))
             await self._internal_query(scope, receive, send, body)
             return "/internal/query", 200
         if path == "/internal/heartbeat":
             _allow(method, "POST")
             body = await self._body(receive)
             # proven before anything of it is decoded; client tokens never admit a member
-            mac = self.node.admit_node(
+            opened = self.node.admit_node(
                 _header(scope, REQUEST_HEADER), method, path, body, _peer(scope)
             )
             try:
@@ -179,7 +203,7 @@ class RestApp:
             except HeartbeatError as exc:  # nothing was recorded: the membership is unchanged
                 raise HttpError(400, "invalid_heartbeat", exc.message, exc.field) from None
             data = pack(reply)
-            signature = self.node.sign_reply(mac, data)
+            signature = self.node.sign_reply(None if opened is None else opened.mac, data)
             headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
             await _send(send, 200, data, headers)
             return "/internal/heartbeat", 200
@@ -284,6 +308,7 @@ class RestApp:
         else:
             row, position, partition = found
         self.metrics.queried(store)  # answered here or routed: a query this node was asked
+        scope[_NOTE]["tables"] = [store]
         doc = {"key": key, "row": row, "partition": partition, "position": position.to_token()}
         if row is None:
             doc["error"] = {
@@ -314,6 +339,7 @@ class RestApp:
 
     async def _iq_query(self, scope: Scope, send: Send, store: str, body: bytes) -> None:
         request = jsonapi.request_from_json(store, self.node.schema(store), body)
+        scope[_NOTE]["tables"] = [store]
         results: StateQueryResult[Any] = await self._run(self.node.query, request)
         self.metrics.queried(store)
         await self._stream(send, 200, _JSON, iq_json_chunks(store, results, self._roots))
@@ -372,7 +398,9 @@ class RestApp:
             if doc.get(name) is not None:
                 options[name] = doc[name]
         result = await self._run_while_awaited(receive, lambda: self.node.sql(text, **options))
-        self.metrics.queried(*_tables_read(result.position.to_map(), self.node.tables))
+        read = _tables_read(result.position.to_map(), self.node.tables)
+        self.metrics.queried(*read)
+        scope[_NOTE].update(tables=read, rows=len(result.rows))
         if arrow:
             headers, table = await self._sql_arrow(text, result)
             del result  # a slow reader pins the columns only, not the Python rows as well
@@ -425,7 +453,8 @@ class RestApp:
     def _stats(self) -> dict[str, Any]:
         """``GET /stats``: what the console's query-rate charts and restore bars show."""
         doc: dict[str, Any] = {"node_id": self.node.node_id}
-        doc.update(self.metrics.query_rate.series(self.node.tables))
+        visible = set(readable(self.node.tables))
+        doc.update(self.metrics.query_rate.series(readable(self.node.tables)))
         doc["partitions"] = [
             {
                 "store": s.table,
@@ -441,13 +470,14 @@ class RestApp:
                 "error": None if s.error is None else scrub(s.error, self._roots),
             }
             for s in self.node.status()
+            if s.table in visible
         ]
         return doc
 
     def _stores(self) -> dict[str, Any]:
         node = self.node
         out = []
-        for name in node.tables:
+        for name in readable(node.tables):  # a principal learns only of what it may read
             schema = node.schema(name)
             out.append(
                 {
@@ -564,6 +594,17 @@ def _header(scope: Scope, name: str) -> str | None:
             text: str = value.decode("latin-1")
             return text
     return None
+
+
+def _unaudited(scope: Scope) -> bool:
+    """Probes, pages, and traffic between nodes (heartbeats, members' sub-requests: the
+    node that took the caller's request logs it)."""
+    path = scope["path"]
+    return (
+        path in PUBLIC_PATHS
+        or path == "/internal/heartbeat"
+        or _header(scope, REQUEST_HEADER) is not None
+    )
 
 
 def _peer(scope: Scope) -> str | None:

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
+from sparkiq.cluster.nodeauth import Opened
+from sparkiq.principals import Principal
 from sparkiq.query.position import Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
@@ -56,11 +58,13 @@ class ServedNode(Protocol):
 
     def all_metadata(self) -> list[NodeMetadata]: ...
 
-    def check_token(self, token: str | None) -> None: ...
+    def check_token(self, token: str | None) -> Principal | None: ...
+
+    def principal_named(self, name: str | None) -> Principal | None: ...
 
     def admit_node(
         self, header: str | None, method: str, path: str, body: bytes, peer: str | None
-    ) -> str | None: ...
+    ) -> Opened | None: ...
 
     def sign_reply(self, request_mac: str | None, body: bytes) -> str | None: ...
 
