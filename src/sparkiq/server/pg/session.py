@@ -33,6 +33,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.errors import AuthenticationError
 from sparkiq.server.pg.catalog import Answer, Catalog
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
+from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.statements import (
     bind_parameters,
     is_blank,
@@ -84,15 +86,17 @@ class _Portal:
 @dataclass(frozen=True)
 class SessionRules:
     """What every session of one server shares: the catalog that answers catalog queries,
-    the password (the node's token; None trusts everyone), how long a client may take to
-    start up and log in, the parameters reported to it after login, and where a cancel
-    request goes."""
+    the password (the node's token; None trusts everyone), the limits (how long a client
+    may take to start up and log in, how many bytes it may send meanwhile, what a Bind may
+    hold), the parameters reported to it after login, where a cancel request goes, and
+    whom to tell that a session logged in (False: it was evicted meanwhile and must end)."""
 
     catalog: Catalog
     token: str | None
-    startup_timeout: float
+    limits: PgLimits
     parameters: dict[str, str]
     cancel: Callable[[int, bytes], None]  # a CancelRequest's process id and secret
+    logged_in: Callable[[PgSession], bool]
 
 
 class PgSession:
@@ -112,8 +116,12 @@ class PgSession:
         self._canceled = CancelSignal()
         self.catalog = rules.catalog
         self.token = rules.token
-        self.startup_timeout = rules.startup_timeout
+        self.limits = rules.limits
         self.parameters = rules.parameters
+        # Until login ends: when it must have ended (time.monotonic()), and how many more
+        # bytes the client may send. None once logged in.
+        self._deadline: float | None = None
+        self._startup_bytes = self.limits.max_startup_bytes
         self.conn = BackendConnection()
         self.out: list[bytes] = []
         self.in_transaction = False
@@ -135,9 +143,20 @@ class PgSession:
 
     def _messages(self) -> Any:
         while True:
+            if self._deadline is not None:
+                # One deadline for the whole login: a timeout per recv() would let a
+                # client that sends a byte every few seconds hold the connection forever.
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                self.sock.settimeout(remaining)
             data = self.sock.recv(_RECV)
             if not data:
                 raise _Closed
+            if self._deadline is not None:
+                self._startup_bytes -= len(data)
+                if self._startup_bytes < 0:
+                    raise _Closed  # nothing a client needs to log in is this long
             yield from self.conn.receive(data)
 
     @contextlib.contextmanager
@@ -189,9 +208,10 @@ class PgSession:
     def run(self) -> None:
         try:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock.settimeout(self.startup_timeout)
+            self._deadline = time.monotonic() + self.limits.startup_timeout
             if not self._startup():
                 return
+            self._deadline = None
             self.sock.settimeout(None)
             self._serve()
         except (_Closed, TimeoutError, ConnectionError, OSError):
@@ -235,6 +255,8 @@ class PgSession:
                         )
                         self._send(m.ErrorResponse(fields=fields))
                         return False
+                if not self.rules.logged_in(self):
+                    return False  # evicted while logging in: the socket is shut already
                 self._send(m.AuthenticationOk())
                 for name, value in self.parameters.items():
                     self._send(m.ParameterStatus(name=name, value=value))
