@@ -10,17 +10,26 @@ apart by address, as an attacker on another host would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
 
+import asyncpg
 import psycopg
 import pytest
 
 from sparkiq import Node
+from tests.cluster.serve_processes import free_port
 from tests.server.test_hostile import bound
 from tests.sql.tables import build_world
 
@@ -29,6 +38,7 @@ pytestmark = pytest.mark.timeout(180)
 TOKEN = "trust-token"
 PROBE = "SELECT v FROM ik WHERE key = 1"  # ik holds keys -50, -47, ...: key 1's v is 17
 STARTUP_TIMEOUT = 3.0
+MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +54,66 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     n.stop()
 
 
-def _dsn(node: Node, password: str = TOKEN) -> str:
+@dataclass
+class Served:
+    """A ``sparkiq serve`` process with the Postgres endpoint (and HTTP, for /metrics)."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    pg_address: tuple[str, int]
+    log: Path
+
+    def status(self, field: str) -> int:
+        """A ``/proc/<pid>/status`` size (``VmRSS``, ``VmHWM``) in bytes."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"no {field} in /proc/{self.process.pid}/status")
+
+    def reset_peak(self) -> None:
+        """Make ``VmHWM`` start again from the current RSS (Linux's clear_refs 5)."""
+        Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    state_dir = tmp_path_factory.mktemp("pgtrust-serve")
+    build_world(str(state_dir))
+    cwd = tmp_path_factory.mktemp("pgtrust-cwd")
+    port, pg_port = free_port(), free_port()
+    log = cwd / "node.log"
+    args = [
+        sys.executable, "-m", "sparkiq.cli", "serve",
+        "--state-dir", str(state_dir), "--node-id", "n0", "--token", TOKEN,
+        "--listen", f"127.0.0.1:{port}", "--pg-listen", f"127.0.0.1:{pg_port}",
+    ]  # fmt: skip
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    node = Served(process, f"http://127.0.0.1:{port}", ("127.0.0.1", pg_port), log)
+    try:
+        deadline = time.monotonic() + 120  # a hang, not a speed target: imports are slow
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:  # ready, and hosting every partition (a lone node takes them all)
+                with psycopg.connect(_dsn(node), autocommit=True) as conn:
+                    if conn.execute(PROBE).fetchall() == [(17,)]:
+                        break
+            except psycopg.Error:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        yield node
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _dsn(node: Node | Served, password: str = TOKEN) -> str:
     assert node.pg_address is not None
     host, port = node.pg_address
     return (
@@ -56,7 +125,7 @@ class Prober:
     """A logged-in psycopg connection running :data:`PROBE` in a thread until stopped;
     records the worst gap between two answers (and the first wrong answer or error)."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node | Served) -> None:
         self.conn = psycopg.connect(_dsn(node), autocommit=True)
         self.worst = 0.0
         self.answers = 0
@@ -171,4 +240,54 @@ def test_slow_loris_logins_neither_lock_out_clients_nor_outlive_the_deadline(nod
         for sock, _ in loris:
             sock.close()
     assert still_open == 0, f"{still_open} slow logins outlived the {STARTUP_TIMEOUT} s deadline"
+    prober.check(limit)
+
+
+# -- 2. Bind -----------------------------------------------------------------------------------
+
+
+def test_a_bind_of_huge_binary_numerics_is_refused_before_it_costs_memory(served: Served) -> None:
+    """The issue's Bind: 4,000 binary numerics of one digit with weight 32,767 (10 bytes
+    each on the wire, 131,069 digits each as text) cost +559 MB. It is refused at the first
+    one, naming it and the limit, and the node grows by a few MiB at most; a Bind whose
+    literals together outgrow a statement is refused too; binary parameters that fit work
+    (psycopg, asyncpg)."""
+    limit = bound()
+    placeholders = ", ".join(["%b"] * 4000)
+    served.reset_peak()
+    rss_before = served.status("VmRSS")
+    with Prober(served) as prober, psycopg.connect(_dsn(served), autocommit=True) as conn:
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded) as huge:
+            conn.execute(f"SELECT {placeholders}", [Decimal("1e131068")] * 4000)
+        took = time.monotonic() - started
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded) as long:
+            conn.execute(f"SELECT {placeholders}", ["x" * 100] * 4000)
+        assert conn.execute("SELECT v FROM ik WHERE key = %b", [Decimal(1)]).fetchall() == [(17,)]
+        assert conn.execute("SELECT v FROM ik WHERE key = %b", [1]).fetchall() == [(17,)]
+    growth = served.status("VmHWM") - rss_before
+    message = huge.value.diag.message_primary or ""
+    assert message.startswith("parameter $1: a numeric of 131072 digits before the point"), message
+    assert "SPARKIQ_PG_MAX_NUMERIC_DIGITS=1000" in message
+    message = long.value.diag.message_primary or ""
+    assert "SqlLimits.max_statement_chars=100000" in message, message
+    assert "(as far as $" in message
+    assert took < limit, f"the refusal took {took:.2f} s"
+    assert growth < 32 * MIB, f"the node grew {growth / MIB:.0f} MiB"
+
+    async def prepared() -> list[int]:
+        conn = await asyncpg.connect(
+            host=served.pg_address[0],
+            port=served.pg_address[1],
+            user="tester",
+            password=TOKEN,
+            database="sparkiq",
+        )
+        try:
+            statement = await conn.prepare("SELECT v FROM ik WHERE key = $1")
+            return [(await statement.fetchval(k)) for k in (1, 4)]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(prepared()) == [17, 18]
     prober.check(limit)

@@ -29,13 +29,9 @@ import sqlglot
 
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.pg.parameters import BINARY_PARAMETER_OIDS
 from sparkiq.server.pg.pgcatalog import OWNER, build_catalog
-from sparkiq.server.pg.statements import (
-    BINARY_PARAMETER_OIDS,
-    LIMIT,
-    code_only,
-    parameter_uses,
-)
+from sparkiq.server.pg.statements import LIMIT, code_only, parameter_uses
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
 from sparkiq.server.served import ServedNode

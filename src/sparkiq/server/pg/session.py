@@ -12,7 +12,8 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
   ``Authorization`` header) and compared in constant time; a wrong one ends the connection
   with SQLSTATE 28P01. Without a token every client is trusted.
 - Extended protocol: ``Parse`` keeps the text; ``Bind`` substitutes the parameters as SQL
-  literals (:func:`~sparkiq.server.pg.statements.bind_parameters`); ``Describe`` of a portal
+  literals (:func:`~sparkiq.server.pg.parameters.bind_parameters`, within ``PgLimits``:
+  a Bind over them fails with SQLSTATE 54000 naming the parameter); ``Describe`` of a portal
   runs it (the rows are then sent by ``Execute``); ``Describe`` of a statement types its
   untyped parameters after the columns they are compared with
   (:meth:`~sparkiq.server.pg.catalog.Catalog.parameter_types`) and runs it with NULL
@@ -46,14 +47,10 @@ from sparkiq.errors import AuthenticationError
 from sparkiq.server.pg.catalog import Answer, Catalog
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
 from sparkiq.server.pg.limits import PgLimits
-from sparkiq.server.pg.statements import (
-    bind_parameters,
-    is_blank,
-    parameter_count,
-    split_statements,
-)
+from sparkiq.server.pg.parameters import bind_parameters
+from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
-from sparkiq.sql.errors import SqlUnknownNameError
+from sparkiq.sql.errors import SqlLimitError, SqlUnknownNameError
 
 __all__ = ["PgSession", "SessionRules"]
 
@@ -348,15 +345,27 @@ class PgSession:
 
     def _extended(self, msg: Any) -> None:
         if isinstance(msg, m.Parse):
+            self.catalog.limits.check_statement(msg.query)  # before anything scans it
             oids = list(msg.param_types)
             count = max(len(oids), parameter_count(msg.query))
+            if count > self.limits.max_parameters:  # "$99999999" would be a list that long
+                raise SqlLimitError(
+                    f"the statement has {count} parameters, more than "
+                    f"SPARKIQ_PG_MAX_PARAMETERS={self.limits.max_parameters}",
+                    code="too_many_parameters",
+                )
             oids += [0] * (count - len(oids))
             self.statements[msg.statement] = _Statement(msg.query, oids)
             self._send(m.ParseComplete())
         elif isinstance(msg, m.Bind):
             statement = self._statement(msg.statement)
             text = bind_parameters(
-                statement.text, msg.param_values, msg.param_formats, statement.param_oids
+                statement.text,
+                msg.param_values,
+                msg.param_formats,
+                statement.param_oids,
+                limits=self.limits,
+                max_chars=self.catalog.limits.max_statement_chars,
             )
             self.portals[msg.portal] = _Portal(statement, text, list(msg.result_formats))
             self._send(m.BindComplete())
