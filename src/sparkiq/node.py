@@ -51,6 +51,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 from sparkiq.server import RunningServer, bind_socket, start_server
+from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg import PgServer
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
@@ -183,6 +184,8 @@ class Node:
         self._lookup.token = config.token
         self._server: RunningServer | None = None
         self._pg: PgServer | None = None
+        # failed authentications of every listener (REST, Postgres), slowed per address
+        self.auth_failures = AuthFailures.from_env()
         self.pg_address: tuple[str, int] | None = None
         self._started = False
         self._lifecycle = threading.RLock()
@@ -224,7 +227,10 @@ class Node:
             self._hosting.start_tailing()
             if self.config.pg_listen:
                 self._pg = PgServer(
-                    self, bind_socket(self.config.pg_listen), token=self.config.token
+                    self,
+                    bind_socket(self.config.pg_listen),
+                    token=self.config.token,
+                    auth_failures=self.auth_failures,
                 ).start()
                 self.pg_address = self._pg.address
             self._started = True

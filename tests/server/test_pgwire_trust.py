@@ -25,6 +25,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import asyncpg
+import httpx
+import pg8000.native
 import psycopg
 import pytest
 
@@ -290,4 +292,98 @@ def test_a_bind_of_huge_binary_numerics_is_refused_before_it_costs_memory(served
             await conn.close()
 
     assert asyncio.run(prepared()) == [17, 18]
+    prober.check(limit)
+
+
+# -- 3. wrong passwords ------------------------------------------------------------------------
+
+
+def _metric(node: Served, name: str, listener: str) -> float:
+    text = httpx.get(
+        f"{node.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}, timeout=30
+    ).text
+    prefix = f'{name}{{listener="{listener}"}} '
+    (line,) = [x for x in text.splitlines() if x.startswith(prefix)]
+    return float(line.removeprefix(prefix))
+
+
+def _hammer_pg(node: Served, source: str, seconds: float) -> dict[str, int]:
+    """Wrong passwords over new connections from ``source`` as fast as one thread can:
+    SQLSTATE -> how many times it was answered."""
+    outcomes: dict[str, int] = {}
+    host, port = node.pg_address
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        try:
+            pg8000.native.Connection(
+                "tester", host=host, port=port, password="guess", source_address=(source, 0)
+            ).close()
+            code = "logged in"
+        except pg8000.exceptions.DatabaseError as exc:
+            code = exc.args[0]["C"]
+        outcomes[code] = outcomes.get(code, 0) + 1
+    return outcomes
+
+
+def _hammer_http(node: Served, source: str, seconds: float) -> dict[str, int]:
+    """Wrong bearer tokens from ``source``: "checked" (a 401 for the token) or "throttled"
+    (a 401 that did not look at it) -> how many times."""
+    outcomes: dict[str, int] = {}
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, timeout=30) as client:
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            response = client.get(
+                f"{node.url}/stores/ik/keys/1", headers={"authorization": "Bearer guess"}
+            )
+            assert response.status_code == 401, response.text
+            error = response.json()["error"]
+            kind = "throttled" if "retry_after_seconds" in error else "checked"
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+    return outcomes
+
+
+def test_wrong_passwords_are_slowed_per_address_and_counted(served: Served) -> None:
+    """One thread guessing passwords got 1,066 checked a second. Now an address gets a few
+    guesses at full speed, then one per growing delay (a bar): every attempt while barred is
+    refused unchecked (SQLSTATE 28000; HTTP 401 with retry_after_seconds). /metrics counts
+    both kinds per listener, and a client with the right password from another address
+    connects at once meanwhile."""
+    limit = bound()
+    seconds = 3.0
+    before = {
+        (name, listener): _metric(served, name, listener)
+        for name in ("sparkiq_auth_failures_total", "sparkiq_auth_throttled_total")
+        for listener in ("pg", "http")
+    }
+    pg: dict[str, int] = {}
+    http: dict[str, int] = {}
+    attackers = [
+        threading.Thread(target=lambda: pg.update(_hammer_pg(served, "127.0.0.3", seconds))),
+        threading.Thread(target=lambda: http.update(_hammer_http(served, "127.0.0.4", seconds))),
+    ]
+    with Prober(served) as prober:
+        for thread in attackers:
+            thread.start()
+        time.sleep(seconds / 2)  # mid-burst: a right password from elsewhere gets in at once
+        started = time.monotonic()
+        with psycopg.connect(_dsn(served), autocommit=True) as conn:
+            assert conn.execute(PROBE).fetchall() == [(17,)]
+        took = time.monotonic() - started
+        for thread in attackers:
+            thread.join(60)
+    # 4 guesses at once (the 4th starts the bars), then after bars of 0.25, 0.5 and 1 s one
+    # each: at most 7 checked in 3 s however fast the attacker goes; the rest are refused
+    # unchecked (the old code checked every one: 1,066 a second)
+    assert set(pg) <= {"28P01", "28000"}, pg
+    assert 3 <= pg["28P01"] <= 7 and pg.get("28000", 0) >= 5, pg
+    assert 3 <= http["checked"] <= 7 and http.get("throttled", 0) >= 5, http
+    assert took < limit, f"the right password took {took:.2f} s"
+    grown = {k: _metric(served, *k) - v for k, v in before.items()}
+    assert grown == {
+        ("sparkiq_auth_failures_total", "pg"): pg["28P01"],
+        ("sparkiq_auth_failures_total", "http"): http["checked"],
+        ("sparkiq_auth_throttled_total", "pg"): pg["28000"],
+        ("sparkiq_auth_throttled_total", "http"): http["throttled"],
+    }
     prober.check(limit)

@@ -46,6 +46,7 @@ from sparkiq.pools import ElasticPool
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.auth_failures import auth_failures_of
 from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
@@ -95,6 +96,8 @@ class RestApp:
         self.node = node
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics(node)
+        self._auth = auth_failures_of(node)  # slowed and counted per caller address
+        self.metrics.registry.register(self._auth)
         self._pool = ElasticPool("sparkiq-http", threads)
         # A push stream's producer waits for changes in its own thread: streams never take
         # the threads lookups and scans need, and their number is bounded.
@@ -139,7 +142,7 @@ class RestApp:
         method: str = scope["method"]
         parts = path.strip("/").split("/")
         if path not in PUBLIC_PATHS:
-            self.node.check_token(_bearer(scope))
+            self._auth.check_http(scope.get("client"), _bearer(scope), self.node.check_token)
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
             _allow(method, "GET")
             store = urllib.parse.unquote(parts[1])

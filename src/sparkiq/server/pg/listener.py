@@ -22,6 +22,7 @@ import time
 from pygwire import messages as m
 
 from sparkiq._version import __version__
+from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg.catalog import Catalog, server_parameters
 from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.session import PgSession, SessionRules
@@ -42,13 +43,20 @@ class PgServer:
         *,
         token: str | None,
         limits: PgLimits | None = None,
+        auth_failures: AuthFailures | None = None,
     ) -> None:
         self.sock = sock
         self.limits = limits = limits if limits is not None else PgLimits.from_env()
         parameters = server_parameters(__version__)
         self.catalog = Catalog(node, parameters)
         self.rules = SessionRules(
-            self.catalog, token, limits, parameters, self._cancel, self._logged_in
+            self.catalog,
+            token,
+            limits,
+            auth_failures if auth_failures is not None else AuthFailures.from_env(),
+            parameters,
+            self._cancel,
+            self._logged_in,
         )
         self.address: tuple[str, int] = sock.getsockname()[:2]
         # guards _sessions, _starting, _evicted, _by_process_id, _stopped

@@ -44,6 +44,7 @@ from pygwire import messages as m
 
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.errors import AuthenticationError
+from sparkiq.server.auth_failures import AuthFailures, peer_of
 from sparkiq.server.pg.catalog import Answer, Catalog
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
 from sparkiq.server.pg.limits import PgLimits
@@ -83,14 +84,16 @@ class _Portal:
 @dataclass(frozen=True)
 class SessionRules:
     """What every session of one server shares: the catalog that answers catalog queries,
-    the password (the node's token; None trusts everyone), the limits (how long a client
-    may take to start up and log in, how many bytes it may send meanwhile, what a Bind may
-    hold), the parameters reported to it after login, where a cancel request goes, and
-    whom to tell that a session logged in (False: it was evicted meanwhile and must end)."""
+    the password (the node's token; None trusts everyone) and its failures (slowed per
+    client address), the limits (how long a client may take to start up and log in, how
+    many bytes it may send meanwhile, what a Bind may hold), the parameters reported to it
+    after login, where a cancel request goes, and whom to tell that a session logged in
+    (False: it was evicted meanwhile and must end)."""
 
     catalog: Catalog
     token: str | None
     limits: PgLimits
+    auth_failures: AuthFailures  # wrong passwords, slowed per client address
     parameters: dict[str, str]
     cancel: Callable[[int, bytes], None]  # a CancelRequest's process id and secret
     logged_in: Callable[[PgSession], bool]
@@ -127,6 +130,10 @@ class PgSession:
         self.portals: dict[str, _Portal] = {}
         self.settings: dict[str, str] = {}
         self.user = ""
+        try:
+            self.peer = peer_of(sock.getpeername()[0])
+        except OSError:  # already gone
+            self.peer = peer_of(None)
 
     # -- I/O ---------------------------------------------------------------------------------
 
@@ -236,6 +243,10 @@ class PgSession:
             elif isinstance(msg, m.StartupMessage):
                 self.user = msg.params.get("user", "")
                 if self.token is not None:
+                    wait = self.rules.auth_failures.wait(self.peer, "pg")
+                    if wait > 0:  # refused before any password is looked at
+                        self._send(m.ErrorResponse(fields=_throttled(self.peer, wait)))
+                        return False
                     self._send(m.AuthenticationCleartextPassword())
                     self._flush()
                     reply = next(messages)
@@ -243,6 +254,7 @@ class PgSession:
                     if isinstance(password, str):
                         password = password.encode()
                     if not hmac.compare_digest(password, self.token.encode()):
+                        self.rules.auth_failures.failed(self.peer, "pg")
                         fields = error_fields(AuthenticationError("x"))
                         fields.update(
                             S="FATAL",
@@ -252,6 +264,7 @@ class PgSession:
                         )
                         self._send(m.ErrorResponse(fields=fields))
                         return False
+                    self.rules.auth_failures.succeeded(self.peer)
                 if not self.rules.logged_in(self):
                     return False  # evicted while logging in: the socket is shut already
                 self._send(m.AuthenticationOk())
@@ -445,6 +458,17 @@ class PgSession:
                 self._send(m.PortalSuspended())
                 return
         self._send(m.CommandComplete(tag=answer.tag))
+
+
+def _throttled(peer: str, wait: float) -> dict[str, str]:
+    """A login refused unchecked: its address failed too often lately (SQLSTATE 28000,
+    invalid_authorization_specification, not 28P01: no password was judged)."""
+    return {
+        "S": "FATAL",
+        "V": "FATAL",
+        "C": "28000",
+        "M": f"too many failed authentications from {peer}; retry in {wait:.1f} s",
+    }
 
 
 def _format_of(formats: Sequence[int], index: int) -> int:
