@@ -11,8 +11,10 @@ apart by address, as an attacker on another host would.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -23,14 +25,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
 import pg8000.native
 import psycopg
 import pytest
+from pygwire import FrontendConnection
+from pygwire import messages as m
 
 from sparkiq import Node
+from sparkiq.server.pg.scram import ScramError, ScramExchange, ScramVerifier
 from tests.cluster.serve_processes import free_port
 from tests.server.test_hostile import bound
 from tests.sql.tables import build_world
@@ -387,3 +393,136 @@ def test_wrong_passwords_are_slowed_per_address_and_counted(served: Served) -> N
         ("sparkiq_auth_throttled_total", "http"): http["throttled"],
     }
     prober.check(limit)
+
+
+# -- 4. SCRAM ----------------------------------------------------------------------------------
+
+
+def _psql(node: Served, password: str) -> subprocess.CompletedProcess[str]:
+    host, port = node.pg_address
+    env = dict(os.environ, PGPASSWORD=password, PGCONNECT_TIMEOUT="20")
+    return subprocess.run(
+        ["psql", "-h", host, "-p", str(port), "-U", "tester", "-d", "sparkiq", "-Atc", PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _asyncpg_probe(node: Served, password: str) -> Any:
+    async def run() -> Any:
+        conn = await asyncpg.connect(
+            host=node.pg_address[0],
+            port=node.pg_address[1],
+            user="tester",
+            password=password,
+            database="sparkiq",
+        )
+        try:
+            return await conn.fetchval(PROBE)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def _cleartext_login(node: Served) -> list[Any]:
+    """What the server answers a client that sends the token in clear text (a
+    PasswordMessage) instead of following the exchange it asked for."""
+    with socket.create_connection(node.pg_address, timeout=10) as sock:
+        sock.sendall(_startup_bytes("tester"))
+        answers: list[Any] = []
+        password = TOKEN.encode() + b"\0"
+        sock.sendall(b"p" + struct.pack("!i", len(password) + 4) + password)
+        client = FrontendConnection()
+        client.send(m.StartupMessage(params={"user": "tester"}))  # its state, for decoding
+        while data := sock.recv(65536):
+            answers.extend(client.receive(data))
+        return answers
+
+
+GUESSER = "127.0.0.6"
+
+
+@pytest.mark.skipif(shutil.which("psql") is None, reason="needs psql")
+def test_logins_prove_the_token_with_scram_and_never_send_it(served: Served) -> None:
+    """The password was the token in clear text. The endpoint now asks for SCRAM-SHA-256
+    only: psycopg refusing any other exchange (libpq's require_auth), psql, pg8000 and
+    asyncpg log in with the right token and are refused (28P01, counted) with a wrong one;
+    the token sent in clear text is refused; wrong SCRAM proofs from one address are
+    throttled like any wrong password."""
+    limit = bound()
+    scram_only = " require_auth=scram-sha-256"
+    failures = _metric(served, "sparkiq_auth_failures_total", "pg")
+    host, port = served.pg_address
+    with Prober(served) as prober:
+        with psycopg.connect(_dsn(served) + scram_only, autocommit=True) as conn:
+            assert conn.execute(PROBE).fetchall() == [(17,)]
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(_dsn(served, "wrong") + scram_only)
+
+        assert _psql(served, TOKEN).stdout.strip() == "17"
+        wrong = _psql(served, "wrong")
+        assert wrong.returncode != 0 and "password authentication failed" in wrong.stderr
+
+        conn8000 = pg8000.native.Connection("tester", host=host, port=port, password=TOKEN)
+        assert conn8000.run(PROBE) == [[17]]
+        conn8000.close()
+        with pytest.raises(pg8000.exceptions.DatabaseError) as refused:
+            pg8000.native.Connection("tester", host=host, port=port, password="wrong")
+        assert refused.value.args[0]["C"] == "28P01"
+
+        assert _asyncpg_probe(served, TOKEN) == 17
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            _asyncpg_probe(served, "wrong")
+
+        answers = _cleartext_login(served)
+        # offered SCRAM only; the clear-text password ends the login with an error
+        assert [type(a) for a in answers] == [m.AuthenticationSASL, m.ErrorResponse], answers
+        assert answers[0].mechanisms == ["SCRAM-SHA-256"]
+        assert dict(answers[1].fields)["C"] == "08P01"
+
+        codes = []
+        for _ in range(6):  # wrong proofs from one address: throttled after the free ones
+            try:
+                pg8000.native.Connection(
+                    "tester", host=host, port=port, password="guess", source_address=(GUESSER, 0)
+                )
+            except pg8000.exceptions.DatabaseError as exc:
+                codes.append(exc.args[0]["C"])
+    assert codes[:4] == ["28P01"] * 4 and "28000" in codes[4:], codes
+    grown = _metric(served, "sparkiq_auth_failures_total", "pg") - failures
+    assert grown == 4 + codes.count("28P01")  # one per client's wrong password, and the guesses
+    prober.check(limit)
+
+
+def test_scram_follows_the_rfc_7677_example_and_refuses_malformed_messages() -> None:
+    """RFC 7677's SCRAM-SHA-256 example, byte for byte, from the server's side; a wrong
+    proof is a wrong password (None), a malformed message an error."""
+    salt = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
+    verifier = ScramVerifier.from_password("pencil", salt=salt)
+    server_nonce = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
+    nonce = "rOprNGfwEbeRWgbNEkqO" + server_nonce
+    exchange = ScramExchange(verifier, nonce=server_nonce)
+    assert exchange.first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO") == (
+        f"r={nonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096".encode()
+    )
+    proof = "dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+    final = f"c=biws,r={nonce},p={proof}".encode()
+    assert exchange.final(final) == b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+    wrong = ScramExchange(ScramVerifier.from_password("pencils", salt=salt), nonce=server_nonce)
+    wrong.first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
+    assert wrong.final(final) is None
+    for first, reason in [
+        (b"p=tls-server-end-point,,n=,r=abc", "channel binding is not offered"),
+        (b"n,a=admin,n=,r=abc", "starts with n,, or y,,"),
+        (b"n,,r=abc", "names a user"),
+        (b"\xff", "UTF-8"),
+    ]:
+        with pytest.raises(ScramError, match=reason):
+            ScramExchange(verifier).first(first)
+    replayed = ScramExchange(verifier, nonce="other")
+    replayed.first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
+    with pytest.raises(ScramError, match="nonce"):
+        replayed.final(final)  # a proof for another exchange's nonce

@@ -25,6 +25,7 @@ from sparkiq._version import __version__
 from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg.catalog import Catalog, server_parameters
 from sparkiq.server.pg.limits import PgLimits
+from sparkiq.server.pg.scram import ScramVerifier
 from sparkiq.server.pg.session import PgSession, SessionRules
 from sparkiq.server.served import ServedNode
 
@@ -51,7 +52,7 @@ class PgServer:
         self.catalog = Catalog(node, parameters)
         self.rules = SessionRules(
             self.catalog,
-            token,
+            None if token is None else ScramVerifier.from_password(token),
             limits,
             auth_failures if auth_failures is not None else AuthFailures.from_env(),
             parameters,

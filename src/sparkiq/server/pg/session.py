@@ -8,9 +8,12 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 
 - TLS and GSS encryption requests are declined (``N``); the client goes on in plain text
   or gives up, as its ``sslmode`` says.
-- With a node token the password is asked in clear text (as the token travels in an HTTP
-  ``Authorization`` header) and compared in constant time; a wrong one ends the connection
-  with SQLSTATE 28P01. Without a token every client is trusted.
+- With a node token the client proves it knows the password (the token) with
+  SCRAM-SHA-256 (:mod:`~sparkiq.server.pg.scram`): the token never crosses the wire, and
+  a client that offers it in clear text is refused. A wrong one ends the connection with
+  SQLSTATE 28P01 and counts against the client's address (``AuthFailures``: after a few,
+  logins from there are refused unchecked for a while, 28000). Without a token every
+  client is trusted.
 - Extended protocol: ``Parse`` keeps the text; ``Bind`` substitutes the parameters as SQL
   literals (:func:`~sparkiq.server.pg.parameters.bind_parameters`, within ``PgLimits``:
   a Bind over them fails with SQLSTATE 54000 naming the parameter); ``Describe`` of a portal
@@ -41,6 +44,7 @@ from typing import Any
 
 from pygwire import BackendConnection, TransactionStatus
 from pygwire import messages as m
+from pygwire.exceptions import ProtocolError
 
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.errors import AuthenticationError
@@ -49,6 +53,7 @@ from sparkiq.server.pg.catalog import Answer, Catalog
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
 from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.parameters import bind_parameters
+from sparkiq.server.pg.scram import MECHANISM, ScramError, ScramExchange, ScramVerifier
 from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.sql.errors import SqlLimitError, SqlUnknownNameError
@@ -84,14 +89,14 @@ class _Portal:
 @dataclass(frozen=True)
 class SessionRules:
     """What every session of one server shares: the catalog that answers catalog queries,
-    the password (the node's token; None trusts everyone) and its failures (slowed per
-    client address), the limits (how long a client may take to start up and log in, how
-    many bytes it may send meanwhile, what a Bind may hold), the parameters reported to it
-    after login, where a cancel request goes, and whom to tell that a session logged in
-    (False: it was evicted meanwhile and must end)."""
+    the password (the node's token, kept as a SCRAM-SHA-256 verifier; None trusts
+    everyone) and its failures (slowed per client address), the limits (how long a client
+    may take to start up and log in, how many bytes it may send meanwhile, what a Bind may
+    hold), the parameters reported to it after login, where a cancel request goes, and
+    whom to tell that a session logged in (False: it was evicted meanwhile and must end)."""
 
     catalog: Catalog
-    token: str | None
+    scram: ScramVerifier | None  # the node's token as a SCRAM verifier; None: no password
     limits: PgLimits
     auth_failures: AuthFailures  # wrong passwords, slowed per client address
     parameters: dict[str, str]
@@ -115,7 +120,6 @@ class PgSession:
         # (sparkiq.cancel), so DuckDB stops instead of running on to the timeout
         self._canceled = CancelSignal()
         self.catalog = rules.catalog
-        self.token = rules.token
         self.limits = rules.limits
         self.parameters = rules.parameters
         # Until login ends: when it must have ended (time.monotonic()), and how many more
@@ -220,6 +224,13 @@ class PgSession:
             self._serve()
         except (_Closed, TimeoutError, ConnectionError, OSError):
             pass
+        except ProtocolError as exc:
+            # A message that cannot be read (or not now): the client is broken or hostile,
+            # so tell it, as Postgres does, and end the connection without a traceback.
+            log.info("pg connection ended by a protocol violation: %s", exc)
+            self.out.clear()
+            with contextlib.suppress(ProtocolError):  # an error may not be sendable now
+                self._send(m.ErrorResponse(fields=_fatal("08P01", f"protocol violation: {exc}")))
         except Exception:
             log.exception("pg connection failed")
         finally:
@@ -242,29 +253,13 @@ class PgSession:
                 return False
             elif isinstance(msg, m.StartupMessage):
                 self.user = msg.params.get("user", "")
-                if self.token is not None:
+                if self.rules.scram is not None:
                     wait = self.rules.auth_failures.wait(self.peer, "pg")
                     if wait > 0:  # refused before any password is looked at
                         self._send(m.ErrorResponse(fields=_throttled(self.peer, wait)))
                         return False
-                    self._send(m.AuthenticationCleartextPassword())
-                    self._flush()
-                    reply = next(messages)
-                    password = reply.password if isinstance(reply, m.PasswordMessage) else b""
-                    if isinstance(password, str):
-                        password = password.encode()
-                    if not hmac.compare_digest(password, self.token.encode()):
-                        self.rules.auth_failures.failed(self.peer, "pg")
-                        fields = error_fields(AuthenticationError("x"))
-                        fields.update(
-                            S="FATAL",
-                            V="FATAL",
-                            M=f'password authentication failed for user "{self.user}" '
-                            "(the password is the node's token)",
-                        )
-                        self._send(m.ErrorResponse(fields=fields))
+                    if not self._scram(self.rules.scram, messages):
                         return False
-                    self.rules.auth_failures.succeeded(self.peer)
                 if not self.rules.logged_in(self):
                     return False  # evicted while logging in: the socket is shut already
                 self._send(m.AuthenticationOk())
@@ -274,6 +269,42 @@ class PgSession:
                 self._ready()
                 return True
         return False
+
+    def _scram(self, verifier: ScramVerifier, messages: Iterator[Any]) -> bool:
+        """The SCRAM-SHA-256 exchange (see :mod:`~sparkiq.server.pg.scram`); False (and
+        the error sent) unless the client proved it knows the password."""
+        exchange = ScramExchange(verifier)
+        self._send(m.AuthenticationSASL(mechanisms=[MECHANISM]))
+        self._flush()
+        try:
+            first = next(messages)
+            if not isinstance(first, m.SASLInitialResponse) or first.mechanism != MECHANISM:
+                raise ScramError(f"the server asked for {MECHANISM} authentication")
+            self._send(m.AuthenticationSASLContinue(data=exchange.first(first.data)))
+            self._flush()
+            final = next(messages)
+            if not isinstance(final, m.SASLResponse):
+                raise ScramError("a SCRAM client-final-message (SASLResponse) was expected")
+            signature = exchange.final(final.data)
+        except ScramError as exc:
+            # 08P01 protocol_violation, as Postgres answers a malformed SCRAM message: not
+            # a guess at the password, so not counted as a failure.
+            self._send(m.ErrorResponse(fields=_fatal("08P01", str(exc))))
+            return False
+        if signature is None:
+            self.rules.auth_failures.failed(self.peer, "pg")
+            fields = error_fields(AuthenticationError("x"))
+            fields.update(
+                S="FATAL",
+                V="FATAL",
+                M=f'password authentication failed for user "{self.user}" '
+                "(the password is the node's token)",
+            )
+            self._send(m.ErrorResponse(fields=fields))
+            return False
+        self.rules.auth_failures.succeeded(self.peer)
+        self._send(m.AuthenticationSASLFinal(data=signature))
+        return True
 
     def _ready(self) -> None:
         status = TransactionStatus.IN_TRANSACTION if self.in_transaction else TransactionStatus.IDLE
@@ -460,15 +491,18 @@ class PgSession:
         self._send(m.CommandComplete(tag=answer.tag))
 
 
+def _fatal(sqlstate: str, message: str) -> dict[str, str]:
+    return {"S": "FATAL", "V": "FATAL", "C": sqlstate, "M": message}
+
+
 def _throttled(peer: str, wait: float) -> dict[str, str]:
     """A login refused unchecked: its address failed too often lately (SQLSTATE 28000,
     invalid_authorization_specification, not 28P01: no password was judged)."""
-    return {
-        "S": "FATAL",
-        "V": "FATAL",
-        "C": "28000",
-        "M": f"too many failed authentications from {peer}; retry in {wait:.1f} s",
-    }
+    return _fatal(
+        "28000",
+        f"too many failed authentications from {peer}: the password was not checked; "
+        f"retry in {wait:.1f} s",
+    )
 
 
 def _format_of(formats: Sequence[int], index: int) -> int:
