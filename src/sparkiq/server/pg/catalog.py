@@ -30,7 +30,7 @@ import sqlglot
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
 from sparkiq.server.pg.parameters import BINARY_PARAMETER_OIDS
-from sparkiq.server.pg.pgcatalog import OWNER, build_catalog
+from sparkiq.server.pg.pgcatalog import OWNER, build_catalog, catalog_cursor
 from sparkiq.server.pg.statements import LIMIT, code_only, parameter_uses
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
@@ -114,9 +114,12 @@ class Catalog:
         # Each connection thread gets its own DuckDB from the engine: bounding how many run
         # at once bounds their memory as the REST API's 32 SQL threads bound its own.
         self._running = threading.BoundedSemaphore(max_statements)
+        # Guards _db, _walls and _described: the catalog database and its walls, rebuilt
+        # when the tables change. Held to rebuild and to open a cursor, never while a
+        # query runs: each query has a cursor of its own (a connection to the same
+        # in-memory database), so one connection's long catalog query never holds up
+        # another's (psql's \d, a driver's type lookups at connect).
         self._lock = threading.Lock()
-        # The catalog database and its walls, rebuilt when the tables change (guarded by
-        # _lock, as DuckDB connections are not shared across threads).
         self._db: duckdb.DuckDBPyConnection | None = None
         self._walls: Walls | None = None
         self._described: dict[str, TableSchema] = {}
@@ -179,14 +182,18 @@ class Catalog:
         version = self.parameters.get("server_version", PG_VERSION)
         text, renames = translate(text, Session(user or OWNER, f"PostgreSQL {version}", values))
         with self._lock:
+            # db stays referenced until the query ends: a rebuild meanwhile only drops
+            # this object's reference, and the database goes with its last cursor.
             db, walls = self._catalog_db()
-            walls.check(text, db)
+            cursor = catalog_cursor(db)
+        try:
+            walls.check(text, cursor)
             # The catalog is small, but a query over it may not be (a cross join of
             # pg_attribute with itself...): it gets the SQL limits of any statement.
-            timer = threading.Timer(self.limits.timeout_seconds, db.interrupt)
+            timer = threading.Timer(self.limits.timeout_seconds, cursor.interrupt)
             timer.start()
             try:
-                cursor = db.execute(text)
+                cursor.execute(text)
                 if cursor.description is None:
                     return Answer(None, [], "SELECT 0")
                 fetched = cursor.fetchmany(self.limits.max_result_rows + 1)
@@ -217,6 +224,8 @@ class Catalog:
                 )
             names = _unique([renames.get(d[0], d[0]) for d in cursor.description])
             rows = [dict(zip(names, r, strict=True)) for r in fetched]
+        finally:
+            cursor.close()
         columns = describe_columns(names, rows, ())
         return Answer(columns, rows, f"SELECT {len(rows)}")
 
@@ -228,8 +237,7 @@ class Catalog:
         )
         if self._db is not None and self._walls is not None and same:
             return self._db, self._walls
-        if self._db is not None:
-            self._db.close()
+        # The old database is not closed here: queries may still run on its cursors.
         db = build_catalog(current, self.parameters)
         self._db, self._walls, self._described = db, Walls(db), current
         return db, self._walls
