@@ -15,6 +15,11 @@ host commonly owns whole):
   per attacker (HTTP answers 401 with ``retry_after_seconds``, Postgres SQLSTATE 28000),
   and since a barred peer's guesses are never checked, a throttled peer gets
   one checked guess per ``max_delay`` seconds at most, however many connections it opens.
+- Attempts in flight count as failures until their verdict: a Postgres login takes round
+  trips between admission (:meth:`AuthFailures.admit`) and verdict, so without that an
+  attacker opening many connections at once would have them all checked before the first
+  failure. (An HTTP token is judged on the event loop right after :meth:`AuthFailures.wait`,
+  with nothing in between, so HTTP needs no reservation.)
 - A success resets the peer (so a shared address, a NAT, is only slowed while its
   failures go on). A peer with no failure for ``forget_seconds`` is forgotten; at most
   ``max_peers`` are remembered (the one whose bar ended first makes room).
@@ -50,6 +55,7 @@ class _Peer:
     failures: int  # in a row
     barred_until: float  # clock time; <= now: may try
     last_failure: float
+    pending: int = 0  # attempts admitted (admit) whose verdict has not come yet
 
 
 def peer_of(host: str | None) -> str:
@@ -138,22 +144,36 @@ class AuthFailures:
             self._throttled[listener] += 1
             return state.barred_until - now
 
-    def failed(self, peer: str, listener: str) -> None:
-        """``peer``'s credential was checked and is wrong."""
+    def admit(self, peer: str, listener: str) -> float:
+        """Like :meth:`wait`, for a check that does not follow at once (a Postgres login's
+        exchange): when it answers 0 the attempt is admitted and counts as a failure until
+        :meth:`failed`, :meth:`succeeded` or :meth:`abandoned` reports its verdict, one of
+        which must follow."""
+        now = self._clock()
+        with self._lock:
+            state = self._state(peer, now)
+            if state.barred_until > now:
+                self._throttled[listener] += 1
+                return state.barred_until - now
+            state.pending += 1
+            beyond = state.failures + state.pending - self.free_failures
+            if beyond > 0:  # others from this peer wait for this one's verdict, at least
+                state.barred_until = now + self._delay(beyond)
+            return 0.0
+
+    def failed(self, peer: str, listener: str, *, admitted: bool = False) -> None:
+        """``peer``'s credential was checked and is wrong (``admitted``: by :meth:`admit`)."""
         now = self._clock()
         with self._lock:
             self._failures[listener] += 1
-            state = self._peers.get(peer)
-            if state is None or now - state.last_failure > self.forget_seconds:
-                if state is None and len(self._peers) >= self.max_peers:
-                    self._make_room(now)
-                state = self._peers[peer] = _Peer(0, now, now)
+            state = self._state(peer, now)
+            if admitted:
+                state.pending = max(0, state.pending - 1)
             state.failures += 1
             state.last_failure = now
-            beyond = state.failures - self.free_failures
+            beyond = state.failures + state.pending - self.free_failures
             if beyond > 0:
-                delay = min(self.max_delay, self.base_delay * 2 ** min(beyond - 1, 62))
-                state.barred_until = now + delay
+                state.barred_until = max(state.barred_until, now + self._delay(beyond))
 
     def succeeded(self, peer: str) -> None:
         """``peer`` authenticated: its failures are forgotten."""
@@ -161,9 +181,37 @@ class AuthFailures:
             with self._lock:
                 self._peers.pop(peer, None)
 
+    def abandoned(self, peer: str) -> None:
+        """An attempt admitted by :meth:`admit` ended without a verdict (the client left):
+        no failure, and no longer in flight."""
+        with self._lock:
+            state = self._peers.get(peer)
+            if state is not None:
+                state.pending = max(0, state.pending - 1)
+                if state.pending == 0 and state.failures == 0:
+                    del self._peers[peer]
+
+    def _delay(self, beyond: int) -> float:
+        return min(self.max_delay, self.base_delay * 2.0 ** min(beyond - 1, 62))
+
+    def _state(self, peer: str, now: float) -> _Peer:
+        """Under ``_lock``: ``peer``'s entry, made (or started again, when it was quiet for
+        ``forget_seconds``) if need be."""
+        state = self._peers.get(peer)
+        if state is not None and (state.pending or now - state.last_failure <= self.forget_seconds):
+            return state
+        if state is None and len(self._peers) >= self.max_peers:
+            self._make_room(now)
+        state = self._peers[peer] = _Peer(0, now, now)
+        return state
+
     def _make_room(self, now: float) -> None:
         """Under ``_lock``: drop the forgotten peers, or else the one whose bar ended first."""
-        stale = [p for p, s in self._peers.items() if now - s.last_failure > self.forget_seconds]
+        stale = [
+            p
+            for p, s in self._peers.items()
+            if not s.pending and now - s.last_failure > self.forget_seconds
+        ]
         for peer in stale:
             del self._peers[peer]
         if len(self._peers) >= self.max_peers:

@@ -254,11 +254,18 @@ class PgSession:
             elif isinstance(msg, m.StartupMessage):
                 self.user = msg.params.get("user", "")
                 if self.rules.scram is not None:
-                    wait = self.rules.auth_failures.wait(self.peer, "pg")
+                    failures = self.rules.auth_failures
+                    wait = failures.admit(self.peer, "pg")
                     if wait > 0:  # refused before any password is looked at
                         self._send(m.ErrorResponse(fields=_throttled(self.peer, wait)))
                         return False
-                    if not self._scram(self.rules.scram, messages):
+                    verdict = None
+                    try:
+                        verdict = self._scram(self.rules.scram, messages)
+                    finally:
+                        if verdict is None:  # the client left (or broke the exchange)
+                            failures.abandoned(self.peer)
+                    if not verdict:
                         return False
                 if not self.rules.logged_in(self):
                     return False  # evicted while logging in: the socket is shut already
@@ -270,9 +277,11 @@ class PgSession:
                 return True
         return False
 
-    def _scram(self, verifier: ScramVerifier, messages: Iterator[Any]) -> bool:
-        """The SCRAM-SHA-256 exchange (see :mod:`~sparkiq.server.pg.scram`); False (and
-        the error sent) unless the client proved it knows the password."""
+    def _scram(self, verifier: ScramVerifier, messages: Iterator[Any]) -> bool | None:
+        """The SCRAM-SHA-256 exchange (see :mod:`~sparkiq.server.pg.scram`), its verdict
+        reported to ``AuthFailures``: True if the client proved it knows the password,
+        False if it did not (the error sent), None if the exchange broke off (a malformed
+        message, answered with 08P01, is no guess at the password)."""
         exchange = ScramExchange(verifier)
         self._send(m.AuthenticationSASL(mechanisms=[MECHANISM]))
         self._flush()
@@ -290,9 +299,9 @@ class PgSession:
             # 08P01 protocol_violation, as Postgres answers a malformed SCRAM message: not
             # a guess at the password, so not counted as a failure.
             self._send(m.ErrorResponse(fields=_fatal("08P01", str(exc))))
-            return False
+            return None
         if signature is None:
-            self.rules.auth_failures.failed(self.peer, "pg")
+            self.rules.auth_failures.failed(self.peer, "pg", admitted=True)
             fields = error_fields(AuthenticationError("x"))
             fields.update(
                 S="FATAL",
