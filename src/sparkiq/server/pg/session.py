@@ -432,7 +432,14 @@ class PgSession:
                 self._send(m.ParameterDescription(type_oids=statement.param_oids))
                 if statement.columns is None:
                     nulls: list[bytes | None] = [None] * len(statement.param_oids)
-                    text = bind_parameters(statement.text, nulls, [], statement.param_oids)
+                    text = bind_parameters(
+                        statement.text,
+                        nulls,
+                        [],
+                        statement.param_oids,
+                        limits=self.limits,
+                        max_chars=self.catalog.limits.max_statement_chars,
+                    )
                     statement.columns = None if is_blank(text) else self._run(text).columns
                 self._describe(statement.columns, [])
             else:
