@@ -250,6 +250,16 @@ def test_slow_loris_logins_neither_lock_out_clients_nor_outlive_the_deadline(nod
     assert still_open == 0, f"{still_open} slow logins outlived the {STARTUP_TIMEOUT} s deadline"
     prober.check(limit)
 
+    # Nor may a login be large: 20 KB of startup message is refused once 16 KiB arrived.
+    with _from("127.0.0.2", node.pg_address) as sock:
+        sock.sendall(_startup_bytes("x" * 20_000))
+        answer = b""
+        with contextlib.suppress(OSError):
+            while data := sock.recv(65536):
+                answer += data
+    assert answer.startswith(b"E") and b"C08P01\0" in answer, answer[:200]
+    assert b"SPARKIQ_PG_MAX_STARTUP_BYTES=16384" in answer
+
 
 # -- 2. Bind -----------------------------------------------------------------------------------
 

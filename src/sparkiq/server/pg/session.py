@@ -69,6 +69,14 @@ class _Closed(Exception):
     """The client went away (or must be sent away): end the connection quietly."""
 
 
+class _Refused(Exception):
+    """End the connection with a FATAL error: ``sqlstate`` and the message."""
+
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
 @dataclass
 class _Statement:
     text: str
@@ -163,8 +171,12 @@ class PgSession:
                 raise _Closed
             if self._deadline is not None:
                 self._startup_bytes -= len(data)
-                if self._startup_bytes < 0:
-                    raise _Closed  # nothing a client needs to log in is this long
+                if self._startup_bytes < 0:  # nothing a client needs to log in is this long
+                    raise _Refused(
+                        "08P01",
+                        f"the client sent more than SPARKIQ_PG_MAX_STARTUP_BYTES="
+                        f"{self.limits.max_startup_bytes} bytes before logging in",
+                    )
             yield from self.conn.receive(data)
 
     @contextlib.contextmanager
@@ -224,13 +236,18 @@ class PgSession:
             self._serve()
         except (_Closed, TimeoutError, ConnectionError, OSError):
             pass
-        except ProtocolError as exc:
-            # A message that cannot be read (or not now): the client is broken or hostile,
-            # so tell it, as Postgres does, and end the connection without a traceback.
-            log.info("pg connection ended by a protocol violation: %s", exc)
+        except (ProtocolError, _Refused) as exc:
+            # A message that cannot be read (or not now), or too much of them: the client is
+            # broken or hostile, so tell it, as Postgres does, and end the connection
+            # without a traceback.
+            log.info("pg connection refused: %s", exc)
+            if isinstance(exc, _Refused):
+                fields = _fatal(exc.sqlstate, str(exc))
+            else:
+                fields = _fatal("08P01", f"protocol violation: {exc}")
             self.out.clear()
             with contextlib.suppress(ProtocolError):  # an error may not be sendable now
-                self._send(m.ErrorResponse(fields=_fatal("08P01", f"protocol violation: {exc}")))
+                self._send(m.ErrorResponse(fields=fields))
         except Exception:
             log.exception("pg connection failed")
         finally:
