@@ -54,6 +54,7 @@ from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 from sparkiq.server import RunningServer, bind_socket, start_server
 from sparkiq.server.audit import AuditLog
+from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg import PgServer
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
@@ -217,6 +218,8 @@ class Node:
         self._server: RunningServer | None = None
         self._tls: TlsContexts | None = None  # with tls_cert: every listener's certificate
         self._pg: PgServer | None = None
+        # failed authentications of every listener (REST, Postgres), slowed per address
+        self.auth_failures = AuthFailures.from_env()
         self.pg_address: tuple[str, int] | None = None
         self._started = False
         self._lifecycle = threading.RLock()
@@ -262,7 +265,10 @@ class Node:
             self._hosting.start_tailing()
             if self.config.pg_listen:
                 self._pg = PgServer(
-                    self, bind_socket(self.config.pg_listen), token=self.config.token
+                    self,
+                    bind_socket(self.config.pg_listen),
+                    principals=self.principals,
+                    auth_failures=self.auth_failures,
                 ).start()
                 self.pg_address = self._pg.address
             self._started = True

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from sparkiq import Client, ForbiddenError, KeyQuery, Node, StateQueryRequest
@@ -51,7 +52,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Nod
         "standbys": 0,
     }
     n0 = Node(
-        state_dir, node_id="n0", listen="127.0.0.1:0", peers=[],
+        state_dir, node_id="n0", listen="127.0.0.1:0", peers=[], pg_listen="127.0.0.1:0",
         audit_log=str(where / "audit.log"), **settings,
     ).start()  # fmt: skip
     n1 = Node(state_dir, node_id="n1", listen="127.0.0.1:0", peers=[n0.url or ""], **settings)
@@ -190,3 +191,43 @@ def test_the_audit_log_says_who_read_what(cluster: tuple[list[Node], Path]) -> N
     assert any(e["principal"] == "analyst" and e["status"] == 403 for e in lines)
     assert any(e["principal"] is None and e["status"] == 401 for e in lines)
     assert all({"ts", "peer", "ms"} <= set(e) for e in lines)
+
+
+def test_postgres_users_are_principals_with_their_grants(
+    cluster: tuple[list[Node], Path],
+) -> None:
+    """psycopg logs in with SCRAM as a principal; its statements and the catalogs it reads
+    (information_schema, pg_class, psql's \\dt query) know only its tables."""
+    nodes, _ = cluster
+    host, port = nodes[0].pg_address or ("", 0)
+
+    def connect(user: str, password: str) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            host=host, port=port, user=user, password=password, dbname="sparkiq",
+            autocommit=True, require_auth="scram-sha-256",
+        )  # fmt: skip
+
+    with connect("analyst", ANALYST) as analyst:
+        rows = analyst.execute("SELECT k, n FROM sales ORDER BY n").fetchall()
+        assert rows == sorted(ROWS.items(), key=lambda item: item[1])
+        for text in ("SELECT k FROM payroll", "SELECT s.k FROM sales s, payroll p"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="'payroll'"):
+                analyst.execute(text)
+        listed = analyst.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchall()
+        assert listed == [("sales",)]
+        classes = analyst.execute(
+            "SELECT relname FROM pg_catalog.pg_class WHERE relkind = 'r'"
+        ).fetchall()
+        assert "payroll" not in {r[0] for r in classes} and "sales" in {r[0] for r in classes}
+    with connect("admin", ADMIN) as admin:
+        listed = admin.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
+            "ORDER BY 1"
+        ).fetchall()
+        assert listed == [("payroll",), ("sales",)]
+        assert admin.execute("SELECT count(*) FROM payroll").fetchone() == (len(ROWS),)
+    for user, password in (("analyst", ADMIN), ("nobody", ANALYST)):
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            connect(user, password)

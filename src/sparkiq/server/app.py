@@ -50,6 +50,7 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 from sparkiq.server.audit import AuditLog
+from sparkiq.server.auth_failures import auth_failures_of
 from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
@@ -104,6 +105,8 @@ class RestApp:
         self.node = node
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics(node)
+        self._auth = auth_failures_of(node)  # slowed and counted per caller address
+        self.metrics.registry.register(self._auth)
         self._pool = ElasticPool("sparkiq-http", threads)
         # A push stream's producer waits for changes in its own thread: streams never take
         # the threads lookups and scans need, and their number is bounded.
@@ -164,8 +167,11 @@ class RestApp:
         method: str = scope["method"]
         parts = path.strip("/").split("/")
         if path not in PUBLIC_PATHS and path not in _NODE_PATHS:
-            # every read below runs as this principal and within its grants
-            current_principal.set(self.node.check_token(_bearer(scope)))
+            # every read below runs as this principal and within its grants (a caller whose
+            # address failed too often lately is refused before its token is looked at)
+            current_principal.set(
+                self._auth.check_http(scope.get("client"), _bearer(scope), self.node.check_token)
+            )
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
             _allow(method, "GET")
             store = urllib.parse.unquote(parts[1])
@@ -176,7 +182,11 @@ class RestApp:
             _allow(method, "POST")
             credential = _header(scope, REQUEST_HEADER)
             if credential is None:
-                current_principal.set(self.node.check_token(_bearer(scope)))
+                current_principal.set(
+                    self._auth.check_http(
+                        scope.get("client"), _bearer(scope), self.node.check_token
+                    )
+                )
             body = await self._body(receive)
             if credential is not None:
                 opened = self.node.admit_node(credential, method, path, body, _peer(scope))
