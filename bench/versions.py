@@ -47,7 +47,8 @@ from sparkiq.cluster.lookup import Lookup
 from sparkiq.query.position import Position
 from sparkiq.sql import SqlEngine
 from sparkiq.stores.partition import PartitionStore
-from sparkiq.stores.rocksdb import RocksDBStore, _options
+from sparkiq.stores.rocksdb import RocksDBStore
+from sparkiq.stores.rocksdb_options import store_options
 from sparkiq.stores.versions import DEFAULT_HISTORY
 
 RAW = "RocksDB write batches alone (floor)"
@@ -112,7 +113,7 @@ def _apply_all(store: PartitionStore, segments: list[Segment]) -> tuple[float, f
 def _raw_write_all(path: str, segments: list[Segment]) -> tuple[float, float]:
     """The floor: the same changes as rocksdict ``WriteBatch``es into a database opened
     with the replicas' options, no position, no checks; seconds as :func:`_apply_all`."""
-    options = _options(True)
+    options = store_options(create=True)
     db = Rdict(path, options, column_families={"default": options})
     wall = cpu = 0.0
     try:
