@@ -17,7 +17,7 @@ same for ``store="memory"``. Baselines measured in the same run:
 
 Each figure is the median of 3 repetitions, each on fresh local directories.
 
-Run: ``python -m bench.apply [--quick]``.
+Run: ``python -m bench.apply [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from rocksdict import Options, Rdict, WriteBatch
 
 from bench._changelog import Changes, HandWrittenTable, key_name
-from bench._common import Report, entry_point, median, scratch_dir, verdict
+from bench._common import Report, Scale, entry_point, median, scratch_dir, verdict
 from sparkiq import Node
 from sparkiq.stores.rocksdb_options import store_options
 
@@ -105,8 +105,9 @@ def _node_apply(state_dir: str, local_dir: str, store: str, expected: int) -> fl
         node.stop()
 
 
-def run(quick: bool = False) -> Report:
-    batches, rows, partitions = (5, 20_000, 8) if quick else (20, 50_000, 8)
+def run(scale: Scale = Scale.FULL) -> Report:
+    batches, rows, partitions = scale.pick((20, 50_000, 8), (5, 20_000, 8), (2, 500, 8))
+    repetitions = scale.pick(REPETITIONS, REPETITIONS, 1)
     keyspace = 4 * rows
     report = Report(
         name="apply",
@@ -115,7 +116,7 @@ def run(quick: bool = False) -> Report:
             f"one `poll_once()` of a fresh node applying {batches} committed batches x "
             f"{rows:,} changed rows ({partitions} partitions, keys drawn from {keyspace:,}): "
             "read + verify + decode every segment, write each (partition, batch) atomically "
-            f"with its position; median of {REPETITIONS} repetitions on fresh directories"
+            f"with its position; median of {repetitions} repetitions on fresh directories"
         ),
         baseline=(
             "raw rocksdict `WriteBatch` puts of the same bytes in the same (key-sorted) order, "
@@ -125,7 +126,7 @@ def run(quick: bool = False) -> Report:
         ),
         target=f">= {TARGET_ROWS_S:,.0f} rows/s into RocksDB on one core",
         columns=["path", "seconds", "rows/s", "vs raw floor"],
-        quick=quick,
+        scale=scale,
     )
     with scratch_dir("apply") as root:
         state_dir = os.path.join(root, "state")
@@ -144,7 +145,7 @@ def run(quick: bool = False) -> Report:
             "node apply, RocksDB": [],
             "node apply, memory": [],
         }
-        for rep in range(REPETITIONS):  # the paths take turns, so drift hits them alike
+        for rep in range(repetitions):  # the paths take turns, so drift hits them alike
             scratch = os.path.join(root, f"rep{rep}")
             for path, options in raw_paths.items():
                 timings[path].append(
