@@ -118,7 +118,7 @@ def _stop(*processes: Any) -> None:
 
 def run(scale: Scale = Scale.FULL) -> Report:
     n_keys = scale.pick(100_000, 20_000, 1_000)
-    duration = scale.pick(5.0, 2.0, 0.3)
+    duration = scale.pick(5.0, 2.0, 0.2)
     warm_up = scale.pick(1.0, 1.0, 0.0)  # seconds; a smoke run's figures need none
     rounds = scale.pick(2, 1, 1)
     report = Report(
@@ -249,7 +249,7 @@ def _remote_hop(state_dir: str, table: Any, keys: list[str], scale: Scale) -> st
         mine = next(n for n in nodes if n["node_id"] == "hop-a")["active"][TABLE]
         local = [k for k in keys[:5000] if table.partition_of(k) in mine]
         remote = [k for k in keys[:5000] if table.partition_of(k) not in mine]
-        seconds = scale.pick(4.0, 2.0, 0.3)
+        seconds = scale.pick(4.0, 2.0, 0.2)
         timings = {}
         for name, subset in (("local", local), ("remote", remote)):
             paths = [f"/stores/{TABLE}/keys/{k}" for k in subset]
