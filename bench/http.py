@@ -41,6 +41,9 @@ OPEN_RATE = 1000
 SQL_THROUGHPUT_TARGET = 3000.0
 SQL_P99_TARGET_MS = 15.0
 SQL_OPEN_RATE = 500
+#: Where ``python -m bench._http_load`` and ``bench._asgi_floor`` import from, whatever the
+#: caller's working directory.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLOOR_NAME = "floor: bare ASGI + rocksdict"
 NODE_NAME = "node: GET /stores/{store}/keys/{key}"
 SQL_NAME = "node: SQL `... WHERE k = '...'` (POST /query)"
@@ -97,6 +100,7 @@ def load(
             [sys.executable, "-m", "bench._http_load", handle.name],
             capture_output=True,
             text=True,
+            cwd=ROOT,
         )
         if out.returncode:
             raise RuntimeError(f"the load generator failed: {out.stderr[-2000:]}")
@@ -151,7 +155,8 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 "bench._asgi_floor",
                 os.path.join(root, "floor"),
                 str(floor_port),
-            ]
+            ],
+            cwd=ROOT,
         )
         node_proc = _serve(state_dir, "bench", node_port, standbys=0)
         results: dict[str, dict[str, list[float]]] = {}

@@ -152,6 +152,16 @@ def test_run_all_smoke(tmp_path: Path) -> None:
         run_all.main(["--smoke", "--write-docs", "--only", "restore"])
     assert exited.value.code == 2
 
+    # The page a full run writes, built from a smoke report (a full run gets there only
+    # after fifteen minutes).
+    report = EVERY["restore"](Scale.SMOKE)
+    page = run_all._docs([report], {"http": "RuntimeError: boom"}, results["info"])
+    assert page.startswith("# Benchmarks\n")
+    assert "(smoke run, " in page
+    assert f"## {report.title}\n" in page and report.table() in page
+    assert "- **http** - FAILED in this run: RuntimeError: boom" in page
+    assert run_all.CONTEXT["restore"] in page
+
 
 def test_soak_reports_sampled_resources(tmp_path: Path) -> None:
     """The soak's sampling and resource table, on this process (no cluster)."""
