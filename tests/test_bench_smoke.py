@@ -22,7 +22,7 @@ from typing import Any
 
 import bench
 import pytest
-from bench import run_all, soak
+from bench import follower_tail, run_all, soak
 from bench._common import Report, Scale
 
 #: Every module of bench/, helpers included.
@@ -53,7 +53,9 @@ ROWS = {
     "push": 5,
     "apply": 5,
     "restore": 6,
-    "follower_tail": 5,  # the commit write, follow, follow subset, follow at 20 ms, Node
+    # the commit write, then a row per reader: follow, its subset, follow at the Node's
+    # poll interval (when its default differs), a Node
+    "follower_tail": 1 + len(follower_tail._readers()[0]),
     "statestore": 2,
     "checkpoint_decode": 3,
     "sink": 3,
@@ -126,8 +128,9 @@ def test_smoke_run(name: str) -> None:
     if name == "lookup":  # the breakdown reads the node's insides; it says when they moved
         assert "breakdown_error" not in report.figures
         assert report.figures["breakdown_ns"]
-    if name == "follower_tail":
+    if name == "follower_tail":  # every reader ran, sparkiq.follow's subset included
         assert report.figures["follow_available"]
+        assert "follow, where= + columns=" in report.figures["p50_ms"]
 
 
 @pytest.mark.parametrize("name", SPARK)
