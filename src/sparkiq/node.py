@@ -268,6 +268,7 @@ class Node:
                     self,
                     bind_socket(self.config.pg_listen),
                     principals=self.principals,
+                    audit=self.audit,
                     auth_failures=self.auth_failures,
                 ).start()
                 self.pg_address = self._pg.address

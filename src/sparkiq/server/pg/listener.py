@@ -23,6 +23,7 @@ from pygwire import messages as m
 
 from sparkiq._version import __version__
 from sparkiq.principals import Principals
+from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg.catalog import Catalog, server_parameters
 from sparkiq.server.pg.limits import PgLimits
@@ -44,6 +45,7 @@ class PgServer:
         sock: socket.socket,
         *,
         principals: Principals,
+        audit: AuditLog | None = None,
         limits: PgLimits | None = None,
         auth_failures: AuthFailures | None = None,
     ) -> None:
@@ -59,6 +61,7 @@ class PgServer:
             parameters,
             self._cancel,
             self._logged_in,
+            audit,
         )
         self.address: tuple[str, int] = sock.getsockname()[:2]
         # guards _sessions, _starting, _evicted, _by_process_id, _stopped
