@@ -64,7 +64,7 @@ class PgServer:
             audit,
         )
         self.address: tuple[str, int] = sock.getsockname()[:2]
-        # guards _sessions, _starting, _evicted, _by_process_id, _stopped
+        # guards _sessions, _starting, _evicted, _by_process_id, _stopped, accepted
         self._lock = threading.Lock()
         self._sessions: dict[PgSession, threading.Thread] = {}
         # sessions not logged in yet -> when they were accepted (time.monotonic())
@@ -74,6 +74,8 @@ class PgServer:
         self._by_process_id: dict[int, PgSession] = {}
         self._next_process_id = 1
         self._stopped = False
+        #: Connections accepted since the server started (refused ones included).
+        self.accepted = 0
         self._thread = threading.Thread(target=self._accept, name="sparkiq-pg", daemon=True)
 
     def start(self) -> PgServer:
@@ -92,6 +94,7 @@ class PgServer:
                 if self._stopped:
                     conn.close()
                     return
+                self.accepted += 1
                 refusal = self._make_room()
                 if refusal is not None:
                     _refuse(conn, refusal)
