@@ -33,8 +33,10 @@ TEST_WORKERS ?= 2
 unit: $(STAMP)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
+# BENCH_ARGS=--smoke runs every benchmark in its smallest form (what `make test` checks),
+# --quick a shorter run, --only NAMES a subset; see `python -m bench.run_all --help`.
 bench: $(STAMP)
-	$(BIN)/python -m bench.run_all
+	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import os
 import platform
 import shutil
@@ -11,7 +12,42 @@ import statistics
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+
+class Scale(enum.Enum):
+    """How big a run is.
+
+    ``FULL`` gives the figures docs/benchmarks.md records; ``QUICK`` (``--quick``) is
+    smaller and less precise. ``SMOKE`` (``--smoke``) is the smallest run that still goes
+    through every step of a benchmark (tiny data, one round, seconds): its figures mean
+    nothing, and CI runs it (tests/test_bench_smoke.py) so that a benchmark cannot break
+    unnoticed."""
+
+    FULL = "full"
+    QUICK = "quick"
+    SMOKE = "smoke"
+
+    def pick(self, full: _T, quick: _T, smoke: _T) -> _T:
+        """The value for this scale."""
+        return {Scale.FULL: full, Scale.QUICK: quick, Scale.SMOKE: smoke}[self]
+
+
+def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--quick`` and ``--smoke``, which exclude each other; :func:`scale_of` reads them."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="a smaller, faster run")
+    group.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run through every step (seconds; its figures mean nothing)",
+    )
+
+
+def scale_of(args: argparse.Namespace) -> Scale:
+    return Scale.SMOKE if args.smoke else Scale.QUICK if args.quick else Scale.FULL
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -61,7 +97,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     console: list[str] = field(default_factory=list)  # printed, not written to the docs
     figures: dict[str, Any] = field(default_factory=dict)
-    quick: bool = False
+    scale: Scale = Scale.FULL
 
     def table(self) -> str:
         """The rows as a Markdown table (also readable on a console)."""
@@ -80,7 +116,8 @@ class Report:
         return "\n".join(lines)
 
     def print(self) -> None:
-        print(f"\n== {self.title}{' (quick)' if self.quick else ''}")
+        size = "" if self.scale is Scale.FULL else f" ({self.scale.value})"
+        print(f"\n== {self.title}{size}")
         print(self.table())
         for line in self.readings:
             print(f"-> {line}")
@@ -91,7 +128,7 @@ class Report:
         return {
             "name": self.name,
             "title": self.title,
-            "quick": self.quick,
+            "scale": self.scale.value,
             "columns": self.columns,
             "rows": self.rows,
             "readings": self.readings,
@@ -99,19 +136,20 @@ class Report:
         }
 
 
-def cli(run: Callable[[bool], Report], argv: Sequence[str] | None, doc: str | None) -> Report:
-    """Parse ``--quick``, run, print."""
+def cli(run: Callable[[Scale], Report], argv: Sequence[str] | None, doc: str | None) -> Report:
+    """Parse ``--quick`` or ``--smoke``, run, print."""
     parser = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller, faster run")
+    add_scale_arguments(parser)
     args = parser.parse_args(argv)
-    report = run(args.quick)
+    report = run(scale_of(args))
     report.print()
     return report
 
 
-def entry_point(run: Callable[[bool], Report], doc: str | None) -> Callable[..., dict[str, Any]]:
-    """A benchmark module's ``main(argv=None)``: parse ``--quick``, run, print the report and
-    return its figures as a dict, as the package docstring promises of every module."""
+def entry_point(run: Callable[[Scale], Report], doc: str | None) -> Callable[..., dict[str, Any]]:
+    """A benchmark module's ``main(argv=None)``: parse ``--quick`` or ``--smoke``, run, print
+    the report and return its figures as a dict, as the package docstring promises of every
+    module."""
 
     def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return cli(run, argv, doc).as_dict()

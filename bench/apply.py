@@ -17,7 +17,7 @@ same for ``store="memory"``. Baselines measured in the same run:
 
 Each figure is the median of 3 repetitions, each on fresh local directories.
 
-Run: ``python -m bench.apply [--quick]``.
+Run: ``python -m bench.apply [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from collections.abc import Callable
 from rocksdict import Options, Rdict, WriteBatch
 
 from bench._changelog import Changes, HandWrittenTable, key_name
-from bench._common import Report, entry_point, median, scratch_dir, verdict
+from bench._common import Report, Scale, entry_point, median, scratch_dir, verdict
 from sparkiq import Node
+from sparkiq.stores.rocksdb_options import store_options
 
 TABLE = "apply"
 TARGET_ROWS_S = 300_000.0
@@ -56,18 +57,6 @@ def _write_changelog(
         # in segment order (sorted by key), which is the order a replica writes them in
         written.append({p: dict(sorted(c.items())) for p, c in changes.items()})
     return table, written
-
-
-def _replica_options() -> Callable[[], Options] | None:
-    """The options sparkiq's replicas open RocksDB with (block cache, shared memtable budget,
-    8 MiB write buffers...), or None if that helper has changed."""
-    try:
-        from sparkiq.stores.rocksdb_options import store_options
-
-        store_options(True)
-    except Exception:
-        return None
-    return lambda: store_options(True)
 
 
 def _raw_rocksdict(
@@ -116,8 +105,9 @@ def _node_apply(state_dir: str, local_dir: str, store: str, expected: int) -> fl
         node.stop()
 
 
-def run(quick: bool = False) -> Report:
-    batches, rows, partitions = (5, 20_000, 8) if quick else (20, 50_000, 8)
+def run(scale: Scale = Scale.FULL) -> Report:
+    batches, rows, partitions = scale.pick((20, 50_000, 8), (5, 20_000, 8), (2, 500, 8))
+    repetitions = scale.pick(REPETITIONS, REPETITIONS, 1)
     keyspace = 4 * rows
     report = Report(
         name="apply",
@@ -126,7 +116,7 @@ def run(quick: bool = False) -> Report:
             f"one `poll_once()` of a fresh node applying {batches} committed batches x "
             f"{rows:,} changed rows ({partitions} partitions, keys drawn from {keyspace:,}): "
             "read + verify + decode every segment, write each (partition, batch) atomically "
-            f"with its position; median of {REPETITIONS} repetitions on fresh directories"
+            f"with its position; median of {repetitions} repetitions on fresh directories"
         ),
         baseline=(
             "raw rocksdict `WriteBatch` puts of the same bytes in the same (key-sorted) order, "
@@ -136,7 +126,7 @@ def run(quick: bool = False) -> Report:
         ),
         target=f">= {TARGET_ROWS_S:,.0f} rows/s into RocksDB on one core",
         columns=["path", "seconds", "rows/s", "vs raw floor"],
-        quick=quick,
+        scale=scale,
     )
     with scratch_dir("apply") as root:
         state_dir = os.path.join(root, "state")
@@ -145,17 +135,17 @@ def run(quick: bool = False) -> Report:
         setup_s = time.perf_counter() - t0
         total_rows = sum(len(r) for changes in written for r in changes.values())
         applications = sum(len(changes) for changes in written)
-        replica_options = _replica_options()
-        raw_paths: dict[str, Callable[[], Options]] = {RAW: lambda: Options(raw_mode=True)}
-        if replica_options is not None:
-            raw_paths[TUNED] = replica_options
+        raw_paths: dict[str, Callable[[], Options]] = {
+            RAW: lambda: Options(raw_mode=True),
+            TUNED: lambda: store_options(create=True),
+        }
         timings: dict[str, list[float]] = {
             **{path: [] for path in raw_paths},
             "changelog read only": [],
             "node apply, RocksDB": [],
             "node apply, memory": [],
         }
-        for rep in range(REPETITIONS):  # the paths take turns, so drift hits them alike
+        for rep in range(repetitions):  # the paths take turns, so drift hits them alike
             scratch = os.path.join(root, f"rep{rep}")
             for path, options in raw_paths.items():
                 timings[path].append(
@@ -170,8 +160,7 @@ def run(quick: bool = False) -> Report:
             )
     seconds = {path: median(ts) for path, ts in timings.items()}
     rate = {path: total_rows / s for path, s in seconds.items()}
-    floor = TUNED if TUNED in rate else RAW
-    raw = rate[floor]
+    floor, raw = TUNED, rate[TUNED]
     for path in timings:
         report.rows.append(
             [
@@ -188,10 +177,8 @@ def run(quick: bool = False) -> Report:
     rocks, mem = rate["node apply, RocksDB"], rate["node apply, memory"]
     read_share = seconds["changelog read only"] / seconds["node apply, RocksDB"]
     report.readings = [
-        f"RocksDB apply {rocks:,.0f} rows/s, {rocks / raw:.2f}x raw rocksdict with "
-        + ("the replicas' options" if floor == TUNED else "default options")
-        + (f" ({rocks / rate[RAW]:.2f}x with its defaults)" if floor == TUNED else "")
-        + ": "
+        f"RocksDB apply {rocks:,.0f} rows/s, {rocks / raw:.2f}x raw rocksdict with the "
+        f"replicas' options ({rocks / rate[RAW]:.2f}x with its defaults): "
         + verdict(rocks, TARGET_ROWS_S, "rows/s", at_most=False)
         + f"; reading the changelog is {read_share:.0%} of its time.",
         f"memory apply {mem:,.0f} rows/s ({mem / rocks:.1f}x the RocksDB apply).",

@@ -18,7 +18,7 @@ Methods take turns, so drift on the shared machine hits every method alike; each
 timed on its own and reported as a median. Client and node share one process and the two
 cores: the figures are one caller's latency, not the node's capacity.
 
-Run: ``python -m bench.arrow [--quick]``.
+Run: ``python -m bench.arrow [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 
-from bench._common import Report, entry_point, median, scratch_dir
+from bench._common import Report, Scale, entry_point, median, scratch_dir
 from sparkiq import Client, Node
 from sparkiq.changelog import Changelog, CommitRecord, TableManifest
 from sparkiq.schema.arrowtypes import arrow_type
@@ -99,8 +99,8 @@ def _build(state_dir: str, rows: int) -> None:
     )
 
 
-def run(quick: bool) -> Report:
-    rows, rounds = (20_000, 3) if quick else (100_000, 7)
+def run(scale: Scale = Scale.FULL) -> Report:
+    rows, rounds = scale.pick((100_000, 7), (20_000, 3), (500, 1))
     with scratch_dir("arrow") as state_dir:
         _build(state_dir, rows)
         node = Node(state_dir, listen="127.0.0.1:0")
@@ -176,7 +176,7 @@ def run(quick: bool) -> Report:
         "every method first computes); JSON through the same `POST /query`",
         target="none (a comparison)",
         columns=["method", "median ms", "vs floor", "vs JSON"],
-        quick=quick,
+        scale=scale,
     )
     medians = {name: median(values) for name, values in times.items()}
     base = medians["floor: node.sql in-process"]

@@ -19,7 +19,7 @@ Three measurements on one local[2] session:
   record framing: ``StateFiles.changes``) and reading plus converting every row
   (``CheckpointSource.read_changes``, the replica's whole share before the store write).
 
-Run: ``python -m bench.attach [--quick]``.
+Run: ``python -m bench.attach [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 import sparkiq
 from bench._common import (
     Report,
+    Scale,
     entry_point,
     median,
     percentile,
@@ -42,11 +43,11 @@ from bench._common import (
 )
 from bench.sink import (
     KEYSPACE,
-    ROWS_PER_FILE,
-    WARMUP_BATCHES,
     _aggregation,
     _durations,
     _run_app,
+    rows_per_file,
+    warmup_batches,
     write_input,
 )
 from sparkiq.checkpoint.source import CheckpointCatalog
@@ -72,8 +73,9 @@ def _run_untouched(spark: Any, source: str, root: str) -> list[tuple[int, int, i
 class _Freshness(threading.Thread):
     """Polls every millisecond: when ``commits/<N>`` appeared, when ``handle`` served N."""
 
-    def __init__(self, checkpoint: str, handle: sparkiq.Attached) -> None:
+    def __init__(self, checkpoint: str, handle: sparkiq.Attached, warmup: int) -> None:
         super().__init__(daemon=True)
+        self.warmup = warmup
         self.commits = os.path.join(checkpoint, "commits")
         self.handle = handle
         self.committed: dict[int, float] = {}
@@ -98,12 +100,12 @@ class _Freshness(threading.Thread):
         return [
             (self.served[b] - self.committed[b]) * 1000
             for b in sorted(self.committed)
-            if b in self.served and b >= WARMUP_BATCHES
+            if b in self.served and b >= self.warmup
         ]
 
 
 def _run_attached(
-    spark: Any, source: str, root: str, latencies: list[float]
+    spark: Any, source: str, root: str, latencies: list[float], warmup: int
 ) -> list[tuple[int, int, int]]:
     checkpoint = os.path.join(root, "checkpoint")
     query = (
@@ -117,7 +119,7 @@ def _run_attached(
         while not os.path.exists(os.path.join(checkpoint, "metadata")):
             time.sleep(0.01)
         handle = sparkiq.attach(checkpoint, name="bench", local_dir=os.path.join(root, "local"))
-        watcher = _Freshness(checkpoint, handle)
+        watcher = _Freshness(checkpoint, handle, warmup)
         watcher.start()
         try:
             query.processAllAvailable()
@@ -196,25 +198,27 @@ def _restore(spark: Any, root: str, keys: int) -> tuple[float, int, float, float
     return seconds, rows, read_s, convert_s
 
 
-def run(quick: bool = False) -> Report:
-    batches = 8 if quick else 12
-    rounds = 1 if quick else 3
-    keys = 100_000 if quick else 1_000_000
+def run(scale: Scale = Scale.FULL, spark: Any = None) -> Report:
+    """``spark``: the session to run on (default: the local one of :func:`spark_session`)."""
+    batches = scale.pick(12, 8, 1)
+    rounds = scale.pick(3, 1, 1)
+    keys = scale.pick(1_000_000, 100_000, 1_000)
+    rows, warmup = rows_per_file(scale), warmup_batches(scale)
     report = Report(
         name="attach",
         title="Attach: serving a query from its checkpoint",
         measures=(
             "micro-batch duration of a streaming aggregation (one file of "
-            f"{ROWS_PER_FILE:,} rows per batch, keys drawn from {KEYSPACE:,}, local[2], 4 "
-            f"shuffle partitions; {batches - WARMUP_BATCHES} batches per run after "
-            f"{WARMUP_BATCHES} warm-up, {rounds} run(s) per mode, each round starting with "
+            f"{rows:,} rows per batch, keys drawn from {KEYSPACE:,}, local[2], 4 "
+            f"shuffle partitions; {batches - warmup} batches per run after "
+            f"{warmup} warm-up, {rounds} run(s) per mode, each round starting with "
             "the next mode), commit -> "
             f"queryable latency of the attached run, and the restore of a {keys:,}-key state"
         ),
         baseline='the same query untouched (`format("noop")`, nothing of sparkiq)',
         target=f"commit -> queryable p50 <= {FRESHNESS_TARGET_MS:.0f} ms",
         columns=["mode", "batches", "triggerExecution median ms", "ratio to untouched"],
-        quick=quick,
+        scale=scale,
     )
     rng = random.Random(13)
     results: dict[str, list[tuple[int, int, int]]] = {
@@ -225,15 +229,15 @@ def run(quick: bool = False) -> Report:
     latencies: list[float] = []
     previous: str | None = None
     with scratch_dir("attach") as root:
-        spark = spark_session()
+        spark = spark if spark is not None else spark_session()
         previous = spark.conf.get("spark.sql.shuffle.partitions")
         spark.conf.set("spark.sql.shuffle.partitions", "4")
         try:
-            source = write_input(os.path.join(root, "in"), batches, rng)
+            source = write_input(os.path.join(root, "in"), batches, rng, rows)
             modes = {
                 "untouched": lambda r: _run_untouched(spark, source, os.path.join(root, f"u{r}")),
                 "attached": lambda r: _run_attached(
-                    spark, source, os.path.join(root, f"a{r}"), latencies
+                    spark, source, os.path.join(root, f"a{r}"), latencies, warmup
                 ),
                 "materialize": lambda r: _run_app(spark, source, os.path.join(root, f"m{r}")),
             }
@@ -246,7 +250,7 @@ def run(quick: bool = False) -> Report:
                 for name, found in runs.items():
                     if len(found) != batches:
                         raise RuntimeError(f"{name} ran {len(found)} batches, not {batches}")
-                    results[name] += [d for d in found if d[0] >= WARMUP_BATCHES]
+                    results[name] += [d for d in found if d[0] >= warmup]
             restore_s, restored, read_s, convert_s = _restore(spark, root, keys)
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", previous)

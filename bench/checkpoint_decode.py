@@ -15,7 +15,7 @@ timed in this process, each repeated and the median kept:
 All see the same rows (checked against the key count). Reported: rows/s of each and its cost
 as a ratio of the floor; the target is the replica's path (convert).
 
-Run: ``python -m bench.checkpoint_decode [--quick]``.
+Run: ``python -m bench.checkpoint_decode [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from __future__ import annotations
 import os
 import random
 import time
+from typing import Any
 
 from bench._common import (
     Report,
+    Scale,
     entry_point,
     median,
     scratch_dir,
@@ -40,11 +42,12 @@ from sparkiq.checkpoint.source import plan_tables
 TARGET_ROWS_PER_S = 200_000.0
 
 
-def run(quick: bool = False) -> Report:
+def run(scale: Scale = Scale.FULL, spark: Any = None) -> Report:
+    """``spark``: the session to run on (default: the local one of :func:`spark_session`)."""
     from pyspark.sql import functions as F
 
-    n_keys = 20_000 if quick else 200_000
-    repeats = 3 if quick else 5
+    n_keys = scale.pick(200_000, 20_000, 500)
+    repeats = scale.pick(5, 3, 1)
     report = Report(
         name="checkpoint_decode",
         title="Checkpoint state: decoding UnsafeRows vs reading the files",
@@ -55,9 +58,9 @@ def run(quick: bool = False) -> Report:
         baseline="reading the same files: checksums, lz4 framing, records (no row decoding)",
         target=f"the replica's path (convert) >= {TARGET_ROWS_PER_S:,.0f} rows/s",
         columns=["path", "median", "rows/s", "ratio"],
-        quick=quick,
+        scale=scale,
     )
-    spark = spark_session()
+    spark = spark if spark is not None else spark_session()
     rng = random.Random(7)
     with scratch_dir("checkpoint-decode") as root:
         source = os.path.join(root, "in")

@@ -8,7 +8,7 @@ first successful answer for that partition. Every answer is also checked: its ro
 carry the batch id of the position it was served at. The node is restarted and the cluster
 settles before the next round.
 
-Run: ``python -m bench.failover [--quick]``.
+Run: ``python -m bench.failover [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, entry_point, median, percentile, scratch_dir, verdict
+from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir, verdict
 from bench.http import _free_port, _stop, _wait
 from sparkiq import Client, KeyQuery, StateQueryRequest
 
@@ -96,8 +96,22 @@ def _query_loop(
             answers.append((now, p, r.is_success, right))
 
 
-def run(quick: bool = False) -> Report:
-    rounds = 2 if quick else 5
+def _all_answered(
+    answers: list[tuple[float, int, bool, bool]], partitions: list[int], killed: float
+) -> bool:
+    """Whether every partition in ``partitions`` was answered after ``killed``."""
+    served = {p for t, p, ok, _ in list(answers) if ok and t >= killed}
+    return served >= set(partitions)
+
+
+def run(scale: Scale = Scale.FULL) -> Report:
+    rounds = scale.pick(5, 2, 1)
+    # Seconds of load before the kill; after it, the least and the most the load goes on.
+    # Full runs keep 3 s of load after every kill; a smoke run stops once every partition
+    # answered again (on a busy machine that may take longer than 3 s).
+    before_s, after_least_s, after_most_s = scale.pick(
+        (1.0, 3.0, 3.0), (1.0, 3.0, 3.0), (0.3, 0.3, 30.0)
+    )
     report = Report(
         name="failover",
         title="Failover after kill -9 of an active node",
@@ -116,7 +130,7 @@ def run(quick: bool = False) -> Report:
             "failed answers",
             "wrong answers",
         ],
-        quick=quick,
+        scale=scale,
     )
     all_times: list[float] = []
     with scratch_dir("failover") as root:
@@ -146,11 +160,15 @@ def run(quick: bool = False) -> Report:
                     target=_query_loop, args=(urls[0], round_, stop, answers), daemon=True
                 )
                 loader.start()
-                time.sleep(1.0)
+                time.sleep(before_s)
                 killed = time.monotonic()
                 procs[victim].send_signal(signal.SIGKILL)
                 procs[victim].wait()
-                time.sleep(3.0)
+                time.sleep(after_least_s)
+                while time.monotonic() - killed < after_most_s and not _all_answered(
+                    answers, partitions, killed
+                ):
+                    time.sleep(0.05)
                 stop.set()
                 loader.join()
                 times = []
@@ -171,10 +189,11 @@ def run(quick: bool = False) -> Report:
                         str(wrong),
                     ]
                 )
-                procs[victim] = _serve(
-                    state_dir, f"n{victim}", ports[victim], seed if victim else ""
-                )
-                _wait(urls[victim])
+                if round_ + 1 < rounds:  # the next round kills a node of a whole cluster
+                    procs[victim] = _serve(
+                        state_dir, f"n{victim}", ports[victim], seed if victim else ""
+                    )
+                    _wait(urls[victim])
         finally:
             writer.stopped.set()
             writer.join()

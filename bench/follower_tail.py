@@ -24,7 +24,7 @@ write (``committed_at`` until the record is visible) is shown as the floor. What
 adds beyond that wait is estimated from the mean (the wait's mean is known, half the
 interval; a p50 of 30 such waits moves by several ms from run to run).
 
-Run: ``python -m bench.follower_tail [--quick]``.
+Run: ``python -m bench.follower_tail [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 
 import sparkiq
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, entry_point, percentile, scratch_dir
+from bench._common import Report, Scale, entry_point, percentile, scratch_dir
 
 TABLE = "tail"
 PROBE = "probe"
@@ -124,7 +124,9 @@ def _read_lines(stream: Any, lines: queue.Queue[dict[str, Any]]) -> None:
             lines.put(json.loads(line))
 
 
-def _measure(writer: _Writer, reader: Reader, state_dir: str, local_dir: str, steps: int) -> Run:
+def _measure(
+    writer: _Writer, reader: Reader, state_dir: str, local_dir: str, steps: int, rows: int
+) -> Run:
     child = subprocess.Popen(
         [
             sys.executable,
@@ -165,7 +167,7 @@ def _measure(writer: _Writer, reader: Reader, state_dir: str, local_dir: str, st
         write_ms: list[float] = []
         for _ in range(steps):
             time.sleep(writer.rng.uniform(*PAUSE_S))
-            batch_id, committed_at, written = writer.write(ROWS)
+            batch_id, committed_at, written = writer.write(rows)
             committed[batch_id] = committed_at
             write_ms.append((written - committed_at) * 1000)
         seen: dict[int, dict[str, Any]] = {}
@@ -194,14 +196,15 @@ def _measure(writer: _Writer, reader: Reader, state_dir: str, local_dir: str, st
     return Run(reader, float(ready["poll_interval"]), latency, write_ms)
 
 
-def run(quick: bool = False) -> Report:
-    steps = 15 if quick else 30
+def run(scale: Scale = Scale.FULL) -> Report:
+    steps = scale.pick(30, 15, 2)
+    rows, warmup_rows = scale.pick((ROWS, KEYSPACE // 2), (ROWS, KEYSPACE // 2), (100, 500))
     readers, notes = _readers()
     report = Report(
         name="follower_tail",
         title="Follower tail latency: commit to follower-visible",
         measures=(
-            f"per committed batch ({steps} per reader, {ROWS:,} changed rows each, 70-130 ms "
+            f"per committed batch ({steps} per reader, {rows:,} changed rows each, 70-130 ms "
             "apart), the time from the commit record's `committed_at` until a reader in "
             "another process sees every followed partition at that batch"
         ),
@@ -221,17 +224,17 @@ def run(quick: bool = False) -> Report:
             "reader adds ms",
             "p50 vs Node",
         ],
-        quick=quick,
+        scale=scale,
     )
     runs: list[Run] = []
     with scratch_dir("follower-tail") as root:
         state_dir = os.path.join(root, "state")
         writer = _Writer(state_dir)
         for _ in range(WARMUP_BATCHES):
-            writer.write(KEYSPACE // 2)
+            writer.write(warmup_rows)
         for index, reader in enumerate(readers):
             local_dir = os.path.join(root, f"local-{index}")
-            runs.append(_measure(writer, reader, state_dir, local_dir, steps))
+            runs.append(_measure(writer, reader, state_dir, local_dir, steps, rows))
 
     by_label = {r.reader.label: r for r in runs}
     base_p50 = percentile(by_label[BASELINE].latency_ms, 50)

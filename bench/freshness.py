@@ -14,7 +14,7 @@ Freshness of a batch = when a reader first returned its value - the commit recor
 ``committed_at`` (both from the same wall clock). Steps are spaced by a random pause, so
 commits fall anywhere within the external node's poll interval.
 
-Run: ``python -m bench.freshness [--quick]``.
+Run: ``python -m bench.freshness [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 from bench._common import (
     Report,
+    Scale,
     cli,
     percentile,
     scratch_dir,
@@ -87,16 +88,18 @@ def _read_lines(stream: Any, lines: queue.Queue[str]) -> None:
         lines.put(line.strip())
 
 
-def run(quick: bool = False) -> Report:
+def run(scale: Scale = Scale.FULL, spark: Any = None) -> Report:
+    """``spark``: the session to run on (default: the local one of :func:`spark_session`)."""
     from pyspark.sql import functions as F
 
-    steps = 8 if quick else 20
+    steps = scale.pick(20, 8, 1)
+    rows = scale.pick(1_000, 1_000, 100)
     report = Report(
         name="freshness",
         title="Freshness: commit to queryable",
         measures=(
             "per micro-batch, the time from its commit record's `committed_at` to the first "
-            f"read returning its value, over {steps} batches (one 1,001-row file each, "
+            f"read returning its value, over {steps} batches (one {rows + 1:,}-row file each, "
             "random pauses between them)"
         ),
         baseline=(
@@ -105,9 +108,9 @@ def run(quick: bool = False) -> Report:
         ),
         target=f"p50 <= {TARGET_MS:.0f} ms",
         columns=["reader", "interval", "batches", "p50 ms", "p90 ms", "max ms"],
-        quick=quick,
+        scale=scale,
     )
-    spark = spark_session()
+    spark = spark if spark is not None else spark_session()
     rng = random.Random(13)
     with scratch_dir("freshness") as root:
         source = os.path.join(root, "in")
@@ -115,8 +118,8 @@ def run(quick: bool = False) -> Report:
         state_dir = os.path.join(root, "state")
 
         def add_file(index: int) -> None:
-            rows = [(f"key-{rng.randrange(5_000):05d}", rng.randrange(1000)) for _ in range(1000)]
-            write_json_rows(source, index, [*rows, (PROBE, index)])
+            drawn = [(f"key-{rng.randrange(5_000):05d}", rng.randrange(1000)) for _ in range(rows)]
+            write_json_rows(source, index, [*drawn, (PROBE, index)])
 
         add_file(0)  # warm-up batch
         df = spark.readStream.schema("k string, v long").json(source)

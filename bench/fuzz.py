@@ -8,7 +8,7 @@ report gives both latency distributions, and the fuzzing's verdicts: answers by 
 (no 5xx allowed), generated statements compared with DuckDB over the ground truth, and
 errors that would leak a path or a class name.
 
-Run: ``python -m bench.fuzz [--quick]``.
+Run: ``python -m bench.fuzz [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from bench._common import Report, entry_point, median, percentile, scratch_dir
+from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir
 
 TOKEN = "bench-fuzz"
 PROBE = "/stores/ik/keys/1"
@@ -97,12 +97,12 @@ def _openapi(url: str, examples: int) -> tuple[int, dict[int, int], list[str]]:
     return report.cases, dict(report.statuses), report.problems
 
 
-def run(quick: bool) -> Report:
+def run(scale: Scale = Scale.FULL) -> Report:
     from tests.fuzz.harness import sql_fuzz
     from tests.sql.tables import build_world, truth_tables
 
-    seeds = [1, 2] if quick else [1, 2, 3, 4, 5, 6, 7, 8]
-    per_seed, examples, floor_seconds = (250, 25, 3.0) if quick else (500, 150, 10.0)
+    seeds = scale.pick([1, 2, 3, 4, 5, 6, 7, 8], [1, 2], [1])
+    per_seed, examples, floor_seconds = scale.pick((500, 150, 10.0), (250, 25, 3.0), (20, 1, 0.3))
     report = Report(
         name="fuzz",
         title="Fuzzing: generated SQL and OpenAPI requests against one node",
@@ -121,7 +121,7 @@ def run(quick: bool) -> Report:
             "lookup p99",
             "p99 / floor",
         ],
-        quick=quick,
+        scale=scale,
     )
     with scratch_dir("fuzz") as state_dir:
         truth = build_world(state_dir)

@@ -15,7 +15,7 @@ Then two nodes without standbys split the partitions, and one of them is asked, 
 at a time, for keys it hosts (answered locally) and keys the other hosts (forwarded over the
 node protocol): the difference of the medians is the remote hop.
 
-Run: ``python -m bench.http [--quick]``.
+Run: ``python -m bench.http [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from bench._common import Report, entry_point, median, percentile, scratch_dir, verdict
+from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir, verdict
 from bench.lookup import _build, _floor_db
 
 TABLE = "lookup"
@@ -41,6 +41,9 @@ OPEN_RATE = 1000
 SQL_THROUGHPUT_TARGET = 3000.0
 SQL_P99_TARGET_MS = 15.0
 SQL_OPEN_RATE = 500
+#: Where ``python -m bench._http_load`` and ``bench._asgi_floor`` import from, whatever the
+#: caller's working directory.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLOOR_NAME = "floor: bare ASGI + rocksdict"
 NODE_NAME = "node: GET /stores/{store}/keys/{key}"
 SQL_NAME = "node: SQL `... WHERE k = '...'` (POST /query)"
@@ -97,6 +100,7 @@ def load(
             [sys.executable, "-m", "bench._http_load", handle.name],
             capture_output=True,
             text=True,
+            cwd=ROOT,
         )
         if out.returncode:
             raise RuntimeError(f"the load generator failed: {out.stderr[-2000:]}")
@@ -116,10 +120,11 @@ def _stop(*processes: Any) -> None:
             process.kill()
 
 
-def run(quick: bool = False) -> Report:
-    n_keys = 20_000 if quick else 100_000
-    duration = 2.0 if quick else 5.0
-    rounds = 1 if quick else 2
+def run(scale: Scale = Scale.FULL) -> Report:
+    n_keys = scale.pick(100_000, 20_000, 1_000)
+    duration = scale.pick(5.0, 2.0, 0.2)
+    warm_up = scale.pick(1.0, 1.0, 0.0)  # seconds; a smoke run's figures need none
+    rounds = scale.pick(2, 1, 1)
     report = Report(
         name="http",
         title="HTTP key lookup: one node, and a remote hop",
@@ -134,7 +139,7 @@ def run(quick: bool = False) -> Report:
         f"{OPEN_RATE:,} req/s; SQL lookups >= {SQL_THROUGHPUT_TARGET:,.0f} queries/s, p99 <= "
         f"{SQL_P99_TARGET_MS:.0f} ms at {SQL_OPEN_RATE} queries/s",
         columns=["server", "closed-loop req/s", "open-loop rate", "p50 ms", "p99 ms", "errors"],
-        quick=quick,
+        scale=scale,
     )
     with scratch_dir("http") as root:
         state_dir = os.path.join(root, "state")
@@ -150,7 +155,8 @@ def run(quick: bool = False) -> Report:
                 "bench._asgi_floor",
                 os.path.join(root, "floor"),
                 str(floor_port),
-            ]
+            ],
+            cwd=ROOT,
         )
         node_proc = _serve(state_dir, "bench", node_port, standbys=0)
         results: dict[str, dict[str, list[float]]] = {}
@@ -171,8 +177,8 @@ def run(quick: bool = False) -> Report:
                 NODE_NAME: (node_port, paths, OPEN_RATE),
                 SQL_NAME: (node_port, sql, SQL_OPEN_RATE),
             }
-            for port, requests, _ in servers.values():  # warm-up
-                load(port, requests, "closed", 1.0)
+            for port, requests, _ in servers.values() if warm_up else ():
+                load(port, requests, "closed", warm_up)
             for _ in range(rounds):
                 for name, (port, requests, rate) in servers.items():
                     closed = load(port, requests, "closed", duration)
@@ -223,11 +229,11 @@ def run(quick: bool = False) -> Report:
                 "sql_p99_ms": sql_p99,
             }
         )
-        report.readings.append(_remote_hop(state_dir, table, keys, quick))
+        report.readings.append(_remote_hop(state_dir, table, keys, scale))
     return report
 
 
-def _remote_hop(state_dir: str, table: Any, keys: list[str], quick: bool) -> str:
+def _remote_hop(state_dir: str, table: Any, keys: list[str], scale: Scale) -> str:
     """p50 of lookups answered by the asked node vs forwarded to the other node."""
     ports = [_free_port(), _free_port()]
     a = _serve(state_dir, "hop-a", ports[0], standbys=0)
@@ -248,11 +254,12 @@ def _remote_hop(state_dir: str, table: Any, keys: list[str], quick: bool) -> str
         mine = next(n for n in nodes if n["node_id"] == "hop-a")["active"][TABLE]
         local = [k for k in keys[:5000] if table.partition_of(k) in mine]
         remote = [k for k in keys[:5000] if table.partition_of(k) not in mine]
-        seconds = 2.0 if quick else 4.0
+        seconds = scale.pick(4.0, 2.0, 0.2)
         timings = {}
         for name, subset in (("local", local), ("remote", remote)):
             paths = [f"/stores/{TABLE}/keys/{k}" for k in subset]
-            load(ports[0], paths, "closed", 1.0, connections=1)
+            if warm_up := scale.pick(1.0, 1.0, 0.0):
+                load(ports[0], paths, "closed", warm_up, connections=1)
             result = load(ports[0], paths, "closed", seconds, connections=1)
             assert result["errors"] == 0
             timings[name] = median(result["latencies_us"]) / 1000

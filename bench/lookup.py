@@ -15,7 +15,7 @@ after a flush (the rows are in table files, read through the block cache). The m
 turns in rounds so drift on a shared machine hits them alike. ``--profile`` adds a cProfile
 listing of ``node.get``.
 
-Run: ``python -m bench.lookup [--quick] [--profile]``.
+Run: ``python -m bench.lookup [--quick | --smoke] [--profile]``.
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ from rocksdict import Options, Rdict, WriteBatch
 from bench._changelog import HandWrittenTable, caught_up_node, key_name
 from bench._common import (
     Report,
+    Scale,
+    add_scale_arguments,
     fmt_ratio,
     median,
     percentile,
+    scale_of,
     scratch_dir,
     verdict,
 )
@@ -164,7 +167,7 @@ def _breakdown(node: Node, table: HandWrittenTable, keys: Sequence[str]) -> dict
     # Interleaved rounds over small chunks, keeping each step's fastest: on a shared machine
     # the minimum is the figure least disturbed by other processes.
     best = {name: float("inf") for name in steps}
-    chunk = 5_000
+    chunk = min(5_000, len(keys))
     for start in range(0, len(keys) - chunk + 1, chunk):
         empty = _empty_loop_ns(keys[start : start + chunk])
         for name, (fn, args) in steps.items():
@@ -188,10 +191,10 @@ def _profile(node: Node, keys: Sequence[str]) -> str:
     return out.getvalue()
 
 
-def run(quick: bool = False, profile: bool = False) -> Report:
-    n_keys, partitions = 100_000, 8
-    n_lookups = 40_000 if quick else 200_000
-    rounds = 2 if quick else 4
+def run(scale: Scale = Scale.FULL, profile: bool = False) -> Report:
+    n_keys, partitions = scale.pick(100_000, 100_000, 2_000), 8
+    n_lookups = scale.pick(200_000, 40_000, 1_000)
+    rounds = scale.pick(4, 2, 1)
     report = Report(
         name="lookup",
         title="In-process key lookup latency",
@@ -208,7 +211,7 @@ def run(quick: bool = False, profile: bool = False) -> Report:
         target=f"`node.get` p50 <= {GET_TARGET_US:.0f} us; KeyQuery p50 <= "
         f"{QUERY_TARGET_US:.0f} us",
         columns=["phase", "method", "p50 us", "p99 us", "loop mean us", "p50 / floor"],
-        quick=quick,
+        scale=scale,
     )
     with scratch_dir("lookup") as root:
         state_dir = os.path.join(root, "state")
@@ -299,10 +302,10 @@ def run(quick: bool = False, profile: bool = False) -> Report:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller, faster run")
+    add_scale_arguments(parser)
     parser.add_argument("--profile", action="store_true", help="also cProfile node.get")
     args = parser.parse_args(argv)
-    report = run(args.quick, args.profile)
+    report = run(scale_of(args), args.profile)
     report.print()
     if args.profile:
         print(report.figures["profile"])

@@ -12,7 +12,7 @@ the shared machine hits every method alike:
 each round trip timed on its own (median, p99) and queries/s = 1 / mean. Client and node
 share one process and the two cores, so the figures are sequential latency, not capacity.
 
-Run: ``python -m bench.pgwire [--quick]``.
+Run: ``python -m bench.pgwire [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import httpx
 import psycopg
 
 from bench._changelog import key_name
-from bench._common import Report, entry_point, median, percentile, scratch_dir
+from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir
 from bench.lookup import _build
 from sparkiq import Node
 
 TABLE = "lookup"
 
 
-def run(quick: bool) -> Report:
-    n_keys, rounds = (20_000, 300) if quick else (100_000, 3_000)
+def run(scale: Scale = Scale.FULL) -> Report:
+    n_keys, rounds = scale.pick((100_000, 3_000), (20_000, 300), (1_000, 20))
     with scratch_dir("pgwire") as state_dir:
         _build(state_dir, n_keys, 8)
         node = Node(state_dir, listen="127.0.0.1:0", pg_listen="127.0.0.1:0")
@@ -92,6 +92,7 @@ def run(quick: bool) -> Report:
         baseline="REST SQL (`POST /query`) on the same node in the same run",
         target="none (a comparison)",
         columns=["method", "p50 us", "p99 us", "queries/s", "vs REST"],
+        scale=scale,
     )
     base = sum(times["REST: POST /query (httpx, JSON)"]) / rounds
     for name, values in times.items():

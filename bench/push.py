@@ -20,7 +20,7 @@ Setups:
   change, but each consumer receives one change per batch, which separates the tail's
   fan-out from the consumers' own work (1,000 Python threads sharing one interpreter).
 
-Run: ``python -m bench.push [--quick]``.
+Run: ``python -m bench.push [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, entry_point, load_average, percentile, scratch_dir
+from bench._common import Report, Scale, entry_point, load_average, percentile, scratch_dir
 from sparkiq.sql.push import Subscription, SubscriptionHub
 
 TABLE = "bench"
@@ -116,9 +116,9 @@ def _measure(table: HandWrittenTable, setup: Setup, first_batch: int, steps: int
     return Run(setup, latency, sum(counts), elapsed)
 
 
-def run(quick: bool = False) -> Report:
-    steps = 12 if quick else 30
-    many = 1_000
+def run(scale: Scale = Scale.FULL) -> Report:
+    steps = scale.pick(30, 12, 2)
+    many = scale.pick(1_000, 1_000, 10)
     setups = [
         Setup("1 subscriber, notify() after commit", 1, True),
         Setup("1 subscriber, 20 ms poll", 1, False),
@@ -137,7 +137,7 @@ def run(quick: bool = False) -> Report:
         baseline="1 subscriber with the writer calling hub.notify() after each commit",
         target="p50 about half the poll interval with a poll; 1,000 subscribers share one tail",
         columns=["setup", "samples", "p50 ms", "p99 ms", "max ms", "mean ms", "p50 vs base"],
-        quick=quick,
+        scale=scale,
     )
     runs: list[Run] = []
     with scratch_dir("push") as root:

@@ -20,7 +20,7 @@ Each restore is the median of 3 repetitions (2 with ``--quick``, which uses 200,
 and 20 batches x 40,000 rows), each on a fresh ``local_dir``. Closing the node (which
 flushes its memtables) is not part of the time.
 
-Run: ``python -m bench.restore [--quick]``.
+Run: ``python -m bench.restore [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import shutil
 import time
 
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, entry_point, median, scratch_dir, verdict
+from bench._common import Report, Scale, entry_point, median, scratch_dir, verdict
 from sparkiq import Node
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import latest_snapshot, write_snapshot
@@ -169,9 +169,11 @@ def _verify(
     ]
 
 
-def run(quick: bool = False) -> Report:
-    keyspace, batches, rows = (200_000, 20, 40_000) if quick else (1_000_000, 40, 100_000)
-    repetitions = 2 if quick else 3
+def run(scale: Scale = Scale.FULL) -> Report:
+    keyspace, batches, rows = scale.pick(
+        (1_000_000, 40, 100_000), (200_000, 20, 40_000), (2_000, TAIL + 3, 500)
+    )
+    repetitions = scale.pick(3, 2, 1)
     last = batches - 1
     snapshot_at = last - TAIL
     report = Report(
@@ -191,7 +193,7 @@ def run(quick: bool = False) -> Report:
         ),
         target=f"restore of 1,000,000 keys from snapshot + changelog <= {TARGET_S:.0f} s",
         columns=["path", "seconds", "rows", "rows/s", "vs no snapshot"],
-        quick=quick,
+        scale=scale,
     )
     with scratch_dir("restore") as root:
         state_dir = os.path.join(root, "state")
@@ -260,7 +262,7 @@ def run(quick: bool = False) -> Report:
     target = (
         verdict(restore_s, TARGET_S, "s", at_most=True)
         if keyspace == 1_000_000
-        else f"the target is for 1,000,000 keys (this quick run has {keyspace:,})"
+        else f"the target is for 1,000,000 keys (this {scale.value} run has {keyspace:,})"
     )
     report.readings = [
         f"restore of {keyspace:,} keys from snapshot + {TAIL} batches: {restore_s:.1f} s "

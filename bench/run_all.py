@@ -3,7 +3,9 @@
 ``python -m bench.run_all`` (what ``make bench`` runs) takes about fifteen minutes on two
 cores (the Spark Connect comparison alone about six). ``--quick`` runs smaller versions in
 about five and, being less precise, leaves the docs alone unless ``--write-docs`` is given;
-so does ``--only`` (a subset).
+so does ``--only`` (a subset). ``--smoke`` runs the smallest version of each, whose figures
+mean nothing: it checks that every benchmark still runs, and never writes the docs
+(tests/test_bench_smoke.py smoke-runs each benchmark in CI).
 ``--json PATH`` also saves every figure as JSON.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import inspect
 import json
 import os
 import sys
@@ -23,6 +26,7 @@ from bench import (
     apply,
     arrow,
     attach,
+    checkpoint_decode,
     failover,
     follower_tail,
     freshness,
@@ -39,10 +43,19 @@ from bench import (
     statestore,
     versions,
 )
-from bench._common import Report, code_version, load_average, machine
+from bench._common import (
+    Report,
+    Scale,
+    add_scale_arguments,
+    code_version,
+    load_average,
+    machine,
+    scale_of,
+)
 
-#: In running order: the benchmarks without Spark first, then those sharing one session.
-BENCHMARKS: dict[str, Callable[[bool], Report]] = {
+#: In running order: the benchmarks without Spark first, then those sharing one session
+#: (their ``run`` takes ``spark=``; sink_connect starts its sessions in child processes).
+BENCHMARKS: dict[str, Callable[[Scale], Report]] = {
     "lookup": lookup.run,
     "http": http.run,
     "failover": failover.run,
@@ -55,6 +68,7 @@ BENCHMARKS: dict[str, Callable[[bool], Report]] = {
     "restore": restore.run,
     "follower_tail": follower_tail.run,
     "statestore": statestore.run,
+    "checkpoint_decode": checkpoint_decode.run,
     "sink": sink.run,
     "sink_connect": sink_connect.run,
     "attach": attach.run,
@@ -63,9 +77,15 @@ BENCHMARKS: dict[str, Callable[[bool], Report]] = {
 }
 
 #: Run only when named in ``--only``: ``make bench`` leaves them out (the soak takes 30 min).
-ON_REQUEST: dict[str, Callable[[bool], Report]] = {
+ON_REQUEST: dict[str, Callable[[Scale], Report]] = {
     "soak": soak.run,
 }
+
+
+def uses_spark(run: Callable[..., Report]) -> bool:
+    """Whether a benchmark runs on this process's SparkSession: it then takes ``spark=``."""
+    return "spark" in inspect.signature(run).parameters
+
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 
@@ -227,11 +247,9 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "Benchmarks of sparkiq in-process (an `App` or `Node`, changelog and replicas on "
         "local disk), over HTTP (`sparkiq serve` processes and a load generator on 127.0.0.1) "
         "and of its SQL engine. Each lives in `bench/` and prints its table when run alone "
-        "(`.venv/bin/python -m bench.lookup`, `bench.http`, `bench.failover`, "
-        "`bench.sql_scan`, `bench.versions`, `bench.pgwire`, `bench.arrow`, `bench.push`, "
-        "`bench.apply`, `bench.restore`, `bench.follower_tail`, `bench.statestore`, "
-        "`bench.sink`, `bench.sink_connect`, `bench.freshness`, `bench.fuzz`; "
-        "`--quick` for a smaller run).",
+        f"(`.venv/bin/python -m bench.{next(iter(BENCHMARKS))}`, "
+        + ", ".join(f"`bench.{name}`" for name in list(BENCHMARKS)[1:])
+        + "; `--quick` for a smaller run).",
         "",
         "Reproduce all of them with `make bench` (`python -m bench.run_all`), which rewrites "
         "this page. The machines these run on are shared and noisy: every figure is a "
@@ -239,7 +257,12 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "same run, and no timing is asserted anywhere. Compare ratios across machines, not "
         "absolute times.",
         "",
-        f"**Last run:** {info['date']} ({'quick' if info['quick'] else 'full'} run, "
+        "`make test` runs every benchmark in its smallest form (`--smoke`: tiny data, one "
+        "round; `tests/test_bench_smoke.py`), so a benchmark that no longer runs fails CI; "
+        "`python -m bench.run_all --smoke` does the same by hand in a few minutes. Smoke "
+        "figures mean nothing and are never written here.",
+        "",
+        f"**Last run:** {info['date']} ({info['scale']} run, "
         f"{info['duration_s'] / 60:.1f} min), sparkiq {info['code']}  ",
         f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['ram']} RAM, {m['os']}  ",
         f"**Software:** Python {m['python']}, pyspark {m['pyspark']}, rocksdict "
@@ -279,7 +302,7 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller, faster runs")
+    add_scale_arguments(parser)
     parser.add_argument(
         "--only",
         default="",
@@ -293,6 +316,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--json", metavar="PATH", help="also save every figure as JSON here")
     args = parser.parse_args(argv)
+    scale = scale_of(args)
+    if scale is Scale.SMOKE and args.write_docs:
+        parser.error("--smoke figures mean nothing: they are never written to the docs")
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
     every = BENCHMARKS | ON_REQUEST
     unknown = sorted(set(names) - set(every))
@@ -301,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "quick": args.quick,
+        "scale": scale.value,
         "machine": machine(),
         "code": code_version(),
         "load_before": load_average(),
@@ -314,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             t0 = time.monotonic()
             print(f"\n### {name} ...", flush=True)
             try:
-                report = every[name](args.quick)
+                report = every[name](scale)
             except Exception as exc:
                 traceback.print_exc()
                 failures[name] = f"{type(exc).__name__}: {exc}"
@@ -323,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(f"({name} took {time.monotonic() - t0:.0f} s)", flush=True)
             reports.append(report)
     finally:
-        if any(n in names for n in ("statestore", "sink", "sink_connect", "freshness")):
+        if any(uses_spark(every[n]) for n in names):
             from pyspark.sql import SparkSession
 
             session = SparkSession.getActiveSession()
@@ -334,14 +360,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if code_version() != info["code"]:
         info["code"] += f" at the start, {code_version()} at the end (code changed mid-run)"
 
-    if (not args.quick and names == list(BENCHMARKS)) or args.write_docs:
+    if (scale is Scale.FULL and names == list(BENCHMARKS)) or args.write_docs:
         os.makedirs(DOCS, exist_ok=True)
         path = os.path.join(DOCS, "benchmarks.md")
         with open(path, "w") as handle:
             handle.write(_docs(reports, failures, info))
         print(f"\nwrote {path}")
     else:
-        print("\ndocs/benchmarks.md left unchanged (quick or partial run; --write-docs forces)")
+        print(
+            f"\ndocs/benchmarks.md left unchanged ({scale.value} or partial run; "
+            "--write-docs forces but for --smoke)"
+        )
     results = {"info": info, "failures": failures, **{r.name: r.as_dict() for r in reports}}
     if args.json:
         with open(args.json, "w") as handle:

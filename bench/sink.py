@@ -18,7 +18,7 @@ With ``--connect`` the same runs go through Spark Connect: a local Connect serve
 JVM, ``local[2]``, the same settings) runs the queries, and each ``foreachBatch`` call runs
 in a Python process the server starts, which drives the batch through the server again.
 
-Run: ``python -m bench.sink [--quick] [--connect]``.
+Run: ``python -m bench.sink [--quick | --smoke] [--connect]``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ from typing import Any
 
 from bench._common import (
     Report,
+    Scale,
+    add_scale_arguments,
     median,
+    scale_of,
     scratch_dir,
     spark_session,
     write_json_rows,
@@ -45,15 +48,28 @@ ROWS_PER_FILE = 10_000
 KEYSPACE = 10_000
 
 
-def write_input(source: str, batches: int, rng: random.Random) -> str:
-    """``batches`` JSON files of ROWS_PER_FILE ``(key, n)`` rows over KEYSPACE keys in the new
-    folder ``source``, one file per micro-batch (the input every sink benchmark reads)."""
+def warmup_batches(scale: Scale) -> int:
+    """First batches of a run left out of its figures: WARMUP_BATCHES, but a smoke run
+    measures its one batch."""
+    return scale.pick(WARMUP_BATCHES, WARMUP_BATCHES, 0)
+
+
+def rows_per_file(scale: Scale) -> int:
+    """Rows in each input file (one micro-batch): ROWS_PER_FILE but in a smoke run."""
+    return scale.pick(ROWS_PER_FILE, ROWS_PER_FILE, 200)
+
+
+def write_input(source: str, batches: int, rng: random.Random, rows: int = ROWS_PER_FILE) -> str:
+    """``batches`` JSON files of ``rows`` ``(key, n)`` rows over KEYSPACE keys in the new
+    folder ``source``, one file per micro-batch (the input every sink benchmark reads).
+    Every file holds ``key-000000`` (the key the runs check)."""
     os.makedirs(source)
     for index in range(batches):
-        rows = [
-            (f"key-{rng.randrange(KEYSPACE):06d}", rng.randrange(100)) for _ in range(ROWS_PER_FILE)
+        drawn = [("key-000000", rng.randrange(100))]
+        drawn += [
+            (f"key-{rng.randrange(KEYSPACE):06d}", rng.randrange(100)) for _ in range(rows - 1)
         ]
-        write_json_rows(source, index, rows)
+        write_json_rows(source, index, drawn)
     return source
 
 
@@ -119,10 +135,11 @@ def _run_app(spark: Any, source: str, root: str) -> list[tuple[int, int, int]]:
 
 
 @contextlib.contextmanager
-def _session(connect: bool) -> Iterator[Any]:
-    """The classic local session, or a Spark Connect session to a local Connect server."""
+def _session(connect: bool, given: Any = None) -> Iterator[Any]:
+    """The classic session (``given``, or the local one), or a Spark Connect session to a
+    local Connect server."""
     if not connect:
-        yield spark_session()
+        yield given if given is not None else spark_session()
         return
     from sparkiq.testing import connect_server
     from sparkiq.testing import spark_session as test_session
@@ -135,18 +152,23 @@ def _session(connect: bool) -> Iterator[Any]:
             session.stop()
 
 
-def run(quick: bool = False, connect: bool = False) -> Report:
-    batches = 8 if quick else 12
-    rounds = 1 if quick else 3
+def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> Report:
+    """``spark``: the classic session to run on (default: the local one of
+    :func:`spark_session`); ``connect`` starts a Connect server and its own session instead."""
+    if connect and spark is not None:
+        raise ValueError("connect=True runs on a Spark Connect session of its own: no spark=")
+    batches = scale.pick(12, 8, 1)
+    rounds = scale.pick(3, 1, 1)
+    rows, warmup = rows_per_file(scale), warmup_batches(scale)
     report = Report(
         name="sink_connect" if connect else "sink",
         title="Sink overhead per micro-batch" + (" under Spark Connect" if connect else ""),
         measures=(
             "duration of one micro-batch of a streaming aggregation (file source, one file of "
-            f"{ROWS_PER_FILE:,} rows per batch, keys drawn from {KEYSPACE:,}, local[2], 4 shuffle "
+            f"{rows:,} rows per batch, keys drawn from {KEYSPACE:,}, local[2], 4 shuffle "
             + ("partitions, through a local Spark Connect server" if connect else "partitions")
-            + f"), from `recentProgress`; {batches - WARMUP_BATCHES} batches per run "
-            f"after {WARMUP_BATCHES} warm-up batches, {rounds} run(s) per sink, alternating"
+            + f"), from `recentProgress`; {batches - warmup} batches per run "
+            f"after {warmup} warm-up batches, {rounds} run(s) per sink, alternating"
         ),
         baseline=(
             "the same query with `foreachBatch` that only evaluates the batch "
@@ -154,19 +176,19 @@ def run(quick: bool = False, connect: bool = False) -> Report:
         ),
         target="none set: the overhead is reported as measured",
         columns=["sink", "batches", "triggerExecution median ms", "addBatch median ms"],
-        quick=quick,
+        scale=scale,
     )
     rng = random.Random(9)
     results: dict[str, list[tuple[int, int, int]]] = {"baseline (noop)": [], "sparkiq App": []}
-    with scratch_dir("sink") as root, _session(connect) as spark:
-        source = write_input(os.path.join(root, "in"), batches, rng)
+    with scratch_dir("sink") as root, _session(connect, spark) as spark:
+        source = write_input(os.path.join(root, "in"), batches, rng, rows)
         for r in range(rounds):
             base = _run_baseline(spark, source, os.path.join(root, f"base{r}"))
             app = _run_app(spark, source, os.path.join(root, f"app{r}"))
             for name, found in (("baseline (noop)", base), ("sparkiq App", app)):
                 if len(found) != batches:
                     raise RuntimeError(f"{name} ran {len(found)} batches with input, not {batches}")
-                results[name] += [d for d in found if d[0] >= WARMUP_BATCHES]
+                results[name] += [d for d in found if d[0] >= warmup]
 
     medians = {
         name: (median([d[1] for d in found]), median([d[2] for d in found]))
@@ -197,12 +219,13 @@ def run(quick: bool = False, connect: bool = False) -> Report:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Parse ``--quick`` and ``--connect``, run, print the report, return its figures."""
+    """Parse ``--quick`` or ``--smoke`` and ``--connect``, run, print the report, return its
+    figures."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller, faster run")
+    add_scale_arguments(parser)
     parser.add_argument("--connect", action="store_true", help="run through Spark Connect")
     args = parser.parse_args(argv)
-    report = run(args.quick, args.connect)
+    report = run(scale_of(args), args.connect)
     report.print()
     return report.as_dict()
 

@@ -15,7 +15,7 @@ two kinds cannot share one. Runs alternate between the kinds (and which goes fir
 drift on the shared machine hits both alike; per-batch durations come from
 ``recentProgress`` after the warm-up batches, and every run reads the same input files.
 
-Run: ``python -m bench.sink_connect [--quick]``.
+Run: ``python -m bench.sink_connect [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench import sink as sink_bench
-from bench._common import Report, cli, median, scratch_dir
+from bench._common import Report, Scale, cli, median, scratch_dir
 from bench.sink import (
     KEYSPACE,
-    ROWS_PER_FILE,
-    WARMUP_BATCHES,
     _run_app,
     _run_baseline,
     _session,
+    rows_per_file,
+    warmup_batches,
     write_input,
 )
 
@@ -64,15 +64,16 @@ def _child(session: str, source: str, root: str, out: str) -> None:
         json.dump(found, handle)
 
 
-def run(quick: bool) -> Report:
-    batches = 8 if quick else 12
-    rounds = 1 if quick else 3
+def run(scale: Scale = Scale.FULL) -> Report:
+    batches = scale.pick(12, 8, 1)
+    rounds = scale.pick(3, 1, 1)
+    rows, warmup = rows_per_file(scale), warmup_batches(scale)
     found: dict[tuple[str, str], list[tuple[int, int, int]]] = {
         (s, k): [] for s in SESSIONS for k in SINKS
     }
     rng = random.Random(9)
     with scratch_dir("sink-connect") as root:
-        source = write_input(os.path.join(root, "in"), batches, rng)
+        source = write_input(os.path.join(root, "in"), batches, rng, rows)
         for r in range(rounds):
             order = SESSIONS if r % 2 == 0 else SESSIONS[::-1]
             for name in order:
@@ -102,15 +103,15 @@ def run(quick: bool) -> Report:
                         raise RuntimeError(
                             f"{name} {sink} ran {len(runs)} batches with input, not {batches}"
                         )
-                    found[name, sink] += [tuple(d) for d in runs if d[0] >= WARMUP_BATCHES]
+                    found[name, sink] += [tuple(d) for d in runs if d[0] >= warmup]
     report = Report(
         name="sink_connect",
         title="Sink overhead per micro-batch: Spark Connect vs classic",
         measures=(
             "duration of one micro-batch of the streaming aggregation of the section above "
-            f"(one file of {ROWS_PER_FILE:,} rows per batch, keys drawn from {KEYSPACE:,}, "
-            f"local[2], 4 shuffle partitions), {batches - WARMUP_BATCHES} batches per run after "
-            f"{WARMUP_BATCHES} warm-up batches, {rounds} run(s) per sink and session; a classic "
+            f"(one file of {rows:,} rows per batch, keys drawn from {KEYSPACE:,}, "
+            f"local[2], 4 shuffle partitions), {batches - warmup} batches per run after "
+            f"{warmup} warm-up batches, {rounds} run(s) per sink and session; a classic "
             "session and a Connect session to a local Spark Connect server (its own JVM) in "
             "one process, runs alternating between them"
         ),
@@ -120,7 +121,7 @@ def run(quick: bool) -> Report:
         ),
         target="none set: the overhead is reported as measured",
         columns=["session", "sink", "batches", "triggerExecution median ms", "addBatch median ms"],
-        quick=quick,
+        scale=scale,
     )
     medians: dict[tuple[str, str], tuple[float, float]] = {
         key: (median([d[1] for d in values]), median([d[2] for d in values]))
@@ -158,8 +159,8 @@ def run(quick: bool) -> Report:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """``--quick`` as every benchmark; ``--child SESSION SOURCE ROOT OUT`` is one run, in
-    the child process :func:`run` starts."""
+    """``--quick`` or ``--smoke`` as every benchmark; ``--child SESSION SOURCE ROOT OUT`` is
+    one run, in the child process :func:`run` starts."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--child"]:
         parser = argparse.ArgumentParser(description="one run of bench.sink_connect")

@@ -14,8 +14,9 @@ Every 10 s it samples each node's resident memory, threads and open file descrip
 least-squares fit over each node's longest incarnation, after a warm-up (the table's history
 window, 60 s here, fills the replicas' versions first).
 
-Run: ``python -m bench.soak [--minutes N]`` (``--quick``: 3 minutes). ``make bench`` does not
-run it; ``python -m bench.run_all --only soak`` does (30 minutes, 3 with ``--quick``).
+Run: ``python -m bench.soak [--minutes N]`` (``--quick``: 3 minutes, ``--smoke``: one, the
+shortest that injects a fault). ``make bench`` does not run it; ``python -m bench.run_all
+--only soak`` does (30 minutes, 3 with ``--quick``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._common import Report, scratch_dir
+from bench._common import Report, Scale, add_scale_arguments, scale_of, scratch_dir
 
 DEFAULT_MINUTES = 30.0
 QUICK_MINUTES = 3.0
+SMOKE_MINUTES = 1.0  # each minute injects one fault at FAULT_AT and checks it to its end
 SAMPLE_EVERY = 10.0
 FAULT_AT = 20.0  # seconds into each minute
 HISTORY_S = 60.0
@@ -330,12 +332,12 @@ def write_samples(samples: dict[str, list[Sample]], path: str) -> None:
 
 
 def run(
-    quick: bool,
+    scale: Scale = Scale.FULL,
     minutes: float | None = None,
     spare: int | None = None,
     samples_path: str | None = None,
 ) -> Report:
-    minutes = minutes or (QUICK_MINUTES if quick else DEFAULT_MINUTES)
+    minutes = minutes or scale.pick(DEFAULT_MINUTES, QUICK_MINUTES, SMOKE_MINUTES)
     with scratch_dir("soak") as root:
         found = soak(minutes, root, spare)
     if samples_path is not None:
@@ -360,7 +362,7 @@ def run(
             "fds",
             "fds slope",
         ],
-        quick=quick,
+        scale=scale,
     )
     warmup = min(HISTORY_S + 30, minutes * 60 / 3)
     report.rows = resources(found["samples"], warmup)
@@ -417,7 +419,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_MINUTES:g} minutes")
+    add_scale_arguments(parser)
     parser.add_argument("--minutes", type=float, help=f"default {DEFAULT_MINUTES:g}")
     parser.add_argument(
         "--spare-node",
@@ -427,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--samples", help="write every resource sample to this file (JSON lines)")
     args = parser.parse_args(argv)
-    report = run(args.quick, args.minutes, args.spare_node, args.samples)
+    report = run(scale_of(args), args.minutes, args.spare_node, args.samples)
     report.print()
     return report.as_dict()
 

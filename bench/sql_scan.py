@@ -17,7 +17,7 @@ A last line reads every partition from RocksDB into Arrow, what scans cost befor
 * key lookup - ``node.sql("SELECT * FROM t WHERE k = '<key>'")`` against ``node.get``, each
   call timed on its own.
 
-Run: ``python -m bench.sql_scan [--quick]``.
+Run: ``python -m bench.sql_scan [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import duckdb
 import pyarrow as pa
 
 from bench._changelog import HandWrittenTable, caught_up_node, key_name
-from bench._common import Report, entry_point, fmt_ratio, median, percentile, scratch_dir
+from bench._common import Report, Scale, entry_point, fmt_ratio, median, percentile, scratch_dir
 from sparkiq.sql import SqlEngine
 from sparkiq.sql.fragment import SqlFragmentQuery, _without_cyclic_gc
 from sparkiq.sql.fragment import _partition_table as _rocksdb_table
@@ -99,10 +99,10 @@ def _per_call_us(fn: Callable[[Any], Any], args: Sequence[Any]) -> list[float]:
     return out
 
 
-def run(quick: bool = False) -> Report:
-    n_rows, partitions = (200_000 if quick else 1_000_000), 8
-    rounds = 3 if quick else 5
-    n_lookups = 20_000 if quick else 100_000
+def run(scale: Scale = Scale.FULL) -> Report:
+    n_rows, partitions = scale.pick(1_000_000, 200_000, 2_000), 8
+    rounds = scale.pick(5, 3, 1)
+    n_lookups = scale.pick(100_000, 20_000, 200)
     report = Report(
         name="sql_scan",
         title="SQL pull queries in-process",
@@ -120,7 +120,7 @@ def run(quick: bool = False) -> Report:
             "(tens of us)"
         ),
         columns=["query", "method", "median", "vs floor"],
-        quick=quick,
+        scale=scale,
     )
     with scratch_dir("sqlscan") as root:
         state_dir = os.path.join(root, "state")

@@ -12,7 +12,7 @@ aggregation's state, so the same table can be read both ways:
 Both answer the same keys with the same counts (checked). Reported: median of 5 keys for
 the state reader, median of many calls for ``App.get``, and their ratio.
 
-Run: ``python -m bench.statestore [--quick]``.
+Run: ``python -m bench.statestore [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from bench._common import (
     Report,
+    Scale,
     entry_point,
     fmt_ratio,
     median,
@@ -39,12 +40,13 @@ TABLE = "counts"
 TARGET_RATIO = 10_000.0
 
 
-def run(quick: bool = False) -> Report:
+def run(scale: Scale = Scale.FULL, spark: Any = None) -> Report:
+    """``spark``: the session to run on (default: the local one of :func:`spark_session`)."""
     from pyspark.sql import functions as F
 
-    n_keys, rows_per_key = 10_000, 3
-    n_state_reads = 3 if quick else 5
-    n_gets = 20_000 if quick else 100_000
+    n_keys, rows_per_key = scale.pick(10_000, 10_000, 500), 3
+    n_state_reads = scale.pick(5, 3, 1)
+    n_gets = scale.pick(100_000, 20_000, 200)
     report = Report(
         name="statestore",
         title="Key lookup: Spark's state reader vs App.get",
@@ -59,9 +61,9 @@ def run(quick: bool = False) -> Report:
         ),
         target=f"`App.get` >= {TARGET_RATIO:,.0f}x faster (median vs median)",
         columns=["method", "median", "p99", "calls", "ratio"],
-        quick=quick,
+        scale=scale,
     )
-    spark = spark_session()
+    spark = spark if spark is not None else spark_session()
     rng = random.Random(5)
     keys = [f"key-{i:06d}" for i in range(n_keys)]
     with scratch_dir("statestore") as root:
@@ -106,7 +108,7 @@ def run(quick: bool = False) -> Report:
 
             get = app.get
             sample = rng.choices(keys, k=n_gets)
-            for key in sample[:2_000]:
+            for key in sample[: min(2_000, n_gets // 2)]:
                 get(TABLE, key)
             clock = time.perf_counter_ns
             get_ns = []

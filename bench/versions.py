@@ -20,7 +20,7 @@ Then a node over 8 such partitions (1M rows, 20 batches kept) answers, taking tu
   ``as_of`` a batch 10 back (read from the versions), and a ``VersionedKeyQuery`` at that
   batch and a ``MultiVersionedKeyQuery`` over every retained version of the key.
 
-Run: ``python -m bench.versions [--quick]``.
+Run: ``python -m bench.versions [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 from rocksdict import Rdict, WriteBatch
 
 from bench._changelog import HandWrittenTable, key_name
-from bench._common import Report, entry_point, fmt_ratio, median, percentile, scratch_dir
+from bench._common import Report, Scale, entry_point, fmt_ratio, median, percentile, scratch_dir
 from sparkiq import (
     KeyQuery,
     MultiVersionedKeyQuery,
@@ -47,7 +47,8 @@ from sparkiq.cluster.lookup import Lookup
 from sparkiq.query.position import Position
 from sparkiq.sql import SqlEngine
 from sparkiq.stores.partition import PartitionStore
-from sparkiq.stores.rocksdb import RocksDBStore, _options
+from sparkiq.stores.rocksdb import RocksDBStore
+from sparkiq.stores.rocksdb_options import store_options
 from sparkiq.stores.versions import DEFAULT_HISTORY
 
 RAW = "RocksDB write batches alone (floor)"
@@ -112,7 +113,7 @@ def _apply_all(store: PartitionStore, segments: list[Segment]) -> tuple[float, f
 def _raw_write_all(path: str, segments: list[Segment]) -> tuple[float, float]:
     """The floor: the same changes as rocksdict ``WriteBatch``es into a database opened
     with the replicas' options, no position, no checks; seconds as :func:`_apply_all`."""
-    options = _options(True)
+    options = store_options(create=True)
     db = Rdict(path, options, column_families={"default": options})
     wall = cpu = 0.0
     try:
@@ -167,10 +168,12 @@ class _Fragments(_Unpinned):
         self.query = lookup.query
 
 
-def run(quick: bool = False) -> Report:
-    n_keys = 40_000 if quick else 125_000
-    n_batches = 8 if quick else 20
-    rounds = 3 if quick else 5
+def run(scale: Scale = Scale.FULL) -> Report:
+    n_keys = scale.pick(125_000, 40_000, 1_000)
+    n_batches = scale.pick(20, 8, 3)
+    rounds = scale.pick(5, 3, 1)
+    apply_rounds = scale.pick(3, 2, 1)
+    n_gets, n_key_reads = scale.pick((20_000, 2_000), (20_000, 2_000), (200, 20))
     report = Report(
         name="versions",
         title="Versions: consistent reads, AS OF, and their cost",
@@ -188,7 +191,7 @@ def run(quick: bool = False) -> Report:
         ),
         target="apply >= 300k rows/s with versions; get p50 <= 10 us",
         columns=["measure", "method", "value", "vs baseline"],
-        quick=quick,
+        scale=scale,
     )
     with scratch_dir("versions") as root:
         table = HandWrittenTable(os.path.join(root, "one"), "t", 1)
@@ -197,7 +200,7 @@ def run(quick: bool = False) -> Report:
         rates: dict[str, list[float]] = {"with versions": [], "without versions": [], RAW: []}
         cpu_rates: dict[str, list[float]] = {name: [] for name in rates}
         stores = {}
-        for round_ in range(2 if quick else 3):  # the three take turns: drift hits them alike
+        for round_ in range(apply_rounds):  # the three take turns: drift hits them alike
             for name, history in (("with versions", DEFAULT_HISTORY), ("without versions", None)):
                 path = os.path.join(root, f"p-{name.split()[0]}-{round_}")
                 store = PartitionStore("t", 0, table.manifest.schema, RocksDBStore(path), history)
@@ -237,7 +240,7 @@ def run(quick: bool = False) -> Report:
                 ]
             )
         rng = random.Random(4)
-        probe = [table.keys.to_internal(key_name(rng.randrange(n_keys))) for _ in range(20_000)]
+        probe = [table.keys.to_internal(key_name(rng.randrange(n_keys))) for _ in range(n_gets)]
         gets: dict[str, list[float]] = {}
         for start in range(0, len(probe), 2_000):
             for name, store in stores.items():
@@ -300,7 +303,7 @@ def run(quick: bool = False) -> Report:
                     ]
                 )
             newest = n_batches - 1
-            keys = [key_name(rng.randrange(8 * n_keys // 2)) for _ in range(2_000)]
+            keys = [key_name(rng.randrange(8 * n_keys // 2)) for _ in range(n_key_reads)]
             request = StateQueryRequest.in_store("t")
             kinds: dict[str, Callable[[str], Any]] = {
                 "KeyQuery": lambda k: node.query(request.with_query(KeyQuery.with_key(k))),

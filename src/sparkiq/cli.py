@@ -28,11 +28,23 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("advertise", str, "URL other nodes and clients reach this node at", ""),
     ("peers", str, "comma-separated host:port of seed nodes", ""),
     ("standbys", int, "standby replicas per partition", "1"),
-    ("token", str, "require this bearer token from callers and other nodes", ""),
+    ("token", str, "require this bearer token from clients", ""),
+    (
+        "cluster_secret",
+        str,
+        "the secret every node of the cluster shares to prove it is a member "
+        "(never given to clients; prefer the variable: arguments show in ps)",
+        "",
+    ),
+    ("principals", str, "TOML file of principals: their tokens and the tables they read", ""),
+    ("audit_log", str, "append one JSON line per request to this file (who read what)", ""),
     ("local_dir", str, "where this node keeps its replicas", "<state_dir>/replicas/<node_id>"),
     ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
     ("failure_timeout", float, "a member silent this long is gone", "3"),
     ("pg_listen", str, "host:port to serve the Postgres wire protocol on (psql, psycopg)", ""),
+    ("tls_cert", str, "PEM certificate (and chain): serve HTTPS, reach peers over HTTPS", ""),
+    ("tls_key", str, "PEM private key of --tls-cert", ""),
+    ("tls_ca", str, "PEM bundle of the CAs that sign the other nodes' certificates", "system"),
 )
 
 
@@ -226,6 +238,12 @@ def _connection_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--token", default=_env("TOKEN", None), help="the node's bearer token [SPARKIQ_TOKEN]"
     )
+    command.add_argument(
+        "--ca",
+        default=_env("TLS_CA", None),
+        help="PEM bundle to verify an https node's certificate with [SPARKIQ_TLS_CA, "
+        "default: the system's authorities]",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -298,7 +316,7 @@ def _query(args: argparse.Namespace) -> int:
     from sparkiq.output import ChangePrinter, Elapsed, print_rows
     from sparkiq.sql.statement import is_push_query
 
-    with Client(args.url, token=args.token) as client:
+    with Client(args.url, token=args.token, ca=args.ca) as client:
         if is_push_query(args.sql):
             printer = ChangePrinter(sys.stdout, args.form)
             with _Failure("query", args) as failure, client.stream(args.sql) as changes:
@@ -321,7 +339,10 @@ def _tables(args: argparse.Namespace) -> int:
     from sparkiq.client import Client
     from sparkiq.output import print_rows
 
-    with Client(args.url, token=args.token) as client, _Failure("tables", args) as failure:
+    with (
+        Client(args.url, token=args.token, ca=args.ca) as client,
+        _Failure("tables", args) as failure,
+    ):
         stores = client.stores()
     if failure.code:
         return failure.code
@@ -405,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "shell":
         from sparkiq.shell import run_shell
 
-        return run_shell(args.url, args.token)
+        return run_shell(args.url, args.token, args.ca)
     return 2
 
 

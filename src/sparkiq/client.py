@@ -30,6 +30,7 @@ rules above.
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 import urllib.parse
@@ -47,6 +48,7 @@ from sparkiq.cluster.httppool import HttpPool
 from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
     AuthenticationError,
+    ForbiddenError,
     InvalidQueryError,
     NodeUnreachableError,
     SparkiqError,
@@ -77,7 +79,9 @@ _MAX_IN_FLIGHT = 64
 
 
 class Client:
-    """A connection to a sparkiq cluster through one or more node URLs."""
+    """A connection to a sparkiq cluster through one or more node URLs (all ``http://``
+    or all ``https://``; with ``https``, ``ca`` is the PEM bundle the nodes' certificates
+    are verified against, default the system's authorities)."""
 
     def __init__(
         self,
@@ -89,18 +93,27 @@ class Client:
         bound_wait: float = 2.0,
         hedge_floor: float = 0.25,
         hedge_ceiling: float = 1.0,
+        ca: str | None = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ValueError("Client needs at least one node URL")
         self._urls = [u.rstrip("/") for u in urls]
+        schemes = {u.split("://", 1)[0] for u in self._urls}
+        if len(schemes) != 1 or not schemes <= {"http", "https"}:
+            raise ValueError(f"node URLs must all be http:// or all https://, got {self._urls}")
+        # https: nodes' certificates verified against ``ca`` (a PEM bundle; default: the
+        # system's authorities), by both HTTP stacks
+        tls = ssl.create_default_context(cafile=ca) if schemes == {"https"} else None
         self.token = token
         self.monotonic = monotonic
         self.bound_wait = bound_wait
         self.timeout = timeout
-        self._conns = HttpPool(timeout=timeout)
+        self._conns = HttpPool(timeout=timeout, tls=None if tls is None else lambda: tls)
         self._hedge = HedgeDelay(floor=hedge_floor, ceiling=max(hedge_floor, hedge_ceiling))
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=1.0))
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(timeout, connect=1.0), verify=True if tls is None else tls
+        )
         self._seen: dict[str, Position] = {}
         self._stores: dict[str, dict[str, Any]] = {}
         # guards _urls' order, _seen and _senders' creation
@@ -537,6 +550,8 @@ def _error(response: httpx.Response) -> SparkiqError:
             message, code, field = response.text[:300], "http_error", None
     if response.status_code == 401:
         return AuthenticationError(message)
+    if response.status_code == 403 and code == "forbidden":
+        return ForbiddenError(message)
     if code == "unknown_store":
         return UnknownStoreError(message)
     if response.status_code == 400 and isinstance(error, dict) and "line" in error:

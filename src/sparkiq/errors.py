@@ -18,6 +18,7 @@ Hierarchy::
     ├── ReadOnlyError (PermissionError)   a reader (follower, node) tried to write a changelog
     ├── StoreError                    a local store (RocksDB) failed
     ├── AuthenticationError (PermissionError)  a missing or wrong bearer token
+    ├── ForbiddenError (PermissionError)  the caller's principal may not read a table
     └── NodeUnreachableError          a node did not answer (routers try another replica)
 
 This module imports nothing from the rest of the package, so every layer may use it.
@@ -32,6 +33,7 @@ __all__ = [
     "ChangelogError",
     "ConfigError",
     "CorruptSegmentError",
+    "ForbiddenError",
     "InvalidQueryError",
     "LayoutMismatchError",
     "NodeUnreachableError",
@@ -103,6 +105,10 @@ class StoreError(SparkiqError):
 
 class AuthenticationError(SparkiqError, PermissionError):
     """A request carried no bearer token, or the wrong one, where one is configured."""
+
+
+class ForbiddenError(SparkiqError, PermissionError):
+    """The caller is known but its principal has no grant for a table it asked to read."""
 
 
 class NodeUnreachableError(SparkiqError):

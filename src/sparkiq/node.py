@@ -43,17 +43,22 @@ from sparkiq.cluster.hosting import Hosting, Placement, TableView
 from sparkiq.cluster.lookup import Lookup
 from sparkiq.cluster.membership import HostedState
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
+from sparkiq.cluster.nodeauth import NodeKey, Opened
 from sparkiq.cluster.rebalance import Rebalancer
 from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
-from sparkiq.errors import ConfigError, SparkiqError
+from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
+from sparkiq.principals import Principal, Principals
 from sparkiq.query.position import Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 from sparkiq.server import RunningServer, bind_socket, start_server
+from sparkiq.server.audit import AuditLog
+from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg import PgServer
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
+from sparkiq.tls import TlsContexts, TlsFiles
 
 __all__ = ["Node", "TableView"]
 
@@ -84,24 +89,37 @@ class Node:
     and it has been silent at least ``failure_timeout`` s), the node
     hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
     partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
-    authentication for HTTP callers and between nodes. ``advertise`` is the URL other nodes
-    and clients use to reach this one (default: from ``listen``). The HTTP server answers
-    only requests for its own host names (a guard against DNS rebinding): ``localhost``, IP
-    addresses, the host of ``advertise`` or ``listen``, and ``allowed_hosts`` (names,
-    ``*.example.com``, or ``*`` for any; see :mod:`sparkiq.server.browser`).
+    authentication for HTTP callers; ``principals`` (a TOML file, :mod:`sparkiq.principals`)
+    names several callers, each with its tokens and the tables it may read; ``audit_log``
+    (a file) records who read what (:mod:`sparkiq.server.audit`). ``cluster_secret`` (at
+    least 16 characters, the same on every node, never given to clients) is how nodes prove
+    to each other that they are members (:mod:`sparkiq.cluster.nodeauth`; it never
+    travels): without it only processes on this host may join, and only when the node asks
+    its clients for no token. ``advertise`` is the URL other nodes and clients use to reach
+    this one (default: from ``listen``). The HTTP server answers only requests for its own
+    host names (a guard against DNS rebinding): ``localhost``, IP addresses, the host of
+    ``advertise`` or ``listen``, and ``allowed_hosts`` (names, ``*.example.com``, or ``*``
+    for any; see :mod:`sparkiq.server.browser`).
 
     **Postgres wire protocol.** With ``pg_listen`` (``"host:port"``, port 0 picks a free
     one; :attr:`pg_address` is where it listens once started) the node also answers psql,
     psycopg and other Postgres clients with pull queries (docs/postgres.md); the password
     is ``token`` when the node has one. It does not make the node clustered.
 
+    **TLS.** With ``tls_cert`` and ``tls_key`` (PEM files) the node serves HTTPS and reaches
+    its peers over HTTPS, verifying their certificates against ``tls_ca`` (a PEM bundle;
+    default: the system's authorities); renewed files are picked up while it runs
+    (:mod:`sparkiq.tls`).
+
     **Settings from the environment.** ``node_id``, ``listen``, ``advertise``, ``peers``
-    (comma-separated), ``standbys``, ``token``, ``local_dir``, ``heartbeat_interval`` and
-    ``failure_timeout`` default to ``SPARKIQ_NODE_ID``, ``SPARKIQ_LISTEN``,
-    ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``, ``SPARKIQ_TOKEN``,
-    ``SPARKIQ_LOCAL_DIR``, ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT``
-    (and ``pg_listen`` to ``SPARKIQ_PG_LISTEN``, ``allowed_hosts`` to
-    ``SPARKIQ_ALLOWED_HOSTS``, comma-separated);
+    (comma-separated), ``standbys``, ``token``, ``cluster_secret``, ``local_dir``,
+    ``heartbeat_interval`` and ``failure_timeout`` default to ``SPARKIQ_NODE_ID``,
+    ``SPARKIQ_LISTEN``, ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``,
+    ``SPARKIQ_TOKEN``, ``SPARKIQ_CLUSTER_SECRET``, ``SPARKIQ_LOCAL_DIR``,
+    ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT`` (and ``pg_listen``,
+    ``allowed_hosts`` (comma-separated), ``tls_cert``, ``tls_key``, ``tls_ca`` to
+    ``SPARKIQ_PG_LISTEN``, ``SPARKIQ_ALLOWED_HOSTS``, ``SPARKIQ_TLS_CERT``,
+    ``SPARKIQ_TLS_KEY``, ``SPARKIQ_TLS_CA``);
     pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
@@ -116,6 +134,9 @@ class Node:
         peers: Iterable[str] | None = NOT_GIVEN,
         standbys: int = NOT_GIVEN,
         token: str | None = NOT_GIVEN,
+        cluster_secret: str | None = NOT_GIVEN,
+        principals: str | None = NOT_GIVEN,
+        audit_log: str | None = NOT_GIVEN,
         advertise: str | None = NOT_GIVEN,
         local_dir: str | None = NOT_GIVEN,
         heartbeat_interval: float = NOT_GIVEN,
@@ -125,6 +146,9 @@ class Node:
         poll_interval: float = NOT_GIVEN,
         pg_listen: str | None = NOT_GIVEN,
         allowed_hosts: Iterable[str] | str | None = NOT_GIVEN,
+        tls_cert: str | None = NOT_GIVEN,
+        tls_key: str | None = NOT_GIVEN,
+        tls_ca: str | None = NOT_GIVEN,
         transport: Transport | None = None,
         partitions: Mapping[str, Iterable[int]] | None = None,
         tables: Iterable[str] | None = None,
@@ -138,6 +162,9 @@ class Node:
             "peers": peers,
             "standbys": standbys,
             "token": token,
+            "cluster_secret": cluster_secret,
+            "principals": principals,
+            "audit_log": audit_log,
             "advertise": advertise,
             "local_dir": local_dir,
             "heartbeat_interval": heartbeat_interval,
@@ -147,6 +174,9 @@ class Node:
             "poll_interval": poll_interval,
             "pg_listen": pg_listen,
             "allowed_hosts": allowed_hosts,
+            "tls_cert": tls_cert,
+            "tls_key": tls_key,
+            "tls_ca": tls_ca,
         }
         given = {k: v for k, v in settings.items() if v is not NOT_GIVEN}
         if config is None:
@@ -161,6 +191,11 @@ class Node:
         self.state_dir = config.state_dir
         self.node_id = config.node_id
         self.token = config.token
+        #: Who may call this node and read what (``token``, ``principals``): ConfigError here
+        #: for a principals file that cannot be read.
+        self.principals = Principals(token=config.token, path=config.principals)
+        #: Who read what, when ``audit_log`` names a file (sparkiq.server.audit).
+        self.audit = None if config.audit_log is None else AuditLog(config.audit_log, self.node_id)
         self.clustered = config.clustered or transport is not None
         if self.clustered and partitions is not None:
             raise ConfigError(
@@ -186,9 +221,11 @@ class Node:
             catalogs=[_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()],
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id)
-        self._lookup.token = config.token
         self._server: RunningServer | None = None
+        self._tls: TlsContexts | None = None  # with tls_cert: every listener's certificate
         self._pg: PgServer | None = None
+        # failed authentications of every listener (REST, Postgres), slowed per address
+        self.auth_failures = AuthFailures.from_env()
         self.pg_address: tuple[str, int] | None = None
         self._started = False
         self._lifecycle = threading.RLock()
@@ -225,12 +262,20 @@ class Node:
             if self._started:
                 return self
             self._hosting.refresh_tables()
+            config = self.config
+            if config.tls_cert and config.tls_key and self._tls is None:
+                files = TlsFiles(config.tls_cert, config.tls_key, config.tls_ca)
+                self._tls = TlsContexts(files).start()
             if self.clustered:
                 self._start_cluster()
             self._hosting.start_tailing()
             if self.config.pg_listen:
                 self._pg = PgServer(
-                    self, bind_socket(self.config.pg_listen), token=self.config.token
+                    self,
+                    bind_socket(self.config.pg_listen),
+                    principals=self.principals,
+                    audit=self.audit,
+                    auth_failures=self.auth_failures,
                 ).start()
                 self.pg_address = self._pg.address
             self._started = True
@@ -244,13 +289,15 @@ class Node:
             host, port = sock.getsockname()[:2]
             if host in ("0.0.0.0", "::", ""):
                 host = socket.gethostname()
-            self.url = node_url(config.advertise or f"{host}:{port}")
+            self.url = node_url(config.advertise or f"{host}:{port}", config.scheme)
         else:
             self.url = node_url(config.advertise or f"local://{self.node_id}")
         self._lookup.url = self.url
         transport = self._transport
+        key = None if config.cluster_secret is None else NodeKey(config.cluster_secret)
         if transport is None:
-            transport = HttpTransport()
+            tls = None if self._tls is None else self._tls.client
+            transport = HttpTransport(node_id=self.node_id, key=key, tls=tls)
         elif isinstance(transport, LocalTransport):
             transport.register(self.url, self)
         coordinator = Coordinator(
@@ -258,7 +305,8 @@ class Node:
             url=self.url,
             seeds=list(config.peers),
             standbys=config.standbys,
-            token=config.token,
+            key=key,
+            open_to_local=not self.principals.required,
             transport=transport,
             heartbeat_interval=config.heartbeat_interval,
             failure_timeout=config.failure_timeout,
@@ -267,6 +315,7 @@ class Node:
             hosted_state=self._hosting.hosted_state,
             rebalance=self._rebalance,
             catch_up=self._hosting.poll_once,
+            committed_head=self._hosting.latest_batch,
         )
         self._rebalancer = Rebalancer(
             self._hosting,
@@ -276,7 +325,7 @@ class Node:
         )
         self.coordinator = self._lookup.coordinator = coordinator
         if sock is not None:
-            self._server = start_server(self, sock)
+            self._server = start_server(self, sock, tls=self._tls)
         coordinator.start()
 
     def stop(self) -> None:
@@ -303,6 +352,12 @@ class Node:
                 self._rebalancer.close()
                 self._rebalancer = None
             self._hosting.close()
+            if self._tls is not None:
+                self._tls.stop()
+                self._tls = None
+            if self.audit is not None:
+                self.audit.close()
+                self.audit = None
             self._started = False
 
     def __enter__(self) -> Node:
@@ -447,10 +502,6 @@ class Node:
         :mod:`sparkiq.cluster.router`)."""
         return self._lookup.query(request)
 
-    def route(self, request: StateQueryRequest, token: str | None) -> StateQueryResult[Any]:
-        """:meth:`query` on behalf of a caller whose ``token`` is forwarded to other nodes."""
-        return self._lookup.route(request, token)
-
     def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
         others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
@@ -466,10 +517,37 @@ class Node:
 
     # -- cluster -----------------------------------------------------------------------------
 
-    def check_token(self, token: str | None) -> None:
-        """Raise :class:`~sparkiq.errors.AuthenticationError` unless ``token`` is accepted."""
-        if self.coordinator is not None:
-            self.coordinator.check_token(token)
+    def check_token(self, token: str | None) -> Principal | None:
+        """The principal ``token`` authenticates (None: the node asks for no token); raises
+        :class:`~sparkiq.errors.AuthenticationError` for a missing or unknown one."""
+        return self.principals.authenticate(token)
+
+    def principal_named(self, name: str | None) -> Principal | None:
+        """The principal a member says a routed request runs for (None: the member itself,
+        unrestricted); raises :class:`~sparkiq.errors.ForbiddenError` for a name this node
+        does not know."""
+        if name is None:
+            return None
+        principal = self.principals.principal(name)
+        if principal is None:
+            raise ForbiddenError(
+                f"a member routed a request for principal {name!r}, which node "
+                f"{self.node_id!r} does not know: give every node the same principals file"
+            )
+        return principal
+
+    def admit_node(
+        self, header: str | None, method: str, path: str, body: bytes, peer: str | None
+    ) -> Opened | None:
+        """Check the node credential of a node-protocol request (see
+        :meth:`sparkiq.cluster.coordinator.Coordinator.admit`)."""
+        if self.coordinator is None:
+            raise AuthenticationError(f"node {self.node_id!r} is not clustered: it has no members")
+        return self.coordinator.admit(header, method, path, body, peer)
+
+    def sign_reply(self, request_mac: str | None, body: bytes) -> str | None:
+        """The header proving this node's reply comes from a member (None: no secret)."""
+        return None if self.coordinator is None else self.coordinator.sign_reply(request_mac, body)
 
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
         """A heartbeat from another member; returns this node's."""

@@ -176,9 +176,9 @@ class _Shell:
         )
 
 
-def run_shell(url: str, token: str | None) -> int:
+def run_shell(url: str, token: str | None, ca: str | None = None) -> int:
     """The shell's loop, until ``\\q`` or end of input; the process exit code."""
-    with Client(url, token=token) as client:
+    with Client(url, token=token, ca=ca) as client:
         shell = _Shell(client, url, token)
         try:
             shell.refresh()

@@ -17,8 +17,14 @@ FAST = {
 }
 
 
+#: The nodes' shared secret where a test gives them a client token (which never admits one).
+CLUSTER_SECRET = "tests-cluster-secret"
+
+
 def start_http_cluster(state_dir: str, count: int, **options: Any) -> list[Node]:
     settings = FAST | options
+    if settings.get("token") is not None:
+        settings.setdefault("cluster_secret", CLUSTER_SECRET)
     first = Node(state_dir, node_id="n0", listen="127.0.0.1:0", peers=[], **settings).start()
     nodes = [first]
     for i in range(1, count):

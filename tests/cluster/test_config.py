@@ -18,6 +18,7 @@ def test_arguments_win_over_variables_which_win_over_defaults() -> None:
         "SPARKIQ_PEERS": "a:1, b:2,,",
         "SPARKIQ_STANDBYS": "2",
         "SPARKIQ_TOKEN": "tok",
+        "SPARKIQ_CLUSTER_SECRET": "a-secret-of-the-nodes",
         "SPARKIQ_LOCAL_DIR": "/tmp/here",
         "SPARKIQ_HEARTBEAT_INTERVAL": "0.25",
         "SPARKIQ_FAILURE_TIMEOUT": "4",
@@ -32,6 +33,7 @@ def test_arguments_win_over_variables_which_win_over_defaults() -> None:
         peers=("http://a:1", "http://b:2"),
         standbys=2,
         token="tok",
+        cluster_secret="a-secret-of-the-nodes",
         local_dir="/tmp/here",
         heartbeat_interval=0.25,
         failure_timeout=4.0,
@@ -61,9 +63,13 @@ def test_every_variable_is_read_and_empty_ones_are_unset() -> None:
             "standbys": "3",
             "heartbeat_interval": "2",
             "failure_timeout": "5",
+            "cluster_secret": "sixteen-chars-or-more",
             "allowed_hosts": "sparkiq.example.com",
         }.get(field, "127.0.0.1:1")
-        resolved = getattr(NodeConfig.resolve("/s", environ={variable: value}), field)
+        environ = {variable: value}
+        if field.startswith("tls_"):  # the TLS files go together
+            environ |= {ENV_VARIABLES[f]: "/etc/x.pem" for f in ("tls_cert", "tls_key")}
+        resolved = getattr(NodeConfig.resolve("/s", environ=environ), field)
         assert resolved not in (None, (), NodeConfig.__dataclass_fields__[field].default), field
     assert NodeConfig.resolve("/s", environ={"SPARKIQ_LISTEN": ""}).listen is None
 
@@ -89,6 +95,23 @@ def test_a_node_named_after_its_address_when_asked() -> None:
         ({"node_id": " "}, {}, "node_id must be a non-empty string"),
         ({"listen": 8080}, {}, "listen must be a string"),
         ({"peers": [1]}, {}, "peers must be addresses"),
+        ({"cluster_secret": "short"}, {}, "cluster_secret must be at least 16 characters"),
+        (
+            {"cluster_secret": "sixteen-chars-or-more", "token": "sixteen-chars-or-more"},
+            {},
+            "cluster_secret must differ from token",
+        ),
+        (
+            {"peers": ["127.0.0.1:9"]},
+            {"SPARKIQ_TOKEN": "tok"},
+            r"a node with a token \(or principals\) joins peers only with a cluster secret.*"
+            r"--cluster-secret",
+        ),
+        (
+            {"peers": ["127.0.0.1:9", "10.1.2.3:9"]},
+            {},
+            r"peers \['http://10.1.2.3:9'\] are not on this host.*cluster_secret",
+        ),
         ({"colour": "red"}, {}, r"unknown node option\(s\) \['colour'\]"),
     ],
 )

@@ -16,10 +16,12 @@ from sparkiq import Node
 from sparkiq.cluster.detector import ArrivalWindow, Detector
 from sparkiq.cluster.heartbeat import HeartbeatError, parse_heartbeat
 from sparkiq.cluster.membership import Membership
+from sparkiq.cluster.nodeauth import REQUEST_HEADER, NodeKey
 from sparkiq.wire.values import pack
 from tests.changelog.helpers import make_table
 
 TOKEN = "s3cret"
+SECRET = "the-nodes-own-secret"
 
 
 def beat(node_id: str = "n1", url: str = "http://127.0.0.1:9001", **changes: Any) -> dict[str, Any]:
@@ -165,6 +167,7 @@ def http_node(tmp_path: Path) -> Iterator[Node]:
         listen="127.0.0.1:0",
         peers=[],
         token=TOKEN,
+        cluster_secret=SECRET,
         heartbeat_interval=0.1,
         failure_timeout=1.0,
     ).start()
@@ -172,10 +175,14 @@ def http_node(tmp_path: Path) -> Iterator[Node]:
     node.stop()
 
 
-def post(node: Node, body: bytes, token: str | None = TOKEN) -> httpx.Response:
+def post(node: Node, body: bytes, secret: str | None = SECRET) -> httpx.Response:
+    """A heartbeat signed with ``secret`` (None: sent with the client token instead)."""
     headers = {"content-type": "application/x-sparkiq-v1"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
+    if secret is None:
+        headers["authorization"] = f"Bearer {TOKEN}"
+    else:
+        signed = NodeKey(secret).sign_request("n1", "POST", "/internal/heartbeat", body)
+        headers[REQUEST_HEADER] = signed.header
     return httpx.post(f"{node.url}/internal/heartbeat", content=body, headers=headers)
 
 
@@ -190,7 +197,9 @@ def test_the_heartbeat_route_answers_400_and_keeps_membership(http_node: Node) -
         assert membership.members() == {}
     garbage = post(http_node, b"\xc1\xff not msgpack")
     assert garbage.status_code == 400 and garbage.json()["error"]["field"] == "body"
-    assert post(http_node, pack(beat()), token=None).status_code == 401
+    # the client token admits no member; neither does another cluster's secret
+    assert post(http_node, pack(beat()), secret=None).status_code == 401
+    assert post(http_node, pack(beat()), secret="another-cluster-secret").status_code == 401
     assert membership.members() == {}
     good = post(http_node, pack(beat()))
     assert good.status_code == 200

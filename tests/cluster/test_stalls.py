@@ -43,11 +43,11 @@ class LateBeats(LocalTransport):
         self.silent: set[str] = set()
         self.cut: set[frozenset[str]] = set()
 
-    def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
+    def heartbeat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
         sender = doc.get("url")
         if url in self.silent or sender in self.silent or frozenset((url, sender)) in self.cut:
             raise NodeTimeoutError(f"{url} did not answer in time")
-        return super().heartbeat(url, doc, token)
+        return super().heartbeat(url, doc)
 
 
 class Loops:

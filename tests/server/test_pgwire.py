@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import scramp
 from pygwire import FrontendConnection
 from pygwire import messages as m
 
@@ -177,18 +178,32 @@ def test_errors_carry_sqlstate_and_the_connection_stays_usable(
 
 
 def _raw_startup(node: Node, password: str) -> dict[str, str]:
-    """The ErrorResponse fields a raw client gets for ``password`` (or {} on success)."""
+    """The ErrorResponse fields a raw client gets for ``password`` (or {} on success); it
+    logs in with SCRAM-SHA-256 (``scramp``'s client, which checks the server's signature)
+    and would send no password in clear text."""
     assert node.pg_address is not None
     sock = socket.create_connection(node.pg_address, timeout=10)
     client = FrontendConnection()
+    scram: scramp.ScramClient | None = None
     try:
         sock.sendall(client.send(m.StartupMessage(params={"user": "raw", "database": "x"})))
         while True:
             data = sock.recv(65536)
             assert data, "the server closed the connection without an answer"
             for msg in client.receive(data):
-                if isinstance(msg, m.AuthenticationCleartextPassword):
-                    sock.sendall(client.send(m.PasswordMessage(password=password)))
+                assert not isinstance(msg, m.AuthenticationCleartextPassword)
+                if isinstance(msg, m.AuthenticationSASL):
+                    assert msg.mechanisms == ["SCRAM-SHA-256"]
+                    scram = scramp.ScramClient(msg.mechanisms, "raw", password)
+                    first = scram.get_client_first().encode()
+                    sock.sendall(client.send(m.SASLInitialResponse("SCRAM-SHA-256", first)))
+                elif isinstance(msg, m.AuthenticationSASLContinue):
+                    assert scram is not None
+                    scram.set_server_first(bytes(msg.data).decode())
+                    sock.sendall(client.send(m.SASLResponse(scram.get_client_final().encode())))
+                elif isinstance(msg, m.AuthenticationSASLFinal):
+                    assert scram is not None
+                    scram.set_server_final(bytes(msg.data).decode())  # raises if forged
                 elif isinstance(msg, m.ErrorResponse):
                     return dict(msg.fields)
                 elif isinstance(msg, m.ReadyForQuery):
@@ -197,7 +212,7 @@ def _raw_startup(node: Node, password: str) -> dict[str, str]:
         sock.close()
 
 
-def test_the_password_is_the_node_token(node: Node) -> None:
+def test_the_password_is_the_node_token_proven_with_scram(node: Node) -> None:
     fields = _raw_startup(node, "wrong")
     assert fields["C"] == "28P01"
     assert fields["S"] == "FATAL"

@@ -27,7 +27,7 @@ from pygwire import FrontendConnection
 from pygwire import messages as m
 
 from sparkiq import Node
-from sparkiq.server.pg.statements import bind_parameters
+from sparkiq.server.pg.parameters import bind_parameters
 from sparkiq.server.pg.types import describe_columns
 from tests.server.test_pgwire import TOKEN, _rows
 from tests.sql.tables import build_world

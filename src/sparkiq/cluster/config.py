@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkiq.cluster.nodeauth import MIN_SECRET_LENGTH, is_loopback_url
 from sparkiq.errors import ConfigError
 
 __all__ = ["ENV_VARIABLES", "NOT_GIVEN", "NodeConfig", "node_url"]
@@ -39,20 +40,27 @@ ENV_VARIABLES: dict[str, str] = {
     "peers": "SPARKIQ_PEERS",
     "standbys": "SPARKIQ_STANDBYS",
     "token": "SPARKIQ_TOKEN",
+    "cluster_secret": "SPARKIQ_CLUSTER_SECRET",
+    "principals": "SPARKIQ_PRINCIPALS",
+    "audit_log": "SPARKIQ_AUDIT_LOG",
     "local_dir": "SPARKIQ_LOCAL_DIR",
     "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
     "pg_listen": "SPARKIQ_PG_LISTEN",
     "allowed_hosts": "SPARKIQ_ALLOWED_HOSTS",
+    "tls_cert": "SPARKIQ_TLS_CERT",
+    "tls_key": "SPARKIQ_TLS_KEY",
+    "tls_ca": "SPARKIQ_TLS_CA",
 }
 
 _STORES = ("rocksdb", "memory")
 
 
-def node_url(address: str) -> str:
-    """``host:port`` (or a URL) as the URL nodes and clients use."""
+def node_url(address: str, scheme: str = "http") -> str:
+    """``host:port`` (or a URL) as the URL nodes and clients use (``scheme`` when the
+    address names none)."""
     address = address.strip().rstrip("/")
-    return address if "://" in address else f"http://{address}"
+    return address if "://" in address else f"{scheme}://{address}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,9 @@ class NodeConfig:
     peers: tuple[str, ...] = ()
     standbys: int = 1
     token: str | None = None
+    cluster_secret: str | None = None
+    principals: str | None = None
+    audit_log: str | None = None
     local_dir: str | None = None
     store: str = "rocksdb"
     poll_interval: float = 0.02
@@ -80,6 +91,14 @@ class NodeConfig:
     #: Host names the HTTP server answers besides loopback names, IP addresses and its own
     #: URL's host (sparkiq.server.browser): ``example.com``, ``*.example.com``, or ``*``.
     allowed_hosts: tuple[str, ...] = ()
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        """``https`` when the node has a certificate, else ``http``."""
+        return "https" if self.tls_cert else "http"
 
     @property
     def clustered(self) -> bool:
@@ -128,9 +147,30 @@ class NodeConfig:
 
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
     out = dict(values)
-    for name in ("listen", "advertise", "token", "local_dir", "pg_listen"):
+    texts = ("listen", "advertise", "token", "cluster_secret", "local_dir", "pg_listen")
+    for name in (*texts, "principals", "audit_log", "tls_cert", "tls_key", "tls_ca"):
         if name in out:  # "" means unset, as it does for the variables
             out[name] = _optional_text(out[name], name, origin[name])
+    if bool(out.get("tls_cert")) != bool(out.get("tls_key")) or (
+        out.get("tls_ca") and not out.get("tls_cert")
+    ):
+        raise ConfigError(
+            "TLS needs both tls_cert and tls_key (--tls-cert/--tls-key, SPARKIQ_TLS_CERT/"
+            "SPARKIQ_TLS_KEY), and tls_ca only goes with them; given: "
+            + ", ".join(n for n in ("tls_cert", "tls_key", "tls_ca") if out.get(n))
+        )
+    secret = out.get("cluster_secret")
+    if secret is not None and len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(
+            f"cluster_secret must be at least {MIN_SECRET_LENGTH} characters"
+            f"{origin['cluster_secret']}: make one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    if secret is not None and secret == out.get("token"):
+        raise ConfigError(
+            "cluster_secret must differ from token: clients hold the token, and a client "
+            "must not be able to join the cluster as a node"
+        )
     if "node_id" in out:
         node_id = out["node_id"]
         if not isinstance(node_id, str) or not node_id.strip():
@@ -138,7 +178,25 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
                 f"node_id must be a non-empty string, got {node_id!r}{origin['node_id']}"
             )
     if "peers" in out:
-        out["peers"] = _peers(out["peers"], origin["peers"])
+        scheme = "https" if out.get("tls_cert") else "http"
+        out["peers"] = _peers(out["peers"], origin["peers"], scheme)
+    if out.get("peers") and out.get("cluster_secret") is None:
+        # Without a secret nothing proves a member is a node: only this host's own processes
+        # may form a cluster, and only when no token says they are not all trusted.
+        if out.get("token") is not None or out.get("principals") is not None:
+            raise ConfigError(
+                "a node with a token (or principals) joins peers only with a cluster secret, "
+                "which its peers "
+                "share and clients never hold: set cluster_secret (--cluster-secret / "
+                "SPARKIQ_CLUSTER_SECRET) on every node"
+            )
+        remote = [p for p in out["peers"] if not is_loopback_url(p)]
+        if remote:
+            raise ConfigError(
+                f"peers {remote} are not on this host: nodes on other hosts prove they are "
+                "members with a cluster secret; set cluster_secret (--cluster-secret / "
+                "SPARKIQ_CLUSTER_SECRET) on every node"
+            )
     if "allowed_hosts" in out:
         out["allowed_hosts"] = _hosts(out["allowed_hosts"], origin["allowed_hosts"])
     if "standbys" in out:
@@ -167,7 +225,7 @@ def _optional_text(value: Any, name: str, origin: str) -> str | None:
     return value.strip() or None
 
 
-def _peers(value: Any, origin: str) -> tuple[str, ...]:
+def _peers(value: Any, origin: str, scheme: str) -> tuple[str, ...]:
     if value is None:
         return ()
     items: Iterable[Any] = value.split(",") if isinstance(value, str) else value
@@ -176,7 +234,7 @@ def _peers(value: Any, origin: str) -> tuple[str, ...]:
         if not isinstance(item, str):
             raise ConfigError(f"peers must be addresses (host:port), got {item!r}{origin}")
         if item.strip():
-            peers.append(node_url(item))
+            peers.append(node_url(item, scheme))
     return tuple(peers)
 
 

@@ -27,7 +27,6 @@ answers from its old view nor reopens partitions that never left it.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -40,6 +39,7 @@ from sparkiq.cluster.assignment import Assignment
 from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import HostedState, Membership
+from sparkiq.cluster.nodeauth import NodeKey, Opened, RequestVerifier, is_loopback_host
 from sparkiq.cluster.router import LocalAnswer, Router
 from sparkiq.cluster.transport import Transport
 from sparkiq.errors import AuthenticationError, NodeUnreachableError, SparkiqError
@@ -48,6 +48,9 @@ from sparkiq.pools import ElasticPool
 __all__ = ["Coordinator"]
 
 log = logging.getLogger("sparkiq.cluster")
+
+#: Seconds between two log lines about heartbeats refused by the same URL.
+_REFUSAL_LOG_EVERY = 60.0
 
 
 class Coordinator:
@@ -60,7 +63,8 @@ class Coordinator:
         url: str,
         seeds: list[str],
         standbys: int,
-        token: str | None,
+        key: NodeKey | None,
+        open_to_local: bool,
         transport: Transport,
         heartbeat_interval: float,
         failure_timeout: float,
@@ -69,8 +73,13 @@ class Coordinator:
         hosted_state: Callable[[], HostedState],
         rebalance: Callable[[Assignment], None],
         catch_up: Callable[[], object] | None = None,
+        committed_head: Callable[[str], int] | None = None,
     ) -> None:
-        self.token = token
+        #: Checks node credentials of incoming node-protocol requests (None: no secret).
+        self.verifier = None if key is None else RequestVerifier(key)
+        #: Without a secret: whether processes on this host may be members (the node asks
+        #: no credential of its clients either).
+        self.open_to_local = open_to_local
         self.standbys = standbys
         self.transport = transport
         self.heartbeat_interval = heartbeat_interval
@@ -80,6 +89,7 @@ class Coordinator:
         self._hosted_state = hosted_state
         self._rebalance = rebalance
         self._catch_up = catch_up
+        self._committed_head = committed_head
         self._changed = threading.Event()
         self.membership = Membership(
             node_id,
@@ -88,14 +98,21 @@ class Coordinator:
             heartbeat_interval=heartbeat_interval,
             failure_timeout=failure_timeout,
             on_change=self._changed.set,
+            loopback_only=key is None,
         )
         self._assignment = Assignment((node_id,), standbys)
         self._executor = ElasticPool("sparkiq-router", 32)
         # Heartbeats have threads of their own: routed load must never delay them, or a
         # busy node would look silent to the others.
         self._beats = ElasticPool("sparkiq-beat", 8)
+        # Seeds not yet heard from and hearsay members have a lane of their own: names that
+        # lead nowhere (dead ports, unroutable addresses) must not delay proven members.
+        self._probes = ElasticPool("sparkiq-probe", 4)
         self._in_flight: dict[str, Future[dict[str, Any]]] = {}
         self._in_flight_lock = threading.Lock()
+        # url -> when a refusal from it was last logged; written by heartbeat callbacks
+        # (plain dict operations, atomic under the GIL)
+        self._refusals_logged: dict[str, float] = {}
         self._round_done = threading.Condition()
         self._rounds = 0
         self._last_round = time.monotonic()
@@ -154,6 +171,7 @@ class Coordinator:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.router.close()
         self._beats.shutdown(wait=False, cancel_futures=True)
+        self._probes.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
 
     def _run(self) -> None:
@@ -232,13 +250,17 @@ class Coordinator:
         the replies that arrive within ``wait`` s (later ones are recorded when they come)."""
         doc = self.membership.heartbeat_doc(self._hosted_state())
         sent = []
+        membership = self.membership
+        lanes = [(self._beats, membership.proven_targets())]
+        lanes.append((self._probes, membership.unproven_targets()))
         with self._in_flight_lock:
-            for url in self.membership.targets():
-                if url in self._in_flight:
-                    continue  # still waiting for the last one: a slow member gets no pile-up
-                future = self._beats.submit(self._beat, url, doc)
-                self._in_flight[url] = future
-                sent.append(future)
+            for pool, urls in lanes:
+                for url in urls:
+                    if url in self._in_flight:
+                        continue  # still waiting for the last one: a slow member gets no pile-up
+                    future = pool.submit(self._beat, url, doc)
+                    self._in_flight[url] = future
+                    sent.append(future)
         for future in sent:
             future.add_done_callback(self._beat_done)
         if sent:
@@ -246,7 +268,7 @@ class Coordinator:
         self.membership.check()
 
     def _beat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
-        return self.transport.heartbeat(url, doc, self.token)
+        return self.transport.heartbeat(url, doc)
 
     def _beat_done(self, future: Future[dict[str, Any]]) -> None:
         with self._in_flight_lock:
@@ -261,15 +283,55 @@ class Coordinator:
             if url is not None:
                 self.membership.unreachable(url, f"heartbeat: {exc}")
         except (SparkiqError, CancelledError) as exc:
-            log.warning("heartbeat to %s refused: %s", url, exc)
+            self._log_refusal(url, exc)
         else:
             try:
                 self.membership.heard(reply)
             except HeartbeatError as exc:
                 log.warning("ignoring the heartbeat reply of %s: %s", url, exc)
 
+    def admit(
+        self, header: str | None, method: str, path: str, body: bytes, peer: str | None
+    ) -> Opened | None:
+        """Check a node-protocol request's node credential before anything of it is
+        decoded: with a cluster secret its MAC (the opened request is returned: the reply
+        is bound to its MAC, and it names the caller it runs for); without one, only a
+        process on this host may speak for a node (``peer``: the caller's address), and only
+        when the node asks no credential of its clients. Raises
+        :class:`AuthenticationError` naming what is missing."""
+        if self.verifier is not None:
+            return self.verifier.verify(header, method, path, body)
+        if self.open_to_local and is_loopback_host(peer):
+            return None
+        raise AuthenticationError(
+            "this node admits no members: "
+            + (
+                "its clients authenticate but it has no cluster secret"
+                if not self.open_to_local
+                else f"{peer or 'the caller'} is not on this host and the node has no "
+                "cluster secret"
+            )
+            + "; start every node of the cluster with the same --cluster-secret "
+            "(SPARKIQ_CLUSTER_SECRET)"
+        )
+
+    def sign_reply(self, request_mac: str | None, body: bytes) -> str | None:
+        """The reply header proving this node holds the secret (None without one)."""
+        if self.verifier is None or request_mac is None:
+            return None
+        return self.verifier.key.sign_reply(request_mac, body)
+
+    def _log_refusal(self, url: str | None, exc: BaseException) -> None:
+        """A refused heartbeat is logged once a minute per URL: an impostor or a node of
+        another cluster at a seed address refuses every round."""
+        now = time.monotonic()
+        key = url or ""
+        if now - self._refusals_logged.get(key, -_REFUSAL_LOG_EVERY) >= _REFUSAL_LOG_EVERY:
+            self._refusals_logged[key] = now
+            log.warning("heartbeat to %s refused: %s", url, exc)
+
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """A heartbeat from another member (it passed the token check); returns this node's.
+        """A heartbeat from another member (it passed :meth:`admit`); returns this node's.
         Raises :class:`~sparkiq.cluster.heartbeat.HeartbeatError` for a malformed one."""
         self.membership.heard(doc)
         return self.membership.heartbeat_doc(self._hosted_state())
@@ -311,26 +373,21 @@ class Coordinator:
                 self._round_done.wait(remaining)
         return True
 
-    def check_token(self, token: str | None) -> None:
-        """Raise :class:`AuthenticationError` unless ``token`` is the configured one."""
-        if self.token is None:
-            return
-        if token is None or not hmac.compare_digest(token.encode(), self.token.encode()):
-            raise AuthenticationError(
-                "missing or wrong bearer token: send 'Authorization: Bearer <token>' with the "
-                "token the node was started with (--token / SPARKIQ_TOKEN)"
-            )
-
     def handed_off(self, table: str, partition: int, my_batch: int) -> bool:
         """Whether every node ``partition`` is now assigned to has it caught up to at least
-        ``my_batch`` (so this node may release it)."""
+        ``my_batch`` (so this node may release it). A claim this node cannot check -- a
+        batch beyond the newest it knows is committed -- does not count until it can: a
+        replica never runs ahead of the changelog."""
         assignment = self._assignment_now()
         replicas = assignment.replicas(table, partition)
         if not replicas:
             return False
+        head = None if self._committed_head is None else self._committed_head(table)
         for member in replicas:
             state = self.membership.hosted_state(member).get(table, {}).get(partition)
             if state is None or state[1] != "live" or state[0] < my_batch:
+                return False
+            if head is not None and state[0] > head:
                 return False
         return True
 

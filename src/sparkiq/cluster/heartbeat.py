@@ -11,8 +11,9 @@ Wire format (packed with :func:`sparkiq.wire.values.pack`; the reply has the sam
 ``state`` is ``live``, ``restoring`` or ``error``; ``batch_id`` is an int >= -1 (-1: nothing
 applied), ``lag_batches`` an int >= 0. A URL is ``scheme://host[:port]`` with no user info,
 path, query or fragment, at most 2048 characters; its scheme must be the receiver's own (an
-``http`` node never learns an ``https`` URL and vice versa, so a heartbeat cannot make it
-send the cluster token over another scheme).
+``http`` node never learns an ``https`` URL and vice versa). A node without a cluster secret
+(:mod:`sparkiq.cluster.nodeauth`) accepts only loopback URLs: nothing proves that a member
+elsewhere is a node.
 
 :func:`parse_heartbeat` checks every field's type and bounds before anything is recorded and
 raises :class:`HeartbeatError` (a ``ValueError``; the REST layer answers it with ``400
@@ -26,6 +27,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sparkiq.cluster.nodeauth import is_loopback_url
 from sparkiq.errors import SparkiqError
 
 __all__ = [
@@ -70,8 +72,9 @@ class Heartbeat:
     hosted: HostedState
 
 
-def check_url(value: object, scheme: str, field: str) -> str:
-    """``value`` as a member URL of ``scheme`` (see the module docstring), or raise."""
+def check_url(value: object, scheme: str, field: str, *, loopback_only: bool = False) -> str:
+    """``value`` as a member URL of ``scheme`` (see the module docstring), or raise;
+    ``loopback_only`` refuses hosts other than this machine's loopback."""
     if not isinstance(value, str) or not 0 < len(value) <= _MAX_URL:
         raise HeartbeatError(f"{field} must be a URL of at most {_MAX_URL} characters", field)
     try:
@@ -97,6 +100,12 @@ def check_url(value: object, scheme: str, field: str) -> str:
         )
     if not ok:
         raise HeartbeatError(f"{field} must be {scheme}://host[:port], got {value[:100]!r}", field)
+    if loopback_only and not is_loopback_url(value):
+        raise HeartbeatError(
+            f"{field} {value[:100]!r} is not on this host: a node without a cluster secret "
+            "only has members on its own loopback",
+            field,
+        )
     return value.rstrip("/")
 
 
@@ -148,12 +157,13 @@ def _hosted(value: object) -> HostedState:
     return out
 
 
-def parse_heartbeat(doc: object, scheme: str) -> Heartbeat:
-    """Validate a heartbeat document received by a node whose URL has ``scheme``."""
+def parse_heartbeat(doc: object, scheme: str, *, loopback_only: bool = False) -> Heartbeat:
+    """Validate a heartbeat document received by a node whose URL has ``scheme``
+    (``loopback_only``: see :func:`check_url`)."""
     if not isinstance(doc, Mapping):
         raise HeartbeatError("a heartbeat is a map", "body")
     node_id = _node_id(doc.get("node_id"), "node_id")
-    url = check_url(doc.get("url"), scheme, "url")
+    url = check_url(doc.get("url"), scheme, "url", loopback_only=loopback_only)
     started_at = doc.get("started_at", 0.0)
     if (
         isinstance(started_at, bool)
@@ -168,7 +178,9 @@ def parse_heartbeat(doc: object, scheme: str) -> Heartbeat:
             f"members must be a map of at most {MAX_MEMBERS} node ids to URLs", "members"
         )
     members = {
-        _node_id(other, "members"): check_url(other_url, scheme, "members")
+        _node_id(other, "members"): check_url(
+            other_url, scheme, "members", loopback_only=loopback_only
+        )
         for other, other_url in members_doc.items()
     }
     return Heartbeat(node_id, url, float(started_at), members, _hosted(doc.get("hosted")))

@@ -422,6 +422,11 @@ class Hosting:
             return replica.latest_batch_id
         return max(replica.source.committed_batch_ids(), default=-1)
 
+    def committed_head(self, table: str) -> int:
+        """The newest batch of ``table`` committed in the changelog now, read from it rather
+        than remembered from the last poll (-1: none)."""
+        return max(self.replica(table).source.committed_batch_ids(), default=-1)
+
     def batch_at_time(self, table: str, when: float) -> int:
         """The newest batch of ``table`` committed at or before ``when`` (epoch seconds);
         raises :class:`~sparkiq.errors.InvalidQueryError` when none was. Commit times grow

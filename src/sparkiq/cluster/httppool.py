@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import socket
+import ssl
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 from sparkiq.cancel import CancelSignal, cancel_signal
@@ -46,16 +47,32 @@ def _unreachable(what: str, exc: BaseException) -> NodeUnreachableError:
 
 
 class _Connection(http.client.HTTPConnection):
-    """Connects within ``connect_timeout``, then reads with ``timeout``."""
+    """Connects within ``connect_timeout`` (and, with ``tls``, completes a verified TLS
+    handshake within it), then reads with ``timeout``."""
 
-    def __init__(self, host: str, port: int, connect_timeout: float, timeout: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        connect_timeout: float,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         super().__init__(host, port, timeout=timeout)
         self._connect_timeout = connect_timeout
+        self._tls = tls
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self.host, self.port), self._connect_timeout)
-        self.sock.settimeout(self.timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((self.host, self.port), self._connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._tls is not None:
+            try:
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+            except BaseException:
+                sock.close()
+                raise
+        sock.settimeout(self.timeout)
+        self.sock = sock
 
 
 class PooledResponse:
@@ -68,12 +85,22 @@ class PooledResponse:
         self.status = response.status
         self._done = False
 
-    def read(self) -> bytes:
+    def header(self, name: str) -> str | None:
+        return self._response.getheader(name)
+
+    def read(self, limit: int | None = None) -> bytes:
+        """The whole body; with ``limit``, a body longer than ``limit`` bytes is not read
+        on (the connection is dropped) and raises :class:`NodeUnreachableError`."""
         try:
-            data = self._response.read()
+            data = self._response.read() if limit is None else self._response.read(limit + 1)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise _unreachable(f"{self._key} went away mid-response", exc) from None
+        if limit is not None and len(data) > limit:
+            self.close()
+            raise NodeUnreachableError(
+                f"{self._key} answered with more than {limit} bytes: not a sparkiq node's reply"
+            )
         self._finish()
         return data
 
@@ -106,10 +133,19 @@ class PooledResponse:
 
 
 class HttpPool:
+    """``tls`` (a callable giving the client context to verify members with now) lets the
+    pool reach ``https://`` URLs; without it only ``http://`` ones."""
+
     def __init__(
-        self, *, connect_timeout: float = 1.0, timeout: float = 30.0, max_idle: int = 32
+        self,
+        *,
+        connect_timeout: float = 1.0,
+        timeout: float = 30.0,
+        max_idle: int = 32,
+        tls: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
         self.connect_timeout, self.timeout, self.max_idle = connect_timeout, timeout, max_idle
+        self._tls = tls
         self._idle: dict[str, list[_Connection]] = {}
         self._busy: set[_Connection] = set()  # sending or answering: shut down by close()
         self._lock = threading.Lock()  # guards _idle, _busy and _closed
@@ -158,9 +194,12 @@ class HttpPool:
                 self._busy.add(conn)
                 return conn, True
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise NodeUnreachableError(f"{url!r} is not an http://host:port address")
-        conn = _Connection(parts.hostname, parts.port or 80, self.connect_timeout, self.timeout)
+        scheme = "http" if self._tls is None else "https"
+        if parts.scheme != scheme or not parts.hostname:
+            raise NodeUnreachableError(f"{url!r} is not an {scheme}://host:port address")
+        tls = None if self._tls is None else self._tls()
+        port = parts.port or (80 if tls is None else 443)
+        conn = _Connection(parts.hostname, port, self.connect_timeout, self.timeout, tls)
         with self._lock:
             self._busy.add(conn)
         return conn, False

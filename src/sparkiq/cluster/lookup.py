@@ -36,6 +36,7 @@ from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, TableRoute
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
 from sparkiq.errors import InvalidQueryError, SparkiqError
+from sparkiq.principals import check_read
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
@@ -82,7 +83,6 @@ class Lookup:
         self._routes = hosting.live_routes  # read without a call on every key lookup
         self.node_id = node_id
         self.url = url
-        self.token: str | None = None  # forwarded by query() when routing on our own behalf
         self.coordinator: Coordinator | None = None
 
     # -- what the SQL engine reads (QuerySource) -----------------------------------------------
@@ -104,7 +104,7 @@ class Lookup:
 
         A standalone node answers from the partitions it hosts (``NOT_PRESENT`` for others); a
         clustered node routes each partition to a node hosting it."""
-        return self.route(request, self.token)
+        return self.route(request)
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -113,6 +113,7 @@ class Lookup:
         return self._hosting.route(store).partition_of(key)[1]
 
     def locate(self, store: str, key: Any) -> KeyLocation:
+        check_read((store,))
         route = self._routes.get(store) or self._hosting.route(store)  # unknown: raises
         # The built-in key rule refuses only windowed tables: the common case skips asking
         # the registry here (read_key asks it before reading).
@@ -184,7 +185,7 @@ class Lookup:
                 partition=partition,
             )
         request = StateQueryRequest.in_store(store).with_query(KeyQuery.with_key(key))
-        result = coordinator.router.route(request, [partition], self.token)
+        result = coordinator.router.route(request, [partition])
         answer = result.partition_results[partition]
         if answer.is_failure:
             if location.store is not None:  # our own replica is restoring, but it can answer
@@ -199,22 +200,47 @@ class Lookup:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def route(self, request: StateQueryRequest, token: str | None) -> StateQueryResult[Any]:
-        """Answer ``request`` on behalf of a caller whose ``token`` is forwarded to other
-        nodes (a standalone node answers locally)."""
+    def route(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer ``request``, routing to the nodes that host its partitions (a standalone
+        node answers locally)."""
+        check_read((request.store,))
+        beyond = self._beyond_the_changelog(request)
+        if beyond is not None:
+            return beyond
         request = self.pin_batch(request)
         coordinator = self.coordinator
         if coordinator is None:
             return self.query_local(request)
         partitions, missing = self._partitions(request)
-        results = coordinator.router.route(request, partitions, token) if partitions else None
+        results = coordinator.router.route(request, partitions) if partitions else None
         merged = dict(results.partition_results) if results is not None else {}
         merged.update(missing)
         return StateQueryResult(merged)
 
+    def _beyond_the_changelog(self, request: StateQueryRequest) -> StateQueryResult[Any] | None:
+        """``NOT_UP_TO_BOUND`` for every partition of a request whose bound asks for a batch
+        the writer has not committed yet: no replica can have it, so waiting for one would
+        only hold a thread (None when the bound can be met)."""
+        floor = bound_batch(request.store, request.bound)
+        if floor <= self._hosting.latest_batch(request.store):
+            return None
+        head = self._hosting.committed_head(request.store)  # the last poll may be behind
+        if floor <= head:
+            return None
+        partitions, results = self._partitions(request)
+        for partition in partitions:
+            results[partition] = QueryResult.for_failure(
+                FailureReason.NOT_UP_TO_BOUND,
+                f"the bound asks for batch {floor} of {request.store!r}, but its newest "
+                f"committed batch is {head}: no replica can have it yet; retry once the "
+                "writer has committed it",
+            )
+        return StateQueryResult(results)
+
     def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
         others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
+        check_read((request.store,))
         partitions, results = self._partitions(request)
         coordinator = self.coordinator
         if coordinator is not None and not coordinator.is_fresh():

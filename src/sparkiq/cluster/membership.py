@@ -20,11 +20,15 @@ while this node itself is stalled (paused, starved of CPU) it sends nothing and 
 nothing, and that must not make it declare everyone else gone. After a stall the
 coordinator first exchanges a round of heartbeats, then moves the clock on.
 
-**Whom a node calls.** Heartbeats (which carry the cluster token) go only to *trusted* URLs:
-the seeds, URLs a member announced in a heartbeat that passed the token check, and URLs
-listed by such a member or in the reply of a trusted URL -- and only of this node's own
-scheme. Members learned second-hand that are never heard from directly are forgotten after
-``forget_after`` seconds, so invented members do not accumulate.
+**Whom a node calls.** Heartbeats carry no credential, only a MAC of themselves
+(:mod:`sparkiq.cluster.nodeauth`), and are recorded only once proven: a heartbeat that
+passed the node-credential check, or a reply whose MAC answers ours. They go to the seeds,
+to members heard from (*proven*), and to members a proven one named (*hearsay*, at most
+:data:`MAX_HEARSAY` at a time) -- only of this node's own scheme, and only on loopback when
+the node has no cluster secret. Hearsay is contacted on a lane of its own
+(:meth:`Membership.unproven_targets`), so names that lead nowhere (dead ports, unroutable
+addresses) cannot delay the heartbeats of proven members; hearsay never heard from directly
+is forgotten after ``forget_after`` seconds, so invented members do not accumulate.
 
 Members are identified by node id; the id of a seed is learned from its first reply.
 """
@@ -50,9 +54,12 @@ from sparkiq.cluster.heartbeat import (
     parse_heartbeat,
 )
 
-__all__ = ["HostedState", "Member", "Membership"]
+__all__ = ["MAX_HEARSAY", "HostedState", "Member", "Membership"]
 
 log = logging.getLogger("sparkiq.membership")
+
+#: The most members known only by hearsay (named by another, never heard from) at once.
+MAX_HEARSAY = 64
 
 
 @dataclass
@@ -80,14 +87,18 @@ class Membership:
         failure_timeout: float = 3.0,
         forget_after: float | None = None,
         on_change: Callable[[], None] | None = None,
+        loopback_only: bool = False,
     ) -> None:
         self.node_id = node_id
         self.url = url
         self.scheme = urllib.parse.urlsplit(url).scheme
+        self.loopback_only = loopback_only
         self.seeds = []
         for seed in seeds:
             try:
-                checked = check_url(node_url(seed), self.scheme, "peers")
+                checked = check_url(
+                    node_url(seed), self.scheme, "peers", loopback_only=loopback_only
+                )
             except HeartbeatError as exc:
                 log.warning("%s: ignoring seed %r: %s", node_id, seed, exc)
                 continue
@@ -181,10 +192,20 @@ class Membership:
         return None if arrivals is None else self.detector.deadline(arrivals)
 
     def targets(self) -> list[str]:
-        """URLs to send heartbeats to: every seed and every known (trusted) member."""
+        """URLs to send heartbeats to: every seed and every known member."""
+        return sorted({*self.proven_targets(), *self.unproven_targets()})
+
+    def proven_targets(self) -> list[str]:
+        """URLs of the members heard from directly."""
         with self._lock:
-            urls = {m.url for m in self._members.values()}
-        return sorted(urls | set(self.seeds))
+            return sorted({m.url for m in self._members.values() if m.last_heard is not None})
+
+    def unproven_targets(self) -> list[str]:
+        """URLs of the seeds and hearsay members no member heard from is at."""
+        with self._lock:
+            proven = {m.url for m in self._members.values() if m.last_heard is not None}
+            hearsay = {m.url for m in self._members.values() if m.last_heard is None}
+        return sorted((hearsay | set(self.seeds)) - proven)
 
     # -- updates -----------------------------------------------------------------------------
 
@@ -192,9 +213,14 @@ class Membership:
         """Record a heartbeat (or a heartbeat's reply) received from another member.
 
         Raises :class:`~sparkiq.cluster.heartbeat.HeartbeatError` for a malformed one,
-        having recorded nothing. Callers pass only heartbeats that passed the token check
-        and replies from URLs of :meth:`targets` (see "Whom a node calls")."""
-        beat = doc if isinstance(doc, Heartbeat) else parse_heartbeat(doc, self.scheme)
+        having recorded nothing. Callers pass only heartbeats that passed the
+        node-credential check and replies whose MAC answers this node's heartbeat (see
+        "Whom a node calls")."""
+        beat = (
+            doc
+            if isinstance(doc, Heartbeat)
+            else parse_heartbeat(doc, self.scheme, loopback_only=self.loopback_only)
+        )
         if beat.node_id == self.node_id:
             return
         now = time.monotonic()
@@ -215,12 +241,14 @@ class Membership:
             member.suspect_since = None
             member.started_at = beat.started_at
             member.hosted = beat.hosted
+            hearsay = sum(1 for m in self._members.values() if m.last_heard is None)
             for other_id, other_url in beat.members.items():
                 if other_id == self.node_id or other_id in self._members:
                     continue
-                if len(self._members) >= MAX_MEMBERS:
+                if len(self._members) >= MAX_MEMBERS or hearsay >= MAX_HEARSAY:
                     break
                 self._members[other_id] = Member(other_id, other_url, learned_at=now)
+                hearsay += 1
         self._check_change()
 
     def suspect(self, node_id: str, why: str = "") -> None:

@@ -58,6 +58,7 @@ from sparkiq.cluster.hedge import HedgeDelay, close_results
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import Membership
 from sparkiq.cluster.transport import NodeUnreachableError, Transport
+from sparkiq.errors import ForbiddenError
 from sparkiq.pools import ElasticPool
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
@@ -180,20 +181,18 @@ class Router:
         state = self._hosted(member, table).get(partition)
         return state is not None and state[1] == "live"
 
-    def route(
-        self, request: StateQueryRequest, partitions: list[int], token: str | None
-    ) -> StateQueryResult[Any]:
+    def route(self, request: StateQueryRequest, partitions: list[int]) -> StateQueryResult[Any]:
         view = self._view
         if view is not None:
             view.wait_fresh(view.failure_timeout)
         if len(partitions) == 1:
             p = partitions[0]
-            return StateQueryResult({p: self._answer(request, p, token)})
-        futures = {p: self._executor.submit(self._answer, request, p, token) for p in partitions}
+            return StateQueryResult({p: self._answer(request, p)})
+        futures = {p: self._executor.submit(self._answer, request, p) for p in partitions}
         return StateQueryResult({p: f.result() for p, f in futures.items()})
 
-    def _answer(self, request: StateQueryRequest, partition: int, token: str | None) -> Any:
-        best, tried, unanswered = self._attempt(request, partition, token)
+    def _answer(self, request: StateQueryRequest, partition: int) -> Any:
+        best, tried, unanswered = self._attempt(request, partition)
         if _final(best):
             return best
         caller = cancel_signal()
@@ -212,7 +211,7 @@ class Router:
             return best
         view = self._view
         if view is not None and view.refresh(view.failure_timeout):
-            again, tried_again, _ = self._attempt(request, partition, token)
+            again, tried_again, _ = self._attempt(request, partition)
             if _final(again) or _better(again, best):
                 best = again
             tried += tried_again
@@ -225,7 +224,7 @@ class Router:
         )
 
     def _attempt(
-        self, request: StateQueryRequest, partition: int, token: str | None
+        self, request: StateQueryRequest, partition: int
     ) -> tuple[QueryResult[Any] | None, list[str], int]:
         """Ask the candidates in turn (hedging past silent ones); return the first answer
         that is not a retryable failure, else the most informative failure, who was asked
@@ -264,7 +263,7 @@ class Router:
                     self.forwarded += 1
                     abandon = CancelSignal()
                     query = self._transport.query
-                    future = self._io.submit(_cancellable_by, abandon, query, url, sub, token)
+                    future = self._io.submit(_cancellable_by, abandon, query, url, sub)
                     pending[future] = (member, time.monotonic(), abandon)
                     continue
                 done, _ = futures_wait(pending, timeout=_POLL, return_when=FIRST_COMPLETED)
@@ -336,6 +335,8 @@ class Router:
         except RemoteError as exc:
             if exc.code == "unauthorized":
                 raise
+            if exc.code == "forbidden":  # the member applies the caller's grants too
+                raise ForbiddenError(exc.message) from None
             log.info("partition %d of %r: %s", partition, store, exc)
         return None
 

@@ -3,28 +3,35 @@
 A :class:`Transport` sends a sub-request (``local``: answer from your own replicas) or a
 heartbeat to a member by URL. :class:`HttpTransport` speaks the binary protocol of
 :mod:`sparkiq.wire.protocol` over pooled keep-alive connections
-(:mod:`sparkiq.cluster.httppool`); :class:`LocalTransport`
-calls nodes of the same process directly (tests, and embedding several nodes in one
-process). Both raise :class:`NodeUnreachableError` when the member cannot be reached, which
-routers treat as "try the next replica"; any answer, even a failure, is a value.
+(:mod:`sparkiq.cluster.httppool`), signing every request with the node credential when the
+node has a cluster secret and accepting a heartbeat reply only when its MAC proves the
+member holds the secret too (:mod:`sparkiq.cluster.nodeauth`); it never sends a client's
+token. :class:`LocalTransport` calls nodes of the same process directly (tests, and
+embedding several nodes in one process: they are one program, so nothing is signed).
+Both raise :class:`NodeUnreachableError` when the member cannot be reached, which routers
+treat as "try the next replica"; any answer, even a failure, is a value.
 """
 
 from __future__ import annotations
 
+import ssl
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
 
 from sparkiq.cluster.httppool import HttpPool, NodeTimeoutError
+from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER, NodeKey, SignedRequest
 from sparkiq.errors import NodeUnreachableError, SparkiqError
+from sparkiq.principals import current as current_principal
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import QueryResult
 from sparkiq.wire import protocol
-from sparkiq.wire.values import pack, unpack
+from sparkiq.wire.values import pack, unpack_plain
 
 __all__ = [
+    "MAX_HEARTBEAT_BYTES",
     "HttpTransport",
     "LocalTransport",
     "NodeTimeoutError",
@@ -34,14 +41,12 @@ __all__ = [
 
 
 class Transport(Protocol):
-    def query(
-        self, url: str, request: StateQueryRequest, token: str | None
-    ) -> dict[int, QueryResult[Any]]:
+    def query(self, url: str, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
         """Ask the member at ``url`` to answer ``request`` from its own replicas."""
         ...
 
-    def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
-        """Send this node's heartbeat; return the member's."""
+    def heartbeat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """Send this node's heartbeat; return the member's (proven to come from a member)."""
         ...
 
     def close(self) -> None: ...
@@ -52,7 +57,7 @@ class LocalTransport:
 
     def __init__(self) -> None:
         self._nodes: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _nodes
 
     def register(self, url: str, node: Any) -> None:
         with self._lock:
@@ -69,21 +74,20 @@ class LocalTransport:
             raise NodeUnreachableError(f"no node at {url}")
         return node
 
-    def query(
-        self, url: str, request: StateQueryRequest, token: str | None
-    ) -> dict[int, QueryResult[Any]]:
-        node = self._node(url)
-        node.check_token(token)
-        return dict(node.query_local(request).partition_results)
+    def query(self, url: str, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
+        return dict(self._node(url).query_local(request).partition_results)
 
-    def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
-        node = self._node(url)
-        node.check_token(token)
-        reply: dict[str, Any] = node.on_heartbeat(doc)
+    def heartbeat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        reply: dict[str, Any] = self._node(url).on_heartbeat(doc)
         return reply
 
     def close(self) -> None:
         pass
+
+
+#: A heartbeat reply longer than this is not a node's (a member table of MAX_MEMBERS and a
+#: hosted map of thousands of partitions fit many times over).
+MAX_HEARTBEAT_BYTES = 4 << 20
 
 
 class HttpTransport:
@@ -91,32 +95,43 @@ class HttpTransport:
 
     Heartbeats use a pool of their own with a short read timeout (``heartbeat_timeout``):
     a reply that late says nothing the failure detector does not already know, and a
-    heartbeat must never wait behind a long query on the same connection."""
+    heartbeat must never wait behind a long query on the same connection. With ``key``
+    (the cluster secret's) every request is signed as ``node_id`` and heartbeat replies are
+    checked before they are decoded; with ``tls`` (the node's current client context,
+    :class:`sparkiq.tls.TlsContexts`) members are reached over verified ``https``."""
 
     def __init__(
         self,
         *,
+        node_id: str = "",
+        key: NodeKey | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
         connect_timeout: float = 1.0,
         read_timeout: float = 30.0,
         heartbeat_timeout: float = 2.0,
     ) -> None:
-        self._pool = HttpPool(connect_timeout=connect_timeout, timeout=read_timeout)
-        self._beats = HttpPool(connect_timeout=connect_timeout, timeout=heartbeat_timeout)
+        self._node_id = node_id
+        self._key = key
+        self._pool = HttpPool(connect_timeout=connect_timeout, timeout=read_timeout, tls=tls)
+        self._beats = HttpPool(connect_timeout=connect_timeout, timeout=heartbeat_timeout, tls=tls)
 
-    def _headers(self, token: str | None) -> dict[str, str]:
+    def _signed(self, path: str, body: bytes) -> tuple[dict[str, str], SignedRequest | None]:
         headers = {"content-type": protocol.CONTENT_TYPE, "accept": protocol.CONTENT_TYPE}
-        if token:
-            headers["authorization"] = f"Bearer {token}"
-        return headers
+        if self._key is None:
+            return headers, None
+        caller = current_principal.get()  # a routed request runs for its caller
+        name = None if caller is None else caller.name
+        signed = self._key.sign_request(self._node_id, "POST", path, body, name)
+        headers[REQUEST_HEADER] = signed.header
+        return headers, signed
 
-    def query(
-        self, url: str, request: StateQueryRequest, token: str | None
-    ) -> dict[int, QueryResult[Any]]:
+    def query(self, url: str, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
         body = protocol.encode_request(request, local=True)
-        response = self._pool.request(url, "POST", "/internal/query", body, self._headers(token))
+        headers, _ = self._signed("/internal/query", body)
+        response = self._pool.request(url, "POST", "/internal/query", body, headers)
         try:
             if response.status != 200:
-                raise _refusal(url, response.status, response.read())
+                raise _refusal(url, response.status, response.read(MAX_HEARTBEAT_BYTES))
             frames = protocol.read_frames(response.chunks())
             partitions: Iterable[int] | None = (
                 sorted(request.partitions) if request.partitions is not None else None
@@ -126,16 +141,18 @@ class HttpTransport:
             response.close()
             raise
 
-    def heartbeat(self, url: str, doc: dict[str, Any], token: str | None) -> dict[str, Any]:
-        response = self._beats.request(
-            url, "POST", "/internal/heartbeat", pack(doc), self._headers(token)
-        )
-        data = response.read()
+    def heartbeat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        body = pack(doc)
+        headers, signed = self._signed("/internal/heartbeat", body)
+        response = self._beats.request(url, "POST", "/internal/heartbeat", body, headers)
+        data = response.read(MAX_HEARTBEAT_BYTES)
         if response.status != 200:
             raise _refusal(url, response.status, data)
+        if signed is not None and self._key is not None:
+            self._key.check_reply(signed, response.header(REPLY_HEADER), data)
         try:
-            reply: dict[str, Any] = unpack(data)
-        except Exception:  # whatever answered is not a node: its reply is not a heartbeat
+            reply: dict[str, Any] = unpack_plain(data)
+        except ValueError:  # whatever answered is not a node: its reply is not a heartbeat
             raise protocol.RemoteError(
                 f"{url} answered the heartbeat with something that is not one",
                 code="invalid_heartbeat",

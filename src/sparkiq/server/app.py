@@ -42,10 +42,15 @@ from sqlglot import exp
 
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.cluster.heartbeat import HeartbeatError
+from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER
 from sparkiq.pools import ElasticPool
+from sparkiq.principals import current as current_principal
+from sparkiq.principals import readable
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.audit import AuditLog
+from sparkiq.server.auth_failures import auth_failures_of
 from sparkiq.server.browser import BrowserGuard, console_policy
 from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
@@ -56,7 +61,7 @@ from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
 from sparkiq.sql.parse import parse
 from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import arrowipc, jsonapi, protocol
-from sparkiq.wire.values import pack, unpack
+from sparkiq.wire.values import pack, unpack_plain
 
 __all__ = ["PUBLIC_PATHS", "RestApp", "scrub"]
 
@@ -72,6 +77,11 @@ _BINARY = [(b"content-type", protocol.CONTENT_TYPE.encode())]
 #: the API description, and the console page, which is static (no data) and sends the token
 #: its user types with every request it makes.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/console"})
+#: Paths of the node protocol, whose callers prove a node credential instead of (heartbeats)
+#: or besides (sub-requests) a client token: sparkiq.cluster.nodeauth.
+_NODE_PATHS = frozenset({"/internal/heartbeat", "/internal/query"})
+_REPLY = REPLY_HEADER.encode()
+_NOTE = "sparkiq.audit"  # the scope key of what a request read (tables, rows)
 _HTML = [
     (b"content-type", b"text/html; charset=utf-8"),
     # the page keeps the token in the browser: no framing by other sites, no referrer
@@ -96,6 +106,8 @@ class RestApp:
         self.node = node
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics(node)
+        self._auth = auth_failures_of(node)  # slowed and counted per caller address
+        self.metrics.registry.register(self._auth)
         self._pool = ElasticPool("sparkiq-http", threads)
         # A push stream's producer waits for changes in its own thread: streams never take
         # the threads lookups and scans need, and their number is bounded.
@@ -103,6 +115,7 @@ class RestApp:
         self._push_pool = ElasticPool("sparkiq-push", max_push_streams)
         self._push_streams = 0
         self._openapi = jsonapi.dumps(openapi_document())
+        self._audit: AuditLog | None = getattr(node, "audit", None)
         self._console = (
             importlib.resources.files("sparkiq.server").joinpath("console.html").read_bytes()
         )
@@ -132,6 +145,8 @@ class RestApp:
         started = time.perf_counter()
         route = "unmatched"
         status = 500
+        note: dict[str, Any] = {}  # what the request read (tables, rows), for the audit log
+        scope[_NOTE] = note
         try:
             route, status = await self._dispatch(scope, receive, send)
         except Exception as exc:  # errors that are the caller's become 4xx, the rest 500
@@ -140,7 +155,20 @@ class RestApp:
             status = error.status
             await _send_error(send, error)
         finally:
-            self.metrics.observe(route, status, time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.metrics.observe(route, status, took)
+            if self._audit is not None and not _unaudited(scope):
+                principal = current_principal.get()
+                self._audit.record(
+                    listener="http",
+                    principal=None if principal is None else principal.name,
+                    peer=_peer(scope),
+                    kind=route if route != "unmatched" else scope["path"][:200],
+                    tables=note.get("tables", ()),
+                    status=status,
+                    seconds=took,
+                    rows=note.get("rows"),
+                )
 
     # -- dispatch ----------------------------------------------------------------------------
 
@@ -149,24 +177,45 @@ class RestApp:
         method: str = scope["method"]
         parts = path.strip("/").split("/")
         self._browser.check(scope)  # before anything else: what a web page may not ask
-        if path not in PUBLIC_PATHS:
-            self.node.check_token(_bearer(scope))
+        if path not in PUBLIC_PATHS and path not in _NODE_PATHS:
+            # every read below runs as this principal and within its grants (a caller whose
+            # address failed too often lately is refused before its token is looked at)
+            current_principal.set(
+                self._auth.check_http(scope.get("client"), _bearer(scope), self.node.check_token)
+            )
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
             _allow(method, "GET")
             store = urllib.parse.unquote(parts[1])
             key_text = urllib.parse.unquote(parts[3])
             return "/stores/{store}/keys/{key}", await self._get_key(scope, send, store, key_text)
         if path == "/internal/query":
+            # a member's sub-request carries a node credential; a client's, its token
             _allow(method, "POST")
+            credential = _header(scope, REQUEST_HEADER)
+            if credential is None:
+                current_principal.set(
+                    self._auth.check_http(
+                        scope.get("client"), _bearer(scope), self.node.check_token
+                    )
+                )
             body = await self._body(receive)
+            if credential is not None:
+                opened = self.node.admit_node(credential, method, path, body, _peer(scope))
+                # a member's sub-request runs for the caller it routes for, grants and all
+                caller = None if opened is None else opened.principal
+                current_principal.set(self.node.principal_named(caller))
             await self._internal_query(scope, receive, send, body)
             return "/internal/query", 200
         if path == "/internal/heartbeat":
             _allow(method, "POST")
             body = await self._body(receive)
+            # proven before anything of it is decoded; client tokens never admit a member
+            opened = self.node.admit_node(
+                _header(scope, REQUEST_HEADER), method, path, body, _peer(scope)
+            )
             try:
-                doc = unpack(body)
-            except Exception:  # msgpack's errors vary by cause; all mean the same here
+                doc = unpack_plain(body)
+            except ValueError:  # msgpack's errors vary by cause; all mean the same here
                 raise HttpError(
                     400, "invalid_heartbeat", "the body is not a packed heartbeat", "body"
                 ) from None
@@ -174,7 +223,10 @@ class RestApp:
                 reply = self.node.on_heartbeat(doc)
             except HeartbeatError as exc:  # nothing was recorded: the membership is unchanged
                 raise HttpError(400, "invalid_heartbeat", exc.message, exc.field) from None
-            await _send(send, 200, pack(reply), _BINARY)
+            data = pack(reply)
+            signature = self.node.sign_reply(None if opened is None else opened.mac, data)
+            headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
+            await _send(send, 200, data, headers)
             return "/internal/heartbeat", 200
         if parts[0] == "stores" and len(parts) == 3 and parts[2] == "query":
             _allow(method, "POST")
@@ -277,6 +329,7 @@ class RestApp:
         else:
             row, position, partition = found
         self.metrics.queried(store)  # answered here or routed: a query this node was asked
+        scope[_NOTE]["tables"] = [store]
         doc = {"key": key, "row": row, "partition": partition, "position": position.to_token()}
         if row is None:
             doc["error"] = {
@@ -299,7 +352,7 @@ class RestApp:
         elif local:  # a SQL fragment among them: stopped if the asking node gives up on it
             results = await self._run_while_awaited(receive, lambda: node.query_local(request))
         else:
-            results = await self._run(node.route, request, _bearer(scope))
+            results = await self._run(node.query, request)
         if not any(isinstance(r.result, Iterator) for r in results.partition_results.values()):
             await _send(send, 200, b"".join(protocol.result_frames(results)), _BINARY)
             return
@@ -307,7 +360,8 @@ class RestApp:
 
     async def _iq_query(self, scope: Scope, send: Send, store: str, body: bytes) -> None:
         request = jsonapi.request_from_json(store, self.node.schema(store), body)
-        results: StateQueryResult[Any] = await self._run(self.node.route, request, _bearer(scope))
+        scope[_NOTE]["tables"] = [store]
+        results: StateQueryResult[Any] = await self._run(self.node.query, request)
         self.metrics.queried(store)
         await self._stream(send, 200, _JSON, iq_json_chunks(store, results, self._roots))
 
@@ -365,7 +419,9 @@ class RestApp:
             if doc.get(name) is not None:
                 options[name] = doc[name]
         result = await self._run_while_awaited(receive, lambda: self.node.sql(text, **options))
-        self.metrics.queried(*_tables_read(result.position.to_map(), self.node.tables))
+        read = _tables_read(result.position.to_map(), self.node.tables)
+        self.metrics.queried(*read)
+        scope[_NOTE].update(tables=read, rows=len(result.rows))
         if arrow:
             headers, table = await self._sql_arrow(text, result)
             del result  # a slow reader pins the columns only, not the Python rows as well
@@ -418,7 +474,8 @@ class RestApp:
     def _stats(self) -> dict[str, Any]:
         """``GET /stats``: what the console's query-rate charts and restore bars show."""
         doc: dict[str, Any] = {"node_id": self.node.node_id}
-        doc.update(self.metrics.query_rate.series(self.node.tables))
+        visible = set(readable(self.node.tables))
+        doc.update(self.metrics.query_rate.series(readable(self.node.tables)))
         doc["partitions"] = [
             {
                 "store": s.table,
@@ -434,13 +491,14 @@ class RestApp:
                 "error": None if s.error is None else scrub(s.error, self._roots),
             }
             for s in self.node.status()
+            if s.table in visible
         ]
         return doc
 
     def _stores(self) -> dict[str, Any]:
         node = self.node
         out = []
-        for name in node.tables:
+        for name in readable(node.tables):  # a principal learns only of what it may read
             schema = node.schema(name)
             out.append(
                 {
@@ -548,6 +606,32 @@ def _accepts_binary(scope: Scope) -> bool:
         name == b"accept" and protocol.CONTENT_TYPE.encode() in value
         for name, value in scope["headers"]
     )
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    wanted = name.encode()
+    for key, value in scope["headers"]:
+        if key == wanted:
+            text: str = value.decode("latin-1")
+            return text
+    return None
+
+
+def _unaudited(scope: Scope) -> bool:
+    """Probes, pages, and traffic between nodes (heartbeats, members' sub-requests: the
+    node that took the caller's request logs it)."""
+    path = scope["path"]
+    return (
+        path in PUBLIC_PATHS
+        or path == "/internal/heartbeat"
+        or _header(scope, REQUEST_HEADER) is not None
+    )
+
+
+def _peer(scope: Scope) -> str | None:
+    """The caller's address (None when the server does not know it)."""
+    client = scope.get("client")
+    return None if not client else str(client[0])
 
 
 def _bearer(scope: Scope) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparkiq.errors import (
     AuthenticationError,
+    ForbiddenError,
     InvalidQueryError,
     NodeUnreachableError,
     SparkiqError,
@@ -43,6 +44,8 @@ def classify(exc: Exception) -> HttpError:
     """The HTTP answer for ``exc`` (see the module docstring)."""
     if isinstance(exc, AuthenticationError):
         return HttpError(401, "unauthorized", exc.message)
+    if isinstance(exc, ForbiddenError):
+        return HttpError(403, "forbidden", exc.message)
     if isinstance(exc, UnknownStoreError):
         return HttpError(404, "unknown_store", exc.message, "store")
     if isinstance(exc, InvalidQueryError):

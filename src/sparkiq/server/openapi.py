@@ -18,7 +18,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     text = {
         400: "Invalid request; `field` names the offending field",
-        401: "Missing or wrong bearer token",
+        401: "Missing or wrong bearer token (with `retry_after_seconds`: not checked, as "
+        "this address failed too often lately)",
         404: "Unknown store, key or route",
         406: "The Accept header asks for what this answer cannot be (an Arrow stream of a "
         "push query)",
@@ -66,6 +67,7 @@ def openapi_document() -> dict[str, Any]:
                                 "column": {"type": "integer"},
                                 "snippet": {"type": "string"},
                                 "candidates": {"type": "array", "items": {"type": "string"}},
+                                "retry_after_seconds": {"type": "number"},
                             },
                         }
                     },

@@ -38,6 +38,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sparkiq.errors import ConfigError
 from sparkiq.server.served import ServedNode
+from sparkiq.tls import TlsContexts
 
 __all__ = ["HttpLimits", "RunningServer", "bind_socket", "start_server"]
 
@@ -252,10 +253,11 @@ def start_server(
     *,
     max_body_bytes: int | None = None,
     limits: HttpLimits | None = None,
+    tls: TlsContexts | None = None,
 ) -> RunningServer:
     """Serve ``node``'s REST API and node protocol on ``sock`` until ``stop()``, within
     ``limits`` (default :meth:`HttpLimits.from_env`; ``max_body_bytes`` overrides its
-    field)."""
+    field); over TLS only with ``tls``, whose certificates may change while it runs."""
     from sparkiq.server.app import RestApp
 
     if limits is None:
@@ -271,6 +273,7 @@ def start_server(
         loop="uvloop" if _has_uvloop() else "asyncio",
         timeout_keep_alive=int(max(1, limits.keep_alive_timeout)),
         timeout_graceful_shutdown=2,
+        ssl_context_factory=None if tls is None else (lambda _config, _default: tls.listener),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(

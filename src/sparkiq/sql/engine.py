@@ -34,6 +34,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from sparkiq.errors import InvalidQueryError
+from sparkiq.principals import check_read
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows
 from sparkiq.schema.codec import KeyCodec
@@ -193,6 +194,7 @@ class SqlEngine:
         if bound is None:
             bound = _UNBOUNDED
         plan, params, template = self._plan(text)
+        check_read(t.name for t in plan.tables)  # joins and subqueries included
         digest = digest_of(text) if template else plan.digest  # a template is the shape's
         token = None
         if page_token is not None:

@@ -60,6 +60,7 @@ from sparkiq.changelog import Changelog, list_tables
 from sparkiq.changelog.feed import ChangeFeed, RetentionGapError, require_after
 from sparkiq.changelog.source import ChangelogSource, SegmentSource
 from sparkiq.errors import ChangelogError, UnknownStoreError
+from sparkiq.principals import check_read
 from sparkiq.query.position import Position
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.change import Change
@@ -227,6 +228,7 @@ class SubscriptionHub:
         :class:`SubscriptionError` when the changes after ``from_position`` are gone.
         """
         plan = plan_push_query(text, self._resolve)
+        check_read((plan.table,))
         changelog, decoder = self._table(plan.table)
         start = self._parse_position(plan.table, from_position)
         limit = self.buffer_limit if buffer_limit is None else buffer_limit

@@ -128,7 +128,7 @@ def _query_doc(query: Query) -> dict[str, Any]:
 def decode_request(body: bytes) -> tuple[StateQueryRequest, bool]:
     """The request and its ``local`` flag; :class:`InvalidQueryError` names a bad field."""
     try:
-        doc = unpack(body)
+        doc = unpack(body, tables=False)
     except (msgspec.DecodeError, ValueError) as exc:
         raise InvalidQueryError(f"request body is not a sparkiq v1 message: {exc}") from None
     if not isinstance(doc, dict) or doc.get("v") != PROTOCOL_VERSION:

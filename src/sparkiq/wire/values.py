@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["pack", "register_enum", "register_record", "to_wire", "unpack"]
+__all__ = ["pack", "register_enum", "register_record", "to_wire", "unpack", "unpack_plain"]
 
 _DATETIME, _DATE, _DECIMAL, _TUPLE, _ARROW, _BYTEARRAY, _ENUM, _PAIRS = 1, 2, 3, 4, 5, 6, 7, 8
 _RECORD = 9
@@ -180,6 +180,20 @@ def _decode_ext(code: int, data: memoryview) -> Any:
 _decoder = msgspec.msgpack.Decoder(ext_hook=_from_ext)
 
 
+def _no_ext(code: int, data: memoryview) -> Any:
+    raise ValueError(f"a MessagePack extension ({code}) where only plain values may be")
+
+
+def _no_tables(code: int, data: memoryview) -> Any:
+    if code == _ARROW:
+        raise ValueError("an Arrow table where none may be (requests never carry one)")
+    return _from_ext(code, data)
+
+
+_plain_decoder = msgspec.msgpack.Decoder(ext_hook=_no_ext)
+_tableless_decoder = msgspec.msgpack.Decoder(ext_hook=_no_tables)
+
+
 def pack(value: Any) -> bytes:
     """Encode ``value`` (any mix of plain values, rows, keys, Arrow tables). An integer
     beyond MessagePack's 64 bits (DuckDB's HUGEINT) travels as the ``Decimal`` of the same
@@ -202,9 +216,18 @@ def _wide_ints(value: Any) -> Any:
     return value
 
 
-def unpack(data: bytes | memoryview) -> Any:
-    """Decode what :func:`pack` produced, with the original types.
+def unpack(data: bytes | memoryview, *, tables: bool = True) -> Any:
+    """Decode what :func:`pack` produced, with the original types; ``tables=False``
+    refuses Arrow tables (whose decoding may decompress many times the input's size): what
+    a caller sends is decoded so.
 
     Malformed input raises :class:`ValueError` (``msgspec.DecodeError`` is one) saying what
     is wrong, never another exception and never a value of another type."""
-    return _decoder.decode(data)
+    return (_decoder if tables else _tableless_decoder).decode(data)
+
+
+def unpack_plain(data: bytes | memoryview) -> Any:
+    """Decode MessagePack holding plain values only (maps, lists, strings, numbers...):
+    any extension -- an Arrow table above all, whose decoding may decompress -- is refused
+    with :class:`ValueError`, so input that never carries one costs no more than its size."""
+    return _plain_decoder.decode(data)

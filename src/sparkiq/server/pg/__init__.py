@@ -5,8 +5,9 @@ queries on a node (docs/postgres.md).
 protocol of one (framing by the ``pygwire`` codec), ``catalog`` decides what a statement
 is answered with, ``pgcatalog`` is the emulated ``pg_catalog``/``information_schema``,
 ``translate`` turns a client's catalog query into one on it (and walls it in), ``types``
-maps result columns to Postgres types, ``statements`` splits, reads and binds statement
-text and ``errors`` gives SQLSTATE codes.
+maps result columns to Postgres types, ``statements`` splits and reads statement text,
+``parameters`` binds a Bind's values into it, ``limits`` bounds what a client may cost
+and ``errors`` gives SQLSTATE codes.
 """
 
 from __future__ import annotations

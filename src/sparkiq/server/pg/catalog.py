@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,15 +28,12 @@ from typing import Any
 import duckdb
 import sqlglot
 
+from sparkiq.principals import readable
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
-from sparkiq.server.pg.pgcatalog import OWNER, build_catalog
-from sparkiq.server.pg.statements import (
-    BINARY_PARAMETER_OIDS,
-    LIMIT,
-    code_only,
-    parameter_uses,
-)
+from sparkiq.server.pg.parameters import BINARY_PARAMETER_OIDS
+from sparkiq.server.pg.pgcatalog import OWNER, build_catalog, catalog_cursor
+from sparkiq.server.pg.statements import LIMIT, code_only, parameter_uses
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
 from sparkiq.server.served import ServedNode
@@ -50,6 +48,9 @@ from sparkiq.sql.errors import (
 __all__ = ["Answer", "Catalog", "server_parameters"]
 
 log = logging.getLogger("sparkiq.server.pg")
+
+#: Catalog databases kept at once, one per set of visible tables (about one per principal).
+_CATALOGS_KEPT = 8
 
 #: The Postgres version the endpoint reports. Clients pick their catalog queries by it;
 #: psql 15's, DBeaver's, Grafana's and asyncpg's for 14 are the ones tested.
@@ -81,11 +82,13 @@ _EXTRA_SETTINGS = {
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What a statement returns: ``columns`` (None: a command without rows), the rows (one
-    dict per row, by column name) and the command tag (``SELECT 3``, ``SET``...)."""
+    dict per row, by column name), the command tag (``SELECT 3``, ``SET``...) and the tables
+    it read (for the audit log)."""
 
     columns: list[PgColumn] | None
     rows: list[dict[str, Any]]
     tag: str
+    tables: tuple[str, ...] = ()
 
 
 def server_parameters(version_text: str) -> dict[str, str]:
@@ -118,12 +121,16 @@ class Catalog:
         # Each connection thread gets its own DuckDB from the engine: bounding how many run
         # at once bounds their memory as the REST API's 32 SQL threads bound its own.
         self._running = threading.BoundedSemaphore(max_statements)
+        # Guards _dbs: per set of tables a user may see (its principal's grants), the
+        # catalog database, its walls and the schemas it describes, rebuilt when those
+        # tables change. Held to rebuild and to open a cursor, never while a query runs:
+        # each query has a cursor of its own (a connection to the same in-memory database),
+        # so one connection's long catalog query never holds up another's (psql's \d, a
+        # driver's type lookups at connect).
         self._lock = threading.Lock()
-        # The catalog database and its walls, rebuilt when the tables change (guarded by
-        # _lock, as DuckDB connections are not shared across threads).
-        self._db: duckdb.DuckDBPyConnection | None = None
-        self._walls: Walls | None = None
-        self._described: dict[str, TableSchema] = {}
+        self._dbs: OrderedDict[
+            frozenset[str], tuple[duckdb.DuckDBPyConnection, Walls, dict[str, TableSchema]]
+        ] = OrderedDict()
 
     def answer(self, text: str, settings: dict[str, str], user: str = "") -> Answer:
         """The answer to one statement; ``settings`` are the connection's ``SET`` values,
@@ -138,11 +145,12 @@ class Catalog:
             return self._catalog_query(text, settings, user)
         with self._running:
             result = self.node.sql(text)
-        tables = set(self.node.tables)
+        tables = set(readable(self.node.tables))
         named = {w for w in _WORDS.findall(text) if w in tables}
         schemas = [self.node.schema(t) for t in sorted(named)]
         columns = describe_columns(result.columns, result.rows, schemas)
-        return Answer(columns, result.rows, f"SELECT {len(result.rows)}")
+        read = tuple(t for t in result.position.to_map() if t in tables)
+        return Answer(columns, result.rows, f"SELECT {len(result.rows)}", read)
 
     def parameter_types(self, text: str, oids: Sequence[int]) -> list[int]:
         """``oids`` (a statement's parameter types, 0 = unspecified) with each unspecified
@@ -151,7 +159,8 @@ class Catalog:
         if all(oids):
             return list(oids)
         uses = parameter_uses(text)
-        named = [t for t in self.node.tables if re.search(rf"\b{re.escape(t)}\b", text, re.I)]
+        visible = readable(self.node.tables)
+        named = [t for t in visible if re.search(rf"\b{re.escape(t)}\b", text, re.I)]
         by_column: dict[str, int | None] = {}
         for table in named:
             for f in self.node.schema(table).fields:
@@ -170,9 +179,9 @@ class Catalog:
 
     def close(self) -> None:
         with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+            for db, _, _ in self._dbs.values():
+                db.close()
+            self._dbs.clear()
 
     # -- the generated catalog ---------------------------------------------------------------
 
@@ -183,14 +192,18 @@ class Catalog:
         version = self.parameters.get("server_version", PG_VERSION)
         text, renames = translate(text, Session(user or OWNER, f"PostgreSQL {version}", values))
         with self._lock:
+            # db stays referenced until the query ends: a rebuild meanwhile only drops
+            # this object's reference, and the database goes with its last cursor.
             db, walls = self._catalog_db()
-            walls.check(text, db)
+            cursor = catalog_cursor(db)
+        try:
+            walls.check(text, cursor)
             # The catalog is small, but a query over it may not be (a cross join of
             # pg_attribute with itself...): it gets the SQL limits of any statement.
-            timer = threading.Timer(self.limits.timeout_seconds, db.interrupt)
+            timer = threading.Timer(self.limits.timeout_seconds, cursor.interrupt)
             timer.start()
             try:
-                cursor = db.execute(text)
+                cursor.execute(text)
                 if cursor.description is None:
                     return Answer(None, [], "SELECT 0")
                 fetched = cursor.fetchmany(self.limits.max_result_rows + 1)
@@ -221,22 +234,26 @@ class Catalog:
                 )
             names = _unique([renames.get(d[0], d[0]) for d in cursor.description])
             rows = [dict(zip(names, r, strict=True)) for r in fetched]
+        finally:
+            cursor.close()
         columns = describe_columns(names, rows, ())
         return Answer(columns, rows, f"SELECT {len(rows)}")
 
     def _catalog_db(self) -> tuple[duckdb.DuckDBPyConnection, Walls]:
-        """The catalog database, rebuilt when the node's tables or schemas changed."""
-        current = {t: self.node.schema(t) for t in self.node.tables}
-        same = current.keys() == self._described.keys() and all(
-            current[t] is self._described[t] for t in current
-        )
-        if self._db is not None and self._walls is not None and same:
-            return self._db, self._walls
-        if self._db is not None:
-            self._db.close()
+        """The catalog database of the tables the current principal may see, rebuilt when
+        those tables or their schemas changed."""
+        current = {t: self.node.schema(t) for t in readable(self.node.tables)}
+        visible = frozenset(current)
+        held = self._dbs.get(visible)
+        if held is not None and all(current[t] is held[2][t] for t in current):
+            self._dbs.move_to_end(visible)
+            return held[0], held[1]
+        # An old database is not closed here: queries may still run on its cursors.
         db = build_catalog(current, self.parameters)
-        self._db, self._walls, self._described = db, Walls(db), current
-        return db, self._walls
+        self._dbs[visible] = (db, Walls(db), current)
+        while len(self._dbs) > _CATALOGS_KEPT:
+            self._dbs.popitem(last=False)
+        return db, self._dbs[visible][1]
 
 
 def _select_names(text: str) -> list[str]:

@@ -9,6 +9,8 @@ unknown table (or a table not served)  42P01    undefined_table
 unknown column                         42703    undefined_column
 unknown function                       42883    undefined_function
 forbidden statement, table, function   42501    insufficient_privilege: pull queries only
+``ForbiddenError`` (no grant)          42501    insufficient_privilege: the user's principal
+                                                may not read the table
 other ``SqlUnsupportedError``          0A000    feature_not_supported
 ``SqlLimitError`` (rows, size, page)   54000    program_limit_exceeded
 ``SqlLimitError`` code ``timeout``     57014    query_canceled (``SqlLimits.timeout_seconds``)
@@ -28,7 +30,13 @@ from __future__ import annotations
 import itertools
 import logging
 
-from sparkiq.errors import AuthenticationError, InvalidQueryError, SparkiqError, UnknownStoreError
+from sparkiq.errors import (
+    AuthenticationError,
+    ForbiddenError,
+    InvalidQueryError,
+    SparkiqError,
+    UnknownStoreError,
+)
 from sparkiq.sql.errors import (
     SqlError,
     SqlLimitError,
@@ -56,6 +64,8 @@ def sqlstate(exc: BaseException) -> str:
     code = getattr(exc, "code", None)
     if isinstance(exc, AuthenticationError):
         return "28P01"
+    if isinstance(exc, ForbiddenError):
+        return "42501"
     if isinstance(exc, StatementCanceledError):
         return "57014"
     if isinstance(exc, SqlSyntaxError):

@@ -1,9 +1,14 @@
 """The Postgres endpoint's listener: accepts connections and runs each in its own thread.
 
-Connections are bounded (``max_connections``; one more is told SQLSTATE 53300
-``too_many_connections`` and closed) and must finish startup and authentication within
-``startup_timeout`` seconds. :meth:`PgServer.stop` closes the listener and every open
-connection and joins their threads.
+Connections are bounded (:class:`~sparkiq.server.pg.limits.PgLimits`): at most
+``max_connections`` open (one more is told SQLSTATE 53300 ``too_many_connections`` and
+closed), and at most ``max_unauthenticated`` of them still logging in. A connection over
+that second bound takes the slot of the oldest one that has been logging in for
+``eviction_seconds`` (which is closed): a client that trickles its startup bytes holds a
+thread and a slot only until a newer client needs it, never long enough to keep real
+clients out, and never more than ``startup_timeout`` seconds in all (the session's
+deadline). Logged-in connections are never evicted. :meth:`PgServer.stop` closes the
+listener and every open connection and joins their threads.
 """
 
 from __future__ import annotations
@@ -12,11 +17,17 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 
 from pygwire import messages as m
 
 from sparkiq._version import __version__
+from sparkiq.principals import Principals
+from sparkiq.server.audit import AuditLog
+from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg.catalog import Catalog, server_parameters
+from sparkiq.server.pg.limits import PgLimits
+from sparkiq.server.pg.logins import PgLogins
 from sparkiq.server.pg.session import PgSession, SessionRules
 from sparkiq.server.served import ServedNode
 
@@ -33,21 +44,38 @@ class PgServer:
         node: ServedNode,
         sock: socket.socket,
         *,
-        token: str | None,
-        max_connections: int = 64,
-        startup_timeout: float = 10.0,
+        principals: Principals,
+        audit: AuditLog | None = None,
+        limits: PgLimits | None = None,
+        auth_failures: AuthFailures | None = None,
     ) -> None:
         self.sock = sock
-        self.max_connections = max_connections
+        self.limits = limits = limits if limits is not None else PgLimits.from_env()
         parameters = server_parameters(__version__)
         self.catalog = Catalog(node, parameters)
-        self.rules = SessionRules(self.catalog, token, startup_timeout, parameters, self._cancel)
+        self.rules = SessionRules(
+            self.catalog,
+            PgLogins(principals),
+            limits,
+            auth_failures if auth_failures is not None else AuthFailures.from_env(),
+            parameters,
+            self._cancel,
+            self._logged_in,
+            audit,
+        )
         self.address: tuple[str, int] = sock.getsockname()[:2]
-        self._lock = threading.Lock()  # guards _sessions, _by_process_id, _stopped
+        # guards _sessions, _starting, _evicted, _by_process_id, _stopped, accepted
+        self._lock = threading.Lock()
         self._sessions: dict[PgSession, threading.Thread] = {}
+        # sessions not logged in yet -> when they were accepted (time.monotonic())
+        self._starting: dict[PgSession, float] = {}
+        # sessions closed to free a slot whose threads have not ended yet: not counted
+        self._evicted: set[PgSession] = set()
         self._by_process_id: dict[int, PgSession] = {}
         self._next_process_id = 1
         self._stopped = False
+        #: Connections accepted since the server started (refused ones included).
+        self.accepted = 0
         self._thread = threading.Thread(target=self._accept, name="sparkiq-pg", daemon=True)
 
     def start(self) -> PgServer:
@@ -66,17 +94,58 @@ class PgServer:
                 if self._stopped:
                     conn.close()
                     return
-                if len(self._sessions) >= self.max_connections:
-                    _refuse(conn, self.max_connections)
+                self.accepted += 1
+                refusal = self._make_room()
+                if refusal is not None:
+                    _refuse(conn, refusal)
                     continue
                 session = PgSession(conn, self.rules, self._next_process_id)
                 self._by_process_id[session.process_id] = session
                 self._next_process_id += 1
+                self._starting[session] = time.monotonic()
                 thread = threading.Thread(
                     target=self._serve, args=(session,), name="sparkiq-pg-conn", daemon=True
                 )
                 self._sessions[session] = thread
             thread.start()
+
+    def _make_room(self) -> str | None:
+        """Under ``_lock``: evict what a new connection needs (see the module docstring), or
+        say why it is refused."""
+        limits = self.limits
+        if len(self._starting) >= limits.max_unauthenticated and not self._evict_oldest():
+            return (
+                f"sorry, too many connections are logging in (this node lets "
+                f"{limits.max_unauthenticated} log in at once); retry in a moment"
+            )
+        if len(self._sessions) - len(self._evicted) >= limits.max_connections and not (
+            self._evict_oldest()
+        ):
+            return (
+                f"sorry, too many clients already (this node serves {limits.max_connections}"
+                " Postgres connections)"
+            )
+        return None
+
+    def _evict_oldest(self) -> bool:
+        """Under ``_lock``: close the connection that has been logging in longest, if that
+        is ``eviction_seconds`` or more. Returns whether one was closed."""
+        if not self._starting:
+            return False
+        session, accepted = min(self._starting.items(), key=lambda item: item[1])
+        if time.monotonic() - accepted < self.limits.eviction_seconds:
+            return False
+        del self._starting[session]
+        self._evicted.add(session)
+        session.close()
+        log.info("closed a Postgres connection still logging in to make room for a new one")
+        return True
+
+    def _logged_in(self, session: PgSession) -> bool:
+        """A session finished logging in: it no longer counts against
+        ``max_unauthenticated``. False if it was evicted meanwhile (it must end)."""
+        with self._lock:
+            return self._starting.pop(session, None) is not None
 
     def _serve(self, session: PgSession) -> None:
         try:
@@ -84,6 +153,8 @@ class PgServer:
         finally:
             with self._lock:
                 self._sessions.pop(session, None)
+                self._starting.pop(session, None)
+                self._evicted.discard(session)
                 self._by_process_id.pop(session.process_id, None)
 
     def _cancel(self, process_id: int, secret: bytes) -> None:
@@ -123,14 +194,9 @@ class PgServer:
         self.catalog.close()
 
 
-def _refuse(conn: socket.socket, limit: int) -> None:
-    """Answer a connection over the limit with an error (before startup, as Postgres does)."""
-    fields = {
-        "S": "FATAL",
-        "V": "FATAL",
-        "C": "53300",
-        "M": f"sorry, too many clients already (this node serves {limit} Postgres connections)",
-    }
+def _refuse(conn: socket.socket, message: str) -> None:
+    """Answer a connection over a limit with an error (before startup, as Postgres does)."""
+    fields = {"S": "FATAL", "V": "FATAL", "C": "53300", "M": message}
     try:
         conn.settimeout(1.0)
         conn.sendall(m.ErrorResponse(fields=fields).to_wire())

@@ -48,6 +48,7 @@ __all__ = [
     "OWNER",
     "PG_CATALOG",
     "build_catalog",
+    "catalog_cursor",
     "relation_oids",
 ]
 
@@ -410,10 +411,27 @@ def build_catalog(
     for macro in _MACROS:
         db.execute(macro.replace("CREATE MACRO ", "CREATE MACRO public.", 1))
     _fill(db, tables, parameters)
-    db.execute(f"SET search_path = '{PG_CATALOG},public'")
-    db.execute("SET integer_division = true")  # Postgres' int / int is an int
+    # GLOBAL: every cursor (catalog_cursor) inherits it, and none may change it once locked
+    db.execute("SET GLOBAL integer_division = true")  # Postgres' int / int is an int
+    db.execute(_SEARCH_PATH)
     db.execute("SET lock_configuration = true")
     return db
+
+
+# A session setting in DuckDB (it cannot be global): each cursor sets it.
+_SEARCH_PATH = f"SET search_path = '{PG_CATALOG},public'"
+
+
+def catalog_cursor(db: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A connection of its own to ``db`` (made by :func:`build_catalog`), set up as ``db``
+    is, for one query in one thread. Close it after the query."""
+    cursor = db.cursor()
+    try:
+        cursor.execute(_SEARCH_PATH)
+    except BaseException:
+        cursor.close()
+        raise
+    return cursor
 
 
 def _insert(db: duckdb.DuckDBPyConnection, table: str, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -8,11 +8,16 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 
 - TLS and GSS encryption requests are declined (``N``); the client goes on in plain text
   or gives up, as its ``sslmode`` says.
-- With a node token the password is asked in clear text (as the token travels in an HTTP
-  ``Authorization`` header) and compared in constant time; a wrong one ends the connection
-  with SQLSTATE 28P01. Without a token every client is trusted.
+- With a node token or principals the client proves it knows its password (the token,
+  or one of its principal's: :mod:`~sparkiq.server.pg.logins`) with SCRAM-SHA-256
+  (:mod:`~sparkiq.server.pg.scram`): the password never crosses the wire, and a client
+  that offers it in clear text is refused. A wrong one ends the connection with SQLSTATE
+  28P01 and counts against the client's address (``AuthFailures``: after a few, logins
+  from there are refused unchecked for a while, 28000). The connection's statements run as
+  its principal, within its grants. Without a token every client is trusted.
 - Extended protocol: ``Parse`` keeps the text; ``Bind`` substitutes the parameters as SQL
-  literals (:func:`~sparkiq.server.pg.statements.bind_parameters`); ``Describe`` of a portal
+  literals (:func:`~sparkiq.server.pg.parameters.bind_parameters`, within ``PgLimits``:
+  a Bind over them fails with SQLSTATE 54000 naming the parameter); ``Describe`` of a portal
   runs it (the rows are then sent by ``Execute``); ``Describe`` of a statement types its
   untyped parameters after the columns they are compared with
   (:meth:`~sparkiq.server.pg.catalog.Catalog.parameter_types`) and runs it with NULL
@@ -33,25 +38,30 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pygwire import BackendConnection, TransactionStatus
 from pygwire import messages as m
+from pygwire.exceptions import ProtocolError
 
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.errors import AuthenticationError
+from sparkiq.principals import current as current_principal
+from sparkiq.server.audit import AuditLog
+from sparkiq.server.auth_failures import AuthFailures, peer_of
 from sparkiq.server.pg.catalog import Answer, Catalog
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
-from sparkiq.server.pg.statements import (
-    bind_parameters,
-    is_blank,
-    parameter_count,
-    split_statements,
-)
+from sparkiq.server.pg.errors import sqlstate as sqlstate_of
+from sparkiq.server.pg.limits import PgLimits
+from sparkiq.server.pg.logins import PgLogins
+from sparkiq.server.pg.parameters import bind_parameters
+from sparkiq.server.pg.scram import MECHANISM, ScramError, ScramExchange, ScramVerifier
+from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
-from sparkiq.sql.errors import SqlUnknownNameError
+from sparkiq.sql.errors import SqlLimitError, SqlUnknownNameError
 
 __all__ = ["PgSession", "SessionRules"]
 
@@ -62,6 +72,14 @@ _RECV = 65536
 
 class _Closed(Exception):
     """The client went away (or must be sent away): end the connection quietly."""
+
+
+class _Refused(Exception):
+    """End the connection with a FATAL error: ``sqlstate`` and the message."""
+
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 @dataclass
@@ -84,15 +102,20 @@ class _Portal:
 @dataclass(frozen=True)
 class SessionRules:
     """What every session of one server shares: the catalog that answers catalog queries,
-    the password (the node's token; None trusts everyone), how long a client may take to
-    start up and log in, the parameters reported to it after login, and where a cancel
-    request goes."""
+    the password (the node's token, kept as a SCRAM-SHA-256 verifier; None trusts
+    everyone) and its failures (slowed per client address), the limits (how long a client
+    may take to start up and log in, how many bytes it may send meanwhile, what a Bind may
+    hold), the parameters reported to it after login, where a cancel request goes, and
+    whom to tell that a session logged in (False: it was evicted meanwhile and must end)."""
 
     catalog: Catalog
-    token: str | None
-    startup_timeout: float
+    logins: PgLogins  # users (the node's principals), their passwords as SCRAM verifiers
+    limits: PgLimits
+    auth_failures: AuthFailures  # wrong passwords, slowed per client address
     parameters: dict[str, str]
     cancel: Callable[[int, bytes], None]  # a CancelRequest's process id and secret
+    logged_in: Callable[[PgSession], bool]
+    audit: AuditLog | None = None  # one line per statement, when the node keeps the log
 
 
 class PgSession:
@@ -111,9 +134,12 @@ class PgSession:
         # (sparkiq.cancel), so DuckDB stops instead of running on to the timeout
         self._canceled = CancelSignal()
         self.catalog = rules.catalog
-        self.token = rules.token
-        self.startup_timeout = rules.startup_timeout
+        self.limits = rules.limits
         self.parameters = rules.parameters
+        # Until login ends: when it must have ended (time.monotonic()), and how many more
+        # bytes the client may send. None once logged in.
+        self._deadline: float | None = None
+        self._startup_bytes = self.limits.max_startup_bytes
         self.conn = BackendConnection()
         self.out: list[bytes] = []
         self.in_transaction = False
@@ -122,6 +148,10 @@ class PgSession:
         self.portals: dict[str, _Portal] = {}
         self.settings: dict[str, str] = {}
         self.user = ""
+        try:
+            self.peer = peer_of(sock.getpeername()[0])
+        except OSError:  # already gone
+            self.peer = peer_of(None)
 
     # -- I/O ---------------------------------------------------------------------------------
 
@@ -135,9 +165,24 @@ class PgSession:
 
     def _messages(self) -> Any:
         while True:
+            if self._deadline is not None:
+                # One deadline for the whole login: a timeout per recv() would let a
+                # client that sends a byte every few seconds hold the connection forever.
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                self.sock.settimeout(remaining)
             data = self.sock.recv(_RECV)
             if not data:
                 raise _Closed
+            if self._deadline is not None:
+                self._startup_bytes -= len(data)
+                if self._startup_bytes < 0:  # nothing a client needs to log in is this long
+                    raise _Refused(
+                        "08P01",
+                        f"the client sent more than SPARKIQ_PG_MAX_STARTUP_BYTES="
+                        f"{self.limits.max_startup_bytes} bytes before logging in",
+                    )
             yield from self.conn.receive(data)
 
     @contextlib.contextmanager
@@ -189,13 +234,26 @@ class PgSession:
     def run(self) -> None:
         try:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock.settimeout(self.startup_timeout)
+            self._deadline = time.monotonic() + self.limits.startup_timeout
             if not self._startup():
                 return
+            self._deadline = None
             self.sock.settimeout(None)
             self._serve()
         except (_Closed, TimeoutError, ConnectionError, OSError):
             pass
+        except (ProtocolError, _Refused) as exc:
+            # A message that cannot be read (or not now), or too much of them: the client is
+            # broken or hostile, so tell it, as Postgres does, and end the connection
+            # without a traceback.
+            log.info("pg connection refused: %s", exc)
+            if isinstance(exc, _Refused):
+                fields = _fatal(exc.sqlstate, str(exc))
+            else:
+                fields = _fatal("08P01", f"protocol violation: {exc}")
+            self.out.clear()
+            with contextlib.suppress(ProtocolError):  # an error may not be sendable now
+                self._send(m.ErrorResponse(fields=fields))
         except Exception:
             log.exception("pg connection failed")
         finally:
@@ -218,23 +276,25 @@ class PgSession:
                 return False
             elif isinstance(msg, m.StartupMessage):
                 self.user = msg.params.get("user", "")
-                if self.token is not None:
-                    self._send(m.AuthenticationCleartextPassword())
-                    self._flush()
-                    reply = next(messages)
-                    password = reply.password if isinstance(reply, m.PasswordMessage) else b""
-                    if isinstance(password, str):
-                        password = password.encode()
-                    if not hmac.compare_digest(password, self.token.encode()):
-                        fields = error_fields(AuthenticationError("x"))
-                        fields.update(
-                            S="FATAL",
-                            V="FATAL",
-                            M=f'password authentication failed for user "{self.user}" '
-                            "(the password is the node's token)",
-                        )
-                        self._send(m.ErrorResponse(fields=fields))
+                if self.rules.logins.required:
+                    failures = self.rules.auth_failures
+                    wait = failures.admit(self.peer, "pg")
+                    if wait > 0:  # refused before any password is looked at
+                        self._send(m.ErrorResponse(fields=_throttled(self.peer, wait)))
                         return False
+                    verdict = None
+                    principal, verifiers = self.rules.logins.login(self.user)
+                    try:
+                        verdict = self._scram(verifiers, messages)
+                    finally:
+                        if verdict is None:  # the client left (or broke the exchange)
+                            failures.abandoned(self.peer)
+                    if not verdict:
+                        return False
+                    # every statement of this connection (its thread) runs as that principal
+                    current_principal.set(principal)
+                if not self.rules.logged_in(self):
+                    return False  # evicted while logging in: the socket is shut already
                 self._send(m.AuthenticationOk())
                 for name, value in self.parameters.items():
                     self._send(m.ParameterStatus(name=name, value=value))
@@ -242,6 +302,44 @@ class PgSession:
                 self._ready()
                 return True
         return False
+
+    def _scram(self, verifiers: list[ScramVerifier], messages: Iterator[Any]) -> bool | None:
+        """The SCRAM-SHA-256 exchange (see :mod:`~sparkiq.server.pg.scram`), its verdict
+        reported to ``AuthFailures``: True if the client proved it knows the password,
+        False if it did not (the error sent), None if the exchange broke off (a malformed
+        message, answered with 08P01, is no guess at the password)."""
+        exchange = ScramExchange(verifiers)
+        self._send(m.AuthenticationSASL(mechanisms=[MECHANISM]))
+        self._flush()
+        try:
+            first = next(messages)
+            if not isinstance(first, m.SASLInitialResponse) or first.mechanism != MECHANISM:
+                raise ScramError(f"the server asked for {MECHANISM} authentication")
+            self._send(m.AuthenticationSASLContinue(data=exchange.first(first.data)))
+            self._flush()
+            final = next(messages)
+            if not isinstance(final, m.SASLResponse):
+                raise ScramError("a SCRAM client-final-message (SASLResponse) was expected")
+            signature = exchange.final(final.data)
+        except ScramError as exc:
+            # 08P01 protocol_violation, as Postgres answers a malformed SCRAM message: not
+            # a guess at the password, so not counted as a failure.
+            self._send(m.ErrorResponse(fields=_fatal("08P01", str(exc))))
+            return None
+        if signature is None:
+            self.rules.auth_failures.failed(self.peer, "pg", admitted=True)
+            fields = error_fields(AuthenticationError("x"))
+            fields.update(
+                S="FATAL",
+                V="FATAL",
+                M=f'password authentication failed for user "{self.user}" (the password is '
+                "the node's token, or with principals one of the user's own tokens)",
+            )
+            self._send(m.ErrorResponse(fields=fields))
+            return False
+        self.rules.auth_failures.succeeded(self.peer)
+        self._send(m.AuthenticationSASLFinal(data=signature))
+        return True
 
     def _ready(self) -> None:
         status = TransactionStatus.IN_TRANSACTION if self.in_transaction else TransactionStatus.IDLE
@@ -291,17 +389,37 @@ class PgSession:
 
     def _run(self, text: str) -> Answer:
         self._check_canceled()
+        started = time.perf_counter()
         try:
             answer = self.catalog.answer(text, self.settings, self.user)
-        except Exception:
+        except Exception as exc:
+            self._audit(started, sqlstate_of(exc), ())
             self._check_canceled()  # a statement canceled while it ran fails as canceled
             raise
+        self._audit(started, "00000", answer.tables, len(answer.rows))
         self._check_canceled()
         if answer.tag in ("BEGIN", "START TRANSACTION"):
             self.in_transaction = True
         elif answer.tag in ("COMMIT", "ROLLBACK"):
             self.in_transaction = False
         return answer
+
+    def _audit(
+        self, started: float, status: str, tables: tuple[str, ...], rows: int | None = None
+    ) -> None:
+        audit = self.rules.audit
+        if audit is not None:
+            principal = current_principal.get()
+            audit.record(
+                listener="pg",
+                principal=None if principal is None else principal.name,
+                peer=self.peer,
+                kind="statement",
+                tables=tables,
+                status=status,
+                seconds=time.perf_counter() - started,
+                rows=rows,
+            )
 
     def _rows(
         self,
@@ -326,15 +444,27 @@ class PgSession:
 
     def _extended(self, msg: Any) -> None:
         if isinstance(msg, m.Parse):
+            self.catalog.limits.check_statement(msg.query)  # before anything scans it
             oids = list(msg.param_types)
             count = max(len(oids), parameter_count(msg.query))
+            if count > self.limits.max_parameters:  # "$99999999" would be a list that long
+                raise SqlLimitError(
+                    f"the statement has {count} parameters, more than "
+                    f"SPARKIQ_PG_MAX_PARAMETERS={self.limits.max_parameters}",
+                    code="too_many_parameters",
+                )
             oids += [0] * (count - len(oids))
             self.statements[msg.statement] = _Statement(msg.query, oids)
             self._send(m.ParseComplete())
         elif isinstance(msg, m.Bind):
             statement = self._statement(msg.statement)
             text = bind_parameters(
-                statement.text, msg.param_values, msg.param_formats, statement.param_oids
+                statement.text,
+                msg.param_values,
+                msg.param_formats,
+                statement.param_oids,
+                limits=self.limits,
+                max_chars=self.catalog.limits.max_statement_chars,
             )
             self.portals[msg.portal] = _Portal(statement, text, list(msg.result_formats))
             self._send(m.BindComplete())
@@ -348,7 +478,14 @@ class PgSession:
                 self._send(m.ParameterDescription(type_oids=statement.param_oids))
                 if statement.columns is None:
                     nulls: list[bytes | None] = [None] * len(statement.param_oids)
-                    text = bind_parameters(statement.text, nulls, [], statement.param_oids)
+                    text = bind_parameters(
+                        statement.text,
+                        nulls,
+                        [],
+                        statement.param_oids,
+                        limits=self.limits,
+                        max_chars=self.catalog.limits.max_statement_chars,
+                    )
                     statement.columns = None if is_blank(text) else self._run(text).columns
                 self._describe(statement.columns, [])
             else:
@@ -414,6 +551,20 @@ class PgSession:
                 self._send(m.PortalSuspended())
                 return
         self._send(m.CommandComplete(tag=answer.tag))
+
+
+def _fatal(sqlstate: str, message: str) -> dict[str, str]:
+    return {"S": "FATAL", "V": "FATAL", "C": sqlstate, "M": message}
+
+
+def _throttled(peer: str, wait: float) -> dict[str, str]:
+    """A login refused unchecked: its address failed too often lately (SQLSTATE 28000,
+    invalid_authorization_specification, not 28P01: no password was judged)."""
+    return _fatal(
+        "28000",
+        f"too many failed authentications from {peer}: the password was not checked; "
+        f"retry in {wait:.1f} s",
+    )
 
 
 def _format_of(formats: Sequence[int], index: int) -> int:

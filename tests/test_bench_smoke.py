@@ -1,0 +1,187 @@
+"""Every benchmark in ``bench/`` still runs: ``make bench`` cannot break unnoticed.
+
+Each module of ``bench/`` is imported, ``bench.run_all`` must list every benchmark module,
+and each benchmark runs in its smallest form (``Scale.SMOKE``: tiny data, one round). No
+figure is asserted (smoke runs are too small to mean anything, and the machine is shared);
+what is checked is the report's structure: the rows each benchmark produces when every one
+of its paths ran, so a benchmark that quietly skips a path fails here too.
+
+The benchmarks that run on Spark take the test session's SparkSession (``spark=``) instead
+of starting a JVM. Two run only in part, named in :data:`NOT_RUN` with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import time
+from pathlib import Path
+from typing import Any
+
+import bench
+import pytest
+from bench import follower_tail, run_all, soak
+from bench._common import Report, Scale
+
+#: Every module of bench/, helpers included.
+MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
+#: The modules that are benchmarks (a ``run`` producing a Report), not helpers or the runner.
+BENCHMARK_MODULES = [m for m in MODULES if not m.startswith("_") and m != "run_all"]
+EVERY = run_all.BENCHMARKS | run_all.ON_REQUEST
+
+#: Benchmarks whose smallest form is not run here, and why. What of them runs without a new
+#: JVM or a minute of wall time is tested below.
+NOT_RUN = {
+    "sink_connect": "each run is a child process with a Spark of its own (a classic local "
+    "JVM; a Spark Connect server's JVM): two new JVMs; its classic runs are bench.sink's "
+    "code, smoke-run here on the test session",
+    "soak": "a fault cycle takes a minute (three `sparkiq serve` nodes, a writer, client "
+    "load); its sampling and resource report are tested without the cluster",
+}
+
+#: Rows of each benchmark's report when every path ran (methods x phases, setups...).
+ROWS = {
+    "lookup": 6,  # 2 phases x (floor, node.get, KeyQuery)
+    "http": 3,  # floor, GET, SQL
+    "failover": 1,  # one round
+    "sql_scan": 15,  # 3 queries x 4 methods, RocksDB to Arrow, 2 key lookups
+    "versions": 18,  # apply (3 + 3 per CPU-second), 2 gets, 2 memory, 3 aggregates, 5 reads
+    "pgwire": 3,
+    "arrow": 7,
+    "push": 5,
+    "apply": 5,
+    "restore": 6,
+    # the commit write, then a row per reader: follow, its subset, follow at the Node's
+    # poll interval (when its default differs), a Node
+    "follower_tail": 1 + len(follower_tail._readers()[0]),
+    "statestore": 2,
+    "checkpoint_decode": 3,
+    "sink": 3,
+    "attach": 3,
+    "freshness": 5,
+    "fuzz": 3,
+}
+
+SPARK = sorted(n for n, run in EVERY.items() if run_all.uses_spark(run))
+NO_SPARK = sorted(n for n in EVERY if n not in SPARK and n not in NOT_RUN)
+
+
+def test_every_bench_module_imports() -> None:
+    failed = {}
+    for name in MODULES:
+        try:
+            importlib.import_module(f"bench.{name}")
+        except Exception as exc:  # every broken module at once, not only the first
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    assert failed == {}
+    assert "versions" in MODULES and "_common" in MODULES  # the listing found bench/
+
+
+def test_run_all_runs_every_benchmark_module() -> None:
+    assert sorted(EVERY) == BENCHMARK_MODULES
+    for name, run in EVERY.items():
+        assert run.__module__ == f"bench.{name}"
+    assert set(ROWS) | set(NOT_RUN) == set(EVERY)
+
+
+def test_spark_benchmarks_are_the_expected_ones() -> None:
+    """A benchmark that starts Spark takes ``spark=``: run_all then stops the session, and
+    the smoke test passes it the test session rather than a JVM of its own."""
+    assert SPARK == ["attach", "checkpoint_decode", "freshness", "sink", "statestore"]
+
+
+def test_run_all_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run_all.main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "--smoke" in out and "--quick" in out
+    for name in EVERY:
+        assert name in out
+
+
+@pytest.mark.parametrize("name", sorted(EVERY))
+def test_each_benchmark_takes_smoke(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    module = importlib.import_module(f"bench.{name}")
+    with pytest.raises(SystemExit) as exited:
+        module.main(["--help"])
+    assert exited.value.code == 0
+    assert "--smoke" in capsys.readouterr().out
+
+
+def _check(report: Report, name: str) -> None:
+    assert report.name == name
+    assert report.scale is Scale.SMOKE
+    assert len(report.rows) == ROWS[name], report.table()
+    for row in report.rows:
+        assert len(row) == len(report.columns), row
+    assert report.readings, report.table()
+    assert len(report.table().splitlines()) == len(report.rows) + 2
+
+
+@pytest.mark.parametrize("name", NO_SPARK)
+def test_smoke_run(name: str) -> None:
+    report = EVERY[name](Scale.SMOKE)
+    _check(report, name)
+    if name == "lookup":  # the breakdown reads the node's insides; it says when they moved
+        assert "breakdown_error" not in report.figures
+        assert report.figures["breakdown_ns"]
+    if name == "follower_tail":  # every reader ran, sparkiq.follow's subset included
+        assert report.figures["follow_available"]
+        assert "follow, where= + columns=" in report.figures["p50_ms"]
+
+
+@pytest.mark.parametrize("name", SPARK)
+def test_smoke_run_on_the_session(name: str, spark: Any) -> None:
+    report = EVERY[name](Scale.SMOKE, spark=spark)
+    _check(report, name)
+
+
+def test_run_all_smoke(tmp_path: Path) -> None:
+    """``run_all --smoke`` runs, saves its JSON and leaves docs/benchmarks.md alone."""
+    docs = Path(run_all.DOCS) / "benchmarks.md"
+    before = docs.stat().st_mtime_ns
+    out = tmp_path / "figures.json"
+    results = run_all.main(["--smoke", "--only", "restore", "--json", str(out)])
+    assert results["failures"] == {}
+    assert results["info"]["scale"] == "smoke"
+    saved = json.loads(out.read_text())
+    assert saved["restore"]["scale"] == "smoke"
+    assert len(saved["restore"]["rows"]) == ROWS["restore"]
+    assert docs.stat().st_mtime_ns == before
+    with pytest.raises(SystemExit) as exited:
+        run_all.main(["--smoke", "--write-docs", "--only", "restore"])
+    assert exited.value.code == 2
+
+    # The page a full run writes, built from a smoke report (a full run gets there only
+    # after fifteen minutes).
+    report = EVERY["restore"](Scale.SMOKE)
+    page = run_all._docs([report], {"http": "RuntimeError: boom"}, results["info"])
+    assert page.startswith("# Benchmarks\n")
+    assert "(smoke run, " in page
+    assert f"## {report.title}\n" in page and report.table() in page
+    assert "- **http** - FAILED in this run: RuntimeError: boom" in page
+    assert run_all.CONTEXT["restore"] in page
+
+
+def test_soak_reports_sampled_resources(tmp_path: Path) -> None:
+    """The soak's sampling and resource table, on this process (no cluster)."""
+    pid = os.getpid()
+    samples = []
+    for _ in range(3):
+        taken = soak._sample(pid)
+        assert taken is not None
+        rss_mb, threads, fds = taken
+        assert rss_mb > 0 and threads >= 1 and fds >= 3
+        samples.append(soak.Sample(time.monotonic(), pid, rss_mb, threads, fds))
+        time.sleep(0.01)
+    (row,) = soak.resources({"n0": samples}, warmup=0.0)
+    assert row[0] == "n0" and row[1] == "1"  # one incarnation
+    assert len(row) == 11
+    path = tmp_path / "samples.jsonl"
+    soak.write_samples({"n0": samples}, str(path))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["pid"] for line in lines] == [pid] * 3
+    assert soak.slope_per_hour([(0.0, 1.0), (3600.0, 3.0)]) == pytest.approx(2.0)
