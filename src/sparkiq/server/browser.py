@@ -13,7 +13,8 @@ before the token check (a forged request costs no more than a lookup in a set):
   Kubernetes probes send, the pod's IP), the host of the node's own URL (``advertise`` or
   ``listen``), and the ``allowed_hosts`` setting (``*`` allows every name). Others get
   ``421`` naming that setting. Probes (``/healthz``, ``/readyz``) are checked like every
-  path (``/readyz`` names tables): Kubernetes' probes send the pod's IP, an address.
+  path (``/readyz`` names tables): Kubernetes' probes send the pod's IP, an address. A
+  request without a Host header (HTTP/1.0) is answered: every browser sends one.
 - **Cross-origin writes.** A page may POST to any address without asking ("no-cors"),
   but only with a body typed ``text/plain``, ``application/x-www-form-urlencoded`` or
   ``multipart/form-data`` (the CORS-safelisted types); any other type makes the browser
