@@ -9,6 +9,7 @@ attacker's name; a no-cors POST carries a safelisted content type and the page's
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,6 +69,17 @@ def test_a_rebound_dns_name_reads_nothing(node: Node) -> None:
     # malformed Host values are no host this node answers
     for host in ("", "evil.example:x", "[::1", "a:1:2"):
         assert get(node, "/stores/t/keys/a", host).status_code == 421, host
+
+
+def test_a_request_without_a_host_header_is_answered(node: Node) -> None:
+    """HTTP/1.0 needs no Host, and no browser omits it: nothing to guard against."""
+    with socket.create_connection(("127.0.0.1", port_of(node)), timeout=30) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b'"status":"ok"' in answer
 
 
 def test_loopback_addresses_own_names_and_configured_names_are_answered(node: Node) -> None:
