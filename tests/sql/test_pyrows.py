@@ -80,6 +80,26 @@ def test_a_large_list_is_converted_whole_and_in_order(pool: DuckPool) -> None:
     assert rows[2][1] is None
 
 
+def test_map_columns_read_through_arrow_are_dicts_as_duckdb_makes_them(pool: DuckPool) -> None:
+    count = 2 * SLICE + 3
+    sql = (
+        "SELECT * FROM (VALUES (1, map([7, 8], [1, NULL]::UBIGINT[])), (2, NULL), (3, map([], [])),"
+        f" (4, (SELECT histogram(range % {count}) FROM range({count})))) AS v(i, m) ORDER BY i"
+    )
+    with duckdb.connect() as con:
+        assert read_as_arrow([d[1] for d in con.execute(sql).description])
+        nested = "SELECT [map(['a'], [1])] AS l"
+        assert not read_as_arrow([d[1] for d in con.execute(nested).description])
+    _, rows = run(pool, sql, {}, timeout=30)
+    assert rows == duckdb_rows(sql)
+    assert rows[0][1] == {7: 1, 8: None} and rows[1][1] is None and rows[2][1] == {}
+    assert rows[3][1] == dict.fromkeys(range(count), 1)
+    _, middle = run(pool, sql, {}, timeout=30, max_rows=3)  # a batch sliced: offsets hold
+    assert middle == rows[:3]
+    _, nested_rows = run(pool, nested, {}, timeout=30)
+    assert nested_rows == [([{"a": 1}],)]
+
+
 def test_a_nested_result_too_large_is_refused_before_conversion(pool: DuckPool) -> None:
     sql = "SELECT list(repeat('x', 100) || range) AS l FROM range(200000)"  # about 20 MB
     with pytest.raises(SqlLimitError, match="max_result_bytes") as refused:

@@ -13,10 +13,11 @@ bytes are counted against the budget *before* conversion, and a large top-level 
 converted :data:`SLICE` values per call, each call holding the GIL for about a millisecond.
 
 Only results whose types Arrow converts exactly as DuckDB does take this path (checked by
-type, recursively): integers, floats, decimals, strings, blobs, booleans, enums and lists
-and structs of them. Anything else (a ``MAP``, ``HUGEINT``, ``UUID``, ``INTERVAL``, times
-and dates, whose Arrow forms differ or overflow at DuckDB's infinities) is fetched by DuckDB
-as before.
+type, recursively): integers, floats, decimals, strings, blobs, booleans, enums, lists and
+structs of them, and a ``MAP`` of them as a column of its own (Arrow gives a map as a list
+of pairs: it is made a dict here, as DuckDB makes it). Anything else (a map inside a list
+or struct, ``HUGEINT``, ``UUID``, ``INTERVAL``, times and dates, whose Arrow forms differ or
+overflow at DuckDB's infinities) is fetched by DuckDB as before.
 """
 
 from __future__ import annotations
@@ -57,7 +58,13 @@ _EXACT = frozenset(
 def read_as_arrow(kinds: Sequence[Any]) -> bool:
     """Whether a result of DuckDB types ``kinds`` (a cursor description's types) is read
     through Arrow: it has a nested column, and Arrow converts every column exactly."""
-    return any(k.id in _NESTED for k in kinds) and all(_exact(k) for k in kinds)
+    return any(k.id in _NESTED or k.id == "map" for k in kinds) and all(
+        _exact_map(k) if k.id == "map" else _exact(k) for k in kinds
+    )
+
+
+def _exact_map(kind: Any) -> bool:
+    return all(_exact(child) for _, child in kind.children)  # its key and its value
 
 
 def _exact(kind: Any) -> bool:
@@ -88,14 +95,15 @@ def arrow_rows(
 
 
 def _values(column: pa.Array) -> list[Any]:
-    """``column.to_pylist()``, a large list column's values converted :data:`SLICE` at a
-    time (between calls other threads get the GIL)."""
+    """``column.to_pylist()`` (a map column's values as dicts), a large list or map
+    column's values converted :data:`SLICE` at a time (between calls other threads get the
+    GIL)."""
+    if pa.types.is_map(column.type):
+        return _maps(column)
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         flat = column.flatten()  # the values of the non-null lists, in order
         if len(flat) > SLICE:
-            items: list[Any] = []
-            for start in range(0, len(flat), SLICE):
-                items += flat.slice(start, SLICE).to_pylist()
+            items = _sliced(flat)
             out: list[Any] = []
             at = 0
             for length in column.value_lengths().to_pylist():  # None for a null list
@@ -106,4 +114,32 @@ def _values(column: pa.Array) -> list[Any]:
                     at += length
             return out
     values: list[Any] = column.to_pylist()
+    return values
+
+
+def _maps(column: pa.MapArray) -> list[dict[Any, Any] | None]:
+    """A map column as dicts (DuckDB's form), entries converted and inserted a slice at a
+    time."""
+    offsets = column.offsets.to_pylist()  # len + 1 positions in the entries, slicing applied
+    first = offsets[0]
+    count = offsets[-1] - first
+    keys = _sliced(column.keys.slice(first, count))
+    items = _sliced(column.items.slice(first, count))
+    out: list[dict[Any, Any] | None] = []
+    for valid, start, end in zip(column.is_valid().to_pylist(), offsets, offsets[1:], strict=False):
+        if not valid:
+            out.append(None)
+            continue
+        entries: dict[Any, Any] = {}
+        for at in range(start - first, end - first, SLICE):
+            stop = min(at + SLICE, end - first)
+            entries.update(zip(keys[at:stop], items[at:stop], strict=True))
+        out.append(entries)
+    return out
+
+
+def _sliced(array: pa.Array) -> list[Any]:
+    values: list[Any] = []
+    for start in range(0, len(array), SLICE):
+        values += array.slice(start, SLICE).to_pylist()
     return values
