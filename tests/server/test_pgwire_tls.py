@@ -318,6 +318,74 @@ def test_a_renewed_certificate_is_what_the_next_connection_sees(
         node.stop()
 
 
+# -- Postgres 17's direct TLS (sslnegotiation=direct) -------------------------------------------
+
+
+def test_libpq_and_asyncpg_connect_with_direct_tls(served: tuple[Node, str]) -> None:
+    """No SSLRequest: the handshake first, with the ALPN protocol "postgresql" (libpq 17+
+    with sslnegotiation=direct, asyncpg with direct_tls)."""
+    node, ca = served
+    dsn = _dsn(node, sslmode="verify-full", sslrootcert=ca, sslnegotiation="direct")
+    with psycopg.connect(dsn) as conn:
+        assert conn.pgconn.ssl_in_use
+        assert conn.execute(QUERY).fetchall() == _expected(node)
+    assert node.pg_address is not None
+    host, port = node.pg_address
+
+    async def fetch() -> list[tuple[Any, ...]]:
+        # asyncpg offers the ALPN protocol on contexts it makes (sslmode in the DSN), not
+        # on an SSLContext passed in, which would need set_alpn_protocols(["postgresql"])
+        url = f"postgresql://tester@{host}:{port}/sparkiq?sslmode=verify-full&sslrootcert={ca}"
+        conn = await asyncpg.connect(url, password=TOKEN, direct_tls=True)
+        try:
+            return [tuple(r) for r in await conn.fetch(QUERY)]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(fetch()) == _expected(node)
+
+
+@pytest.mark.parametrize("alpn", [None, ["http/1.1"]], ids=["no-alpn", "http"])
+def test_a_direct_handshake_without_the_postgres_alpn_is_refused(
+    served: tuple[Node, str], alpn: list[str] | None
+) -> None:
+    """A TLS client of another protocol (or of none) that reaches the endpoint is not
+    taken for a Postgres client: the node does not select its protocol and ends the
+    connection with 08P01 once the handshake is done."""
+    node, ca = served
+    assert node.pg_address is not None
+    context = ssl.create_default_context(cafile=ca)
+    if alpn is not None:
+        context.set_alpn_protocols(alpn)
+    with (
+        socket.create_connection(node.pg_address, timeout=30) as sock,
+        context.wrap_socket(sock, server_hostname="127.0.0.1") as tls,
+    ):
+        assert tls.selected_alpn_protocol() is None
+        tls.sendall(_startup_message())
+        answer = _read_all(tls)
+    assert answer.startswith(b"E") and b"C08P01\0" in answer, answer
+    assert b"must negotiate the ALPN protocol 'postgresql'" in answer
+
+
+def test_a_direct_handshake_at_a_node_without_tls_is_refused_at_once(tmp_path: Path) -> None:
+    state_dir = str(tmp_path / "state")
+    write_batch(make_table(state_dir, partitions=2), 0, ROWS)
+    node = Node(state_dir, store="memory", token=TOKEN, pg_listen="127.0.0.1:0").start()
+    try:
+        assert node.pg_address is not None
+        with socket.create_connection(node.pg_address, timeout=30) as sock:
+            sock.sendall(_client_hello())
+            answer = _read_all(sock)  # not left waiting for 360 MB of "startup message"
+        assert answer.startswith(b"E") and b"C08P01\0" in answer, answer
+        assert b"this node has no TLS certificate" in answer
+        with socket.create_connection(node.pg_address, timeout=30) as sock:
+            sock.sendall(_SSL_REQUEST)  # and without TLS an SSLRequest is declined, as before
+            assert sock.recv(1) == b"N"
+    finally:
+        node.stop()
+
+
 def _client_hello() -> bytes:
     """The first flight of a real TLS client, to trickle at the node."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()

@@ -10,11 +10,15 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
   codec (:meth:`PgSession._negotiate`): an ``SSLRequest`` is answered ``S`` when the node
   has TLS (``rules.tls``; without it ``N``, and the client goes on in plain text or gives
   up, as its ``sslmode`` says), and the connection is then wrapped in the node's server
-  context (:attr:`sparkiq.tls.TlsContexts.listener`: each handshake gets the newest
-  certificate). A ``GSSEncRequest`` is declined (``N``). Each may come once, in either
-  order. The negotiation is read 8 bytes at a time so that no plain-text byte a client (or
-  someone between it and the node) sent after its ``SSLRequest`` is ever taken as part of
-  the encrypted session (CVE-2021-23214 in Postgres). The handshake counts against the
+  context for Postgres (:attr:`sparkiq.tls.TlsContexts.pg_listener`: each handshake gets
+  the newest certificate). A ``GSSEncRequest`` is declined (``N``). Each may come once, in
+  either order. A client may also start with the TLS handshake itself, with no
+  ``SSLRequest`` (Postgres 17's ``sslnegotiation=direct``; told apart by its first byte,
+  0x16, which no startup-phase message starts with); it must then have negotiated the ALPN
+  protocol ``postgresql``, or it is refused (08P01) as Postgres refuses it. The
+  negotiation is read 8 bytes at a time so that no plain-text byte a client (or someone
+  between it and the node) sent after its ``SSLRequest`` is ever taken as part of the
+  encrypted session (CVE-2021-23214 in Postgres). The handshake counts against the
   login deadline: one stalled in it ends with the deadline like any slow login. With
   ``rules.require_tls`` a startup message sent in plain text is refused (SQLSTATE 28000);
   a ``CancelRequest`` is honoured either way, as in Postgres (it carries the secret, never
@@ -73,7 +77,7 @@ from sparkiq.server.pg.scram import MECHANISM, ScramError, ScramExchange, ScramV
 from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.sql.errors import SqlLimitError, SqlUnknownNameError
-from sparkiq.tls import TlsContexts
+from sparkiq.tls import PG_ALPN, TlsContexts
 
 __all__ = ["PgSession", "SessionRules"]
 
@@ -84,6 +88,7 @@ _RECV = 65536
 # The request codes of the two 8-byte messages that may precede the startup message.
 _SSL_REQUEST = 80877103
 _GSSENC_REQUEST = 80877104
+_TLS_HANDSHAKE = b"\x16"  # the content type of the record a TLS ClientHello comes in
 
 
 class _Closed(Exception):
@@ -308,17 +313,34 @@ class PgSession:
 
     def _negotiate(self) -> None:
         """Answer the ``SSLRequest`` and ``GSSEncRequest`` that may come first (see the
-        module docstring), switching to TLS on the first; keep the bytes of the message
-        after them for the codec. Reads exactly 8 bytes at a time: every startup-phase
-        message is at least that long, and a TLS handshake must find the client's first
-        handshake bytes still in the socket."""
+        module docstring), switching to TLS on the first, or take a direct TLS handshake;
+        keep the bytes of the message after them for the codec. Reads exactly 8 bytes at a
+        time (every startup-phase message is at least that long) and the first byte only
+        by peeking: a TLS handshake must find the client's handshake bytes still in the
+        socket."""
         ssl_done = gss_done = False
+        tls = self.rules.tls
+        if self._peek() == _TLS_HANDSHAKE:  # a direct TLS handshake, no SSLRequest
+            if tls is None:
+                raise _Refused(
+                    "08P01",
+                    "a TLS handshake without SSLRequest (sslnegotiation=direct), but this "
+                    "node has no TLS certificate",
+                )
+            self._start_tls(tls)
+            assert isinstance(self.sock, ssl.SSLSocket)
+            if self.sock.selected_alpn_protocol() != PG_ALPN:
+                raise _Refused(
+                    "08P01",
+                    f"a direct TLS connection (no SSLRequest) must negotiate the ALPN "
+                    f"protocol {PG_ALPN!r}",
+                )
+            ssl_done = True
         while True:
             head = self._read_exact(8)
             length, code = struct.unpack("!ii", head)
             if length == 8 and code == _SSL_REQUEST and not ssl_done:
                 ssl_done = True
-                tls = self.rules.tls
                 self.sock.sendall(b"N" if tls is None else b"S")
                 if tls is not None:
                     self._start_tls(tls)
@@ -329,13 +351,25 @@ class PgSession:
                 self._head = head
                 return
 
+    def _peek(self) -> bytes:
+        """The client's first byte, left in the socket (within the login deadline)."""
+        assert self._deadline is not None
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        self.sock.settimeout(remaining)
+        first = self.sock.recv(1, socket.MSG_PEEK)
+        if not first:
+            raise _Closed
+        return first
+
     def _start_tls(self, tls: TlsContexts) -> None:
         """The TLS handshake, within what is left of the login deadline (the socket's
         timeout bounds the whole handshake, not each read)."""
         with self._sock_lock:
             if self._closing:  # evicted while negotiating
                 raise _Closed
-            self.sock = tls.listener.wrap_socket(
+            self.sock = tls.pg_listener.wrap_socket(
                 self.sock, server_side=True, do_handshake_on_connect=False
             )
         assert self._deadline is not None
