@@ -273,6 +273,7 @@ class Node:
                     self,
                     bind_socket(self.config.pg_listen),
                     principals=self.principals,
+                    audit=self.audit,
                     auth_failures=self.auth_failures,
                     tls=self._tls,
                     require_tls=config.pg_tls == "require",

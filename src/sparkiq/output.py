@@ -153,7 +153,15 @@ def failure_message(exc: Exception, url: str, token: str | None) -> str | None:
     a way they can fix: the node is not there, a token is missing or wrong. None for any
     other failure."""
     if isinstance(exc, NodeUnreachableError):
-        return f"cannot reach {url}: is `sparkiq serve` running? set --url or SPARKIQ_URL"
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            return (
+                f"the certificate of {url} could not be verified: pass the CA that signed it "
+                "with --ca or SPARKIQ_TLS_CA"
+            )
+        # A node serving HTTPS hangs up on plain HTTP: connected, then no answer.
+        spoke_tls = url.startswith("http://") and "refused" not in str(exc).lower()
+        hint = " (a node started with --tls-cert needs an https:// URL)" if spoke_tls else ""
+        return f"cannot reach {url}: is `sparkiq serve` running? set --url or SPARKIQ_URL{hint}"
     if isinstance(exc, AuthenticationError):
         if token:
             return "the node refused the token: check --token or SPARKIQ_TOKEN"

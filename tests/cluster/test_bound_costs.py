@@ -16,6 +16,7 @@ from sparkiq import Node, Position, PositionBound, RangeQuery, StateQueryRequest
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.cluster.serve_processes import ServeProcess, free_port
+from tests.server.test_hostile import bound
 
 TOKEN = "clients-token"
 HEADERS = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
@@ -101,6 +102,7 @@ def test_far_bounds_do_not_hold_the_threads_other_callers_need(serving: ServePro
     finally:
         stop.set()
         prober.join()
-    assert worst[0] < 1.0, f"the prober waited {worst[0]:.2f} s behind the bounded callers"
+    limit = bound()  # 1 s, scaled by how much slower than its CPU time the machine runs now
+    assert worst[0] < limit, f"the prober waited {worst[0]:.2f} s behind the bounded callers"
     for answer in answers:
         assert "NOT_UP_TO_BOUND" in answer and "newest committed batch is 0" in answer

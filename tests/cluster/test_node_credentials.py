@@ -27,6 +27,7 @@ from sparkiq.wire.values import pack, unpack
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import FAST, settle
 from tests.cluster.serve_processes import ServeProcess, free_port
+from tests.server.test_hostile import bound
 
 TOKEN = "clients-token"
 SECRET = "the-nodes-own-secret"
@@ -242,16 +243,37 @@ def test_arrow_in_node_protocol_bodies_is_refused_before_decoding(
     )
     port = free_port()
     node = ServeProcess(table, "n0", port, [], str(tmp_path)).start()
+    stop = threading.Event()
+    worst = [0.0]
+
+    def probe() -> None:  # another caller, answered on the same event loop
+        with httpx.Client(timeout=120) as client:
+            while not stop.is_set():
+                started = time.monotonic()
+                assert client.get(f"{node.url}/healthz").status_code == 200
+                worst[0] = max(worst[0], time.monotonic() - started)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
     try:
         node.wait_up()
         before = _peak_rss(node)
+        prober.start()
         headers = {"content-type": "application/x-sparkiq-v1"}
         for path, body in (("/internal/heartbeat", heartbeat), ("/internal/query", query)):
             answer = httpx.post(f"{node.url}{path}", content=body, headers=headers, timeout=60)
             assert answer.status_code == 400, answer.text
+        time.sleep(0.2)
+        stop.set()
+        prober.join()
         grown = _peak_rss(node) - before
         assert grown < 100 << 20, f"the node's peak memory grew by {grown >> 20} MiB"
+        limit = bound()
+        assert worst[0] < limit, f"another caller waited {worst[0]:.2f} s (bound {limit:.2f})"
     finally:
+        stop.set()
+        if prober.is_alive():
+            prober.join()
         node.stop()
 
 

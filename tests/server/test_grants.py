@@ -198,7 +198,7 @@ def test_postgres_users_are_principals_with_their_grants(
 ) -> None:
     """psycopg logs in with SCRAM as a principal; its statements and the catalogs it reads
     (information_schema, pg_class, psql's \\dt query) know only its tables."""
-    nodes, _ = cluster
+    nodes, where = cluster
     host, port = nodes[0].pg_address or ("", 0)
 
     def connect(user: str, password: str) -> psycopg.Connection[Any]:
@@ -231,3 +231,10 @@ def test_postgres_users_are_principals_with_their_grants(
     for user, password in (("analyst", ADMIN), ("nobody", ANALYST)):
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             connect(user, password)
+    audit = [json.loads(line) for line in (where / "audit.log").read_text().splitlines()]
+    statements = [e for e in audit if e["listener"] == "pg"]
+    assert any(
+        e["principal"] == "analyst" and e["tables"] == ["sales"] and e["status"] == "00000"
+        for e in statements
+    ), statements
+    assert any(e["principal"] == "analyst" and e["status"] == "42501" for e in statements)

@@ -213,12 +213,21 @@ def test_slow_loris_logins_neither_lock_out_clients_nor_outlive_the_deadline(nod
     assert node.pg_address is not None
     limit = bound()
     message = _startup_bytes("x" * 200)  # 200+ bytes: never complete at a byte a second
+    server = node._pg
+    assert server is not None
     with Prober(node) as prober:
+        before = server.accepted
         loris: list[tuple[socket.socket, float]] = []
         for _ in range(64):
             sock = _from("127.0.0.2", node.pg_address)
             sock.sendall(message[:1])
             loris.append((sock, time.monotonic()))
+        # Age is counted from when the server accepted a connection: on a loaded machine
+        # that may be well after connect() returned here, so wait until it has taken all 64.
+        taken_by = time.monotonic() + 60
+        while server.accepted < before + 64:
+            assert time.monotonic() < taken_by, "the server never accepted the connections"
+            time.sleep(0.02)
         sent = 1
         open_ = [s for s, _ in loris if not _closed_by_peer(s)]
         assert len(open_) >= 16  # the attack holds slots for real

@@ -4,7 +4,10 @@ CA made at test time (trustme)."""
 
 from __future__ import annotations
 
+import json
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,3 +175,26 @@ def test_tls_settings_are_checked(tmp_path: Path, authority: trustme.CA) -> None
     with pytest.raises(ConfigError, match=r"cannot load TLS files.*nope\.crt"):
         missing.start()
     missing.stop()
+
+
+def test_the_command_line_verifies_nodes_and_says_what_to_fix(
+    cluster: tuple[list[Node], str, Path],
+) -> None:
+    nodes, ca, _ = cluster
+    url = nodes[1].url or ""
+
+    def sparkiq(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "sparkiq.cli", "query", "SELECT count(*) AS c FROM t"]
+        return subprocess.run(
+            [*command, "--token", TOKEN, *args], capture_output=True, text=True, timeout=120
+        )
+
+    verified = sparkiq("--url", url, "--ca", ca, "--json")
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout) == {"c": len(ROWS)}
+    unverified = sparkiq("--url", url)
+    assert unverified.returncode == 2
+    assert "could not be verified: pass the CA that signed it with --ca" in unverified.stderr
+    plain = sparkiq("--url", url.replace("https://", "http://"))
+    assert plain.returncode == 2
+    assert "needs an https:// URL" in plain.stderr

@@ -82,11 +82,13 @@ _EXTRA_SETTINGS = {
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What a statement returns: ``columns`` (None: a command without rows), the rows (one
-    dict per row, by column name) and the command tag (``SELECT 3``, ``SET``...)."""
+    dict per row, by column name), the command tag (``SELECT 3``, ``SET``...) and the tables
+    it read (for the audit log)."""
 
     columns: list[PgColumn] | None
     rows: list[dict[str, Any]]
     tag: str
+    tables: tuple[str, ...] = ()
 
 
 def server_parameters(version_text: str) -> dict[str, str]:
@@ -147,7 +149,8 @@ class Catalog:
         named = {w for w in _WORDS.findall(text) if w in tables}
         schemas = [self.node.schema(t) for t in sorted(named)]
         columns = describe_columns(result.columns, result.rows, schemas)
-        return Answer(columns, result.rows, f"SELECT {len(result.rows)}")
+        read = tuple(t for t in result.position.to_map() if t in tables)
+        return Answer(columns, result.rows, f"SELECT {len(result.rows)}", read)
 
     def parameter_types(self, text: str, oids: Sequence[int]) -> list[int]:
         """``oids`` (a statement's parameter types, 0 = unspecified) with each unspecified

@@ -28,6 +28,7 @@ from pygwire import messages as m
 
 from sparkiq._version import __version__
 from sparkiq.principals import Principals
+from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg.catalog import Catalog, server_parameters
 from sparkiq.server.pg.limits import PgLimits
@@ -51,6 +52,7 @@ class PgServer:
         sock: socket.socket,
         *,
         principals: Principals,
+        audit: AuditLog | None = None,
         limits: PgLimits | None = None,
         auth_failures: AuthFailures | None = None,
         tls: TlsContexts | None = None,
@@ -68,11 +70,12 @@ class PgServer:
             parameters,
             self._cancel,
             self._logged_in,
+            audit,
             tls=tls,
             require_tls=require_tls and tls is not None,
         )
         self.address: tuple[str, int] = sock.getsockname()[:2]
-        # guards _sessions, _starting, _evicted, _by_process_id, _stopped
+        # guards _sessions, _starting, _evicted, _by_process_id, _stopped, accepted
         self._lock = threading.Lock()
         self._sessions: dict[PgSession, threading.Thread] = {}
         # sessions not logged in yet -> when they were accepted (time.monotonic())
@@ -82,6 +85,8 @@ class PgServer:
         self._by_process_id: dict[int, PgSession] = {}
         self._next_process_id = 1
         self._stopped = False
+        #: Connections accepted since the server started (refused ones included).
+        self.accepted = 0
         self._thread = threading.Thread(target=self._accept, name="sparkiq-pg", daemon=True)
 
     def start(self) -> PgServer:
@@ -102,6 +107,7 @@ class PgServer:
                 if self._stopped:
                     conn.close()
                     return
+                self.accepted += 1
                 refusal = self._make_room()
                 if refusal is not None:
                     _refuse(conn, refusal)

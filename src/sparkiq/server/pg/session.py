@@ -67,9 +67,11 @@ from pygwire.exceptions import ProtocolError
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.errors import AuthenticationError
 from sparkiq.principals import current as current_principal
+from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
 from sparkiq.server.pg.catalog import Answer, Catalog
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
+from sparkiq.server.pg.errors import sqlstate as sqlstate_of
 from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.logins import PgLogins
 from sparkiq.server.pg.parameters import bind_parameters
@@ -138,6 +140,7 @@ class SessionRules:
     parameters: dict[str, str]
     cancel: Callable[[int, bytes], None]  # a CancelRequest's process id and secret
     logged_in: Callable[[PgSession], bool]
+    audit: AuditLog | None = None  # one line per statement, when the node keeps the log
     tls: TlsContexts | None = None
     require_tls: bool = False
 
@@ -522,17 +525,37 @@ class PgSession:
 
     def _run(self, text: str) -> Answer:
         self._check_canceled()
+        started = time.perf_counter()
         try:
             answer = self.catalog.answer(text, self.settings, self.user)
-        except Exception:
+        except Exception as exc:
+            self._audit(started, sqlstate_of(exc), ())
             self._check_canceled()  # a statement canceled while it ran fails as canceled
             raise
+        self._audit(started, "00000", answer.tables, len(answer.rows))
         self._check_canceled()
         if answer.tag in ("BEGIN", "START TRANSACTION"):
             self.in_transaction = True
         elif answer.tag in ("COMMIT", "ROLLBACK"):
             self.in_transaction = False
         return answer
+
+    def _audit(
+        self, started: float, status: str, tables: tuple[str, ...], rows: int | None = None
+    ) -> None:
+        audit = self.rules.audit
+        if audit is not None:
+            principal = current_principal.get()
+            audit.record(
+                listener="pg",
+                principal=None if principal is None else principal.name,
+                peer=self.peer,
+                kind="statement",
+                tables=tables,
+                status=status,
+                seconds=time.perf_counter() - started,
+                rows=rows,
+            )
 
     def _rows(
         self,
