@@ -57,15 +57,19 @@ def authority() -> trustme.CA:
     return trustme.CA()
 
 
-def _start(where: Path, authority: trustme.CA, **settings: Any) -> tuple[Node, str]:
-    """A standalone node serving table ``t`` (:data:`ROWS`) over Postgres with TLS; its
-    CA file."""
+def _start(
+    where: Path, authority: trustme.CA, limits: dict[str, str] | None = None, **settings: Any
+) -> tuple[Node, str]:
+    """A standalone node serving table ``t`` (:data:`ROWS`) over Postgres with TLS, with
+    ``limits`` as ``SPARKIQ_PG_*`` variables; its CA file."""
     state_dir = str(where / "state")
     write_batch(make_table(state_dir, partitions=2), 0, ROWS)
     files = _issue(authority, where)
     ca = files.pop("ca")
+    limits = {"STARTUP_TIMEOUT": str(STARTUP_TIMEOUT)} | (limits or {})
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("SPARKIQ_PG_STARTUP_TIMEOUT", str(STARTUP_TIMEOUT))
+        for name, value in limits.items():
+            env.setenv(f"SPARKIQ_PG_{name}", value)
         node = Node(
             state_dir, store="memory", node_id="pgtls", token=TOKEN, pg_listen="127.0.0.1:0",
             **files, **settings,
@@ -432,3 +436,29 @@ def test_a_client_stalled_in_the_handshake_is_dropped_at_the_login_deadline(
         writer.join(30)
     assert answer == b"", answer  # no error in clear text to a client mid-handshake
     assert sent < len(hello), "the whole ClientHello went through before the node gave up"
+
+
+def test_a_login_stalled_in_the_handshake_gives_its_slot_to_a_new_client(
+    tmp_path: Path, authority: trustme.CA
+) -> None:
+    """With every login slot held by clients stalled in the TLS handshake (and a login
+    deadline far off), a real client takes the oldest one's slot, as it would from a
+    plain-text slow login: the stalled handshake is cut off from the listener's thread."""
+    limits = {"STARTUP_TIMEOUT": "120", "MAX_UNAUTHENTICATED": "2", "EVICTION_SECONDS": "0.2"}
+    node, ca = _start(tmp_path, authority, limits)
+    try:
+        assert node.pg_address is not None
+        stalled = []
+        for _ in range(2):
+            sock = socket.create_connection(node.pg_address, timeout=60)
+            sock.sendall(_SSL_REQUEST)
+            assert sock.recv(1) == b"S"  # accepted: its login has begun
+            stalled.append(sock)
+        time.sleep(0.5)  # both are now older than the eviction age (ages only grow)
+        with psycopg.connect(_dsn(node, sslmode="verify-full", sslrootcert=ca)) as conn:
+            assert conn.execute(QUERY).fetchall() == _expected(node)
+        assert _read_all(stalled[0]) == b""  # closed long before its 120 s deadline
+        for sock in stalled:
+            sock.close()
+    finally:
+        node.stop()
