@@ -42,6 +42,13 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
     ("failure_timeout", float, "a member silent this long is gone", "3"),
     ("pg_listen", str, "host:port to serve the Postgres wire protocol on (psql, psycopg)", ""),
+    (
+        "pg_tls",
+        str,
+        "with --tls-cert: 'require' refuses Postgres clients that do not ask for TLS, "
+        "'optional' also lets them in in plain text",
+        "require",
+    ),
     ("tls_cert", str, "PEM certificate (and chain): serve HTTPS, reach peers over HTTPS", ""),
     ("tls_key", str, "PEM private key of --tls-cert", ""),
     ("tls_ca", str, "PEM bundle of the CAs that sign the other nodes' certificates", "system"),

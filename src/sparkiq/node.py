@@ -104,7 +104,10 @@ class Node:
     **Postgres wire protocol.** With ``pg_listen`` (``"host:port"``, port 0 picks a free
     one; :attr:`pg_address` is where it listens once started) the node also answers psql,
     psycopg and other Postgres clients with pull queries (docs/postgres.md); the password
-    is ``token`` when the node has one. It does not make the node clustered.
+    is ``token`` when the node has one. It does not make the node clustered. With TLS (below)
+    Postgres clients switch to it with ``SSLRequest`` (``sslmode=verify-full``); ``pg_tls``
+    says whether they must (``"require"``, the default: a client that does not ask is
+    refused, SQLSTATE 28000) or may (``"optional"``).
 
     **TLS.** With ``tls_cert`` and ``tls_key`` (PEM files) the node serves HTTPS and reaches
     its peers over HTTPS, verifying their certificates against ``tls_ca`` (a PEM bundle;
@@ -117,9 +120,9 @@ class Node:
     ``SPARKIQ_LISTEN``, ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``,
     ``SPARKIQ_TOKEN``, ``SPARKIQ_CLUSTER_SECRET``, ``SPARKIQ_LOCAL_DIR``,
     ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT`` (and ``pg_listen``,
-    ``allowed_hosts`` (comma-separated), ``tls_cert``, ``tls_key``, ``tls_ca`` to
-    ``SPARKIQ_PG_LISTEN``, ``SPARKIQ_ALLOWED_HOSTS``, ``SPARKIQ_TLS_CERT``,
-    ``SPARKIQ_TLS_KEY``, ``SPARKIQ_TLS_CA``);
+    ``allowed_hosts`` (comma-separated), ``pg_tls``, ``tls_cert``, ``tls_key``, ``tls_ca``
+    to ``SPARKIQ_PG_LISTEN``, ``SPARKIQ_ALLOWED_HOSTS``, ``SPARKIQ_PG_TLS``,
+    ``SPARKIQ_TLS_CERT``, ``SPARKIQ_TLS_KEY``, ``SPARKIQ_TLS_CA``);
     pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
@@ -146,6 +149,7 @@ class Node:
         poll_interval: float = NOT_GIVEN,
         pg_listen: str | None = NOT_GIVEN,
         allowed_hosts: Iterable[str] | str | None = NOT_GIVEN,
+        pg_tls: str = NOT_GIVEN,
         tls_cert: str | None = NOT_GIVEN,
         tls_key: str | None = NOT_GIVEN,
         tls_ca: str | None = NOT_GIVEN,
@@ -174,6 +178,7 @@ class Node:
             "poll_interval": poll_interval,
             "pg_listen": pg_listen,
             "allowed_hosts": allowed_hosts,
+            "pg_tls": pg_tls,
             "tls_cert": tls_cert,
             "tls_key": tls_key,
             "tls_ca": tls_ca,
@@ -276,6 +281,8 @@ class Node:
                     principals=self.principals,
                     audit=self.audit,
                     auth_failures=self.auth_failures,
+                    tls=self._tls,
+                    require_tls=config.pg_tls == "require",
                 ).start()
                 self.pg_address = self._pg.address
             self._started = True

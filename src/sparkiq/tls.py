@@ -15,6 +15,12 @@ Handshakes pick up the newest server context through the server context's SNI ca
 which OpenSSL calls at every handshake (with or without a server name): it hands the
 connection the current context, so the context a handshake uses is never modified while in
 use -- contexts are replaced, not changed.
+
+The Postgres endpoint has contexts of its own (:attr:`TlsContexts.pg_listener`), the same
+certificate offering the ALPN protocol ``postgresql``: Postgres 17 clients connecting with
+``sslnegotiation=direct`` need the server to select it (and the endpoint refuses a direct
+handshake that did not, as Postgres does, so that a client of another protocol cannot be
+mistaken for a Postgres client).
 """
 
 from __future__ import annotations
@@ -27,7 +33,10 @@ from dataclasses import dataclass
 
 from sparkiq.errors import ConfigError
 
-__all__ = ["TlsContexts", "TlsFiles"]
+__all__ = ["PG_ALPN", "TlsContexts", "TlsFiles"]
+
+#: The ALPN protocol name of the Postgres protocol (IANA registered, used since Postgres 17).
+PG_ALPN = "postgresql"
 
 log = logging.getLogger("sparkiq.tls")
 
@@ -48,21 +57,26 @@ class TlsContexts:
     def __init__(self, files: TlsFiles, *, reload_every: float = 5.0) -> None:
         self.files = files
         self.reload_every = reload_every
-        self._lock = threading.Lock()  # guards _stamps, _server, _client (replaced whole)
+        self._lock = threading.Lock()  # guards _stamps, _server, _pg, _client (replaced whole)
         self._stamps = self._mtimes()
-        self._server, self._client = self._load()  # ConfigError: the node does not start
-        # The context listeners are built with; each handshake is moved to the newest one.
+        # ConfigError: the node does not start
+        self._server, self._pg, self._client = self._load()
+        # The contexts listeners are built with; each handshake is moved to the newest one.
         self.listener = self._server_context()
         self.listener.sni_callback = self._pick
+        self.pg_listener = self._server_context(alpn=PG_ALPN)
+        self.pg_listener.sni_callback = self._pick_pg
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- contexts ----------------------------------------------------------------------------
 
-    def _server_context(self) -> ssl.SSLContext:
+    def _server_context(self, alpn: str | None = None) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(self.files.cert, self.files.key)
+        if alpn is not None:  # selected when the client offers it; no ALPN otherwise
+            context.set_alpn_protocols([alpn])
         return context
 
     def _client_context(self) -> ssl.SSLContext:
@@ -70,9 +84,9 @@ class TlsContexts:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         return context
 
-    def _load(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    def _load(self) -> tuple[ssl.SSLContext, ssl.SSLContext, ssl.SSLContext]:
         try:
-            return self._server_context(), self._client_context()
+            return self._server_context(), self._server_context(PG_ALPN), self._client_context()
         except (OSError, ssl.SSLError, ValueError) as exc:
             raise ConfigError(
                 f"cannot load TLS files (cert {self.files.cert!r}, key {self.files.key!r}, "
@@ -81,6 +95,12 @@ class TlsContexts:
 
     def _pick(self, connection: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: object) -> None:
         connection.context = self.server()
+
+    def _pick_pg(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, name: str | None, _: object
+    ) -> None:
+        with self._lock:
+            connection.context = self._pg
 
     def server(self) -> ssl.SSLContext:
         """The context a handshake accepting a connection uses now."""
@@ -111,12 +131,12 @@ class TlsContexts:
             if stamps == self._stamps:
                 return False
         try:
-            server, client = self._load()
+            server, pg, client = self._load()
         except ConfigError as exc:
             log.warning("keeping the current TLS certificates: %s", exc)
             return False
         with self._lock:
-            self._server, self._client, self._stamps = server, client, stamps
+            self._server, self._pg, self._client, self._stamps = server, pg, client, stamps
         log.info("TLS certificates reloaded from %s", self.files.cert)
         return True
 

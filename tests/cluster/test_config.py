@@ -65,6 +65,7 @@ def test_every_variable_is_read_and_empty_ones_are_unset() -> None:
             "failure_timeout": "5",
             "cluster_secret": "sixteen-chars-or-more",
             "allowed_hosts": "sparkiq.example.com",
+            "pg_tls": "optional",
         }.get(field, "127.0.0.1:1")
         environ = {variable: value}
         if field.startswith("tls_"):  # the TLS files go together
@@ -92,6 +93,11 @@ def test_a_node_named_after_its_address_when_asked() -> None:
         ({"poll_interval": "soon"}, {}, "poll_interval must be a number"),
         ({"poll_interval": True}, {}, "poll_interval must be a number"),
         ({"store": "sqlite"}, {}, "store must be 'rocksdb' or 'memory'"),
+        (
+            {},
+            {"SPARKIQ_PG_TLS": "prefer"},
+            r"^pg_tls must be 'require' or 'optional', got 'prefer' \(set by SPARKIQ_PG_TLS\)$",
+        ),
         ({"node_id": " "}, {}, "node_id must be a non-empty string"),
         ({"listen": 8080}, {}, "listen must be a string"),
         ({"peers": [1]}, {}, "peers must be addresses"),

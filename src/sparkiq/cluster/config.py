@@ -48,12 +48,14 @@ ENV_VARIABLES: dict[str, str] = {
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
     "pg_listen": "SPARKIQ_PG_LISTEN",
     "allowed_hosts": "SPARKIQ_ALLOWED_HOSTS",
+    "pg_tls": "SPARKIQ_PG_TLS",
     "tls_cert": "SPARKIQ_TLS_CERT",
     "tls_key": "SPARKIQ_TLS_KEY",
     "tls_ca": "SPARKIQ_TLS_CA",
 }
 
 _STORES = ("rocksdb", "memory")
+_PG_TLS = ("require", "optional")
 
 
 def node_url(address: str, scheme: str = "http") -> str:
@@ -91,6 +93,7 @@ class NodeConfig:
     #: Host names the HTTP server answers besides loopback names, IP addresses and its own
     #: URL's host (sparkiq.server.browser): ``example.com``, ``*.example.com``, or ``*``.
     allowed_hosts: tuple[str, ...] = ()
+    pg_tls: str = "require"
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
@@ -212,6 +215,10 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
                     f"{name} must be a positive number, got {out[name]!r}{origin[name]}"
                 )
             out[name] = seconds
+    if "pg_tls" in out and out["pg_tls"] not in _PG_TLS:
+        raise ConfigError(
+            f"pg_tls must be 'require' or 'optional', got {out['pg_tls']!r}{origin['pg_tls']}"
+        )
     if "store" in out and out["store"] not in _STORES:
         raise ConfigError(f"store must be 'rocksdb' or 'memory', got {out['store']!r}")
     return out

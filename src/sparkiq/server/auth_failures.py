@@ -33,7 +33,6 @@ Settings come from keyword arguments, then ``SPARKIQ_AUTH_<NAME>`` variables
 from __future__ import annotations
 
 import ipaddress
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +41,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from sparkiq.envsettings import values_from_env
 from sparkiq.errors import AuthenticationError, ConfigError
 from sparkiq.server.http_errors import HttpError
 
@@ -111,24 +111,15 @@ class AuthFailures:
     @classmethod
     def from_env(cls, **overrides: Any) -> AuthFailures:
         """Keyword arguments first, then ``SPARKIQ_AUTH_<NAME>`` variables (e.g.
-        ``SPARKIQ_AUTH_MAX_DELAY=30``), then the defaults."""
-        values: dict[str, Any] = dict(overrides)
-        for name, kind in (
-            ("free_failures", int),
-            ("base_delay", float),
-            ("max_delay", float),
-            ("forget_seconds", float),
-            ("max_peers", int),
-        ):
-            variable = f"SPARKIQ_AUTH_{name.upper()}"
-            raw = os.environ.get(variable, "")
-            if name in values or raw == "":
-                continue
-            try:
-                values[name] = kind(raw)
-            except ValueError:
-                raise ConfigError(f"{variable}={raw!r} is not a number") from None
-        return cls(**values)
+        ``SPARKIQ_AUTH_MAX_DELAY=30``), then the defaults (:mod:`sparkiq.envsettings`)."""
+        kinds = {
+            "free_failures": int,
+            "base_delay": float,
+            "max_delay": float,
+            "forget_seconds": float,
+            "max_peers": int,
+        }
+        return cls(**values_from_env(kinds, "AUTH", overrides))
 
     # -- the policy --------------------------------------------------------------------------
 

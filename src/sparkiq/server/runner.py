@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import threading
 import time
@@ -36,6 +35,7 @@ from typing import Any, ClassVar
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from sparkiq.envsettings import dataclass_from_env
 from sparkiq.errors import ConfigError
 from sparkiq.server.served import ServedNode
 from sparkiq.tls import TlsContexts
@@ -67,25 +67,10 @@ class HttpLimits:
                 raise ConfigError(f"HttpLimits.{f.name} must be a number > 0, got {value!r}")
 
     @staticmethod
-    def from_env(**overrides: Any) -> HttpLimits:
-        """Keyword arguments first, then ``SPARKIQ_HTTP_<NAME>`` variables, then defaults."""
-        unknown = set(overrides) - {f.name for f in fields(HttpLimits)}
-        if unknown:
-            raise ConfigError(f"unknown HttpLimits fields {sorted(unknown)}")
-        values: dict[str, Any] = {}
-        for f in fields(HttpLimits):
-            if overrides.get(f.name) is not None:
-                values[f.name] = overrides[f.name]
-                continue
-            variable = f"SPARKIQ_HTTP_{f.name.upper()}"
-            raw = os.environ.get(variable)
-            if raw is None:
-                continue
-            try:
-                values[f.name] = float(raw) if f.type == "float" else int(raw)
-            except ValueError:
-                raise ConfigError(f"{variable}={raw!r} is not a number") from None
-        return HttpLimits(**values)
+    def from_env(**overrides: object) -> HttpLimits:
+        """Keyword arguments first, then ``SPARKIQ_HTTP_<NAME>`` variables, then
+        defaults (:mod:`sparkiq.envsettings`)."""
+        return dataclass_from_env(HttpLimits, "HTTP", overrides)
 
 
 _LINGER_SECONDS = 1.0

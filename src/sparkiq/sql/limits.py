@@ -7,9 +7,9 @@ naming the limit and how to raise it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
+from sparkiq.envsettings import dataclass_from_env
 from sparkiq.errors import ConfigError
 from sparkiq.sql.duck import parse_size
 from sparkiq.sql.errors import SqlLimitError
@@ -94,26 +94,7 @@ class SqlLimits:
 
     @staticmethod
     def from_env(**overrides: object) -> SqlLimits:
-        """Limits from keyword arguments first, then ``SPARKIQ_SQL_<NAME>`` variables
-        (e.g. ``SPARKIQ_SQL_MAX_RESULT_ROWS=5000``), then the defaults."""
-        values: dict[str, object] = {}
-        for f in fields(SqlLimits):
-            if f.name in overrides:
-                values[f.name] = overrides[f.name]
-                continue
-            raw = os.environ.get(f"SPARKIQ_SQL_{f.name.upper()}")
-            if raw is None:
-                continue
-            if f.name in _SIZES:
-                values[f.name] = raw
-            else:
-                try:
-                    values[f.name] = float(raw) if f.name == "timeout_seconds" else int(raw)
-                except ValueError:
-                    raise ConfigError(
-                        f"SPARKIQ_SQL_{f.name.upper()}={raw!r} is not a number"
-                    ) from None
-        unknown = set(overrides) - {f.name for f in fields(SqlLimits)}
-        if unknown:
-            raise ConfigError(f"unknown SqlLimits fields {sorted(unknown)}")
-        return SqlLimits(**values)  # type: ignore[arg-type]
+        """Keyword arguments first, then ``SPARKIQ_SQL_<NAME>`` variables (e.g.
+        ``SPARKIQ_SQL_MAX_RESULT_ROWS=5000``), then
+        defaults (:mod:`sparkiq.envsettings`)."""
+        return dataclass_from_env(SqlLimits, "SQL", overrides)

@@ -7,9 +7,9 @@ e.g. ``SPARKIQ_PG_STARTUP_TIMEOUT=5``. Statement text, once bound, is also held 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
+from sparkiq.envsettings import dataclass_from_env
 from sparkiq.errors import ConfigError
 
 __all__ = ["PgLimits"]
@@ -60,21 +60,6 @@ class PgLimits:
 
     @staticmethod
     def from_env(**overrides: object) -> PgLimits:
-        """Keyword arguments first, then ``SPARKIQ_PG_<NAME>`` variables, then defaults."""
-        unknown = set(overrides) - {f.name for f in fields(PgLimits)}
-        if unknown:
-            raise ConfigError(f"unknown PgLimits fields {sorted(unknown)}")
-        values: dict[str, object] = {}
-        for f in fields(PgLimits):
-            if f.name in overrides:
-                values[f.name] = overrides[f.name]
-                continue
-            variable = f"SPARKIQ_PG_{f.name.upper()}"
-            raw = os.environ.get(variable)
-            if raw is None or raw == "":
-                continue
-            try:
-                values[f.name] = float(raw) if f.type == "float" else int(raw)
-            except ValueError:
-                raise ConfigError(f"{variable}={raw!r} is not a number") from None
-        return PgLimits(**values)  # type: ignore[arg-type]
+        """Keyword arguments first, then ``SPARKIQ_PG_<NAME>`` variables, then
+        defaults (:mod:`sparkiq.envsettings`)."""
+        return dataclass_from_env(PgLimits, "PG", overrides)

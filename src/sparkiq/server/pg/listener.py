@@ -9,6 +9,11 @@ thread and a slot only until a newer client needs it, never long enough to keep 
 clients out, and never more than ``startup_timeout`` seconds in all (the session's
 deadline). Logged-in connections are never evicted. :meth:`PgServer.stop` closes the
 listener and every open connection and joins their threads.
+
+With ``tls`` (the node's :class:`~sparkiq.tls.TlsContexts`) clients may switch to TLS
+before their startup message, and with ``require_tls`` they must
+(:mod:`~sparkiq.server.pg.session`); the handshake happens in the connection's thread,
+within its login deadline, so it never holds up the accepting thread.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.logins import PgLogins
 from sparkiq.server.pg.session import PgSession, SessionRules
 from sparkiq.server.served import ServedNode
+from sparkiq.tls import TlsContexts
 
 __all__ = ["PgServer"]
 
@@ -37,7 +43,8 @@ log = logging.getLogger("sparkiq.server.pg")
 
 
 class PgServer:
-    """Serves the Postgres wire protocol on a bound socket until :meth:`stop`."""
+    """Serves the Postgres wire protocol on a bound socket until :meth:`stop`; over TLS
+    when a client asks and ``tls`` is given, and only over TLS if ``require_tls`` too."""
 
     def __init__(
         self,
@@ -48,6 +55,8 @@ class PgServer:
         audit: AuditLog | None = None,
         limits: PgLimits | None = None,
         auth_failures: AuthFailures | None = None,
+        tls: TlsContexts | None = None,
+        require_tls: bool = False,
     ) -> None:
         self.sock = sock
         self.limits = limits = limits if limits is not None else PgLimits.from_env()
@@ -62,6 +71,8 @@ class PgServer:
             self._cancel,
             self._logged_in,
             audit,
+            tls=tls,
+            require_tls=require_tls and tls is not None,
         )
         self.address: tuple[str, int] = sock.getsockname()[:2]
         # guards _sessions, _starting, _evicted, _by_process_id, _stopped, accepted
@@ -81,7 +92,9 @@ class PgServer:
     def start(self) -> PgServer:
         self.sock.setblocking(True)
         self._thread.start()
-        log.info("serving the Postgres protocol on %s:%d", *self.address)
+        rules = self.rules
+        tls = "off" if rules.tls is None else "required" if rules.require_tls else "optional"
+        log.info("serving the Postgres protocol on %s:%d (TLS %s)", *self.address, tls)
         return self
 
     def _accept(self) -> None:

@@ -1,0 +1,35 @@
+"""Settings groups from keywords, then SPARKIQ_<GROUP>_<NAME> variables, then defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkiq import ConfigError, SqlLimits
+from sparkiq.envsettings import values_from_env
+from sparkiq.server.auth_failures import AuthFailures
+from sparkiq.server.pg.limits import PgLimits
+
+KINDS = {"free_failures": int, "max_delay": float}
+
+
+def test_keywords_win_then_variables_and_empty_ones_are_unset() -> None:
+    env = {"SPARKIQ_AUTH_FREE_FAILURES": "5", "SPARKIQ_AUTH_MAX_DELAY": ""}
+    assert values_from_env(KINDS, "AUTH", {}, environ=env) == {"free_failures": 5}
+    given = values_from_env(KINDS, "AUTH", {"free_failures": 9, "max_delay": None}, environ=env)
+    assert given == {"free_failures": 9}  # None is "not given": the variable still counts
+
+
+def test_bad_values_and_unknown_keywords_name_the_problem() -> None:
+    with pytest.raises(ConfigError, match="SPARKIQ_AUTH_MAX_DELAY='soon' is not a number"):
+        values_from_env(KINDS, "AUTH", {}, environ={"SPARKIQ_AUTH_MAX_DELAY": "soon"})
+    with pytest.raises(ConfigError, match=r"unknown auth settings \['max_dely'\]"):
+        values_from_env(KINDS, "AUTH", {"max_dely": 1.0})
+
+
+def test_every_group_reads_its_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKIQ_SQL_MEMORY_LIMIT", "256MB")
+    monkeypatch.setenv("SPARKIQ_PG_MAX_PARAMETERS", "12")
+    monkeypatch.setenv("SPARKIQ_AUTH_MAX_DELAY", "7.5")
+    assert SqlLimits.from_env().memory_limit == "256MB"
+    assert PgLimits.from_env().max_parameters == 12
+    assert AuthFailures.from_env().max_delay == 7.5
