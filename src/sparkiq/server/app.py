@@ -347,7 +347,11 @@ class RestApp:
     ) -> None:
         request, local = protocol.decode_request(body)
         node = self.node
-        if local and isinstance(request.query, KeyQuery):  # microseconds: no thread hop
+        if (
+            local
+            and isinstance(request.query, KeyQuery)
+            and (request.partitions is None or len(request.partitions) == 1)
+        ):  # a router's key sub-request: microseconds, no thread hop
             results = node.query_local(request)
         elif local:  # a SQL fragment among them: stopped if the asking node gives up on it
             results = await self._run_while_awaited(receive, lambda: node.query_local(request))
