@@ -1,5 +1,5 @@
-"""sparkiq.testing.kafka_broker: where it finds its jars, what it says when it cannot start,
-and that the broker it starts serves a real client."""
+"""sparkiq.testing.kafka_broker: where it finds its jars and what it says when it cannot
+start (tests/kafka/test_kafka_source.py has the broker serving a client)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 
 from sparkiq.errors import ConfigError, SparkiqError
 from sparkiq.testing import kafka_broker, kafka_jars_dir, spark_kafka_jars
-from tests.kafka.client import create_topic, end_offsets, produce
 
 
 def test_missing_jars_say_to_run_the_make_target(
@@ -29,7 +28,8 @@ def test_missing_jars_say_to_run_the_make_target(
     assert kafka_jars_dir(tmp_path / "other") == tmp_path / "other"  # the argument wins
 
 
-def test_the_default_jars_are_the_checkouts() -> None:
+def test_the_default_jars_are_the_checkouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPARKIQ_KAFKA_JARS", raising=False)
     jars = kafka_jars_dir()
     assert jars == Path(__file__).resolve().parents[2] / ".jvm"
     names = [Path(p).name for p in spark_kafka_jars()]
@@ -53,12 +53,3 @@ def test_a_broker_that_cannot_start_names_its_kept_log() -> None:
         assert "Invalid value not-a-number for configuration" in str(failure.value)
     finally:
         shutil.rmtree(log.parent)
-
-
-def test_the_broker_serves_a_client_and_is_gone_after_the_block(kafka_bootstrap: str) -> None:
-    create_topic(kafka_bootstrap, "broker-smoke", 2)
-    delivered = produce(kafka_bootstrap, "broker-smoke", [("a", "1"), ("b", "2"), ("c", "3")])
-    assert sorted((d.key, d.value) for d in delivered) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
-    ends = end_offsets(kafka_bootstrap, "broker-smoke", 2)
-    assert sum(ends.values()) == 3
-    assert ends == {p: sum(d.partition == p for d in delivered) for p in range(2)}

@@ -18,7 +18,9 @@ from sparkiq.changelog.log import Changelog
 from sparkiq.testing import assert_table_matches, table_rows
 from tests.kafka.client import Delivered, create_topic, end_offsets, produce
 
-pytestmark = pytest.mark.slow  # a broker JVM of its own (once per worker)
+# The broker (one per worker session) is started here only: the tests using it share a file,
+# so `make test`'s two workers start one between them.
+pytestmark = pytest.mark.slow
 
 TOPIC = "orders-source"
 PARTITIONS = 4
@@ -56,6 +58,15 @@ def orders(rng: random.Random, count: int) -> Iterator[tuple[str, str]]:
     for _ in range(count):
         user = f"u-{rng.randrange(25):02d}"
         yield user, json.dumps({"user": user, "amount": rng.randrange(1, 1000)})
+
+
+def test_the_broker_serves_a_real_client(kafka_bootstrap: str) -> None:
+    create_topic(kafka_bootstrap, "broker-smoke", 2)
+    delivered = produce(kafka_bootstrap, "broker-smoke", [("a", "1"), ("b", "2"), ("c", "3")])
+    assert sorted((d.key, d.value) for d in delivered) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+    ends = end_offsets(kafka_bootstrap, "broker-smoke", 2)
+    assert sum(ends.values()) == 3
+    assert ends == {p: sum(d.partition == p for d in delivered) for p in range(2)}
 
 
 def test_kafka_source_is_materialized_and_its_offsets_are_the_position(
