@@ -24,15 +24,6 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# Whole files go to each worker (--dist loadfile): a file's module fixtures (a live demo, a
-# Spark query) are set up once, and each worker has its own SparkSession. Files go out in
-# collection order, which tests/conftest.py makes longest-first (xdist would otherwise sort
-# them by their number of tests). TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= 2
-
-unit: $(STAMP) $(JVM_STAMP)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
-
 # The JVM artifacts the Kafka tests run (a Kafka broker, Spark's Kafka connector), pinned in
 # jvm/ and copied from Maven Central into .jvm/<module>/ (git ignores it); redone when a pom
 # changes. See docs/design.md ("Kafka: a real broker and Spark's connector").
@@ -45,6 +36,15 @@ $(JVM_STAMP): $(JVM_POMS)
 	touch $(JVM_STAMP)
 
 jvm-jars: $(JVM_STAMP)
+
+# Whole files go to each worker (--dist loadfile): a file's module fixtures (a live demo, a
+# Spark query) are set up once, and each worker has its own SparkSession. Files go out in
+# collection order, which tests/conftest.py makes longest-first (xdist would otherwise sort
+# them by their number of tests). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
+unit: $(STAMP) $(JVM_STAMP)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # BENCH_ARGS=--smoke runs every benchmark in its smallest form (what `make test` checks),
 # --quick a shorter run, --only NAMES a subset; see `python -m bench.run_all --help`.
