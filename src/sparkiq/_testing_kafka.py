@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -103,10 +104,12 @@ def kafka_broker(
     The node is controller and broker in one JVM (:data:`KAFKA_JVM_OPTIONS`; ``JAVA_HOME``'s
     ``java``, else the one on ``PATH``), with its storage formatted in a new temporary
     directory. Internal topics have one replica, so consumer groups and transactions work;
-    ``config`` adds or overrides broker settings (``{"num.partitions": "4"}``). The block
+    ``config`` adds or overrides broker settings (``{"num.partitions": "4"}``; the
+    listeners are its own: the yielded address is the one it chose). The block
     starts once the broker answers a metadata request listing itself; if it does not within
     ``timeout`` seconds (formatting included), or exits, :class:`~sparkiq.errors.SparkiqError`
-    names its log file, which is kept with its directory, and quotes its end. When the block
+    names its log file, which is kept with its directory, and quotes what the log says went
+    wrong (its ERROR lines and their causes). When the block
     ends the broker is stopped (SIGTERM, then SIGKILL after 30 s) and its directory removed,
     with the data of every topic.
 
@@ -243,10 +246,17 @@ def _cluster_id() -> str:
 
 
 def _tail(path: Path, size: int = 3000) -> str:
+    """What the log says went wrong: its ERROR lines and the causes and exception lines of
+    their stack traces (the last 20), else its last ``size`` characters."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace")[-size:]
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as error:
         return f"(unreadable: {error})"
+    said = [line[:400] for line in text.splitlines() if _WHAT_WENT_WRONG.search(line)]
+    return "\n".join(said[-20:]) if said else text[-size:]
+
+
+_WHAT_WENT_WRONG = re.compile(r"\] (ERROR|FATAL) |^Caused by: |^Exception in thread ")
 
 
 def _wait_until_serving(
@@ -259,7 +269,7 @@ def _wait_until_serving(
             code = process.poll()
             state = f"exited with code {code}" if code is not None else f"not up in {timeout} s"
             raise SparkiqError(
-                f"the Kafka broker on 127.0.0.1:{port} did not start ({state}); its log is "
+                f"the Kafka broker did not start ({state}); its log is "
                 f"{log_path}:\n{_tail(log_path)}"
             )
         time.sleep(0.2)

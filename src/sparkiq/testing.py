@@ -35,12 +35,18 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sparkiq._testing_kafka import kafka_broker, kafka_jars_dir, spark_kafka_jars
+from sparkiq._testing_kafka import (
+    KAFKA_JVM_OPTIONS,
+    kafka_broker,
+    kafka_jars_dir,
+    spark_kafka_jars,
+)
 from sparkiq.query.queries import RangeQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.spark import worker_python
 
 __all__ = [
+    "KAFKA_JVM_OPTIONS",
     "LOCAL_SPARK_CONF",
     "JsonSource",
     "TableDiff",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -51,5 +52,32 @@ def test_a_broker_that_cannot_start_names_its_kept_log() -> None:
         # Kafka's own words, in the kept log and quoted in the error
         assert "Invalid value not-a-number for configuration" in log.read_text()
         assert "Invalid value not-a-number for configuration" in str(failure.value)
+    finally:
+        shutil.rmtree(log.parent)
+
+
+def test_a_broker_that_exits_names_its_kept_log() -> None:
+    with socket.socket() as busy, socket.socket() as free:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()  # the broker's listener cannot have this port
+        free.bind(("127.0.0.1", 0))
+        taken, controller = busy.getsockname()[1], free.getsockname()[1]
+        free.close()
+        config = {
+            "listeners": f"PLAINTEXT://127.0.0.1:{taken},CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{taken}",
+            "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+        }
+        named = r"did not start \(exited with code \d+\); its log is (\S+kafka\.log)"
+        with pytest.raises(SparkiqError, match=named) as failure, kafka_broker(config=config):
+            pass
+    found = re.search(named, str(failure.value))
+    assert found is not None
+    log = Path(found[1])
+    try:
+        assert f"127.0.0.1:{taken}" in log.read_text()  # Kafka says which address it wanted
+        assert f"failed to bind to 127.0.0.1:{taken}: Address already in use" in str(
+            failure.value
+        )  # and the error quotes why, not the end of a stack trace
     finally:
         shutil.rmtree(log.parent)
