@@ -7,8 +7,8 @@ runtime dependencies) and ``.jvm/spark-kafka/`` (``spark-sql-kafka-0-10`` and th
 client). Nothing is downloaded here: a missing directory is an error saying how to fetch it.
 
 :func:`kafka_broker` runs one JVM, a single node that is both KRaft controller and broker, on
-two free 127.0.0.1 ports, with its storage and log in a temporary directory removed on exit.
-Importing this module starts nothing.
+two free 127.0.0.1 ports, with its storage and log in a temporary directory, removed on exit
+(kept, for its log, when the broker does not start). Importing this module starts nothing.
 """
 
 from __future__ import annotations
@@ -104,14 +104,13 @@ def kafka_broker(
     The node is controller and broker in one JVM (:data:`KAFKA_JVM_OPTIONS`; ``JAVA_HOME``'s
     ``java``, else the one on ``PATH``), with its storage formatted in a new temporary
     directory. Internal topics have one replica, so consumer groups and transactions work;
-    ``config`` adds or overrides broker settings (``{"num.partitions": "4"}``; the
-    listeners are its own: the yielded address is the one it chose). The block
-    starts once the broker answers a metadata request listing itself; if it does not within
-    ``timeout`` seconds (formatting included), or exits, :class:`~sparkiq.errors.SparkiqError`
-    names its log file, which is kept with its directory, and quotes what the log says went
-    wrong (its ERROR lines and their causes). When the block
-    ends the broker is stopped (SIGTERM, then SIGKILL after 30 s) and its directory removed,
-    with the data of every topic.
+    ``config`` adds or overrides broker settings (``{"num.partitions": "4"}``; the listeners
+    are its own: the yielded address is the one it chose). The block starts once the broker
+    answers a metadata request listing itself; if it does not within ``timeout`` seconds
+    (formatting included), or exits, :class:`~sparkiq.errors.SparkiqError` names its log
+    file, which is kept with its directory, and quotes what the log says went wrong (its
+    ERROR lines and their causes). When the block ends the broker is stopped (SIGTERM, then
+    SIGKILL after 30 s) and its directory removed, with the data of every topic.
 
     ``jars`` is the directory holding ``kafka-broker/`` (see :func:`kafka_jars_dir`);
     ``log_level`` is the level of the broker's log (``INFO`` shows its every step).
