@@ -3,6 +3,7 @@ run (see docs/design.md, "Kafka: a real broker and Spark's connector")."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -22,10 +23,20 @@ class Delivered:
 
 
 def create_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
-    """Create ``topic`` with ``partitions`` partitions and one replica, and wait for it."""
+    """Create ``topic`` with ``partitions`` partitions and one replica, and wait until the
+    broker's metadata shows a leader for each (the controller answers first)."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions)])
     futures[topic].result(timeout=60)
+    deadline = time.monotonic() + 60
+    while True:
+        found = admin.list_topics(topic, timeout=10).topics.get(topic)
+        led = {p for p, m in (found.partitions if found else {}).items() if m.leader >= 0}
+        if led == set(range(partitions)):
+            return
+        missing = sorted(set(range(partitions)) - led)
+        assert time.monotonic() < deadline, f"{topic!r} partitions {missing}: no leader in 60 s"
+        time.sleep(0.1)
 
 
 def produce(
@@ -33,11 +44,16 @@ def produce(
 ) -> list[Delivered]:
     """Send ``(key, value)`` records (UTF-8) with an idempotent producer and return them as
     the broker acknowledged them; raises AssertionError if any was not delivered."""
+    errors: list[KafkaError] = []
     producer = Producer(
-        {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 5}
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "error_cb": errors.append,  # client-level errors, for the assertion's message
+        }
     )
     delivered: list[Delivered] = []
-    errors: list[KafkaError] = []
 
     def report(error: KafkaError | None, message: Message) -> None:
         if error is not None:
@@ -56,8 +72,13 @@ def produce(
     for key, value in records:
         producer.produce(topic, key=key.encode(), value=value.encode(), on_delivery=report)
         producer.poll(0)
-    left = producer.flush(60)
-    assert left == 0 and not errors, f"{left} records not delivered; errors: {errors}"
+    left = producer.flush(120)
+    if left or errors:
+        topics = producer.list_topics(topic, timeout=10).topics
+        raise AssertionError(
+            f"{left} records not delivered in 120 s; errors: {errors[-10:]}; the broker's "
+            f"metadata of {topic!r}: {topics[topic].partitions if topic in topics else None}"
+        )
     return delivered
 
 
