@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean jvm-jars
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,13 +24,26 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The JVM artifacts the Kafka tests run (a Kafka broker, Spark's Kafka connector), pinned in
+# jvm/ and copied from Maven Central into .jvm/<module>/ (git ignores it); redone when a pom
+# changes. See docs/design.md ("Kafka: a real broker and Spark's connector").
+JVM_STAMP := .jvm/.fetched
+JVM_POMS := jvm/pom.xml jvm/kafka-broker/pom.xml jvm/spark-kafka/pom.xml
+
+$(JVM_STAMP): $(JVM_POMS)
+	rm -rf .jvm/kafka-broker .jvm/spark-kafka
+	mvn -q -B -Dstyle.color=never -f jvm/pom.xml dependency:copy-dependencies
+	touch $(JVM_STAMP)
+
+jvm-jars: $(JVM_STAMP)
+
 # Whole files go to each worker (--dist loadfile): a file's module fixtures (a live demo, a
 # Spark query) are set up once, and each worker has its own SparkSession. Files go out in
 # collection order, which tests/conftest.py makes longest-first (xdist would otherwise sort
 # them by their number of tests). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-unit: $(STAMP)
+unit: $(STAMP) $(JVM_STAMP)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # BENCH_ARGS=--smoke runs every benchmark in its smallest form (what `make test` checks),
@@ -39,4 +52,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .jvm

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from sparkiq.errors import ConfigError
 from sparkiq.spark import worker_python
-from sparkiq.testing import connect_server, spark_session
+from sparkiq.testing import connect_server, spark_kafka_jars, spark_session
 from tests.small_disk import mount_tmpfs, unmount
 from tests.spark.short_jvm import SHORT_JVM_OPTIONS
 
@@ -54,10 +55,19 @@ def spark() -> Iterator[Any]:
 
     Spark's state store maintenance (snapshots of state, cleanup of old files) runs every
     5 s instead of every minute, so tests of what it writes (tests/checkpoint) need not wait
-    a minute for it; the states tests keep are small, so each run is cheap."""
-    session = spark_session(
-        "sparkiq-tests", config={"spark.sql.streaming.stateStore.maintenanceInterval": "5s"}
-    )
+    a minute for it; the states tests keep are small, so each run is cheap.
+
+    Spark's Kafka connector is on its classpath when ``make jvm-jars`` has fetched it
+    (``spark.jars`` counts only before the JVM starts, and a worker has one session): the
+    tests in tests/kafka need it, and say how to get it when it is missing."""
+    config = {"spark.sql.streaming.stateStore.maintenanceInterval": "5s"}
+    try:
+        jars = spark_kafka_jars()
+    except ConfigError:
+        jars = []  # no connector: only tests/kafka fail, with the error that says to fetch it
+    if jars:
+        config["spark.jars"] = ",".join(jars)
+    session = spark_session("sparkiq-tests", config=config)
     yield session
     session.stop()
 

@@ -5,6 +5,9 @@
 - :func:`connect_server`: a local Spark Connect server in its own JVM, for
   ``spark_session(remote=...)``.
 - :func:`temporary_state_dir`: a state directory removed afterwards.
+- :func:`kafka_broker`: a real single-node Apache Kafka cluster (KRaft) on 127.0.0.1 for
+  the block, and :func:`spark_kafka_jars`: Spark's Kafka connector for ``spark.jars`` (both
+  from the jars ``make jvm-jars`` copies into a checkout's ``.jvm/``).
 - :class:`JsonSource`: a folder of JSON files as a streaming source, fed batch by batch;
   :meth:`JsonSource.feed` returns once the App has applied the batch, so the next query sees
   it.
@@ -32,17 +35,27 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from sparkiq._testing_kafka import (
+    KAFKA_JVM_OPTIONS,
+    kafka_broker,
+    kafka_jars_dir,
+    spark_kafka_jars,
+)
 from sparkiq.query.queries import RangeQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.spark import worker_python
 
 __all__ = [
+    "KAFKA_JVM_OPTIONS",
     "LOCAL_SPARK_CONF",
     "JsonSource",
     "TableDiff",
     "assert_table_matches",
     "connect_server",
     "diff_table",
+    "kafka_broker",
+    "kafka_jars_dir",
+    "spark_kafka_jars",
     "spark_session",
     "table_rows",
     "temporary_state_dir",

@@ -103,10 +103,15 @@ class _Runner:
         namespace: dict[str, Any] = {"__name__": "__main__"}
         if _needs_spark([b["text"] for b in blocks]):
             if self.spark is None:
-                from sparkiq.testing import spark_session
+                from sparkiq.errors import ConfigError
+                from sparkiq.testing import spark_kafka_jars, spark_session
 
                 started = time.monotonic()
-                self.spark = spark_session("sparkiq-docs")
+                try:  # docs/kafka.md reads Kafka: the connector, as the tests' session has it
+                    config = {"spark.jars": ",".join(spark_kafka_jars())}
+                except ConfigError:
+                    config = {}
+                self.spark = spark_session("sparkiq-docs", config=config)
                 print(f"# spark: {time.monotonic() - started:.1f} s", flush=True)
             namespace["spark"] = self.spark
         before = _settings(self.spark) if self.spark is not None else {}
