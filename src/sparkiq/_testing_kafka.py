@@ -30,7 +30,14 @@ from pathlib import Path
 
 from sparkiq.errors import ConfigError, SparkiqError
 
-__all__ = ["JARS_ENV", "KAFKA_JVM_OPTIONS", "kafka_broker", "kafka_jars_dir", "spark_kafka_jars"]
+__all__ = [
+    "JARS_ENV",
+    "KAFKA_JVM_OPTIONS",
+    "kafka_broker",
+    "kafka_jars_dir",
+    "spark_kafka_jars",
+    "stop_process_group",
+]
 
 #: The environment variable naming the directory that holds ``kafka-broker/`` and
 #: ``spark-kafka/`` (what ``make jvm-jars`` fills), when no ``jars=`` argument is given.
@@ -164,13 +171,8 @@ def kafka_broker(
         started = True
         yield f"127.0.0.1:{port}"
     finally:
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        if process is not None:
+            stop_process_group(process)
         if started or not log_path.exists():
             shutil.rmtree(workdir, ignore_errors=True)
         # else: a broker that did not start keeps its directory, so the log the error names
@@ -304,3 +306,16 @@ def _read_exactly(conn: socket.socket, size: int) -> bytes:
             raise OSError("connection closed")
         chunks += chunk
     return bytes(chunks)
+
+
+def stop_process_group(process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Stop a JVM started in its own process group (``start_new_session``) with everything
+    it started: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

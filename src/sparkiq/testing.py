@@ -40,6 +40,7 @@ from sparkiq._testing_kafka import (
     kafka_broker,
     kafka_jars_dir,
     spark_kafka_jars,
+    stop_process_group,
 )
 from sparkiq.query.queries import RangeQuery
 from sparkiq.query.request import StateQueryRequest
@@ -154,7 +155,6 @@ def connect_server(
     ``sparkiq-worker-python``), and is stopped (with its process group) when the block ends.
     When it does not start within ``timeout``, the error quotes the end of its log.
     """
-    import signal
     import socket
     import subprocess
     import time
@@ -207,13 +207,7 @@ def connect_server(
                 time.sleep(0.2)
         yield f"sc://127.0.0.1:{port}"
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process_group(process)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

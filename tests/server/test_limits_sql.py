@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from sparkiq.sql.errors import SqlLimitError
 from sparkiq.wire import protocol
 from tests.changelog.helpers import expected_rows
 from tests.cluster.serve_processes import free_port
+from tests.server.serve_subprocess import serving
 from tests.server.test_hostile import PROBE_PATH, PROBE_ROW, TOKEN, Probe, auth
 from tests.sql.tables import T_HISTORY, build_world
 
@@ -68,43 +68,29 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     build_world(str(state_dir))
     cwd = tmp_path_factory.mktemp("limits-cwd")
     port = free_port()
-    env = os.environ | {
-        "PYTHONUNBUFFERED": "1",
+    env = {
         "SPARKIQ_SQL_TIMEOUT_SECONDS": str(TIMEOUT),
         "SPARKIQ_SQL_MEMORY_LIMIT": MEMORY,
         "SPARKIQ_SQL_SPILL_LIMIT": "64MB",
         "SPARKIQ_SQL_MAX_RESULT_BYTES": str(32 * MIB),
     }
-    log = cwd / "node.log"
     args = [
-        sys.executable, "-m", "sparkiq.cli", "serve",
         "--state-dir", str(state_dir), "--node-id", "n0",
         "--listen", f"127.0.0.1:{port}", "--token", TOKEN,
     ]  # fmt: skip
-    with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-    node = Served(f"http://127.0.0.1:{port}", process, cwd, log)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:  # ready, and hosting every partition (a lone node takes them all)
-                counts = [sql(node, f"SELECT count(*) AS c FROM {t}", 5) for t in ("ik", "t")]
-                lookup = httpx.get(node.url(PROBE_PATH), headers=auth(), timeout=1)
-                if lookup.status_code == 200 and all(c.status_code == 200 for c in counts):
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
-        yield node
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+
+    def node(process: subprocess.Popen[bytes]) -> Served:
+        return Served(f"http://127.0.0.1:{port}", process, cwd, cwd / "node.log")
+
+    def ready(process: subprocess.Popen[bytes]) -> bool:
+        # ready, and hosting every partition (a lone node takes them all)
+        served = node(process)
+        counts = [sql(served, f"SELECT count(*) AS c FROM {t}", 5) for t in ("ik", "t")]
+        lookup = httpx.get(served.url(PROBE_PATH), headers=auth(), timeout=1)
+        return lookup.status_code == 200 and all(c.status_code == 200 for c in counts)
+
+    with serving(args, cwd, ready, env=env, errors=(httpx.HTTPError,), timeout=60) as process:
+        yield node(process)
 
 
 def sql(node: Served, text: str, timeout: float = 60) -> httpx.Response:

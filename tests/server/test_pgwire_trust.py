@@ -18,7 +18,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from pygwire import messages as m
 from sparkiq import Node
 from sparkiq.server.pg.scram import ScramError, ScramExchange, ScramVerifier
 from tests.cluster.serve_processes import free_port
+from tests.server.serve_subprocess import serving
 from tests.server.test_hostile import bound
 from tests.sql.tables import build_world
 
@@ -89,36 +89,21 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     build_world(str(state_dir))
     cwd = tmp_path_factory.mktemp("pgtrust-cwd")
     port, pg_port = free_port(), free_port()
-    log = cwd / "node.log"
     args = [
-        sys.executable, "-m", "sparkiq.cli", "serve",
         "--state-dir", str(state_dir), "--node-id", "n0", "--token", TOKEN,
         "--listen", f"127.0.0.1:{port}", "--pg-listen", f"127.0.0.1:{pg_port}",
     ]  # fmt: skip
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-    node = Served(process, f"http://127.0.0.1:{port}", ("127.0.0.1", pg_port), log)
-    try:
-        deadline = time.monotonic() + 120  # a hang, not a speed target: imports are slow
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:  # ready, and hosting every partition (a lone node takes them all)
-                with psycopg.connect(_dsn(node), autocommit=True) as conn:
-                    if conn.execute(PROBE).fetchall() == [(17,)]:
-                        break
-            except psycopg.Error:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        yield node
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+
+    def node(process: subprocess.Popen[bytes]) -> Served:
+        return Served(process, f"http://127.0.0.1:{port}", ("127.0.0.1", pg_port), cwd / "node.log")
+
+    def ready(process: subprocess.Popen[bytes]) -> bool:
+        # ready, and hosting every partition (a lone node takes them all)
+        with psycopg.connect(_dsn(node(process)), autocommit=True) as conn:
+            return bool(conn.execute(PROBE).fetchall() == [(17,)])
+
+    with serving(args, cwd, ready, errors=(psycopg.Error,), interval=0.2) as process:
+        yield node(process)
 
 
 def _dsn(node: Node | Served, password: str = TOKEN) -> str:
