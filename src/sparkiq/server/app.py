@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -49,6 +49,24 @@ from sparkiq.principals import readable
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.asgi import (
+    JSON_HEADERS,
+    Receive,
+    Scope,
+    Send,
+    accepts_arrow,
+    accepts_binary,
+    allow,
+    bearer,
+    close_all,
+    coalesced,
+    header,
+    json_object,
+    peer,
+    send_body,
+    send_error,
+    when_disconnected,
+)
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import auth_failures_of
 from sparkiq.server.browser import BrowserGuard, console_policy
@@ -67,11 +85,7 @@ __all__ = ["PUBLIC_PATHS", "RestApp", "scrub"]
 
 log = logging.getLogger("sparkiq.server")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-_JSON = [(b"content-type", b"application/json")]
 _BINARY = [(b"content-type", protocol.CONTENT_TYPE.encode())]
 #: Paths answered without a token (docs/rest.md lists the same, a test checks it): probes,
 #: the API description, and the console page, which is static (no data) and sends the token
@@ -153,7 +167,7 @@ class RestApp:
             error = exc if isinstance(exc, HttpError) else classify(exc)
             error.message = scrub(error.message, self._roots)
             status = error.status
-            await _send_error(send, error)
+            await send_error(send, error)
         finally:
             took = time.perf_counter() - started
             self.metrics.observe(route, status, took)
@@ -162,7 +176,7 @@ class RestApp:
                 self._audit.record(
                     listener="http",
                     principal=None if principal is None else principal.name,
-                    peer=_peer(scope),
+                    peer=peer(scope),
                     kind=route if route != "unmatched" else scope["path"][:200],
                     tables=note.get("tables", ()),
                     status=status,
@@ -181,37 +195,35 @@ class RestApp:
             # every read below runs as this principal and within its grants (a caller whose
             # address failed too often lately is refused before its token is looked at)
             current_principal.set(
-                self._auth.check_http(scope.get("client"), _bearer(scope), self.node.check_token)
+                self._auth.check_http(scope.get("client"), bearer(scope), self.node.check_token)
             )
         if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
-            _allow(method, "GET")
+            allow(method, "GET")
             store = urllib.parse.unquote(parts[1])
             key_text = urllib.parse.unquote(parts[3])
             return "/stores/{store}/keys/{key}", await self._get_key(scope, send, store, key_text)
         if path == "/internal/query":
             # a member's sub-request carries a node credential; a client's, its token
-            _allow(method, "POST")
-            credential = _header(scope, REQUEST_HEADER)
+            allow(method, "POST")
+            credential = header(scope, REQUEST_HEADER)
             if credential is None:
                 current_principal.set(
-                    self._auth.check_http(
-                        scope.get("client"), _bearer(scope), self.node.check_token
-                    )
+                    self._auth.check_http(scope.get("client"), bearer(scope), self.node.check_token)
                 )
             body = await self._body(receive)
             if credential is not None:
-                opened = self.node.admit_node(credential, method, path, body, _peer(scope))
+                opened = self.node.admit_node(credential, method, path, body, peer(scope))
                 # a member's sub-request runs for the caller it routes for, grants and all
                 caller = None if opened is None else opened.principal
                 current_principal.set(self.node.principal_named(caller))
             await self._internal_query(scope, receive, send, body)
             return "/internal/query", 200
         if path == "/internal/heartbeat":
-            _allow(method, "POST")
+            allow(method, "POST")
             body = await self._body(receive)
             # proven before anything of it is decoded; client tokens never admit a member
             opened = self.node.admit_node(
-                _header(scope, REQUEST_HEADER), method, path, body, _peer(scope)
+                header(scope, REQUEST_HEADER), method, path, body, peer(scope)
             )
             try:
                 doc = unpack_plain(body)
@@ -226,59 +238,59 @@ class RestApp:
             data = pack(reply)
             signature = self.node.sign_reply(None if opened is None else opened.mac, data)
             headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
-            await _send(send, 200, data, headers)
+            await send_body(send, 200, data, headers)
             return "/internal/heartbeat", 200
         if parts[0] == "stores" and len(parts) == 3 and parts[2] == "query":
-            _allow(method, "POST")
+            allow(method, "POST")
             store = urllib.parse.unquote(parts[1])
             body = await self._body(receive)
             await self._iq_query(scope, send, store, body)
             return "/stores/{store}/query", 200
         if path == "/query":
-            _allow(method, "POST")
+            allow(method, "POST")
             body = await self._body(receive)
             await self._sql(scope, receive, send, body)
             return "/query", 200
         if path == "/healthz":
-            _allow(method, "GET")
+            allow(method, "GET")
             doc = {"status": "ok", "node_id": self.node.node_id}
-            await _send(send, 200, jsonapi.dumps(doc), _JSON)
+            await send_body(send, 200, jsonapi.dumps(doc), JSON_HEADERS)
             return path, 200
         if path == "/readyz":
-            _allow(method, "GET")
+            allow(method, "GET")
             return path, await self._ready(send)
         if path in ("/", "/console"):
-            _allow(method, "GET")
-            await _send(send, 200, self._console, self._console_headers)
+            allow(method, "GET")
+            await send_body(send, 200, self._console, self._console_headers)
             return "/console", 200
         if path == "/openapi.json":
-            _allow(method, "GET")
-            await _send(send, 200, self._openapi, _JSON)
+            allow(method, "GET")
+            await send_body(send, 200, self._openapi, JSON_HEADERS)
             return path, 200
         if path == "/metrics":
-            _allow(method, "GET")
+            allow(method, "GET")
             text, content_type = self.metrics.render()
-            await _send(send, 200, text, [(b"content-type", content_type.encode())])
+            await send_body(send, 200, text, [(b"content-type", content_type.encode())])
             return path, 200
         if path == "/stats":
-            _allow(method, "GET")
-            await _send(send, 200, jsonapi.dumps(self._stats()), _JSON)
+            allow(method, "GET")
+            await send_body(send, 200, jsonapi.dumps(self._stats()), JSON_HEADERS)
             return path, 200
         if path == "/stores":
-            _allow(method, "GET")
-            await _send(send, 200, jsonapi.dumps(self._stores()), _JSON)
+            allow(method, "GET")
+            await send_body(send, 200, jsonapi.dumps(self._stores()), JSON_HEADERS)
             return path, 200
         if path == "/metadata":
-            _allow(method, "GET")
+            allow(method, "GET")
             nodes = [m.to_dict() for m in self.node.all_metadata()]
-            await _send(send, 200, jsonapi.dumps({"nodes": nodes}), _JSON)
+            await send_body(send, 200, jsonapi.dumps({"nodes": nodes}), JSON_HEADERS)
             return path, 200
         if parts[:2] == ["metadata", "stores"] and len(parts) == 5 and parts[3] == "keys":
-            _allow(method, "GET")
+            allow(method, "GET")
             store = urllib.parse.unquote(parts[2])
             key = jsonapi.key_from_text(self.node.schema(store), urllib.parse.unquote(parts[4]))
             meta = self.node.metadata_for_key(store, key)
-            await _send(send, 200, jsonapi.dumps(meta.to_dict()), _JSON)
+            await send_body(send, 200, jsonapi.dumps(meta.to_dict()), JSON_HEADERS)
             return "/metadata/stores/{store}/keys/{key}", 200
         raise HttpError(404, "not_found", f"no route {method} {path}; see /openapi.json")
 
@@ -310,7 +322,7 @@ class RestApp:
         statement nobody waits for -- a curl stopped with Ctrl-C, a hedged copy that lost --
         stops instead of running on to its timeout."""
         gone = CancelSignal()
-        watcher = asyncio.ensure_future(_when_disconnected(receive, gone.set))
+        watcher = asyncio.ensure_future(when_disconnected(receive, gone.set))
         try:
             with cancellable(gone):  # the pool runs fn in this task's context
                 return await self._run(fn)
@@ -337,9 +349,9 @@ class RestApp:
                 "message": f"{store!r} has no row for key {key!r}",
                 "field": "key",
             }
-            await _send(send, 404, jsonapi.dumps(doc), _JSON)
+            await send_body(send, 404, jsonapi.dumps(doc), JSON_HEADERS)
             return 404
-        await _send(send, 200, jsonapi.dumps(doc), _JSON)
+        await send_body(send, 200, jsonapi.dumps(doc), JSON_HEADERS)
         return 200
 
     async def _internal_query(
@@ -358,7 +370,7 @@ class RestApp:
         else:
             results = await self._run(node.query, request)
         if not any(isinstance(r.result, Iterator) for r in results.partition_results.values()):
-            await _send(send, 200, b"".join(protocol.result_frames(results)), _BINARY)
+            await send_body(send, 200, b"".join(protocol.result_frames(results)), _BINARY)
             return
         await self._stream(send, 200, _BINARY, protocol.result_frames(results))
 
@@ -367,10 +379,10 @@ class RestApp:
         scope[_NOTE]["tables"] = [store]
         results: StateQueryResult[Any] = await self._run(self.node.query, request)
         self.metrics.queried(store)
-        await self._stream(send, 200, _JSON, iq_json_chunks(store, results, self._roots))
+        await self._stream(send, 200, JSON_HEADERS, iq_json_chunks(store, results, self._roots))
 
     async def _sql(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
-        doc = _json_object(body)
+        doc = json_object(body)
         text = doc.get("sql")
         if not isinstance(text, str) or not text.strip():
             raise HttpError(400, "invalid_request", 'expected {"sql": "SELECT ..."}', "sql")
@@ -379,7 +391,7 @@ class RestApp:
             from sparkiq.query.position import PositionBound
 
             options["bound"] = PositionBound.at(jsonapi.position_from_token(doc["bound"]))
-        arrow = _accepts_arrow(scope)
+        arrow = accepts_arrow(scope)
         if is_push_query(text):
             if arrow:
                 raise HttpError(
@@ -403,7 +415,7 @@ class RestApp:
             self._push_streams += 1
             try:
                 subscription = await self._run(lambda: self.node.stream(text, **options))
-                watcher = asyncio.ensure_future(_when_disconnected(receive, subscription.close))
+                watcher = asyncio.ensure_future(when_disconnected(receive, subscription.close))
                 try:
                     await self._stream(
                         send,
@@ -430,10 +442,12 @@ class RestApp:
             headers, table = await self._sql_arrow(text, result)
             del result  # a slow reader pins the columns only, not the Python rows as well
             await self._stream(send, 200, headers, arrowipc.ipc_chunks(table))
-        elif _accepts_binary(scope):  # sparkiq.Client: values keep their Python types
-            await _send(send, 200, await self._run(lambda: pack(sql_json(result))), _BINARY)
+        elif accepts_binary(scope):  # sparkiq.Client: values keep their Python types
+            await send_body(send, 200, await self._run(lambda: pack(sql_json(result))), _BINARY)
         else:  # encoding 64 MB holds the GIL for a fraction of a second: not on the loop
-            await _send(send, 200, await self._run(lambda: jsonapi.dumps(sql_json(result))), _JSON)
+            await send_body(
+                send, 200, await self._run(lambda: jsonapi.dumps(sql_json(result))), JSON_HEADERS
+            )
 
     async def _sql_arrow(
         self, text: str, result: Any
@@ -472,7 +486,7 @@ class RestApp:
         ready = not behind and self.node.is_ready()
         status = 200 if ready else 503
         doc = {"ready": ready, "node_id": self.node.node_id, "not_ready": behind}
-        await _send(send, status, jsonapi.dumps(doc), _JSON)
+        await send_body(send, status, jsonapi.dumps(doc), JSON_HEADERS)
         return status
 
     def _stats(self) -> dict[str, Any]:
@@ -534,7 +548,7 @@ class RestApp:
         the body), the first chunk is produced before the status is sent, so early errors
         get a proper status."""
         loop = asyncio.get_running_loop()
-        source = _coalesced(chunks) if coalesce else chunks
+        source = coalesced(chunks) if coalesce else chunks
         pool = pool or self._pool
         start = {"type": "http.response.start", "status": status, "headers": headers}
         try:
@@ -548,77 +562,13 @@ class RestApp:
                 chunk = await loop.run_in_executor(pool, next, source, None)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await loop.run_in_executor(pool, _close, source, chunks)
-
-
-async def _when_disconnected(receive: Receive, then: Callable[[], Any]) -> None:
-    """Call ``then`` when the client disconnects (a push stream's producer thread then ends,
-    a statement is canceled); the request's body has been read."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    then()
-
-
-def _coalesced(chunks: Iterator[bytes], size: int = 65536) -> Iterator[bytes]:
-    """Small frames joined into writes of about ``size`` bytes."""
-    buffer: list[bytes] = []
-    held = 0
-    for chunk in chunks:
-        buffer.append(chunk)
-        held += len(chunk)
-        if held >= size:
-            yield b"".join(buffer)
-            buffer, held = [], 0
-    if buffer:
-        yield b"".join(buffer)
-
-
-def _close(*iterators: Iterator[bytes]) -> None:
-    for iterator in iterators:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    import orjson
-
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise HttpError(400, "malformed_json", f"malformed JSON: {exc}", "body") from None
-    if not isinstance(doc, dict):
-        raise HttpError(400, "invalid_request", "expected a JSON object", "body")
-    return doc
+            await loop.run_in_executor(pool, close_all, source, chunks)
 
 
 def _tables_read(position: dict[str, Any], tables: list[str]) -> list[str]:
     """The tables a SQL result read: its position has a component per table read (and one
     per source component, e.g. a Kafka topic, which is not a table)."""
     return [name for name in position if name in tables]
-
-
-def _accepts_arrow(scope: Scope) -> bool:
-    return any(
-        name == b"accept" and arrowipc.CONTENT_TYPE.encode() in value
-        for name, value in scope["headers"]
-    )
-
-
-def _accepts_binary(scope: Scope) -> bool:
-    return any(
-        name == b"accept" and protocol.CONTENT_TYPE.encode() in value
-        for name, value in scope["headers"]
-    )
-
-
-def _header(scope: Scope, name: str) -> str | None:
-    wanted = name.encode()
-    for key, value in scope["headers"]:
-        if key == wanted:
-            text: str = value.decode("latin-1")
-            return text
-    return None
 
 
 def _unaudited(scope: Scope) -> bool:
@@ -628,44 +578,5 @@ def _unaudited(scope: Scope) -> bool:
     return (
         path in PUBLIC_PATHS
         or path == "/internal/heartbeat"
-        or _header(scope, REQUEST_HEADER) is not None
+        or header(scope, REQUEST_HEADER) is not None
     )
-
-
-def _peer(scope: Scope) -> str | None:
-    """The caller's address (None when the server does not know it)."""
-    client = scope.get("client")
-    return None if not client else str(client[0])
-
-
-def _bearer(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            text: str = value.decode("latin-1")
-            if text[:7].lower() == "bearer ":
-                return text[7:].strip()
-            return None
-    return None
-
-
-def _allow(method: str, allowed: str) -> None:
-    if method != allowed:
-        raise HttpError(405, "method_not_allowed", f"use {allowed} for this path")
-
-
-async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    headers = [*headers, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send_error(send: Send, error: HttpError) -> None:
-    doc: dict[str, Any] = {"code": error.code, "message": error.message, "field": error.field}
-    doc.update(error.extra)
-    headers = list(_JSON)
-    if error.status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="sparkiq"'))
-    try:
-        await _send(send, error.status, jsonapi.dumps({"error": doc}), headers)
-    except Exception:  # the response had already started: nothing more can be said
-        log.debug("could not send error %s", error.code, exc_info=True)
