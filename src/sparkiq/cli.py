@@ -2,6 +2,10 @@
 
 Every option can also be set by the ``SPARKIQ_*`` environment variable shown in ``--help``;
 a flag given on the command line wins over the variable.
+
+Why this module is a little over 600 lines: it is the parser of every command (a declaration
+per option, with its help) and the thin functions that run each; what a command does lives in
+the package (``output``, ``shell``, ``demo``, ``Client``).
 """
 
 from __future__ import annotations

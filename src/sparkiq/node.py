@@ -20,6 +20,10 @@ rooms never import upward.
 Queries never block on the tailer: each partition answers from its last applied batch, with
 the position it is at.
 
+Why this module is a little over 600 lines: it is the public API's node, and most of it is
+the documented signature of every setting and one-line methods handing each call to the room
+that answers it; the work is in the rooms.
+
 ``_lifecycle`` (a lock) guards starting and stopping and the lazily created SQL engine and
 push hub; it is never held while calling into the rooms' own locks except during
 :meth:`Node.start` and :meth:`Node.stop`, which the rooms never call back into.

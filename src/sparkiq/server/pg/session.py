@@ -43,6 +43,12 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
   cancels the statement running then (:meth:`PgSession.cancel`).
 - ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and only change the transaction status
   reported; every statement reads at its own position.
+
+Why this module is over 600 lines: it is one connection's state machine, and its phases --
+encryption, login, queries -- share one socket (replaced by its TLS wrapper under a lock that
+``close()`` also takes), one login deadline and byte budget, and the codec's buffered bytes.
+What stands alone has left already: SCRAM (``scram.py``), users (``logins.py``), Bind
+(``parameters.py``), limits (``limits.py``), statement splitting (``statements.py``).
 """
 
 from __future__ import annotations
