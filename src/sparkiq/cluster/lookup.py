@@ -221,6 +221,8 @@ class Lookup:
         """``NOT_UP_TO_BOUND`` for every partition of a request whose bound asks for a batch
         the writer has not committed yet: no replica can have it, so waiting for one would
         only hold a thread (None when the bound can be met)."""
+        if request.bound.position is None:  # unbounded: the common case costs nothing
+            return None
         floor = bound_batch(request.store, request.bound)
         if floor <= self._hosting.latest_batch(request.store):
             return None
