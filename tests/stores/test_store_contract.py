@@ -387,6 +387,7 @@ def test_readers_see_whole_batches_while_one_thread_writes(store: Store) -> None
     keys = [k(f"{i:03}") for i in range(50)]
     store.apply([(key, b"0") for key in keys], b"0")
     stop = threading.Event()
+    read_done = threading.Event()  # a reader finished a read
     failures: list[str] = []
     snapshots: set[bytes | None] = set()
 
@@ -397,7 +398,13 @@ def test_readers_see_whole_batches_while_one_thread_writes(store: Store) -> None
             ops: list[Op] = [(key, str(batch).encode()) for key in keys]
             ops = [*(ops[::-1] if batch % 2 else ops), (k("extra"), None)]
             store.apply(ops, str(batch).encode())
-            time.sleep(0)  # let the readers in between batches, not only after the last
+            if batch % 10 == 0:
+                # Let a reader in between batches, not only after the last: a yield of the
+                # GIL (sleep(0)) is not enough when the CPU is busy elsewhere, so wait for a
+                # read that ends after this batch (bounded, so a broken reader fails the
+                # assertions below rather than hanging the test).
+                read_done.clear()
+                read_done.wait(30)
         stop.set()
 
     def read() -> None:
@@ -410,6 +417,7 @@ def test_readers_see_whole_batches_while_one_thread_writes(store: Store) -> None
                 else:
                     values = {value for _, value in iterator}
             snapshots.add(meta)
+            read_done.set()
             if values != {meta}:
                 failures.append(f"snapshot at meta {meta!r} holds {sorted(values)}")
             value = store.get(keys[last % 50])
