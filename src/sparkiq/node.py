@@ -52,7 +52,7 @@ from sparkiq.cluster.rebalance import Rebalancer
 from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
 from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
 from sparkiq.principals import Principal, Principals
-from sparkiq.query.position import Position
+from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
@@ -62,6 +62,7 @@ from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg import PgServer
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
+from sparkiq.stores.dispatch import CATCH_UP_WAIT
 from sparkiq.tls import TlsContexts, TlsFiles
 
 __all__ = ["Node", "TableView"]
@@ -513,10 +514,33 @@ class Node:
         :mod:`sparkiq.cluster.router`)."""
         return self._lookup.query(request)
 
-    def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+    @property
+    def source_wait(self) -> float:
+        """How long a read bounded by a producer's Kafka records
+        (:meth:`~sparkiq.PositionBound.after`) waits for the writer to commit a batch that
+        read them before answering ``NOT_UP_TO_BOUND`` (seconds; 10 by default)."""
+        return self._lookup.source_wait
+
+    @source_wait.setter
+    def source_wait(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"source_wait must be a number of seconds >= 0, got {seconds!r}")
+        self._lookup.source_wait = float(seconds)
+
+    def sources_read(self, store: str, bound: PositionBound) -> bool:
+        """Whether, as far as this node's replicas have seen, ``store`` has committed a
+        batch that read the Kafka records ``bound`` asks for (memory only: cheap enough to
+        ask on an event loop while a request waits)."""
+        return self._lookup.sources.covered(store, bound)
+
+    def query_local(
+        self, request: StateQueryRequest, *, catch_up_wait: float = CATCH_UP_WAIT
+    ) -> StateQueryResult[Any]:
         """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
-        others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
-        return self._lookup.query_local(request)
+        others; ``NOT_ACTIVE`` for standbys when the request requires the active); a
+        partition behind the request's batch or bound is waited for up to
+        ``catch_up_wait`` seconds."""
+        return self._lookup.query_local(request, catch_up_wait=catch_up_wait)
 
     def metadata_for_key(self, store: str, key: Any) -> KeyQueryMetadata:
         """Which partition holds ``key`` and which nodes host it (active first)."""

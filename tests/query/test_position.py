@@ -101,3 +101,86 @@ def test_components_a_replica_does_not_track_do_not_constrain_it() -> None:
 def test_bound_needs_a_position() -> None:
     with pytest.raises(TypeError, match="Position"):
         PositionBound.at({"t": {0: 1}})  # type: ignore[arg-type]
+
+
+# -- a producer's acknowledgements as a bound ------------------------------------------------
+
+
+class _Message:
+    """What confluent-kafka's delivery callback hands over: accessors are methods."""
+
+    def __init__(self, topic: str, partition: int, offset: int, error: object = None) -> None:
+        self._t, self._p, self._o, self._e = topic, partition, offset, error
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def error(self) -> object:
+        return self._e
+
+
+class _RecordMetadata:
+    """What kafka-python's and aiokafka's send futures return: plain attributes."""
+
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self.topic, self.partition, self.offset = topic, partition, offset
+
+
+def test_after_asks_for_each_partition_past_its_highest_record() -> None:
+    bound = PositionBound.after(
+        _Message("orders", 3, 1041),
+        _RecordMetadata("orders", 3, 1040),
+        ("orders", 0, 0),
+        ("pay", 1, 7),
+    )
+    assert bound.position == Position.from_map(
+        {"kafka:orders": {3: 1042, 0: 1}, "kafka:pay": {1: 8}}
+    )
+    assert bound.kafka_only
+    assert PositionBound.after("orders", 3, 1041) == PositionBound.after(("orders", 3, 1041))
+    assert Position.of_kafka_offsets("orders", {3: 1042}) == Position.from_map(
+        {"kafka:orders": {3: 1042}}
+    )
+
+
+def test_after_admits_a_replica_once_it_read_past_the_record() -> None:
+    bound = PositionBound.after("orders", 3, 1041)
+    behind = Position.from_map({"t": {0: 5}, "kafka:orders": {3: 1041}})
+    read = Position.from_map({"t": {0: 6}, "kafka:orders": {3: 1042}})
+    assert not bound.admits("t", behind)
+    assert bound.admits("t", read)
+
+
+@pytest.mark.parametrize(
+    ("ack", "error", "words"),
+    [
+        (_Message("orders", 0, -1001), ValueError, "has no offset"),
+        (_Message("orders", 0, 5, error="MSG_TIMED_OUT"), ValueError, "not delivered"),
+        (("", 0, 5), ValueError, "topic"),
+        (("orders", -1, 5), ValueError, "partition"),
+        (("orders", 0, True), ValueError, "has no offset"),
+        (object(), TypeError, "acknowledged records"),
+    ],
+)
+def test_after_refuses_what_is_not_an_acknowledged_record(
+    ack: object, error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error, match=words):
+        PositionBound.after(ack)
+    with pytest.raises(ValueError, match="at least one"):
+        PositionBound.after()
+
+
+def test_merge_asks_for_both() -> None:
+    a = PositionBound.after("orders", 0, 4)
+    b = PositionBound.at(Position.from_map({"t": {1: 9}, "kafka:orders": {0: 2, 1: 3}}))
+    assert a.merge(b).position == Position.from_map({"t": {1: 9}, "kafka:orders": {0: 5, 1: 3}})
+    assert a.merge(PositionBound.unbounded()) == a
+    assert PositionBound.unbounded().merge(a) == a
+    assert not b.kafka_only

@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -71,6 +72,10 @@ _BOOTSTRAP_CHECK_SECONDS = 5.0
 #: backlog: never caught up since it was opened, or not for this long.
 KEEPING_UP_SECONDS = 5.0
 _PROGRESS_LOG_SECONDS = 2.0
+# How many commits' source offsets a table keeps in memory: a producer's bound asks for a
+# record a few batches old at most; an older one is met by the oldest kept batch, which
+# has read it too (a wider table's offsets cost more: this bounds the memory).
+_RECENT_SOURCES = 256
 #: A partition whose local store refused a write (a full disk, an I/O error) is tried again
 #: after this long, doubling up to :data:`STORE_RETRY_MAX_SECONDS`. Each failed write also
 #: reloads the partition's versions from the store; retried on every poll (every few tens of
@@ -245,6 +250,11 @@ class TableReplica:
         self.partitions: dict[int, PartitionReplica] = {}
         self.latest_batch_id = -1
         self.latest_committed_at = 0.0
+        # The source offsets (``kafka:<topic>`` components) of the newest commits seen,
+        # oldest first: what turns a producer's bound into a batch without reading the
+        # changelog (sparkiq.cluster.source_bounds). Appended by the polling thread only;
+        # readers copy it (a deque's append and list() are atomic under the GIL).
+        self.recent_sources: deque[tuple[int, Position]] = deque(maxlen=_RECENT_SOURCES)
         self._last_bootstrap_check = -1e9
         self._last_progress_log = time.monotonic()
         # Know the head before anything can ask for status: a node serving before its first
@@ -351,6 +361,7 @@ class TableReplica:
         if record.batch_id > self.latest_batch_id:
             self.latest_batch_id = record.batch_id
             self.latest_committed_at = record.committed_at
+            self.recent_sources.append((record.batch_id, Position.from_map(record.position)))
 
     def _fail(self, replica: PartitionReplica, batch_id: int, message: str) -> None:
         if replica.error != message:

@@ -413,6 +413,20 @@ class Hosting:
                 self._applied.wait(0.05 if remaining is None else min(0.05, remaining))
         return True
 
+    def wait_for_commit(self, table: str, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for this node to see a commit of ``table`` newer
+        than the newest it has seen (returns early when one is applied, or at the timeout)."""
+        replica = self.replica(table)
+        seen = replica.latest_batch_id
+        deadline = time.monotonic() + timeout
+        with self._applied:
+            while replica.latest_batch_id <= seen:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._wake.set()
+                self._applied.wait(remaining)
+
     # -- which batch -------------------------------------------------------------------------
 
     def latest_batch(self, table: str) -> int:

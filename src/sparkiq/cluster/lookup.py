@@ -35,6 +35,7 @@ import pyarrow as pa
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, TableRoute
 from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
+from sparkiq.cluster.source_bounds import SOURCE_WAIT, SourceBounds, Unreached
 from sparkiq.errors import InvalidQueryError, SparkiqError
 from sparkiq.principals import check_read
 from sparkiq.query.position import Position, PositionBound
@@ -42,6 +43,7 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.sql.errors import SqlPartitionError
 from sparkiq.sql.source import LocalRows
 from sparkiq.stores.dispatch import (
     CATCH_UP_WAIT,
@@ -84,6 +86,10 @@ class Lookup:
         self.node_id = node_id
         self.url = url
         self.coordinator: Coordinator | None = None
+        self.sources = SourceBounds(hosting)
+        #: How long a read whose bound names Kafka records waits for the writer to commit
+        #: a batch that read them (see sparkiq.cluster.source_bounds).
+        self.source_wait = SOURCE_WAIT
 
     # -- what the SQL engine reads (QuerySource) -----------------------------------------------
 
@@ -204,6 +210,11 @@ class Lookup:
         """Answer ``request``, routing to the nodes that host its partitions (a standalone
         node answers locally)."""
         check_read((request.store,))
+        if request.bound.position is not None and request.at_batch is None:
+            resolved = self.sources.resolve(request.store, request.bound, self.source_wait)
+            if isinstance(resolved, Unreached):
+                return self._not_up_to_bound(request, resolved.message)
+            request = replace(request, bound=resolved)
         beyond = self._beyond_the_changelog(request)
         if beyond is not None:
             return beyond
@@ -229,19 +240,27 @@ class Lookup:
         head = self._hosting.committed_head(request.store)  # the last poll may be behind
         if floor <= head:
             return None
+        return self._not_up_to_bound(
+            request,
+            f"the bound asks for batch {floor} of {request.store!r}, but its newest "
+            f"committed batch is {head}: no replica can have it yet; retry once the "
+            "writer has committed it",
+        )
+
+    def _not_up_to_bound(self, request: StateQueryRequest, message: str) -> StateQueryResult[Any]:
+        """``NOT_UP_TO_BOUND`` with ``message`` for every partition ``request`` reads."""
         partitions, results = self._partitions(request)
         for partition in partitions:
-            results[partition] = QueryResult.for_failure(
-                FailureReason.NOT_UP_TO_BOUND,
-                f"the bound asks for batch {floor} of {request.store!r}, but its newest "
-                f"committed batch is {head}: no replica can have it yet; retry once the "
-                "writer has committed it",
-            )
+            results[partition] = QueryResult.for_failure(FailureReason.NOT_UP_TO_BOUND, message)
         return StateQueryResult(results)
 
-    def query_local(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+    def query_local(
+        self, request: StateQueryRequest, *, catch_up_wait: float = CATCH_UP_WAIT
+    ) -> StateQueryResult[Any]:
         """Answer ``request`` from the partitions hosted here only (``NOT_PRESENT`` for the
-        others; ``NOT_ACTIVE`` for standbys when the request requires the active)."""
+        others; ``NOT_ACTIVE`` for standbys when the request requires the active). A
+        partition behind the batch the request reads at, or bounds it to, is waited for up
+        to ``catch_up_wait`` seconds (0: answered at once, as an event loop must)."""
         check_read((request.store,))
         partitions, results = self._partitions(request)
         coordinator = self.coordinator
@@ -266,7 +285,10 @@ class Lookup:
             if request.at_time is not None:
                 request = self.pin_batch(request)
             ctx = QueryContext(
-                request.bound, request.is_execution_info_enabled, at_batch=request.at_batch
+                request.bound,
+                request.is_execution_info_enabled,
+                at_batch=request.at_batch,
+                catch_up_wait=catch_up_wait,
             )
         for partition in partitions:
             hosted = stores[partition]
@@ -331,7 +353,14 @@ class Lookup:
             return None
         batch_id = at_batch
         if batch_id is None:
-            batch_id = self.consistent_batch(store, range(len(stores)), bound)
+            resolved = self.sources.resolve(store, bound, self.source_wait)
+            if isinstance(resolved, Unreached):  # waited already: not again partition-wise
+                raise SqlPartitionError(
+                    f"{store!r} could not answer (NOT_UP_TO_BOUND): {resolved.message}",
+                    reason=FailureReason.NOT_UP_TO_BOUND.name,
+                    store=store,
+                )
+            batch_id = self.consistent_batch(store, range(len(stores)), resolved)
         if batch_id < 0:
             return None
         chunks: list[pa.Table] = []

@@ -12,6 +12,11 @@ component:
 Positions only move forward; :meth:`Position.merge` takes the maximum per entry. A position's
 string token (:meth:`Position.to_token`) is what HTTP clients carry between requests; it
 round-trips exactly.
+
+**Read-your-writes for producers.** A Kafka producer learns where its record went from the
+broker's acknowledgement (topic, partition, offset); :meth:`PositionBound.after` turns
+acknowledgements into a bound that a table admits once it has applied those records, that
+is, once its ``kafka:<topic>`` end offset for the partition is beyond the record's offset.
 """
 
 from __future__ import annotations
@@ -23,9 +28,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["Position", "PositionBound"]
+__all__ = ["KAFKA_PREFIX", "Position", "PositionBound", "kafka_topics"]
 
 _TOKEN_PREFIX = "p1."
+
+#: The component prefix of a Kafka topic's offsets: ``kafka:<topic>``.
+KAFKA_PREFIX = "kafka:"
+
+
+def kafka_topics(position: Position) -> list[str]:
+    """The Kafka topics a position names, sorted."""
+    return sorted(c[len(KAFKA_PREFIX) :] for c in position.components if c.startswith(KAFKA_PREFIX))
 
 
 def _freeze(positions: Mapping[str, Mapping[int, int]]) -> Mapping[str, Mapping[int, int]]:
@@ -77,6 +90,16 @@ class Position:
     def from_map(positions: Mapping[str, Mapping[int, int]]) -> Position:
         """A position from ``{component: {partition: offset}}`` (the map is copied)."""
         return Position(_freeze(positions))
+
+    @staticmethod
+    def of_kafka_offsets(topic: str, offsets: Mapping[int, int]) -> Position:
+        """The position of a reader of ``topic`` that has read every partition up to the
+        given *end* offsets (the next offset it would read, as Spark's offset log and Kafka
+        consumer commits count): component ``kafka:<topic>``. For a record a producer sent,
+        whose offset is the record's own, use :meth:`PositionBound.after`."""
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"a Kafka topic must be a non-empty str, got {topic!r}")
+        return Position.from_map({KAFKA_PREFIX + topic: offsets})
 
     def to_map(self) -> dict[str, dict[int, int]]:
         """A fresh, mutable copy of the position's map."""
@@ -177,9 +200,51 @@ class PositionBound:
             raise TypeError(f"PositionBound.at() takes a Position, got {type(position).__name__}")
         return PositionBound(position)
 
+    @staticmethod
+    def after(*acks: Any) -> PositionBound:
+        """A bound admitted once the records a producer sent have been applied.
+
+        Each argument is one acknowledged record: a confluent-kafka ``Message`` (from a
+        delivery callback), a kafka-python or aiokafka ``RecordMetadata`` (what a send's
+        future returns), or a ``(topic, partition, offset)`` tuple; ``after("orders", 3,
+        1041)`` names one record directly. The bound asks for each record's partition to be
+        read past its offset (end offset ``offset + 1``); records of one partition keep the
+        highest. A table admits it once the batch that read those records is applied; a
+        bound naming only topics the table does not read is refused, naming the topics it
+        does read.
+        """
+        if len(acks) == 3 and isinstance(acks[0], str):
+            acks = (tuple(acks),)
+        if not acks:
+            raise ValueError(
+                "PositionBound.after() needs at least one acknowledged record: a delivered "
+                "Message, a RecordMetadata or a (topic, partition, offset) tuple"
+            )
+        ends: dict[str, dict[int, int]] = {}
+        for ack in acks:
+            topic, partition, offset = _acknowledged(ack)
+            wanted = ends.setdefault(KAFKA_PREFIX + topic, {})
+            wanted[partition] = max(wanted.get(partition, 0), offset + 1)
+        return PositionBound(Position.from_map(ends))
+
     @property
     def is_unbounded(self) -> bool:
         return self.position is None
+
+    @property
+    def kafka_only(self) -> bool:
+        """Whether the bound names Kafka offsets and nothing else (what :meth:`after`
+        makes): such a bound must name a topic the table reads."""
+        components = () if self.position is None else self.position.components
+        return bool(components) and all(c.startswith(KAFKA_PREFIX) for c in components)
+
+    def merge(self, other: PositionBound) -> PositionBound:
+        """A bound asking for what both ask for (unbounded merges to the other)."""
+        if other.position is None:
+            return self
+        if self.position is None:
+            return other
+        return PositionBound(self.position.merge(other.position))
 
     def admits(self, table: str, seen: Position) -> bool:
         """Whether a replica of ``table`` that has applied ``seen`` satisfies this bound.
@@ -218,3 +283,34 @@ class PositionBound:
 
 
 _UNBOUNDED = PositionBound()
+
+
+def _acknowledged(ack: Any) -> tuple[str, int, int]:
+    """(topic, partition, offset) of one acknowledged record, read the way each client
+    exposes it: methods (confluent-kafka's ``Message``), attributes (kafka-python's and
+    aiokafka's ``RecordMetadata``) or a plain tuple."""
+    if isinstance(ack, tuple) and len(ack) == 3:
+        topic, partition, offset = ack
+    elif all(hasattr(ack, name) for name in ("topic", "partition", "offset")):
+        error = getattr(ack, "error", None)
+        if callable(error) and error() is not None:
+            raise ValueError(f"the record was not delivered ({error()}): no offset to wait for")
+        topic, partition, offset = (
+            value() if callable(value) else value
+            for value in (ack.topic, ack.partition, ack.offset)
+        )
+    else:
+        raise TypeError(
+            "PositionBound.after() takes acknowledged records (a delivered Message, a "
+            f"RecordMetadata or a (topic, partition, offset) tuple), got {type(ack).__name__}"
+        )
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"an acknowledged record needs its topic, got {topic!r}")
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise ValueError(f"an acknowledged record needs its partition (>= 0), got {partition!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(
+            f"record of {topic!r} partition {partition} has no offset ({offset!r}): the broker "
+            "acknowledges offsets only with acks=1 or acks=all, after delivery"
+        )
+    return topic, partition, offset

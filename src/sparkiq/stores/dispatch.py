@@ -145,9 +145,8 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
         refused = _refuse_batch(store, table, ctx)
         if refused is not None:
             return refused
-    elif ctx.bound.position is not None and not ctx.bound.admits(
-        table, position := getattr(store, "position", Position.empty())
-    ):
+    elif ctx.bound.position is not None and not _admitted(store, table, ctx):
+        position = getattr(store, "position", Position.empty())
         return QueryResult.for_failure(
             FailureReason.NOT_UP_TO_BOUND,
             f"partition {getattr(store, 'partition', '?')} of {table!r} is at {position!r}, "
@@ -176,6 +175,21 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
             f"by {getattr(handler, '__qualname__', handler)} in {took_us:.1f} us"
         )
     return result
+
+
+def _admitted(store: Any, table: str, ctx: QueryContext) -> bool:
+    """Whether ``store`` has reached the request's bound, waiting ``ctx.catch_up_wait`` for
+    a batch of the table's clock the bound names that the partition has not applied yet
+    (the node the request entered checked it is committed: the replica is just behind)."""
+    bound = ctx.bound
+    if bound.admits(table, getattr(store, "position", Position.empty())):
+        return True
+    assert bound.position is not None
+    floor = max(bound.position.partition_offsets(table).values(), default=-1)
+    versions = getattr(store, "versions", None)
+    if floor < 0 or versions is None or not versions.wait_for(floor, ctx.catch_up_wait):
+        return False
+    return bound.admits(table, getattr(store, "position", Position.empty()))
 
 
 def _refuse_batch(store: Any, table: str, ctx: QueryContext) -> QueryResult[Any] | None:

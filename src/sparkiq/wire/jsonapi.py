@@ -338,13 +338,12 @@ def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQuer
         raise field_error("body", f"malformed JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise field_error("body", "expected a JSON object with a 'query' field")
-    unknown = sorted(
-        set(doc) - {"query", "partitions", "bound", "require_active", "execution_info", "as_of"}
-    )
+    fields = {"query", "partitions", "bound", "after", "require_active", "execution_info"}
+    unknown = sorted(set(doc) - fields - {"as_of"})
     if unknown:
         raise field_error(
             unknown[0],
-            "unknown field; expected query, partitions, bound, require_active, "
+            "unknown field; expected query, partitions, bound, after, require_active, "
             "execution_info, as_of",
         )
     request = StateQueryRequest.in_store(store).with_query(
@@ -358,9 +357,9 @@ def request_from_json(store: str, schema: TableSchema, body: bytes) -> StateQuer
                 "partitions", f"expected a JSON array of partition numbers; {problem}"
             )
         request = request.with_partitions(partitions)
-    bound = doc.get("bound")
+    bound = bound_from_json(doc)
     if bound is not None:
-        request = request.with_position_bound(PositionBound.at(position_from_token(bound)))
+        request = request.with_position_bound(bound)
     if doc.get("require_active"):
         request = request.require_active()
     if doc.get("execution_info"):
@@ -387,6 +386,44 @@ def _as_of(request: StateQueryRequest, as_of: Any) -> StateQueryRequest:
         return request.as_of(as_of)
     except (TypeError, ValueError) as exc:
         raise field_error("as_of", f"{expected} {as_of!r} ({exc})") from None
+
+
+#: How many acknowledged records one ``"after"`` may name (a producer's batch, not a log).
+MAX_AFTER_RECORDS = 10_000
+
+
+def bound_from_json(doc: dict[str, Any]) -> PositionBound | None:
+    """The bound of a request body: ``"bound"`` (a position token) and ``"after"`` (the
+    records a producer sent: ``[{"topic", "partition", "offset"}]``, see
+    :meth:`PositionBound.after`), both when both are given; None when neither is."""
+    bound = None
+    token = doc.get("bound")
+    if token is not None:
+        bound = PositionBound.at(position_from_token(token))
+    after = doc.get("after")
+    if after is None:
+        return bound
+    shape = 'expected [{"topic": ..., "partition": ..., "offset": ...}, ...], the records sent'
+    if isinstance(after, dict):
+        after = [after]
+    if not isinstance(after, list) or not after:
+        raise field_error("after", f"{shape}; got {_shown(after)}")
+    if len(after) > MAX_AFTER_RECORDS:
+        raise field_error(
+            "after",
+            f"names {len(after)} records; at most {MAX_AFTER_RECORDS} (the highest "
+            "offset of each partition is enough)",
+        )
+    acks = []
+    for index, record in enumerate(after):
+        if not isinstance(record, dict) or set(record) != {"topic", "partition", "offset"}:
+            raise field_error(f"after[{index}]", f"{shape}; got {_shown(record)}")
+        acks.append((record["topic"], record["partition"], record["offset"]))
+    try:
+        produced = PositionBound.after(*acks)
+    except (TypeError, ValueError) as exc:
+        raise field_error("after", str(exc)) from None
+    return produced if bound is None else bound.merge(produced)
 
 
 def position_from_token(token: Any, field: str = "bound") -> Position:

@@ -31,6 +31,7 @@ import sqlglot
 from sparkiq.principals import readable
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.pg.bounds import check_setting, session_bound
 from sparkiq.server.pg.parameters import BINARY_PARAMETER_OIDS
 from sparkiq.server.pg.pgcatalog import OWNER, build_catalog, catalog_cursor
 from sparkiq.server.pg.statements import LIMIT, code_only, parameter_uses
@@ -144,7 +145,7 @@ class Catalog:
         if _CATALOG.search(code_only(text)):  # 'pg_class' in a literal is just a string
             return self._catalog_query(text, settings, user)
         with self._running:
-            result = self.node.sql(text)
+            result = self.node.sql(text, bound=session_bound(settings))
         tables = set(readable(self.node.tables))
         named = {w for w in _WORDS.findall(text) if w in tables}
         schemas = [self.node.schema(t) for t in sorted(named)]
@@ -289,7 +290,9 @@ def _set(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]
         value = match.group(2).strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
-        settings[match.group(1).lower()] = value
+        name = match.group(1).lower()
+        check_setting(name, value)  # a typo fails here, not in a later statement
+        settings[name] = value
     elif not (len(words) > 1 and words[1].lower() in ("transaction", "session", "names")):
         raise SqlSyntaxError(f"cannot read this SET statement: {text.strip()[:80]!r}")
     return Answer(None, [], "SET")
@@ -321,9 +324,13 @@ def _tag(tag: str) -> _Handler:
     return answer
 
 
+_RESET = re.compile(r"^\s*RESET\s+([A-Za-z_.]+)", re.IGNORECASE)
+
+
 def _reset(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]) -> Answer:
-    if len(words) > 1 and words[1].lower() != "all":
-        settings.pop(words[1].lower(), None)
+    match = _RESET.match(text)
+    if match is not None and match.group(1).lower() != "all":
+        settings.pop(match.group(1).lower(), None)  # dotted: sparkiq.after
     else:
         settings.clear()
     return Answer(None, [], "RESET")
