@@ -171,9 +171,15 @@ def scratch_dir(prefix: str) -> Iterator[str]:
 
 def spark_session() -> Any:
     """The local SparkSession on both cores (created once per process, like the tests')."""
+    from sparkiq.errors import ConfigError
+    from sparkiq.testing import spark_kafka_jars
     from sparkiq.testing import spark_session as local_session
 
-    return local_session("sparkiq-bench")
+    try:  # Spark's Kafka connector for bench.ryw_latency, when `make jvm-jars` fetched it
+        config = {"spark.jars": ",".join(spark_kafka_jars())}
+    except ConfigError:
+        config = {}
+    return local_session("sparkiq-bench", config=config)
 
 
 def machine() -> dict[str, str]:

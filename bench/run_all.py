@@ -36,6 +36,7 @@ from bench import (
     pgwire,
     push,
     restore,
+    ryw_latency,
     sink,
     sink_connect,
     soak,
@@ -73,6 +74,7 @@ BENCHMARKS: dict[str, Callable[[Scale], Report]] = {
     "sink_connect": sink_connect.run,
     "attach": attach.run,
     "freshness": freshness.run,
+    "ryw_latency": ryw_latency.run,
     "fuzz": fuzz.run,
 }
 
@@ -145,6 +147,14 @@ CONTEXT = {
         "the external node finds the record at its next poll. Each adds up to one poll "
         "interval, on average half of it. Both then read, verify and apply the batch's "
         "segments."
+    ),
+    "ryw_latency": (
+        "The bounded read is answered once a committed batch has read the record: the node "
+        "turns the acknowledgement's offset into the first batch whose Kafka end offsets "
+        "pass it, waiting for the writer's commit if none has yet. A record sent just after "
+        "a micro-batch started waits for the whole next trigger interval, so the spread of "
+        "both reads is about one interval; the unbounded read polls every millisecond, which "
+        "a real client would not. Broker, Spark, the node and the producer share the two cores."
     ),
     "http": (
         "Server and load generator share the two cores, so each figure is also bounded by the "

@@ -61,6 +61,7 @@ ROWS = {
     "sink": 3,
     "attach": 3,
     "freshness": 5,
+    "ryw_latency": 3,  # the micro-batch floor, the bounded read, the unbounded read
     "fuzz": 3,
 }
 
@@ -89,7 +90,14 @@ def test_run_all_runs_every_benchmark_module() -> None:
 def test_spark_benchmarks_are_the_expected_ones() -> None:
     """A benchmark that starts Spark takes ``spark=``: run_all then stops the session, and
     the smoke test passes it the test session rather than a JVM of its own."""
-    assert SPARK == ["attach", "checkpoint_decode", "freshness", "sink", "statestore"]
+    assert SPARK == [
+        "attach",
+        "checkpoint_decode",
+        "freshness",
+        "ryw_latency",
+        "sink",
+        "statestore",
+    ]
 
 
 def test_run_all_help(capsys: pytest.CaptureFixture[str]) -> None:
