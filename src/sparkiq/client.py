@@ -224,11 +224,12 @@ class Client:
         self,
         text: str,
         *,
-        bound: Position | str | None = None,
+        bound: PositionBound | Position | str | None = None,
         format: str = "rows",
         **options: Any,
     ) -> SqlResult:
-        """A SQL pull query; ``bound`` (a position or its token) for read-your-writes.
+        """A SQL pull query; ``bound`` (a bound, a position or its token) for read-your-writes
+        (``PositionBound.after(ack)``: a producer's own Kafka records).
 
         The answer is a :class:`~sparkiq.SqlResult`, as in-process. ``format="arrow"``
         fetches it as an Arrow IPC stream instead of rows: ``to_arrow()`` is then the table
@@ -239,6 +240,8 @@ class Client:
         if format not in ("rows", "arrow"):
             raise ValueError(f"format must be 'rows' or 'arrow', got {format!r}")
         doc: dict[str, Any] = {"sql": text, **options}
+        if isinstance(bound, PositionBound):
+            bound = bound.position
         if bound is not None:
             doc["bound"] = bound if isinstance(bound, str) else bound.to_token()
         if format == "arrow":

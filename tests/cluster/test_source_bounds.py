@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from sparkiq import (
+    Client,
     FailureReason,
     InvalidQueryError,
     KeyQuery,
@@ -175,6 +176,11 @@ def test_rest_reads_wait_for_the_records_named_in_after(world: tuple[Node, Chang
     status, doc = post(node, "/query", {"sql": "SELECT min(n) AS low FROM t", "after": after})
     assert status == 200, doc
     assert doc["rows"] == [{"low": 200}]
+    with Client(node.url, bound_wait=0.0) as client:
+        answer = client.sql(
+            "SELECT min(n) AS low FROM t", bound=PositionBound.after("orders", 0, 5)
+        )
+        assert answer.rows == [{"low": 200}]
 
 
 @pytest.mark.parametrize(

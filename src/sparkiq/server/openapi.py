@@ -116,8 +116,27 @@ def openapi_document() -> dict[str, Any]:
                         "query": {"$ref": "#/components/schemas/Query"},
                         "partitions": {"type": "array", "items": {"type": "integer"}},
                         "bound": {"type": "string", "description": "Position token"},
+                        "after": {"$ref": "#/components/schemas/ProducedRecords"},
                         "require_active": {"type": "boolean"},
                         "execution_info": {"type": "boolean"},
+                    },
+                },
+                "ProducedRecords": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 10000,
+                    "description": "Read-your-writes: Kafka records a producer sent, as the "
+                    "broker acknowledged them; the read waits (bounded) until the table has "
+                    "applied them, else NOT_UP_TO_BOUND",
+                    "items": {
+                        "type": "object",
+                        "required": ["topic", "partition", "offset"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "topic": {"type": "string", "minLength": 1},
+                            "partition": {"type": "integer", "minimum": 0},
+                            "offset": {"type": "integer", "minimum": 0},
+                        },
                     },
                 },
                 "PartitionResult": {
@@ -175,6 +194,7 @@ def openapi_document() -> dict[str, Any]:
                     "properties": {
                         "sql": {"type": "string"},
                         "bound": {"type": "string", "description": "Position token"},
+                        "after": {"$ref": "#/components/schemas/ProducedRecords"},
                         "page_token": {"type": "string"},
                         "page_size": {"type": "integer"},
                         "from": {"type": "string", "description": "Push: resume after token"},
