@@ -229,3 +229,11 @@ def test_postgres_sessions_bound_their_reads_with_sparkiq_after(
         token = PositionBound.after("orders", 1, 2).position.to_token()  # type: ignore[union-attr]
         c.execute(f"SET sparkiq.bound = '{token}'")
         assert c.execute("SELECT min(n) FROM t").fetchone() == (200,)
+
+
+def test_a_push_query_takes_no_bound(world: tuple[Node, Changelog]) -> None:
+    node, _ = world
+    after = [{"topic": "orders", "partition": 0, "offset": 1}]
+    status, answer = post(node, "/query", {"sql": "SELECT * FROM t EMIT CHANGES", "after": after})
+    assert status == 400 and answer["error"]["field"] == "after", answer
+    assert "'from'" in answer["error"]["message"]

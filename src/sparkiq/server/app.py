@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -46,7 +46,6 @@ from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER
 from sparkiq.pools import ElasticPool
 from sparkiq.principals import current as current_principal
 from sparkiq.principals import readable
-from sparkiq.query.position import PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import FailureReason, StateQueryResult
 from sparkiq.schema.types import TableSchema
@@ -76,6 +75,7 @@ from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.server.served import ServedNode
+from sparkiq.server.source_wait import until_sources_read
 from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
 from sparkiq.sql.parse import parse
 from sparkiq.sql.statement import is_push_query
@@ -97,7 +97,6 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/console
 _NODE_PATHS = frozenset({"/internal/heartbeat", "/internal/query"})
 _REPLY = REPLY_HEADER.encode()
 _NOTE = "sparkiq.audit"  # the scope key of what a request read (tables, rows)
-_SOURCE_RECHECK = 0.01  # how often a request waiting for its producer's records looks again
 _HTML = [
     (b"content-type", b"text/html; charset=utf-8"),
     # the page keeps the token in the browser: no framing by other sites, no referrer
@@ -316,23 +315,6 @@ class RestApp:
             if not message.get("more_body"):
                 return b"".join(chunks)
 
-    async def _until_sources_read(self, tables: Iterable[str], bound: PositionBound) -> None:
-        """Wait here, on the event loop, while this node's replicas show that a table has
-        not committed the Kafka records ``bound`` asks for yet (at most the node's
-        ``source_wait``): a producer reading its own write usually arrives before the batch
-        that reads it, and a pool thread held for that wait is one that cannot answer
-        others. The request then runs as any other, and answers ``NOT_UP_TO_BOUND`` if the
-        writer still has not committed it."""
-        node = self.node
-        if bound.is_unbounded or all(node.sources_read(t, bound) for t in tables):
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + node.source_wait
-        while loop.time() < deadline:
-            await asyncio.sleep(_SOURCE_RECHECK)
-            if all(node.sources_read(t, bound) for t in tables):
-                return
-
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
@@ -393,7 +375,7 @@ class RestApp:
         elif local:  # a SQL fragment among them: stopped if the asking node gives up on it
             results = await self._run_while_awaited(receive, lambda: node.query_local(request))
         else:
-            await self._until_sources_read((request.store,), request.bound)
+            await until_sources_read(self.node, (request.store,), request.bound)
             results = await self._run(node.query, request)
         if not any(isinstance(r.result, Iterator) for r in results.partition_results.values()):
             await send_body(send, 200, b"".join(protocol.result_frames(results)), _BINARY)
@@ -403,7 +385,7 @@ class RestApp:
     async def _iq_query(self, scope: Scope, send: Send, store: str, body: bytes) -> None:
         request = jsonapi.request_from_json(store, self.node.schema(store), body)
         scope[_NOTE]["tables"] = [store]
-        await self._until_sources_read((store,), request.bound)
+        await until_sources_read(self.node, (store,), request.bound)
         results: StateQueryResult[Any] = await self._run(self.node.query, request)
         self.metrics.queried(store)
         await self._stream(send, 200, JSON_HEADERS, iq_json_chunks(store, results, self._roots))
@@ -426,6 +408,14 @@ class RestApp:
                     "a push query (EMIT CHANGES) streams newline-delimited JSON, one change "
                     f"per line; send it without 'Accept: {arrowipc.CONTENT_TYPE}'",
                     "accept",
+                )
+            if bound is not None:  # a push query starts where it is told, and never waits
+                raise HttpError(
+                    400,
+                    "invalid_request",
+                    "a push query (EMIT CHANGES) takes 'from' (a position token to resume "
+                    "after), not 'bound' or 'after'",
+                    "after" if doc.get("after") is not None else "bound",
                 )
             if doc.get("from") is not None:
                 options["from_position"] = jsonapi.position_from_token(doc["from"], "from")
@@ -461,7 +451,7 @@ class RestApp:
             if doc.get(name) is not None:
                 options[name] = doc[name]
         if bound is not None:
-            await self._until_sources_read(self.node.tables, bound)
+            await until_sources_read(self.node, self.node.tables, bound)
         result = await self._run_while_awaited(receive, lambda: self.node.sql(text, **options))
         read = _tables_read(result.position.to_map(), self.node.tables)
         self.metrics.queried(*read)
