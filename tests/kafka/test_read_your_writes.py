@@ -15,6 +15,8 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
-from sparkiq import App, Client, KeyQuery, PositionBound, StateQueryRequest
+from sparkiq import App, Client, KeyQuery, Node, PositionBound, StateQueryRequest
 from sparkiq.testing import table_rows
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.kafka.client import Delivered, create_topic
@@ -149,7 +151,52 @@ def test_every_producer_reads_its_own_write_through_another_node(
         assert len(delivered) == THREADS * RECORDS_PER_THREAD
         app.process_all_available(timeout=180)
         assert table_rows(app, "totals") == expected_totals(delivered)
+        beyond_the_topic_end_and_another_topic(nodes[1], delivered)
     finally:
         for node in nodes:
             node.stop()
         app.stop()
+
+
+def beyond_the_topic_end_and_another_topic(node: Node, delivered: list[Delivered]) -> None:
+    """A bound past the topic's end is waited for, then answered ``NOT_UP_TO_BOUND`` naming
+    how far behind the table is; one naming a topic the table does not read is a 400."""
+    end = max(d.offset for d in delivered if d.partition == 0) + 1
+    node.source_wait = 1.0
+    started = time.monotonic()
+    status, doc = post_json(
+        node.url,
+        "/stores/totals/query",
+        {
+            "query": {"type": "range"},
+            "after": [{"topic": TOPIC, "partition": 0, "offset": end + 99}],
+        },
+    )
+    waited = time.monotonic() - started
+    assert status == 200 and 1.0 <= waited < 60, (status, waited)
+    for answer in doc["partitions"].values():
+        assert answer["failure"]["reason"] == "NOT_UP_TO_BOUND", answer
+        message = answer["failure"]["message"]
+        assert f"partition 0 of topic {TOPIC!r} is read up to offset {end}" in message
+        assert "(100 records behind)" in message
+    status, doc = post_json(
+        node.url,
+        "/query",
+        {
+            "sql": "SELECT * FROM totals",
+            "after": [{"topic": "payments", "partition": 0, "offset": 1}],
+        },
+    )
+    assert status == 400, doc
+    assert "'payments'" in doc["error"]["message"] and repr(TOPIC) in doc["error"]["message"]
+
+
+def post_json(url: str, path: str, doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{url}{path}", json.dumps(doc).encode(), {"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
