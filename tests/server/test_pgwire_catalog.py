@@ -225,7 +225,15 @@ def test_dbeaver_reads_databases_schemas_types_tables_and_columns(
         ("ts", 1184, -1),
     ]
     assert [f.name for f in node.schema("ck").fields] == [c["attname"] for c in columns]
-    assert _dicts(conn, DBEAVER_CONSTRAINTS, public) == []
+    constraints = {c["tabrelname"]: c for c in _dicts(conn, DBEAVER_CONSTRAINTS, public)}
+    assert sorted(constraints) == TABLES  # one primary key each: the table's key columns
+    assert {(c["conname"], c["contype"]) for c in constraints.values()} == {
+        (f"{t}_pkey", "p") for t in TABLES
+    }
+    names = [f.name for f in node.schema("ck").fields]
+    assert [names[n - 1] for n in constraints["ck"]["conkey"]] == list(
+        node.schema("ck").key_columns
+    )
     settings = {s["name"]: s["setting"] for s in _dicts(conn, DBEAVER_SETTINGS)}
     assert settings["server_encoding"] == "UTF8"
     assert [r["rolname"] for r in _dicts(conn, DBEAVER_ROLES)] == ["sparkiq"]

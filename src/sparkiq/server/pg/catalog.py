@@ -28,12 +28,13 @@ from typing import Any
 import duckdb
 import sqlglot
 
+from sparkiq.errors import UnknownStoreError
 from sparkiq.principals import readable
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
 from sparkiq.server.pg.bounds import check_setting, session_bound
 from sparkiq.server.pg.parameters import BINARY_PARAMETER_OIDS
-from sparkiq.server.pg.pgcatalog import OWNER, build_catalog, catalog_cursor
+from sparkiq.server.pg.pgcatalog import OWNER, build_catalog, catalog_cursor, column_type_name
 from sparkiq.server.pg.statements import LIMIT, code_only, parameter_uses
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
@@ -186,6 +187,32 @@ class Catalog:
 
     # -- the generated catalog ---------------------------------------------------------------
 
+    def describe(self, table: str | None) -> Answer:
+        """``SHOW TABLES`` (``table`` None: the tables the user may read) or ``DESCRIBE
+        table`` / ``SHOW COLUMNS FROM table``: each column, its Postgres type, whether it
+        may be null and whether it is part of the key."""
+        tables = readable(self.node.tables)
+        if table is None:
+            rows: list[dict[str, Any]] = [{"name": t} for t in sorted(tables)]
+            return Answer([text_column("name")], rows, f"SELECT {len(rows)}")
+        if table not in tables:
+            raise UnknownStoreError(
+                f'relation "{table}" does not exist; SHOW TABLES lists the tables you may read'
+            )
+        schema = self.node.schema(table)
+        keys = set(schema.key_columns)
+        rows = [
+            {
+                "column_name": column.name,
+                "data_type": column_type_name(column.type),
+                "is_nullable": "NO" if column.name in keys else "YES",
+                "key": "PRI" if column.name in keys else "",
+            }
+            for column in schema.fields
+        ]
+        names = ["column_name", "data_type", "is_nullable", "key"]
+        return Answer([text_column(n) for n in names], rows, f"SELECT {len(rows)}")
+
     def _catalog_query(self, text: str, settings: Mapping[str, str], user: str) -> Answer:
         values = {k.lower(): v for k, v in self.parameters.items()}
         values.update(_EXTRA_SETTINGS)
@@ -298,20 +325,55 @@ def _set(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]
     return Answer(None, [], "SET")
 
 
+# Settings Postgres names in several words (SHOW TIME ZONE), by the name they stand for.
+_SHOW_ALIASES = {
+    "time zone": "timezone",
+    "transaction isolation level": "transaction_isolation",
+    "session authorization": "session_authorization",
+}
+_SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_SHOW_COLUMNS = re.compile(r"^columns\s+(?:from|in)\s+(.+)$", re.IGNORECASE)
+_DESCRIBE = re.compile(r"^\s*DESC(?:RIBE)?\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+
+
 def _show(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]) -> Answer:
-    if len(words) < 2:
-        raise SqlSyntaxError("SHOW needs a setting name")
-    name = ".".join(words[1:]) if len(words) > 1 else ""
+    match = _SHOW.match(text)
+    if match is None:
+        raise SqlSyntaxError("SHOW needs a setting name (or TABLES, or COLUMNS FROM a table)")
+    name = " ".join(match.group(1).split()).lower()
+    if name == "tables":
+        return catalog.describe(None)
+    columns = _SHOW_COLUMNS.match(name)
+    if columns is not None:
+        return catalog.describe(_table_name(match.group(1).split()[-1]))
+    name = _SHOW_ALIASES.get(name, name)
     lowered = {k.lower(): v for k, v in catalog.parameters.items()}
     lowered.update(_EXTRA_SETTINGS)
     lowered.update(settings)
-    if name.lower() == "all":
+    if name == "all":
         rows = [{"name": k, "setting": v} for k, v in sorted(lowered.items())]
         return Answer([text_column("name"), text_column("setting")], rows, "SHOW")
-    value = lowered.get(name.lower())
+    value = lowered.get(name)
     if value is None:
         raise SqlError(f'unrecognized configuration parameter "{name}"', code="unknown_setting")
-    return Answer([text_column(name.lower())], [{name.lower(): value}], "SHOW")
+    return Answer([text_column(name)], [{name: value}], "SHOW")
+
+
+def _describe(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]) -> Answer:
+    match = _DESCRIBE.match(text)
+    if match is None:
+        raise SqlSyntaxError("DESCRIBE needs a table name: DESCRIBE <table>")
+    return catalog.describe(_table_name(match.group(1)))
+
+
+def _table_name(text: str) -> str:
+    """A table named in DESCRIBE or SHOW COLUMNS: unquoted, and without ``public.``."""
+    name = text.strip().rstrip(";").strip()
+    if name.lower().startswith("public."):
+        name = name[len("public.") :]
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        name = name[1:-1].replace('""', '"')
+    return name
 
 
 _Handler = Callable[["Catalog", str, list[str], dict[str, str]], Answer]
@@ -339,6 +401,8 @@ def _reset(catalog: Catalog, text: str, words: list[str], settings: dict[str, st
 _SESSION: dict[str, _Handler] = {
     "set": _set,
     "show": _show,
+    "describe": _describe,
+    "desc": _describe,
     "reset": _reset,
     "begin": _tag("BEGIN"),
     "start": _tag("BEGIN"),
@@ -346,6 +410,8 @@ _SESSION: dict[str, _Handler] = {
     "end": _tag("COMMIT"),
     "rollback": _tag("ROLLBACK"),
     "abort": _tag("ROLLBACK"),
+    "savepoint": _tag("SAVEPOINT"),  # psycopg's nested transaction() blocks (SQLAlchemy)
+    "release": _tag("RELEASE"),
     "discard": _tag("DISCARD ALL"),
     "deallocate": _tag("DEALLOCATE"),
     "unlisten": _tag("UNLISTEN"),

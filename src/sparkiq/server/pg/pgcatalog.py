@@ -61,6 +61,8 @@ OWNER = "sparkiq"
 
 _NAMESPACES = (("pg_catalog", 11), ("public", 2200), ("information_schema", 13_000))
 _FIRST_TABLE_OID = 16_384
+# A table's primary key index and constraint: OIDs of their own, far above the tables'.
+_KEY_OID_OFFSET = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +333,10 @@ _MACROS = (
     "CREATE MACRO pg_encoding_to_char(id) AS 'UTF8'",
     "CREATE MACRO pg_get_expr(e, r) AS NULL::VARCHAR, (e, r, p) AS NULL::VARCHAR",
     "CREATE MACRO pg_get_partkeydef(id) AS NULL::VARCHAR",
+    "CREATE MACRO pg_get_serial_sequence(t, c) AS NULL::VARCHAR",  # no serial columns
+    "CREATE MACRO pg_collation_is_visible(id) AS true",
+    # psycopg's TypeInfo.fetch: a type's OID by name (NULL for a type there is not)
+    f"CREATE MACRO to_regtype(t) AS (SELECT min(oid) FROM {PG_CATALOG}.pg_type WHERE typname = t)",
     "CREATE MACRO pg_get_constraintdef(id) AS NULL::VARCHAR, (id, p) AS NULL::VARCHAR",
     "CREATE MACRO pg_get_indexdef(id) AS NULL::VARCHAR, (id, n, p) AS NULL::VARCHAR",
     "CREATE MACRO pg_get_viewdef(id) AS NULL::VARCHAR, (id, p) AS NULL::VARCHAR",
@@ -369,6 +375,11 @@ def _column_type(data_type: Any) -> tuple[CatalogType, int]:
     if pg_type.name == "numeric":
         return pg_type, ((data_type.precision << 16) | data_type.scale) + 4
     return pg_type, -1
+
+
+def column_type_name(data_type: Any) -> str:
+    """The Postgres name of a served column's type, as ``information_schema`` shows it."""
+    return _column_type(data_type)[0].display
 
 
 def _ident(name: str) -> str:
@@ -444,6 +455,99 @@ def _insert(db: duckdb.DuckDBPyConnection, table: str, rows: Sequence[Mapping[st
         f"INSERT INTO {table} ({columns}) VALUES ({marks})",
         [[row[n] for n in names] for row in rows],
     )
+
+
+def _primary_key(schema: TableSchema) -> tuple[str, ...]:
+    """The columns that identify a row: the key columns, and a windowed table's window."""
+    window = (schema.window_column,) if schema.window_column else ()
+    return (*schema.key_columns, *window)
+
+
+def _primary_key_rows(
+    table: str, oid: int, table_class: Mapping[str, Any], names: Sequence[str], attnums: list[int]
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The catalog rows of ``table``'s primary key (its key columns), as tools read it:
+    ``pg_constraint`` and ``pg_index`` (SQLAlchemy's ``inspect``, pgJDBC's
+    ``getPrimaryKeys``), the index's ``pg_class`` row, and ``information_schema``'s
+    ``table_constraints`` and ``key_column_usage``. Keys are ``NOT NULL`` in ``pg_attribute``
+    and ``columns`` (see :func:`_fill`): Spark's grouping keys may hold a null, but a served
+    key column never does (a row's key is what finds it)."""
+    index_oid, constraint_oid = oid + _KEY_OID_OFFSET, oid + 2 * _KEY_OID_OFFSET
+    name = f"{table}_pkey"
+    public = dict(_NAMESPACES)["public"]
+    index_class = {
+        **table_class,
+        "oid": index_oid,
+        "relname": name,
+        "relfilenode": index_oid,
+        "relam": 403,  # btree
+        "relkind": "i",
+        "relnatts": len(attnums),
+        "relhasindex": False,
+    }
+    index = {
+        "indexrelid": index_oid,
+        "indrelid": oid,
+        "indnatts": len(attnums),
+        "indnkeyatts": len(attnums),
+        "indisunique": True,
+        "indisprimary": True,
+        "indisexclusion": False,
+        "indimmediate": True,
+        "indisclustered": False,
+        "indisvalid": True,
+        "indcheckxmin": False,
+        "indisready": True,
+        "indislive": True,
+        "indisreplident": False,
+        "indkey": attnums,
+        "indcollation": [0] * len(attnums),
+        "indclass": [0] * len(attnums),
+        "indoption": [0] * len(attnums),
+    }
+    constraint = {
+        "oid": constraint_oid,
+        "conname": name,
+        "connamespace": public,
+        "contype": "p",
+        "condeferrable": False,
+        "condeferred": False,
+        "convalidated": True,
+        "conrelid": oid,
+        "contypid": 0,
+        "conindid": index_oid,
+        "conparentid": 0,
+        "confrelid": 0,
+        "conislocal": True,
+        "coninhcount": 0,
+        "connoinherit": True,
+        "conkey": attnums,
+    }
+    where = {"table_catalog": DATABASE, "table_schema": "public", "table_name": table}
+    named = {"constraint_catalog": DATABASE, "constraint_schema": "public", "constraint_name": name}
+    usage = [
+        {**named, **where, "column_name": column, "ordinal_position": position}
+        for position, column in enumerate(names, start=1)
+    ]
+    return [
+        (f"{PG_CATALOG}.pg_class", [index_class]),
+        (f"{PG_CATALOG}.pg_index", [index]),
+        (f"{PG_CATALOG}.pg_constraint", [constraint]),
+        (
+            f"{INFORMATION_SCHEMA}.table_constraints",
+            [
+                {
+                    **named,
+                    **where,
+                    "constraint_type": "PRIMARY KEY",
+                    "is_deferrable": "NO",
+                    "initially_deferred": "NO",
+                    "enforced": "YES",
+                }
+            ],
+        ),
+        (f"{INFORMATION_SCHEMA}.key_column_usage", usage),
+    ]
 
 
 def _fill(
@@ -557,8 +661,10 @@ def _fill(
     )
     oids = relation_oids(list(tables))
     classes, attributes, info_tables, info_columns, pg_tables = [], [], [], [], []
+    keys: dict[str, list[dict[str, Any]]] = {}
     for table, oid in oids.items():
         schema = tables[table]
+        key_names = _primary_key(schema)
         classes.append(
             {
                 "oid": oid,
@@ -574,7 +680,7 @@ def _fill(
                 "reltuples": -1.0,
                 "relallvisible": 0,
                 "reltoastrelid": 0,
-                "relhasindex": False,
+                "relhasindex": True,
                 "relisshared": False,
                 "relpersistence": "p",
                 "relkind": "r",
@@ -631,7 +737,7 @@ def _fill(
                     "attalign": "d" if pg_type.length == 8 else "i",
                     "attstorage": "x" if pg_type.length < 0 else "p",
                     "attcompression": "",
-                    "attnotnull": False,
+                    "attnotnull": f.name in key_names,
                     "atthasdef": False,
                     "atthasmissing": False,
                     "attidentity": "",
@@ -650,7 +756,7 @@ def _fill(
                     "table_name": table,
                     "column_name": f.name,
                     "ordinal_position": number,
-                    "is_nullable": "YES",
+                    "is_nullable": "NO" if f.name in key_names else "YES",
                     "data_type": pg_type.display,
                     "numeric_precision": (typmod - 4) >> 16 if numeric else None,
                     "numeric_precision_radix": 10 if numeric else None,
@@ -666,8 +772,13 @@ def _fill(
                 }
             )
         db.execute(f"CREATE TABLE public.{_ident(table)} ({', '.join(columns)})")
+        attnums = [n for n, f in enumerate(schema.fields, start=1) if f.name in key_names]
+        for relation, rows in _primary_key_rows(table, oid, classes[-1], key_names, attnums):
+            keys.setdefault(relation, []).extend(rows)
     _insert(db, f"{PG_CATALOG}.pg_class", classes)
     _insert(db, f"{PG_CATALOG}.pg_attribute", attributes)
     _insert(db, f"{PG_CATALOG}.pg_tables", pg_tables)
     _insert(db, f"{INFORMATION_SCHEMA}.tables", info_tables)
     _insert(db, f"{INFORMATION_SCHEMA}.columns", info_columns)
+    for relation, rows in keys.items():
+        _insert(db, relation, rows)

@@ -11,7 +11,9 @@
   ``SET`` value or the server's parameter; NULL for others).
 - ``'pg_class'::regclass`` is that relation's OID; other casts to Postgres' reg* types,
   ``name`` and ``oid`` become casts to DuckDB's ``VARCHAR``/``BIGINT``;
-  ``OPERATOR(pg_catalog.~)`` is ``~``; ``COLLATE pg_catalog.default`` is dropped.
+  ``OPERATOR(pg_catalog.~)`` is ``~``; ``COLLATE pg_catalog.default`` is dropped;
+  ``CAST(x AS regclass)`` and ``CAST(x AS oid)`` are cast as ``::regclass`` and ``::oid`` are;
+  ``json_build_object`` is DuckDB's ``json_object``.
 - Grafana's expansion of ``search_path`` (a scalar function in ``FROM``, which DuckDB
   has no such thing as) is spelled as a DuckDB subquery.
 
@@ -108,6 +110,16 @@ _CODE_REWRITES: tuple[tuple[re.Pattern[str], _Sub], ...] = (
         lambda m, s: "::VARCHAR",
     ),
     (re.compile(r"::\s*(?:pg_catalog\s*\.\s*)?oid\b", re.I), lambda m, s: "::BIGINT"),
+    (  # the same casts spelled CAST(x AS regclass) (SQLAlchemy's), never an alias "AS name"
+        re.compile(
+            r"\bAS\s+(?:pg_catalog\s*\.\s*)?"
+            r"(?:regclass|regtype|regnamespace|regproc|regprocedure|regrole|regoper)\s*\)",
+            re.I,
+        ),
+        lambda m, s: "AS VARCHAR)",
+    ),
+    (re.compile(r"\bAS\s+(?:pg_catalog\s*\.\s*)?oid\s*\)", re.I), lambda m, s: "AS BIGINT)"),
+    (re.compile(r"\bjson_build_object\s*\(", re.I), lambda m, s: "json_object("),
     (re.compile(r"\bpg_catalog\s*\.\s*(\w+)\s*\(", re.I), lambda m, s: f"{m[1]}("),
     (re.compile(r"\bpg_catalog\s*\.", re.I), lambda m, s: f"{PG_CATALOG}."),
     (re.compile(r"\binformation_schema\s*\.", re.I), lambda m, s: f"{INFORMATION_SCHEMA}."),
