@@ -49,6 +49,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: tier[item.path])
 
 
+def _kafka_connector() -> dict[str, str]:
+    """``spark.jars`` with Spark's Kafka connector when ``make jvm-jars`` has fetched it,
+    else nothing: only the Kafka tests fail then, with the error that says to fetch it."""
+    try:
+        return {"spark.jars": ",".join(spark_kafka_jars())}
+    except ConfigError:
+        return {}
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local SparkSession on both cores, started once per test session.
@@ -60,13 +69,7 @@ def spark() -> Iterator[Any]:
     Spark's Kafka connector is on its classpath when ``make jvm-jars`` has fetched it
     (``spark.jars`` counts only before the JVM starts, and a worker has one session): the
     tests in tests/kafka need it, and say how to get it when it is missing."""
-    config = {"spark.sql.streaming.stateStore.maintenanceInterval": "5s"}
-    try:
-        jars = spark_kafka_jars()
-    except ConfigError:
-        jars = []  # no connector: only tests/kafka fail, with the error that says to fetch it
-    if jars:
-        config["spark.jars"] = ",".join(jars)
+    config = {"spark.sql.streaming.stateStore.maintenanceInterval": "5s", **_kafka_connector()}
     session = spark_session("sparkiq-tests", config=config)
     yield session
     session.stop()
@@ -80,7 +83,9 @@ _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 
 @pytest.fixture(scope="session")
 def _connect_session() -> Iterator[Any]:
-    with connect_server(python=os.environ["PYSPARK_PYTHON"]) as address:
+    # The server's JVM reads Kafka for its sessions: the connector goes on its command line
+    # (spark-submit puts `spark.jars` on the driver's classpath).
+    with connect_server(python=os.environ["PYSPARK_PYTHON"], config=_kafka_connector()) as address:
         had_mark = _CONNECT_MODE in os.environ
         session = spark_session("sparkiq-connect-tests", remote=address)
         if not had_mark:
@@ -93,7 +98,8 @@ def _connect_session() -> Iterator[Any]:
 def connect_spark(_connect_session: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A Spark Connect session to a local Connect server (a second JVM, started once, by
     the first test that asks for it: tests/spark/test_connect.py), with the process in
-    Connect mode for the test's duration."""
+    Connect mode for the test's duration. The server has Spark's Kafka connector when the
+    session's SparkSession has it (``make jvm-jars``)."""
     monkeypatch.setenv(_CONNECT_MODE, "1")
     return _connect_session
 

@@ -7,7 +7,8 @@ directory, so a path that is not resolved on the driver lands somewhere readers 
 The driver here runs the differential pipeline, dies mid-batch once (between a batch's
 segments and its commit record), restarts, and checks every table against Spark batch mode
 after every input file; the test then reads the changelog with a fresh node and checks that
-nothing was written in the executors' working directory.
+nothing was written in the executors' working directory. A second driver on the same cluster
+runs the Kafka differential with the executor reading the topic from a real broker.
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from sparkiq import App, Node
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import list_snapshots
 from sparkiq.spark.sink import CRASH_ENV, SEGMENT_FAULT_ENV, TableSink, absolute_location
-from sparkiq.testing import JsonSource, assert_table_matches, diff_table
+from sparkiq.testing import (
+    JsonSource,
+    assert_table_matches,
+    diff_table,
+    kafka_broker,
+    spark_kafka_jars,
+)
+from tests.kafka.differential import ROUNDS
 from tests.spark.short_jvm import SHORT_JVM_OPTIONS
 from tests.spark.test_differential import normalize, write_orders
 
@@ -45,6 +53,8 @@ TABLES = ("by_product", "by_user_day", "orders")
 #: Deadlines sized for a loaded 2-core machine; each wait ends as soon as its condition holds.
 START_TIMEOUT = 180.0
 DRIVER_TIMEOUT = 600.0
+DRIVER = "tests.spark.standalone_driver"
+KAFKA_DRIVER = "tests.spark.standalone_kafka_driver"
 
 
 def free_port() -> int:
@@ -217,24 +227,16 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
 
 
 def run_driver(
-    cluster: Standalone, cwd: Path, staged: Path, source: Path, report: Path, crash_at: str = ""
+    cluster: Standalone, cwd: Path, module: str, *args: str, crash_at: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    """Run tests/spark/standalone_driver.py in ``cwd`` with the relative state_dir ``state``;
-    its process group is killed if it outlives :data:`DRIVER_TIMEOUT`."""
+    """Run the driver ``module`` (tests/spark/standalone_driver.py or
+    standalone_kafka_driver.py) with ``args`` in ``cwd``, this checkout's sources first; its
+    process group is killed if it outlives :data:`DRIVER_TIMEOUT`."""
     env = _spark_env(cluster.logs)
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
     if crash_at:
         env[CRASH_ENV] = crash_at
-    command = [
-        sys.executable,
-        "-m",
-        "tests.spark.standalone_driver",
-        cluster.master,
-        str(staged),
-        str(source),
-        "state",
-        str(report),
-    ]
+    command = [sys.executable, "-m", module, cluster.master, *args]
     process = subprocess.Popen(
         command,
         cwd=cwd,
@@ -270,7 +272,8 @@ def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
 
     # First run: batch 0 is checked, then the driver dies in batch 1 of "orders" after its
     # segments were written and before its commit record.
-    first = run_driver(standalone, driver_cwd, staged, source, report, "before_commit:orders:1")
+    args = (str(staged), str(source), "state", str(report))  # a relative state_dir
+    first = run_driver(standalone, driver_cwd, DRIVER, *args, crash_at="before_commit:orders:1")
     assert first.returncode == 86, first.stdout[-4000:]
     checked = _reports(report)
     assert [r["files"] for r in checked] == [1], first.stdout[-4000:]
@@ -279,7 +282,7 @@ def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
     assert list((state / "tables" / "orders" / "segments").glob("*/*1.arrow"))
 
     # Second run on the same relative state_dir: batch 1 re-runs, then batch 2.
-    second = run_driver(standalone, driver_cwd, staged, source, report)
+    second = run_driver(standalone, driver_cwd, DRIVER, *args)
     assert second.returncode == 0, second.stdout[-4000:]
     checked = _reports(report)
     assert [r["files"] for r in checked] == [1, 2, 3], second.stdout[-4000:]
@@ -305,6 +308,29 @@ def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
     executor_dirs = [p for p in standalone.work_dir.glob("app-*/*") if p.is_dir()]
     assert len(executor_dirs) >= 2, list(standalone.work_dir.rglob("*"))  # one per driver run
     assert not [p for p in standalone.work_dir.rglob("*") if p.suffix in (".arrow", ".json")]
+
+
+def test_executors_read_kafka_on_a_standalone_cluster(
+    standalone: Standalone, tmp_path: Path
+) -> None:
+    """The Kafka differential (tests/kafka/differential.py: a plain aggregation, a windowed
+    one with a watermark and a stream-static join, checked after each round against batch
+    mode and the acknowledged records) with the cluster's executor reading the topic; the
+    driver ships Spark's Kafka connector to it with ``spark.jars``."""
+    jars = spark_kafka_jars()  # raises ConfigError naming `make jvm-jars` when missing
+    before = set(standalone.work_dir.glob("app-*"))
+    report = tmp_path / "report.jsonl"
+    with kafka_broker() as servers:
+        args = (servers, "orders", "state", str(report))  # a relative state_dir
+        run = run_driver(standalone, tmp_path, KAFKA_DRIVER, *args)
+    assert run.returncode == 0, run.stdout[-4000:]
+    checked = _reports(report)
+    assert len(checked) == len(ROUNDS), run.stdout[-4000:]
+    # the late round added no window (Spark dropped its orders behind the watermark)
+    assert checked[-1]["rows"]["per_window"] == checked[-2]["rows"]["per_window"] > 0
+    # The executor (the only one: a standalone driver runs no task) fetched the connector.
+    (app_dir,) = set(standalone.work_dir.glob("app-*")) - before
+    assert {Path(jar).name for jar in jars} <= {p.name for p in app_dir.glob("*/*.jar")}
 
 
 @pytest.mark.parametrize(
