@@ -5,9 +5,7 @@ commit record and in a query's answer."""
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from sparkiq import App, RangeQuery, StateQueryRequest
 from sparkiq.changelog.log import Changelog
 from sparkiq.testing import assert_table_matches, table_rows
 from tests.kafka.client import Delivered, create_topic, end_offsets, produce
+from tests.kafka.pipeline import expected_totals, orders, parse, totals
 
 # The broker (one per worker session) is started here only: the tests using it share a file,
 # so `make test`'s two workers start one between them.
@@ -24,40 +23,6 @@ pytestmark = pytest.mark.slow
 
 TOPIC = "orders-source"
 PARTITIONS = 4
-SCHEMA = "user string, amount long"
-
-
-def parse(frame: Any) -> Any:
-    """Kafka records (JSON values) as orders."""
-    from pyspark.sql import functions as F
-
-    value = F.from_json(F.col("value").cast("string"), SCHEMA)
-    return frame.select(value.alias("o")).select("o.*")
-
-
-def totals(orders: Any) -> Any:
-    """The pipeline under test: per user, how many orders and their total."""
-    from pyspark.sql import functions as F
-
-    return orders.groupBy("user").agg(F.count("*").alias("orders"), F.sum("amount").alias("amount"))
-
-
-def expected_totals(delivered: list[Delivered]) -> dict[str, dict[str, Any]]:
-    """The same computation in Python, over the records the broker acknowledged."""
-    rows: dict[str, dict[str, Any]] = {}
-    for record in delivered:
-        assert record.value is not None
-        order = json.loads(record.value)
-        row = rows.setdefault(order["user"], {"user": order["user"], "orders": 0, "amount": 0})
-        row["orders"] += 1
-        row["amount"] += order["amount"]
-    return rows
-
-
-def orders(rng: random.Random, count: int) -> Iterator[tuple[str, str]]:
-    for _ in range(count):
-        user = f"u-{rng.randrange(25):02d}"
-        yield user, json.dumps({"user": user, "amount": rng.randrange(1, 1000)})
 
 
 def test_the_broker_serves_a_real_client(kafka_bootstrap: str) -> None:
