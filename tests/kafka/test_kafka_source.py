@@ -17,8 +17,7 @@ from sparkiq.testing import assert_table_matches, table_rows
 from tests.kafka.client import Delivered, create_topic, end_offsets, produce
 from tests.kafka.pipeline import expected_totals, orders, parse, totals
 
-# The broker (one per worker session) is started here only: the tests using it share a file,
-# so `make test`'s two workers start one between them.
+# Uses the worker's broker (tests/kafka/conftest.py), as test_kafka_failures.py does.
 pytestmark = pytest.mark.slow
 
 TOPIC = "orders-source"
