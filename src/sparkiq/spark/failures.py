@@ -80,10 +80,10 @@ def _trimmed(lines: list[str]) -> list[str]:
 def query_failed(table: str, error: BaseException, committed: int) -> SparkiqError:
     """The error ``App.process_all_available`` raises when ``table``'s query failed with
     ``error``: the reason, and where the table stays (its newest commit, ``committed``)."""
-    stays = f"batch {committed}" if committed >= 0 else "empty (no batch committed)"
+    stays = f"at batch {committed}" if committed >= 0 else "empty (no batch committed)"
     return SparkiqError(
         f"the Spark query of {table!r} failed: {failure_reason(error)}\n"
-        f"The table stays at {stays} and its replicas keep serving it. Once the cause is "
+        f"The table stays {stays} and its replicas keep serving it. Once the cause is "
         "dealt with, start the App again: the query resumes from its checkpoint with the "
         "failed batch.",
         store=table,
