@@ -83,4 +83,5 @@ def test_the_error_names_the_table_and_where_it_stays() -> None:
         "the Spark query of 'totals' failed: org.apache.spark.sql.kafka010."
     )
     assert "The table stays at batch 4 " in str(error)
-    assert "The table stays empty (no batch committed) " in str(query_failed("t", RuntimeError("x"), -1))
+    never_committed = query_failed("t", RuntimeError("x"), committed=-1)
+    assert "The table stays empty (no batch committed) " in str(never_committed)
