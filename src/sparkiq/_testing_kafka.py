@@ -6,9 +6,11 @@ copied by ``make jvm-jars`` into ``.jvm/``: ``.jvm/kafka-broker/`` (Kafka's serv
 runtime dependencies) and ``.jvm/spark-kafka/`` (``spark-sql-kafka-0-10`` and the Kafka
 client). Nothing is downloaded here: a missing directory is an error saying how to fetch it.
 
-:func:`kafka_broker` runs one JVM, a single node that is both KRaft controller and broker, on
+:class:`KafkaBroker` runs one JVM, a single node that is both KRaft controller and broker, on
 two free 127.0.0.1 ports, with its storage and log in a temporary directory, removed on exit
-(kept, for its log, when the broker does not start). Importing this module starts nothing.
+(kept, for its log, when the broker does not start); a test can stop and start it again on
+the same ports and storage. :func:`kafka_broker` is the same broker as a plain ``with`` block
+yielding its address. Importing this module starts nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from sparkiq.errors import ConfigError, SparkiqError
 __all__ = [
     "JARS_ENV",
     "KAFKA_JVM_OPTIONS",
+    "KafkaBroker",
     "kafka_broker",
     "kafka_jars_dir",
     "spark_kafka_jars",
@@ -97,6 +100,173 @@ def spark_kafka_jars(jars: str | os.PathLike[str] | None = None) -> list[str]:
     return [str(path) for path in _module_jars(jars, "spark-kafka")]
 
 
+class KafkaBroker:
+    """A single-node Apache Kafka cluster in KRaft mode that a test can stop and start again,
+    on the same ports with the same storage: ``with KafkaBroker() as broker:``.
+
+    The node is controller and broker in one JVM (:data:`KAFKA_JVM_OPTIONS`; ``JAVA_HOME``'s
+    ``java``, else the one on ``PATH``), with its storage formatted, once, in a new temporary
+    directory (:attr:`workdir`). Internal topics have one replica, so consumer groups and
+    transactions work; ``config`` adds or overrides broker settings (``{"num.partitions":
+    "4"}``; the listeners are its own: :attr:`bootstrap_servers` is the address it chose).
+
+    Entering the block formats the storage and starts the broker; it returns once the broker
+    answers a metadata request listing itself. :meth:`stop` and :meth:`start` (or
+    :meth:`restart`) take it down and bring it back with every topic, its data and offsets:
+    clients see a broker that went away and came back at the same address. When a start does
+    not succeed within ``timeout`` seconds (formatting included), or the JVM exits,
+    :class:`~sparkiq.errors.SparkiqError` names its log file (:attr:`log_path`, kept with its
+    directory) and quotes what the log says went wrong (its ERROR lines and their causes).
+    When the block ends the broker is stopped and its directory removed, with the data of
+    every topic. ``jars`` is the directory holding ``kafka-broker/`` (see
+    :func:`kafka_jars_dir`); ``log_level`` is the level of the broker's log (``INFO`` shows
+    its every step). One thread at a time may call its methods.
+    """
+
+    def __init__(
+        self,
+        *,
+        jars: str | os.PathLike[str] | None = None,
+        config: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+        log_level: str = "WARN",
+    ) -> None:
+        self._classpath = os.pathsep.join(str(p) for p in _module_jars(jars, "kafka-broker"))
+        self._java = _java()
+        self._config = dict(config or {})
+        self._timeout = timeout
+        self._log_level = log_level
+        self._process: subprocess.Popen[bytes] | None = None
+        self._port = 0
+        self._workdir: Path | None = None
+        self._failed = False  # a start failed: the directory stays, for the log it names
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``127.0.0.1:<port>``, the same across restarts."""
+        if not self._port:
+            raise SparkiqError("the Kafka broker has not been started: use it in a with block")
+        return f"127.0.0.1:{self._port}"
+
+    @property
+    def workdir(self) -> Path:
+        """The broker's directory: its settings, its storage (``data/``) and its log."""
+        if self._workdir is None:
+            raise SparkiqError("the Kafka broker has not been started: use it in a with block")
+        return self._workdir
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's log (``kafka.log`` in :attr:`workdir`), appended to by each start."""
+        return self.workdir / "kafka.log"
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker's JVM is running (started and neither stopped nor exited)."""
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> KafkaBroker:
+        deadline = time.monotonic() + self._timeout
+        self._workdir = Path(tempfile.mkdtemp(prefix="sparkiq-kafka-"))
+        try:
+            self._port, controller_port = _free_ports(2)
+            settings = _settings(self._workdir, self._port, controller_port, self._config)
+            self._properties.write_text("".join(f"{k}={v}\n" for k, v in settings))
+            (self._workdir / "log4j2.properties").write_text(_LOG4J2.format(level=self._log_level))
+            self._format(deadline)
+            self._launch(deadline)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the broker, keeping its storage: a clean shutdown (SIGTERM, then SIGKILL
+        after 30 s), or with ``kill`` an abrupt one (SIGKILL: the next start recovers its
+        logs as after a crash). Does nothing when it is not running."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if kill and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        else:
+            stop_process_group(process)
+
+    def start(self) -> None:
+        """Start the stopped broker again, on the same ports and storage; returns once it
+        serves (within ``timeout`` seconds, else :class:`~sparkiq.errors.SparkiqError`
+        naming its log). Does nothing when it is running."""
+        if self.running:
+            return
+        if not self._port:
+            raise SparkiqError("the Kafka broker was never started: use it in a with block")
+        self._launch(time.monotonic() + self._timeout)
+
+    def restart(self, *, kill: bool = False) -> None:
+        """:meth:`stop` (abruptly with ``kill``), then :meth:`start`."""
+        self.stop(kill=kill)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the broker and remove its directory, unless a start failed (its log is
+        named by the error). Idempotent; the block's end calls it."""
+        self.stop()
+        if self._workdir is not None and not self._failed:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    @property
+    def _properties(self) -> Path:
+        return self.workdir / "server.properties"
+
+    def _command(self) -> list[str]:
+        return [
+            self._java,
+            *KAFKA_JVM_OPTIONS,
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            "-cp",
+            self._classpath,
+        ]
+
+    def _format(self, deadline: float) -> None:
+        storage_tool = [*self._command(), "kafka.tools.StorageTool", "format"]
+        with open(self.log_path, "ab") as log_file:
+            formatter = subprocess.Popen(
+                [*storage_tool, "--cluster-id", _cluster_id(), "--config", str(self._properties)],
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+        code = _wait_for_exit(formatter, deadline)
+        if code != 0:
+            self._failed = True
+            state = f"exit code {code}" if code is not None else f"not done in {self._timeout} s"
+            raise SparkiqError(
+                f"formatting the Kafka broker's storage failed ({state}); its log is "
+                f"{self.log_path}:\n{_tail(self.log_path)}"
+            )
+
+    def _launch(self, deadline: float) -> None:
+        with open(self.log_path, "ab") as log_file:
+            self._process = subprocess.Popen(
+                [*self._command(), "kafka.Kafka", str(self._properties)],
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped with all it runs
+            )
+        try:
+            _wait_until_serving(self._process, self._port, deadline, self._timeout, self.log_path)
+        except SparkiqError:
+            self._failed = True
+            raise
+
+
 @contextlib.contextmanager
 def kafka_broker(
     *,
@@ -108,75 +278,13 @@ def kafka_broker(
     """Run a single-node Apache Kafka cluster in KRaft mode for the block; yields its
     ``bootstrap_servers``, ``127.0.0.1:<port>``.
 
-    The node is controller and broker in one JVM (:data:`KAFKA_JVM_OPTIONS`; ``JAVA_HOME``'s
-    ``java``, else the one on ``PATH``), with its storage formatted in a new temporary
-    directory. Internal topics have one replica, so consumer groups and transactions work;
-    ``config`` adds or overrides broker settings (``{"num.partitions": "4"}``; the listeners
-    are its own: the yielded address is the one it chose). The block starts once the broker
-    answers a metadata request listing itself; if it does not within ``timeout`` seconds
-    (formatting included), or exits, :class:`~sparkiq.errors.SparkiqError` names its log
-    file, which is kept with its directory, and quotes what the log says went wrong (its
-    ERROR lines and their causes). When the block ends the broker is stopped (SIGTERM, then
-    SIGKILL after 30 s) and its directory removed, with the data of every topic.
-
-    ``jars`` is the directory holding ``kafka-broker/`` (see :func:`kafka_jars_dir`);
-    ``log_level`` is the level of the broker's log (``INFO`` shows its every step).
+    A :class:`KafkaBroker` (same arguments) that the block cannot stop: the broker answers
+    once the block starts, and is stopped and its directory removed when the block ends.
+    When it does not start, :class:`~sparkiq.errors.SparkiqError` names its kept log file and
+    quotes what went wrong. Use :class:`KafkaBroker` to stop and restart it mid-test.
     """
-    classpath = os.pathsep.join(str(path) for path in _module_jars(jars, "kafka-broker"))
-    java = _java()
-    deadline = time.monotonic() + timeout
-    workdir = Path(tempfile.mkdtemp(prefix="sparkiq-kafka-"))
-    log_path = workdir / "kafka.log"
-    process: subprocess.Popen[bytes] | None = None
-    started = False
-    try:
-        port, controller_port = _free_ports(2)
-        properties = workdir / "server.properties"
-        properties.write_text(
-            "".join(f"{k}={v}\n" for k, v in _settings(workdir, port, controller_port, config))
-        )
-        (workdir / "log4j2.properties").write_text(_LOG4J2.format(level=log_level))
-        command = [
-            java,
-            *KAFKA_JVM_OPTIONS,
-            f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}",
-            "-cp",
-            classpath,
-        ]
-        with open(log_path, "wb") as log_file:
-            fmt = [*command, "kafka.tools.StorageTool", "format", "--cluster-id", _cluster_id()]
-            formatter = subprocess.Popen(
-                [*fmt, "--config", str(properties)],
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
-            code = _wait_for_exit(formatter, deadline)
-            if code != 0:
-                state = f"exit code {code}" if code is not None else f"not done in {timeout} s"
-                raise SparkiqError(
-                    f"formatting the Kafka broker's storage failed ({state}); its log is "
-                    f"{log_path}:\n{_tail(log_path)}"
-                )
-            process = subprocess.Popen(
-                [*command, "kafka.Kafka", str(properties)],
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stopped with all it runs
-            )
-        _wait_until_serving(process, port, deadline, timeout, log_path)
-        started = True
-        yield f"127.0.0.1:{port}"
-    finally:
-        if process is not None:
-            stop_process_group(process)
-        if started or not log_path.exists():
-            shutil.rmtree(workdir, ignore_errors=True)
-        # else: a broker that did not start keeps its directory, so the log the error names
-        # can be read
+    with KafkaBroker(jars=jars, config=config, timeout=timeout, log_level=log_level) as broker:
+        yield broker.bootstrap_servers
 
 
 def _settings(

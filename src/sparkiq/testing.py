@@ -6,7 +6,8 @@
   ``spark_session(remote=...)``.
 - :func:`temporary_state_dir`: a state directory removed afterwards.
 - :func:`kafka_broker`: a real single-node Apache Kafka cluster (KRaft) on 127.0.0.1 for
-  the block, and :func:`spark_kafka_jars`: Spark's Kafka connector for ``spark.jars`` (both
+  the block (:class:`KafkaBroker`: one a test can stop and restart), and
+  :func:`spark_kafka_jars`: Spark's Kafka connector for ``spark.jars`` (both
   from the jars ``make jvm-jars`` copies into a checkout's ``.jvm/``).
 - :class:`JsonSource`: a folder of JSON files as a streaming source, fed batch by batch;
   :meth:`JsonSource.feed` returns once the App has applied the batch, so the next query sees
@@ -37,6 +38,7 @@ from typing import Any
 
 from sparkiq._testing_kafka import (
     KAFKA_JVM_OPTIONS,
+    KafkaBroker,
     kafka_broker,
     kafka_jars_dir,
     spark_kafka_jars,
@@ -50,6 +52,7 @@ __all__ = [
     "KAFKA_JVM_OPTIONS",
     "LOCAL_SPARK_CONF",
     "JsonSource",
+    "KafkaBroker",
     "TableDiff",
     "assert_table_matches",
     "connect_server",

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,28 @@ def create_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions)])
     futures[topic].result(timeout=60)
+    _wait_for_leaders(admin, topic, partitions)
+
+
+def add_partitions(bootstrap_servers: str, topic: str, partitions: int) -> None:
+    """Grow ``topic`` to ``partitions`` partitions (Kafka's CreatePartitions) and wait until
+    the broker's metadata shows a leader for each."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    futures = admin.create_partitions([NewPartitions(topic, partitions)])
+    futures[topic].result(timeout=60)
+    _wait_for_leaders(admin, topic, partitions)
+
+
+def delete_records(bootstrap_servers: str, topic: str, before: dict[int, int]) -> dict[int, int]:
+    """Delete the records of each partition ``p`` of ``topic`` below offset ``before[p]``
+    (Kafka's DeleteRecords: the partition's log start offset moves there, as retention moves
+    it when it deletes old segments); returns the new log start offsets."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    futures = admin.delete_records([TopicPartition(topic, p, o) for p, o in before.items()])
+    return {tp.partition: future.result(timeout=60).low_watermark for tp, future in futures.items()}
+
+
+def _wait_for_leaders(admin: AdminClient, topic: str, partitions: int) -> None:
     deadline = time.monotonic() + 60
     while True:
         found = admin.list_topics(topic, timeout=10).topics.get(topic)

@@ -37,6 +37,7 @@ from sparkiq import App, RangeQuery, StateQueryRequest
 from sparkiq.changelog.log import Changelog
 from sparkiq.testing import assert_table_matches, table_rows
 from tests.kafka.client import Delivered, create_topic, end_offsets, produce
+from tests.kafka.pipeline import expected_totals, totals
 
 PARTITIONS = 4
 SCHEMA = "user string, amount long, ts timestamp"
@@ -62,13 +63,6 @@ def parse(records: Any) -> Any:
     return records.select("partition", "offset", value.alias("o")).select(
         "partition", "offset", "o.*"
     )
-
-
-def totals(orders: Any) -> Any:
-    """Per user, how many orders and their total."""
-    from pyspark.sql import functions as F
-
-    return orders.groupBy("user").agg(F.count("*").alias("orders"), F.sum("amount").alias("amount"))
 
 
 def per_window(orders: Any) -> Any:
@@ -214,15 +208,6 @@ def _orders(delivered: Iterable[Delivered]) -> Iterable[tuple[Delivered, dict[st
     for record in delivered:
         assert record.value is not None
         yield record, json.loads(record.value)
-
-
-def expected_totals(delivered: Iterable[Delivered]) -> dict[str, dict[str, Any]]:
-    rows: dict[str, dict[str, Any]] = {}
-    for _, order in _orders(delivered):
-        row = rows.setdefault(order["user"], {"user": order["user"], "orders": 0, "amount": 0})
-        row["orders"] += 1
-        row["amount"] += order["amount"]
-    return rows
 
 
 def expected_per_window(delivered: Iterable[Delivered]) -> list[dict[str, Any]]:

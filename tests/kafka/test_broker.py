@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparkiq.errors import ConfigError, SparkiqError
-from sparkiq.testing import kafka_broker, kafka_jars_dir, spark_kafka_jars
+from sparkiq.testing import KafkaBroker, kafka_broker, kafka_jars_dir, spark_kafka_jars
 
 
 def test_missing_jars_say_to_run_the_make_target(
@@ -81,3 +81,14 @@ def test_a_broker_that_exits_names_its_kept_log() -> None:
         )  # and the error quotes why, not the end of a stack trace
     finally:
         shutil.rmtree(log.parent)
+
+
+def test_a_broker_handle_outside_its_block_says_so() -> None:
+    broker = KafkaBroker()  # finds its jars and java; starts nothing
+    with pytest.raises(SparkiqError, match="use it in a with block"):
+        broker.start()
+    with pytest.raises(SparkiqError, match="use it in a with block"):
+        _ = broker.bootstrap_servers
+    assert not broker.running
+    broker.stop()  # nothing to stop
+    broker.close()

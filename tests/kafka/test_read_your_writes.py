@@ -28,7 +28,7 @@ from sparkiq import App, Client, KeyQuery, Node, PositionBound, StateQueryReques
 from sparkiq.testing import table_rows
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.kafka.client import Delivered, create_topic
-from tests.kafka.differential import expected_totals, parse, totals
+from tests.kafka.pipeline import expected_totals, parse, totals
 
 pytestmark = pytest.mark.slow
 

@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -33,6 +34,7 @@ import pytest
 from sparkiq import App, Node
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import list_snapshots
+from sparkiq.errors import SparkiqError
 from sparkiq.spark.sink import CRASH_ENV, SEGMENT_FAULT_ENV, TableSink, absolute_location
 from sparkiq.testing import (
     JsonSource,
@@ -363,13 +365,17 @@ def test_a_segment_that_did_not_land_fails_the_batch(
     try:
         app.process_all_available()  # batch 0 is not damaged
         source.write({"k": f"k{i % 9}", "n": i * 10} for i in range(40))
-        with pytest.raises(Exception) as failed:
+        with pytest.raises(SparkiqError) as failed:
             app.process_all_available()
     finally:
         app.stop()
     changelog = Changelog(str(state), "sums")
     message = str(failed.value)
     assert says in message, message[-3000:]
+    # the sink's own error, out of Spark's traces (an executor's, or the driver's)
+    failed_with = r"the Spark query of 'sums' failed: (sparkiq\.errors\.)?CorruptSegmentError: "
+    assert re.match(failed_with, message), message
+    assert "Traceback" not in message and "\tat " not in message, message
     assert str(state / "tables" / "sums" / "segments") in message
     assert changelog.committed_batch_ids() == [0]
 

@@ -59,6 +59,7 @@ from sparkiq.schema.types import TableSchema
 from sparkiq.spark import ddl
 from sparkiq.spark.attach import checkpoint_of
 from sparkiq.spark.commits import CommitWatcher, newest_commit, wait_between_batches
+from sparkiq.spark.failures import query_failed
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
 from sparkiq.spark.sink import (
     TableSink,
@@ -455,21 +456,31 @@ class App:
 
     def process_all_available(self, timeout: float | None = None) -> None:
         """Wait until every query processed all available input and the local node applied
-        every batch committed so far. Raises if a query failed.
+        every batch committed so far.
+
+        Raises :class:`SparkiqError` when a table's query failed (Spark stopped it): its
+        message says why in a few lines (:func:`~sparkiq.spark.failures.failure_reason`,
+        e.g. Kafka records aged out before Spark read them) and which batch the table stays
+        at; Spark's exception, with every trace, is its ``__cause__``.
 
         What "committed so far" means is read from the changelog on the driver, after Spark
         reports the input processed: the newest commit record of each table (a batch's
         commit record is written before its ``foreachBatch`` call returns). It never relies
         on the sink object, which under Spark Connect is a copy in another process."""
+        from pyspark.errors import StreamingQueryException
+
         self._require_started()
         for table in self._tables.values():
             query = table.query
-            query.processAllAvailable()
-            error = query.exception()
+            try:
+                query.processAllAvailable()
+                error = query.exception()
+            except StreamingQueryException as failed:  # how Spark reports a failed query
+                error = failed
             if error is not None:
-                raise SparkiqError(
-                    f"the Spark query of {table.name!r} failed: {error}", store=table.name
-                )
+                changelog = Changelog(self.state_dir, table.name)
+                committed = newest_commit(changelog, table.committed_batch_id)
+                raise query_failed(table.name, error, committed) from error
             self._read_commits(table, query)
         if self.node is None:
             return

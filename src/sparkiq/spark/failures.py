@@ -1,0 +1,90 @@
+"""Why a table's Spark query failed, said in a few lines instead of Spark's exception text.
+
+When a micro-batch fails, Spark stops the query and reports a ``StreamingQueryException``
+whose text nests everything the failure went through: Spark's own prefix, the Python
+traceback of the ``foreachBatch`` function (the table sink), a Py4J error wrapping a Java
+exception (a source that cannot read, such as Kafka records aged out), the traceback of a
+Python worker on an executor (a segment that did not land), and the Java stack traces of
+each. :func:`failure_reason` keeps what says what went wrong - the innermost exception's
+type and message, and the first line of each ``Caused by:`` below it - and
+:func:`query_failed` makes it the :class:`~sparkiq.errors.SparkiqError` that
+``App.process_all_available`` raises, with Spark's exception as its ``__cause__``.
+
+Only the text is read (``str(error)``), so classic and Spark Connect exceptions are handled
+alike; a text in none of these shapes is kept whole, up to :data:`MAX_REASON` characters.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sparkiq.errors import SparkiqError
+
+__all__ = ["MAX_REASON", "failure_reason", "query_failed"]
+
+#: The longest reason kept, in characters (the rest is cut, marked with "...").
+MAX_REASON = 2000
+
+_TRACEBACK = "Traceback (most recent call last):"
+# Spark's wrapper around any failure of a query, and PySpark's appendix of the JVM's trace
+_STREAM_FAILED = re.compile(r"^\[STREAM_FAILED\] Query \[[^\]]*\] terminated with exception: ")
+_JVM_TRACE = "\n\nJVM stacktrace:"
+# a Java stack frame ("\tat org.apache...") or an elided run of them ("\t... 12 more")
+_JAVA_FRAME = re.compile(r"^\s+(at |\.\.\. \d+ more)")
+_CAUSED_BY = re.compile(r"^Caused by: .*$", re.M)
+# how Py4J quotes the Java exception under its own error: a line ": <class>: <message>"
+_PY4J_JAVA = re.compile(r"^: (?=[\w$.]+: )", re.M)
+
+
+def failure_reason(error: BaseException | str) -> str:
+    """The innermost exception in the text of ``error`` (a failed query's exception, or its
+    text), with the ``Caused by:`` lines below it: no tracebacks, no stack frames."""
+    text = str(error).split(_JVM_TRACE, 1)[0]
+    innermost = _innermost(text)
+    lines: list[str] = []
+    for line in innermost.splitlines():
+        if _JAVA_FRAME.match(line):
+            break
+        lines.append(line.rstrip())
+    causes: list[str] = []
+    for cause in _CAUSED_BY.findall(innermost):
+        if cause not in causes and cause not in lines:
+            causes.append(cause.rstrip())
+    reason = "\n".join([*_trimmed(lines), *causes[:3]])
+    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 3] + "..."
+
+
+def _innermost(text: str) -> str:
+    """The text from the innermost exception on: after the last Python traceback's frames,
+    and inside a Py4J error, from the Java exception it quotes."""
+    _, found, after = text.rpartition(_TRACEBACK)
+    if not found:
+        return _STREAM_FAILED.sub("", text.strip(), count=1)
+    lines = after.splitlines()
+    # a traceback's frames are indented; the exception starts at the first line that is not
+    start = next((i for i, line in enumerate(lines) if line and not line[0].isspace()), 0)
+    exception = "\n".join(lines[start:])
+    if exception.startswith("py4j.protocol.Py4JJavaError"):
+        quoted = _PY4J_JAVA.search(exception)
+        if quoted is not None:
+            return exception[quoted.end() :]
+    return exception
+
+
+def _trimmed(lines: list[str]) -> list[str]:
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def query_failed(table: str, error: BaseException, committed: int) -> SparkiqError:
+    """The error ``App.process_all_available`` raises when ``table``'s query failed with
+    ``error``: the reason, and where the table stays (its newest commit, ``committed``)."""
+    stays = f"at batch {committed}" if committed >= 0 else "empty (no batch committed)"
+    return SparkiqError(
+        f"the Spark query of {table!r} failed: {failure_reason(error)}\n"
+        f"The table stays {stays} and its replicas keep serving it. Once the cause is "
+        "dealt with, start the App again: the query resumes from its checkpoint with the "
+        "failed batch.",
+        store=table,
+    )

@@ -1,0 +1,269 @@
+"""Failures of a Kafka pipeline against a real broker, each checked against the broker's
+content: the records it acknowledged, and Spark's batch answer over the topic.
+
+- the driver dies between a batch's segments and its commit record, and right after the
+  commit record, and is restarted: every record is counted once;
+- the broker is restarted while the pipeline runs: no record lost or counted twice;
+- a partition is added to the topic: its records are counted, positions gain it;
+- records age out before Spark reads them: with ``failOnDataLoss`` the query fails and
+  ``App.process_all_available`` says why; without it, the lost records are skipped and the
+  position is the topic's end offsets, what Spark read up to.
+
+The tests share the worker's broker (tests/kafka/conftest.py); each has a topic of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from sparkiq import App, Node
+from sparkiq.changelog import Changelog
+from sparkiq.errors import SparkiqError
+from sparkiq.spark.sink import CRASH_ENV
+from sparkiq.testing import KafkaBroker, assert_table_matches, table_rows
+from tests.kafka.client import (
+    Delivered,
+    add_partitions,
+    create_topic,
+    delete_records,
+    end_offsets,
+    produce,
+)
+from tests.kafka.pipeline import (
+    batch,
+    committed_positions,
+    ends_of,
+    expected_totals,
+    orders,
+    parse,
+    stream,
+    totals,
+)
+
+# Starts JVMs of its own (Spark drivers, and the broker again): scheduled first.
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 4
+
+
+def run_writer(
+    bootstrap_servers: str, topic: str, state: Path, crash_at: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """tests/kafka/writer_process.py in its own process, dying at ``crash_at`` if given."""
+    env = {k: v for k, v in os.environ.items() if k not in (CRASH_ENV, "SPARK_REMOTE")}
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    command = [sys.executable, "-m", "tests.kafka.writer_process", bootstrap_servers, topic]
+    return subprocess.run(
+        [*command, str(state)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def assert_positions_reach_the_end(
+    state: Path, topic: str, bootstrap_servers: str, partitions: int = PARTITIONS
+) -> dict[int, int]:
+    """Each commit record's ``kafka:<topic>`` offsets move forward from the previous one's,
+    and the last equal the topic's end offsets (returned)."""
+    positions = committed_positions(str(state), "totals", topic)
+    assert sorted(positions) == list(range(len(positions)))
+    previous = dict.fromkeys(range(partitions), 0)
+    for batch_id, position in sorted(positions.items()):
+        assert all(position.get(p, 0) >= previous[p] for p in previous), (batch_id, position)
+        previous = {p: position.get(p, 0) for p in previous}
+    assert end_offsets(bootstrap_servers, topic, partitions) == previous
+    return previous
+
+
+def assert_exactly_once(
+    state: Path,
+    topic: str,
+    delivered: list[Delivered],
+    bootstrap_servers: str,
+    partitions: int = PARTITIONS,
+) -> None:
+    """The commit records' positions reach the topic's end offsets, the offsets the broker
+    acknowledged, and the batches between them tile the topic: every acknowledged record is
+    in exactly one batch (the table's counts then say none was applied twice)."""
+    ends = assert_positions_reach_the_end(state, topic, bootstrap_servers, partitions)
+    assert ends == ends_of(delivered, partitions)
+    assert sum(ends.values()) == len(delivered)
+
+
+def wait_for_commit(state: Path, batch_id: int, timeout: float = 600.0) -> None:
+    """Wait until table ``totals`` has committed ``batch_id`` (generous: a busy machine)."""
+    changelog = Changelog(str(state), "totals")
+    deadline = time.monotonic() + timeout
+    while not changelog.has_commit(batch_id):
+        assert time.monotonic() < deadline, f"batch {batch_id} not committed in {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def app_factory(kafka_spark: Any, tmp_path: Path) -> Iterator[Any]:
+    """Start Apps materializing ``totals`` over a topic in ``tmp_path/state``; each is
+    stopped when the next starts and at the end."""
+    started: list[App] = []
+
+    def start(bootstrap_servers: str, topic: str, **options: str) -> App:
+        for app in started:
+            app.stop()
+        records = stream(kafka_spark, bootstrap_servers, topic, **options)
+        app = App(kafka_spark, state_dir=str(tmp_path / "state"), name="kafka-failures")
+        app.materialize("totals", totals(parse(records)), key="user", partitions=4)
+        started.append(app.start())
+        return app
+
+    yield start
+    for app in started:
+        app.stop()
+
+
+def test_a_driver_killed_at_a_commit_boundary_counts_every_record_once(
+    kafka_spark: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic, state = "orders-crash", tmp_path / "state"
+    create_topic(kafka_bootstrap, topic, PARTITIONS)
+    rng = random.Random(5)
+    delivered = produce(kafka_bootstrap, topic, orders(rng, 120))  # three batches at least
+    changelog = Changelog(str(state), "totals")
+
+    # Killed between the segments of batch 1 and its commit record: batch 1 is re-run.
+    crashed = run_writer(kafka_bootstrap, topic, state, crash_at="before_commit:totals:1")
+    assert crashed.returncode == 86, crashed.stderr[-3000:]
+    assert list((state / "tables" / "totals" / "segments").glob(f"*/{1:020d}.arrow"))
+    assert changelog.committed_batch_ids() == [0]
+
+    # Killed right after the commit record of batch 2: its re-run must write nothing.
+    crashed = run_writer(kafka_bootstrap, topic, state, crash_at="after_commit:totals:2")
+    assert crashed.returncode == 86, crashed.stderr[-3000:]
+    assert changelog.committed_batch_ids() == [0, 1, 2]
+    commit_1, commit_2 = (Path(changelog.commit_path(b)).read_bytes() for b in (1, 2))
+
+    # Records produced while the driver is down are read by the restarted one.
+    delivered += produce(kafka_bootstrap, topic, orders(rng, 60))
+    finished = run_writer(kafka_bootstrap, topic, state)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert Path(changelog.commit_path(1)).read_bytes() == commit_1
+    assert Path(changelog.commit_path(2)).read_bytes() == commit_2
+
+    assert_exactly_once(state, topic, delivered, kafka_bootstrap)
+    with Node(str(state), store="memory") as node:
+        node.poll_once()
+        assert table_rows(node, "totals") == expected_totals(delivered)
+        assert_table_matches(
+            node, "totals", totals(parse(batch(kafka_spark, kafka_bootstrap, topic)))
+        )
+
+
+def test_a_broker_restarted_mid_stream_loses_and_repeats_nothing(
+    kafka_spark: Any, kafka_cluster: KafkaBroker, app_factory: Any, tmp_path: Path
+) -> None:
+    servers, topic, state = kafka_cluster.bootstrap_servers, "orders-restart", tmp_path / "state"
+    create_topic(servers, topic, PARTITIONS)
+    rng = random.Random(7)
+    delivered = produce(servers, topic, orders(rng, 200))  # five batches of 40 records
+    app = app_factory(servers, topic, maxOffsetsPerTrigger="40")
+    try:
+        wait_for_commit(state, 0)
+        read = committed_positions(str(state), "totals", topic)
+        kafka_cluster.restart()  # mid-stream: batches of the first records are still to run
+        delivered += produce(servers, topic, orders(rng, 80))
+        app.process_all_available(timeout=600)
+    finally:
+        kafka_cluster.start()  # the worker's other tests need it (a no-op once it runs)
+    # when the broker went down, the query had read part of the first 200 records only
+    assert sum(read[max(read)].values()) < 200, read
+    assert_exactly_once(state, topic, delivered, servers)
+    assert table_rows(app, "totals") == expected_totals(delivered)
+    assert_table_matches(app, "totals", totals(parse(batch(kafka_spark, servers, topic))))
+
+
+def test_records_of_a_partition_added_mid_stream_are_counted(
+    kafka_spark: Any, kafka_bootstrap: str, app_factory: Any, tmp_path: Path
+) -> None:
+    servers, topic, state = kafka_bootstrap, "orders-grow", tmp_path / "state"
+    create_topic(servers, topic, 2)
+    rng = random.Random(3)
+    delivered = produce(servers, topic, orders(rng, 60))
+    app = app_factory(servers, topic)
+    app.process_all_available(timeout=600)
+    assert_exactly_once(state, topic, delivered, servers, partitions=2)
+
+    add_partitions(servers, topic, 3)
+    delivered += produce(servers, topic, orders(rng, 90))
+    assert {d.partition for d in delivered} == {0, 1, 2}
+    app.process_all_available(timeout=600)
+    assert_exactly_once(state, topic, delivered, servers, partitions=3)
+    assert table_rows(app, "totals") == expected_totals(delivered)
+    assert_table_matches(app, "totals", totals(parse(batch(kafka_spark, servers, topic))))
+
+
+def test_records_aged_out_before_spark_read_them(
+    kafka_spark: Any, kafka_bootstrap: str, app_factory: Any, tmp_path: Path
+) -> None:
+    """Kafka deletes records Spark has not read yet (DeleteRecords moves each partition's
+    log start offset, as retention does): with ``failOnDataLoss`` (Spark's default) the query
+    fails and ``process_all_available`` says why; restarted with it false, the query skips
+    them and the position is the topic's end offsets, though the table lacks the lost ones."""
+    servers, topic, state = kafka_bootstrap, "orders-aged", tmp_path / "state"
+    partitions = 2
+    create_topic(servers, topic, partitions)
+    rng = random.Random(11)
+    read = produce(servers, topic, orders(rng, 40))
+    app = app_factory(servers, topic, failOnDataLoss="true")
+    app.process_all_available(timeout=600)
+    read_ends = assert_positions_reach_the_end(state, topic, servers, partitions)
+    app.stop()  # the pipeline is down while Kafka ages records out
+
+    unread = produce(servers, topic, orders(rng, 40))
+    unread_ends = ends_of(unread, partitions)
+    cut = {p: (read_ends[p] + unread_ends[p]) // 2 for p in range(partitions)}
+    assert all(read_ends[p] < cut[p] < unread_ends[p] for p in cut), (read_ends, unread_ends)
+    held = batch(kafka_spark, servers, topic).select("partition", "offset", "value").collect()
+    assert delete_records(servers, topic, cut) == cut
+    survivors = [d for d in unread if d.offset >= cut[d.partition]]
+    lost = len(unread) - len(survivors)
+
+    app = app_factory(servers, topic, failOnDataLoss="true")
+    with pytest.raises(SparkiqError) as failure:
+        app.process_all_available(timeout=600)
+    # Spark's reason in a few lines: the records lost, where, and the option; no traces
+    said = str(failure.value)
+    assert said.startswith("the Spark query of 'totals' failed: "), said
+    assert "Some data may have been lost because they are not available in Kafka" in said
+    assert re.search(
+        rf"Could not read records in offset \[\d+, \d+\) for topic partition {topic}-", said
+    )
+    assert "source option failOnDataLoss to false" in said
+    assert "The table stays at batch 0" in said
+    assert "Traceback" not in said and "\tat " not in said, said
+    assert failure.value.store == "totals"
+    assert isinstance(failure.value.__cause__, StreamingQueryException)  # every trace there
+    assert committed_positions(str(state), "totals", topic)[0] == read_ends  # nothing more
+    assert table_rows(app, "totals") == expected_totals(read)
+
+    app = app_factory(servers, topic, failOnDataLoss="false")
+    app.process_all_available(timeout=600)
+    assert assert_positions_reach_the_end(state, topic, servers, partitions) == unread_ends
+    assert table_rows(app, "totals") == expected_totals(read + survivors)
+    # Spark's batch answer over what the topic held before and holds now
+    now = batch(kafka_spark, servers, topic).select("partition", "offset", "value").collect()
+    assert sorted((r.partition, r.offset) for r in now) == sorted(
+        (d.partition, d.offset) for d in survivors
+    )
+    kept = [r for r in held if r.offset < read_ends[r.partition]] + now
+    frame = kafka_spark.createDataFrame(kept, "partition int, offset long, value binary")
+    assert_table_matches(app, "totals", totals(parse(frame)))
+    assert lost > 0
