@@ -56,6 +56,14 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("tls_cert", str, "PEM certificate (and chain): serve HTTPS, reach peers over HTTPS", ""),
     ("tls_key", str, "PEM private key of --tls-cert", ""),
     ("tls_ca", str, "PEM bundle of the CAs that sign the other nodes' certificates", "system"),
+    (
+        "kafka_bootstrap",
+        str,
+        "Kafka bootstrap servers (host:port,...) to ask for the end offsets of the topics the "
+        "tables read: Kafka lag in status, the console and /metrics (needs sparkiq[kafka])",
+        "",
+    ),
+    ("kafka_interval", float, "seconds between fetches of the Kafka end offsets", "5"),
 )
 
 
