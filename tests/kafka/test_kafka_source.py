@@ -18,8 +18,8 @@ from sparkiq.changelog.log import Changelog
 from sparkiq.testing import assert_table_matches, table_rows
 from tests.kafka.client import Delivered, create_topic, end_offsets, produce
 
-# The broker (one per worker session) is started here only: the tests using it share a file,
-# so `make test`'s two workers start one between them.
+# The broker is one per worker, shared by the files of tests/kafka (test_kafka_lag.py too):
+# a worker that runs none of them starts none.
 pytestmark = pytest.mark.slow
 
 TOPIC = "orders-source"
