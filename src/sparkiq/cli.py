@@ -56,6 +56,14 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("tls_cert", str, "PEM certificate (and chain): serve HTTPS, reach peers over HTTPS", ""),
     ("tls_key", str, "PEM private key of --tls-cert", ""),
     ("tls_ca", str, "PEM bundle of the CAs that sign the other nodes' certificates", "system"),
+    (
+        "kafka_bootstrap",
+        str,
+        "Kafka bootstrap servers (host:port,...) to ask for the end offsets of the topics the "
+        "tables read: Kafka lag in status, the console and /metrics (needs sparkiq[kafka])",
+        "",
+    ),
+    ("kafka_interval", float, "seconds between fetches of the Kafka end offsets", "5"),
 )
 
 
@@ -506,6 +514,7 @@ def _status_text(
     from sparkiq.changelog import Changelog, list_tables
     from sparkiq.changelog.snapshot import snapshot_summary
     from sparkiq.checkpoint.source import CheckpointCatalog
+    from sparkiq.cluster.kafka_lag import committed_lines, kafka_lines
 
     tables = list_tables(state_dir)
     attached = [CheckpointCatalog(uri, name) for name, uri in (checkpoints or {}).items()]
@@ -540,9 +549,11 @@ def _status_text(
             f" [{manifest.window_column}]" if manifest.window_column else ""
         )
         summary = snapshot_summary(changelog, manifest.partitions)
-        table_line(
-            name, manifest.partitions, key, changelog.committed_batch_ids(), list(summary.values())
-        )
+        batches = changelog.committed_batch_ids()
+        table_line(name, manifest.partitions, key, batches, list(summary.values()))
+        newest = changelog.read_commit(batches[-1]) if batches else None
+        if newest is not None:  # what the writer read of each Kafka topic, by its newest batch
+            lines.extend(committed_lines(newest.position, newest.batch_id))
     for catalog in attached:
         names = catalog.names()
         for name in names:
@@ -574,6 +585,8 @@ def _status_text(
             add("  " + _NODE_ROW.format(*(p[f] for f in fields), p["restored_bytes"], eta))
             if p.get("error"):
                 add(f"      error: {p['error']}")
+        kafka = kafka_lines(doc.get("kafka") or [], doc.get("kafka_bootstrap"), time.time())
+        lines.extend("  " + line for line in kafka)
     return 0, "\n".join(lines)
 
 

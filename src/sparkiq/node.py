@@ -44,6 +44,7 @@ from sparkiq.checkpoint.source import CheckpointCatalog, CheckpointSource
 from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, node_url
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, Placement, TableView
+from sparkiq.cluster.kafka_lag import KafkaEndOffsets, KafkaSource, kafka_sources
 from sparkiq.cluster.lookup import Lookup
 from sparkiq.cluster.membership import HostedState
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
@@ -119,15 +120,23 @@ class Node:
     default: the system's authorities); renewed files are picked up while it runs
     (:mod:`sparkiq.tls`).
 
+    **Kafka lag.** With ``kafka_bootstrap`` (``"host:port,..."``, operator configuration)
+    the node asks that Kafka cluster for the end offsets of the topics its tables read,
+    every ``kafka_interval`` seconds (default 5) on a background thread, so
+    :meth:`kafka_sources`, ``GET /stats``, ``/metrics`` and ``sparkiq status`` show how far
+    each table is behind its topics (:mod:`sparkiq.cluster.kafka_lag`; needs
+    ``sparkiq[kafka]``). Without it they show the applied offsets only.
+
     **Settings from the environment.** ``node_id``, ``listen``, ``advertise``, ``peers``
     (comma-separated), ``standbys``, ``token``, ``cluster_secret``, ``local_dir``,
     ``heartbeat_interval`` and ``failure_timeout`` default to ``SPARKIQ_NODE_ID``,
     ``SPARKIQ_LISTEN``, ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``,
     ``SPARKIQ_TOKEN``, ``SPARKIQ_CLUSTER_SECRET``, ``SPARKIQ_LOCAL_DIR``,
     ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT`` (and ``pg_listen``,
-    ``allowed_hosts`` (comma-separated), ``pg_tls``, ``tls_cert``, ``tls_key``, ``tls_ca``
-    to ``SPARKIQ_PG_LISTEN``, ``SPARKIQ_ALLOWED_HOSTS``, ``SPARKIQ_PG_TLS``,
-    ``SPARKIQ_TLS_CERT``, ``SPARKIQ_TLS_KEY``, ``SPARKIQ_TLS_CA``);
+    ``allowed_hosts`` (comma-separated), ``pg_tls``, ``tls_cert``, ``tls_key``, ``tls_ca``,
+    ``kafka_bootstrap``, ``kafka_interval`` to ``SPARKIQ_PG_LISTEN``,
+    ``SPARKIQ_ALLOWED_HOSTS``, ``SPARKIQ_PG_TLS``, ``SPARKIQ_TLS_CERT``, ``SPARKIQ_TLS_KEY``,
+    ``SPARKIQ_TLS_CA``, ``SPARKIQ_KAFKA_BOOTSTRAP``, ``SPARKIQ_KAFKA_INTERVAL``);
     pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
@@ -158,6 +167,8 @@ class Node:
         tls_cert: str | None = NOT_GIVEN,
         tls_key: str | None = NOT_GIVEN,
         tls_ca: str | None = NOT_GIVEN,
+        kafka_bootstrap: str | None = NOT_GIVEN,
+        kafka_interval: float = NOT_GIVEN,
         transport: Transport | None = None,
         partitions: Mapping[str, Iterable[int]] | None = None,
         tables: Iterable[str] | None = None,
@@ -187,6 +198,8 @@ class Node:
             "tls_cert": tls_cert,
             "tls_key": tls_key,
             "tls_ca": tls_ca,
+            "kafka_bootstrap": kafka_bootstrap,
+            "kafka_interval": kafka_interval,
         }
         given = {k: v for k, v in settings.items() if v is not NOT_GIVEN}
         if config is None:
@@ -217,6 +230,15 @@ class Node:
         self.url: str | None = None
         self.coordinator: Coordinator | None = None
         self._rebalancer: Rebalancer | None = None
+        #: The broker's end offsets of the topics the tables read (with kafka_bootstrap);
+        #: ConfigError here when the Kafka client (sparkiq[kafka]) is not installed.
+        self._kafka_ends = (
+            None
+            if config.kafka_bootstrap is None
+            else KafkaEndOffsets(
+                config.kafka_bootstrap, self._kafka_topics, interval=config.kafka_interval
+            )
+        )
         self._hosting = Hosting(
             config.state_dir,
             node_id=config.node_id,
@@ -229,6 +251,7 @@ class Node:
             read_only=read_only,
             on_drop=self._forget_retired,
             catalogs=[_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()],
+            status_extra=self._kafka_status,
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id)
         self._server: RunningServer | None = None
@@ -279,6 +302,8 @@ class Node:
             if self.clustered:
                 self._start_cluster()
             self._hosting.start_tailing()
+            if self._kafka_ends is not None:
+                self._kafka_ends.start()
             if self.config.pg_listen:
                 self._pg = PgServer(
                     self,
@@ -345,6 +370,8 @@ class Node:
         Idempotent."""
         with self._lifecycle:
             self._hosting.stop_tailing()
+            if self._kafka_ends is not None:
+                self._kafka_ends.close()
             if self._pg is not None:
                 self._pg.stop()
                 self._pg = None
@@ -458,6 +485,20 @@ class Node:
 
     def position(self, store: str) -> Position:
         return self._hosting.position(store)
+
+    def kafka_sources(self) -> list[KafkaSource]:
+        """Per table, the Kafka topics it reads: the offsets applied here, and the end
+        offsets and lag when the node has ``kafka_bootstrap`` (read from a cache a background
+        thread refreshes: never blocks)."""
+        return kafka_sources(self._hosting.status(), self._kafka_ends)
+
+    def _kafka_topics(self) -> list[str]:
+        return sorted({s.topic for s in kafka_sources(self._hosting.status(), None)})
+
+    def _kafka_status(self) -> dict[str, Any]:
+        """The Kafka part of ``status.json`` (what ``sparkiq status`` shows of it)."""
+        sources = [s.to_dict() for s in self.kafka_sources()]
+        return {"kafka_bootstrap": self.config.kafka_bootstrap, "kafka": sources}
 
     # -- reads -------------------------------------------------------------------------------
 

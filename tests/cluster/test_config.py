@@ -66,6 +66,7 @@ def test_every_variable_is_read_and_empty_ones_are_unset() -> None:
             "cluster_secret": "sixteen-chars-or-more",
             "allowed_hosts": "sparkiq.example.com",
             "pg_tls": "optional",
+            "kafka_interval": "2",
         }.get(field, "127.0.0.1:1")
         environ = {variable: value}
         if field.startswith("tls_"):  # the TLS files go together

@@ -17,8 +17,8 @@ from sparkiq.testing import spark_kafka_jars
 from tests.kafka.client import create_topic, end_offsets, produce
 from tests.kafka.differential import ROUNDS, KafkaDifferential
 
-# The broker (one per worker session) is started here only: the tests using it share a file,
-# so `make test`'s two workers start one between them.
+# The broker is one per worker, shared by the files of tests/kafka (test_kafka_lag.py too):
+# a worker that runs none of them starts none.
 pytestmark = pytest.mark.slow
 
 

@@ -52,6 +52,8 @@ ENV_VARIABLES: dict[str, str] = {
     "tls_cert": "SPARKIQ_TLS_CERT",
     "tls_key": "SPARKIQ_TLS_KEY",
     "tls_ca": "SPARKIQ_TLS_CA",
+    "kafka_bootstrap": "SPARKIQ_KAFKA_BOOTSTRAP",
+    "kafka_interval": "SPARKIQ_KAFKA_INTERVAL",
 }
 
 _STORES = ("rocksdb", "memory")
@@ -97,6 +99,10 @@ class NodeConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    #: Kafka bootstrap servers (``host:port,...``) to ask for the end offsets of the topics
+    #: the tables read, every ``kafka_interval`` seconds (sparkiq.cluster.kafka_lag).
+    kafka_bootstrap: str | None = None
+    kafka_interval: float = 5.0
 
     @property
     def scheme(self) -> str:
@@ -151,7 +157,8 @@ class NodeConfig:
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
     out = dict(values)
     texts = ("listen", "advertise", "token", "cluster_secret", "local_dir", "pg_listen")
-    for name in (*texts, "principals", "audit_log", "tls_cert", "tls_key", "tls_ca"):
+    files = ("principals", "audit_log", "tls_cert", "tls_key", "tls_ca")
+    for name in (*texts, *files, "kafka_bootstrap"):
         if name in out:  # "" means unset, as it does for the variables
             out[name] = _optional_text(out[name], name, origin[name])
     if bool(out.get("tls_cert")) != bool(out.get("tls_key")) or (
@@ -207,7 +214,8 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
         if standbys < 0:
             raise ConfigError(f"standbys must be >= 0, got {standbys}{origin['standbys']}")
         out["standbys"] = standbys
-    for name in ("poll_interval", "heartbeat_interval", "failure_timeout", "release_grace"):
+    seconds_options = ("poll_interval", "heartbeat_interval", "failure_timeout", "release_grace")
+    for name in (*seconds_options, "kafka_interval"):
         if name in out:
             seconds = _number(out[name], float, name, origin[name])
             if not seconds > 0:

@@ -117,7 +117,8 @@ class Hosting:
     nothing on disk. ``tables`` limits which tables are hosted (default: all); ``views``
     holds a table as a :class:`TableView`. Changelogs are opened read-only unless
     ``read_only=False``. ``on_drop(table)`` is called when a table is released because its
-    changelog was deleted or recreated.
+    changelog was deleted or recreated. ``status_extra()`` adds its keys to each
+    ``status.json`` (the node's Kafka sources).
     """
 
     def __init__(
@@ -134,6 +135,7 @@ class Hosting:
         read_only: bool = True,
         on_drop: Callable[[str], None] | None = None,
         catalogs: Sequence[SourceCatalog] = (),
+        status_extra: Callable[[], Mapping[str, object]] | None = None,
     ) -> None:
         self.state_dir = state_dir
         # where tables come from, and which one each hosted table came from: changed under
@@ -152,6 +154,7 @@ class Hosting:
         self._views = dict(views or {})
         self._read_only = read_only
         self._on_drop = on_drop
+        self._status_extra = status_extra
         self._tables: dict[str, TableReplica] = {}
         self._routes: dict[str, TableRoute] = {}
         self._refresh_lock = threading.RLock()
@@ -508,11 +511,12 @@ class Hosting:
 
         Format: ``{"node_id", "updated_at", "partitions": [{table, partition, state,
         batch_id, latest_batch_id, lag_batches, restored_rows, restored_bytes, eta_seconds,
-        error}]}``. Nodes without a local directory (memory stores) write nothing.
+        error}]}``, and the keys of ``status_extra()``. Nodes without a local directory
+        (memory stores) write nothing.
         """
         if self.local_dir is None or self.store_kind != "rocksdb":
             return
-        doc = {
+        doc: dict[str, object] = {
             "node_id": self.node_id,
             "updated_at": time.time(),
             "partitions": [
@@ -531,6 +535,8 @@ class Hosting:
                 for s in self.status()
             ],
         }
+        if self._status_extra is not None:
+            doc.update(self._status_extra())
         path = os.path.join(self.local_dir, "status.json")
         try:
             os.makedirs(self.local_dir, exist_ok=True)

@@ -508,7 +508,8 @@ class RestApp:
         return status
 
     def _stats(self) -> dict[str, Any]:
-        """``GET /stats``: what the console's query-rate charts and restore bars show."""
+        """``GET /stats``: what the console's query-rate charts, restore bars and Kafka
+        sources show."""
         doc: dict[str, Any] = {"node_id": self.node.node_id}
         visible = set(readable(self.node.tables))
         doc.update(self.metrics.query_rate.series(readable(self.node.tables)))
@@ -529,6 +530,8 @@ class RestApp:
             for s in self.node.status()
             if s.table in visible
         ]
+        # the table view's Kafka sources: a cache the node's Kafka thread refreshes
+        doc["kafka"] = [k.to_dict() for k in self.node.kafka_sources() if k.table in visible]
         return doc
 
     def _stores(self) -> dict[str, Any]:

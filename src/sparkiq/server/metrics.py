@@ -131,6 +131,61 @@ class _ReplicaCollector:
             yield from (members, forwarded, hedged)
 
 
+class _KafkaCollector:
+    """Per table, the Kafka topics it reads: offsets applied here, the broker's end offsets
+    and the lag between them (sparkiq.cluster.kafka_lag), read from the node's cache."""
+
+    def __init__(self, node: ServedNode) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["store", "topic", "partition"]
+        applied = GaugeMetricFamily(
+            "sparkiq_kafka_applied_offset",
+            "Next offset of the topic partition after what this node applied (the least "
+            "advanced hosted partition of the table)",
+            labels=labels,
+        )
+        end = GaugeMetricFamily(
+            "sparkiq_kafka_end_offset",
+            "End offset of the topic partition on the broker (the last fetch that succeeded; "
+            "only with --kafka-bootstrap)",
+            labels=labels,
+        )
+        lag = GaugeMetricFamily(
+            "sparkiq_kafka_lag_records",
+            "Records of the topic partition not applied yet (end offset - applied offset)",
+            labels=labels,
+        )
+        age = GaugeMetricFamily(
+            "sparkiq_kafka_end_offsets_age_seconds",
+            "Age of the end offsets of the topic (the last fetch that succeeded)",
+            labels=["topic"],
+        )
+        up = GaugeMetricFamily(
+            "sparkiq_kafka_broker_up",
+            "1 when the last fetch of the topic's end offsets succeeded, 0 when it failed",
+            labels=["topic"],
+        )
+        now, topics = time.time(), set[str]()
+        for source in self._node.kafka_sources():
+            for p in source.partitions:
+                names = [source.table, source.topic, str(p.partition)]
+                if p.applied is not None:
+                    applied.add_metric(names, p.applied)
+                if p.end is not None:
+                    end.add_metric(names, p.end)
+                if p.lag is not None:
+                    lag.add_metric(names, p.lag)
+            if source.topic in topics or source.broker in ("none", "pending"):
+                continue
+            topics.add(source.topic)
+            up.add_metric([source.topic], 1 if source.broker == "ok" else 0)
+            if source.ends_fetched_at is not None:
+                age.add_metric([source.topic], max(0.0, now - source.ends_fetched_at))
+        yield from (applied, end, lag, age, up)
+
+
 class QueryRate:
     """Queries per table over the last ``buckets * interval`` seconds, counted in buckets of
     ``interval`` seconds of wall-clock time (bucket ``i`` covers ``[i * interval, (i + 1) *
@@ -211,6 +266,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_ReplicaCollector(node))
+        self.registry.register(_KafkaCollector(node))
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

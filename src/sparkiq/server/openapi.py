@@ -266,7 +266,7 @@ def openapi_document() -> dict[str, Any]:
             "/stats": {
                 "get": {
                     "summary": "This node: queries per table (last 10 minutes, per 5 s), "
-                    "progress of every hosted partition (restores)",
+                    "progress of every hosted partition (restores), Kafka lag per table",
                     "responses": {"200": {"description": "Stats"}, **_errors(401)},
                 }
             },

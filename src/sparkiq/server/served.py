@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sparkiq.changelog.replica import ReplicaStatus
+from sparkiq.cluster.kafka_lag import KafkaSource
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
 from sparkiq.cluster.nodeauth import Opened
 from sparkiq.principals import Principal
@@ -60,6 +61,8 @@ class ServedNode(Protocol):
     def status(self) -> list[ReplicaStatus]: ...
 
     def is_ready(self) -> bool: ...
+
+    def kafka_sources(self) -> list[KafkaSource]: ...
 
     def metadata_for_key(self, store: str, key: Any) -> KeyQueryMetadata: ...
 

@@ -358,14 +358,16 @@ class App:
         return self
 
     def _new_node(self) -> Node:
-        # The embedded node is standalone whatever SPARKIQ_LISTEN/PEERS/TOKEN say: those
-        # configure `sparkiq serve` processes, which serve this state_dir over HTTP.
+        # The embedded node is standalone whatever SPARKIQ_LISTEN/PEERS/TOKEN say, and asks
+        # no Kafka broker whatever SPARKIQ_KAFKA_BOOTSTRAP says: those configure `sparkiq
+        # serve` processes, which serve this state_dir over HTTP.
         node = Node(
             self.state_dir,
             node_id="local",
             listen=None,
             peers=None,
             token=None,
+            kafka_bootstrap=None,
             local_dir=self._local_dir,
             store=self._store_kind,
             poll_interval=self._poll_interval,
