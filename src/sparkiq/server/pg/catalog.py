@@ -22,7 +22,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
@@ -33,6 +33,7 @@ from sparkiq.principals import readable
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
 from sparkiq.server.pg.bounds import check_setting, session_bound
+from sparkiq.server.pg.copy import CopyOut, parse_copy
 from sparkiq.server.pg.parameters import BINARY_PARAMETER_OIDS
 from sparkiq.server.pg.pgcatalog import OWNER, build_catalog, catalog_cursor, column_type_name
 from sparkiq.server.pg.statements import LIMIT, code_only, parameter_uses
@@ -85,12 +86,13 @@ _EXTRA_SETTINGS = {
 class Answer:
     """What a statement returns: ``columns`` (None: a command without rows), the rows (one
     dict per row, by column name), the command tag (``SELECT 3``, ``SET``...) and the tables
-    it read (for the audit log)."""
+    it read (for the audit log); ``copy`` when they go out as ``COPY`` data."""
 
     columns: list[PgColumn] | None
     rows: list[dict[str, Any]]
     tag: str
     tables: tuple[str, ...] = ()
+    copy: CopyOut | None = None  # rows to send as COPY data (COPY ... TO STDOUT)
 
 
 def server_parameters(version_text: str) -> dict[str, str]:
@@ -143,6 +145,10 @@ class Catalog:
         session = _SESSION.get(first)
         if session is not None:
             return session(self, text, words, settings)
+        copy = parse_copy(text) if first == "copy" else None
+        if copy is not None:
+            answer = self.answer(copy.query, settings, user)
+            return replace(answer, tag=f"COPY {len(answer.rows)}", copy=copy)
         if _CATALOG.search(code_only(text)):  # 'pg_class' in a literal is just a string
             return self._catalog_query(text, settings, user)
         with self._running:

@@ -31,6 +31,7 @@ and read best next to the code that fills them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,15 @@ CATALOG_TYPES: tuple[CatalogType, ...] = (
     CatalogType(1700, "numeric", -1, "N", "numeric"),
 )
 _BY_NAME = {t.name: t for t in CATALOG_TYPES}
+# Types whose I/O functions Postgres names with an underscore (numeric_recv, not
+# numericrecv): clients that map types by those names (ADBC reads typreceive) need them right.
+_UNDERSCORED_IO = frozenset({"json", "date", "timestamp", "timestamptz", "numeric"})
+
+
+def _io_function(type_name: str, kind: str) -> str:
+    """The name of a type's input, output, receive or send function, as Postgres has it."""
+    return f"{type_name}_{kind}" if type_name in _UNDERSCORED_IO else f"{type_name}{kind}"
+
 
 #: Postgres' OIDs of the catalog relations tools name in ``'pg_class'::regclass``.
 CATALOG_RELATIONS: dict[str, int] = {
@@ -338,7 +348,11 @@ _MACROS = (
     # psycopg's TypeInfo.fetch: a type's OID by name (NULL for a type there is not)
     f"CREATE MACRO to_regtype(t) AS (SELECT min(oid) FROM {PG_CATALOG}.pg_type WHERE typname = t)",
     "CREATE MACRO pg_get_constraintdef(id) AS NULL::VARCHAR, (id, p) AS NULL::VARCHAR",
-    "CREATE MACRO pg_get_indexdef(id) AS NULL::VARCHAR, (id, n, p) AS NULL::VARCHAR",
+    # the primary key indexes' definitions (psql's \d shows what follows "USING")
+    f"CREATE MACRO pg_get_indexdef(id) AS (SELECT min(i.indexdef) FROM {PG_CATALOG}.pg_indexes "
+    f"i JOIN {PG_CATALOG}.pg_class c ON c.relname = i.indexname WHERE c.oid = id), "
+    f"(id, n, p) AS (SELECT min(i.indexdef) FROM {PG_CATALOG}.pg_indexes i JOIN "
+    f"{PG_CATALOG}.pg_class c ON c.relname = i.indexname WHERE c.oid = id)",
     "CREATE MACRO pg_get_viewdef(id) AS NULL::VARCHAR, (id, p) AS NULL::VARCHAR",
     "CREATE MACRO pg_get_statisticsobjdef_columns(id) AS NULL::VARCHAR",
     "CREATE MACRO pg_relation_is_publishable(id) AS false",
@@ -380,6 +394,11 @@ def _column_type(data_type: Any) -> tuple[CatalogType, int]:
 def column_type_name(data_type: Any) -> str:
     """The Postgres name of a served column's type, as ``information_schema`` shows it."""
     return _column_type(data_type)[0].display
+
+
+def _quoted_if_needed(name: str) -> str:
+    """``name`` as Postgres prints it in a definition: quoted only when it must be."""
+    return name if re.fullmatch(r"[a-z_][a-z0-9_$]*", name) else _ident(name)
 
 
 def _ident(name: str) -> str:
@@ -466,9 +485,10 @@ def _primary_key(schema: TableSchema) -> tuple[str, ...]:
 def _primary_key_rows(
     table: str, oid: int, table_class: Mapping[str, Any], names: Sequence[str], attnums: list[int]
 ) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The catalog rows of ``table``'s primary key (its key columns), as tools read it:
+    r"""The catalog rows of ``table``'s primary key (its key columns), as tools read it:
     ``pg_constraint`` and ``pg_index`` (SQLAlchemy's ``inspect``, pgJDBC's
-    ``getPrimaryKeys``), the index's ``pg_class`` row, and ``information_schema``'s
+    ``getPrimaryKeys``), the index's ``pg_class`` and ``pg_indexes`` rows (psql's ``\d``),
+    and ``information_schema``'s
     ``table_constraints`` and ``key_column_usage``. Keys are ``NOT NULL`` in ``pg_attribute``
     and ``columns`` (see :func:`_fill`): Spark's grouping keys may hold a null, but a served
     key column never does (a row's key is what finds it)."""
@@ -529,8 +549,23 @@ def _primary_key_rows(
         {**named, **where, "column_name": column, "ordinal_position": position}
         for position, column in enumerate(names, start=1)
     ]
+    listed = ", ".join(_quoted_if_needed(n) for n in names)
+    on = _quoted_if_needed(table)
+    definition = f"CREATE UNIQUE INDEX {name} ON public.{on} USING btree ({listed})"
     return [
         (f"{PG_CATALOG}.pg_class", [index_class]),
+        (
+            f"{PG_CATALOG}.pg_indexes",
+            [
+                {
+                    "schemaname": "public",
+                    "tablename": table,
+                    "indexname": name,
+                    "tablespace": None,
+                    "indexdef": definition,
+                }
+            ],
+        ),
         (f"{PG_CATALOG}.pg_index", [index]),
         (f"{PG_CATALOG}.pg_constraint", [constraint]),
         (
@@ -636,10 +671,10 @@ def _fill(
                 "typrelid": 0,
                 "typelem": 0,
                 "typarray": 0,
-                "typinput": f"{t.name}in",
-                "typoutput": f"{t.name}out",
-                "typreceive": f"{t.name}recv",
-                "typsend": f"{t.name}send",
+                "typinput": _io_function(t.name, "in"),
+                "typoutput": _io_function(t.name, "out"),
+                "typreceive": _io_function(t.name, "recv"),
+                "typsend": _io_function(t.name, "send"),
                 "typalign": "d" if t.length == 8 else "i",
                 "typstorage": "x" if t.length < 0 else "p",
                 "typnotnull": False,

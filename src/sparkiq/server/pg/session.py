@@ -63,7 +63,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pygwire import BackendConnection, TransactionStatus
@@ -76,6 +76,7 @@ from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
 from sparkiq.server.pg.catalog import Answer, Catalog
+from sparkiq.server.pg.copy import copy_rows
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
 from sparkiq.server.pg.errors import sqlstate as sqlstate_of
 from sparkiq.server.pg.limits import PgLimits
@@ -520,7 +521,9 @@ class PgSession:
                 continue
             try:
                 answer = self._run(text)
-                if answer.columns is not None:
+                if answer.copy is not None:
+                    self._copy_out(answer)
+                elif answer.columns is not None:
                     self._send(m.RowDescription(fields=_fields(answer.columns, [])))
                     self._rows(answer, [c.encoder(False) for c in answer.columns], 0, None)
             except Exception as exc:
@@ -582,6 +585,26 @@ class PgSession:
                 self._flush()
         return end - start
 
+    def _copy_out(self, answer: Answer) -> None:
+        """Send ``answer``'s rows as ``COPY ... TO STDOUT`` data (see pg/copy.py).
+
+        The copy messages are framed by themselves, not through the connection's state
+        machine: pygwire's returns to the simple query phase at ``CopyDone`` even inside
+        an extended query, and would then refuse the client's ``Sync``. Around them the
+        state is that of a statement answered with ``CommandComplete``, which it is."""
+        copy = answer.copy
+        assert copy is not None
+        columns = answer.columns or []
+        overall = 1 if copy.binary else 0
+        formats = [overall] * len(columns)
+        self.out.append(m.CopyOutResponse(overall_format=overall, col_formats=formats).to_wire())
+        for sent, data in enumerate(copy_rows(copy, columns, answer.rows)):
+            self.out.append(m.CopyData(data=data).to_wire())
+            if sent % 256 == 255:
+                self._check_canceled()
+                self._flush()
+        self.out.append(m.CopyDone().to_wire())
+
     # -- extended query protocol -------------------------------------------------------------
 
     def _extended(self, msg: Any) -> None:
@@ -628,12 +651,18 @@ class PgSession:
                         limits=self.limits,
                         max_chars=self.catalog.limits.max_statement_chars,
                     )
-                    statement.columns = None if is_blank(text) else self._run(text).columns
+                    described = None if is_blank(text) else self._run(text)
+                    # COPY sends its rows as copy data, described by no RowDescription
+                    statement.columns = (
+                        None if described is None or described.copy else described.columns
+                    )
                 self._describe(statement.columns, [])
             else:
                 portal = self._portal(msg.name)
                 answer = self._answer(portal)
-                self._describe(answer.columns, portal.result_formats)
+                self._describe(
+                    None if answer.copy is not None else answer.columns, portal.result_formats
+                )
         elif isinstance(msg, m.Execute):
             self._execute(self._portal(msg.portal), msg.max_rows)
         elif isinstance(msg, m.Close):
@@ -667,7 +696,7 @@ class PgSession:
                     and described is not None
                     and [c.name for c in described] == [c.name for c in answer.columns]
                 ):
-                    answer = Answer(described, answer.rows, answer.tag)
+                    answer = replace(answer, columns=described)
                 portal.answer = answer
             columns = portal.answer.columns or []
             portal.encoders = [
@@ -686,7 +715,9 @@ class PgSession:
         if not answer.tag and answer.columns is None:
             self._send(m.EmptyQueryResponse())
             return
-        if answer.columns is not None:
+        if answer.copy is not None:
+            self._copy_out(answer)
+        elif answer.columns is not None:
             count = max_rows if max_rows > 0 else None
             portal.sent += self._rows(answer, portal.encoders, portal.sent, count)
             if portal.sent < len(answer.rows):

@@ -13,7 +13,9 @@
   ``name`` and ``oid`` become casts to DuckDB's ``VARCHAR``/``BIGINT``;
   ``OPERATOR(pg_catalog.~)`` is ``~``; ``COLLATE pg_catalog.default`` is dropped;
   ``CAST(x AS regclass)`` and ``CAST(x AS oid)`` are cast as ``::regclass`` and ``::oid`` are;
-  ``json_build_object`` is DuckDB's ``json_object``.
+  ``json_build_object`` is DuckDB's ``json_object``; ``pg_type``'s function columns
+  (``typreceive``...) compared with ``0`` are compared with ``'-'``, how Postgres shows
+  "no function".
 - Grafana's expansion of ``search_path`` (a scalar function in ``FROM``, which DuckDB
   has no such thing as) is spelled as a DuckDB subquery.
 
@@ -120,6 +122,14 @@ _CODE_REWRITES: tuple[tuple[re.Pattern[str], _Sub], ...] = (
     ),
     (re.compile(r"\bAS\s+(?:pg_catalog\s*\.\s*)?oid\s*\)", re.I), lambda m, s: "AS BIGINT)"),
     (re.compile(r"\bjson_build_object\s*\(", re.I), lambda m, s: "json_object("),
+    (  # a regproc column compared with 0 (ADBC's type query): Postgres shows "no function" '-'
+        re.compile(
+            r"\b(typreceive|typsend|typinput|typoutput|typmodin|typmodout|typanalyze)"
+            r"\s*(!=|<>|=)\s*0\b",
+            re.I,
+        ),
+        lambda m, s: f"{m[1]} {m[2]} '-'",
+    ),
     (re.compile(r"\bpg_catalog\s*\.\s*(\w+)\s*\(", re.I), lambda m, s: f"{m[1]}("),
     (re.compile(r"\bpg_catalog\s*\.", re.I), lambda m, s: f"{PG_CATALOG}."),
     (re.compile(r"\binformation_schema\s*\.", re.I), lambda m, s: f"{INFORMATION_SCHEMA}."),
