@@ -64,6 +64,13 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
         "",
     ),
     ("kafka_interval", float, "seconds between fetches of the Kafka end offsets", "5"),
+    (
+        "source_wait",
+        float,
+        'seconds a read bounded by a producer\'s Kafka records ("after") waits for the '
+        "writer to commit a batch that read them",
+        "10",
+    ),
 )
 
 

@@ -20,9 +20,9 @@ rooms never import upward.
 Queries never block on the tailer: each partition answers from its last applied batch, with
 the position it is at.
 
-Why this module is a little over 600 lines: it is the public API's node, and most of it is
-the documented signature of every setting and one-line methods handing each call to the room
-that answers it; the work is in the rooms.
+Why this module is about 700 lines: it is the public API's node, and most of it is the
+documented signature of every setting (some thirty, the Kafka broker's among them) and
+one-line methods handing each call to the room that answers it; the work is in the rooms.
 
 ``_lifecycle`` (a lock) guards starting and stopping and the lazily created SQL engine and
 push hub; it is never held while calling into the rooms' own locks except during
@@ -127,6 +127,11 @@ class Node:
     each table is behind its topics (:mod:`sparkiq.cluster.kafka_lag`; needs
     ``sparkiq[kafka]``). Without it they show the applied offsets only.
 
+    **Read-your-writes for producers.** A read bounded by a producer's Kafka records
+    (:meth:`~sparkiq.PositionBound.after`) that no committed batch has read yet waits up to
+    ``source_wait`` seconds (default 10) for the writer to commit one, then answers
+    ``NOT_UP_TO_BOUND`` (:mod:`sparkiq.cluster.source_bounds`).
+
     **Settings from the environment.** ``node_id``, ``listen``, ``advertise``, ``peers``
     (comma-separated), ``standbys``, ``token``, ``cluster_secret``, ``local_dir``,
     ``heartbeat_interval`` and ``failure_timeout`` default to ``SPARKIQ_NODE_ID``,
@@ -134,9 +139,10 @@ class Node:
     ``SPARKIQ_TOKEN``, ``SPARKIQ_CLUSTER_SECRET``, ``SPARKIQ_LOCAL_DIR``,
     ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT`` (and ``pg_listen``,
     ``allowed_hosts`` (comma-separated), ``pg_tls``, ``tls_cert``, ``tls_key``, ``tls_ca``,
-    ``kafka_bootstrap``, ``kafka_interval`` to ``SPARKIQ_PG_LISTEN``,
+    ``kafka_bootstrap``, ``kafka_interval``, ``source_wait`` to ``SPARKIQ_PG_LISTEN``,
     ``SPARKIQ_ALLOWED_HOSTS``, ``SPARKIQ_PG_TLS``, ``SPARKIQ_TLS_CERT``, ``SPARKIQ_TLS_KEY``,
-    ``SPARKIQ_TLS_CA``, ``SPARKIQ_KAFKA_BOOTSTRAP``, ``SPARKIQ_KAFKA_INTERVAL``);
+    ``SPARKIQ_TLS_CA``, ``SPARKIQ_KAFKA_BOOTSTRAP``, ``SPARKIQ_KAFKA_INTERVAL``,
+    ``SPARKIQ_SOURCE_WAIT``);
     pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
@@ -169,6 +175,7 @@ class Node:
         tls_ca: str | None = NOT_GIVEN,
         kafka_bootstrap: str | None = NOT_GIVEN,
         kafka_interval: float = NOT_GIVEN,
+        source_wait: float = NOT_GIVEN,
         transport: Transport | None = None,
         partitions: Mapping[str, Iterable[int]] | None = None,
         tables: Iterable[str] | None = None,
@@ -200,6 +207,7 @@ class Node:
             "tls_ca": tls_ca,
             "kafka_bootstrap": kafka_bootstrap,
             "kafka_interval": kafka_interval,
+            "source_wait": source_wait,
         }
         given = {k: v for k, v in settings.items() if v is not NOT_GIVEN}
         if config is None:
@@ -254,6 +262,7 @@ class Node:
             status_extra=self._kafka_status,
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id)
+        self._lookup.source_wait = config.source_wait
         self._server: RunningServer | None = None
         self._tls: TlsContexts | None = None  # with tls_cert: every listener's certificate
         self._pg: PgServer | None = None
@@ -557,9 +566,7 @@ class Node:
 
     @property
     def source_wait(self) -> float:
-        """How long a read bounded by a producer's Kafka records
-        (:meth:`~sparkiq.PositionBound.after`) waits for the writer to commit a batch that
-        read them before answering ``NOT_UP_TO_BOUND`` (seconds; 10 by default)."""
+        """``source_wait`` (see the class): settable while the node runs."""
         return self._lookup.source_wait
 
     @source_wait.setter

@@ -237,3 +237,12 @@ def test_a_push_query_takes_no_bound(world: tuple[Node, Changelog]) -> None:
     status, answer = post(node, "/query", {"sql": "SELECT * FROM t EMIT CHANGES", "after": after})
     assert status == 400 and answer["error"]["field"] == "after", answer
     assert "'from'" in answer["error"]["message"]
+
+
+def test_source_wait_is_a_node_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_table(str(tmp_path), partitions=PARTITIONS)
+    monkeypatch.setenv("SPARKIQ_SOURCE_WAIT", "2.5")
+    assert Node(str(tmp_path)).source_wait == 2.5
+    assert Node(str(tmp_path), source_wait=0).source_wait == 0
+    with pytest.raises(ValueError, match="source_wait must be 0 to 3600 seconds"):
+        Node(str(tmp_path), source_wait=-1)

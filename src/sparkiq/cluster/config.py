@@ -54,6 +54,7 @@ ENV_VARIABLES: dict[str, str] = {
     "tls_ca": "SPARKIQ_TLS_CA",
     "kafka_bootstrap": "SPARKIQ_KAFKA_BOOTSTRAP",
     "kafka_interval": "SPARKIQ_KAFKA_INTERVAL",
+    "source_wait": "SPARKIQ_SOURCE_WAIT",
 }
 
 _STORES = ("rocksdb", "memory")
@@ -103,6 +104,9 @@ class NodeConfig:
     #: the tables read, every ``kafka_interval`` seconds (sparkiq.cluster.kafka_lag).
     kafka_bootstrap: str | None = None
     kafka_interval: float = 5.0
+    #: How long a read bounded by a producer's Kafka records waits for the writer to commit
+    #: a batch that read them (sparkiq.cluster.source_bounds).
+    source_wait: float = 10.0
 
     @property
     def scheme(self) -> str:
@@ -223,6 +227,14 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
                     f"{name} must be a positive number, got {out[name]!r}{origin[name]}"
                 )
             out[name] = seconds
+    if "source_wait" in out:
+        wait = _number(out["source_wait"], float, "source_wait", origin["source_wait"])
+        if not 0 <= wait <= 3600:
+            raise ConfigError(
+                f"source_wait must be 0 to 3600 seconds, got {out['source_wait']!r}"
+                f"{origin['source_wait']}"
+            )
+        out["source_wait"] = wait
     if "pg_tls" in out and out["pg_tls"] not in _PG_TLS:
         raise ConfigError(
             f"pg_tls must be 'require' or 'optional', got {out['pg_tls']!r}{origin['pg_tls']}"
