@@ -246,3 +246,14 @@ def test_source_wait_is_a_node_setting(tmp_path: Path, monkeypatch: pytest.Monke
     assert Node(str(tmp_path), source_wait=0).source_wait == 0
     with pytest.raises(ValueError, match="source_wait must be 0 to 3600 seconds"):
         Node(str(tmp_path), source_wait=-1)
+
+
+def test_a_read_as_of_a_batch_before_the_producers_records_is_refused(
+    world: tuple[Node, Changelog],
+) -> None:
+    node, _ = world
+    past = every_row(PositionBound.after("orders", 0, 3)).as_of(0)  # batch 1 read offset 3
+    with pytest.raises(InvalidQueryError, match="as of batch 0 but its bound asks for batch 1"):
+        node.query(past)
+    assert values(node, PositionBound.after("orders", 0, 1)) == {1}  # batch 0 read it too
+    assert node.query(every_row(PositionBound.after("orders", 0, 1)).as_of(0)).position

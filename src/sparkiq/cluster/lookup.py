@@ -210,7 +210,7 @@ class Lookup:
         """Answer ``request``, routing to the nodes that host its partitions (a standalone
         node answers locally)."""
         check_read((request.store,))
-        if request.bound.position is not None and request.at_batch is None:
+        if request.bound.position is not None:
             resolved = self.sources.resolve(request.store, request.bound, self.source_wait)
             if isinstance(resolved, Unreached):
                 return self._not_up_to_bound(request, resolved.message)
