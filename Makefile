@@ -28,10 +28,10 @@ typecheck: $(STAMP)
 # jvm/ and copied from Maven Central into .jvm/<module>/ (git ignores it); redone when a pom
 # changes. See docs/design.md ("Kafka: a real broker and Spark's connector").
 JVM_STAMP := .jvm/.fetched
-JVM_POMS := jvm/pom.xml jvm/kafka-broker/pom.xml jvm/spark-kafka/pom.xml
+JVM_POMS := jvm/pom.xml jvm/kafka-broker/pom.xml jvm/spark-kafka/pom.xml jvm/pg-jdbc/pom.xml
 
 $(JVM_STAMP): $(JVM_POMS)
-	rm -rf .jvm/kafka-broker .jvm/spark-kafka
+	rm -rf .jvm/kafka-broker .jvm/spark-kafka .jvm/pg-jdbc
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml dependency:copy-dependencies
 	touch $(JVM_STAMP)
 
