@@ -18,6 +18,12 @@ TABLE_MACROS = frozenset({"pg_get_keywords"})
 EXTRA_PG_TABLES: dict[str, str] = {
     # psql's and pgspecial's \du list the roles each role is a member of
     "pg_auth_members": "oid:L roleid:L member:L grantor:L admin_option:B",
+    # SQLAlchemy's get_indexes (Superset) joins the indexes' operator classes; the primary
+    # key indexes use the default ones, which it reads as "none named"
+    "pg_opclass": (
+        "oid:L opcmethod:L opcname:V opcnamespace:L opcowner:L opcfamily:L opcintype:L "
+        "opcdefault:B opckeytype:L"
+    ),
 }
 
 #: pg_settings rows beyond the parameters reported at login: Postgres' compiled-in limits
