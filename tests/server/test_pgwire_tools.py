@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from pgcli.completion_refresher import CompletionRefresher
@@ -139,3 +140,20 @@ def test_superset_inspector_calls(node: Node) -> None:
             assert key["constrained_columns"] == [*schema.key_columns, *window]
     finally:
         engine.dispose()
+
+
+def test_array_literals_and_parameters_in_catalog_queries(node: Node) -> None:
+    """The array spellings tools send (arrays.py): typed, untyped in ANY, quoted elements
+    and NULL, and a list bound as a parameter."""
+    assert node.pg_address is not None
+    host, port = node.pg_address
+    dsn = f"host={host} port={port} user=analyst password={TOKEN} dbname=sparkiq"
+    query = "SELECT relname FROM pg_catalog.pg_class WHERE relname = ANY({}) ORDER BY 1"
+    with psycopg.connect(dsn, autocommit=True) as cursor:
+        for array in ("""'{ck,"t",NULL,"no,pe"}'::text[]""", "'{ck, t}'", "ARRAY['ck', 't']"):
+            assert cursor.execute(query.format(array)).fetchall() == [("ck",), ("t",)], array
+        assert cursor.execute(query.format("%s"), [["t", "ck", "x"]]).fetchall() == [
+            ("ck",),
+            ("t",),
+        ]
+        assert cursor.execute(query.format("'{}'::text[]")).fetchall() == []
