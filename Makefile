@@ -24,14 +24,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The JVM artifacts the Kafka tests run (a Kafka broker, Spark's Kafka connector), pinned in
+# The JVM artifacts the tests run (a Kafka broker, Spark's Kafka connector, pgJDBC), pinned in
 # jvm/ and copied from Maven Central into .jvm/<module>/ (git ignores it); redone when a pom
-# changes. See docs/design.md ("Kafka: a real broker and Spark's connector").
+# changes. See docs/design.md ("Kafka: a real broker and Spark's connector", "A JDBC driver
+# as a real client").
 JVM_STAMP := .jvm/.fetched
-JVM_POMS := jvm/pom.xml jvm/kafka-broker/pom.xml jvm/spark-kafka/pom.xml
+JVM_POMS := jvm/pom.xml jvm/kafka-broker/pom.xml jvm/spark-kafka/pom.xml jvm/pg-jdbc/pom.xml
 
 $(JVM_STAMP): $(JVM_POMS)
-	rm -rf .jvm/kafka-broker .jvm/spark-kafka
+	rm -rf .jvm/kafka-broker .jvm/spark-kafka .jvm/pg-jdbc
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml dependency:copy-dependencies
 	touch $(JVM_STAMP)
 

@@ -20,6 +20,7 @@ import struct
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 
+from sparkiq.server.pg.arrays import ARRAY_ELEMENTS, array_parameter
 from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.statements import code_segments
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError
@@ -221,6 +222,8 @@ def _literal(value: bytes | None, fmt: int, oid: int, limits: PgLimits) -> str:
                 f"parameter {text!r} is not a number", code="parameters"
             ) from None
         return text
+    if oid in ARRAY_ELEMENTS:  # a list of values for a catalog query's ANY(...)
+        return array_parameter(text, oid)
     if oid == 16:
         return "TRUE" if text.lower() in ("t", "true", "1", "yes", "on") else "FALSE"
     return _quote(text)

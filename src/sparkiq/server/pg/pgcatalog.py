@@ -40,6 +40,7 @@ import duckdb
 
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
+from sparkiq.server.pg.pgextras import EXTRA_MACROS, EXTRA_PG_TABLES, EXTRA_SETTINGS
 
 __all__ = [
     "CATALOG_RELATIONS",
@@ -232,7 +233,8 @@ _PG_TABLES: dict[str, str] = {
     ),
     "pg_proc": (
         "oid:L proname:V pronamespace:L proowner:L prolang:L prokind:V prorettype:L "
-        "proargtypes:N proargnames:A prosrc:V"
+        "proargtypes:N proargnames:A prosrc:V proallargtypes:N proargmodes:A proretset:B "
+        "proargdefaults:V proisagg:B proiswindow:B"
     ),
     "pg_collation": (
         "oid:L collname:V collnamespace:L collowner:L collprovider:V collisdeterministic:B "
@@ -351,8 +353,11 @@ _MACROS = (
     # the primary key indexes' definitions (psql's \d shows what follows "USING")
     f"CREATE MACRO pg_get_indexdef(id) AS (SELECT min(i.indexdef) FROM {PG_CATALOG}.pg_indexes "
     f"i JOIN {PG_CATALOG}.pg_class c ON c.relname = i.indexname WHERE c.oid = id), "
-    f"(id, n, p) AS (SELECT min(i.indexdef) FROM {PG_CATALOG}.pg_indexes i JOIN "
-    f"{PG_CATALOG}.pg_class c ON c.relname = i.indexname WHERE c.oid = id)",
+    # with a column number n > 0 (pgJDBC's getIndexInfo), the n-th key column's name
+    f"(id, n, p) AS CASE WHEN n = 0 THEN (SELECT min(i.indexdef) FROM {PG_CATALOG}.pg_indexes "
+    f"i JOIN {PG_CATALOG}.pg_class c ON c.relname = i.indexname WHERE c.oid = id) ELSE "
+    f"(SELECT min(a.attname) FROM {PG_CATALOG}.pg_index x JOIN {PG_CATALOG}.pg_attribute a "
+    "ON a.attrelid = x.indrelid AND a.attnum = x.indkey[n] WHERE x.indexrelid = id) END",
     "CREATE MACRO pg_get_viewdef(id) AS NULL::VARCHAR, (id, p) AS NULL::VARCHAR",
     "CREATE MACRO pg_get_statisticsobjdef_columns(id) AS NULL::VARCHAR",
     "CREATE MACRO pg_relation_is_publishable(id) AS false",
@@ -438,7 +443,9 @@ def build_catalog(
         db.execute(f"CREATE TABLE {PG_CATALOG}.{name} ({', '.join(_cols(spec))})")
     for name, spec in _INFO_TABLES.items():
         db.execute(f"CREATE TABLE {INFORMATION_SCHEMA}.{name} ({', '.join(_cols(spec))})")
-    for macro in _MACROS:
+    for name, spec in EXTRA_PG_TABLES.items():
+        db.execute(f"CREATE TABLE {PG_CATALOG}.{name} ({', '.join(_cols(spec))})")
+    for macro in _MACROS + EXTRA_MACROS:
         db.execute(macro.replace("CREATE MACRO ", "CREATE MACRO public.", 1))
     _fill(db, tables, parameters)
     # GLOBAL: every cursor (catalog_cursor) inherits it, and none may change it once locked
@@ -645,7 +652,11 @@ def _fill(
     _insert(
         db,
         f"{PG_CATALOG}.pg_am",
-        [{"oid": 2, "amname": "heap", "amhandler": "heap_tableam_handler", "amtype": "t"}],
+        [
+            {"oid": 2, "amname": "heap", "amhandler": "heap_tableam_handler", "amtype": "t"},
+            # the primary key indexes' access method (pg_class.relam 403)
+            {"oid": 403, "amname": "btree", "amhandler": "bthandler", "amtype": "i"},
+        ],
     )
     _insert(
         db,
@@ -691,7 +702,7 @@ def _fill(
         f"{PG_CATALOG}.pg_settings",
         [
             {"name": name, "setting": value, "context": "user", "vartype": "string"}
-            for name, value in sorted(parameters.items())
+            for name, value in sorted({**EXTRA_SETTINGS, **parameters}.items())
         ],
     )
     oids = relation_oids(list(tables))

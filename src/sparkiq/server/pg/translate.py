@@ -3,14 +3,20 @@
 
 **Rewrites** (on the statement's code, never inside its string literals or comments):
 
+- Postgres array literals (``'{r,v}'::text[]``, ``ANY('{r,v}')``) are DuckDB lists
+  (:mod:`~sparkiq.server.pg.arrays`).
+
 - ``pg_catalog.`` and ``information_schema.`` name the emulated schemas; a
-  ``pg_catalog.``-qualified function loses its qualifier (the macros are in ``public``).
+  ``pg_catalog.``-qualified function (or ``information_schema._pg_*``) loses its
+  qualifier (the macros are in ``public``).
 - The session's values replace what DuckDB would answer about itself: ``version()``,
   ``current_database()``, ``current_schema()``, ``current_schemas(...)``,
   ``current_user``/``session_user``/``user``, ``current_setting('name')`` (the session's
   ``SET`` value or the server's parameter; NULL for others).
-- ``'pg_class'::regclass`` is that relation's OID; other casts to Postgres' reg* types,
-  ``name`` and ``oid`` become casts to DuckDB's ``VARCHAR``/``BIGINT``;
+- ``'pg_class'::regclass`` is that relation's OID; ``column::regtype`` is
+  ``format_type(column, NULL)`` (the type's name, as Postgres shows a regtype); other
+  casts to Postgres' reg* types, ``name`` and ``oid`` become casts to DuckDB's
+  ``VARCHAR``/``BIGINT``;
   ``OPERATOR(pg_catalog.~)`` is ``~``; ``COLLATE pg_catalog.default`` is dropped;
   ``CAST(x AS regclass)`` and ``CAST(x AS oid)`` are cast as ``::regclass`` and ``::oid`` are;
   ``json_build_object`` is DuckDB's ``json_object``; ``pg_type``'s function columns
@@ -23,7 +29,8 @@
 identifier in its code may name DuckDB's own catalog or settings: its databases
 (``system``, ``temp``, ``memory``), its ``pg_catalog``/``information_schema`` (a quoted
 spelling the rewrites leave alone), its ``duckdb_*``/``pragma_*``/``sqlite_*`` views, its
-table functions other than ``generate_series``/``range``/``unnest``, and
+table functions other than ``generate_series``/``range``/``unnest`` (and the catalog's
+``pg_get_keywords``), and
 ``current_setting``/``getvariable``/``getenv``/``which_secret``. Such a statement is
 refused with :class:`~sparkiq.sql.errors.SqlUnsupportedError` (SQLSTATE 42501). The
 catalog database also runs with ``enable_external_access=false`` and a locked
@@ -38,12 +45,14 @@ from dataclasses import dataclass
 
 import duckdb
 
+from sparkiq.server.pg.arrays import list_literals
 from sparkiq.server.pg.pgcatalog import (
     CATALOG_RELATIONS,
     DATABASE,
     INFORMATION_SCHEMA,
     PG_CATALOG,
 )
+from sparkiq.server.pg.pgextras import TABLE_MACROS
 from sparkiq.server.pg.statements import code_segments
 from sparkiq.sql.errors import SqlUnsupportedError
 
@@ -103,6 +112,14 @@ _LITERAL_REWRITES: tuple[tuple[re.Pattern[str], _Sub], ...] = (
 _CODE_REWRITES: tuple[tuple[re.Pattern[str], _Sub], ...] = (
     (re.compile(r"OPERATOR\s*\(\s*pg_catalog\s*\.\s*([~!=<>]+)\s*\)", re.I), lambda m, s: m[1]),
     (re.compile(r"\bCOLLATE\s+pg_catalog\s*\.\s*default\b", re.I), lambda m, s: ""),
+    (  # a type OID column cast to regtype reads as the type's name (pgcli's columns)
+        re.compile(
+            r"(?<![\w.'\"])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)\s*::\s*(?:pg_catalog\s*\.\s*)?"
+            r"regtype\b(?!\s*\[)",
+            re.I,
+        ),
+        lambda m, s: f"format_type({m[1]}, NULL)",
+    ),
     (
         re.compile(
             r"::\s*(?:pg_catalog\s*\.\s*)?"
@@ -132,6 +149,10 @@ _CODE_REWRITES: tuple[tuple[re.Pattern[str], _Sub], ...] = (
     ),
     (re.compile(r"\bpg_catalog\s*\.\s*(\w+)\s*\(", re.I), lambda m, s: f"{m[1]}("),
     (re.compile(r"\bpg_catalog\s*\.", re.I), lambda m, s: f"{PG_CATALOG}."),
+    (  # information_schema's functions (_pg_expandarray) are macros in public too
+        re.compile(r"\binformation_schema\s*\.\s*(_pg_\w+)\s*\(", re.I),
+        lambda m, s: f"{m[1]}(",
+    ),
     (re.compile(r"\binformation_schema\s*\.", re.I), lambda m, s: f"{INFORMATION_SCHEMA}."),
     (re.compile(r"\bversion\s*\(\s*\)", re.I), lambda m, s: _quote(s.version)),
     (re.compile(r"\bcurrent_database\s*\(\s*\)", re.I), lambda m, s: _quote(DATABASE)),
@@ -150,7 +171,7 @@ _CODE_REWRITES: tuple[tuple[re.Pattern[str], _Sub], ...] = (
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _FUNCTION_NAME = re.compile(r"[a-z_]+", re.I)
-_ALLOWED_TABLE_FUNCTIONS = frozenset({"generate_series", "range", "unnest"})
+_ALLOWED_TABLE_FUNCTIONS = frozenset({"generate_series", "range", "unnest"}) | TABLE_MACROS
 _DENIED_PREFIXES = ("duckdb_", "pragma_", "sqlite_")
 _DENIED_WORDS = frozenset(
     {
@@ -214,6 +235,7 @@ def translate(text: str, session: Session) -> tuple[str, dict[str, str]]:
     """``text`` with the rewrites of the module docstring applied, and the names Postgres
     gives the columns a rewrite turned into an unnamed literal (DuckDB names such a column
     by the literal: ``'sparkiq'`` is ``current_database``)."""
+    text = list_literals(text)
     for pattern, sub in _LITERAL_REWRITES:
         text = pattern.sub(lambda m, sub=sub: sub(m, session), text)  # type: ignore[misc]
     out = []
