@@ -191,8 +191,8 @@ def wait_for_writer(state_dir: str, table: str, state: str, timeout: float = 120
     deadline = time.monotonic() + timeout
     while True:
         record = read_writer_status(open_storage(state_dir), table)
-        if record is not None and record.state == state:
-            if state != "running" or record.batch_duration_ms is not None:
-                return record
+        finished = state != "running" or (record and record.batch_duration_ms is not None)
+        if record is not None and record.state == state and finished:
+            return record
         assert time.monotonic() < deadline, f"writer of {table!r} never {state}: {record}"
         time.sleep(0.05)
