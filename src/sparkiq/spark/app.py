@@ -26,7 +26,8 @@ changelog on the driver (:class:`~sparkiq.spark.commits.CommitWatcher`), never f
 kept by the sink.
 
 The parts that stand alone live beside it: the sink, DDL, maintenance, lookups, and following
-commits (:mod:`sparkiq.spark.commits`). Why it is still a little over 600 lines: it is the
+commits (:mod:`sparkiq.spark.commits`), reporting the writer's status
+(:mod:`sparkiq.spark.writer_report`). Why it is still about 700 lines: it is the
 writer's one public object, and what remains is the lifecycle of its Spark queries (start,
 wait, stop, drop) and its query methods, which share the App's lock and tables.
 """
