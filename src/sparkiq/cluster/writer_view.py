@@ -15,7 +15,7 @@ absence) into what users see, at a given time:
 
 :class:`WriterRecords` is a node's cache of the records: reads go to a background thread at
 most once per ``refresh`` seconds, so ``GET /stats`` and ``/metrics`` never wait on the
-storage (an object store GET per table) except for the very first read.
+storage (an object store GET per table) but for the very first read (up to 1 s).
 :func:`writer_lines` is the text ``sparkiq status`` prints.
 """
 
@@ -153,7 +153,7 @@ class WriterRecords:
     up to ``first_wait`` seconds) and starts a refresh when the cache is older than
     ``refresh`` seconds; one refresh runs at a time."""
 
-    def __init__(self, state_dir: str, *, refresh: float = 1.0, first_wait: float = 5.0) -> None:
+    def __init__(self, state_dir: str, *, refresh: float = 1.0, first_wait: float = 1.0) -> None:
         self._state_dir = state_dir
         self._refresh = refresh
         self._first_wait = first_wait

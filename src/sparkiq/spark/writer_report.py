@@ -99,15 +99,21 @@ def query_status(
 ) -> WriterStatus:
     """The record of ``table`` whose Spark query is ``query`` now: failed when the query
     ended with an exception, else stopped when it is not active (or ``stopped``)."""
+    from pyspark.errors import StreamingQueryException
+
     now = time.time()
-    error = None
-    active = False
+    error: BaseException | None = None
     try:
         active = bool(query.isActive) and not stopped
-        if not active:
+    except Exception:  # the session is gone: whatever ran is not running
+        active = False
+    if not active:
+        try:
             error = query.exception()
-    except Exception as exc:  # how some versions report a failed query's exception
-        error = exc if not active else None
+        except StreamingQueryException as exc:  # how some versions hand it over
+            error = exc
+        except Exception:  # the session is gone: no reason to be had
+            log.debug("asking %s's query for its exception", table, exc_info=True)
     state = "failed" if error is not None else "running" if active else "stopped"
     return WriterStatus(
         table=table,
