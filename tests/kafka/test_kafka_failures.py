@@ -6,8 +6,10 @@ content: the records it acknowledged, and Spark's batch answer over the topic.
 - the broker is restarted while the pipeline runs: no record lost or counted twice;
 - a partition is added to the topic: its records are counted, positions gain it;
 - records age out before Spark reads them: with ``failOnDataLoss`` the query fails and
-  ``App.process_all_available`` says why; without it, the lost records are skipped and the
-  position is the topic's end offsets, what Spark read up to.
+  ``App.process_all_available`` says why, and so do a node's ``/stats`` and ``/metrics``,
+  ``sparkiq status`` and the console (the writer status record); without it, the lost
+  records are skipped and the position is the topic's end offsets, what Spark read up to
+  (and the writer shows running again).
 
 The tests share the worker's broker (tests/kafka/conftest.py); each has a topic of its own.
 """
