@@ -522,6 +522,7 @@ def _status_text(
     from sparkiq.changelog.snapshot import snapshot_summary
     from sparkiq.checkpoint.source import CheckpointCatalog
     from sparkiq.cluster.kafka_lag import committed_lines, kafka_lines
+    from sparkiq.cluster.writer_view import read_view, writer_lines
 
     tables = list_tables(state_dir)
     attached = [CheckpointCatalog(uri, name) for name, uri in (checkpoints or {}).items()]
@@ -561,6 +562,7 @@ def _status_text(
         newest = changelog.read_commit(batches[-1]) if batches else None
         if newest is not None:  # what the writer read of each Kafka topic, by its newest batch
             lines.extend(committed_lines(newest.position, newest.batch_id))
+        lines.extend(writer_lines(read_view(state_dir, name, time.time())))
     for catalog in attached:
         names = catalog.names()
         for name in names:

@@ -51,6 +51,7 @@ from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
 from sparkiq.cluster.nodeauth import NodeKey, Opened
 from sparkiq.cluster.rebalance import Rebalancer
 from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
+from sparkiq.cluster.writer_view import WriterRecords, WriterView
 from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
 from sparkiq.principals import Principal, Principals
 from sparkiq.query.position import Position, PositionBound
@@ -247,6 +248,7 @@ class Node:
                 config.kafka_bootstrap, self._kafka_topics, interval=config.kafka_interval
             )
         )
+        self._writers = WriterRecords(config.state_dir)  # each table's writer status record
         self._hosting = Hosting(
             config.state_dir,
             node_id=config.node_id,
@@ -500,6 +502,12 @@ class Node:
         offsets and lag when the node has ``kafka_bootstrap`` (read from a cache a background
         thread refreshes: never blocks)."""
         return kafka_sources(self._hosting.status(), self._kafka_ends)
+
+    def writers(self) -> list[WriterView]:
+        """Per hosted table, its writer (running, failed, stopped, silent or unknown), from
+        the status records its driver writes (:mod:`sparkiq.cluster.writer_view`; a cache
+        read in the background: never blocks after the first call)."""
+        return self._writers.views(self.tables)
 
     def _kafka_topics(self) -> list[str]:
         return sorted({s.topic for s in kafka_sources(self._hosting.status(), None)})

@@ -180,3 +180,19 @@ def apply_changes(
             else:
                 state[key] = dict(row)
     return state
+
+
+def wait_for_writer(state_dir: str, table: str, state: str, timeout: float = 120.0) -> Any:
+    """The writer status record of ``table`` once it says ``state`` (and, running, has the
+    figures of a finished batch); fails after ``timeout`` s (generous: a busy machine)."""
+    from sparkiq.changelog import open_storage
+    from sparkiq.changelog.writer_status import read_writer_status
+
+    deadline = time.monotonic() + timeout
+    while True:
+        record = read_writer_status(open_storage(state_dir), table)
+        finished = state != "running" or (record and record.batch_duration_ms is not None)
+        if record is not None and record.state == state and finished:
+            return record
+        assert time.monotonic() < deadline, f"writer of {table!r} never {state}: {record}"
+        time.sleep(0.05)

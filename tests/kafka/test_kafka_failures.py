@@ -6,8 +6,10 @@ content: the records it acknowledged, and Spark's batch answer over the topic.
 - the broker is restarted while the pipeline runs: no record lost or counted twice;
 - a partition is added to the topic: its records are counted, positions gain it;
 - records age out before Spark reads them: with ``failOnDataLoss`` the query fails and
-  ``App.process_all_available`` says why; without it, the lost records are skipped and the
-  position is the topic's end offsets, what Spark read up to.
+  ``App.process_all_available`` says why, and so do a node's ``/stats`` and ``/metrics``,
+  ``sparkiq status`` and the console (the writer status record); without it, the lost
+  records are skipped and the position is the topic's end offsets, what Spark read up to
+  (and the writer shows running again).
 
 The tests share the worker's broker (tests/kafka/conftest.py); each has a topic of its own.
 """
@@ -17,13 +19,15 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pyspark.errors import StreamingQueryException
 
@@ -32,6 +36,7 @@ from sparkiq.changelog import Changelog
 from sparkiq.errors import SparkiqError
 from sparkiq.spark.sink import CRASH_ENV
 from sparkiq.testing import KafkaBroker, assert_table_matches, table_rows
+from tests.cluster.cluster_helpers import wait_until
 from tests.kafka.client import (
     Delivered,
     add_partitions,
@@ -50,11 +55,13 @@ from tests.kafka.pipeline import (
     stream,
     totals,
 )
+from tests.kafka.test_kafka_lag import metric_samples
 
 # Starts JVMs of its own (Spark drivers, and the broker again): scheduled first.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PARTITIONS = 4
 
 
@@ -108,6 +115,57 @@ def wait_for_commit(state: Path, batch_id: int, timeout: float = 600.0) -> None:
     while not changelog.has_commit(batch_id):
         assert time.monotonic() < deadline, f"batch {batch_id} not committed in {timeout} s"
         time.sleep(0.05)
+
+
+def writer_of(
+    url: str, state: str, also: Callable[[dict[str, Any]], bool] = lambda _: True
+) -> dict[str, Any]:
+    """Table ``totals``' writer in the node's ``GET /stats`` once it is in ``state``."""
+    seen: list[dict[str, Any]] = []
+
+    def shown() -> bool:
+        writers = httpx.get(f"{url}/stats", timeout=30).json()["writers"]
+        seen[:] = [w for w in writers if w["table"] == "totals"]
+        return bool(seen) and seen[0]["state"] == state and also(seen[0])
+
+    wait_until(shown, 120, f"the writer of 'totals' never showed {state}: {seen}")
+    return seen[0]
+
+
+def assert_the_data_loss_reason(text: str, topic: str) -> None:
+    """``text`` says, in Spark's words, that records of ``topic`` aged out unread."""
+    assert "Some data may have been lost because they are not available in Kafka" in text
+    assert re.search(
+        rf"Could not read records in offset \[\d+, \d+\) for topic partition {topic}-", text
+    )
+    assert "source option failOnDataLoss to false" in text
+    assert "Traceback" not in text and "\tat " not in text, text
+
+
+def run_status(state: Path) -> str:
+    """``sparkiq status`` run as users run it."""
+    command = [sys.executable, "-m", "sparkiq.cli", "status", "--state-dir", str(state)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def assert_the_console_shows_the_failure(url: str, topic: str) -> None:
+    """The console's table view: the writer section says failed, with Spark's reason."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{url}/")
+            page.wait_for_selector("#stores li")
+            page.click("#stores li button.name")
+            page.wait_for_selector("#table-writer-reason")
+            assert "FAILED" in page.inner_text("#table-writer")
+            assert_the_data_loss_reason(page.inner_text("#table-writer-reason"), topic)
+        finally:
+            browser.close()
 
 
 @pytest.fixture
@@ -254,8 +312,32 @@ def test_records_aged_out_before_spark_read_them(
     assert committed_positions(str(state), "totals", topic)[0] == read_ends  # nothing more
     assert table_rows(app, "totals") == expected_totals(read)
 
-    app = app_factory(servers, topic, failOnDataLoss="false")
-    app.process_all_available(timeout=600)
+    # ... and where users look: a node's /stats and /metrics, sparkiq status, the console
+    reader = Node(str(state), node_id="reader", listen="127.0.0.1:0", standbys=0, store="memory")
+    try:
+        url = reader.start().url or ""
+        failed = writer_of(url, "failed")
+        assert failed["batch_id"] == 0 and failed["failed_at"] is not None
+        assert_the_data_loss_reason(failed["reason"], topic)
+        assert failed["reason"] in said  # the same reason process_all_available gave
+        assert metric_samples(url, "sparkiq_writer_up") == {("totals",): 0.0}
+        assert metric_samples(url, "sparkiq_writer_state") == {("failed", "totals"): 1.0}
+        status = run_status(state)
+        assert "writer FAILED at " in status and "last commit batch 0" in status, status
+        assert_the_data_loss_reason(status, topic)
+        if CHROMIUM is not None:
+            assert_the_console_shows_the_failure(url, topic)
+
+        app = app_factory(servers, topic, failOnDataLoss="false")
+        app.process_all_available(timeout=600)
+        newest = max(committed_positions(str(state), "totals", topic))
+        running = writer_of(url, "running", lambda w: w["batch_id"] == newest)
+        assert running["reason"] is None and running["batch_duration_ms"] > 0
+        assert running["input_rows_per_second"] is not None
+        assert 0 <= running["last_commit_age_seconds"] < 600
+        assert metric_samples(url, "sparkiq_writer_up") == {("totals",): 1.0}
+    finally:
+        reader.stop()
     assert assert_positions_reach_the_end(state, topic, servers, partitions) == unread_ends
     assert table_rows(app, "totals") == expected_totals(read + survivors)
     # Spark's batch answer over what the topic held before and holds now

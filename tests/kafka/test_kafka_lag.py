@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkiq import Node
 from sparkiq.changelog import Changelog
+from sparkiq.testing import KafkaBroker
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import wait_until
 from tests.cluster.serve_processes import free_port
@@ -87,7 +88,11 @@ def metric_samples(url: str, name: str) -> dict[tuple[str, ...], float]:
 
 
 @pytest.fixture(scope="module")
-def lagging(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lagging]:
+def lagging(
+    kafka_cluster: KafkaBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Lagging]:
+    # the package-scoped broker: kafka_bootstrap is function-scoped (a ScopeMismatch here)
+    kafka_bootstrap = kafka_cluster.bootstrap_servers
     state_dir = tmp_path_factory.mktemp("kafka-lag")
     create_topic(kafka_bootstrap, TOPIC, PARTITIONS)
     first = produce(kafka_bootstrap, TOPIC, records(0, 30))

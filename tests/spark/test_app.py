@@ -21,6 +21,9 @@ from sparkiq import (
     StateQueryRequest,
     UnknownStoreError,
 )
+from sparkiq.changelog import Changelog, open_storage
+from sparkiq.changelog.writer_status import read_writer_status
+from tests.changelog.helpers import wait_for_writer
 
 
 def tree(root: Path) -> list[str]:
@@ -169,7 +172,19 @@ def test_restart_on_an_existing_state_dir_resumes(spark: Any, tmp_path: Path) ->
     app = start()
     app.process_all_available()
     assert app.get("counts", "a") == {"k": "a", "n": 2}
+    # the writer's side, as the driver writes it into the changelog: running, then stopped
+    running = wait_for_writer(str(state), "counts", "running")
+    committed = Changelog(str(state), "counts").read_commit(0)
+    assert committed is not None and running.batch_id == 0
+    assert running.committed_at == committed.committed_at
+    assert running.progress_batch_id is not None and running.progress_batch_id >= 0
+    assert running.batch_duration_ms is not None and running.batch_duration_ms > 0
+    assert running.input_rows_per_second is not None and running.reason is None
+    assert running.query_name == "sparkiq.sparkiq.counts"
     app.stop()
+    stopped = read_writer_status(open_storage(str(state)), "counts")
+    assert stopped is not None and stopped.state == "stopped" and stopped.batch_id == 0
+    assert stopped.written_at >= running.written_at and stopped.reason is None
 
     write_counts(source, 1, ["a", "c"])
     app = start()

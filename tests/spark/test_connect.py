@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from sparkiq import App, Node, RangeQuery, StateQueryRequest
-from sparkiq.changelog import Changelog
+from sparkiq.changelog import Changelog, open_storage
 from sparkiq.changelog.snapshot import list_snapshots
+from sparkiq.changelog.writer_status import read_writer_status
 from sparkiq.spark.sink import TableSink
+from tests.changelog.helpers import wait_for_writer
 from tests.spark.test_differential import (
     SCHEMA,
     batch_truth,
@@ -82,6 +84,10 @@ def test_readme_quickstart_and_ddl_under_connect(
     try:
         app.process_all_available()
         assert app.get("revenue_by_product", "p-17") == {"product": "p-17", "revenue": 123.0}
+        # the writer status record, from query.isActive/lastProgress under Connect
+        running = wait_for_writer(str(tmp_path / "shop-state"), "revenue_by_product", "running")
+        assert running.batch_id == 0 and running.progress_batch_id is not None
+        assert running.batch_duration_ms is not None and running.batch_duration_ms > 0
         res = app.query(
             StateQueryRequest.in_store("revenue_by_product").with_query(
                 RangeQuery.with_range("p-10", "p-19")
@@ -111,6 +117,8 @@ def test_readme_quickstart_and_ddl_under_connect(
         ]
         app.sql("DROP TABLE big_orders")
         assert "big_orders" not in app.tables
+        dropped = read_writer_status(open_storage(str(tmp_path / "shop-state")), "big_orders")
+        assert dropped is not None and dropped.state == "stopped" and dropped.batch_id >= 0
     finally:
         app.stop()
 

@@ -508,8 +508,8 @@ class RestApp:
         return status
 
     def _stats(self) -> dict[str, Any]:
-        """``GET /stats``: what the console's query-rate charts, restore bars and Kafka
-        sources show."""
+        """``GET /stats``: what the console's query-rate charts, restore bars, Kafka sources
+        and writers show."""
         doc: dict[str, Any] = {"node_id": self.node.node_id}
         visible = set(readable(self.node.tables))
         doc.update(self.metrics.query_rate.series(readable(self.node.tables)))
@@ -532,6 +532,8 @@ class RestApp:
         ]
         # the table view's Kafka sources: a cache the node's Kafka thread refreshes
         doc["kafka"] = [k.to_dict() for k in self.node.kafka_sources() if k.table in visible]
+        # the table view's writer: each table's writer status record, from the node's cache
+        doc["writers"] = [w.to_dict() for w in self.node.writers() if w.table in visible]
         return doc
 
     def _stores(self) -> dict[str, Any]:

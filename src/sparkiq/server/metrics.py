@@ -186,6 +186,70 @@ class _KafkaCollector:
         yield from (applied, end, lag, age, up)
 
 
+class _WriterCollector:
+    """Per table, its writer (the Spark query), from the writer status records the node
+    caches (sparkiq.cluster.writer_view). A table without a record (writer unknown) has no
+    samples."""
+
+    def __init__(self, node: ServedNode) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "sparkiq_writer_up",
+            "1 when the table's Spark query runs and its driver wrote its status lately; 0 when "
+            "it failed, was stopped or went silent",
+            labels=["store"],
+        )
+        state = GaugeMetricFamily(
+            "sparkiq_writer_state",
+            "1 for the writer's current state (running, failed, stopped, silent)",
+            labels=["store", "state"],
+        )
+        commit_age = GaugeMetricFamily(
+            "sparkiq_writer_last_commit_age_seconds",
+            "Age of the newest batch the writer committed (by its commit time)",
+            labels=["store"],
+        )
+        heartbeat_age = GaugeMetricFamily(
+            "sparkiq_writer_heartbeat_age_seconds",
+            "Age of the writer's status record (a running writer rewrites it every few seconds)",
+            labels=["store"],
+        )
+        duration = GaugeMetricFamily(
+            "sparkiq_writer_batch_duration_seconds",
+            "Duration of the writer's last micro-batch (Spark's triggerExecution)",
+            labels=["store"],
+        )
+        input_rate = GaugeMetricFamily(
+            "sparkiq_writer_input_rows_per_second",
+            "Input rows per second of the writer's last micro-batch",
+            labels=["store"],
+        )
+        processed_rate = GaugeMetricFamily(
+            "sparkiq_writer_processed_rows_per_second",
+            "Rows processed per second in the writer's last micro-batch",
+            labels=["store"],
+        )
+        for w in self._node.writers():
+            if w.state == "unknown":
+                continue
+            labels = [w.table]
+            up.add_metric(labels, 1 if w.state == "running" else 0)
+            state.add_metric([w.table, w.state], 1)
+            if w.last_commit_age_seconds is not None:
+                commit_age.add_metric(labels, w.last_commit_age_seconds)
+            if w.heartbeat_age_seconds is not None:
+                heartbeat_age.add_metric(labels, w.heartbeat_age_seconds)
+            if w.batch_duration_ms is not None:
+                duration.add_metric(labels, w.batch_duration_ms / 1000.0)
+            if w.input_rows_per_second is not None:
+                input_rate.add_metric(labels, w.input_rows_per_second)
+            if w.processed_rows_per_second is not None:
+                processed_rate.add_metric(labels, w.processed_rows_per_second)
+        yield from (up, state, commit_age, heartbeat_age, duration, input_rate, processed_rate)
+
+
 class QueryRate:
     """Queries per table over the last ``buckets * interval`` seconds, counted in buckets of
     ``interval`` seconds of wall-clock time (bucket ``i`` covers ``[i * interval, (i + 1) *
@@ -267,6 +331,7 @@ class Metrics:
         )
         self.registry.register(_ReplicaCollector(node))
         self.registry.register(_KafkaCollector(node))
+        self.registry.register(_WriterCollector(node))
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

@@ -266,7 +266,9 @@ def openapi_document() -> dict[str, Any]:
             "/stats": {
                 "get": {
                     "summary": "This node: queries per table (last 10 minutes, per 5 s), "
-                    "progress of every hosted partition (restores), Kafka lag per table",
+                    "progress of every hosted partition (restores), Kafka lag per table, "
+                    "each table's writer (its Spark query: running, failed with the reason, "
+                    "stopped, silent; input rows/s, batch duration, last commit)",
                     "responses": {"200": {"description": "Stats"}, **_errors(401)},
                 }
             },

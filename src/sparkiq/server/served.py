@@ -12,6 +12,7 @@ from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.cluster.kafka_lag import KafkaSource
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
 from sparkiq.cluster.nodeauth import Opened
+from sparkiq.cluster.writer_view import WriterView
 from sparkiq.principals import Principal
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.request import StateQueryRequest
@@ -63,6 +64,8 @@ class ServedNode(Protocol):
     def is_ready(self) -> bool: ...
 
     def kafka_sources(self) -> list[KafkaSource]: ...
+
+    def writers(self) -> list[WriterView]: ...
 
     def metadata_for_key(self, store: str, key: Any) -> KeyQueryMetadata: ...
 

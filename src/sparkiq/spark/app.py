@@ -26,7 +26,8 @@ changelog on the driver (:class:`~sparkiq.spark.commits.CommitWatcher`), never f
 kept by the sink.
 
 The parts that stand alone live beside it: the sink, DDL, maintenance, lookups, and following
-commits (:mod:`sparkiq.spark.commits`). Why it is still a little over 600 lines: it is the
+commits (:mod:`sparkiq.spark.commits`), reporting the writer's status
+(:mod:`sparkiq.spark.writer_report`). Why it is still about 700 lines: it is the
 writer's one public object, and what remains is the lifecycle of its Spark queries (start,
 wait, stop, drop) and its query methods, which share the App's lock and tables.
 """
@@ -69,6 +70,7 @@ from sparkiq.spark.sink import (
     use_this_python_for_local_workers,
     write_task_count,
 )
+from sparkiq.spark.writer_report import WriterReporter, final_status
 from sparkiq.stores.versions import History
 
 __all__ = ["App", "Table"]
@@ -173,6 +175,7 @@ class App:
         self._started = False
         self._lock = threading.Lock()
         self._watcher: CommitWatcher | None = None
+        self._reporter: WriterReporter | None = None
         self._attached: list[tuple[str, str, Any]] = []  # App.attach: (checkpoint, name, ops)
 
     # -- defining tables ---------------------------------------------------------------------
@@ -354,6 +357,8 @@ class App:
                 self.name, self.state_dir, self._watched, self._on_commit, self._poll_interval
             )
             self._watcher.start()
+            self._reporter = WriterReporter(self.name, self.state_dir, self._reported)
+            self._reporter.start()
             self._started = True
         return self
 
@@ -506,6 +511,11 @@ class App:
         """``(table, newest commit seen, table)`` of every started table (the watcher's view)."""
         return [(t.name, t.committed_batch_id, t) for t in self._tables.values() if t.query]
 
+    def _reported(self) -> list[tuple[str, Any, int]]:
+        """``(table, its query, newest commit seen)`` of every started table (what the
+        writer status reporter writes about)."""
+        return [(t.name, t.query, t.committed_batch_id) for t in self._tables.values() if t.query]
+
     def _on_commit(self, table: Table, batch_id: int) -> None:
         """The commit watcher saw ``batch_id`` of ``table`` committed."""
         table.committed_batch_id = max(table.committed_batch_id, batch_id)
@@ -530,6 +540,9 @@ class App:
             watcher, self._watcher = self._watcher, None
             if watcher is not None:
                 watcher.stop()
+            reporter, self._reporter = self._reporter, None
+            if reporter is not None:  # before the queries stop: _stop_query writes the last word
+                reporter.stop()
             stopping = [
                 threading.Thread(
                     target=self._stop_query, args=(table, timeout), name=f"sparkiq-stop-{name}"
@@ -555,7 +568,21 @@ class App:
                     table.maintenance.wait(timeout)
             except Exception:  # already stopped or the session is gone
                 log.debug("stopping %s", table.name, exc_info=True)
+            query, reporter = table.query, self._reporter
+            if reporter is not None:  # it writes about started tables only: no longer this one
+                with reporter.lock:
+                    table.query = None
             table.query = None
+            # stopped, or failed when it had failed before (readers keep seeing the reason)
+            self._read_commits_quietly(table)
+            final_status(self.state_dir, table.name, query, table.committed_batch_id)
+
+    def _read_commits_quietly(self, table: Table) -> None:
+        try:
+            changelog = Changelog(self.state_dir, table.name)
+            table.committed_batch_id = newest_commit(changelog, table.committed_batch_id)
+        except Exception:  # the record then names the newest batch the watcher saw
+            log.debug("reading the commits of %s", table.name, exc_info=True)
 
     def _drop_table(self, name: str, *, delete_changelog: bool) -> None:
         """Stop table ``name``'s Spark query and forget the table (``DROP TABLE``). The
@@ -569,7 +596,12 @@ class App:
             if table.maintenance is not None:  # a snapshot must not land in a deleted dir
                 table.maintenance.wait()
             changelog = Changelog(self.state_dir, name)
-            changelog.storage.delete_dir(changelog.root)
+            reporter = self._reporter
+            if reporter is not None:  # nor a writer status record (it was popped: no more)
+                with reporter.lock:
+                    changelog.storage.delete_dir(changelog.root)
+            else:
+                changelog.storage.delete_dir(changelog.root)
             checkpoint = open_storage(pyarrow_uri(self._checkpoint_location(name)))
             checkpoint.delete_dir(checkpoint.root)
             node = self.node
