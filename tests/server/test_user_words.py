@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from sparkiq import Client, InvalidQueryError, Node
+from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.sql import SqlError, SqlUnsupportedError
 from tests.server.serve_subprocess import serving
 from tests.sql.tables import build_world
@@ -255,5 +256,27 @@ def test_serving_a_state_dir_without_tables_warns_at_start_and_in_readyz(
         ready = httpx.get(f"{url}/readyz", timeout=30).json()
         log = (tmp_path / "node.log").read_text()
     warning = f"no tables are served: state_dir {str(typo)!r} holds no materialized table"
-    assert warning in ready["warning"]
     assert f"WARNING sparkiq.serve {warning}" in log
+    # /readyz answers without a token: it says so without the path
+    assert ready["warning"].startswith("no tables are served: its state_dir holds no")
+    assert str(typo) not in ready["warning"]
+
+
+def test_a_relative_state_dir_does_not_eat_the_words_of_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The REST API removes the state_dir's paths from messages; given as "state", it also
+    # removed the word "statements" (the user saw "INSERT <path> are not allowed")
+    monkeypatch.chdir(tmp_path)
+    build_world("state")
+    with Node("state", store="memory", node_id="rel", listen="127.0.0.1:0") as node:
+        node.poll_once()
+        answer = httpx.post(
+            f"{node.url}/query", json={"sql": "INSERT INTO t VALUES ('a', 1)"}, timeout=30
+        )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"].startswith("INSERT statements are not allowed")
+    # paths under it still go
+    roots = roots_of("state")
+    assert scrub("cannot read state/tables/t/table.json", roots) == "cannot read <path>"
+    assert scrub(f"cannot read {tmp_path}/state/x", roots) == "cannot read <path>"
