@@ -56,7 +56,10 @@ def name_outputs(tree: exp.Expr) -> None:
         items = []
         changed = False
         for item in select.expressions:
-            if _given_name(item) is not None or isinstance(item, exp.Star):
+            star = isinstance(item, exp.Star) or (
+                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+            )
+            if star or _given_name(item) is not None:  # t.* is a star too
                 items.append(item)
                 continue
             base = output_name(item)
