@@ -311,6 +311,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"sparkiq serve: {exc}", file=sys.stderr)
         return 2
     print(f"sparkiq node {node.node_id} serving {node.tables} at {node.url}", flush=True)
+    if not node.tables:
+        from sparkiq.server.served import no_tables_warning
+
+        # the log is stderr (basicConfig above): one line, where the operator looks
+        logging.getLogger("sparkiq.serve").warning("%s", no_tables_warning(config.state_dir))
     if node.pg_address is not None:
         print("Postgres wire protocol on {}:{}".format(*node.pg_address), flush=True)
     try:

@@ -60,8 +60,9 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.sql.change import Change
-from sparkiq.sql.errors import SqlError
+from sparkiq.sql.errors import SqlError, push_query_error
 from sparkiq.sql.result import SqlResult
+from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import arrowipc, jsonapi, protocol
 from sparkiq.wire.values import unpack
 
@@ -239,6 +240,8 @@ class Client:
         ``options`` are ``page_token`` and ``page_size`` (docs/rest.md)."""
         if format not in ("rows", "arrow"):
             raise ValueError(f"format must be 'rows' or 'arrow', got {format!r}")
+        if isinstance(text, str) and is_push_query(text):
+            raise push_query_error()  # POST /query would stream its changes forever
         doc: dict[str, Any] = {"sql": text, **options}
         if isinstance(bound, PositionBound):
             bound = bound.position

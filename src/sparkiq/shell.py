@@ -1,12 +1,18 @@
-"""``sparkiq shell``: an interactive SQL shell against a node, in the manner of ksql's CLI.
+"""``sparkiq shell``: an interactive SQL shell against a node, in the manner of psql.
 
 A statement may span lines and runs when a line ends with ``;``. Pull queries print a table
 and the position read at; push queries (``... EMIT CHANGES``) print changes as they commit
 until Ctrl-C, which returns to the prompt. A pull query running longer than a second shows a
 spinner with the elapsed time (as ``sparkiq query`` does); Ctrl-C cancels it on the node and
-returns to the prompt. Tab completes SQL keywords and the node's table
-and column names (read from ``GET /stores`` at start and by ``\\dt``). History is kept in
-``$SPARKIQ_HISTORY`` (default ``~/.sparkiq/history``). ``\\q`` or Ctrl-D leaves.
+returns to the prompt. Tab completes SQL keywords and the node's table and column names (read
+from ``GET /stores`` at start and by ``\\d``). History is kept in ``$SPARKIQ_HISTORY``
+(default ``~/.sparkiq/history``). ``\\q`` or Ctrl-D leaves.
+
+Meta-commands, as psql spells them: ``\\d`` (or ``\\dt``) lists the tables, ``\\d TABLE``
+describes one (columns, types, key, window), ``\\x`` toggles expanded display (one
+``column | value`` block per row), ``\\timing`` toggles printing each statement's time,
+``\\pset format aligned|csv|json`` picks the output format, ``\\?`` shows help. Any other
+backslash word is answered ``invalid command`` (as psql does), never run as SQL.
 
 Errors are printed as the node gives them (a SQL error with its line, column and caret
 snippet) and the shell goes on; only a node that cannot be reached at start, or refuses the
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,10 +39,18 @@ from rich.text import Text
 
 from sparkiq.client import Client
 from sparkiq.errors import SparkiqError
-from sparkiq.output import ChangePrinter, Elapsed, failure_message, print_rows
+from sparkiq.output import (
+    ChangePrinter,
+    Elapsed,
+    Format,
+    failure_message,
+    print_rows,
+    text_of,
+)
+from sparkiq.sql.errors import closest
 from sparkiq.sql.statement import is_push_query
 
-__all__ = ["KEYWORDS", "SqlCompleter", "history_path", "run_shell"]
+__all__ = ["FORMATS", "KEYWORDS", "SqlCompleter", "history_path", "run_shell"]
 
 #: What Tab offers besides names: the words of the statements a node runs.
 KEYWORDS = (
@@ -48,9 +63,17 @@ KEYWORDS = (
 
 _HELP = """\
   SQL statements end with ';' and may span lines. Tab completes keywords, tables, columns.
-  \\dt          list the tables (and refresh completion)
-  \\q, Ctrl-D   leave
-  Ctrl-C       cancel the line, a running query, or stop a push query"""
+  \\d, \\dt                 list the tables (and refresh completion)
+  \\d TABLE                 describe a table: columns, types, key, window
+  \\x [on|off]              toggle expanded display (one block per row)
+  \\timing [on|off]         toggle printing each statement's time
+  \\pset format FORMAT      output format: aligned (a table), csv or json (a line per row)
+  \\?                       this help
+  \\q, Ctrl-D               leave
+  Ctrl-C                   cancel the line, a running query, or stop a push query"""
+
+#: ``\\pset format`` names (psql's) and how :func:`~sparkiq.output.print_rows` calls them.
+FORMATS: dict[str, Format] = {"aligned": "table", "csv": "csv", "json": "json"}
 
 _PROMPT = "sparkiq> "
 _CONTINUATION = "      -> "
@@ -120,6 +143,9 @@ class _Shell:
         self.client, self.url, self.token = client, url, token
         self.console = Console()
         self.completer = SqlCompleter()
+        self.expanded = False  # \\x
+        self.timing = False  # \\timing
+        self.format: Format = "table"  # \\pset format
 
     def refresh(self) -> list[dict[str, Any]]:
         stores = self.client.stores()
@@ -131,26 +157,16 @@ class _Shell:
         # a Text, not markup: error messages quote brackets and names verbatim
         self.console.print(Text("ERROR ", style="bold red") + Text(text), highlight=False)
 
+    def say(self, text: str) -> None:
+        self.console.print(text, highlight=False, markup=False)
+
     def run(self, statement: str) -> None:
-        if statement in ("\\dt", "\\d"):
-            rows = [
-                {
-                    "table": s["name"],
-                    "key": ", ".join(s["key_columns"]),
-                    "window": s.get("window_column") or "",
-                    "partitions": s["partitions"],
-                }
-                for s in self.refresh()
-            ]
-            columns = ["table", "key", "window", "partitions"]
-            print_rows(sys.stdout, columns, rows, "table", console=self.console)
-            return
         if statement.startswith("\\"):
-            self.console.print(_HELP, highlight=False, markup=False)
+            self.meta(statement)
             return
         sql = statement.rstrip().rstrip(";").rstrip()
         if is_push_query(sql):
-            printer = ChangePrinter(sys.stdout, "table")
+            printer = ChangePrinter(sys.stdout, self.format)
             with self.client.stream(sql) as changes:
                 # said once the node answered, i.e. subscribed: from here no batch is missed
                 self.console.print("[dim]streaming changes; Ctrl-C stops[/dim]")
@@ -160,6 +176,7 @@ class _Shell:
                 except KeyboardInterrupt:
                     pass
             return
+        started = time.perf_counter()
         try:
             with Elapsed(sys.stderr, "running query"):
                 answer = self.client.sql(sql)
@@ -168,12 +185,133 @@ class _Shell:
             # leave and stops the statement (sparkiq.cancel). The shell stays.
             self.console.print("[dim]canceled[/dim]", highlight=False)
             return
-        print_rows(sys.stdout, answer.columns, answer.rows, "table", console=self.console)
+        elapsed = time.perf_counter() - started
+        self.show(answer.columns, answer.rows)
         noun = "row" if len(answer.rows) == 1 else "rows"
         self.console.print(
             f"[dim]{len(answer.rows)} {noun} at position {answer.position.to_token()}[/dim]",
             highlight=False,
         )
+        if self.timing:
+            self.say(f"Time: {elapsed * 1000:.3f} ms")
+
+    def show(self, columns: list[str], rows: list[dict[str, Any]]) -> None:
+        """Rows in the chosen format; expanded display applies to the aligned one (psql's
+        rule: csv and json are for programs, which want one line per row)."""
+        if self.expanded and self.format == "table":
+            _print_expanded(self.console, columns, rows)
+        else:
+            print_rows(sys.stdout, columns, rows, self.format, console=self.console)
+
+    def meta(self, statement: str) -> None:
+        """A backslash command (see the module doc)."""
+        words = statement.rstrip(";").split()
+        command, args = words[0], words[1:]
+        if command in ("\\d", "\\dt", "\\d+", "\\dt+") and not args:
+            self.list_tables()
+        elif command in ("\\d", "\\d+") and len(args) == 1:
+            self.describe(args[0])
+        elif command == "\\x" and len(args) <= 1:
+            self.expanded = self.toggle(self.expanded, args, "Expanded display")
+        elif command == "\\timing" and len(args) <= 1:
+            self.timing = self.toggle(self.timing, args, "Timing")
+        elif command == "\\pset" and args and args[0] == "format" and len(args) <= 2:
+            self.pset_format(args[1:])
+        elif command in ("\\?", "\\h", "\\help"):
+            self.say(_HELP)
+        else:
+            self.say(f"invalid command {statement}\nTry \\? for help.")
+
+    def toggle(self, current: bool, args: list[str], what: str) -> bool:
+        value = not current
+        if args:
+            word = args[0].lower()
+            if word not in ("on", "off"):
+                self.say(f'unrecognized value "{args[0]}" for {what.lower()}: on or off')
+                return current
+            value = word == "on"
+        self.say(f"{what} is {'on' if value else 'off'}.")
+        return value
+
+    def pset_format(self, args: list[str]) -> None:
+        shown = {v: k for k, v in FORMATS.items()}
+        if args:
+            chosen = FORMATS.get(args[0].lower())
+            if chosen is None:
+                self.say(f"\\pset: allowed formats are {', '.join(FORMATS)}")
+                return
+            self.format = chosen
+        self.say(f"Output format is {shown[self.format]}.")
+
+    def list_tables(self) -> None:
+        rows = [
+            {
+                "table": s["name"],
+                "key": ", ".join(s["key_columns"]),
+                "window": s.get("window_column") or "",
+                "partitions": s["partitions"],
+            }
+            for s in self.refresh()
+        ]
+        self.show(["table", "key", "window", "partitions"], rows)
+
+    def describe(self, name: str) -> None:
+        stores = {s["name"]: s for s in self.refresh()}
+        store = stores.get(name.strip('"'))
+        if store is None:
+            near = closest(name, stores)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            self.console.print(
+                Text("ERROR ", style="bold red")
+                + Text(f"no table named {name!r}{hint} (\\d lists the tables)"),
+                highlight=False,
+            )
+            return
+        schema = store.get("schema")
+        doc = json.loads(schema) if isinstance(schema, str) else schema or {}
+        keys = list(store["key_columns"])
+        rows = [
+            {
+                "column": field["name"],
+                "type": _type_text(field["type"]),
+                "key": "key" if field["name"] in keys else "",
+                "window": "window" if field["name"] == store.get("window_column") else "",
+            }
+            for field in doc.get("fields", ())
+        ]
+        self.say(f'Table "{store["name"]}"')
+        self.show(["column", "type", "key", "window"], rows)
+        footer = f"Key: ({', '.join(keys)}); {store['partitions']} partitions"
+        if store.get("window_column"):
+            footer += f"; windowed by {store['window_column']} (WINDOWSTART, WINDOWEND)"
+        self.say(footer)
+
+
+def _type_text(spark_type: Any) -> str:
+    """A Spark JSON schema type as Spark's simple string (``struct<a:int,tags:array<string>>``)."""
+    if isinstance(spark_type, str):
+        return spark_type
+    kind = spark_type.get("type")
+    if kind == "struct":
+        inner = ",".join(f"{f['name']}:{_type_text(f['type'])}" for f in spark_type["fields"])
+        return f"struct<{inner}>"
+    if kind == "array":
+        return f"array<{_type_text(spark_type['elementType'])}>"
+    if kind == "map":
+        key, value = _type_text(spark_type["keyType"]), _type_text(spark_type["valueType"])
+        return f"map<{key},{value}>"
+    return str(kind)
+
+
+def _print_expanded(console: Console, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """psql's expanded display: a ``-[ RECORD n ]`` rule, then ``column | value`` lines."""
+    width = max((len(c) for c in columns), default=0)
+    for number, row in enumerate(rows, 1):
+        console.print(f"-[ RECORD {number} ]" + "-" * max(4, width), highlight=False, markup=False)
+        for column in columns:
+            console.print(
+                f"{column.ljust(width)} | {text_of(row.get(column))}", highlight=False, markup=False
+            )
 
 
 def run_shell(url: str, token: str | None, ca: str | None = None) -> int:

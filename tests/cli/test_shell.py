@@ -4,6 +4,7 @@ keys are typed into it and the rendered screen is read back."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -117,3 +118,70 @@ def test_shell_says_how_to_reach_a_node(tmp_path: Path) -> None:
     assert result.stderr == (
         f"sparkiq shell: cannot reach {url}: is `sparkiq serve` running? set --url or SPARKIQ_URL\n"
     )
+
+
+def test_shell_meta_commands_work_as_in_psql(tmp_path: Path, terminal: Terminal) -> None:
+    state = tmp_path / "state"
+    table = make_table(str(state), partitions=2)
+    write_batch(table, 0, {"a": 1, "b": 22})
+    with Node(str(state), node_id="sh", listen="127.0.0.1:0", poll_interval=0.05) as node:
+        node.poll_once()
+        assert node.url is not None
+        command = f"{shlex.quote(sys.executable)} -m sparkiq.cli shell --url {node.url}"
+        terminal.start(command, {"SPARKIQ_HISTORY": str(tmp_path / "history")})
+        terminal.wait_for(lambda s: "sparkiq>" in s)
+
+        def run(line: str, done: str) -> list[str]:
+            """Type ``line``, wait for ``done``; the screen's lines after the command."""
+            terminal.keys("C-l")  # a clear screen: only this command's output is read
+            terminal.wait_for(lambda s: "sparkiq>" in s and "Time:" not in s)
+            terminal.type(line)
+            terminal.keys("Enter")
+            screen = terminal.wait_for(lambda s: done in s)
+            lines = screen.rstrip().splitlines()
+            return lines[next(i for i, x in enumerate(lines) if line in x) + 1 :]
+
+        # \d lists the tables; \d TABLE describes one: columns, types, key
+        lines = run("\\d", "partitions")
+        assert any(line.split("│")[1:3] == [" t     ", " k   "] for line in lines), lines
+        lines = run("\\d t", "Key: (k); 2 partitions")
+        assert 'Table "t"' in lines
+        cells = [[c.strip() for c in x.strip().strip("│").split("│")] for x in lines if "│" in x]
+        assert cells == [["k", "string", "key", ""], ["n", "long", "", ""]]
+        assert any(
+            x.split() == ["┃", "column", "┃", "type", "┃", "key", "┃", "window", "┃"] for x in lines
+        ), lines
+        lines = run("\\d nope", "ERROR")
+        assert "ERROR no table named 'nope'" in lines[0]
+
+        # \x: one block per row, as psql's expanded display
+        assert run("\\x", "Expanded display is on.")[0] == "Expanded display is on."
+        lines = run("SELECT k, n FROM t ORDER BY k;", "2 rows at position")
+        assert lines[:6] == [
+            "-[ RECORD 1 ]----",
+            "k | a",
+            "n | 1",
+            "-[ RECORD 2 ]----",
+            "k | b",
+            "n | 22",
+        ]
+        assert run("\\x off", "Expanded display is off.")[0] == "Expanded display is off."
+
+        # \timing prints each statement's time; \pset format csv prints CSV
+        assert run("\\timing", "Timing is on.")[0] == "Timing is on."
+        assert run("\\pset format csv", "Output format is csv.")[0] == "Output format is csv."
+        lines = run("SELECT count(*), sum(n) FROM t;", "Time:")
+        assert lines[:2] == ["count,sum", "2,23"]  # Postgres' column names
+        assert re.fullmatch(r"Time: \d+\.\d{3} ms", lines[3]), lines
+        lines = run("\\pset format xml", "allowed formats")
+        assert lines[0] == "\\pset: allowed formats are aligned, csv, json"
+
+        # an unknown meta-command is answered as unknown, not with the help
+        lines = run("\\foo", "invalid command")
+        assert lines[:2] == ["invalid command \\foo", "Try \\? for help."]
+        assert "\\timing" in "\n".join(run("\\?", "\\pset format"))
+
+        terminal.type("\\q")
+        terminal.keys("Enter")
+        screen = terminal.wait_for(lambda s: "EXIT=" in s)
+        assert "EXIT=0" in screen and "Traceback" not in screen

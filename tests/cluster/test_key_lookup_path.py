@@ -65,14 +65,18 @@ def test_a_windowed_table_refuses_key_lookups_on_every_path(cluster: list[Node])
     first = cluster[0]
     for key in KEYS:  # read here and routed: the same refusal, never a missing row
         for lookup in (first.get, first.get_with_position, first.local_lookup):
-            with pytest.raises(InvalidQueryError, match="'win' is windowed: use WindowKeyQuery"):
+            with pytest.raises(InvalidQueryError, match="'win' is windowed") as caught:
                 lookup("win", key)
+            assert f"SELECT * FROM win WHERE k = '{key}'" in caught.value.message
         for node in cluster:
             response = httpx.get(f"{node.url}/stores/win/keys/{key}", timeout=10)
             assert response.status_code == 400, response.text
             error = response.json()["error"]
             assert error["code"] == "invalid_query"
-            assert "use WindowKeyQuery" in error["message"]
+            # the statement and the REST body to use instead, not a Python class
+            assert f"SELECT * FROM win WHERE k = '{key}'" in error["message"]
+            body = f'{{"query": {{"type": "window_key", "key": "{key}", "from": null'
+            assert f"POST /stores/win/query with {body}" in error["message"]
 
 
 def test_a_plain_table_answers_on_every_path(cluster: list[Node]) -> None:

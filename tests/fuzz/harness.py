@@ -22,7 +22,7 @@ import httpx
 
 from sparkiq.wire import jsonapi
 from tests.fuzz.sqlgen import statement
-from tests.sql.compare import normalize
+from tests.sql.compare import normalize, postgres_names
 
 LEAKS = ("Traceback", "sqlglot.", "duckdb.", "<class ", "/tmp/", "pytest-of")
 
@@ -96,7 +96,8 @@ def _compare(
 ) -> None:
     try:
         cursor = ground.execute(sql)
-        names = [d[0] for d in cursor.description or ()]
+        # DuckDB's values; the names Postgres gives, as the node does (docs/sql.md)
+        names = postgres_names([d[0] for d in cursor.description or ()])
         rows = cursor.fetchall()
     except duckdb.Error as exc:
         report.mismatches.append(f"{sql} -> 200 from the node, DuckDB failed: {exc}"[:600])

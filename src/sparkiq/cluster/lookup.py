@@ -124,7 +124,7 @@ class Lookup:
         # The built-in key rule refuses only windowed tables: the common case skips asking
         # the registry here (read_key asks it before reading).
         if route.windowed and handler_for(PartitionStore, KeyQuery) is _BUILTIN_KEY_HANDLER:
-            check_key_query(route.schema, store)
+            check_key_query(route.schema, store, key)
         internal = route.codec.to_internal(key)
         partition = route.partitioner(internal)
         hosted = route.stores[partition]

@@ -74,7 +74,7 @@ from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
 from sparkiq.server.scrub import roots_of, scrub
-from sparkiq.server.served import ServedNode
+from sparkiq.server.served import ServedNode, no_tables_warning
 from sparkiq.server.source_wait import until_sources_read
 from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
 from sparkiq.sql.parse import parse
@@ -503,7 +503,10 @@ class RestApp:
         # is_ready() also covers a node still starting (meeting peers, opening partitions)
         ready = not behind and self.node.is_ready()
         status = 200 if ready else 503
-        doc = {"ready": ready, "node_id": self.node.node_id, "not_ready": behind}
+        doc: dict[str, Any] = {"ready": ready, "node_id": self.node.node_id, "not_ready": behind}
+        if not self.node.tables:  # most likely a mistyped state_dir: said, not silent
+            # without the path: /readyz answers without a token (the log names it)
+            doc["warning"] = no_tables_warning(None)
         await send_body(send, status, jsonapi.dumps(doc), JSON_HEADERS)
         return status
 

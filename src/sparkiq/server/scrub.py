@@ -49,7 +49,13 @@ def scrub(message: str, roots: tuple[str, ...] = ()) -> str:
         message = message[: message.index("Traceback")].rstrip() or "internal error"
     for root in roots:
         if root in message:
-            message = re.sub(re.escape(root) + r"[^\s'\",;()]*", "<path>", message)
+            # A relative root ("state") is a path only where one starts, and only as a whole
+            # segment: as a bare substring it would eat words ("INSERT statements" became
+            # "INSERT <path> are not allowed").
+            start = "" if root.startswith("/") else r"(?<![\w/.-])"
+            end = r"(?![\w.-])" if root.startswith("/") else r"(?=/)"
+            pattern = start + re.escape(root) + end + r"[^\s'\",;()]*"
+            message = re.sub(pattern, "<path>", message)
     message = _PATH.sub("<path>", message)
     return _PYTHON.sub(_python_word, message)
 

@@ -21,7 +21,7 @@ from sparkiq.schema.types import TableSchema
 from sparkiq.sql import SqlResult
 from sparkiq.sql.push import Subscription
 
-__all__ = ["ServedNode"]
+__all__ = ["ServedNode", "no_tables_warning"]
 
 
 class ServedNode(Protocol):
@@ -82,3 +82,15 @@ class ServedNode(Protocol):
     def sign_reply(self, request_mac: str | None, body: bytes) -> str | None: ...
 
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def no_tables_warning(state_dir: str | None) -> str:
+    """What ``sparkiq serve`` (at start, on stderr and in its log) and ``GET /readyz`` say
+    while a node serves no table: most often a mistyped ``--state-dir``. Not an error: a
+    writer may not have materialized its first table yet, and the node discovers it then."""
+    where = f"state_dir {state_dir!r}" if state_dir else "its state_dir"
+    return (
+        f"no tables are served: {where} holds no materialized table (yet); check the path "
+        "(it is the directory a writer's sparkiq.materialize() writes into), or start the "
+        "writer: tables are discovered as they appear"
+    )

@@ -57,6 +57,7 @@ import duckdb
 import pyarrow as pa
 
 from sparkiq.errors import ConfigError
+from sparkiq.sql.duck_errors import translate
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnknownNameError
 from sparkiq.sql.pyrows import arrow_rows, read_as_arrow
 from sparkiq.sql.watchdog import WATCHDOG, Statement
@@ -401,13 +402,15 @@ def run(
                 raise _out_of_memory(pool, True) from None
             function = re.search(r"Function with name (\w+) does not exist", text)
             if function is not None:
+                near = _did_you_mean(str(exc))
+                hint = f"; did you mean {near[0]}()?" if near else ""
                 raise SqlUnknownNameError(
-                    f"unknown function {function.group(1)}(): {text}",
+                    f"unknown function {function.group(1)}(){hint}",
                     code="unknown_function",
                     field=function.group(1),
-                    candidates=_did_you_mean(str(exc)),
+                    candidates=near,
                 ) from None
-            raise SqlError(f"the query failed while executing: {text}", code="execution") from None
+            raise translate(str(exc)) from None
         finally:
             WATCHDOG.disarm(armed)
 
@@ -537,13 +540,16 @@ def _binder_error(message: str, relations: Sequence[str] | Mapping[str, Any]) ->
     first = _clean(message)
     if "not found" in first.lower() and "column" in first.lower():
         quoted = re.search(r'column "([^"]+)"', first)
+        name = quoted.group(1) if quoted else None
+        candidates = _candidates(message)
+        hint = f"; did you mean {candidates[0]}?" if candidates else ""
         return SqlUnknownNameError(
-            f"unknown column: {first}",
+            f"unknown column {name!r}{hint}" if name else "unknown column",
             code="unknown_column",
-            candidates=_candidates(message),
-            field=quoted.group(1) if quoted else None,
+            candidates=candidates,
+            field=name,
         )
-    return SqlError(f"the query cannot be bound: {first}", code="binder")
+    return translate(message)
 
 
 def _did_you_mean(message: str) -> list[str]:

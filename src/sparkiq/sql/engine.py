@@ -191,6 +191,22 @@ class SqlEngine:
         """
         if not isinstance(text, str):
             raise SqlError(f"the statement must be a str, got {type(text).__name__}")
+        try:
+            return self._execute(text, bound, page_token, page_size)
+        except SqlError as error:
+            if error.line is not None or not error.field:
+                raise
+            # found while reading or running (a value that does not convert): located in
+            # the statement the user wrote, which parses again only on this path
+            raise locate(error, parse(text)) from None
+
+    def _execute(
+        self,
+        text: str,
+        bound: PositionBound | None,
+        page_token: str | None,
+        page_size: int | None,
+    ) -> SqlResult:
         if bound is None:
             bound = _UNBOUNDED
         plan, params, template = self._plan(text)

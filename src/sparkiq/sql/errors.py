@@ -35,6 +35,7 @@ __all__ = [
     "SqlUnsupportedError",
     "closest",
     "locate",
+    "push_query_error",
     "snippet_at",
 ]
 
@@ -127,6 +128,17 @@ class SqlPartitionError(SqlError):
         self.reason = reason
 
 
+def push_query_error() -> SqlUnsupportedError:
+    """The error of ``sql()`` given a push query: the same from ``Node.sql`` and
+    ``Client.sql`` (which refuses it before contacting the node, whose ``POST /query``
+    would answer it with a stream of changes that never ends)."""
+    return SqlUnsupportedError(
+        "EMIT CHANGES makes a push query: run it with stream() (App.stream, "
+        "Client.stream); sql() runs pull queries, which answer once",
+        code="push_query",
+    )
+
+
 def snippet_at(text: str, line: int | None, column: int | None) -> str | None:
     """The ``line``-th line of ``text`` with a caret under ``column`` (both 1-based)."""
     if line is None or column is None:
@@ -154,6 +166,8 @@ def locate(error: SqlError, parsed: Any) -> SqlError:
             ident = node if isinstance(node, exp.Identifier) else None
             meta = ident.meta if ident is not None else {}
             line, col = meta.get("line"), meta.get("col")
+            if ident is not None and line is None:
+                continue  # not in the text: an alias the engine gave (sparkiq.sql.names)
             if ident is None:
                 offset = parsed.text.lower().find(wanted + "(")
                 if offset >= 0:
@@ -163,7 +177,13 @@ def locate(error: SqlError, parsed: Any) -> SqlError:
                 col = col - len(name) + 1
             error.line, error.column = line, col
             error.snippet = snippet_at(parsed.text, line, col)
-            break
+            return error
+    # a function sqlglot knows by name (upper, sum...): its call in the text
+    offset = parsed.text.lower().find(wanted + "(")
+    if offset >= 0 and (offset == 0 or not parsed.text[offset - 1].isalnum()):
+        error.line = parsed.text.count("\n", 0, offset) + 1
+        error.column = offset - (parsed.text.rfind("\n", 0, offset) + 1) + 1
+        error.snippet = snippet_at(parsed.text, error.line, error.column)
     return error
 
 

@@ -16,6 +16,7 @@ analyzer reads the batch or time from the table's ``version``.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -25,7 +26,14 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from sparkiq.sql.errors import SqlLimitError, SqlSyntaxError, SqlUnsupportedError, snippet_at
+from sparkiq.sql.errors import (
+    SqlLimitError,
+    SqlSyntaxError,
+    SqlUnsupportedError,
+    push_query_error,
+    snippet_at,
+)
+from sparkiq.sql.names import name_outputs
 from sparkiq.sql.statement import first_word, is_push_query
 
 __all__ = ["MAX_NESTING", "Parsed", "check_nesting", "check_tree", "parse", "shape_of"]
@@ -67,6 +75,26 @@ _AS_OF = re.compile(
     re.IGNORECASE | re.DOTALL | re.VERBOSE,
 )
 _OF = re.compile(r"\bof\b", re.IGNORECASE)
+# Words outside literals, quoted names and comments (for locating a misspelled keyword)
+_WORD = re.compile(r"(?<![\w'\"$.])[A-Za-z_]\w*(?![\w'\"(.])")
+#: Clause keywords a misspelling is matched against
+_KEYWORDS = (
+    "SELECT", "FROM", "WHERE", "GROUP", "ORDER", "HAVING", "LIMIT", "OFFSET", "JOIN", "LEFT",
+    "RIGHT", "INNER", "OUTER", "CROSS", "UNION", "INTERSECT", "EXCEPT", "DISTINCT", "BETWEEN",
+    "WITH", "EXPLAIN", "VALUES", "WINDOW", "QUALIFY", "LATERAL", "NATURAL", "USING", "FULL",
+    "BY", "ON", "AS", "AND", "OR", "NOT", "IN", "IS", "NULL", "LIKE", "ILIKE", "CASE", "WHEN",
+    "THEN", "ELSE", "END", "ASC", "DESC", "ALL", "ANY", "EXISTS", "OVER", "PARTITION", "EMIT",
+    "CHANGES", "TRUE", "FALSE", "CAST", "INTERVAL", "FILTER",
+)  # fmt: skip
+# What a statement may start with (refused ones included: they get their own message)
+_STATEMENT_STARTS = frozenset((
+    "SELECT", "WITH", "EXPLAIN", "VALUES", "FROM", "TABLE", "INSERT", "UPDATE", "DELETE",
+    "CREATE", "DROP", "ALTER", "COPY", "ATTACH", "DETACH", "PRAGMA", "SET", "RESET", "USE",
+    "DESCRIBE", "DESC", "SHOW", "SUMMARIZE", "INSTALL", "LOAD", "CALL", "EXPORT", "IMPORT",
+    "BEGIN", "COMMIT", "ROLLBACK", "VACUUM", "CHECKPOINT", "TRUNCATE", "MERGE", "GRANT",
+    "REVOKE", "PIVOT", "UNPIVOT", "ANALYZE", "PREPARE", "EXECUTE", "DEALLOCATE", "START",
+    "END", "ABORT",
+))  # fmt: skip
 
 
 def check_numbers(text: str) -> None:
@@ -130,11 +158,7 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
     explain = False
     body = text
     if is_push_query(text):
-        raise SqlUnsupportedError(
-            "EMIT CHANGES makes a push query: run it with stream() (App.stream, "
-            "Client.stream); sql() runs pull queries, which answer once",
-            code="push_query",
-        )
+        raise push_query_error()
     first = first_word(text)
     if first is not None and first[0] == "EXPLAIN":
         explain = True
@@ -157,7 +181,9 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
     except RecursionError:  # deep without parentheses (NOT NOT NOT ...): same answer
         raise too_deep() from None
     if not statements:
-        raise SqlSyntaxError("the statement is empty; write SELECT ... FROM <table>")
+        raise SqlSyntaxError(
+            "the statement is empty; write a SELECT over a table, e.g. SELECT * FROM orders"
+        )
     if len(statements) > 1:
         raise SqlUnsupportedError(
             f"found {len(statements)} statements; send one SELECT per call",
@@ -169,6 +195,7 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
     except RecursionError:
         raise too_deep() from None
     assert isinstance(tree, exp.Query)
+    name_outputs(tree)  # Postgres' names for unnamed items (sparkiq.sql.names)
     return Parsed(tree, explain, text)
 
 
@@ -209,9 +236,14 @@ def _syntax_error(text: str, exc: ParseError) -> SqlSyntaxError:
     highlight = detail.get("highlight")
     if _MISSING.match(description):
         description = "an operand or clause is missing here"
-    near = f" near {highlight!r}" if highlight else ""
+    elif description.startswith("Invalid expression / Unexpected token"):
+        description = "unexpected here"
     if isinstance(column, int) and isinstance(highlight, str) and highlight:
         column = max(1, column - len(highlight) + 1)  # sqlglot points at the token's end
+    misspelled = _misspelled(text, line, column)
+    if misspelled is not None:  # the caret goes to the offending word, not what follows it
+        return misspelled
+    near = f" near {highlight!r}" if highlight else ""
     return SqlSyntaxError(
         f"syntax error{near}: {description}",
         line=line,
@@ -219,6 +251,36 @@ def _syntax_error(text: str, exc: ParseError) -> SqlSyntaxError:
         snippet=snippet_at(text, line, column),
         field=highlight,
     )
+
+
+def _misspelled(text: str, line: Any, column: Any) -> SqlSyntaxError | None:
+    """The error for a misspelled keyword where parsing failed: the statement's first word
+    when no statement starts so (``SELCT * FROM t``: the parser stops at ``FROM``), else
+    the word at or just before where it stopped (``SELECT * FORM t`` stops at ``t``)."""
+    words = [(m.group(), m.start()) for m in _WORD.finditer(text)]
+    if not words:
+        return None
+    suspects = [words[0]] if words[0][0].upper() not in _STATEMENT_STARTS else []
+    if isinstance(line, int) and isinstance(column, int):
+        lines = text.split("\n")
+        offset = sum(len(x) + 1 for x in lines[: line - 1]) + column - 1
+        before = [w for w in words if w[1] <= offset]
+        suspects += [w for w in before[-2:][::-1] if w[0].upper() not in _KEYWORDS]
+    for word, start in suspects:
+        near = difflib.get_close_matches(word.upper(), _KEYWORDS, n=1, cutoff=0.74)
+        first = (word, start) == words[0]
+        if near or first:
+            at_line = text.count("\n", 0, start) + 1
+            at_column = start - (text.rfind("\n", 0, start) + 1) + 1
+            hint = f"did you mean {near[0]}?" if near else "a statement starts with SELECT"
+            return SqlSyntaxError(
+                f"syntax error at {word!r}: {hint}",
+                line=at_line,
+                column=at_column,
+                snippet=snippet_at(text, at_line, at_column),
+                field=word,
+            )
+    return None
 
 
 def _where(text: str, node: exp.Expr) -> dict[str, Any]:
@@ -234,11 +296,16 @@ def _where(text: str, node: exp.Expr) -> dict[str, Any]:
 
 def check_tree(tree: exp.Expr, text: str, *, placeholders: bool = False) -> None:
     """Refuse anything but a read-only query over plain table names (see module doc)."""
-    if isinstance(tree, _STATEMENT_NODES) or not isinstance(tree, exp.Query):
+    if not isinstance(tree, (*_STATEMENT_NODES, exp.Query)):  # an expression: "foo bar"
+        raise _misspelled(text, None, None) or SqlSyntaxError(
+            "not a statement: write a SELECT over a table, e.g. SELECT * FROM orders"
+        )
+    if not isinstance(tree, exp.Query):
         kind = tree.key.upper() if not isinstance(tree, exp.Command) else str(tree.this).upper()
         raise SqlUnsupportedError(
-            f"{kind} statements are not allowed; pull queries are read-only: write "
-            "SELECT ... FROM <table> (or EXPLAIN SELECT ...)",
+            f"{kind} statements are not allowed: queries here only read. Write a SELECT over "
+            "a table (e.g. SELECT * FROM orders WHERE id = 7), or EXPLAIN SELECT to see its "
+            "plan; tables change only through the streaming query that writes them",
             code="forbidden_statement",
             field=kind,
         )

@@ -48,9 +48,11 @@ class PushQueryError(InvalidQueryError):
 # -- statement analysis -----------------------------------------------------------------------
 
 SUPPORTED = (
-    "push queries support SELECT <* | columns | expressions [AS name]> FROM <table> "
-    "[WHERE <predicate>] EMIT CHANGES, with comparisons, AND/OR/NOT, IN (...), BETWEEN, "
-    "IS [NOT] NULL, [I]LIKE, + - * / %, ||, COALESCE/UPPER/LOWER/LENGTH/ABS and struct fields"
+    "a push query selects *, columns or expressions (each may be named with AS) from one "
+    "table, optionally filtered by a WHERE, and ends with EMIT CHANGES, e.g. SELECT k, n * 2 "
+    "AS twice FROM t WHERE n > 10 EMIT CHANGES; expressions may use comparisons, "
+    "AND/OR/NOT, IN (...), BETWEEN, IS [NOT] NULL, [I]LIKE, + - * / %, ||, "
+    "COALESCE/UPPER/LOWER/LENGTH/ABS and struct fields"
 )
 #: ISO text -> value, by the evaluator kind of dates ("date") and timestamps ("ts")
 _PARSE = {k.push: k.temporal.parse for k in KINDS.values() if k.temporal and k.push}

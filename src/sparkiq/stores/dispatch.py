@@ -27,10 +27,12 @@ info. A handler reading at ``ctx.at_batch`` passes it to :meth:`PartitionStore.s
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, TypeVar
 
 from sparkiq.errors import InvalidQueryError, StoreError
@@ -229,19 +231,56 @@ def _refuse_batch(store: Any, table: str, ctx: QueryContext) -> QueryResult[Any]
 # -- built-in handlers --------------------------------------------------------------------------
 
 
-def check_key_query(schema: TableSchema, table: str) -> None:
+def check_key_query(schema: TableSchema, table: str, key: Any) -> None:
     """The built-in ``KeyQuery`` rule, which depends on the table only: a windowed table
     refuses a plain key lookup. Nodes check it once per lookup, before deciding where to
-    read (locally or on another node), so every entry point refuses the same way."""
+    read (locally or on another node), so every entry point refuses the same way. The
+    message names the SQL statement and the REST body that read ``key``'s windows (the REST
+    key route and the console meet it, not only Python callers)."""
     if schema.window_column is not None:
-        raise InvalidQueryError(
-            f"{table!r} is windowed: use WindowKeyQuery to read a key's windows", store=table
-        )
+        raise InvalidQueryError(_windowed_message(schema, table, key), store=table)
+
+
+def _windowed_message(schema: TableSchema, table: str, key: Any) -> str:
+    values = tuple(key) if isinstance(key, tuple | list) else (key,)
+    if len(values) != len(schema.key_columns):
+        values = (key,) * len(schema.key_columns)  # the key is refused later, as any bad key
+    where = " AND ".join(
+        f"{_ident(c)} = {_sql_literal(v)}" for c, v in zip(schema.key_columns, values, strict=True)
+    )
+    body = json.dumps(
+        {"query": {"type": "window_key", "key": key, "from": None, "to": None}}, default=str
+    )
+    return (
+        f"{table!r} is windowed: a key has one row per window, so it has no single row to "
+        f"look up. Read its windows with SQL: SELECT * FROM {_ident(table)} WHERE {where} "
+        "(add WINDOWSTART >= TIMESTAMP '...' for a time range); or POST "
+        f"/stores/{table}/query with {body} (from/to: window starts as ISO timestamps, "
+        "null for unbounded); in Python, WindowKeyQuery.with_key_and_window_starts"
+    )
+
+
+def _ident(name: str) -> str:
+    if name.isidentifier() and name.islower():
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).upper()
+    if isinstance(value, int | float | Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
+    if isinstance(value, dt.date):
+        return f"DATE '{value.isoformat()}'"
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 @register(KeyQuery)
 def _key_query(store: PartitionStore, query: KeyQuery, ctx: QueryContext) -> QueryResult[Any]:
-    check_key_query(store.schema, store.table)
+    check_key_query(store.schema, store.table, query.key)
     internal = store.keys.to_internal(query.key)
     row, position = store.get(internal)
     # RocksDB holds the newest batch only; its position, consistent with the row, says
