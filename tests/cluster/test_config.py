@@ -67,6 +67,7 @@ def test_every_variable_is_read_and_empty_ones_are_unset() -> None:
             "allowed_hosts": "sparkiq.example.com",
             "pg_tls": "optional",
             "kafka_interval": "2",
+            "source_wait": "2",
         }.get(field, "127.0.0.1:1")
         environ = {variable: value}
         if field.startswith("tls_"):  # the TLS files go together
@@ -92,6 +93,7 @@ def test_a_node_named_after_its_address_when_asked() -> None:
         ({"standbys": 1.5}, {}, "standbys must be an int"),
         ({}, {"SPARKIQ_FAILURE_TIMEOUT": "0"}, "failure_timeout must be a positive number"),
         ({"poll_interval": "soon"}, {}, "poll_interval must be a number"),
+        ({}, {"SPARKIQ_SOURCE_WAIT": "-1"}, r"source_wait must be 0 to 3600 seconds.*SOURCE_WAIT"),
         ({"poll_interval": True}, {}, "poll_interval must be a number"),
         ({"store": "sqlite"}, {}, "store must be 'rocksdb' or 'memory'"),
         (
