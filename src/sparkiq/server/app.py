@@ -45,7 +45,6 @@ from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER
 from sparkiq.pools import ElasticPool
 from sparkiq.principals import current as current_principal
-from sparkiq.principals import readable
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import FailureReason, StateQueryResult
 from sparkiq.schema.types import TableSchema
@@ -73,6 +72,7 @@ from sparkiq.server.browser import BrowserGuard, console_policy
 from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
+from sparkiq.server.reports import stats_document, stores_document
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.server.served import ServedNode, no_tables_warning
 from sparkiq.server.source_wait import until_sources_read
@@ -275,11 +275,16 @@ class RestApp:
             return path, 200
         if path == "/stats":
             allow(method, "GET")
-            await send_body(send, 200, jsonapi.dumps(self._stats()), JSON_HEADERS)
+            await send_body(
+                send,
+                200,
+                jsonapi.dumps(stats_document(self.node, self.metrics, self._roots)),
+                JSON_HEADERS,
+            )
             return path, 200
         if path == "/stores":
             allow(method, "GET")
-            await send_body(send, 200, jsonapi.dumps(self._stores()), JSON_HEADERS)
+            await send_body(send, 200, jsonapi.dumps(stores_document(self.node)), JSON_HEADERS)
             return path, 200
         if path == "/metadata":
             allow(method, "GET")
@@ -509,54 +514,6 @@ class RestApp:
             doc["warning"] = no_tables_warning(None)
         await send_body(send, status, jsonapi.dumps(doc), JSON_HEADERS)
         return status
-
-    def _stats(self) -> dict[str, Any]:
-        """``GET /stats``: what the console's query-rate charts, restore bars, Kafka sources
-        and writers show."""
-        doc: dict[str, Any] = {"node_id": self.node.node_id}
-        visible = set(readable(self.node.tables))
-        doc.update(self.metrics.query_rate.series(readable(self.node.tables)))
-        doc["partitions"] = [
-            {
-                "store": s.table,
-                "partition": s.partition,
-                "state": s.state,
-                "batch_id": s.batch_id,
-                "latest_batch_id": s.latest_batch_id,
-                "lag_batches": s.lag_batches,
-                "lag_seconds": s.lag_seconds,
-                "restored_rows": s.restored_rows,
-                "restored_bytes": s.restored_bytes,
-                "eta_seconds": s.eta_seconds,
-                "error": None if s.error is None else scrub(s.error, self._roots),
-            }
-            for s in self.node.status()
-            if s.table in visible
-        ]
-        # the table view's Kafka sources: a cache the node's Kafka thread refreshes
-        doc["kafka"] = [k.to_dict() for k in self.node.kafka_sources() if k.table in visible]
-        # the table view's writer: each table's writer status record, from the node's cache
-        doc["writers"] = [w.to_dict() for w in self.node.writers() if w.table in visible]
-        return doc
-
-    def _stores(self) -> dict[str, Any]:
-        node = self.node
-        out = []
-        for name in readable(node.tables):  # a principal learns only of what it may read
-            schema = node.schema(name)
-            out.append(
-                {
-                    "name": name,
-                    "key_columns": list(schema.key_columns),
-                    "window_column": schema.window_column,
-                    "partitions": node.partition_count(name),
-                    "schema": schema.spark_json(),
-                }
-            )
-            history = getattr(node, "history", None)  # followers and nodes; not in tests' fakes
-            if history is not None:
-                out[-1]["history"] = history(name)
-        return {"stores": out}
 
     async def _stream(
         self,
