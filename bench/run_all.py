@@ -310,6 +310,34 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
     return "\n".join(lines)
 
 
+def _kept_sections(path: str, names: Sequence[str]) -> list[tuple[list[str], str]]:
+    """The sections (and summary lines) of on-request benchmarks that this run did not
+    run, from the page being rewritten: a 30-minute soak's findings outlive ``make bench``."""
+    if not names or not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        text = handle.read()
+    sections = text.split("\n## ")
+    summary = next((s for s in sections if s.startswith("Summary")), "")
+    kept = []
+    for section in sections[1:]:
+        if not any(f"Module: `bench/{name}.py`" in section for name in names):
+            continue
+        title = section.splitlines()[0]
+        bullets = [line for line in summary.splitlines() if line.startswith(f"- **{title}**")]
+        kept.append((bullets, "## " + section.rstrip() + "\n"))
+    return kept
+
+
+def _with_kept(page: str, kept: list[tuple[list[str], str]]) -> str:
+    """``page`` with the kept sections at its end and their lines in its summary."""
+    if not kept:
+        return page
+    head, sep, rest = page.partition("\n## Summary\n\n")
+    bullets = "".join(line + "\n" for lines, _ in kept for line in lines)
+    return head + sep + bullets + rest.rstrip("\n") + "\n\n" + "\n".join(s for _, s in kept)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     add_scale_arguments(parser)
@@ -373,8 +401,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if (scale is Scale.FULL and names == list(BENCHMARKS)) or args.write_docs:
         os.makedirs(DOCS, exist_ok=True)
         path = os.path.join(DOCS, "benchmarks.md")
+        kept = _kept_sections(path, [n for n in ON_REQUEST if n not in names])
         with open(path, "w") as handle:
-            handle.write(_docs(reports, failures, info))
+            handle.write(_with_kept(_docs(reports, failures, info), kept))
         print(f"\nwrote {path}")
     else:
         print(

@@ -193,3 +193,21 @@ def test_soak_reports_sampled_resources(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["pid"] for line in lines] == [pid] * 3
     assert soak.slope_per_hour([(0.0, 1.0), (3600.0, 3.0)]) == pytest.approx(2.0)
+
+
+def test_a_full_run_keeps_the_sections_of_benchmarks_it_did_not_run(tmp_path: Path) -> None:
+    """`make bench` rewrites docs/benchmarks.md; the soak (on request only, 30 minutes or
+    more) keeps its section and summary line from the page it replaces."""
+    old = tmp_path / "benchmarks.md"
+    old.write_text(
+        "# Benchmarks\n\n## Summary\n\n- **Lookups** - old\n- **Soak: faults** - 0 anomalies\n"
+        "\n## Lookups\n\nModule: `bench/lookup.py`\n\nold table\n"
+        "\n## Soak: faults\n\nModule: `bench/soak.py`\n\nthe soak's table\n"
+    )
+    kept = run_all._kept_sections(str(old), ["soak"])
+    new = "# Benchmarks\n\n## Summary\n\n- **Lookups** - new\n\n## Lookups\n\nnew table\n"
+    page = run_all._with_kept(new, kept)
+    assert "- **Lookups** - new\n" in page and "old" not in page
+    assert "- **Soak: faults** - 0 anomalies" in page
+    assert page.endswith("## Soak: faults\n\nModule: `bench/soak.py`\n\nthe soak's table\n")
+    assert run_all._with_kept(new, run_all._kept_sections(str(old), [])) == new
