@@ -5,7 +5,7 @@ ones Spark 4 printed, their frames kept."""
 
 from __future__ import annotations
 
-from sparkiq.spark.failures import MAX_REASON, failure_reason, query_failed
+from sparkiq.spark.failures import MAX_REASON, failure_reason, query_failed, worker_hint
 
 PREFIX = (
     "[STREAM_FAILED] Query [id = 4f1c, runId = 5efb] terminated with exception: "
@@ -85,3 +85,18 @@ def test_the_error_names_the_table_and_where_it_stays() -> None:
     assert "The table stays at batch 4 " in str(error)
     never_committed = query_failed("t", RuntimeError("x"), committed=-1)
     assert "The table stays empty (no batch committed) " in str(never_committed)
+
+
+def test_a_worker_that_cannot_run_the_sink_names_the_fix() -> None:
+    """Spark Connect runs foreachBatch in the server's Python: a Python without sparkiq, or
+    one too slow to connect back in Spark's 10 s, gets told what to set."""
+    missing = (
+        "Traceback (most recent call last):\n  File x\n"
+        "ModuleNotFoundError: No module named 'sparkiq'"
+    )
+    error = str(query_failed("t", RuntimeError(missing), committed=-1))
+    assert "has no sparkiq" in error and "PYSPARK_PYTHON" in error
+    slow = "[PYTHON_WORKER_FAILED] Python worker failed to connect back."
+    assert "sparkiq-worker-python" in str(query_failed("t", RuntimeError(slow), committed=2))
+    assert worker_hint(RuntimeError(KAFKA)) is None
+    assert worker_hint("Python worker failed to connect back") is not None

@@ -60,7 +60,7 @@ from sparkiq.schema.types import TableSchema
 from sparkiq.spark import ddl
 from sparkiq.spark.attach import checkpoint_of
 from sparkiq.spark.commits import CommitWatcher, newest_commit, wait_between_batches
-from sparkiq.spark.failures import query_failed
+from sparkiq.spark.failures import failure_reason, query_failed, worker_hint
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
 from sparkiq.spark.sink import (
     TableSink,
@@ -443,7 +443,16 @@ class App:
         if table.trigger:
             writer = writer.trigger(**table.trigger)
         table.sink = sink
-        table.query = writer.start()
+        try:
+            table.query = writer.start()
+        except Exception as exc:  # Connect starts foreachBatch's worker here
+            hint = worker_hint(exc)
+            if hint is None:
+                raise
+            raise SparkiqError(
+                f"the Spark query of {table.name!r} did not start: {failure_reason(exc)}\n{hint}",
+                store=table.name,
+            ) from exc
 
     def compact(self, table: str | None = None) -> None:
         """Snapshot ``table`` (or every table) at its newest batch now, with a Spark job, and

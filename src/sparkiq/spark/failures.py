@@ -20,7 +20,7 @@ import re
 
 from sparkiq.errors import SparkiqError
 
-__all__ = ["MAX_REASON", "failure_reason", "query_failed"]
+__all__ = ["MAX_REASON", "failure_reason", "query_failed", "worker_hint"]
 
 #: The longest reason kept, in characters (the rest is cut, marked with "...").
 MAX_REASON = 2000
@@ -77,13 +77,40 @@ def _trimmed(lines: list[str]) -> list[str]:
     return lines
 
 
+def worker_hint(error: BaseException | str) -> str | None:
+    """What to do when ``error`` says Spark's Python worker could not run the table's sink:
+    it did not connect back in Spark's fixed 10 s (a busy machine, a slow ``python``), or
+    the Python it runs has no sparkiq (a Spark Connect server's own Python). None for any
+    other failure."""
+    text = str(error)
+    if "No module named 'sparkiq'" in text:
+        return (
+            "The Python that runs Spark's workers has no sparkiq: with Spark Connect that is "
+            "the server's Python, not yours. Install sparkiq there, or point PYSPARK_PYTHON "
+            "(or spark.pyspark.python) in the server's environment at a Python that has it, "
+            "such as $(which sparkiq-worker-python) (docs/guide.md, Spark Connect)."
+        )
+    if "failed to connect back" in text:
+        return (
+            "Spark's Python worker did not connect back within Spark's fixed 10 s (a busy "
+            "machine, or a slow python start). Start workers with sparkiq-worker-python, "
+            "which connects back first: PYSPARK_PYTHON=$(which sparkiq-worker-python) in the "
+            "Spark (Connect server's) environment, or spark.pyspark.python "
+            "(docs/guide.md, Spark Connect)."
+        )
+    return None
+
+
 def query_failed(table: str, error: BaseException, committed: int) -> SparkiqError:
     """The error ``App.process_all_available`` raises when ``table``'s query failed with
-    ``error``: the reason, and where the table stays (its newest commit, ``committed``)."""
+    ``error``: the reason, where the table stays (its newest commit, ``committed``) and,
+    when Spark's Python worker is the cause, what to do (:func:`worker_hint`)."""
     stays = f"at batch {committed}" if committed >= 0 else "empty (no batch committed)"
+    hint = worker_hint(error)
     return SparkiqError(
         f"the Spark query of {table!r} failed: {failure_reason(error)}\n"
-        f"The table stays {stays} and its replicas keep serving it. Once the cause is "
+        + (f"{hint}\n" if hint else "")
+        + f"The table stays {stays} and its replicas keep serving it. Once the cause is "
         "dealt with, start the App again: the query resumes from its checkpoint with the "
         "failed batch.",
         store=table,
