@@ -35,6 +35,17 @@ def test_key_lookups_parse_once_per_shape_and_never_start_duckdb(node: Node) -> 
     assert getattr(engine._pool._local, "con", None) is None
 
 
+def test_a_star_that_excludes_or_replaces_is_left_to_duckdb(node: Node) -> None:
+    """The key path projects columns itself; * EXCLUDE / REPLACE shape them, so DuckDB
+    answers (the key path once returned every column for EXCLUDE)."""
+    row = node.get("t", "k001")
+    assert row is not None
+    excluded = node.sql("SELECT * EXCLUDE (n) FROM t WHERE k = 'k001'")
+    assert (excluded.columns, excluded.rows) == (["k"], [{"k": "k001"}])
+    replaced = node.sql("SELECT * REPLACE (n + 1 AS n) FROM t WHERE k = 'k001'")
+    assert replaced.rows == [{"k": "k001", "n": row["n"] + 1}]
+
+
 def test_a_literal_the_key_cannot_take_falls_back_to_duckdb(node: Node) -> None:
     engine = SqlEngine(node)
     assert engine.execute("SELECT v FROM ik WHERE key = 1").rows == [{"v": 17}]

@@ -274,6 +274,8 @@ def _python_projection(analysis: Analysis) -> PythonProjection | None:
         if isinstance(item, exp.Alias):
             alias, item = item.alias, item.this
         if isinstance(item, exp.Star):
+            if any(item.args.get(a) for a in ("except_", "except", "replace", "rename")):
+                return None  # * EXCLUDE / REPLACE / RENAME: DuckDB shapes the columns
             items += [(c, c) for c in ref.schema.column_names]
             continue
         if not isinstance(item, exp.Column) or isinstance(item.this, exp.Star):
