@@ -54,7 +54,7 @@ class SourceBounds:
         of Kafka offsets only must name a topic the table reads
         (:class:`~sparkiq.errors.InvalidQueryError` otherwise, naming those it does)."""
         position = bound.position
-        if position is None or not any(c.startswith(KAFKA_PREFIX) for c in position.components):
+        if position is None or not kafka_topics(position):
             return bound
         deadline = time.monotonic() + wait
         while True:
@@ -77,7 +77,7 @@ class SourceBounds:
         and when they cannot tell (no commit seen: :meth:`resolve` reads the changelog).
         Memory only: the server asks it on its event loop while a request waits."""
         position = bound.position
-        if position is None or not any(c.startswith(KAFKA_PREFIX) for c in position.components):
+        if position is None or not kafka_topics(position):
             return True
         recent = self._hosting.replica(table).recent_sources
         if not recent:

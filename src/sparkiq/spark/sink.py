@@ -344,8 +344,9 @@ def use_this_python_for_local_workers(spark: Any) -> None:
     ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` always wins, and cluster masters are left
     alone (their executors need sparkiq installed, see docs/guide.md).
     """
-    # The one place that looks at the session's kind: a Spark Connect session has no
-    # sparkContext (PySpark raises an AttributeError), and its server picks its workers' Python.
+    # The one place that looks at the session's kind, and it touches nothing under Connect:
+    # a Connect session has no sparkContext attribute at all (getattr answers None, checked
+    # with pyspark 4.3's Connect SparkSession), and its server picks its workers' Python.
     context = getattr(spark, "sparkContext", None)
     if context is None or not str(getattr(context, "master", "")).startswith("local"):
         return
