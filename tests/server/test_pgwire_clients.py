@@ -22,6 +22,7 @@ import asyncpg
 import pg8000.dbapi
 import pg8000.native
 import psycopg
+import pyarrow as pa
 import pytest
 from pygwire import FrontendConnection
 from pygwire import messages as m
@@ -300,7 +301,7 @@ def test_a_cancel_request_with_a_wrong_key_changes_nothing(node: Node) -> None:
 )
 def test_binary_numeric_parameters_read_back_exactly(value: str) -> None:
     number = Decimal(value)
-    (column,) = describe_columns(["x"], [{"x": number}], ())
+    (column,) = describe_columns(pa.schema([("x", pa.decimal128(38, 9))]))
     encoded = column.encoder(True)(number)  # what a binary client sends
     bound = bind_parameters("SELECT $1", [encoded], [1], [1700])
     literal = bound.removeprefix("SELECT ")

@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
-from sqlglot import exp
 
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.cluster.heartbeat import HeartbeatError
@@ -47,7 +46,6 @@ from sparkiq.pools import ElasticPool
 from sparkiq.principals import current as current_principal
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.result import FailureReason, StateQueryResult
-from sparkiq.schema.types import TableSchema
 from sparkiq.server.asgi import (
     JSON_HEADERS,
     Receive,
@@ -77,7 +75,7 @@ from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.server.served import ServedNode, no_tables_warning
 from sparkiq.server.source_wait import until_sources_read
 from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
-from sparkiq.sql.parse import parse
+from sparkiq.sql.result import SqlResult
 from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import arrowipc, jsonapi, protocol
 from sparkiq.wire.values import pack, unpack_plain
@@ -462,7 +460,7 @@ class RestApp:
         self.metrics.queried(*read)
         scope[_NOTE].update(tables=read, rows=len(result.rows))
         if arrow:
-            headers, table = await self._sql_arrow(text, result)
+            headers, table = await self._sql_arrow(result)
             del result  # a slow reader pins the columns only, not the Python rows as well
             await self._stream(send, 200, headers, arrowipc.ipc_chunks(table))
         elif accepts_binary(scope):  # sparkiq.Client: values keep their Python types
@@ -472,14 +470,10 @@ class RestApp:
                 send, 200, await self._run(lambda: jsonapi.dumps(sql_json(result))), JSON_HEADERS
             )
 
-    async def _sql_arrow(
-        self, text: str, result: Any
-    ) -> tuple[list[tuple[bytes, bytes]], pa.Table]:
+    async def _sql_arrow(self, result: SqlResult) -> tuple[list[tuple[bytes, bytes]], pa.Table]:
         """The response headers and the Arrow table of ``result``, for an IPC stream
         (sparkiq.wire.arrowipc): its position (and page token) travel in headers."""
-        table = await self._run(  # parsing and converting take milliseconds: off the loop
-            lambda: arrowipc.result_table(result.columns, result.rows, self._schemas_read(text))
-        )
+        table = await self._run(result.to_arrow)  # milliseconds of conversion: off the loop
         headers = [
             (b"content-type", arrowipc.CONTENT_TYPE.encode()),
             (arrowipc.POSITION_HEADER.encode(), result.position.to_token().encode()),
@@ -487,16 +481,6 @@ class RestApp:
         if result.next_page_token is not None:
             headers.append((arrowipc.PAGE_TOKEN_HEADER.encode(), result.next_page_token.encode()))
         return headers, table
-
-    def _schemas_read(self, text: str) -> list[TableSchema]:
-        """Schemas of the tables ``text`` reads, which type the Arrow columns named like
-        theirs. The engine has accepted ``text``, so it parses."""
-        parsed = parse(text)
-        if parsed.explain:  # the answer is the plan's properties, not the tables' columns
-            return []
-        served = {name.lower(): name for name in self.node.tables}
-        named = {t.name.lower() for t in parsed.tree.find_all(exp.Table)}
-        return [self.node.schema(served[n]) for n in sorted(named) if n in served]
 
     async def _ready(self, send: Send) -> int:
         statuses = self.node.status()

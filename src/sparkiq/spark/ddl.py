@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
@@ -52,6 +53,7 @@ from sqlglot.tokenizer_core import Token, TokenType
 from sparkiq.changelog.manifest import OUTPUT_MODES, TableManifest
 from sparkiq.errors import ConfigError, SchemaError, UnknownStoreError
 from sparkiq.sql.result import SqlResult
+from sparkiq.sql.result_schema import strings
 from sparkiq.sql.statement import emit_changes_at, first_word
 
 __all__ = [
@@ -530,7 +532,8 @@ def execute(writer: Writer, statement: Statement) -> SqlResult:
 
 
 def _status(table: str, status: str) -> SqlResult:
-    return SqlResult(["table", "status"], [{"table": table, "status": status}])
+    columns = ["table", "status"]
+    return SqlResult(columns, [{"table": table, "status": status}], schema=strings(columns))
 
 
 def _create(writer: Writer, create: CreateTable) -> SqlResult:
@@ -628,7 +631,16 @@ def _drop(writer: Writer, drop: DropTable) -> SqlResult:
     return _status(name, "dropped, changelog deleted" if drop.delete_changelog else "dropped")
 
 
-_SHOW_COLUMNS = ["table", "key_columns", "partitions", "windowed", "running", "defined_by"]
+_SHOW_SCHEMA = pa.schema(
+    [
+        ("table", pa.string()),
+        ("key_columns", pa.list_(pa.string())),
+        ("partitions", pa.int32()),
+        ("windowed", pa.bool_()),
+        ("running", pa.bool_()),
+        ("defined_by", pa.string()),
+    ]
+)
 
 
 def _show_tables(writer: Writer) -> SqlResult:
@@ -645,10 +657,18 @@ def _show_tables(writer: Writer) -> SqlResult:
                 "defined_by": "sql" if table.sql else "materialize",
             }
         )
-    return SqlResult(list(_SHOW_COLUMNS), rows)
+    return SqlResult(_SHOW_SCHEMA.names, rows, schema=_SHOW_SCHEMA)
 
 
-_DESCRIBE_COLUMNS = ["column", "type", "nullable", "key", "window"]
+_DESCRIBE_SCHEMA = pa.schema(
+    [
+        ("column", pa.string()),
+        ("type", pa.string()),
+        ("nullable", pa.bool_()),
+        ("key", pa.bool_()),
+        ("window", pa.bool_()),
+    ]
+)
 
 
 def _describe(writer: Writer, describe: DescribeTable) -> SqlResult:
@@ -669,4 +689,4 @@ def _describe(writer: Writer, describe: DescribeTable) -> SqlResult:
         }
         for f in schema.fields
     ]
-    return SqlResult(list(_DESCRIBE_COLUMNS), rows)
+    return SqlResult(_DESCRIBE_SCHEMA.names, rows, schema=_DESCRIBE_SCHEMA)

@@ -60,6 +60,7 @@ from sparkiq.errors import ConfigError
 from sparkiq.sql.duck_errors import translate
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnknownNameError
 from sparkiq.sql.pyrows import arrow_rows, read_as_arrow
+from sparkiq.sql.result_schema import DUCK_TYPE
 from sparkiq.sql.watchdog import WATCHDOG, Statement
 
 __all__ = ["DuckPool", "approx_bytes", "parse_size", "run"]
@@ -346,7 +347,8 @@ def run(
     named parameters ``$name`` of ``params`` bound).
 
     Returns ``(column names, rows as tuples)``, or ``(names, pyarrow.Table)`` with
-    ``arrow=True``, or ``(names, DuckDB type names)`` with ``types=True``. DuckDB is
+    ``arrow=True`` (each field's :data:`~sparkiq.sql.result_schema.DUCK_TYPE` metadata
+    names its DuckDB type), or ``(names, DuckDB type names)`` with ``types=True``. DuckDB is
     interrupted after ``timeout`` seconds or when the process outgrows the pool's memory
     budget, and results are bounded by ``pool.max_result_bytes``
     (:class:`SqlLimitError`); its errors become :class:`SqlError`. ``max_rows`` stops
@@ -474,7 +476,15 @@ def _fetch_arrow(
             if held > max_bytes:
                 raise _too_large(max_bytes)
             batches.append(batch)
-        table = pa.Table.from_batches(batches, schema=reader.schema)
+        # Each field names its DuckDB type: Arrow's alone does not tell a HUGEINT from a
+        # DECIMAL(38,0) or a UUID from text (sparkiq.sql.result_schema reads it).
+        schema = pa.schema(
+            [
+                field.with_metadata({DUCK_TYPE: str(kind).encode()})
+                for field, kind in zip(reader.schema, relation.types, strict=True)
+            ]
+        )
+        table = pa.Table.from_batches(batches, schema=schema)
     finally:
         reader.close()
         relation.close()  # a relation left open keeps its connection alive past close()

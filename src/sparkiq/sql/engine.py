@@ -58,6 +58,7 @@ from sparkiq.sql.plan import (
 )
 from sparkiq.sql.reader import batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
+from sparkiq.sql.result_schema import DUCK_TYPE, from_duck, from_table, strings, zoned_timestamps
 from sparkiq.sql.source import ColumnarSource, QuerySource
 from sparkiq.sql.template import bind_template, same_plan
 from sparkiq.stores.versions import VALID_FROM, VALID_TO
@@ -71,6 +72,7 @@ _CACHE_SIZE = 512
 _TEMPLATE_LITERALS = 64
 _CONNECTIVE = re.compile(r"\b(?:and|or)\b", re.IGNORECASE)  # counted, not parsed: no groups
 _UNBOUNDED = PositionBound.unbounded()
+_NOTHING = pa.schema([])
 
 
 class SqlEngine:
@@ -86,6 +88,9 @@ class SqlEngine:
         self._by_shape: dict[str, Plan | None] = {}
         self._codecs: dict[str, tuple[TableSchema, KeyCodec, Partitioner]] = {}
         self._columnar_texts: dict[tuple[Any, ...], str] = {}
+        # result schemas of Python lookups, by table and projection (with the table
+        # schema each was made for); a DuckDB plan keeps its own (Plan.result_schema)
+        self._lookup_schemas: dict[tuple[Any, ...], tuple[TableSchema, pa.Schema]] = {}
 
     # -- planning ------------------------------------------------------------------------
 
@@ -134,26 +139,54 @@ class SqlEngine:
         plan = build_plan(analysis)
         if plan.python is None or analysis.aggregate:
             try:  # binds the statement: its errors come before any read
-                names, types = self._dry_run(plan)
+                names, types, described = self._dry_run(plan)
             except SqlError as error:
                 raise locate(error, parsed) from None
-            if analysis.aggregate:
+            if analysis.aggregate:  # its final query reads partial aggregates
                 plan = build_plan(analysis, names, types)
+            plan.result_schema = self._typed(plan, described)
         with self._lock:
             self._by_text[text] = plan
             if len(self._by_text) > _CACHE_SIZE:
                 self._by_text.popitem(last=False)
         return plan
 
-    def _dry_run(self, plan: Plan) -> tuple[list[str], list[str]]:
-        """Run the final query over empty relations: DuckDB resolves every name and type."""
+    def _dry_run(self, plan: Plan) -> tuple[list[str], list[str], pa.Schema]:
+        """Run the final query over empty relations: DuckDB resolves every name and type.
+        Returns the names, DuckDB's type names and the Arrow schema of the result."""
         empty = {
             t.relation: ArrowRows(self.source.schema(t.name), t.columns).out_schema.empty_table()
             for t in plan.tables
         }
-        return run(
-            self._pool, plan.final_sql, empty, timeout=self.limits.timeout_seconds, types=True
+        names, table = run(
+            self._pool, plan.final_sql, empty, timeout=self.limits.timeout_seconds, arrow=True
         )
+        types = [(f.metadata or {}).get(DUCK_TYPE, b"").decode() for f in table.schema]
+        return names, types, table.schema
+
+    def _typed(self, plan: Plan, described: pa.Schema) -> pa.Schema:
+        zoned = zoned_timestamps(self.source.schema(t.name) for t in plan.tables)
+        return from_duck(described, zoned)
+
+    def _duck_schema(self, plan: Plan, holder: Plan) -> pa.Schema:
+        """The result schema of a plan DuckDB runs (its final query's, paged or not),
+        kept on ``holder`` (the plan, or the template it was bound from)."""
+        found = holder.result_schema
+        if found is None:  # a plan without a dry run (a lookup's), which binds
+            found = holder.result_schema = self._typed(plan, self._dry_run(plan)[2])
+        return found
+
+    def _lookup_schema(self, table: str, schema: TableSchema, items: Any) -> pa.Schema:
+        """The result schema of a lookup answered in Python."""
+        key = (table, items)
+        found = self._lookup_schemas.get(key)
+        if found is None or found[0] is not schema:
+            found = (schema, from_table(schema, items))
+            with self._lock:
+                if len(self._lookup_schemas) > _CACHE_SIZE:
+                    self._lookup_schemas.clear()
+                self._lookup_schemas[key] = found
+        return found[1]
 
     def _remember_shape(self, shape: str, params: tuple[Any, ...], plan: Plan) -> None:
         """Keep a template for ``shape`` if binding it reproduces ``plan`` exactly."""
@@ -240,9 +273,10 @@ class SqlEngine:
             fast = self._python(plan, digest, params, bound, page_size, token)
             if fast is not None:
                 return fast
+        holder = plan  # a template's result has one schema whatever its values
         if template:
             plan = bind_template(plan, params, text)
-        return self._general(plan, params, bound, page_size, token, deadline)
+        return self._general(plan, holder, params, bound, page_size, token, deadline)
 
     def _python(
         self,
@@ -268,9 +302,9 @@ class SqlEngine:
         projection = plan.python
         assert projection is not None
         items = projection.items
-        columns = [name for name, _ in items]
+        typed = self._lookup_schema(table.name, schema, items)
         if projection.whole_rows:  # SELECT *: the decoded rows are fresh dicts already
-            return self._page(digest, table.name, columns, rows, position, page_size, token)
+            return self._page(digest, table.name, typed, rows, position, page_size, token)
         window = projection.window_column
         out: list[dict[str, Any]] = []
         for row in rows:
@@ -283,22 +317,23 @@ class SqlEngine:
                 else:
                     shaped[name] = row[column]
             out.append(shaped)
-        return self._page(digest, table.name, columns, out, position, page_size, token)
+        return self._page(digest, table.name, typed, out, position, page_size, token)
 
     def _page(
         self,
         digest: str,
         table: str,
-        columns: list[str],
+        typed: pa.Schema,
         rows: list[dict[str, Any]],
         position: Position,
         page_size: int | None,
         token: PageToken | None,
     ) -> SqlResult:
         """Offset paging over a fully computed result of one table."""
+        columns = typed.names
         if page_size is None:
             self._check_size(len(rows))
-            return SqlResult(columns, rows, position)
+            return SqlResult(columns, rows, position, schema=typed)
         start = token.returned if token is not None else 0
         served = batch_of(table, position)
         batches = {table: served} if served is not None else {}
@@ -311,7 +346,7 @@ class SqlEngine:
             if more
             else None
         )
-        return SqlResult(columns, page, position, next_token)
+        return SqlResult(columns, page, position, next_token, schema=typed)
 
     def _check_size(self, count: int) -> None:
         if count > self.limits.max_result_rows:
@@ -324,6 +359,7 @@ class SqlEngine:
     def _general(
         self,
         plan: Plan,
+        holder: Plan,
         params: tuple[Any, ...],
         bound: PositionBound,
         page_size: int | None,
@@ -340,7 +376,7 @@ class SqlEngine:
             and (token is None or token.mode == "key")
         )
         if not key_mode:
-            whole = self._columnar(plan, accesses, bound, page_size, token, deadline)
+            whole = self._columnar(plan, holder, accesses, bound, page_size, token, deadline)
             if whole is not None:
                 return whole
         final = plan.final
@@ -349,7 +385,7 @@ class SqlEngine:
             assert page_size is not None
             final, fragment, access, want = key_page_queries(plan, accesses[0], page_size, token)
             if want <= 0:
-                return SqlResult([], [], token.position if token else position)
+                return SqlResult([], [], token.position if token else position, schema=_NOTHING)
             accesses = [access]
             fragments: list[str | None] = [fragment]
             columns = [(*plan.tables[0].columns, KEY_COLUMN)]
@@ -394,9 +430,10 @@ class SqlEngine:
         cap = self.limits.max_result_rows + 1 if page_size is None else None
         names, tuples = run(self._pool, sql, relations, timeout=_remaining(deadline), max_rows=cap)
         rows = [dict(zip(names, values, strict=True)) for values in tuples]
+        typed = self._duck_schema(plan, holder)
         if page_size is None:
             self._check_size(len(rows))
-            return SqlResult(names, rows, position)
+            return SqlResult(names, rows, position, schema=typed)
         more = len(rows) > want if key_mode else len(rows) > page_size
         rows = rows[: want if key_mode else page_size]
         next_token = None
@@ -412,11 +449,14 @@ class SqlEngine:
         elif more:
             returned = (token.returned if token else 0) + len(rows)
             next_token = PageToken(plan.digest, "offset", None, returned, position, batches)
-        return SqlResult(names, rows, position, next_token.encode() if next_token else None)
+        return SqlResult(
+            names, rows, position, next_token.encode() if next_token else None, schema=typed
+        )
 
     def _columnar(
         self,
         plan: Plan,
+        holder: Plan,
         accesses: list[KeyAccess],
         bound: PositionBound,
         page_size: int | None,
@@ -460,9 +500,10 @@ class SqlEngine:
             self._pool, sql, relations, timeout=_remaining(deadline), max_rows=cap, params=params
         )
         rows = [dict(zip(names, values, strict=True)) for values in tuples]
+        typed = self._duck_schema(plan, holder)
         if page_size is None:
             self._check_size(len(rows))
-            return SqlResult(names, rows, position)
+            return SqlResult(names, rows, position, schema=typed)
         next_token = None
         if len(rows) > page_size:
             rows = rows[:page_size]
@@ -470,7 +511,7 @@ class SqlEngine:
             next_token = PageToken(
                 plan.digest, "offset", None, returned, position, batches
             ).encode()
-        return SqlResult(names, rows, position, next_token)
+        return SqlResult(names, rows, position, next_token, schema=typed)
 
     def _as_of(self, table: TablePlan) -> int | None:
         """The batch a table reference's ``AS OF`` names (None: no AS OF)."""
@@ -529,7 +570,8 @@ class SqlEngine:
     def _explain(self, plan: Plan) -> SqlResult:
         described = explain_plan(plan, [self._access(t) for t in plan.tables], self._codec)
         rows = [{"property": k, "value": v} for k, v in _flatten(described)]
-        return SqlResult(["property", "value"], rows, Position.empty(), None, described)
+        columns = ["property", "value"]
+        return SqlResult(columns, rows, Position.empty(), None, described, strings(columns))
 
 
 def _with_versions(query: exp.Query, versions: dict[str, tuple[str, tuple[str, ...]]]) -> exp.Query:

@@ -25,6 +25,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import pyarrow as pa
 from sqlglot import exp
 
 from sparkiq.schema.arrowrows import KEY_COLUMN
@@ -88,9 +89,12 @@ class Plan:
     explain: bool
     whole: exp.Query | None = None
     final_sql: str = field(init=False)
+    #: The result's column types (sparkiq.sql.result_schema), set by the engine once known.
+    result_schema: pa.Schema | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.final_sql = self.final.sql(dialect=DIALECT, copy=False)
+        self.result_schema = None
 
 
 def digest_of(text: str) -> str:

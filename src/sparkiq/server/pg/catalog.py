@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 import sqlglot
 
 from sparkiq.errors import UnknownStoreError
@@ -154,9 +155,7 @@ class Catalog:
         with self._running:
             result = self.node.sql(text, bound=session_bound(settings))
         tables = set(readable(self.node.tables))
-        named = {w for w in _WORDS.findall(text) if w in tables}
-        schemas = [self.node.schema(t) for t in sorted(named)]
-        columns = describe_columns(result.columns, result.rows, schemas)
+        columns = describe_columns(result.schema, result.columns)
         read = tuple(t for t in result.position.to_map() if t in tables)
         return Answer(columns, result.rows, f"SELECT {len(result.rows)}", read)
 
@@ -240,7 +239,7 @@ class Catalog:
                 cursor.execute(text)
                 if cursor.description is None:
                     return Answer(None, [], "SELECT 0")
-                fetched = cursor.fetchmany(self.limits.max_result_rows + 1)
+                fetched = _fetch_arrow(cursor, self.limits.max_result_rows + 1)
             except duckdb.InterruptException:
                 raise SqlLimitError(
                     "the catalog query ran out of time (SqlLimits.timeout_seconds)",
@@ -260,18 +259,19 @@ class Catalog:
                 ) from None
             finally:
                 timer.cancel()
-            if len(fetched) > self.limits.max_result_rows:
+            if fetched.num_rows > self.limits.max_result_rows:
                 raise SqlLimitError(
                     f"the catalog query returns more than SqlLimits.max_result_rows="
                     f"{self.limits.max_result_rows} rows",
                     code="result_rows",
                 )
             names = _unique([renames.get(d[0], d[0]) for d in cursor.description])
-            rows = [dict(zip(names, r, strict=True)) for r in fetched]
+            lists = [column.to_pylist() for column in fetched.columns]
+            rows = [dict(zip(names, r, strict=True)) for r in zip(*lists, strict=True)]
         finally:
             cursor.close()
-        columns = describe_columns(names, rows, ())
-        return Answer(columns, rows, f"SELECT {len(rows)}")
+        schema = pa.schema([f.with_name(n) for f, n in zip(fetched.schema, names, strict=True)])
+        return Answer(describe_columns(schema), rows, f"SELECT {len(rows)}")
 
     def _catalog_db(self) -> tuple[duckdb.DuckDBPyConnection, Walls]:
         """The catalog database of the tables the current principal may see, rebuilt when
@@ -288,6 +288,22 @@ class Catalog:
         while len(self._dbs) > _CATALOGS_KEPT:
             self._dbs.popitem(last=False)
         return db, self._dbs[visible][1]
+
+
+def _fetch_arrow(cursor: duckdb.DuckDBPyConnection, max_rows: int) -> pa.Table:
+    """At most ``max_rows`` rows of the result ``cursor`` holds, typed as DuckDB types
+    them (catalog values are numbers, text, booleans and lists of those, which Arrow
+    gives back to Python exactly as DuckDB would)."""
+    reader = cursor.to_arrow_reader(1024)
+    assert reader is not None  # the statement had a result (its description was read)
+    batches = []
+    held = 0
+    for batch in reader:
+        batches.append(batch)
+        held += batch.num_rows
+        if held >= max_rows:
+            break
+    return pa.Table.from_batches(batches, schema=reader.schema).slice(0, max_rows)
 
 
 def _select_names(text: str) -> list[str]:

@@ -1,12 +1,14 @@
 """Result columns as Postgres types: which type OID each column is, and its values in the
 text and binary formats of the wire protocol.
 
-The type of a column comes from :data:`sparkiq.schema.kinds.KINDS` (``Kind.pg``,
-``Kind.pg_oid``) when the column is a column of a table the statement reads and its values
-are what that kind holds; otherwise (an expression, an aggregate, a rename) from its values:
-``int`` -> int8, ``float`` -> float8, ``Decimal`` -> numeric, ``str`` -> text, ``bool`` ->
-bool, ``bytes`` -> bytea, ``date`` -> date, ``datetime`` -> timestamp, dicts and lists ->
-json. A column of nulls only is text.
+The type of a column comes from the result's Arrow schema (``SqlResult.schema``, decided
+where the result was made: :mod:`sparkiq.sql.result_schema`), never from its values: a
+table's columns get the Postgres type of their Spark type (``Kind.pg`` of
+:data:`sparkiq.schema.kinds.KINDS`: ``long`` -> int8, ``float`` -> float4, ``timestamp``
+-> timestamptz, ``timestamp_ntz`` -> timestamp, structs, arrays and maps -> json), and
+what DuckDB computed the type of DuckDB's (``BIGINT`` -> int8, ``DOUBLE`` -> float8,
+``DECIMAL`` -> numeric, ``sum`` of integers -> int8 as in Spark); intervals, times and
+other types without a counterpart here are sent as text.
 
 Values arrive as :class:`~sparkiq.sql.SqlResult` holds them (PySpark's: naive datetimes in
 local time for ``timestamp``); a ``timestamptz`` value is sent as that local time with the
@@ -18,13 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import math
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from sparkiq.schema.kinds import KINDS, Kind
-from sparkiq.schema.types import TableSchema
+import pyarrow as pa
+
+from sparkiq.sql.result_schema import spark_type
 from sparkiq.wire.jsonapi import dumps
 
 __all__ = ["PgColumn", "describe_columns", "text_column"]
@@ -190,69 +193,49 @@ TYPE_OIDS: dict[str, int] = {t.name: t.oid for t in _TYPES.values()}
 
 TEXT = _TYPES["text"]
 
-# The Python class of a value -> the type a computed column of such values is sent as.
-# bool before int: a bool is an int.
-_BY_VALUE: tuple[tuple[type | tuple[type, ...], str], ...] = (
-    (bool, "bool"),
-    (int, "int8"),
-    (float, "float8"),
-    (Decimal, "numeric"),
-    (str, "text"),
-    ((bytes, bytearray, memoryview), "bytea"),
-    (dt.datetime, "timestamp"),
-    (dt.date, "date"),
-    ((dict, list, tuple), "json"),
-)
-
-
-def _kind_holds(kind: Kind, value: Any) -> bool:
-    """Whether ``value`` is what a column of ``kind`` holds (it was not computed into
-    something else under the same name)."""
-    if kind.nested:
-        return isinstance(value, dict | list | tuple)
-    if kind.python is None:
-        return False
-    if kind.python is bytes:
-        return isinstance(value, bytes | bytearray | memoryview)
-    if kind.python is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind.python is dt.date:
-        return isinstance(value, dt.date) and not isinstance(value, dt.datetime)
-    return isinstance(value, kind.python)
-
-
-def _by_value(value: Any) -> PgType:
-    for cls, name in _BY_VALUE:
-        if isinstance(value, cls):
-            return _TYPES[name]
-    return TEXT
-
 
 def text_column(name: str) -> PgColumn:
     return PgColumn(name, TEXT)
 
 
-def describe_columns(
-    columns: Sequence[str],
-    rows: Sequence[Mapping[str, Any]],
-    schemas: Iterable[TableSchema],
-) -> list[PgColumn]:
-    """The Postgres type of each result column (see the module docstring for the rules)."""
-    declared: dict[str, Kind | None] = {}
-    for schema in schemas:
-        for f in schema.fields:
-            kind = KINDS.get(f.type.name)
-            name = f.name.lower()
-            # A name two tables type differently is decided by its values.
-            declared[name] = kind if declared.get(name, kind) is kind else None
-    out = []
-    for name in columns:
-        sample = next((row[name] for row in rows if row.get(name) is not None), None)
-        kind = declared.get(name.lower())
-        if kind is not None and (sample is None or _kind_holds(kind, sample)):
-            out.append(PgColumn(name, _TYPES[kind.pg]))
-        elif sample is None:
-            out.append(PgColumn(name, TEXT))
-        else:
-            out.append(PgColumn(name, _by_value(sample)))
-    return out
+def describe_columns(schema: pa.Schema | None, columns: Sequence[str] = ()) -> list[PgColumn]:
+    """The Postgres type of each column of a result of ``schema`` (see the module
+    docstring); without a schema, ``columns`` as text."""
+    if schema is None:
+        return [text_column(name) for name in columns]
+    return [PgColumn(field.name, _pg_type(field)) for field in schema]
+
+
+def _pg_type(field: pa.Field) -> PgType:
+    kind = field.type
+    if pa.types.is_dictionary(kind):  # a DuckDB ENUM: its values' type
+        kind = kind.value_type
+    if pa.types.is_timestamp(kind):
+        zoned = kind.tz is not None or spark_type(field) == "timestamp"
+        return _TYPES["timestamptz" if zoned else "timestamp"]
+    if pa.types.is_nested(kind):
+        return _TYPES["json"]
+    for test, name in _BY_ARROW:
+        if test(kind):
+            return _TYPES[name]
+    return TEXT  # intervals, times, anything else: their text
+
+
+# Arrow type -> the Postgres type its values are sent as (nested and timestamps aside).
+_BY_ARROW: tuple[tuple[Callable[[pa.DataType], bool], str], ...] = (
+    (pa.types.is_boolean, "bool"),
+    (lambda t: pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_uint8(t), "int2"),
+    (lambda t: pa.types.is_int32(t) or pa.types.is_uint16(t), "int4"),
+    (lambda t: pa.types.is_int64(t) or pa.types.is_uint32(t), "int8"),
+    (pa.types.is_uint64, "numeric"),
+    (lambda t: pa.types.is_float16(t) or pa.types.is_float32(t), "float4"),
+    (pa.types.is_float64, "float8"),
+    (pa.types.is_decimal, "numeric"),
+    (pa.types.is_date, "date"),
+    (
+        lambda t: (
+            pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+        ),
+        "bytea",
+    ),
+)
