@@ -71,7 +71,7 @@ from sparkiq.spark.sink import (
     write_task_count,
 )
 from sparkiq.spark.writer_report import WriterReporter, final_status
-from sparkiq.stores.versions import History
+from sparkiq.stores.history import History
 
 __all__ = ["App", "Table"]
 
