@@ -177,7 +177,7 @@ def soak(minutes: float, root: str, spare: int | None = None) -> dict[str, Any]:
     from tests.faults.harness import FaultCluster
     from tests.faults.model import Model
 
-    from sparkiq.stores.versions import History
+    from sparkiq.stores.history import History
 
     cluster = FaultCluster(
         Path(root), 3, writer_interval=0.2, disk_node=2, load_pause=0.01,

@@ -46,10 +46,10 @@ from sparkiq import (
 from sparkiq.cluster.lookup import Lookup
 from sparkiq.query.position import Position
 from sparkiq.sql import SqlEngine
+from sparkiq.stores.history import DEFAULT_HISTORY
 from sparkiq.stores.partition import PartitionStore
 from sparkiq.stores.rocksdb import RocksDBStore
 from sparkiq.stores.rocksdb_options import store_options
-from sparkiq.stores.versions import DEFAULT_HISTORY
 
 RAW = "RocksDB write batches alone (floor)"
 AGGREGATE = "SELECT count(*) AS c, sum(total) AS s, avg(n) AS a FROM t"

@@ -27,7 +27,8 @@ from sparkiq.changelog import Changelog, TableManifest
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.errors import SqlPartitionError
 from sparkiq.stores.dispatch import CATCH_UP_WAIT
-from sparkiq.stores.versions import VALID_FROM, VALID_TO, History
+from sparkiq.stores.history import History
+from sparkiq.stores.versions import VALID_FROM, VALID_TO
 from tests.changelog.helpers import SCHEMA_JSON, expected_rows, make_table, write_batch
 from tests.cluster.cluster_helpers import FAST, settle, start_http_cluster, wait_until
 

@@ -26,7 +26,7 @@ from sparkiq import (
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import write_snapshot
 from sparkiq.errors import InvalidQueryError
-from sparkiq.stores.versions import History
+from sparkiq.stores.history import History
 from tests.cluster.cluster_helpers import start_local_cluster, wait_until
 from tests.cluster.versioned_history import KEYS, Model, make_history_table
 from tests.sql.tables import WIN_ARROW, create_table

@@ -17,7 +17,7 @@ from typing import Any
 from sparkiq import VersionedRecord
 from sparkiq.changelog import Changelog, TableManifest
 from sparkiq.schema.types import TableSchema
-from sparkiq.stores.versions import History
+from sparkiq.stores.history import History
 from tests.changelog.helpers import SCHEMA_JSON, write_batch
 
 KEYS = [f"k{i:02d}" for i in range(24)]

@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sparkiq.stores.versions import History
+from sparkiq.stores.history import History
 from tests.changelog.helpers import make_table
 from tests.cluster.cluster_helpers import wait_until
 from tests.cluster.serve_processes import ServeProcess, free_port, wait_cluster

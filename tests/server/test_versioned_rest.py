@@ -22,7 +22,7 @@ from sparkiq import (
     VersionedKeyQuery,
     VersionedRecord,
 )
-from sparkiq.stores.versions import History
+from sparkiq.stores.history import History
 from sparkiq.wire import jsonapi
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.cluster.versioned_history import KEYS, Model, make_history_table

@@ -16,7 +16,7 @@ import pytest
 from sparkiq import Client, Node, RangeQuery, StateQueryRequest
 from sparkiq.changelog import Changelog, TableManifest
 from sparkiq.sql.errors import SqlError, SqlPartitionError
-from sparkiq.stores.versions import History
+from sparkiq.stores.history import History
 from tests.changelog.helpers import make_table, write_batch
 
 KEYS = [f"k{i:03d}" for i in range(80)]

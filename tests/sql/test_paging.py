@@ -17,7 +17,7 @@ import pytest
 from sparkiq import Node, PositionBound
 from sparkiq.sql import SqlEngine, SqlError, SqlLimits, SqlResult
 from sparkiq.sql.errors import SqlPartitionError
-from sparkiq.stores.versions import History
+from sparkiq.stores.history import History
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.sql.compare import normalize, reference

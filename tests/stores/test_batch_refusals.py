@@ -10,9 +10,9 @@ from typing import Any
 from sparkiq import FailureReason, QueryResult, RangeQuery, register
 from sparkiq.query.position import Position
 from sparkiq.stores.dispatch import QueryContext, execute
+from sparkiq.stores.history import History
 from sparkiq.stores.memory import MemoryStore
 from sparkiq.stores.partition import PartitionStore
-from sparkiq.stores.versions import History
 from tests.stores.test_versions import SCHEMA, encode
 
 

@@ -12,7 +12,8 @@ import pytest
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.schema.types import TableSchema
-from sparkiq.stores.versions import OPEN, BatchOutOfHistory, History, VersionedRows
+from sparkiq.stores.history import BatchOutOfHistory, History
+from sparkiq.stores.versions import OPEN, VersionedRows
 from tests.changelog.helpers import ARROW, SCHEMA_JSON
 
 SCHEMA = TableSchema.from_spark_json(SCHEMA_JSON, ["k"])

@@ -26,7 +26,7 @@ from typing import Any
 from sparkiq.changelog.storage import Storage
 from sparkiq.errors import ChangelogError, LayoutMismatchError
 from sparkiq.schema.types import TableSchema
-from sparkiq.stores.versions import DEFAULT_HISTORY, History
+from sparkiq.stores.history import DEFAULT_HISTORY, History
 
 __all__ = ["LAYOUT_VERSION", "OUTPUT_MODES", "TableManifest"]
 

@@ -52,8 +52,8 @@ from sparkiq.stores.dispatch import (
     execute,
     handler_for,
 )
+from sparkiq.stores.history import BatchOutOfHistory
 from sparkiq.stores.partition import PartitionStore
-from sparkiq.stores.versions import BatchOutOfHistory
 
 __all__ = ["KeyLocation", "Lookup"]
 

@@ -25,11 +25,12 @@ local node, scheduling snapshots, :meth:`App.process_all_available` - starts fro
 changelog on the driver (:class:`~sparkiq.spark.commits.CommitWatcher`), never from state
 kept by the sink.
 
-The parts that stand alone live beside it: the sink, DDL, maintenance, lookups, and following
-commits (:mod:`sparkiq.spark.commits`), reporting the writer's status
-(:mod:`sparkiq.spark.writer_report`). Why it is still about 700 lines: it is the
-writer's one public object, and what remains is the lifecycle of its Spark queries (start,
-wait, stop, drop) and its query methods, which share the App's lock and tables.
+The parts that stand alone live beside it: the sink, DDL, maintenance, lookups, a table's
+layout checks (:mod:`sparkiq.spark.table_layout`), following commits
+(:mod:`sparkiq.spark.commits`), reporting the writer's status
+(:mod:`sparkiq.spark.writer_report`). Why it is still over 600 lines: it is the writer's one
+public object, and what remains is the lifecycle of its Spark queries (start, wait, stop,
+drop) and its query methods, which share the App's lock and tables.
 """
 
 from __future__ import annotations
@@ -50,13 +51,10 @@ from sparkiq.changelog import (
     check_table_name,
     open_storage,
 )
-from sparkiq.changelog.manifest import OUTPUT_MODES
-from sparkiq.errors import ConfigError, SchemaError, SparkiqError, UnknownStoreError
+from sparkiq.errors import ConfigError, SparkiqError, UnknownStoreError
 from sparkiq.node import Node
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
-from sparkiq.schema.codec import RowCodec
-from sparkiq.schema.types import TableSchema
 from sparkiq.spark import ddl
 from sparkiq.spark.attach import checkpoint_of
 from sparkiq.spark.commits import CommitWatcher, newest_commit, wait_between_batches
@@ -70,14 +68,12 @@ from sparkiq.spark.sink import (
     use_this_python_for_local_workers,
     write_task_count,
 )
+from sparkiq.spark.table_layout import check_layout, table_manifest
 from sparkiq.spark.writer_report import WriterReporter, final_status
-from sparkiq.stores.versions import History
 
 __all__ = ["App", "Table"]
 
 log = logging.getLogger("sparkiq.app")
-
-_MAX_PARTITIONS = 4096
 
 
 @dataclass
@@ -211,84 +207,12 @@ class App:
         the table is started at once: its manifest is written, the local node hosts it and
         its Spark query runs.
         """
-        try:
-            check_table_name(name)
-        except ValueError as exc:
-            raise ConfigError(str(exc), store=str(name)) from None
+        manifest = table_manifest(
+            name, df, key, partitions, window, tombstone, output_mode, history
+        )
         if name in self._tables:
             raise ConfigError(f"table {name!r} is already materialized in this App", store=name)
-        if not hasattr(df, "isStreaming") or not hasattr(df, "schema"):
-            raise ConfigError(
-                f"materialize() needs a DataFrame, got {type(df).__name__}", store=name
-            )
-        if not df.isStreaming:
-            raise ConfigError(
-                f"DataFrame for {name!r} is not streaming: build it from spark.readStream",
-                store=name,
-            )
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-            raise ConfigError(f"partitions must be a positive int, got {partitions!r}", store=name)
-        if partitions > _MAX_PARTITIONS:
-            raise ConfigError(
-                f"partitions={partitions} exceeds the maximum of {_MAX_PARTITIONS}", store=name
-            )
-        key_columns = (key,) if isinstance(key, str) else tuple(key)
-        if not key_columns or not all(isinstance(k, str) and k for k in key_columns):
-            raise ConfigError(
-                f"key must be a column name or a non-empty list of names, got {key!r}", store=name
-            )
-        if len(set(key_columns)) != len(key_columns):
-            raise ConfigError(f"key lists a column twice: {list(key_columns)}", store=name)
-        if output_mode not in OUTPUT_MODES:
-            raise ConfigError(
-                f"output_mode must be one of {list(OUTPUT_MODES)}, got {output_mode!r}",
-                store=name,
-            )
-        try:
-            schema = TableSchema.from_spark_json(df.schema.json(), key_columns, window)
-        except SchemaError as exc:
-            raise SchemaError(f"cannot materialize {name!r}: {exc.message}", store=name) from None
-        stored = schema
-        if tombstone is not None:
-            if tombstone not in schema.column_names:
-                raise SchemaError(
-                    f"tombstone column {tombstone!r} is not a column of {name!r}; columns are "
-                    f"{list(schema.column_names)}",
-                    store=name,
-                )
-            if schema.field(tombstone).type.name != "boolean":
-                raise SchemaError(f"tombstone column {tombstone!r} must be boolean", store=name)
-            if tombstone in key_columns:
-                raise SchemaError(f"tombstone column {tombstone!r} cannot be a key column")
-            stored = TableSchema(
-                tuple(f for f in schema.fields if f.name != tombstone), key_columns, window
-            )
-        try:
-            RowCodec(stored)  # refuses column types the changelog cannot store
-        except SchemaError as exc:
-            raise SchemaError(f"cannot materialize {name!r}: {exc.message}", store=name) from None
-        manifest = TableManifest(
-            name=name,
-            schema=stored,
-            partitions=partitions,
-            output_mode=output_mode,
-            tombstone_column=tombstone,
-            history=History.from_option(name, history),
-        )
-        changelog = Changelog(self.state_dir, name)
-        if changelog.exists():  # refuse a layout change now, before anything runs
-            existing = changelog.manifest()
-            diffs = existing.differences(manifest)
-            if diffs:
-                from sparkiq.errors import LayoutMismatchError
-
-                raise LayoutMismatchError(
-                    f"table {name!r} in {self.state_dir!r} was created with another layout: "
-                    + "; ".join(diffs)
-                    + " (requested != existing). Materialize under a new name, or delete "
-                    f"{changelog.root!r} to start the table over.",
-                    store=name,
-                )
+        check_layout(Changelog(self.state_dir, name), manifest)  # before anything runs
         table = Table(name, manifest, df, trigger)
         with self._lock:
             if name in self._tables:

@@ -35,7 +35,7 @@ from typing import Generic, Protocol, Self, TypeVar, runtime_checkable
 
 from sparkiq.errors import ConfigError, StoreError
 
-__all__ = ["RESERVED_PREFIX", "Store", "StoreIterator"]
+__all__ = ["RESERVED_PREFIX", "PairsIterator", "Store", "StoreIterator"]
 
 #: First byte of keys a store keeps for itself. Encoded keys start with 0x00 or 0x01, so
 #: every data key sorts strictly below this one-byte string.
@@ -298,3 +298,37 @@ class _StoreBase(Generic[_Iterator]):
     def _release(self) -> None:
         """Free the store's resources; called once, after every iterator is closed."""
         raise NotImplementedError
+
+
+class PairsIterator(StoreIterator):
+    """A :class:`StoreIterator` over pairs already read (from a version, say)."""
+
+    __slots__ = ("_closed", "_next", "_pairs")
+
+    def __init__(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        self._pairs = pairs
+        self._next = 0
+        self._closed = False
+
+    @property
+    def meta(self) -> bytes | None:
+        return None
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        if self._closed:
+            raise StoreError("the iterator is closed")
+        if self._next >= len(self._pairs):
+            raise StopIteration
+        self._next += 1
+        return self._pairs[self._next - 1]
+
+    def next_chunk(self, size: int) -> list[tuple[bytes, bytes]]:
+        if self._closed:
+            raise StoreError("the iterator is closed")
+        chunk = self._pairs[self._next : self._next + size]
+        self._next += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        self._closed = True
+        self._pairs = []

@@ -49,8 +49,8 @@ from sparkiq.query.registry import register_query_type
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator
 from sparkiq.schema.codec import prefix_end
 from sparkiq.schema.types import TableSchema
+from sparkiq.stores.history import BatchOutOfHistory
 from sparkiq.stores.partition import PartitionStore
-from sparkiq.stores.versions import BatchOutOfHistory
 
 _UNBOUNDED = PositionBound.unbounded()
 

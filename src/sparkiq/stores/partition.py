@@ -29,8 +29,9 @@ from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.schema.types import TableSchema
-from sparkiq.stores.base import Store, StoreIterator
-from sparkiq.stores.versions import History, PairsIterator, VersionedRows
+from sparkiq.stores.base import PairsIterator, Store, StoreIterator
+from sparkiq.stores.history import History
+from sparkiq.stores.versions import VersionedRows
 
 __all__ = ["PartitionStore", "decode_meta", "encode_meta"]
 
@@ -140,7 +141,7 @@ class PartitionStore:
 
     def version(self, batch_id: int) -> Any:
         """The partition's rows at ``batch_id`` (a :class:`~sparkiq.stores.versions.Version`);
-        raises :class:`~sparkiq.stores.versions.BatchOutOfHistory` when not retained."""
+        raises :class:`~sparkiq.stores.history.BatchOutOfHistory` when not retained."""
         if self.versions is None:
             raise InvalidQueryError(
                 f"{self.table}[{self.partition}] keeps no history: it can answer only at its "

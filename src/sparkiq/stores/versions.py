@@ -39,39 +39,31 @@ Over 600 lines because the writer's plan and the readers share the private chunk
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
-import math
 import operator
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkiq.errors import ConfigError, InvalidQueryError, StoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.arrowrows import KEY_COLUMN, PSEUDO_COLUMNS, ArrowRows
 from sparkiq.schema.types import TableSchema
 from sparkiq.stores import keyindex
-from sparkiq.stores.base import StoreIterator
+from sparkiq.stores.history import DEFAULT_HISTORY, BatchOutOfHistory, History
 from sparkiq.stores.keyindex import ChunkKeys, CurrentKeys, HashCollision, location, split_locations
 
 __all__ = [
-    "DEFAULT_HISTORY",
     "OPEN",
     "ROW_COLUMN",
     "VALID_FROM",
     "VALID_TO",
-    "BatchOutOfHistory",
-    "History",
     "KeyHistory",
-    "PairsIterator",
     "Version",
     "VersionedRows",
 ]
@@ -83,59 +75,6 @@ VALID_TO = "__sq_valid_to"
 OPEN = np.iinfo(np.int64).max
 
 _MAX_CHUNKS = 48
-
-
-@dataclass(frozen=True, slots=True)
-class History:
-    """How many past batches stay readable: the last ``batches`` batches, and every batch
-    that was current within the last ``seconds`` (whichever keeps more). ``History()``
-    keeps only the newest batch."""
-
-    batches: int = 0
-    seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.batches, bool) or not isinstance(self.batches, int) or self.batches < 0:
-            raise ValueError(f"history batches must be an int >= 0, got {self.batches!r}")
-        if not isinstance(self.seconds, int | float) or not (
-            math.isfinite(self.seconds) and self.seconds >= 0
-        ):
-            raise ValueError(f"history seconds must be a finite number >= 0, got {self.seconds!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"batches": self.batches, "seconds": self.seconds}
-
-    @staticmethod
-    def from_option(table: str, value: dt.timedelta | int | None) -> History:
-        """``materialize(history=)``: a timedelta, an int number of batches, or None for the
-        default; :class:`~sparkiq.errors.ConfigError` names a bad one."""
-        if value is None:
-            return DEFAULT_HISTORY
-        try:
-            if isinstance(value, dt.timedelta):
-                return History(seconds=value.total_seconds())
-            if isinstance(value, int) and not isinstance(value, bool):
-                return History(batches=value)
-            raise ValueError(f"got {type(value).__name__}")
-        except ValueError as exc:
-            raise ConfigError(
-                f"history must be a timedelta >= 0 or an int number of batches >= 0 ({exc})",
-                store=table,
-            ) from None
-
-    @staticmethod
-    def from_json(doc: Any) -> History:
-        if not isinstance(doc, dict):
-            raise ValueError(f"history must be an object, got {doc!r}")
-        return History(int(doc.get("batches", 0)), float(doc.get("seconds", 0.0)))
-
-
-#: What a table keeps when ``materialize`` is not told: five minutes of batches.
-DEFAULT_HISTORY = History(batches=0, seconds=300.0)
-
-
-class BatchOutOfHistory(InvalidQueryError):
-    """A read asked for a batch this replica no longer (or does not yet) hold."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -737,37 +676,3 @@ class VersionedRows:
         with self._applied:
             self._state = state
             self._applied.notify_all()
-
-
-class PairsIterator(StoreIterator):
-    """A :class:`~sparkiq.stores.base.StoreIterator` over pairs already read from a version."""
-
-    __slots__ = ("_closed", "_next", "_pairs")
-
-    def __init__(self, pairs: list[tuple[bytes, bytes]]) -> None:
-        self._pairs = pairs
-        self._next = 0
-        self._closed = False
-
-    @property
-    def meta(self) -> bytes | None:
-        return None
-
-    def __next__(self) -> tuple[bytes, bytes]:
-        if self._closed:
-            raise StoreError("the iterator is closed")
-        if self._next >= len(self._pairs):
-            raise StopIteration
-        self._next += 1
-        return self._pairs[self._next - 1]
-
-    def next_chunk(self, size: int) -> list[tuple[bytes, bytes]]:
-        if self._closed:
-            raise StoreError("the iterator is closed")
-        chunk = self._pairs[self._next : self._next + size]
-        self._next += len(chunk)
-        return chunk
-
-    def close(self) -> None:
-        self._closed = True
-        self._pairs = []

@@ -34,9 +34,10 @@ from sparkiq.principals import readable
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import TableSchema
 from sparkiq.server.pg.bounds import check_setting, session_bound
+from sparkiq.server.pg.catalog_schema import OWNER
 from sparkiq.server.pg.copy import CopyOut, parse_copy
 from sparkiq.server.pg.parameters import BINARY_PARAMETER_OIDS
-from sparkiq.server.pg.pgcatalog import OWNER, build_catalog, catalog_cursor, column_type_name
+from sparkiq.server.pg.pgcatalog import build_catalog, catalog_cursor, column_type_name
 from sparkiq.server.pg.statements import LIMIT, code_only, parameter_uses
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column

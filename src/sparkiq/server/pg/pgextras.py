@@ -14,7 +14,7 @@ __all__ = ["EXTRA_MACROS", "EXTRA_PG_TABLES", "EXTRA_SETTINGS", "TABLE_MACROS"]
 #: The table macros below, which catalog queries may call in FROM (translate's walls).
 TABLE_MACROS = frozenset({"pg_get_keywords"})
 
-#: pg_catalog relations: name -> columns in pgcatalog's compact spelling ("name:KIND").
+#: pg_catalog relations: name -> columns in catalog_schema's compact spelling ("name:KIND").
 EXTRA_PG_TABLES: dict[str, str] = {
     # psql's and pgspecial's \du list the roles each role is a member of
     "pg_auth_members": "oid:L roleid:L member:L grantor:L admin_option:B",

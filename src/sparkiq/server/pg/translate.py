@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import duckdb
 
 from sparkiq.server.pg.arrays import list_literals
-from sparkiq.server.pg.pgcatalog import (
+from sparkiq.server.pg.catalog_schema import (
     CATALOG_RELATIONS,
     DATABASE,
     INFORMATION_SCHEMA,
