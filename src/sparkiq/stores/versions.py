@@ -54,11 +54,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import sparkiq.stores.keyindex as keyindex
 from sparkiq.errors import ConfigError, InvalidQueryError, StoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.arrowrows import KEY_COLUMN, PSEUDO_COLUMNS, ArrowRows
 from sparkiq.schema.types import TableSchema
-from sparkiq.stores import keyindex
 from sparkiq.stores.base import StoreIterator
 from sparkiq.stores.keyindex import ChunkKeys, CurrentKeys, HashCollision, location, split_locations
 
