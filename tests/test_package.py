@@ -263,7 +263,7 @@ def test_only_the_spark_package_imports_pyspark() -> None:
 
 
 # The public API, written out so that every addition is deliberate (and reviewed with its
-# docs). DESIGN.md's contract names must stay in it.
+# docs). The contract's names (CONTRACT, below) must stay in it.
 PUBLIC = [
     "App",
     "AuthenticationError",
