@@ -98,27 +98,21 @@ class Report:
     console: list[str] = field(default_factory=list)  # printed, not written to the docs
     figures: dict[str, Any] = field(default_factory=dict)
     scale: Scale = Scale.FULL
+    #: further result tables, (columns, rows), written after the main one
+    more_tables: list[tuple[list[str], list[list[str]]]] = field(default_factory=list)
 
     def table(self) -> str:
         """The rows as a Markdown table (also readable on a console)."""
-        widths = [
-            max(len(str(c)), *(len(str(r[i])) for r in self.rows)) if self.rows else len(c)
-            for i, c in enumerate(self.columns)
-        ]
-        lines = [
-            "| " + " | ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True)) + " |",
-            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-        ]
-        lines += [
-            "| " + " | ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)) + " |"
-            for r in self.rows
-        ]
-        return "\n".join(lines)
+        return markdown_table(self.columns, self.rows)
+
+    def tables(self) -> str:
+        """The main table and the further ones, a blank line apart."""
+        return "\n\n".join([self.table(), *(markdown_table(c, r) for c, r in self.more_tables)])
 
     def print(self) -> None:
         size = "" if self.scale is Scale.FULL else f" ({self.scale.value})"
         print(f"\n== {self.title}{size}")
-        print(self.table())
+        print(self.tables())
         for line in self.readings:
             print(f"-> {line}")
         for line in [*self.notes, *self.console]:
@@ -132,8 +126,26 @@ class Report:
             "columns": self.columns,
             "rows": self.rows,
             "readings": self.readings,
+            **({"more_tables": self.more_tables} if self.more_tables else {}),
             **self.figures,
         }
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """``rows`` under ``columns`` as a Markdown table (also readable on a console)."""
+    widths = [
+        max(len(str(c)), *(len(str(r[i])) for r in rows)) if rows else len(c)
+        for i, c in enumerate(columns)
+    ]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)) + " |"
+        for r in rows
+    ]
+    return "\n".join(lines)
 
 
 def cli(run: Callable[[Scale], Report], argv: Sequence[str] | None, doc: str | None) -> Report:

@@ -237,7 +237,12 @@ CONTEXT = {
         "checked against the model's table at the batch each was served at "
         "(`tests/faults/checker.py`). A failed answer while a fault holds is unavailability; "
         "a wrong one is an anomaly. Resource slopes start after the 60 s history window has "
-        "filled the replicas' versions."
+        "filled the replicas' versions. The soak runs only on request (`python -m bench.soak "
+        "--minutes 30`; `--spare-node 0` keeps one node's incarnation for the whole run), and "
+        "`python -m bench.run_all --only soak --write-docs` rewrites this section, which "
+        "`make bench` keeps as it is. Its detailed log (each minute's fault and answers, "
+        "memory by window, threads by pool, errors) is its console output and `--json`; "
+        "`--samples FILE` writes every resource sample."
     ),
     "push": (
         "Latency is from just before the commit record is written to the subscriber "
@@ -298,7 +303,7 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
             f"- **Baseline:** {report.baseline}.",
             f"- **Target:** {report.target}.",
             "",
-            report.table(),
+            report.tables(),
             "",
         ]
         lines += [f"**Reading:** {r}" + "  " for r in report.readings]

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._common import Report, Scale, add_scale_arguments, scale_of, scratch_dir
+from bench._common import (
+    Report,
+    Scale,
+    add_scale_arguments,
+    markdown_table,
+    scale_of,
+    scratch_dir,
+)
 
 DEFAULT_MINUTES = 30.0
 QUICK_MINUTES = 3.0
@@ -321,6 +328,93 @@ def resources(samples: dict[str, list[Sample]], warmup: float) -> list[list[str]
     return rows
 
 
+#: The resource table's columns (one row per node, from :func:`resources`).
+RESOURCE_COLUMNS = [
+    "node",
+    "incarnations",
+    "longest",
+    "RSS",
+    "RSS slope",
+    "RSS slope, 2nd half",
+    "slope by part, MB/h",
+    "threads",
+    "threads slope",
+    "fds",
+    "fds slope",
+]
+
+#: The fault table's columns (one row per fault, from :func:`fault_rows`).
+FAULT_COLUMNS = [
+    "fault",
+    "times",
+    "failed while it held",
+    "longest gap, all sessions",
+    "longest gap, one session",
+    "slowest answer",
+    "failures after it settled",
+]
+
+
+def fault_rows(tallies: dict[str, FaultTally]) -> list[list[str]]:
+    """Per fault: how often it was injected, the operations that failed while it held, the
+    longest time without an answer, and failures once it had settled."""
+    return [
+        [
+            name + (f" (did not settle x{t.unsettled})" if t.unsettled else ""),
+            str(t.count),
+            f"{t.failed:,}/{t.ops:,}",
+            f"{t.worst_gap:.2f} s",
+            f"{t.worst_client_gap:.2f} s",
+            f"{t.slowest:.2f} s",
+            str(t.failed_after),
+        ]
+        for name, t in tallies.items()
+    ]
+
+
+#: The memory-by-window table's columns (:func:`memory_windows`; the console only).
+WINDOW_COLUMNS = [
+    "node",
+    "minutes",
+    "RSS MB",
+    "in use besides RocksDB",
+    "RocksDB",
+    "allocator's free, held",
+    "threads",
+    "fds",
+]
+
+
+def _mean(values: Sequence[float]) -> str:
+    return f"{sum(values) / len(values):.1f}" if values else "-"
+
+
+def memory_windows(samples: dict[str, list[Sample]], window_s: float) -> list[list[str]]:
+    """Each node's longest incarnation, averaged over windows of ``window_s`` seconds: the
+    soak's detailed memory log, printed with its report (the docs keep the slopes)."""
+    rows = []
+    for node in sorted(samples):
+        by_pid: dict[int, list[Sample]] = {}
+        for sample in samples[node]:
+            by_pid.setdefault(sample.pid, []).append(sample)
+        longest = max(by_pid.values(), key=lambda s: s[-1].at - s[0].at)
+        windows: dict[int, list[Sample]] = {}
+        for sample in longest:
+            windows.setdefault(int((sample.at - longest[0].at) // window_s), []).append(sample)
+        minutes = window_s / 60
+        for index, taken in sorted(windows.items()):
+            parts = [s.parts for s in taken if s.parts]
+            rows.append([
+                node, f"{index * minutes:g}-{(index + 1) * minutes:g}",
+                _mean([s.rss_mb for s in taken]),
+                _mean([p.get("malloc_in_use", 0.0) - p.get("rocksdb", 0.0) for p in parts]),
+                _mean([p.get("rocksdb", 0.0) for p in parts]),
+                _mean([p.get("malloc_free_held", 0.0) for p in parts]),
+                _mean([s.threads for s in taken]), _mean([s.fds for s in taken]),
+            ])  # fmt: skip
+    return rows
+
+
 def write_samples(samples: dict[str, list[Sample]], path: str) -> None:
     """Every sample as a JSON line (node, seconds, pid, RSS, threads, fds, parts in MB)."""
     import json
@@ -345,54 +439,44 @@ def run(
     report = Report(
         name="soak",
         title=f"Soak: {minutes:g} minutes, a fault every minute",
-        measures="every node's RSS, threads and open fds every 10 s; every client answer "
-        "checked against the model; unavailability per fault",
+        measures="every client answer checked against the model; per fault, the operations "
+        "that failed while it held and the longest time without an answer; every node's RSS, "
+        "threads and open fds every 10 s",
         baseline="each node's own figures after warm-up (the table's 60 s history filled)",
-        target="0 anomalies; memory, threads and fds flat; 0 failures once a fault settled",
-        columns=[
-            "node",
-            "incarnations",
-            "longest",
-            "RSS",
-            "RSS slope",
-            "RSS slope, 2nd half",
-            "slope by part, MB/h",
-            "threads",
-            "threads slope",
-            "fds",
-            "fds slope",
-        ],
+        target="0 anomalies; 0 failures once a fault settled; no session without an answer "
+        "for more than 2 s under a node fault; memory, threads and fds flat",
+        columns=FAULT_COLUMNS,
         scale=scale,
     )
-    warmup = min(HISTORY_S + 30, minutes * 60 / 3)
-    report.rows = resources(found["samples"], warmup)
     tallies: dict[str, FaultTally] = found["tallies"]
     anomalies: list[str] = found["anomalies"]
+    report.rows = fault_rows(tallies)
+    warmup = min(HISTORY_S + 30, minutes * 60 / 3)
+    report.more_tables.append((RESOURCE_COLUMNS, resources(found["samples"], warmup)))
     report.readings.append(
         f"{found['ops']:,} client operations over {found['minutes']:.1f} min and "
         f"{found['batches']:,} batches: {len(anomalies)} anomalies"
         + (f" (first: {anomalies[0]})" if anomalies else "")
+        + f", {sum(t.failed_after for t in tallies.values())} failures once a fault settled"
     )
-    for name, tally in tallies.items():
-        report.readings.append(
-            f"{name} (x{tally.count}): {tally.failed} of {tally.ops} operations failed while "
-            f"it held, longest gap {tally.worst_gap:.2f} s (one session "
-            f"{tally.worst_client_gap:.2f} s), slowest answer "
-            f"{tally.slowest:.2f} s, {tally.failed_after} failures after it settled"
-            + (f", did not settle {tally.unsettled} times" if tally.unsettled else "")
-        )
     report.notes.append(
         f"writer kills inside a batch: {found['writer_kills_mid_batch']}; replica disk: "
         f"{found['disk']}; slopes are least-squares fits over each node's longest "
         f"incarnation after {warmup:.0f} s of warm-up"
     )
+    # The detailed log goes to the console (and --json), not to the docs: the memory of
+    # each node by window, threads by pool and RocksDB's memory at the end, the errors seen.
+    window_s = 300.0 if minutes <= 60 else 900.0
+    windows = memory_windows(found["samples"], window_s)
+    report.console.append(f"memory by {window_s / 60:g}-minute window (MB, averages):")
+    report.console += markdown_table(WINDOW_COLUMNS, windows).splitlines()
     for node, gauges in found["gauges"].items():
         pools, limits = (
             gauges.get("sparkiq_threads", {}),
             gauges.get("sparkiq_thread_pool_limit", {}),
         )
         biggest = sorted(pools.items(), key=lambda p: -p[1])[:6]
-        report.notes.append(
+        report.console.append(
             f"{node} threads at the end by pool (of its bound): "
             + ", ".join(
                 f"{name} {count:.0f}" + (f"/{limits[name]:.0f}" if name in limits else "")
@@ -401,7 +485,7 @@ def run(
         )
         used = gauges.get("sparkiq_rocksdb_memory_bytes", {})
         bound = gauges.get("sparkiq_rocksdb_memory_limit_bytes", {})
-        report.notes.append(
+        report.console.append(
             f"{node} RocksDB memory at the end: "
             + ", ".join(
                 f"{part} {used[part] / 2**20:.0f}/{bound[part] / 2**20:.0f} MB"
@@ -413,6 +497,7 @@ def run(
         "anomalies": anomalies[:50],
         "ops": found["ops"],
         "faults": {n: vars(t) | {"errors": sorted(t.errors)} for n, t in tallies.items()},
+        "memory_windows": {"columns": WINDOW_COLUMNS, "rows": windows},
     }
     return report
 

@@ -12,6 +12,7 @@ of starting a JVM. Two run only in part, named in :data:`NOT_RUN` with the reaso
 
 from __future__ import annotations
 
+import collections
 import importlib
 import json
 import os
@@ -38,7 +39,7 @@ NOT_RUN = {
     "JVM; a Spark Connect server's JVM): two new JVMs; its classic runs are bench.sink's "
     "code, smoke-run here on the test session",
     "soak": "a fault cycle takes a minute (three `sparkiq serve` nodes, a writer, client "
-    "load); its sampling and resource report are tested without the cluster",
+    "load); its sampling, fault, resource and memory tables are tested without the cluster",
 }
 
 #: Rows of each benchmark's report when every path ran (methods x phases, setups...).
@@ -174,6 +175,18 @@ def test_run_all_smoke(tmp_path: Path) -> None:
     assert run_all.CONTEXT["restore"] in page
 
 
+#: What run_all knows of a run, for building its page in a test.
+_INFO: dict[str, Any] = {
+    "date": "today",
+    "scale": "smoke",
+    "duration_s": 60.0,
+    "code": "abc1234",
+    "load_before": "0.1",
+    "load_after": "0.2",
+    "machine": collections.defaultdict(lambda: "-"),
+}
+
+
 def test_soak_reports_sampled_resources(tmp_path: Path) -> None:
     """The soak's sampling and resource table, on this process (no cluster)."""
     pid = os.getpid()
@@ -187,7 +200,22 @@ def test_soak_reports_sampled_resources(tmp_path: Path) -> None:
         time.sleep(0.01)
     (row,) = soak.resources({"n0": samples}, warmup=0.0)
     assert row[0] == "n0" and row[1] == "1"  # one incarnation
-    assert len(row) == 11
+    assert len(row) == len(soak.RESOURCE_COLUMNS)
+    # the detailed memory log: a row per window of the node's longest incarnation
+    samples[1].parts = {"malloc_in_use": 30.0, "rocksdb": 10.0, "malloc_free_held": 5.0}
+    (window,) = soak.memory_windows({"n0": samples}, window_s=60.0)
+    assert window[:2] == ["n0", "0-1"] and window[3:6] == ["20.0", "10.0", "5.0"]
+    assert float(window[2]) == pytest.approx(sum(s.rss_mb for s in samples) / 3, abs=0.06)
+    assert len(window) == len(soak.WINDOW_COLUMNS)
+    tally = soak.FaultTally(count=2, ops=1200, failed=3, worst_gap=0.5, worst_client_gap=1.25)
+    assert soak.fault_rows({"kill -9": tally}) == [
+        ["kill -9", "2", "3/1,200", "0.50 s", "1.25 s", "0.00 s", "0"]
+    ]
+    report = Report("soak", "Soak", "m", "b", "t", soak.FAULT_COLUMNS)
+    report.rows = soak.fault_rows({"kill -9": tally})
+    report.more_tables.append((soak.RESOURCE_COLUMNS, [row]))
+    page = run_all._docs([report], {}, _INFO)
+    assert report.table() + "\n\n| node " in page  # both tables, the faults first
     path = tmp_path / "samples.jsonl"
     soak.write_samples({"n0": samples}, str(path))
     lines = [json.loads(line) for line in path.read_text().splitlines()]

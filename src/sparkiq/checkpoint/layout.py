@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlparse
 
-from sparkiq.checkpoint import tws
+import sparkiq.checkpoint.tws as tws
 from sparkiq.checkpoint.compression import CompressionError, codec_for
 from sparkiq.checkpoint.logs import (
     CommitInfo,

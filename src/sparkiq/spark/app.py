@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sparkiq.spark.ddl as ddl
 from sparkiq.changelog import (
     Changelog,
     TableManifest,
@@ -55,7 +56,6 @@ from sparkiq.errors import ConfigError, SparkiqError, UnknownStoreError
 from sparkiq.node import Node
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
-from sparkiq.spark import ddl
 from sparkiq.spark.attach import checkpoint_of
 from sparkiq.spark.commits import CommitWatcher, newest_commit, wait_between_batches
 from sparkiq.spark.failures import failure_reason, query_failed, worker_hint

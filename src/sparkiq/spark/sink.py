@@ -45,12 +45,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import sparkiq.spark.worker_python as worker_python
 from sparkiq.changelog import Changelog, CommitRecord, SegmentInfo, TableManifest
 from sparkiq.changelog.segment import check_visible, verify_landed
 from sparkiq.changelog.storage import Storage, open_storage
 from sparkiq.errors import ChangelogError
 from sparkiq.schema.codec import KeyCodec, RowCodec
-from sparkiq.spark import worker_python
 
 __all__ = [
     "CRASH_ENV",

@@ -51,10 +51,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import sparkiq.stores.keyindex as keyindex
 from sparkiq.query.position import Position
 from sparkiq.schema.arrowrows import KEY_COLUMN, PSEUDO_COLUMNS, ArrowRows
 from sparkiq.schema.types import TableSchema
-from sparkiq.stores import keyindex
 from sparkiq.stores.history import DEFAULT_HISTORY, BatchOutOfHistory, History
 from sparkiq.stores.keyindex import ChunkKeys, CurrentKeys, HashCollision, location, split_locations
 
