@@ -1,25 +1,9 @@
 """The REST API and the node protocol as one ASGI application.
 
-Routes (the OpenAPI document at ``/openapi.json`` describes bodies and answers)::
+Its routes are one table (:mod:`sparkiq.server.routes`: method, path, coroutine, who may call
+it), from which ``/openapi.json`` lists the paths and the public paths are read.
 
-    GET  /  (or /console)                  the web console: SQL pull and push queries
-    GET  /healthz                          liveness (no authentication)
-    GET  /readyz                           200 once every hosted partition is caught up
-    GET  /openapi.json                     this API (no authentication)
-    GET  /metrics                          Prometheus text format
-    GET  /stats                            this node: queries per table, recent; restores
-    GET  /stores                           tables: schema, key columns, partitions
-    GET  /stores/{store}/keys/{key}        one key's row (the hot path)
-    POST /stores/{store}/query             an IQv2 request as JSON; results streamed
-    GET  /metadata                         every node: active/standby partitions, states
-    GET  /metadata/stores/{store}/keys/{key}   the key's partition, active and standby hosts
-    POST /query                            SQL: pull queries (JSON, or an Arrow IPC stream
-                                           with Accept: application/vnd.apache.arrow.stream),
-                                           or EMIT CHANGES (NDJSON stream)
-    POST /internal/query                   node protocol (binary, see sparkiq.wire.protocol)
-    POST /internal/heartbeat               membership heartbeats
-
-Routing is an explicit table of path shapes; the key lookup is answered on the event loop
+The key lookup is answered on the event loop
 when this node holds the key's partition caught up (a few microseconds), everything that may
 block (routing to another node, scans, SQL) runs on a bounded thread pool. Errors are JSON
 ``{"error": {"code", "message", "field"}}`` with the right status; unexpected faults are
@@ -33,8 +17,7 @@ import importlib.resources
 import logging
 import os
 import time
-import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -71,6 +54,7 @@ from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
 from sparkiq.server.reports import stats_document, stores_document
+from sparkiq.server.routes import PUBLIC_PATHS, match
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.server.served import ServedNode, no_tables_warning
 from sparkiq.server.source_wait import until_sources_read
@@ -84,15 +68,12 @@ __all__ = ["PUBLIC_PATHS", "RestApp", "scrub"]
 
 log = logging.getLogger("sparkiq.server")
 
+#: A route's coroutine (sparkiq.server.routes): scope, receive, send, the path parameters;
+#: it answers and returns the status it sent.
+Handler = Callable[..., Awaitable[int]]
+
 
 _BINARY = [(b"content-type", protocol.CONTENT_TYPE.encode())]
-#: Paths answered without a token (docs/rest.md lists the same, a test checks it): probes,
-#: the API description, and the console page, which is static (no data) and sends the token
-#: its user types with every request it makes.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/console"})
-#: Paths of the node protocol, whose callers prove a node credential instead of (heartbeats)
-#: or besides (sub-requests) a client token: sparkiq.cluster.nodeauth.
-_NODE_PATHS = frozenset({"/internal/heartbeat", "/internal/query"})
 _REPLY = REPLY_HEADER.encode()
 _NOTE = "sparkiq.audit"  # the scope key of what a request read (tables, rows)
 _HTML = [
@@ -187,116 +168,125 @@ class RestApp:
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> tuple[str, int]:
         path: str = scope["path"]
-        method: str = scope["method"]
-        parts = path.strip("/").split("/")
         self._browser.check(scope)  # before anything else: what a web page may not ask
-        if path not in PUBLIC_PATHS and path not in _NODE_PATHS:
+        found = match(path)
+        if found is None or found[0].access == "token":
             # every read below runs as this principal and within its grants (a caller whose
-            # address failed too often lately is refused before its token is looked at)
-            current_principal.set(
-                self._auth.check_http(scope.get("client"), bearer(scope), self.node.check_token)
+            # address failed too often lately is refused before its token is looked at); a
+            # path that is no route asks for a token too, so routes are not probed for free
+            self._client_principal(scope)
+        if found is None:
+            raise HttpError(
+                404, "not_found", f"no route {scope['method']} {path}; see /openapi.json"
             )
-        if parts[0] == "stores" and len(parts) == 4 and parts[2] == "keys":
-            allow(method, "GET")
-            store = urllib.parse.unquote(parts[1])
-            key_text = urllib.parse.unquote(parts[3])
-            return "/stores/{store}/keys/{key}", await self._get_key(scope, send, store, key_text)
-        if path == "/internal/query":
-            # a member's sub-request carries a node credential; a client's, its token
-            allow(method, "POST")
-            credential = header(scope, REQUEST_HEADER)
-            if credential is None:
-                current_principal.set(
-                    self._auth.check_http(scope.get("client"), bearer(scope), self.node.check_token)
-                )
-            body = await self._body(receive)
-            if credential is not None:
-                opened = self.node.admit_node(credential, method, path, body, peer(scope))
-                # a member's sub-request runs for the caller it routes for, grants and all
-                caller = None if opened is None else opened.principal
-                current_principal.set(self.node.principal_named(caller))
-            await self._internal_query(scope, receive, send, body)
-            return "/internal/query", 200
-        if path == "/internal/heartbeat":
-            allow(method, "POST")
-            body = await self._body(receive)
-            # proven before anything of it is decoded; client tokens never admit a member
+        route, params = found
+        allow(scope["method"], route.method)
+        handler: Handler = getattr(self, route.handler)
+        return route.label, await handler(scope, receive, send, **params)
+
+    def _client_principal(self, scope: Scope) -> None:
+        current_principal.set(
+            self._auth.check_http(scope.get("client"), bearer(scope), self.node.check_token)
+        )
+
+    # -- the routes (sparkiq.server.routes): each answers and returns its status -------------
+
+    async def _on_key(
+        self, scope: Scope, receive: Receive, send: Send, store: str, key: str
+    ) -> int:
+        return await self._get_key(scope, send, store, key)
+
+    async def _on_internal_query(self, scope: Scope, receive: Receive, send: Send) -> int:
+        # a member's sub-request carries a node credential; a client's, its token
+        credential = header(scope, REQUEST_HEADER)
+        if credential is None:
+            self._client_principal(scope)
+        body = await self._body(receive)
+        if credential is not None:
             opened = self.node.admit_node(
-                header(scope, REQUEST_HEADER), method, path, body, peer(scope)
+                credential, scope["method"], scope["path"], body, peer(scope)
             )
-            try:
-                doc = unpack_plain(body)
-            except ValueError:  # msgpack's errors vary by cause; all mean the same here
-                raise HttpError(
-                    400, "invalid_heartbeat", "the body is not a packed heartbeat", "body"
-                ) from None
-            try:
-                reply = self.node.on_heartbeat(doc)
-            except HeartbeatError as exc:  # nothing was recorded: the membership is unchanged
-                raise HttpError(400, "invalid_heartbeat", exc.message, exc.field) from None
-            data = pack(reply)
-            signature = self.node.sign_reply(None if opened is None else opened.mac, data)
-            headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
-            await send_body(send, 200, data, headers)
-            return "/internal/heartbeat", 200
-        if parts[0] == "stores" and len(parts) == 3 and parts[2] == "query":
-            allow(method, "POST")
-            store = urllib.parse.unquote(parts[1])
-            body = await self._body(receive)
-            await self._iq_query(scope, send, store, body)
-            return "/stores/{store}/query", 200
-        if path == "/query":
-            allow(method, "POST")
-            body = await self._body(receive)
-            await self._sql(scope, receive, send, body)
-            return "/query", 200
-        if path == "/healthz":
-            allow(method, "GET")
-            doc = {"status": "ok", "node_id": self.node.node_id}
-            await send_body(send, 200, jsonapi.dumps(doc), JSON_HEADERS)
-            return path, 200
-        if path == "/readyz":
-            allow(method, "GET")
-            return path, await self._ready(send)
-        if path in ("/", "/console"):
-            allow(method, "GET")
-            await send_body(send, 200, self._console, self._console_headers)
-            return "/console", 200
-        if path == "/openapi.json":
-            allow(method, "GET")
-            await send_body(send, 200, self._openapi, JSON_HEADERS)
-            return path, 200
-        if path == "/metrics":
-            allow(method, "GET")
-            text, content_type = self.metrics.render()
-            await send_body(send, 200, text, [(b"content-type", content_type.encode())])
-            return path, 200
-        if path == "/stats":
-            allow(method, "GET")
-            await send_body(
-                send,
-                200,
-                jsonapi.dumps(stats_document(self.node, self.metrics, self._roots)),
-                JSON_HEADERS,
-            )
-            return path, 200
-        if path == "/stores":
-            allow(method, "GET")
-            await send_body(send, 200, jsonapi.dumps(stores_document(self.node)), JSON_HEADERS)
-            return path, 200
-        if path == "/metadata":
-            allow(method, "GET")
-            nodes = [m.to_dict() for m in self.node.all_metadata()]
-            await send_body(send, 200, jsonapi.dumps({"nodes": nodes}), JSON_HEADERS)
-            return path, 200
-        if parts[:2] == ["metadata", "stores"] and len(parts) == 5 and parts[3] == "keys":
-            allow(method, "GET")
-            store = urllib.parse.unquote(parts[2])
-            key = jsonapi.key_from_text(self.node.schema(store), urllib.parse.unquote(parts[4]))
-            meta = self.node.metadata_for_key(store, key)
-            await send_body(send, 200, jsonapi.dumps(meta.to_dict()), JSON_HEADERS)
-            return "/metadata/stores/{store}/keys/{key}", 200
-        raise HttpError(404, "not_found", f"no route {method} {path}; see /openapi.json")
+            # a member's sub-request runs for the caller it routes for, grants and all
+            caller = None if opened is None else opened.principal
+            current_principal.set(self.node.principal_named(caller))
+        await self._internal_query(scope, receive, send, body)
+        return 200
+
+    async def _on_heartbeat(self, scope: Scope, receive: Receive, send: Send) -> int:
+        body = await self._body(receive)
+        # proven before anything of it is decoded; client tokens never admit a member
+        opened = self.node.admit_node(
+            header(scope, REQUEST_HEADER), scope["method"], scope["path"], body, peer(scope)
+        )
+        try:
+            doc = unpack_plain(body)
+        except ValueError:  # msgpack's errors vary by cause; all mean the same here
+            raise HttpError(
+                400, "invalid_heartbeat", "the body is not a packed heartbeat", "body"
+            ) from None
+        try:
+            reply = self.node.on_heartbeat(doc)
+        except HeartbeatError as exc:  # nothing was recorded: the membership is unchanged
+            raise HttpError(400, "invalid_heartbeat", exc.message, exc.field) from None
+        data = pack(reply)
+        signature = self.node.sign_reply(None if opened is None else opened.mac, data)
+        headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
+        await send_body(send, 200, data, headers)
+        return 200
+
+    async def _on_iq_query(self, scope: Scope, receive: Receive, send: Send, store: str) -> int:
+        await self._iq_query(scope, send, store, await self._body(receive))
+        return 200
+
+    async def _on_sql(self, scope: Scope, receive: Receive, send: Send) -> int:
+        await self._sql(scope, receive, send, await self._body(receive))
+        return 200
+
+    async def _on_healthz(self, scope: Scope, receive: Receive, send: Send) -> int:
+        doc = {"status": "ok", "node_id": self.node.node_id}
+        await send_body(send, 200, jsonapi.dumps(doc), JSON_HEADERS)
+        return 200
+
+    async def _on_readyz(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._ready(send)
+
+    async def _on_console(self, scope: Scope, receive: Receive, send: Send) -> int:
+        await send_body(send, 200, self._console, self._console_headers)
+        return 200
+
+    async def _on_openapi(self, scope: Scope, receive: Receive, send: Send) -> int:
+        await send_body(send, 200, self._openapi, JSON_HEADERS)
+        return 200
+
+    async def _on_metrics(self, scope: Scope, receive: Receive, send: Send) -> int:
+        text, content_type = self.metrics.render()
+        await send_body(send, 200, text, [(b"content-type", content_type.encode())])
+        return 200
+
+    async def _on_stats(self, scope: Scope, receive: Receive, send: Send) -> int:
+        doc = stats_document(self.node, self.metrics, self._roots)
+        await send_body(send, 200, jsonapi.dumps(doc), JSON_HEADERS)
+        return 200
+
+    async def _on_stores(self, scope: Scope, receive: Receive, send: Send) -> int:
+        await send_body(send, 200, jsonapi.dumps(stores_document(self.node)), JSON_HEADERS)
+        return 200
+
+    async def _on_metadata(self, scope: Scope, receive: Receive, send: Send) -> int:
+        nodes = [m.to_dict() for m in self.node.all_metadata()]
+        await send_body(send, 200, jsonapi.dumps({"nodes": nodes}), JSON_HEADERS)
+        return 200
+
+    async def _on_key_metadata(
+        self, scope: Scope, receive: Receive, send: Send, store: str, key: str
+    ) -> int:
+        meta = self.node.metadata_for_key(
+            store, jsonapi.key_from_text(self.node.schema(store), key)
+        )
+        await send_body(send, 200, jsonapi.dumps(meta.to_dict()), JSON_HEADERS)
+        return 200
+
+    # -- helpers -----------------------------------------------------------------------------
 
     async def _body(self, receive: Receive) -> bytes:
         chunks = []

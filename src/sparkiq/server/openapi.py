@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkiq._version import __version__
+from sparkiq.server.routes import ROUTES
 
 __all__ = ["openapi_document"]
 
@@ -225,183 +226,189 @@ def openapi_document() -> dict[str, Any]:
             },
         },
         "security": [{"bearer": []}],
-        "paths": {
-            "/": {
-                "get": {
-                    "summary": "The web console (HTML): SQL pull and push queries in a browser",
-                    "security": [],
-                    "responses": {"200": {"description": "HTML page"}},
-                }
-            },
-            "/healthz": {
-                "get": {
-                    "summary": "Liveness",
-                    "security": [],
-                    "responses": {"200": {"description": "The process is serving"}},
-                }
-            },
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness: every hosted partition caught up",
-                    "security": [],
-                    "responses": {
-                        "200": {"description": "Ready"},
-                        "503": {"description": "Some partitions are restoring or stuck"},
-                    },
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "This document",
-                    "security": [],
-                    "responses": {"200": {"description": "OpenAPI 3.1"}},
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {"200": {"description": "Text exposition format"}},
-                }
-            },
-            "/stats": {
-                "get": {
-                    "summary": "This node: queries per table (last 10 minutes, per 5 s), "
-                    "progress of every hosted partition (restores), Kafka lag per table, "
-                    "each table's writer (its Spark query: running, failed with the reason, "
-                    "stopped, silent; input rows/s, batch duration, last commit)",
-                    "responses": {"200": {"description": "Stats"}, **_errors(401)},
-                }
-            },
-            "/stores": {
-                "get": {
-                    "summary": "Materialized tables with schema, key columns and partitions",
-                    "responses": {"200": {"description": "Stores"}, **_errors(401)},
-                }
-            },
-            "/stores/{store}/keys/{key}": {
-                "get": {
-                    "summary": "The current row of one key (routed to the node that hosts it)",
-                    "parameters": [_STORE, _KEY],
-                    "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "key": {},
-                                    "row": {"type": "object"},
-                                    "partition": {"type": "integer"},
-                                    "position": {"type": "string"},
-                                },
-                            },
-                            "The row",
-                        ),
-                        **_errors(400, 401, 404, 502),
-                    },
-                }
-            },
-            "/stores/{store}/query": {
-                "post": {
-                    "summary": "An IQv2 request; range results are streamed",
-                    "parameters": [_STORE],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/StateQueryRequest"}
-                            }
-                        },
-                    },
-                    "responses": {
-                        "200": _json(
-                            {"$ref": "#/components/schemas/StateQueryResult"},
-                            "Per-partition results and the merged position",
-                        ),
-                        **_errors(400, 401, 404, 413, 502),
-                    },
-                }
-            },
-            "/metadata": {
-                "get": {
-                    "summary": "Every node: active and standby partitions, hosted states",
-                    "responses": {"200": {"description": "Nodes"}, **_errors(401)},
-                }
-            },
-            "/metadata/stores/{store}/keys/{key}": {
-                "get": {
-                    "summary": "The key's partition, active host and standby hosts",
-                    "parameters": [_STORE, _KEY],
-                    "responses": {"200": {"description": "Metadata"}, **_errors(400, 401, 404)},
-                }
-            },
-            "/query": {
-                "post": {
-                    "summary": "SQL: a pull query (JSON, or an Arrow IPC stream) or "
-                    "`... EMIT CHANGES` (NDJSON stream)",
-                    "parameters": [
-                        {
-                            "name": "accept",
-                            "in": "header",
-                            "required": False,
-                            "description": "`application/vnd.apache.arrow.stream` answers a "
-                            "pull query as an Arrow IPC stream (record batches of at most "
-                            "16,384 rows; the position in the `sparkiq-position` header); "
-                            "anything else, JSON. A push query with the Arrow type is "
-                            "refused with 406",
-                            "schema": {"type": "string"},
-                        }
-                    ],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/SqlRequest"}
-                            }
-                        },
-                    },
-                    "responses": {
-                        "200": {
-                            "description": "The result: JSON, an Arrow IPC stream (when "
-                            "asked for with Accept), or for a push query one JSON change "
-                            "per line",
-                            "headers": {
-                                "sparkiq-position": {
-                                    "description": "Arrow answers only: the position "
-                                    "token the result was read at",
-                                    "schema": {"type": "string"},
-                                },
-                                "sparkiq-next-page-token": {
-                                    "description": "Arrow answers only, when more rows "
-                                    "remain: pass it back as `page_token`",
-                                    "schema": {"type": "string"},
-                                },
-                            },
-                            "content": {
-                                "application/json": {
-                                    "schema": {"$ref": "#/components/schemas/SqlResult"}
-                                },
-                                "application/vnd.apache.arrow.stream": {
-                                    "schema": {"type": "string", "format": "binary"}
-                                },
-                                "application/x-ndjson": {
-                                    "schema": {"$ref": "#/components/schemas/Change"}
-                                },
-                            },
-                        },
-                        **_errors(400, 401, 404, 406, 413, 502),
-                    },
-                }
-            },
-            "/internal/query": {
-                "post": {
-                    "summary": "Node protocol (binary, application/x-sparkiq-v1)",
-                    "responses": {"200": {"description": "Framed results"}, **_errors(400, 401)},
-                }
-            },
-            "/internal/heartbeat": {
-                "post": {
-                    "summary": "Membership heartbeat (binary)",
-                    "responses": {"200": {"description": "The receiver's heartbeat"}},
-                }
-            },
-        },
+        "paths": _paths(),
     }
+
+
+#: What each route takes and answers, by path and method (the routes themselves, and who may
+#: call them, are sparkiq.server.routes'; a public route is marked here as needing no token).
+_OPERATIONS: dict[str, dict[str, Any]] = {
+    "/": {
+        "get": {
+            "summary": "The web console (HTML): SQL pull and push queries in a browser",
+            "responses": {"200": {"description": "HTML page"}},
+        }
+    },
+    "/healthz": {
+        "get": {
+            "summary": "Liveness",
+            "responses": {"200": {"description": "The process is serving"}},
+        }
+    },
+    "/readyz": {
+        "get": {
+            "summary": "Readiness: every hosted partition caught up",
+            "responses": {
+                "200": {"description": "Ready"},
+                "503": {"description": "Some partitions are restoring or stuck"},
+            },
+        }
+    },
+    "/openapi.json": {
+        "get": {
+            "summary": "This document",
+            "responses": {"200": {"description": "OpenAPI 3.1"}},
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "Prometheus metrics",
+            "responses": {"200": {"description": "Text exposition format"}},
+        }
+    },
+    "/stats": {
+        "get": {
+            "summary": "This node: queries per table (last 10 minutes, per 5 s), "
+            "progress of every hosted partition (restores), Kafka lag per table, "
+            "each table's writer (its Spark query: running, failed with the reason, "
+            "stopped, silent; input rows/s, batch duration, last commit)",
+            "responses": {"200": {"description": "Stats"}, **_errors(401)},
+        }
+    },
+    "/stores": {
+        "get": {
+            "summary": "Materialized tables with schema, key columns and partitions",
+            "responses": {"200": {"description": "Stores"}, **_errors(401)},
+        }
+    },
+    "/stores/{store}/keys/{key}": {
+        "get": {
+            "summary": "The current row of one key (routed to the node that hosts it)",
+            "parameters": [_STORE, _KEY],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "key": {},
+                            "row": {"type": "object"},
+                            "partition": {"type": "integer"},
+                            "position": {"type": "string"},
+                        },
+                    },
+                    "The row",
+                ),
+                **_errors(400, 401, 404, 502),
+            },
+        }
+    },
+    "/stores/{store}/query": {
+        "post": {
+            "summary": "An IQv2 request; range results are streamed",
+            "parameters": [_STORE],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": "#/components/schemas/StateQueryRequest"}
+                    }
+                },
+            },
+            "responses": {
+                "200": _json(
+                    {"$ref": "#/components/schemas/StateQueryResult"},
+                    "Per-partition results and the merged position",
+                ),
+                **_errors(400, 401, 404, 413, 502),
+            },
+        }
+    },
+    "/metadata": {
+        "get": {
+            "summary": "Every node: active and standby partitions, hosted states",
+            "responses": {"200": {"description": "Nodes"}, **_errors(401)},
+        }
+    },
+    "/metadata/stores/{store}/keys/{key}": {
+        "get": {
+            "summary": "The key's partition, active host and standby hosts",
+            "parameters": [_STORE, _KEY],
+            "responses": {"200": {"description": "Metadata"}, **_errors(400, 401, 404)},
+        }
+    },
+    "/query": {
+        "post": {
+            "summary": "SQL: a pull query (JSON, or an Arrow IPC stream) or "
+            "`... EMIT CHANGES` (NDJSON stream)",
+            "parameters": [
+                {
+                    "name": "accept",
+                    "in": "header",
+                    "required": False,
+                    "description": "`application/vnd.apache.arrow.stream` answers a "
+                    "pull query as an Arrow IPC stream (record batches of at most "
+                    "16,384 rows; the position in the `sparkiq-position` header); "
+                    "anything else, JSON. A push query with the Arrow type is "
+                    "refused with 406",
+                    "schema": {"type": "string"},
+                }
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/SqlRequest"}}
+                },
+            },
+            "responses": {
+                "200": {
+                    "description": "The result: JSON, an Arrow IPC stream (when "
+                    "asked for with Accept), or for a push query one JSON change "
+                    "per line",
+                    "headers": {
+                        "sparkiq-position": {
+                            "description": "Arrow answers only: the position "
+                            "token the result was read at",
+                            "schema": {"type": "string"},
+                        },
+                        "sparkiq-next-page-token": {
+                            "description": "Arrow answers only, when more rows "
+                            "remain: pass it back as `page_token`",
+                            "schema": {"type": "string"},
+                        },
+                    },
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/SqlResult"}},
+                        "application/vnd.apache.arrow.stream": {
+                            "schema": {"type": "string", "format": "binary"}
+                        },
+                        "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/Change"}},
+                    },
+                },
+                **_errors(400, 401, 404, 406, 413, 502),
+            },
+        }
+    },
+    "/internal/query": {
+        "post": {
+            "summary": "Node protocol (binary, application/x-sparkiq-v1)",
+            "responses": {"200": {"description": "Framed results"}, **_errors(400, 401)},
+        }
+    },
+    "/internal/heartbeat": {
+        "post": {
+            "summary": "Membership heartbeat (binary)",
+            "responses": {"200": {"description": "The receiver's heartbeat"}},
+        }
+    },
+}
+_OPERATIONS["/console"] = _OPERATIONS["/"]
+
+
+def _paths() -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for route in ROUTES:
+        operation = dict(_OPERATIONS[route.path][route.method.lower()])
+        if route.access == "public":
+            operation["security"] = []
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+    return paths

@@ -1,0 +1,104 @@
+"""The REST API's routes, as one table: the server dispatches by it, the OpenAPI document
+lists its paths from it, and the paths answered without a token are read off it.
+
+A route is a method, a path as OpenAPI writes it (``/stores/{store}/keys/{key}``), the
+name of the :class:`~sparkiq.server.app.RestApp` coroutine that answers it, and who may
+call it:
+
+- ``token``: a client with a token, when the node has tokens (every read runs as its
+  principal and within its grants);
+- ``public``: anyone (probes, this API's description, the console page, which is static
+  and sends the token its user types with every request it makes);
+- ``node``: the node protocol, whose callers prove a node credential instead of
+  (heartbeats) or besides (sub-requests) a client token (:mod:`sparkiq.cluster.nodeauth`).
+
+Matching costs a dict lookup for a fixed path and a comparison of a few path segments
+for the others; the key lookup, the hot path, is the first templated route tried.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["NODE_PATHS", "PUBLIC_PATHS", "ROUTES", "Route", "match"]
+
+Access = Literal["token", "public", "node"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route (see the module docstring). ``label`` names it in metrics and the audit
+    log (default: its path)."""
+
+    method: str
+    path: str
+    handler: str
+    access: Access = "token"
+    label: str = ""
+    segments: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", tuple(self.path.strip("/").split("/")))
+        if not self.label:
+            object.__setattr__(self, "label", self.path)
+
+    @property
+    def templated(self) -> bool:
+        return "{" in self.path
+
+    def bind(self, parts: list[str]) -> dict[str, str] | None:
+        """The path parameters if ``parts`` (a path's segments) are this route's, else
+        None. Parameters are percent-decoded."""
+        params: dict[str, str] = {}
+        for segment, part in zip(self.segments, parts, strict=True):
+            if segment.startswith("{"):
+                params[segment[1:-1]] = urllib.parse.unquote(part)
+            elif segment != part:
+                return None
+        return params
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/stores/{store}/keys/{key}", "_on_key"),  # the hot path: tried first
+    Route("POST", "/internal/query", "_on_internal_query", "node"),
+    Route("POST", "/internal/heartbeat", "_on_heartbeat", "node"),
+    Route("POST", "/stores/{store}/query", "_on_iq_query"),
+    Route("POST", "/query", "_on_sql"),
+    Route("GET", "/healthz", "_on_healthz", "public"),
+    Route("GET", "/readyz", "_on_readyz", "public"),
+    Route("GET", "/", "_on_console", "public", label="/console"),
+    Route("GET", "/console", "_on_console", "public"),
+    Route("GET", "/openapi.json", "_on_openapi", "public"),
+    Route("GET", "/metrics", "_on_metrics"),
+    Route("GET", "/stats", "_on_stats"),
+    Route("GET", "/stores", "_on_stores"),
+    Route("GET", "/metadata", "_on_metadata"),
+    Route("GET", "/metadata/stores/{store}/keys/{key}", "_on_key_metadata"),
+)
+
+#: Paths answered without a token (docs/rest.md lists the same; a test checks it).
+PUBLIC_PATHS = frozenset(r.path for r in ROUTES if r.access == "public")
+#: Paths of the node protocol.
+NODE_PATHS = frozenset(r.path for r in ROUTES if r.access == "node")
+
+_FIXED = {r.path: r for r in ROUTES if not r.templated}
+_BY_LENGTH: dict[int, tuple[Route, ...]] = {}
+for _route in ROUTES:
+    if _route.templated:
+        _BY_LENGTH[len(_route.segments)] = (*_BY_LENGTH.get(len(_route.segments), ()), _route)
+del _route
+
+
+def match(path: str) -> tuple[Route, dict[str, str]] | None:
+    """The route of ``path`` and its parameters, or None (no such route)."""
+    fixed = _FIXED.get(path)
+    if fixed is not None:
+        return fixed, {}
+    parts = path.strip("/").split("/")
+    for route in _BY_LENGTH.get(len(parts), ()):
+        params = route.bind(parts)
+        if params is not None:
+            return route, params
+    return None
