@@ -45,7 +45,7 @@ from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, node_url
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.hosting import Hosting, Placement, TableView
 from sparkiq.cluster.kafka_lag import KafkaEndOffsets, KafkaSource, kafka_sources
-from sparkiq.cluster.lookup import Lookup
+from sparkiq.cluster.lookup import KeyLocation, Lookup
 from sparkiq.cluster.membership import HostedState
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
 from sparkiq.cluster.nodeauth import NodeKey, Opened
@@ -563,6 +563,18 @@ class Node:
         """``(row, position, partition)`` when this node holds the key's partition caught up,
         else None (another node must be asked). Never blocks on the network."""
         return self._lookup.local_lookup(store, key)
+
+    def locate_key(self, store: str, key: Any) -> KeyLocation:
+        """Where ``key`` is: its partition and whether this node reads it itself (no I/O);
+        pass it to :meth:`read_located`, so the key is located once per request."""
+        return self._lookup.locate(store, key)
+
+    def read_located(
+        self, location: KeyLocation, store: str, key: Any
+    ) -> tuple[dict[str, Any] | None, Position]:
+        """``(row, position)`` of a key :meth:`locate_key` found; blocks only when another
+        node must be asked (``location.here`` false)."""
+        return self._lookup.read_located(location, store, key)
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Answer ``request``; failures are per partition.

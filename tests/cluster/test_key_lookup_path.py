@@ -121,3 +121,39 @@ def test_a_registered_key_handler_serves_every_local_path(tmp_path: Path) -> Non
         finally:
             register(KeyQuery)(builtin)
         assert node.get("t", "a") == {"k": "a", "n": 1}
+
+
+def test_a_routed_key_is_located_once_per_request(
+    cluster: list[Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key's partition is computed once per request on every path, and the location
+    travels (to the read, the router and the sub-request) instead of being computed again."""
+    from sparkiq.schema.partitioner import Partitioner
+
+    calls: list[int] = []
+    partition_of = Partitioner.__call__
+
+    def counted(self: Partitioner, key: Any) -> int:
+        calls.append(1)
+        return partition_of(self, key)
+
+    monkeypatch.setattr(Partitioner, "__call__", counted)
+    first = cluster[0]
+    _, there = _split(cluster, "t")
+    calls.clear()
+    paths = {
+        "get": lambda: first.get("t", there),
+        "query": lambda: first.query(
+            StateQueryRequest.in_store("t").with_query(KeyQuery.with_key(there))
+        ),
+        "rest": lambda: httpx.get(
+            f"{first.url}/stores/t/keys/{there}", timeout=30
+        ).raise_for_status(),
+        "sql": lambda: first.sql(f"SELECT * FROM t WHERE k = '{there}'"),
+    }
+    counts = {}
+    for name, call in paths.items():
+        calls.clear()
+        call()
+        counts[name] = len(calls)
+    assert counts == {"get": 1, "query": 1, "rest": 1, "sql": 1}

@@ -498,7 +498,7 @@ def test_error_messages_carry_no_paths_or_class_names(
         def fail(*args: Any, failure: Exception = failure) -> Any:
             raise failure
 
-        monkeypatch.setattr(hostile.node, "local_lookup", fail)
+        monkeypatch.setattr(hostile.node, "locate_key", fail)
         response = httpx.get(hostile.url(PROBE_PATH), headers=auth(), timeout=10)
         assert 400 <= response.status_code < 600
         assert_no_leak(hostile, response)

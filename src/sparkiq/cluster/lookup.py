@@ -162,7 +162,14 @@ class Lookup:
         pair is consistent: the row is exactly the state at that position). A key this node
         does not read itself is asked of the node hosting it; a partition no node can answer
         raises :class:`~sparkiq.errors.SparkiqError`."""
-        location = self.locate(store, key)
+        return self.read_located(self.locate(store, key), store, key)
+
+    def read_located(
+        self, location: KeyLocation, store: str, key: Any
+    ) -> tuple[dict[str, Any] | None, Position]:
+        """``(row, position)`` of a key :meth:`locate` found: read here when
+        ``location.here`` (never blocks on the network), else asked of the node hosting
+        it. The caller locates once and passes the location on."""
         if location.here:
             return self.read_key(location, key)
         return self._get_routed(store, key, location)
@@ -218,11 +225,11 @@ class Lookup:
         beyond = self._beyond_the_changelog(request)
         if beyond is not None:
             return beyond
-        request = self.pin_batch(request)
+        partitions, missing = self._partitions(request)  # once: pinning and reading use them
+        request = self.pin_batch(request, partitions)
         coordinator = self.coordinator
         if coordinator is None:
-            return self.query_local(request)
-        partitions, missing = self._partitions(request)
+            return self._query_local(request, partitions, missing, CATCH_UP_WAIT)
         results = coordinator.router.route(request, partitions) if partitions else None
         merged = dict(results.partition_results) if results is not None else {}
         merged.update(missing)
@@ -262,7 +269,18 @@ class Lookup:
         partition behind the batch the request reads at, or bounds it to, is waited for up
         to ``catch_up_wait`` seconds (0: answered at once, as an event loop must)."""
         check_read((request.store,))
-        partitions, results = self._partitions(request)
+        partitions, missing = self._partitions(request)
+        return self._query_local(request, partitions, missing, catch_up_wait)
+
+    def _query_local(
+        self,
+        request: StateQueryRequest,
+        partitions: list[int],
+        results: dict[int, QueryResult[Any]],
+        catch_up_wait: float,
+    ) -> StateQueryResult[Any]:
+        """:meth:`query_local` of the valid ``partitions`` of ``request`` (``results``
+        holds the failures of the ones that do not exist)."""
         coordinator = self.coordinator
         if coordinator is not None and not coordinator.is_fresh():
             # Just resumed from a stall: its view and replicas may be old. Refuse, so the
@@ -283,7 +301,7 @@ class Lookup:
             ctx = _PLAIN_CONTEXT
         else:
             if request.at_time is not None:
-                request = self.pin_batch(request)
+                request = self.pin_batch(request, partitions)
             ctx = QueryContext(
                 request.bound,
                 request.is_execution_info_enabled,
@@ -314,9 +332,12 @@ class Lookup:
                 results[partition] = execute(hosted, request.query, ctx)
         return StateQueryResult(results)
 
-    def pin_batch(self, request: StateQueryRequest) -> StateQueryRequest:
+    def pin_batch(
+        self, request: StateQueryRequest, partitions: list[int] | None = None
+    ) -> StateQueryRequest:
         """``request`` with the batch it reads at (see the module docstring); unchanged for
-        a single-partition request that did not ask for one, or a table with no batch yet."""
+        a single-partition request that did not ask for one, or a table with no batch yet.
+        ``partitions`` are the request's valid partitions, when the caller has them."""
         if request.at_time is not None:
             when = request.at_time.timestamp()
             batch_id = self._hosting.batch_at_time(request.store, when)
@@ -330,7 +351,8 @@ class Lookup:
                     store=request.store,
                 )
             return request
-        partitions, _ = self._partitions(request)
+        if partitions is None:
+            partitions, _ = self._partitions(request)
         if len(partitions) < 2:
             return request
         batch_id = self.consistent_batch(request.store, partitions, request.bound)

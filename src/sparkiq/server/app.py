@@ -328,12 +328,12 @@ class RestApp:
     async def _get_key(self, scope: Scope, send: Send, store: str, key_text: str) -> int:
         node = self.node
         key = jsonapi.key_from_text(node.schema(store), key_text)
-        found = node.local_lookup(store, key)
-        if found is None:  # another node holds it: routing blocks, so off the event loop
-            row, position = await self._run(node.get_with_position, store, key)
-            partition = node.partition_for_key(store, key)
-        else:
-            row, position, partition = found
+        location = node.locate_key(store, key)  # once: the read and the answer use it
+        if location.here:  # microseconds, on the event loop
+            row, position = node.read_located(location, store, key)
+        else:  # another node holds it: routing blocks, so off the event loop
+            row, position = await self._run(node.read_located, location, store, key)
+        partition = location.partition
         self.metrics.queried(store)  # answered here or routed: a query this node was asked
         scope[_NOTE]["tables"] = [store]
         doc = {"key": key, "row": row, "partition": partition, "position": position.to_token()}

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.cluster.kafka_lag import KafkaSource
+from sparkiq.cluster.lookup import KeyLocation
 from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
 from sparkiq.cluster.nodeauth import Opened
 from sparkiq.cluster.writer_view import WriterView
@@ -36,13 +37,11 @@ class ServedNode(Protocol):
 
     def partition_count(self, store: str) -> int: ...
 
-    def partition_for_key(self, store: str, key: Any) -> int: ...
+    def locate_key(self, store: str, key: Any) -> KeyLocation: ...
 
-    def local_lookup(
-        self, store: str, key: Any
-    ) -> tuple[dict[str, Any] | None, Position, int] | None: ...
-
-    def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]: ...
+    def read_located(
+        self, location: KeyLocation, store: str, key: Any
+    ) -> tuple[dict[str, Any] | None, Position]: ...
 
     def query_local(
         self, request: StateQueryRequest, *, catch_up_wait: float = ...
