@@ -46,7 +46,7 @@ from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError, loc
 from sparkiq.sql.explain import explain_plan
 from sparkiq.sql.keys import KeyAccess, bind_access
 from sparkiq.sql.limits import SqlLimits
-from sparkiq.sql.paging import PageToken
+from sparkiq.sql.paging import PageToken, Reading
 from sparkiq.sql.parse import DIALECT, parse, shape_of
 from sparkiq.sql.plan import (
     Plan,
@@ -269,42 +269,38 @@ class SqlEngine:
         if plan.explain:
             return self._explain(plan)
         deadline = time.monotonic() + self.limits.timeout_seconds
+        reading = Reading(digest, token, page_size, self._as_of)
         if plan.python is not None:
-            fast = self._python(plan, digest, params, bound, page_size, token)
+            fast = self._python(plan, params, bound, reading)
             if fast is not None:
                 return fast
         holder = plan  # a template's result has one schema whatever its values
         if template:
             plan = bind_template(plan, params, text)
-        return self._general(plan, holder, params, bound, page_size, token, deadline)
+        return self._general(plan, holder, params, bound, reading, deadline)
 
     def _python(
-        self,
-        plan: Plan,
-        digest: str,
-        params: tuple[Any, ...],
-        bound: PositionBound,
-        page_size: int | None,
-        token: PageToken | None,
+        self, plan: Plan, params: tuple[Any, ...], bound: PositionBound, reading: Reading
     ) -> SqlResult | None:
         table = plan.tables[0]
         schema, codec, _ = self._codec(table.name)
         access = bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
-        at_batch = self._at_batch(table, _pinned(token))
+        at_batch = reading.at_batch(table.name, table.as_of)
         if access.keys is not None and access.exact:
             rows, position, _ = lookup_rows(
                 self.source, table.name, schema, access, bound, at_batch
             )
-        elif access.range_bounds is not None and page_size is None:
+        elif access.range_bounds is not None and reading.page_size is None:
             rows, position = range_rows(self.source, table.name, access, bound, at_batch)
         else:
             return None
+        reading.served(table.name, table.as_of, position, batch_of(table.name, position))
         projection = plan.python
         assert projection is not None
         items = projection.items
         typed = self._lookup_schema(table.name, schema, items)
         if projection.whole_rows:  # SELECT *: the decoded rows are fresh dicts already
-            return self._page(digest, table.name, typed, rows, position, page_size, token)
+            return self._page(typed, rows, reading)
         window = projection.window_column
         out: list[dict[str, Any]] = []
         for row in rows:
@@ -317,35 +313,20 @@ class SqlEngine:
                 else:
                     shaped[name] = row[column]
             out.append(shaped)
-        return self._page(digest, table.name, typed, out, position, page_size, token)
+        return self._page(typed, out, reading)
 
-    def _page(
-        self,
-        digest: str,
-        table: str,
-        typed: pa.Schema,
-        rows: list[dict[str, Any]],
-        position: Position,
-        page_size: int | None,
-        token: PageToken | None,
-    ) -> SqlResult:
-        """Offset paging over a fully computed result of one table."""
+    def _page(self, typed: pa.Schema, rows: list[dict[str, Any]], reading: Reading) -> SqlResult:
+        """Offset paging over a fully computed result."""
         columns = typed.names
+        position = reading.result_position()
+        page_size = reading.page_size
         if page_size is None:
             self._check_size(len(rows))
             return SqlResult(columns, rows, position, schema=typed)
-        start = token.returned if token is not None else 0
-        served = batch_of(table, position)
-        batches = {table: served} if served is not None else {}
-        if token is not None:
-            position = position.merge(token.position)
+        start = reading.offset
         page = rows[start : start + page_size]
         more = start + page_size < len(rows)
-        next_token = (
-            PageToken(digest, "offset", None, start + len(page), position, batches).encode()
-            if more
-            else None
-        )
+        next_token = reading.next_offset_token(len(page)) if more else None
         return SqlResult(columns, page, position, next_token, schema=typed)
 
     def _check_size(self, count: int) -> None:
@@ -362,13 +343,12 @@ class SqlEngine:
         holder: Plan,
         params: tuple[Any, ...],
         bound: PositionBound,
-        page_size: int | None,
-        token: PageToken | None,
+        reading: Reading,
         deadline: float,
     ) -> SqlResult:
         relations: dict[str, pa.Table] = {}
-        position = Position.empty()
         accesses = [self._access(t, params) for t in plan.tables]
+        token, page_size = reading.token, reading.page_size
         key_mode = (
             page_size is not None
             and plan.key_paging
@@ -376,24 +356,24 @@ class SqlEngine:
             and (token is None or token.mode == "key")
         )
         if not key_mode:
-            whole = self._columnar(plan, holder, accesses, bound, page_size, token, deadline)
+            whole = self._columnar(plan, holder, accesses, bound, reading, deadline)
             if whole is not None:
                 return whole
         final = plan.final
         want = page_size or 0
         if key_mode:
             assert page_size is not None
+            # key pages read the newest batch each: only AS OF pins a table
+            reading = Reading(plan.digest, token, page_size, self._as_of, pin=False)
             final, fragment, access, want = key_page_queries(plan, accesses[0], page_size, token)
             if want <= 0:
-                return SqlResult([], [], token.position if token else position, schema=_NOTHING)
+                return SqlResult([], [], reading.result_position(), schema=_NOTHING)
             accesses = [access]
             fragments: list[str | None] = [fragment]
             columns = [(*plan.tables[0].columns, KEY_COLUMN)]
         else:
             fragments = [t.fragment_sql for t in plan.tables]
             columns = [t.columns for t in plan.tables]
-        # a table read twice (a self-join) reads one batch; offset pages, the first page's
-        batches = {} if key_mode else _pinned(token)
         for table, access, fragment_sql, cols in zip(
             plan.tables, accesses, fragments, columns, strict=True
         ):
@@ -409,22 +389,19 @@ class SqlEngine:
                 _remaining(deadline),
                 lookup_fragment=plan.aggregation == "partial",
                 skip_below=0 if plan.aggregation == "partial" else self.limits.fragment_min_rows,
-                at_batch=self._at_batch(table, batches),
+                at_batch=reading.at_batch(table.name, table.as_of),
             )
-            served = batch_of(table.name, read.position)
-            if served is not None and table.as_of is None:
-                batches.setdefault(table.name, served)
+            reading.served(
+                table.name, table.as_of, read.position, batch_of(table.name, read.position)
+            )
             relations[table.relation] = read.table
-            position = position.merge(read.position)
-        if token is not None:
-            position = position.merge(token.position)
+        position = reading.result_position()
         if page_size is not None and not key_mode:
-            offset = token.returned if token is not None else 0
             final = (
                 exp.select("*")
                 .from_(final.subquery("__sq_page"))
                 .limit(page_size + 1)
-                .offset(offset)
+                .offset(reading.offset)
             )
         sql = final.sql(dialect=DIALECT) if final is not plan.final else plan.final_sql
         cap = self.limits.max_result_rows + 1 if page_size is None else None
@@ -438,20 +415,18 @@ class SqlEngine:
         rows = rows[: want if key_mode else page_size]
         next_token = None
         if key_mode:
-            returned = (token.returned if token else 0) + len(rows)
+            returned = reading.offset + len(rows)
             limit = literal_int(plan.final, "limit")
             capped = isinstance(limit, int) and limit is not False and returned >= limit
             if more and rows and not capped:
-                next_token = PageToken(plan.digest, "key", rows[-1][KEY_COLUMN], returned, position)
+                last = rows[-1][KEY_COLUMN]
+                next_token = PageToken(plan.digest, "key", last, returned, position).encode()
             names = [n for n in names if n != KEY_COLUMN]
             for row in rows:
                 row.pop(KEY_COLUMN, None)
         elif more:
-            returned = (token.returned if token else 0) + len(rows)
-            next_token = PageToken(plan.digest, "offset", None, returned, position, batches)
-        return SqlResult(
-            names, rows, position, next_token.encode() if next_token else None, schema=typed
-        )
+            next_token = reading.next_offset_token(len(rows))
+        return SqlResult(names, rows, position, next_token, schema=typed)
 
     def _columnar(
         self,
@@ -459,8 +434,7 @@ class SqlEngine:
         holder: Plan,
         accesses: list[KeyAccess],
         bound: PositionBound,
-        page_size: int | None,
-        token: PageToken | None,
+        reading: Reading,
         deadline: float,
     ) -> SqlResult | None:
         """The statement as one DuckDB query over whole tables read here, or None when a
@@ -470,29 +444,26 @@ class SqlEngine:
             return None
         relations: dict[str, pa.Table] = {}
         versions: dict[str, tuple[str, tuple[str, ...], int]] = {}
-        batches = _pinned(token)  # offset pages read every table where the first page did
-        position = Position.empty()
+        before = reading.saved()
         for index, (table, access) in enumerate(zip(plan.tables, accesses, strict=True)):
+            at_batch = reading.at_batch(table.name, table.as_of)
             if access.keys is not None:
                 schema = self.source.schema(table.name)
-                rows, read_at, _ = lookup_rows(
-                    source, table.name, schema, access, bound, self._at_batch(table, batches)
-                )
+                rows, read_at, _ = lookup_rows(source, table.name, schema, access, bound, at_batch)
                 relations[table.relation] = ArrowRows(schema, table.columns).from_rows(rows)
                 served = batch_of(table.name, read_at)
             else:
-                local = source.local_rows(table.name, self._at_batch(table, batches), bound)
+                local = source.local_rows(table.name, at_batch, bound)
                 if local is None:
+                    reading.restore(before)  # the general path reads every table anew
                     return None
                 relations[f"__sq_v{index}"] = local.raw
                 versions[table.relation] = (f"__sq_v{index}", table.columns, local.batch_id)
                 read_at, served = local.position, local.batch_id
-            if served is not None and table.as_of is None:
-                batches.setdefault(table.name, served)
-            position = position.merge(read_at)
-        if token is not None:
-            position = position.merge(token.position)
-        offset = None if page_size is None else (token.returned if token is not None else 0)
+            reading.served(table.name, table.as_of, read_at, served)
+        position = reading.result_position()
+        page_size = reading.page_size
+        offset = None if page_size is None else reading.offset
         sql = self._columnar_sql(plan, tuple(versions), page_size, offset)
         params = {f"sq_b{relation[len('__sq_r') :]}": b for relation, (_, _, b) in versions.items()}
         cap = self.limits.max_result_rows + 1 if page_size is None else None
@@ -507,36 +478,24 @@ class SqlEngine:
         next_token = None
         if len(rows) > page_size:
             rows = rows[:page_size]
-            returned = (token.returned if token else 0) + len(rows)
-            next_token = PageToken(
-                plan.digest, "offset", None, returned, position, batches
-            ).encode()
+            next_token = reading.next_offset_token(len(rows))
         return SqlResult(names, rows, position, next_token, schema=typed)
 
-    def _as_of(self, table: TablePlan) -> int | None:
+    def _as_of(self, table: str, as_of: object) -> int | None:
         """The batch a table reference's ``AS OF`` names (None: no AS OF)."""
-        as_of = table.as_of
         if as_of is None or isinstance(as_of, int):
             return as_of
         source = self.source
         if not isinstance(as_of, dt.datetime) or not isinstance(source, ColumnarSource):
             raise SqlUnsupportedError(
-                f"AS OF TIMESTAMP on {table.name!r} is not supported by this source; use a "
+                f"AS OF TIMESTAMP on {table!r} is not supported by this source; use a "
                 "batch id (AS OF 12)",
                 code="unsupported_as_of",
             )
         try:
-            return source.batch_at_time(table.name, as_of)
+            return source.batch_at_time(table, as_of)
         except InvalidQueryError as exc:
-            raise SqlError(exc.message, code="bad_as_of", field=table.name) from None
-
-    def _at_batch(self, table: TablePlan, batches: dict[str, int]) -> int | None:
-        """The batch to read a table reference at: its AS OF, else the batch this
-        statement (or, for an offset page, its first page) already read the table at
-        (None: the source picks one)."""
-        if table.as_of is not None:
-            return self._as_of(table)
-        return batches.get(table.name)
+            raise SqlError(exc.message, code="bad_as_of", field=table) from None
 
     def _columnar_sql(
         self, plan: Plan, columnar: tuple[str, ...], page_size: int | None, offset: int | None
@@ -599,14 +558,6 @@ def _with_versions(query: exp.Query, versions: dict[str, tuple[str, tuple[str, .
         recursive = existing.args.get("recursive")
     copy.set("with_", exp.With(expressions=ctes, recursive=recursive))
     return copy
-
-
-def _pinned(token: PageToken | None) -> dict[str, int]:
-    """The batches an offset page reads its tables at: those of the statement's first page
-    (a fresh dict: the statement adds the tables it reads)."""
-    if token is None or token.mode != "offset":
-        return {}
-    return dict(token.batches)
 
 
 def _remaining(deadline: float) -> float:

@@ -1,4 +1,6 @@
-"""Page tokens: where the next page of a statement starts, and how fresh it must be.
+"""One execution of a statement (:class:`Reading`): the batch it reads each table at, the
+position it read at, and its page; and page tokens: where the next page starts, and how
+fresh it must be.
 
 Token format 1: ``"sq1."`` + URL-safe base64 (no padding) of compact JSON::
 
@@ -17,19 +19,25 @@ Token format 1: ``"sq1."`` + URL-safe base64 (no padding) of compact JSON::
 
 In both modes each next page is read at a position at least as fresh as the previous
 page's (the token's position is the page's position bound).
+
+Every execution path of the engine (a lookup answered in Python, one DuckDB query over whole
+tables, per-partition fragments) reads through one :class:`Reading`: it says at which batch
+to read a table reference (its ``AS OF``; else the batch the statement already read that
+table at, so a self-join reads one state; else, for an offset page, the first page's) and
+keeps what each read served, then writes the next page's token.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from sparkiq.query.position import Position
 from sparkiq.sql.errors import SqlError
 
-__all__ = ["PageToken"]
+__all__ = ["PageToken", "Reading"]
 
 _PREFIX = "sq1."
 
@@ -91,6 +99,73 @@ class PageToken:
         if parsed.mode not in ("key", "offset") or parsed.returned < 0:
             raise _bad(f"corrupted page token {token!r:.60}")
         return parsed
+
+
+class Reading:
+    """One execution of a statement (see the module docstring). ``as_of`` gives the batch
+    a table reference's ``AS OF`` names (None: it has none). With ``pin=False`` (key-mode
+    pages, which read the newest batch) only ``AS OF`` pins a table."""
+
+    __slots__ = ("_as_of", "batches", "digest", "page_size", "position", "token")
+
+    def __init__(
+        self,
+        digest: str,
+        token: PageToken | None,
+        page_size: int | None,
+        as_of: Callable[[str, object], int | None],
+        *,
+        pin: bool = True,
+    ) -> None:
+        self.digest = digest
+        self.token = token
+        self.page_size = page_size
+        self._as_of = as_of
+        #: table -> the batch this statement reads it at (an offset page: the first page's)
+        self.batches: dict[str, int] = (
+            dict(token.batches) if pin and token is not None and token.mode == "offset" else {}
+        )
+        #: the merge of what every read served
+        self.position = Position.empty()
+
+    @property
+    def offset(self) -> int:
+        """Rows earlier pages returned."""
+        return self.token.returned if self.token is not None else 0
+
+    def at_batch(self, table: str, as_of: object) -> int | None:
+        """The batch to read table ``table`` (a reference with ``AS OF`` value ``as_of``,
+        None: none) at; None lets the source pick one, which :meth:`served` then keeps."""
+        if as_of is not None:
+            return self._as_of(table, as_of)
+        return self.batches.get(table)
+
+    def served(self, table: str, as_of: object, position: Position, batch: int | None) -> None:
+        """Record a read of ``table`` served at ``position`` (``batch``: the table's batch
+        there, None: no partition answered)."""
+        self.position = self.position.merge(position)
+        if batch is not None and as_of is None:
+            self.batches.setdefault(table, batch)
+
+    def saved(self) -> tuple[dict[str, int], Position]:
+        """What has been read so far, for :meth:`restore` (an attempt given up on)."""
+        return dict(self.batches), self.position
+
+    def restore(self, saved: tuple[dict[str, int], Position]) -> None:
+        self.batches, self.position = dict(saved[0]), saved[1]
+
+    def result_position(self) -> Position:
+        """The position the result was read at: every read's, and no older than the
+        previous page's."""
+        if self.token is None:
+            return self.position
+        return self.position.merge(self.token.position)
+
+    def next_offset_token(self, returned: int) -> str:
+        """The token of the page after one of ``returned`` rows (offset mode)."""
+        position = self.result_position()
+        total = self.offset + returned
+        return PageToken(self.digest, "offset", None, total, position, self.batches).encode()
 
 
 def _bad(message: str) -> SqlError:
