@@ -214,10 +214,17 @@ def run_demo(
     node = _start_node(state_dir, listen)
     url = node.url or ""
     print(f"sparkiq console: {url}/", flush=True)
+    moved = url.rsplit(":", 1)[-1] != listen.rsplit(":", 1)[-1]
     print(
         f"state in {os.path.abspath(state_dir)}; Spark's log in {log_path}\n"
         f"query it: sparkiq shell --url {url}   (or sparkiq query, or the console)\n"
-        "starting Spark...",
+        + (
+            f"({listen} was taken: in your other terminal, export SPARKIQ_URL={url} and the "
+            "sparkiq commands and getting-started's examples use this node)\n"
+            if moved
+            else ""
+        )
+        + "starting Spark...",
         flush=True,
     )
     spark = _spark(log_path)

@@ -103,3 +103,34 @@ def test_demo_on_a_terminal_redraws_in_place_and_stops_cleanly_on_ctrl_c(
     assert "stopping...\nstopped." in screen
     for word in ("Traceback", "WARN", "ERROR", "KeyboardInterrupt"):
         assert word not in screen
+
+
+def test_a_demo_whose_port_is_taken_says_which_url_to_use(tmp_path: Path) -> None:
+    """Another process holds the demo's port: the demo serves on a free one and says how to
+    point the other terminal at it (the docs' steps then use SPARKIQ_URL)."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = f"127.0.0.1:{held.getsockname()[1]}"
+        command = ["demo", "--state-dir", str(tmp_path / "s"), "--listen", taken]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sparkiq.cli", *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert process.stdout is not None
+            lines = [process.stdout.readline() for _ in range(5)]
+        finally:
+            process.kill()
+            process.wait()
+    match = re.fullmatch(r"sparkiq console: (http://127\.0\.0\.1:(\d+))/\n", lines[0])
+    assert match and f":{match.group(2)}" != taken[taken.index(":") :], lines
+    assert lines[3] == (
+        f"({taken} was taken: in your other terminal, export SPARKIQ_URL={match.group(1)} and "
+        "the sparkiq commands and getting-started's examples use this node)\n"
+    ), lines
+    assert lines[4] == "starting Spark...\n"
