@@ -9,11 +9,12 @@ record. Rows are encoded with the table's own codecs and keys are partitioned by
 ``pmod(hash(key), partitions)``, so a node reads these tables exactly as it reads a
 Spark-written one, and a segment holds the bytes the sink writes for the same rows.
 
-Column types come from the rows (as PySpark infers them: ``int`` is ``long``, ``float``
-``double``, ``datetime`` ``timestamp``, ``Decimal`` ``decimal(p,s)``, ``dict`` a struct,
-``list`` an array) or from ``schema=``: a ``pyarrow.Schema`` or Spark's JSON schema
-(``DataFrame.schema.json()``, the document a manifest holds). As in PySpark, a naive
-``datetime`` in a ``timestamp`` column is local time (the process's ``TZ``).
+Column types come from ``schema=`` (a ``pyarrow.Schema``, or Spark's JSON schema,
+``DataFrame.schema.json()``, the document a manifest holds) or are inferred from the rows
+through Arrow's inference (``str`` is ``string``, ``int`` ``long``, ``float`` ``double``,
+``datetime`` ``timestamp``, ``Decimal`` ``decimal(p,s)`` of its digits, ``dict`` a struct,
+``list`` an array; PySpark would make a ``dict`` a map). As in PySpark, a naive ``datetime``
+in a ``timestamp`` column is local time (the process's ``TZ``): it is stored as that instant.
 
 Nothing here imports pyspark or starts a thread.
 """

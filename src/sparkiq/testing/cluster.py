@@ -62,8 +62,8 @@ class LocalCluster:
 
     @property
     def urls(self) -> list[str]:
-        """The nodes' HTTP URLs (``http=True`` only)."""
-        return [node.url for node in self.nodes if node.url]
+        """The nodes' HTTP URLs (none when ``http=False``: nodes then have ``local://`` ids)."""
+        return [node.url for node in self.nodes if node.url] if self.http else []
 
     def client(self, **options: Any) -> Client:
         """A :class:`~sparkiq.Client` over every node (close it, or use it in a ``with``);
