@@ -165,15 +165,15 @@ class TableWriter:
         )
         storage = self.changelog.storage
         self.manifest = wanted.ensure_written(storage, self.changelog.manifest_path)
-        schema_ = self.manifest.schema
-        self.key_codec = KeyCodec(schema_)
-        self.row_codec = RowCodec(schema_)
-        self.partitioner = Partitioner(schema_.key_types, self.manifest.partitions)
+        layout = self.manifest.schema
+        self.key_codec = KeyCodec(layout)
+        self.row_codec = RowCodec(layout)
+        self.partitioner = Partitioner(layout.key_types, self.manifest.partitions)
         #: The Arrow schema rows are built in: Spark's own exchange types (UTC timestamps).
         self.arrow_schema = pa.schema(
-            [pa.field(f.name, arrow_type(f.type, timestamp_tz="UTC")) for f in schema_.fields]
+            [pa.field(f.name, arrow_type(f.type, timestamp_tz="UTC")) for f in layout.fields]
         )
-        self._zoned = {f.name: convert for f in schema_.fields if (convert := _local_times(f.type))}
+        self._zoned = {f.name: convert for f in layout.fields if (convert := _local_times(f.type))}
         committed = self.changelog.committed_batch_ids()
         self._next_batch = committed[-1] + 1 if committed else 0
 
