@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from sparkiq.changelog import Changelog, CommitRecord
-from sparkiq.testing import write_table
+from sparkiq.testing import TableWriter, write_table
 
 SCHEMA_JSON = {
     "type": "struct",
@@ -131,8 +131,9 @@ def write_rows(
     position: Mapping[str, Mapping[int, int]] | None = None,
 ) -> CommitRecord:
     """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id`` (unless
-    ``commit`` is false, without its commit record), through the testing kit."""
-    writer = write_table(changelog.state_dir, changelog.table)
+    ``commit`` is false, without its commit record), through the testing kit and
+    ``changelog``'s storage (the fault tests' writer gives it a faulty one)."""
+    writer = TableWriter(changelog)
     rows = [row for row in changes.values() if row is not None]
     deletes = [key for key, row in changes.items() if row is None]
     return writer.write(rows, deletes=deletes, batch_id=batch_id, commit=commit, position=position)

@@ -100,8 +100,7 @@ def write_table(
     """
     rows = rows if isinstance(rows, pa.Table) else list(rows)
     writer = TableWriter(
-        state_dir,
-        name,
+        Changelog(state_dir, check_table_name(name)),
         key=key,
         schema=schema,
         window=window,
@@ -118,14 +117,15 @@ def write_table(
 class TableWriter:
     """Writes the batches of one table's changelog, as the table's Spark query would.
 
-    Build it with :func:`write_table`. One writer per table at a time, as for a Spark query
-    (invariant 1 of the changelog format); its methods are not meant for concurrent use.
+    Build it with :func:`write_table` (or over a :class:`~sparkiq.changelog.Changelog`, whose
+    storage it writes through, with the same keyword arguments). One writer per table at a
+    time, as for a Spark query (invariant 1 of the changelog format); its methods are not
+    meant for concurrent use.
     """
 
     def __init__(
         self,
-        state_dir: str,
-        name: str,
+        changelog: Changelog,
         *,
         key: str | Sequence[str] | None = None,
         schema: pa.Schema | Mapping[str, Any] | str | None = None,
@@ -134,7 +134,8 @@ class TableWriter:
         output_mode: str | None = None,
         rows: Rows = (),
     ) -> None:
-        self.changelog = Changelog(state_dir, check_table_name(name))
+        self.changelog = changelog
+        name, state_dir = changelog.table, changelog.state_dir
         existing = self.changelog.manifest() if self.changelog.exists() else None
         keys = (key,) if isinstance(key, str) else None if key is None else tuple(key)
         if output_mode is not None and output_mode not in OUTPUT_MODES:
@@ -174,8 +175,7 @@ class TableWriter:
             [pa.field(f.name, arrow_type(f.type, timestamp_tz="UTC")) for f in layout.fields]
         )
         self._zoned = {f.name: convert for f in layout.fields if (convert := _local_times(f.type))}
-        committed = self.changelog.committed_batch_ids()
-        self._next_batch = committed[-1] + 1 if committed else 0
+        self._next_batch: int | None = None  # listed from the commits when first needed
 
     @property
     def name(self) -> str:
@@ -224,11 +224,17 @@ class TableWriter:
     ) -> CommitRecord:
         """Write encoded ``changes`` (see :meth:`changes`) as one batch: a segment per
         partition with changes, then, unless ``commit`` is false, the commit record."""
-        batch = self._next_batch if batch_id is None else batch_id
-        segments = {p: self.changelog.write_segment(p, batch, dict(c)) for p, c in changes.items()}
+        if batch_id is None:
+            if self._next_batch is None:
+                committed = self.changelog.committed_batch_ids()
+                self._next_batch = committed[-1] + 1 if committed else 0
+            batch_id = self._next_batch
+        segments = {
+            p: self.changelog.write_segment(p, batch_id, dict(c)) for p, c in changes.items()
+        }
         record = CommitRecord(
             table=self.name,
-            batch_id=batch,
+            batch_id=batch_id,
             mode=self.manifest.output_mode,
             segments=segments,
             position=position or {},
@@ -236,7 +242,8 @@ class TableWriter:
         )
         if commit:
             self.changelog.write_commit(record)
-        self._next_batch = max(self._next_batch, batch + 1)
+        if self._next_batch is not None:
+            self._next_batch = max(self._next_batch, batch_id + 1)
         return record
 
     def partition_of(self, key: Any) -> int:
