@@ -29,10 +29,11 @@ from collections.abc import Callable
 
 from rocksdict import Options, Rdict, WriteBatch
 
-from bench._changelog import Changes, HandWrittenTable, key_name
+from bench._changelog import Changes, as_arrow, key_name, open_table
 from bench._common import Report, Scale, entry_point, median, scratch_dir, verdict
 from sparkiq import Node
 from sparkiq.stores.rocksdb_options import store_options
+from sparkiq.testing import TableWriter
 
 TABLE = "apply"
 TARGET_ROWS_S = 300_000.0
@@ -43,8 +44,8 @@ REPETITIONS = 3
 
 def _write_changelog(
     state_dir: str, batches: int, rows: int, keyspace: int, partitions: int
-) -> tuple[HandWrittenTable, list[Changes]]:
-    table = HandWrittenTable(state_dir, TABLE, partitions)
+) -> tuple[TableWriter, list[Changes]]:
+    table = open_table(state_dir, TABLE, partitions)
     rng = random.Random(3)
     names = [key_name(i) for i in range(keyspace)]
     written = []
@@ -52,8 +53,8 @@ def _write_changelog(
         keys = [names[i] for i in rng.sample(range(keyspace), rows)]
         ns = [rng.randrange(1, 1_000_000) for _ in keys]
         totals = [rng.random() * 1e6 for _ in keys]
-        changes = table.encode(keys, ns, totals)
-        table.write_batch(batch_id, changes)
+        changes = table.changes(as_arrow(keys, ns, totals))
+        table.write_changes(batch_id=batch_id, changes=changes)
         # in segment order (sorted by key), which is the order a replica writes them in
         written.append({p: dict(sorted(c.items())) for p, c in changes.items()})
     return table, written
@@ -78,7 +79,7 @@ def _raw_rocksdict(
             db.close()
 
 
-def _read_only(table: HandWrittenTable, batches: int) -> float:
+def _read_only(table: TableWriter, batches: int) -> float:
     changelog = table.changelog
     t0 = time.perf_counter()
     for batch_id in range(batches):

@@ -24,10 +24,11 @@ from typing import Any
 
 import httpx
 
-from bench._changelog import HandWrittenTable, key_name
+from bench._changelog import as_arrow, key_name, open_table
 from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir, verdict
 from bench.http import _free_port, _stop, _wait
 from sparkiq import Client, KeyQuery, StateQueryRequest
+from sparkiq.testing import TableWriter
 
 TABLE = "failover"
 TARGET_S = 2.0
@@ -35,13 +36,13 @@ KEYS = [key_name(i) for i in range(256)]
 
 
 class _Writer(threading.Thread):
-    def __init__(self, table: HandWrittenTable) -> None:
+    def __init__(self, table: TableWriter) -> None:
         super().__init__(daemon=True)
         self.table, self.batch, self.stopped = table, 0, threading.Event()
 
     def write(self) -> None:
         b = self.batch
-        self.table.write_batch(b, self.table.encode(KEYS, [b] * len(KEYS), [0.0] * len(KEYS)))
+        self.table.write(as_arrow(KEYS, [b] * len(KEYS), [0.0] * len(KEYS)), batch_id=b)
         self.batch += 1
 
     def run(self) -> None:
@@ -135,7 +136,7 @@ def run(scale: Scale = Scale.FULL) -> Report:
     all_times: list[float] = []
     with scratch_dir("failover") as root:
         state_dir = os.path.join(root, "state")
-        table = HandWrittenTable(state_dir, TABLE, 8)
+        table = open_table(state_dir, TABLE, 8)
         writer = _Writer(table)
         writer.write()
         ports = [_free_port() for _ in range(3)]

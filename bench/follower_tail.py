@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sparkiq
-from bench._changelog import HandWrittenTable, key_name
+from bench._changelog import as_arrow, key_name, open_table
 from bench._common import Report, Scale, entry_point, percentile, scratch_dir
 
 TABLE = "tail"
@@ -79,7 +79,7 @@ class _Writer:
     """Writes the benchmark's batches; the probe row carries the batch id."""
 
     def __init__(self, state_dir: str) -> None:
-        self.table = HandWrittenTable(state_dir, TABLE)
+        self.table = open_table(state_dir, TABLE)
         self.rng = random.Random(23)
         self.names = [key_name(i) for i in range(KEYSPACE)]
         self.next_id = 0
@@ -90,7 +90,7 @@ class _Writer:
         keys = [self.names[i] for i in self.rng.sample(range(KEYSPACE), rows)] + [PROBE]
         ns = [self.rng.randrange(1, 1_000_000) for _ in range(rows)] + [batch_id]
         totals = [self.rng.random() * 1e6 for _ in keys]
-        record = self.table.write_batch(batch_id, self.table.encode(keys, ns, totals))
+        record = self.table.write(as_arrow(keys, ns, totals), batch_id=batch_id)
         return batch_id, record.committed_at, time.time()
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch
 
-from bench._changelog import HandWrittenTable, caught_up_node, key_name
+from bench._changelog import as_arrow, caught_up_node, key_name, open_table
 from bench._common import (
     Report,
     Scale,
@@ -43,6 +43,7 @@ from bench._common import (
     verdict,
 )
 from sparkiq import KeyQuery, Node, StateQueryRequest
+from sparkiq.testing import TableWriter
 
 TABLE = "lookup"
 GET_TARGET_US = 10.0
@@ -85,17 +86,17 @@ def _timer_overhead_ns(n: int = 200_000) -> float:
     return median(samples)
 
 
-def _build(state_dir: str, n_keys: int, partitions: int) -> tuple[HandWrittenTable, list[str]]:
-    table = HandWrittenTable(state_dir, TABLE, partitions)
+def _build(state_dir: str, n_keys: int, partitions: int) -> tuple[TableWriter, list[str]]:
+    table = open_table(state_dir, TABLE, partitions)
     rng = random.Random(7)
     keys = [key_name(i) for i in range(n_keys)]
     ns = [rng.randrange(1, 10_000) for _ in keys]
     totals = [rng.random() * 1000 for _ in keys]
-    table.write_batch(0, table.encode(keys, ns, totals))
+    table.write(as_arrow(keys, ns, totals), batch_id=0)
     return table, keys
 
 
-def _floor_db(path: str, table: HandWrittenTable) -> Rdict:
+def _floor_db(path: str, table: TableWriter) -> Rdict:
     """One plain RocksDB (default options) with the same encoded keys and rows."""
     db = Rdict(path, Options(raw_mode=True))
     record = table.changelog.read_commit(0)
@@ -135,7 +136,7 @@ def _measure(
     }
 
 
-def _breakdown(node: Node, table: HandWrittenTable, keys: Sequence[str]) -> dict[str, float]:
+def _breakdown(node: Node, table: TableWriter, keys: Sequence[str]) -> dict[str, float]:
     """Mean ns per call of each step of ``node.get``, each timed in a loop of its own (the
     empty loop subtracted). The steps' sum is a little below the total: glue is left out.
 
@@ -143,7 +144,7 @@ def _breakdown(node: Node, table: HandWrittenTable, keys: Sequence[str]) -> dict
     node builds them; the partition stores are the node's (a private attribute: this is a
     diagnosis, and :func:`run` reports it unavailable if the node's insides change).
     """
-    codec, partitioner = table.keys, table.partitioner
+    codec, partitioner = table.key_codec, table.partitioner
     replica = node.replica(TABLE)
     internals = [codec.to_internal(k) for k in keys]
     partitions = [partitioner(i) for i in internals]
@@ -222,7 +223,7 @@ def run(scale: Scale = Scale.FULL, profile: bool = False) -> Report:
             floor = _floor_db(os.path.join(root, "floor"), table)
             rng = random.Random(11)
             sample = rng.choices(keys, k=n_lookups)
-            encoded = [table.keys.encode(table.keys.to_internal(k)) for k in sample]
+            encoded = [table.key_codec.encode(table.key_codec.to_internal(k)) for k in sample]
             assert node.get(TABLE, sample[0]) is not None
             assert floor.get(encoded[0]) is not None
 

@@ -31,9 +31,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bench._changelog import HandWrittenTable, key_name
+from bench._changelog import as_arrow, key_name, open_table
 from bench._common import Report, Scale, entry_point, load_average, percentile, scratch_dir
 from sparkiq.sql.push import Subscription, SubscriptionHub
+from sparkiq.testing import TableWriter
 
 TABLE = "bench"
 PROBE = "probe"
@@ -73,7 +74,7 @@ def _consume(sub: Subscription, seen: dict[int, float], counter: list[int]) -> N
     counter.append(received)
 
 
-def _measure(table: HandWrittenTable, setup: Setup, first_batch: int, steps: int) -> Run:
+def _measure(table: TableWriter, setup: Setup, first_batch: int, steps: int) -> Run:
     rng = random.Random(setup.subscribers * 7 + setup.notify)
     names = [key_name(i) for i in range(KEYSPACE)]
     hub = SubscriptionHub(table.changelog.state_dir)
@@ -95,7 +96,7 @@ def _measure(table: HandWrittenTable, setup: Setup, first_batch: int, steps: int
             batch_id = first_batch + step
             keys = [names[i] for i in rng.sample(range(KEYSPACE), ROWS)] + [PROBE]
             ns = [rng.randrange(1_000_000) for _ in range(ROWS)] + [batch_id]
-            table.write_batch(batch_id, table.encode(keys, ns, [1.0] * len(keys)))
+            table.write(as_arrow(keys, ns, [1.0] * len(keys)), batch_id=batch_id)
             written[batch_id] = time.perf_counter()
             if setup.notify:
                 hub.notify(TABLE)
@@ -141,8 +142,8 @@ def run(scale: Scale = Scale.FULL) -> Report:
     )
     runs: list[Run] = []
     with scratch_dir("push") as root:
-        table = HandWrittenTable(root, TABLE)
-        table.write_batch(0, table.encode([PROBE], [0], [0.0]))
+        table = open_table(root, TABLE)
+        table.write(as_arrow([PROBE], [0], [0.0]), batch_id=0)
         next_batch = 1
         for setup in setups:
             runs.append(_measure(table, setup, next_batch, steps))

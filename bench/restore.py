@@ -31,11 +31,12 @@ import random
 import shutil
 import time
 
-from bench._changelog import HandWrittenTable, key_name
+from bench._changelog import as_arrow, key_name, open_table
 from bench._common import Report, Scale, entry_point, median, scratch_dir, verdict
 from sparkiq import Node
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import latest_snapshot, write_snapshot
+from sparkiq.testing import TableWriter
 
 TABLE = "restore"
 PARTITIONS = 8
@@ -48,9 +49,9 @@ NO_SNAPSHOT = "restore: full history, no snapshot"
 
 def _write_table(
     state_dir: str, keyspace: int, batches: int, rows: int
-) -> tuple[HandWrittenTable, dict[int, tuple[int, float]]]:
+) -> tuple[TableWriter, dict[int, tuple[int, float]]]:
     """Write the history; return the table and the last row written for each key index."""
-    table = HandWrittenTable(state_dir, TABLE, PARTITIONS)
+    table = open_table(state_dir, TABLE, PARTITIONS)
     rng = random.Random(17)
     names = [key_name(i) for i in range(keyspace)]
     order = list(range(keyspace))
@@ -64,7 +65,7 @@ def _write_table(
             indices = rng.sample(range(keyspace), rows)
         ns = [rng.randrange(1, 1_000_000) for _ in indices]
         totals = [rng.random() * 1e6 for _ in indices]
-        table.write_batch(batch_id, table.encode([names[i] for i in indices], ns, totals))
+        table.write(as_arrow([names[i] for i in indices], ns, totals), batch_id=batch_id)
         expected.update(zip(indices, zip(ns, totals, strict=True), strict=True))
     return table, expected
 

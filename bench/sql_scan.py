@@ -32,7 +32,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from bench._changelog import HandWrittenTable, caught_up_node, key_name
+from bench._changelog import as_arrow, caught_up_node, key_name, open_table
 from bench._common import Report, Scale, entry_point, fmt_ratio, median, percentile, scratch_dir
 from sparkiq.sql import SqlEngine
 from sparkiq.sql.fragment import SqlFragmentQuery, _without_cyclic_gc
@@ -58,7 +58,7 @@ class _Fragments:
 
 
 def _build(state_dir: str, n_rows: int, partitions: int) -> tuple[pa.Table, list[str]]:
-    table = HandWrittenTable(state_dir, TABLE, partitions)
+    table = open_table(state_dir, TABLE, partitions)
     rng = random.Random(3)
     keys = [key_name(i) for i in range(n_rows)]
     ns = [rng.randrange(0, 10_000) for _ in keys]
@@ -66,12 +66,16 @@ def _build(state_dir: str, n_rows: int, partitions: int) -> tuple[pa.Table, list
     chunk = 200_000
     changes: dict[int, dict[bytes, bytes | None]] = {}
     for start in range(0, n_rows, chunk):
-        part = table.encode(
-            keys[start : start + chunk], ns[start : start + chunk], totals[start : start + chunk]
+        part = table.changes(
+            as_arrow(
+                keys[start : start + chunk],
+                ns[start : start + chunk],
+                totals[start : start + chunk],
+            )
         )
         for p, c in part.items():
             changes.setdefault(p, {}).update(c)
-    table.write_batch(0, changes)
+    table.write_changes(batch_id=0, changes=changes)
     arrow = pa.table(
         {
             "k": pa.array(keys, pa.string()),

@@ -34,7 +34,7 @@ from typing import Any
 
 from rocksdict import Rdict, WriteBatch
 
-from bench._changelog import HandWrittenTable, key_name
+from bench._changelog import as_arrow, key_name, open_table
 from bench._common import Report, Scale, entry_point, fmt_ratio, median, percentile, scratch_dir
 from sparkiq import (
     KeyQuery,
@@ -50,19 +50,24 @@ from sparkiq.stores.history import DEFAULT_HISTORY
 from sparkiq.stores.partition import PartitionStore
 from sparkiq.stores.rocksdb import RocksDBStore
 from sparkiq.stores.rocksdb_options import store_options
+from sparkiq.testing import TableWriter
 
 RAW = "RocksDB write batches alone (floor)"
 AGGREGATE = "SELECT count(*) AS c, sum(total) AS s, avg(n) AS a FROM t"
 
 
 def _batches(
-    table: HandWrittenTable, n_keys: int, n_batches: int, seed: int
+    table: TableWriter, n_keys: int, n_batches: int, seed: int
 ) -> list[dict[int, dict[bytes, bytes | None]]]:
     """Batch 0 inserts ``n_keys`` keys; later batches change 8% (10:2:1 kinds)."""
     rng = random.Random(seed)
     live = [key_name(i) for i in range(n_keys)]
     next_key = n_keys
-    out = [table.encode(live, [rng.randrange(10_000) for _ in live], [rng.random() for _ in live])]
+    out = [
+        table.changes(
+            as_arrow(live, [rng.randrange(10_000) for _ in live], [rng.random() for _ in live])
+        )
+    ]
     per_batch = n_keys * 8 // 100
     for _ in range(1, n_batches):
         updated = rng.sample(live, per_batch * 10 // 13)
@@ -71,11 +76,11 @@ def _batches(
         changed = set(updated)  # built once: inside the comprehension it made this quadratic
         deleted = rng.sample([k for k in live if k not in changed], per_batch // 13)
         keys = updated + inserted
-        changes = table.encode(
-            keys, [rng.randrange(10_000) for _ in keys], [rng.random() for _ in keys]
+        changes = table.changes(
+            as_arrow(keys, [rng.randrange(10_000) for _ in keys], [rng.random() for _ in keys])
         )
         for key in deleted:
-            encoded = table.keys.encode(table.keys.to_internal(key))
+            encoded = table.key_codec.encode(table.key_codec.to_internal(key))
             changes.setdefault(table.partition_of(key), {})[encoded] = None
         gone = set(deleted)
         live = [k for k in live if k not in gone] + inserted
@@ -194,7 +199,7 @@ def run(scale: Scale = Scale.FULL) -> Report:
         scale=scale,
     )
     with scratch_dir("versions") as root:
-        table = HandWrittenTable(os.path.join(root, "one"), "t", 1)
+        table = open_table(os.path.join(root, "one"), "t", 1)
         segments = _segments([b.get(0, {}) for b in _batches(table, n_keys, n_batches, seed=1)])
         rows = sum(len(keys) for keys, _ in segments[1:])
         rates: dict[str, list[float]] = {"with versions": [], "without versions": [], RAW: []}
@@ -240,7 +245,9 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 ]
             )
         rng = random.Random(4)
-        probe = [table.keys.to_internal(key_name(rng.randrange(n_keys))) for _ in range(n_gets)]
+        probe = [
+            table.key_codec.to_internal(key_name(rng.randrange(n_keys))) for _ in range(n_gets)
+        ]
         gets: dict[str, list[float]] = {}
         for start in range(0, len(probe), 2_000):
             for name, store in stores.items():
@@ -274,9 +281,9 @@ def run(scale: Scale = Scale.FULL) -> Report:
             store.close()
 
         state_dir = os.path.join(root, "eight")
-        eight = HandWrittenTable(state_dir, "t", 8)
+        eight = open_table(state_dir, "t", 8)
         for batch_id, changes in enumerate(_batches(eight, 8 * n_keys, n_batches, seed=2)):
-            eight.write_batch(batch_id, changes)
+            eight.write_changes(batch_id=batch_id, changes=changes)
         node = Node(state_dir)
         try:
             node.refresh_tables()

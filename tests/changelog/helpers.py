@@ -1,4 +1,5 @@
-"""Writing a changelog by hand, the way the sink does, without Spark."""
+"""Tables of the changelog tests (a string-keyed count, a wide table), written through
+:func:`sparkiq.testing.write_table`, and the ground truth of a history of batches."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkiq.changelog import Changelog, CommitRecord, TableManifest
-from sparkiq.schema.codec import KeyCodec, RowCodec
-from sparkiq.schema.partitioner import Partitioner
-from sparkiq.schema.types import TableSchema
+from sparkiq.changelog import Changelog, CommitRecord
+from sparkiq.testing import TableWriter, write_table
 
 SCHEMA_JSON = {
     "type": "struct",
@@ -34,11 +33,16 @@ def create_changelog(
     mode: str = "update",
 ) -> Changelog:
     """The changelog of a new table of Spark schema ``schema_json``, its manifest written."""
-    schema = TableSchema.from_spark_json(schema_json, list(keys), window)
-    manifest = TableManifest(name=name, schema=schema, partitions=partitions, output_mode=mode)
-    changelog = Changelog(state_dir, name)
-    manifest.ensure_written(changelog.storage, changelog.manifest_path)
-    return changelog
+    writer = write_table(
+        state_dir,
+        name,
+        key=list(keys),
+        schema=schema_json,
+        window=window,
+        partitions=partitions,
+        output_mode=mode,
+    )
+    return writer.changelog
 
 
 def make_table(
@@ -58,7 +62,7 @@ def write_batch(
     """Write ``{key: n}`` (None deletes the key) to a :func:`make_table` table as batch
     ``batch_id``."""
     changes = {key: None if n is None else {"k": key, "n": n} for key, n in rows.items()}
-    return write_rows(changelog, batch_id, changes, ARROW, commit=commit, position=position)
+    return write_rows(changelog, batch_id, changes, commit=commit, position=position)
 
 
 def expected_rows(history: list[dict[str, int | None]]) -> dict[str, dict[str, Any]]:
@@ -122,50 +126,17 @@ def write_rows(
     changelog: Changelog,
     batch_id: int,
     changes: Mapping[Any, Mapping[str, Any] | None],
-    arrow_schema: pa.Schema = WIDE_ARROW,
     *,
     commit: bool = True,
     position: Mapping[str, Mapping[int, int]] | None = None,
 ) -> CommitRecord:
-    """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id``, the way the
-    sink does: rows encoded with the table's codecs, keys partitioned as Spark does, one
-    segment per partition, then (unless ``commit`` is false) the commit record. Rows are
-    given as PySpark returns them and ``arrow_schema`` says how to build them in Arrow."""
-    manifest = changelog.manifest()
-    keys, codec = KeyCodec(manifest.schema), RowCodec(manifest.schema)
-    partitioner = Partitioner(manifest.schema.key_types, manifest.partitions)
-    live = [row for row in changes.values() if row is not None]
-    encoded = iter(codec.encode_arrow(pa.Table.from_pylist(live, schema=arrow_schema)))
-    by_partition: dict[int, dict[bytes, bytes | None]] = {}
-    for key, row in changes.items():
-        internal = keys.to_internal(key)
-        value = None if row is None else next(encoded)
-        by_partition.setdefault(partitioner(internal), {})[keys.encode(internal)] = value
-    return write_encoded(changelog, batch_id, by_partition, commit=commit, position=position)
-
-
-def write_encoded(
-    changelog: Changelog,
-    batch_id: int,
-    by_partition: Mapping[int, Mapping[bytes, bytes | None]],
-    *,
-    commit: bool = True,
-    position: Mapping[str, Mapping[int, int]] | None = None,
-) -> CommitRecord:
-    """Write encoded ``{partition: {key: value or None}}`` as batch ``batch_id``: one
-    segment per partition, then (unless ``commit`` is false) the commit record."""
-    segments = {p: changelog.write_segment(p, batch_id, c) for p, c in by_partition.items()}
-    record = CommitRecord(
-        table=changelog.table,
-        batch_id=batch_id,
-        mode=changelog.manifest().output_mode,
-        segments=segments,
-        position=position or {},
-        committed_at=time.time(),
-    )
-    if commit:
-        changelog.write_commit(record)
-    return record
+    """Write ``{key: row dict}`` (None deletes the key) as batch ``batch_id`` (unless
+    ``commit`` is false, without its commit record), through the testing kit and
+    ``changelog``'s storage (the fault tests' writer gives it a faulty one)."""
+    writer = TableWriter(changelog)
+    rows = [row for row in changes.values() if row is not None]
+    deletes = [key for key, row in changes.items() if row is None]
+    return writer.write(rows, deletes=deletes, batch_id=batch_id, commit=commit, position=position)
 
 
 def apply_changes(

@@ -35,7 +35,7 @@ def test_shell_runs_queries_completes_names_shows_errors_and_exits(
     table = make_table(str(state), partitions=2)
     write_batch(table, 0, {"a": 1, "b": 22, "c": 333})
     orders = create_changelog(str(state), "orders_by_customer", ORDERS_SCHEMA, ["order_id"])
-    write_rows(orders, 0, {"o1": {"order_id": "o1", "customer": "ann"}}, None)
+    write_rows(orders, 0, {"o1": {"order_id": "o1", "customer": "ann"}})
     history = tmp_path / "history"
     with Node(
         str(state), node_id="sh", listen="127.0.0.1:0", token="tok", poll_interval=0.05

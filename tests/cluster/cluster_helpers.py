@@ -1,94 +1,43 @@
-"""Starting clusters of nodes in the test process (HTTP on 127.0.0.1, or in-process)."""
+"""Clusters of nodes in the test process, through the testing kit (``sparkiq.testing``),
+with the settings the cluster tests share."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 from sparkiq import Node
-from sparkiq.cluster.transport import LocalTransport
+from sparkiq.testing import TEST_TIMINGS, LocalCluster, start_cluster, wait_until
 
-FAST = {
-    "heartbeat_interval": 0.1,
-    "failure_timeout": 1.0,
-    "release_grace": 0.5,
-    "poll_interval": 0.01,
-}
+__all__ = [
+    "CLUSTER_SECRET",
+    "FAST",
+    "settle",
+    "start_http_cluster",
+    "start_local_cluster",
+    "wait_until",
+]
 
+FAST = dict(TEST_TIMINGS)
 
 #: The nodes' shared secret where a test gives them a client token (which never admits one).
 CLUSTER_SECRET = "tests-cluster-secret"
 
+#: How long a cluster of the tests may take to settle.
+SETTLE_TIMEOUT = 20.0
+
 
 def start_http_cluster(state_dir: str, count: int, **options: Any) -> list[Node]:
-    settings = FAST | options
-    if settings.get("token") is not None:
-        settings.setdefault("cluster_secret", CLUSTER_SECRET)
-    first = Node(state_dir, node_id="n0", listen="127.0.0.1:0", peers=[], **settings).start()
-    nodes = [first]
-    for i in range(1, count):
-        nodes.append(
-            Node(
-                state_dir, node_id=f"n{i}", listen="127.0.0.1:0", peers=[first.url], **settings
-            ).start()
-        )
-    settle(nodes)
-    return nodes
+    if options.get("token") is not None:
+        options.setdefault("cluster_secret", CLUSTER_SECRET)
+    return start_cluster(state_dir, count, settle_timeout=SETTLE_TIMEOUT, **options).nodes
 
 
 def start_local_cluster(state_dir: str, count: int, **options: Any) -> list[Node]:
-    transport = LocalTransport()
-    settings = FAST | options
-    nodes = []
-    for i in range(count):
-        nodes.append(
-            Node(
-                state_dir,
-                node_id=f"n{i}",
-                transport=transport,
-                peers=["local://n0"] if i else [],
-                **settings,
-            ).start()
-        )
-    settle(nodes)
-    return nodes
+    return start_cluster(
+        state_dir, count, http=False, settle_timeout=SETTLE_TIMEOUT, **options
+    ).nodes
 
 
-def settle(nodes: list[Node], timeout: float = 20.0) -> None:
+def settle(nodes: list[Node], timeout: float = SETTLE_TIMEOUT) -> None:
     """Wait until every node sees every other and hosts exactly its assignment, caught up."""
-    ids = tuple(sorted(n.node_id for n in nodes))
-
-    def settled() -> bool:
-        for node in nodes:
-            node.poll_once()
-            coordinator = node.coordinator
-            assert coordinator is not None
-            if coordinator.membership.live() != ids:
-                return False
-            for table in node.tables:
-                count = node.partition_count(table)
-                want = coordinator.assignment.hosted_by(node.node_id, table, count)
-                if set(node.replica(table).partitions) != want:
-                    return False
-            if not node.is_ready():
-                return False
-        for node in nodes:  # and heartbeats told everyone
-            for other in nodes:
-                if other is node:
-                    continue
-                seen = node.coordinator.membership.hosted_state(other.node_id)  # type: ignore[union-attr]
-                for table in other.tables:
-                    if set(seen.get(table, {})) != set(other.replica(table).partitions):
-                        return False
-        return True
-
-    wait_until(settled, timeout, f"cluster {ids} did not settle")
-
-
-def wait_until(check: Callable[[], bool], timeout: float, message: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        time.sleep(0.05)
+    LocalCluster(nodes, http=True, token=None).settle(timeout)

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from sparkiq import Node, StateQueryRequest
-from tests.sql.tables import create_table, write_table_rows
+from sparkiq.testing import write_table
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
 FAST = {"heartbeat_interval": 0.1, "failure_timeout": 1.0, "poll_interval": 0.01}
@@ -39,9 +39,8 @@ def split_example() -> tuple[str, str]:
 def cluster(tmp_path: Path) -> Iterator[list[Node]]:
     state = str(tmp_path)
     schema = pa.schema([("product", pa.string()), ("revenue", pa.float64())])
-    changelog = create_table(state, "revenue_by_product", schema, ["product"], partitions=4)
     rows = [{"product": f"p-{i}", "revenue": i * 10.0 if i % 7 else None} for i in range(40)]
-    write_table_rows(changelog, 0, rows, schema)
+    write_table(state, "revenue_by_product", rows, key="product", schema=schema, partitions=4)
     first = Node(state, node_id="a", listen="127.0.0.1:0", peers=[], standbys=0, **FAST).start()
     second = Node(
         state, node_id="b", listen="127.0.0.1:0", peers=[first.url], standbys=0, **FAST

@@ -28,9 +28,10 @@ from sparkiq import (
 )
 from sparkiq.stores.dispatch import handler_for
 from sparkiq.stores.partition import PartitionStore
+from sparkiq.testing import write_table
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
-from tests.sql.tables import WINDOW_TYPE, create_table, write_table_rows
+from tests.sql.tables import WINDOW_TYPE
 
 WIN = pa.schema([("k", pa.string()), ("window", WINDOW_TYPE), ("clicks", pa.int64())])
 KEYS = [f"u{i}" for i in range(12)]
@@ -44,7 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
         {"k": k, "window": {"start": start, "end": start + dt.timedelta(minutes=5)}, "clicks": i}
         for i, k in enumerate(KEYS)
     ]
-    write_table_rows(create_table(state_dir, "win", WIN, ["k"], window="window"), 0, rows, WIN)
+    write_table(state_dir, "win", rows, key="k", window="window", schema=WIN)
     write_batch(make_table(state_dir, partitions=4), 0, {k: i for i, k in enumerate(KEYS)})
     nodes = start_http_cluster(state_dir, 2, standbys=0)  # each partition on one node only
     yield nodes

@@ -27,9 +27,10 @@ from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import write_snapshot
 from sparkiq.errors import InvalidQueryError
 from sparkiq.stores.history import History
+from sparkiq.testing import write_table
 from tests.cluster.cluster_helpers import start_local_cluster, wait_until
 from tests.cluster.versioned_history import KEYS, Model, make_history_table
-from tests.sql.tables import WIN_ARROW, create_table
+from tests.sql.tables import WIN_ARROW
 
 WINDOW = 6  # batches of history kept besides the newest
 
@@ -269,7 +270,7 @@ def test_bad_arguments_are_refused_with_what_to_do(node: Node) -> None:
 
 
 def test_a_windowed_table_is_refused(tmp_path: Path) -> None:
-    create_table(str(tmp_path), "win", WIN_ARROW, ["k"], window="window", partitions=2)
+    write_table(str(tmp_path), "win", key="k", window="window", schema=WIN_ARROW, partitions=2)
     with Node(str(tmp_path)) as node:
         node.poll_once()
         request = StateQueryRequest.in_store("win").with_query(VersionedKeyQuery.with_key("a"))
@@ -323,17 +324,15 @@ def test_the_guides_example_runs_as_written(tmp_path: Path) -> None:
     import pyarrow as pa
 
     from sparkiq import StateQueryRequest as Request
-    from tests.sql.tables import write_table_rows
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "guide.md").read_text()
     section = text[text.index("## Versioned key queries") :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match, "the guide's versioned section has a python example"
     schema = pa.schema([("product", pa.string()), ("revenue", pa.float64())])
-    changelog = create_table(str(tmp_path), "revenue_by_product", schema, ["product"])
     for batch_id in range(16):  # p-17 changes every fifth batch
         rows = [{"product": "p-17", "revenue": float(batch_id // 5)}]
-        write_table_rows(changelog, batch_id, rows, schema)
+        write_table(str(tmp_path), "revenue_by_product", rows, key="product", schema=schema)
     with Node(str(tmp_path)) as node:
         node.poll_once()
         namespace: dict[str, Any] = {"app": node, "StateQueryRequest": Request}

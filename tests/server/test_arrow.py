@@ -104,11 +104,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     build_world(root)
     doc = {"type": "struct", "fields": [{"name": n, "type": t, **_FIELD} for n, t in EVERY_COLUMNS]}
     every = create_changelog(root, "every", doc, ["k"], partitions=3)
-    schema = every.manifest().schema
-    every_arrow = pa.schema(
-        [(f.name, arrow_type(f.type, timestamp_tz=None)) for f in schema.fields]
-    )
-    write_rows(every, 0, {f"e{i:03d}": _every_row(i) for i in range(120)}, every_arrow)
+    write_rows(every, 0, {f"e{i:03d}": _every_row(i) for i in range(120)})
     big_doc = {
         "type": "struct",
         "fields": [
@@ -119,15 +115,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             {"name": "seen", "type": "timestamp", **_FIELD},
         ],
     }
-    big_arrow = pa.schema(
-        [
-            ("id", pa.int64()),
-            ("name", pa.string()),
-            ("score", pa.float64()),
-            ("amount", pa.decimal128(10, 2)),
-            ("seen", pa.timestamp("us")),
-        ]
-    )
     big = create_changelog(root, "big", big_doc, ["id"], partitions=4)
     start = dt.datetime(2025, 1, 1)
     rows = {
@@ -140,7 +127,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         }
         for i in range(BIG_ROWS)
     }
-    write_rows(big, 0, rows, big_arrow)
+    write_rows(big, 0, rows)
     with Node(root, store="memory", node_id="arrow", token=TOKEN, listen="127.0.0.1:0") as n:
         n.poll_once()
         yield n

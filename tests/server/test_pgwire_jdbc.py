@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sparkiq import Node
-from sparkiq._testing_kafka import kafka_jars_dir
+from sparkiq.testing import kafka_jars_dir
 from tests.sql.tables import build_world
 
 TOKEN = "jdbc-secret"

@@ -1,4 +1,5 @@
-"""Tables of every key kind, written as changelogs by hand (no Spark), with ground truth.
+"""Tables of every key kind, written by :func:`sparkiq.testing.write_table` (no Spark), with
+their ground truth.
 
 ``build_world(state_dir)`` writes:
 
@@ -17,24 +18,19 @@ returns them), to load into DuckDB directly.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
-from sparkiq.changelog import Changelog, CommitRecord
-from sparkiq.schema.codec import KeyCodec, RowCodec
-from sparkiq.schema.partitioner import Partitioner
+from sparkiq.testing import write_table
 from tests.changelog.helpers import (
     WIDE_ARROW,
     apply_changes,
-    create_changelog,
     expected_rows,
     make_table,
     make_wide_table,
     write_batch,
-    write_encoded,
     write_rows,
 )
 
@@ -46,80 +42,7 @@ T_HISTORY: list[dict[str, int | None]] = [
     {f"k{i:03d}": None for i in range(0, 200, 7)} | {"new": 1},
 ]
 
-_SPARK = {
-    pa.string(): "string",
-    pa.int32(): "integer",
-    pa.int64(): "long",
-    pa.float64(): "double",
-    pa.date32(): "date",
-    pa.timestamp("us"): "timestamp",
-}
-
 WINDOW_TYPE = pa.struct([("start", pa.timestamp("us")), ("end", pa.timestamp("us"))])
-
-
-def _spark_type(dtype: pa.DataType) -> Any:
-    if pa.types.is_decimal(dtype):
-        return f"decimal({dtype.precision},{dtype.scale})"
-    if pa.types.is_struct(dtype):
-        return {
-            "type": "struct",
-            "fields": [
-                {"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}}
-                for f in dtype
-            ],
-        }
-    return _SPARK[dtype]
-
-
-def create_table(
-    state_dir: str,
-    name: str,
-    arrow_schema: pa.Schema,
-    keys: Sequence[str],
-    *,
-    window: str | None = None,
-    partitions: int = 4,
-) -> Changelog:
-    doc = {
-        "type": "struct",
-        "fields": [
-            {"name": f.name, "type": _spark_type(f.type), "nullable": True, "metadata": {}}
-            for f in arrow_schema
-        ],
-    }
-    return create_changelog(state_dir, name, doc, keys, window=window, partitions=partitions)
-
-
-def write_table_rows(
-    changelog: Changelog,
-    batch_id: int,
-    rows: Sequence[Mapping[str, Any]],
-    arrow_schema: pa.Schema,
-    deletes: Sequence[Mapping[str, Any]] = (),
-) -> CommitRecord:
-    """Write ``rows`` (upserts) and ``deletes`` (rows naming only the key columns and the
-    window) as one batch; works for windowed tables too."""
-    manifest = changelog.manifest()
-    schema = manifest.schema
-    keys, codec = KeyCodec(schema), RowCodec(schema)
-    partitioner = Partitioner(schema.key_types, manifest.partitions)
-    by_partition: dict[int, dict[bytes, bytes | None]] = {}
-    for group, live in ((rows, True), (deletes, False)):
-        if not group:
-            continue
-        full = [{f.name: r.get(f.name) for f in arrow_schema} for r in group]
-        table = pa.Table.from_pylist(full, schema=arrow_schema)
-        encoded_keys = keys.encode_arrow(table)
-        values = codec.encode_arrow(table) if live else [None] * len(full)
-        for row, key, value in zip(full, encoded_keys, values, strict=True):
-            internal = keys.to_internal(
-                row[schema.key_columns[0]]
-                if len(schema.key_columns) == 1
-                else tuple(row[c] for c in schema.key_columns)
-            )
-            by_partition.setdefault(partitioner(internal), {})[key] = value
-    return write_encoded(changelog, batch_id, by_partition)
 
 
 CK_ARROW = pa.schema(
@@ -164,7 +87,6 @@ def build_world(state_dir: str) -> Truth:
         write_rows(wide, batch_id, changes)
     truth["w"] = (WIDE_ARROW, list(apply_changes(history).values()))
 
-    ck = create_table(state_dir, "ck", CK_ARROW, ["region", "id"])
     ck_rows = [
         {
             "region": region,
@@ -175,7 +97,7 @@ def build_world(state_dir: str) -> Truth:
         for r, region in enumerate(["eu", "us", "apac", "eu-west"])
         for i in range(-5, 40)
     ]
-    write_table_rows(ck, 0, ck_rows, CK_ARROW)
+    write_table(state_dir, "ck", ck_rows, key=["region", "id"], schema=CK_ARROW)
     truth["ck"] = (CK_ARROW, ck_rows)
 
     singles: dict[str, tuple[pa.DataType, list[Any]]] = {
@@ -190,19 +112,18 @@ def build_world(state_dir: str) -> Truth:
         if name == "xk":
             values = [v.quantize(Decimal("0.001")) for v in values]
         rows = [{"key": value, "v": i} for i, value in enumerate(values)]
-        write_table_rows(create_table(state_dir, name, arrow, ["key"]), 0, rows, arrow)
+        write_table(state_dir, name, rows, key="key", schema=arrow)
         truth[name] = (arrow, rows)
 
-    win = create_table(state_dir, "win", WIN_ARROW, ["k"], window="window")
     win_rows = []
     for key in ["a", "b", "c", "d", "e"]:
         for h in range(0, 24, 2):
             start = BASE + dt.timedelta(hours=h)
             window = {"start": start, "end": start + dt.timedelta(hours=2)}
             win_rows.append({"k": key, "window": window, "clicks": h * 10 + ord(key)})
-    write_table_rows(win, 0, win_rows, WIN_ARROW)
+    win = write_table(state_dir, "win", win_rows, key="k", window="window", schema=WIN_ARROW)
     gone = [r for r in win_rows if r["k"] == "e" and r["window"]["start"].hour % 4 == 0]
-    write_table_rows(win, 1, [], WIN_ARROW, deletes=gone)
+    win.write(deletes=[(r["k"], r["window"]["start"]) for r in gone])
     win_truth = [r for r in win_rows if r not in gone]
     truth["win"] = (WIN_ARROW, win_truth)
     return truth

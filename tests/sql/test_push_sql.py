@@ -134,33 +134,17 @@ def test_node_stream_shares_one_hub(tmp_path: Any) -> None:
 def test_composite_keys_are_tuples(tmp_path: Any) -> None:
     import pyarrow as pa
 
-    from sparkiq.changelog import Changelog, TableManifest
-    from sparkiq.schema.types import TableSchema
-    from tests.changelog.helpers import write_rows
+    from sparkiq.testing import write_table
 
-    fields = [
-        {"name": "k", "type": "string", "nullable": True, "metadata": {}},
-        {"name": "j", "type": "integer", "nullable": True, "metadata": {}},
-        {"name": "v", "type": "double", "nullable": True, "metadata": {}},
-    ]
-    schema = TableSchema.from_spark_json({"type": "struct", "fields": fields}, ["k", "j"])
-    changelog = Changelog(str(tmp_path), "pairs")
-    TableManifest(name="pairs", schema=schema, partitions=3).ensure_written(
-        changelog.storage, changelog.manifest_path
-    )
     arrow = pa.schema([("k", pa.string()), ("j", pa.int32()), ("v", pa.float64())])
+    pairs = write_table(str(tmp_path), "pairs", key=["k", "j"], schema=arrow, partitions=3)
     hub = SubscriptionHub(str(tmp_path), poll_interval=0.005)
     try:
         with hub.subscribe("SELECT v FROM pairs WHERE j > 1 EMIT CHANGES") as sub:
-            write_rows(
-                changelog,
-                0,
-                {("a", 1): {"k": "a", "j": 1, "v": 0.5}, ("a", 2): {"k": "a", "j": 2, "v": 1.5}},
-                arrow,
-            )
+            pairs.write([{"k": "a", "j": 1, "v": 0.5}, {"k": "a", "j": 2, "v": 1.5}])
             change = sub.poll(2)
             assert change is not None and (change.key, change.row) == (("a", 2), {"v": 1.5})
-            write_rows(changelog, 1, {("a", 2): None}, arrow)
+            pairs.write(deletes=[("a", 2)])
             change = sub.poll(2)
             assert change is not None and (change.key, change.row) == (("a", 2), None)
     finally:

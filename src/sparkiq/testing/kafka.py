@@ -57,8 +57,8 @@ KAFKA_JVM_OPTIONS = (
     "-Djava.awt.headless=true",
 )
 
-# The checkout this module runs from, for an editable install (src/sparkiq/ -> the repo).
-_CHECKOUT_JARS = Path(__file__).resolve().parents[2] / ".jvm"
+# The checkout this module runs from, for an editable install (src/sparkiq/testing/ -> the repo).
+_CHECKOUT_JARS = Path(__file__).resolve().parents[3] / ".jvm"
 
 _LOG4J2 = """\
 status = error
