@@ -185,6 +185,18 @@ class Lookup:
         row, position = self.read_key(location, key)
         return row, position, location.partition
 
+    def read_here(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position, int] | int:
+        """``(row, position, partition)`` when this node reads the key's partition itself
+        with the built-in key handler (what a ``KeyQuery`` would be answered with here),
+        else the partition: the SQL engine's key lookups then send a request naming it
+        (:class:`~sparkiq.sql.source.LocalKeySource`)."""
+        location = self.locate(store, key)
+        if not location.here or handler_for(PartitionStore, KeyQuery) is not _BUILTIN_KEY_HANDLER:
+            return location.partition
+        assert location.store is not None
+        row, position = location.store.get(location.internal)
+        return row, position, location.partition
+
     def _get_routed(
         self, store: str, key: Any, location: KeyLocation
     ) -> tuple[dict[str, Any] | None, Position]:

@@ -81,6 +81,8 @@ class SqlEngine:
 
     def __init__(self, source: QuerySource, limits: SqlLimits | None = None) -> None:
         self.source = source
+        # decided once: isinstance against a runtime Protocol costs microseconds a call
+        self._columnar_source = source if isinstance(source, ColumnarSource) else None
         self.limits = limits if limits is not None else SqlLimits()
         self._pool = DuckPool.for_limits(self.limits)
         self._lock = threading.Lock()
@@ -439,8 +441,8 @@ class SqlEngine:
     ) -> SqlResult | None:
         """The statement as one DuckDB query over whole tables read here, or None when a
         table cannot be read here (the general path then reads it per partition)."""
-        source = self.source
-        if plan.whole is None or not isinstance(source, ColumnarSource):
+        source = self._columnar_source
+        if plan.whole is None or source is None:
             return None
         relations: dict[str, pa.Table] = {}
         versions: dict[str, tuple[str, tuple[str, ...], int]] = {}
@@ -485,8 +487,8 @@ class SqlEngine:
         """The batch a table reference's ``AS OF`` names (None: no AS OF)."""
         if as_of is None or isinstance(as_of, int):
             return as_of
-        source = self.source
-        if not isinstance(as_of, dt.datetime) or not isinstance(source, ColumnarSource):
+        source = self._columnar_source
+        if not isinstance(as_of, dt.datetime) or source is None:
             raise SqlUnsupportedError(
                 f"AS OF TIMESTAMP on {table!r} is not supported by this source; use a "
                 "batch id (AS OF 12)",

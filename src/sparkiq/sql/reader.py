@@ -61,9 +61,13 @@ def check(store: str, result: StateQueryResult[Any]) -> None:
 
 
 def _request(
-    store: str, query: Query, bound: PositionBound, at_batch: int | None = None
+    store: str,
+    query: Query,
+    bound: PositionBound,
+    at_batch: int | None = None,
+    partitions: frozenset[int] | None = None,
 ) -> StateQueryRequest:
-    request = StateQueryRequest(store, query, None, False, bound)
+    request = StateQueryRequest(store, query, partitions, False, bound)
     return request if at_batch is None else request.as_of(at_batch)
 
 
@@ -116,9 +120,30 @@ def _lookup_rows(
         convert = start.from_internal
         time_from = None if access.window_from is None else convert(access.window_from)
         time_to = None if access.window_to is None else convert(access.window_to)
+    # A key this source holds itself, read now with the built-in handler, needs no request
+    # (no query or result objects, the key encoded once): what Node.get does.
+    # (duck-typed: isinstance against a runtime Protocol costs more than the read)
+    read_here = None
+    if not windowed and at_batch is None and bound.is_unbounded:
+        read_here = getattr(source, "read_here", None)  # a LocalKeySource
     for key in access.keys:
+        located = None
+        if read_here is not None:
+            here = read_here(store, key)
+            if isinstance(here, int):  # read elsewhere: the request names the partition
+                located = frozenset((here,))
+            else:
+                row, read_at, partition = here
+                partitions.append(partition)
+                position = position.merge(read_at)
+                served = read_at.to_map().get(store, {}).get(partition)
+                if served is not None:
+                    batches.add(served)
+                if row is not None:
+                    rows.append(row)
+                continue
         query: Query = WindowKeyQuery(key, time_from, time_to) if windowed else KeyQuery(key)
-        result = source.query(_request(store, query, bound, at_batch))
+        result = source.query(_request(store, query, bound, at_batch, located))
         check(store, result)
         for partition, answer in result.partition_results.items():
             partitions.append(partition)

@@ -5,6 +5,10 @@ per-partition sub-requests to other nodes); so is any object with these four mem
 engine sends every read through :meth:`QuerySource.query` with a typed query object, so
 whatever it pushes down reaches the node hosting each partition.
 
+A source that reads a key it holds itself (:class:`LocalKeySource`) lets a key lookup skip
+the request: the engine asks it first and sends a request only for a key it does not read
+itself.
+
 A source that can also hand over every partition of a table as Arrow, at one batch, where
 the engine runs (:class:`ColumnarSource`: a node hosting the whole table) lets the engine run
 a statement as one DuckDB query over those rows, without per-partition fragments.
@@ -23,7 +27,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
 
-__all__ = ["ColumnarSource", "LocalRows", "QuerySource"]
+__all__ = ["ColumnarSource", "LocalKeySource", "LocalRows", "QuerySource"]
 
 
 @runtime_checkable
@@ -74,4 +78,16 @@ class ColumnarSource(Protocol):
 
     def batch_at_time(self, store: str, when: dt.datetime) -> int:
         """The batch of ``store`` that was current at ``when`` (``AS OF TIMESTAMP``)."""
+        ...
+
+
+@runtime_checkable
+class LocalKeySource(Protocol):
+    """A source that reads a key without a request when it holds the key's partition."""
+
+    def read_here(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position, int] | int:
+        """``(row, position, partition)`` of ``key`` when this source holds its partition
+        and reads it now exactly as a ``KeyQuery`` request would be answered (caught up,
+        the built-in key handler, no bound or batch asked); otherwise the key's partition,
+        which the engine's request then names (the key is located once)."""
         ...
