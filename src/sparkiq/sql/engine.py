@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 from sqlglot import exp
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import InvalidQueryError
 from sparkiq.principals import check_read
 from sparkiq.query.position import Position, PositionBound
@@ -113,7 +114,7 @@ class SqlEngine:
                 f"the statement holds {terms} literal values and AND/OR terms, more than "
                 f"SqlLimits.max_terms={self.limits.max_terms}; split a long IN list or "
                 "OR chain into several statements, or select a key range",
-                code="too_many_terms",
+                code=ErrorCode.TOO_MANY_TERMS,
             )
         if shaped is not None:
             template = self._by_shape.get(shaped[0])
@@ -230,7 +231,7 @@ class SqlEngine:
             raise SqlLimitError(
                 f"page_size {page_size} exceeds SqlLimits.max_page_size="
                 f"{self.limits.max_page_size}",
-                code="page_too_large",
+                code=ErrorCode.PAGE_TOO_LARGE,
                 field="page_size",
             )
         if plan.explain:
@@ -318,7 +319,7 @@ class SqlEngine:
             raise SqlLimitError(
                 f"the result has more than SqlLimits.max_result_rows={self.limits.max_result_rows} "
                 "rows; add a LIMIT, narrow the WHERE, or page with page_size=",
-                code="too_many_rows",
+                code=ErrorCode.TOO_MANY_ROWS,
             )
 
     def _general(
@@ -482,12 +483,12 @@ class SqlEngine:
             raise SqlUnsupportedError(
                 f"AS OF TIMESTAMP on {table.name!r} is not supported by this source; use a "
                 "batch id (AS OF 12)",
-                code="unsupported_as_of",
+                code=ErrorCode.UNSUPPORTED_AS_OF,
             )
         try:
             return source.batch_at_time(table.name, as_of)
         except InvalidQueryError as exc:
-            raise SqlError(exc.message, code="bad_as_of", field=table.name) from None
+            raise SqlError(exc.message, code=ErrorCode.BAD_AS_OF, field=table.name) from None
 
     def _at_batch(self, table: TablePlan, batches: dict[str, int]) -> int | None:
         """The batch to read a table reference at: its AS OF, else the batch this
@@ -572,7 +573,7 @@ def _remaining(deadline: float) -> float:
     if left <= 0:
         raise SqlLimitError(
             "the query ran out of time (SqlLimits.timeout_seconds); narrow it or raise the limit",
-            code="timeout",
+            code=ErrorCode.TIMEOUT,
         )
     return left
 
