@@ -468,7 +468,7 @@ class PgSession:
         except ScramError as exc:
             # 08P01 protocol_violation, as Postgres answers a malformed SCRAM message: not
             # a guess at the password, so not counted as a failure.
-            self._send(m.ErrorResponse(fields=_fatal("08P01", str(exc))))
+            self._send(m.ErrorResponse(fields=_fatal(exc.code.sqlstate, exc.message)))
             return None
         if signature is None:
             self.rules.auth_failures.failed(self.peer, "pg", admitted=True)
