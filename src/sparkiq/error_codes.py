@@ -165,7 +165,7 @@ class ErrorCode(StrEnum):
     )  # fmt: skip
     HOST_NOT_ALLOWED = (
         "host_not_allowed", 421, "08004", False, _REMOTE,
-        "reach the node by a host name it answers, or add the name to its allowed hosts",
+        "reach the node by a name it answers, or add it (--allowed-host, SPARKIQ_ALLOWED_HOSTS)",
     )  # fmt: skip
     HEADERS_TOO_LARGE = (
         "headers_too_large", 431, "54000", False, _REMOTE,
