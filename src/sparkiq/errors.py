@@ -83,7 +83,7 @@ class SparkiqError(Exception):
         super().__init__(message)
         self.message = message
         if code is not None:
-            self.code = code
+            self.code = ErrorCode.parse(code)  # a member; a plain string from user code too
         if field is not None:
             self.field = field
         self.store = store

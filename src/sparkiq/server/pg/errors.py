@@ -1,31 +1,12 @@
 """sparkiq's errors as Postgres ``ErrorResponse`` fields, with SQLSTATE codes.
 
-The SQLSTATE is the error's :class:`~sparkiq.errors.ErrorCode` row's (the table in
-docs/rest.md lists them all); the ones a Postgres client meets:
-
-=====================================  =======  ============================================
-error (code)                           SQLSTATE  meaning for a client
-=====================================  =======  ============================================
-wrong or missing password              28P01    invalid_password; the connection is closed
-``syntax``                             42601    syntax_error (``P``: the character position)
-``unknown_table`` (a table not served)  42P01   undefined_table
-``unknown_column``                     42703    undefined_column
-``unknown_function``                   42883    undefined_function
-``forbidden_*`` statement, table ...   42501    insufficient_privilege: pull queries only
-``forbidden`` (no grant)               42501    insufficient_privilege: the user's principal
-                                                may not read the table
-other unsupported SQL                  0A000    feature_not_supported
-a limit (rows, size, page)             54000    program_limit_exceeded
-``timeout``                            57014    query_canceled (``SqlLimits.timeout_seconds``)
-``canceled`` (StatementCanceledError)  57014    query_canceled (the client's cancel request)
-``partition_failed``                   57P03    cannot_connect_now: a partition could not
-                                                answer; retry later (the connection is fine)
-other invalid queries                  22023    invalid_parameter_value
-node unreachable, other sparkiq fault  58000    system_error
-anything else                          XX000    internal_error (logged with an id)
-=====================================  =======  ============================================
-
-Every error but the password one leaves the connection usable: the next statement runs.
+The SQLSTATE is the one in the error's :class:`~sparkiq.errors.ErrorCode` row (docs/rest.md
+lists every code; docs/postgres.md the ones a Postgres client meets): 42601 for a syntax
+error (``P`` holds the character position), 42P01 / 42703 / 42883 for an unknown table,
+column or function, 54000 for a limit, 57014 for a timeout or a cancel request, 57P03 for a
+partition that could not answer. A wrong password is 28P01; anything unexpected is XX000,
+logged with an id. Every error but the password one leaves the connection usable: the next
+statement runs.
 """
 
 from __future__ import annotations
