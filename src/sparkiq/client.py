@@ -47,12 +47,11 @@ from sparkiq.cluster.hedge import HedgeDelay, close_results
 from sparkiq.cluster.httppool import HttpPool
 from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
-    AuthenticationError,
-    ForbiddenError,
-    InvalidQueryError,
+    ErrorCode,
     NodeUnreachableError,
     SparkiqError,
     UnknownStoreError,
+    exception_class,
 )
 from sparkiq.pools import ElasticPool
 from sparkiq.query.position import Position, PositionBound
@@ -60,7 +59,7 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.sql.change import Change
-from sparkiq.sql.errors import SqlError, push_query_error
+from sparkiq.sql.errors import push_query_error
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import arrowipc, jsonapi, protocol
@@ -502,7 +501,9 @@ class ChangeStream(Iterator[Change]):
             doc = orjson.loads(line)
             if "error" in doc:
                 self.close()
-                raise SparkiqError(f"push query failed: {doc['error']['message']}")
+                error = doc["error"]
+                message = f"push query failed: {error['message']}"
+                raise _raised({"code": ErrorCode.PUSH_FAILED.wire, **error, "message": message})
             position = Position.from_token(doc["position"])
             return Change(
                 doc["key"],
@@ -545,35 +546,16 @@ def _key_text(key: Any) -> str:
 
 
 def _error(response: httpx.Response) -> SparkiqError:
-    try:
-        error = response.json()["error"]
-        message, code, field = error["message"], error["code"], error.get("field")
-    except (ValueError, KeyError, TypeError):
-        try:
-            error = unpack(response.content)["error"]
-            message, code, field = error["message"], error["code"], error.get("field")
-        except Exception:
-            message, code, field = response.text[:300], "http_error", None
-    if response.status_code == 401:
-        return AuthenticationError(message)
-    if response.status_code == 403 and code == "forbidden":
-        return ForbiddenError(message)
-    if code == "unknown_store":
-        return UnknownStoreError(message)
-    if response.status_code == 400 and isinstance(error, dict) and "line" in error:
-        # a SQL error keeps where it is, so callers can show the caret snippet
-        return SqlError(
-            message,
-            code=code,
-            line=error.get("line"),
-            column=error.get("column"),
-            snippet=error.get("snippet"),
-            field=field,
-            candidates=error.get("candidates") or (),
-        )
-    if response.status_code == 400:
-        exc = InvalidQueryError(message)
-        exc.field = field  # type: ignore[attr-defined]
-        exc.code = code  # type: ignore[attr-defined]
-        return exc
-    return protocol.RemoteError(f"{response.status_code}: {message}", code=code, field=field)
+    """The error an error answer stands for: its code's class in the table (``raises``),
+    built from the body; a body that is no sparkiq error is an ``http_error``."""
+    doc = protocol.error_of(response.content)
+    if doc is None:
+        doc = {"code": ErrorCode.HTTP_ERROR.wire, "message": response.text[:300]}
+    return _raised(doc, response.status_code)
+
+
+def _raised(doc: dict[str, Any], status: int | None = None) -> SparkiqError:
+    """The error for ``doc`` (an answer's ``error`` member) of an answer of ``status``
+    (a push stream's last line has none: its code's)."""
+    code = ErrorCode.parse(str(doc["code"]))
+    return exception_class(code).from_answer(code, doc, code.status if status is None else status)

@@ -36,12 +36,13 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_reader
 
+from sparkiq.errors import ChangelogError
 from sparkiq.schema.types import DataType
 
 __all__ = ["AvroRowCodec", "AvroStateError", "avro_schema"]
 
 
-class AvroStateError(ValueError):
+class AvroStateError(ChangelogError, ValueError):
     """Bytes that are not an Avro row of the expected schema, or a type Spark's Avro state
     encoding does not have."""
 

@@ -32,10 +32,12 @@ import cramjam
 import lzf
 import xxhash
 
+from sparkiq.errors import ChangelogError
+
 __all__ = ["CODECS", "CompressionError", "codec_for", "decompress"]
 
 
-class CompressionError(ValueError):
+class CompressionError(ChangelogError, ValueError):
     """A compressed stream is truncated, corrupted or not in the expected framing."""
 
 

@@ -25,13 +25,15 @@ from pathlib import Path
 
 import crc32c
 
+from sparkiq.errors import ChangelogError
+
 __all__ = ["ChecksumMismatch", "read_verified"]
 
 _HADOOP_MAGIC = b"crc\x00"
 _BE_INT = struct.Struct(">i")
 
 
-class ChecksumMismatch(ValueError):
+class ChecksumMismatch(ChangelogError, ValueError):
     """A file's bytes do not match a checksum file written beside it."""
 
 

@@ -113,7 +113,7 @@ class HdfsStateFiles:
             ) from None
 
 
-class _FramingError(ValueError):
+class _FramingError(ChangelogError, ValueError):
     pass
 
 

@@ -46,6 +46,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from sparkiq.errors import ChangelogError
 from sparkiq.schema.internal import (
     date_from_internal,
     decimal_from_internal,
@@ -65,7 +66,7 @@ __all__ = [
 ]
 
 
-class UnsafeRowError(ValueError):
+class UnsafeRowError(ChangelogError, ValueError):
     """Bytes that are not an UnsafeRow of the expected schema, or a type not supported."""
 
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkiq.cluster.nodeauth import is_loopback_url
-from sparkiq.errors import SparkiqError
+from sparkiq.errors import ErrorCode, SparkiqError
 
 __all__ = [
     "MAX_MEMBERS",
@@ -56,9 +56,10 @@ _STATES = frozenset({"live", "restoring", "error"})
 class HeartbeatError(SparkiqError, ValueError):
     """A heartbeat (or a heartbeat's reply) is malformed; ``field`` names the culprit."""
 
+    code = ErrorCode.INVALID_HEARTBEAT
+
     def __init__(self, message: str, field: str) -> None:
-        super().__init__(f"invalid heartbeat: {message}")
-        self.field = field
+        super().__init__(f"invalid heartbeat: {message}", field=field)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,7 @@ from sparkiq.cluster.hedge import HedgeDelay, close_results
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import Membership
 from sparkiq.cluster.transport import NodeUnreachableError, Transport
-from sparkiq.errors import ForbiddenError
+from sparkiq.errors import ErrorCode, ForbiddenError
 from sparkiq.pools import ElasticPool
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
@@ -333,9 +333,9 @@ class Router:
             self._membership.suspect(member, str(exc))
             log.info("partition %d of %r: %s", partition, store, exc)
         except RemoteError as exc:
-            if exc.code == "unauthorized":
+            if exc.code is ErrorCode.UNAUTHORIZED:
                 raise
-            if exc.code == "forbidden":  # the member applies the caller's grants too
+            if exc.code is ErrorCode.FORBIDDEN:  # the member applies the caller's grants too
                 raise ForbiddenError(exc.message) from None
             log.info("partition %d of %r: %s", partition, store, exc)
         return None

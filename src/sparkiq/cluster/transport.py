@@ -19,10 +19,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-import orjson
-
 from sparkiq.cluster.httppool import HttpPool, NodeTimeoutError
 from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER, NodeKey, SignedRequest
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import NodeUnreachableError, SparkiqError
 from sparkiq.principals import current as current_principal
 from sparkiq.query.request import StateQueryRequest
@@ -155,7 +154,7 @@ class HttpTransport:
         except ValueError:  # whatever answered is not a node: its reply is not a heartbeat
             raise protocol.RemoteError(
                 f"{url} answered the heartbeat with something that is not one",
-                code="invalid_heartbeat",
+                code=ErrorCode.INVALID_HEARTBEAT,
             ) from None
         return reply
 
@@ -165,11 +164,11 @@ class HttpTransport:
 
 
 def _refusal(url: str, status: int, body: bytes) -> SparkiqError:
-    try:
-        error = orjson.loads(body)["error"]
-        message, code, field = error["message"], error["code"], error.get("field")
-    except (ValueError, KeyError, TypeError):
-        message, code, field = body[:200].decode(errors="replace"), "http_error", None
+    error = protocol.error_of(body)
+    if error is None:
+        message, code, field = body[:200].decode(errors="replace"), ErrorCode.HTTP_ERROR, None
+    else:
+        message, code, field = error["message"], ErrorCode.parse(error["code"]), error.get("field")
     return protocol.RemoteError(
         f"{url} refused the request ({status}): {message}", code=code, field=field
     )

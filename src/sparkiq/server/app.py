@@ -23,8 +23,8 @@ from typing import Any
 import pyarrow as pa
 
 from sparkiq.cancel import CancelSignal, cancellable
-from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.cluster.nodeauth import REPLY_HEADER, REQUEST_HEADER
+from sparkiq.error_codes import ErrorCode
 from sparkiq.pools import ElasticPool
 from sparkiq.principals import current as current_principal
 from sparkiq.query.queries import KeyQuery
@@ -144,7 +144,7 @@ class RestApp:
         try:
             route, status = await self._dispatch(scope, receive, send)
         except Exception as exc:  # errors that are the caller's become 4xx, the rest 500
-            error = exc if isinstance(exc, HttpError) else classify(exc)
+            error = classify(exc)
             error.message = scrub(error.message, self._roots)
             status = error.status
             await send_error(send, error)
@@ -176,9 +176,8 @@ class RestApp:
             # path that is no route asks for a token too, so routes are not probed for free
             self._client_principal(scope)
         if found is None:
-            raise HttpError(
-                404, "not_found", f"no route {scope['method']} {path}; see /openapi.json"
-            )
+            method = scope["method"]
+            raise HttpError(ErrorCode.NOT_FOUND, f"no route {method} {path}; see /openapi.json")
         route, params = found
         allow(scope["method"], route.method)
         handler: Handler = getattr(self, route.handler)
@@ -222,12 +221,9 @@ class RestApp:
             doc = unpack_plain(body)
         except ValueError:  # msgpack's errors vary by cause; all mean the same here
             raise HttpError(
-                400, "invalid_heartbeat", "the body is not a packed heartbeat", "body"
+                ErrorCode.INVALID_HEARTBEAT, "the body is not a packed heartbeat", "body"
             ) from None
-        try:
-            reply = self.node.on_heartbeat(doc)
-        except HeartbeatError as exc:  # nothing was recorded: the membership is unchanged
-            raise HttpError(400, "invalid_heartbeat", exc.message, exc.field) from None
+        reply = self.node.on_heartbeat(doc)  # a HeartbeatError records nothing: 400
         data = pack(reply)
         signature = self.node.sign_reply(None if opened is None else opened.mac, data)
         headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
@@ -294,13 +290,12 @@ class RestApp:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":  # gone (or timed out): nobody to answer
-                raise HttpError(400, "disconnected", "the client left before its body ended")
+                raise HttpError(ErrorCode.DISCONNECTED, "the client left before its body ended")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
                 raise HttpError(
-                    413,
-                    "body_too_large",
+                    ErrorCode.BODY_TOO_LARGE,
                     f"request body exceeds {self.max_body_bytes} bytes",
                     "body",
                 )
@@ -338,13 +333,14 @@ class RestApp:
         scope[_NOTE]["tables"] = [store]
         doc = {"key": key, "row": row, "partition": partition, "position": position.to_token()}
         if row is None:
+            missing = ErrorCode.KEY_NOT_FOUND
             doc["error"] = {
-                "code": "key_not_found",
+                "code": missing.wire,
                 "message": f"{store!r} has no row for key {key!r}",
                 "field": "key",
             }
-            await send_body(send, 404, jsonapi.dumps(doc), JSON_HEADERS)
-            return 404
+            await send_body(send, missing.status, jsonapi.dumps(doc), JSON_HEADERS)
+            return missing.status
         await send_body(send, 200, jsonapi.dumps(doc), JSON_HEADERS)
         return 200
 
@@ -387,7 +383,7 @@ class RestApp:
         doc = json_object(body)
         text = doc.get("sql")
         if not isinstance(text, str) or not text.strip():
-            raise HttpError(400, "invalid_request", 'expected {"sql": "SELECT ..."}', "sql")
+            raise HttpError(ErrorCode.INVALID_REQUEST, 'expected {"sql": "SELECT ..."}', "sql")
         options: dict[str, Any] = {}
         bound = jsonapi.bound_from_json(doc)
         if bound is not None:
@@ -396,16 +392,14 @@ class RestApp:
         if is_push_query(text):
             if arrow:
                 raise HttpError(
-                    406,
-                    "not_acceptable",
+                    ErrorCode.NOT_ACCEPTABLE,
                     "a push query (EMIT CHANGES) streams newline-delimited JSON, one change "
                     f"per line; send it without 'Accept: {arrowipc.CONTENT_TYPE}'",
                     "accept",
                 )
             if bound is not None:  # a push query starts where it is told, and never waits
                 raise HttpError(
-                    400,
-                    "invalid_request",
+                    ErrorCode.INVALID_REQUEST,
                     "a push query (EMIT CHANGES) takes 'from' (a position token to resume "
                     "after), not 'bound' or 'after'",
                     "after" if doc.get("after") is not None else "bound",
@@ -416,8 +410,7 @@ class RestApp:
                 options["snapshot"] = True
             if self._push_streams >= self.max_push_streams:
                 raise HttpError(
-                    503,
-                    "too_many_subscriptions",
+                    ErrorCode.TOO_MANY_SUBSCRIPTIONS,
                     f"this node serves at most {self.max_push_streams} push queries at once; "
                     "retry later or on another node",
                 )

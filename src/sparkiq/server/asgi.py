@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.server.http_errors import HttpError
 from sparkiq.wire import arrowipc, jsonapi, protocol
 
@@ -77,9 +78,9 @@ def json_object(body: bytes) -> dict[str, Any]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise HttpError(400, "malformed_json", f"malformed JSON: {exc}", "body") from None
+        raise HttpError(ErrorCode.MALFORMED_JSON, f"malformed JSON: {exc}", "body") from None
     if not isinstance(doc, dict):
-        raise HttpError(400, "invalid_request", "expected a JSON object", "body")
+        raise HttpError(ErrorCode.INVALID_REQUEST, "expected a JSON object", "body")
     return doc
 
 
@@ -124,7 +125,7 @@ def bearer(scope: Scope) -> str | None:
 
 def allow(method: str, allowed: str) -> None:
     if method != allowed:
-        raise HttpError(405, "method_not_allowed", f"use {allowed} for this path")
+        raise HttpError(ErrorCode.METHOD_NOT_ALLOWED, f"use {allowed} for this path")
 
 
 async def send_body(
@@ -136,7 +137,7 @@ async def send_body(
 
 
 async def send_error(send: Send, error: HttpError) -> None:
-    doc: dict[str, Any] = {"code": error.code, "message": error.message, "field": error.field}
+    doc: dict[str, Any] = {"code": error.code.wire, "message": error.message, "field": error.field}
     doc.update(error.extra)
     headers = list(JSON_HEADERS)
     if error.status == 401:

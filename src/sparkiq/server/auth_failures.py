@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from sparkiq.envsettings import values_from_env
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import AuthenticationError, ConfigError
 from sparkiq.server.http_errors import HttpError
 
@@ -224,8 +225,7 @@ class AuthFailures:
             # A 401 like any refused token (clients raise their authentication error), its
             # message saying why; retry_after_seconds in the body says when to try again.
             error = HttpError(
-                401,
-                "unauthorized",
+                ErrorCode.UNAUTHORIZED,
                 f"too many failed authentications from {peer}: the token was not checked; "
                 f"retry in {wait:.1f} s",
             )

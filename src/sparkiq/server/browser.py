@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.server.http_errors import HttpError
 
 __all__ = ["SIMPLE_CONTENT_TYPES", "BrowserGuard", "console_policy"]
@@ -112,8 +113,7 @@ class BrowserGuard:
             if essence in SIMPLE_CONTENT_TYPES:
                 named = f"'content-type: {essence}'" if essence else "no content-type"
                 raise HttpError(
-                    415,
-                    "unsupported_content_type",
+                    ErrorCode.UNSUPPORTED_CONTENT_TYPE,
                     f"a POST with {named} is refused, because any web page can send one: "
                     "send 'content-type: application/json' (curl: -H 'content-type: "
                     "application/json')",
@@ -140,8 +140,7 @@ class BrowserGuard:
         if host is not None and self.allows_host(host):
             return
         raise HttpError(
-            421,
-            "host_not_allowed",
+            ErrorCode.HOST_NOT_ALLOWED,
             f"this node does not answer requests for host {value[:200]!r} (a guard against "
             f"DNS rebinding); if clients reach it by that name, add the name to {_SETTING}",
             "host",
@@ -158,8 +157,7 @@ class BrowserGuard:
         ):
             return
         raise HttpError(
-            403,
-            "cross_origin",
+            ErrorCode.CROSS_ORIGIN,
             f"a POST from a page at {origin[:200]!r} is refused: only this node's own pages "
             "(the console) may post from a browser; programs send no Origin header",
             "origin",

@@ -1,10 +1,11 @@
 """How a failure becomes an HTTP answer: one status, one code, a message a caller can act on.
 
-:func:`classify` maps sparkiq's errors to statuses -- 401 for a bad token, 404 for an unknown
-store, 400 for a bad request (503 when a partition could not answer: the cluster's state,
-not the caller's mistake), 502 for a node that could not be reached, 503 for other sparkiq
-failures -- and anything unexpected to a 500 that names a request id to find in the node's
-log, never a traceback or a Python class name.
+:func:`classify` reads the error's :class:`~sparkiq.errors.ErrorCode` (see
+:func:`~sparkiq.errors.as_sparkiq_error`): the code's row gives the status -- 401 for a bad token,
+404 for an unknown store, 400 for a bad request, 503 when a partition could not answer (the
+cluster's state, not the caller's mistake), 502 for a node that could not be reached, 503
+for other sparkiq failures. Anything unexpected becomes a 500 that names a request id to
+find in the node's log, never a traceback or a Python class name.
 """
 
 from __future__ import annotations
@@ -13,15 +14,7 @@ import itertools
 import logging
 from typing import Any
 
-from sparkiq.errors import (
-    AuthenticationError,
-    ForbiddenError,
-    InvalidQueryError,
-    NodeUnreachableError,
-    SparkiqError,
-    UnknownStoreError,
-)
-from sparkiq.wire import protocol
+from sparkiq.errors import ErrorCode, SparkiqError, as_sparkiq_error
 
 __all__ = ["HttpError", "classify"]
 
@@ -29,59 +22,40 @@ log = logging.getLogger("sparkiq.server")
 
 _request_ids = itertools.count(1)
 
+#: What a SQL error adds to its body, where it knows it (where the problem is, close names).
+_SQL_DETAILS = ("line", "column", "snippet", "candidates")
 
-class HttpError(Exception):
-    """An answer other than 2xx: ``status``, a stable ``code``, a ``message`` and the
-    request ``field`` at fault (if one is)."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
+class HttpError(SparkiqError):
+    """A refusal by the HTTP layer itself (a route, a header, a body), and the answer every
+    failure becomes: ``code`` (its table row gives ``status``), a ``message``, the request
+    ``field`` at fault (if one is) and ``extra`` members of the error body."""
+
+    def __init__(self, code: ErrorCode, message: str, field: str | None = None) -> None:
+        super().__init__(message, code=code, field=field)
         self.extra: dict[str, Any] = {}
 
+    @property
+    def status(self) -> int:
+        return self.code.status
 
-def classify(exc: Exception) -> HttpError:
+
+def classify(exc: BaseException) -> HttpError:
     """The HTTP answer for ``exc`` (see the module docstring)."""
-    if isinstance(exc, AuthenticationError):
-        return HttpError(401, "unauthorized", exc.message)
-    if isinstance(exc, ForbiddenError):
-        return HttpError(403, "forbidden", exc.message)
-    if isinstance(exc, UnknownStoreError):
-        return HttpError(404, "unknown_store", exc.message, "store")
-    if isinstance(exc, InvalidQueryError):
-        code = getattr(exc, "code", None) or "invalid_query"
-        # A partition that could not answer (behind the bound, no live replica) is the
-        # cluster's state, not the caller's mistake: retry later.
-        status = 503 if code == "partition_failed" else 400
-        error = HttpError(status, code, exc.message, _field_of(exc))
-        error.extra = _sql_details(exc)
-        return error
-    if isinstance(exc, RecursionError):
-        # Only input nests this deeply (a SQL expression chain, a MessagePack body of
-        # nested arrays): the stack has unwound, nothing is broken, the caller must flatten.
+    if isinstance(exc, HttpError):
+        return exc
+    known = as_sparkiq_error(exc)
+    if known is None:
+        request_id = next(_request_ids)
+        log.error("request %d failed", request_id, exc_info=exc)
         return HttpError(
-            400, "nesting_too_deep", "the request nests too deeply to be read; flatten it"
+            ErrorCode.INTERNAL_ERROR,
+            f"internal error (request id {request_id}); see the node's log",
         )
-    if isinstance(exc, protocol.RemoteError | NodeUnreachableError):
-        return HttpError(502, "upstream_unavailable", exc.message)
-    if isinstance(exc, SparkiqError):
-        return HttpError(503, "unavailable", exc.message)
-    request_id = next(_request_ids)
-    log.error("request %d failed", request_id, exc_info=exc)
-    return HttpError(
-        500, "internal_error", f"internal error (request id {request_id}); see the node's log"
-    )
-
-
-def _field_of(exc: Exception) -> str | None:
-    field = getattr(exc, "field", None)
-    return field if isinstance(field, str) else None
-
-
-def _sql_details(exc: Exception) -> dict[str, Any]:
-    details = {}
-    for name in ("line", "column", "snippet", "candidates"):
-        value = getattr(exc, name, None)
-        if value is not None:
-            details[name] = value
-    return details
+    code = known.reply_code
+    # a relayed failure's field names the other node's request, not this one's
+    error = HttpError(code, known.message, known.field if code is known.code else None)
+    error.extra = {
+        name: value for name in _SQL_DETAILS if (value := getattr(known, name, None)) is not None
+    }
+    return error

@@ -36,6 +36,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sparkiq.envsettings import dataclass_from_env
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ConfigError
 from sparkiq.server.served import ServedNode
 from sparkiq.tls import TlsContexts
@@ -93,7 +94,8 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._discarding: int | None = None  # bytes still dropped after a refusal
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
-                503, f"this node accepts at most {self.limits.max_connections} connections"
+                ErrorCode.TOO_MANY_CONNECTIONS,
+                f"this node accepts at most {self.limits.max_connections} connections",
             )
             return
         self._arm_header_timer()
@@ -116,7 +118,7 @@ class _LimitedProtocol(HttpToolsProtocol):
                 super().data_received(data[: max(room, 0)])
                 if self._awaiting_headers:
                     self._refuse(
-                        431,
+                        ErrorCode.HEADERS_TOO_LARGE,
                         f"request headers exceed {self.limits.max_header_bytes} bytes",
                     )
                     return
@@ -170,25 +172,31 @@ class _LimitedProtocol(HttpToolsProtocol):
         if not self._received_any:  # an idle connection that never asked anything
             self.transport.close()
             return
-        self._refuse(408, f"request headers not received within {self.limits.header_timeout} s")
+        self._refuse(
+            ErrorCode.REQUEST_TIMEOUT,
+            f"request headers not received within {self.limits.header_timeout} s",
+        )
 
     def _body_too_slow(self) -> None:
         self._body_timer = None
         if self.cycle is not None and not self.cycle.response_started:
-            self._refuse(408, f"request body not received within {self.limits.body_timeout} s")
+            self._refuse(
+                ErrorCode.REQUEST_TIMEOUT,
+                f"request body not received within {self.limits.body_timeout} s",
+            )
         else:
             self.transport.close()
 
-    def _refuse(self, status: int, message: str) -> None:
-        """Answer ``status`` with a JSON error (as the app's errors) and close the
+    def _refuse(self, code: ErrorCode, message: str) -> None:
+        """Answer ``code`` (its status) with a JSON error (as the app's errors) and close the
         connection; the app's task, if one runs, sees a disconnect and its sends are
         dropped."""
         self._cancel_timers()
         if self.transport.is_closing():
             return
-        code = {408: "request_timeout", 431: "headers_too_large", 503: "too_many_connections"}
+        status = code.status
         body = b'{"error":{"code":"%s","message":"%s","field":null}}' % (
-            code.get(status, "refused").encode(),
+            code.wire.encode(),
             message.encode(),
         )
         reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}

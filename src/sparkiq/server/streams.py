@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sparkiq.errors import SparkiqError
+from sparkiq.errors import ErrorCode, SparkiqError
 from sparkiq.query.result import StateQueryResult
 from sparkiq.server.scrub import scrub
+from sparkiq.sql.subscription import SubscriptionError
 from sparkiq.wire.jsonapi import dumps
 
 __all__ = ["KEEPALIVE_SECONDS", "iq_json_chunks", "push_chunks", "sql_json"]
@@ -86,8 +87,10 @@ def push_chunks(subscription: Any, roots: tuple[str, ...] = ()) -> Iterator[byte
             except StopIteration:
                 return
             except SparkiqError as exc:
+                # a subscription's own failure says why; anything else failed the push
+                code = exc.code if isinstance(exc, SubscriptionError) else ErrorCode.PUSH_FAILED
                 error = {
-                    "code": getattr(exc, "code", None) or "push_failed",
+                    "code": code.wire,
                     "message": scrub(exc.message, roots),
                 }
                 yield dumps({"error": error}) + b"\n"

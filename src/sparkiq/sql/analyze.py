@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.query.instant import instant_problem
 from sparkiq.schema.arrowrows import PSEUDO_COLUMNS
 from sparkiq.schema.types import TableSchema
@@ -191,7 +192,7 @@ def analyze(parsed: Parsed, source: QuerySource, tables: Iterable[str]) -> Analy
             line, column = _position(ident)
             raise SqlUnknownNameError(
                 f"unknown table {name!r}; tables: {sorted(known)}",
-                code="unknown_table",
+                code=ErrorCode.UNKNOWN_TABLE,
                 field=name,
                 candidates=closest(name, known),
                 line=line,
@@ -206,7 +207,7 @@ def analyze(parsed: Parsed, source: QuerySource, tables: Iterable[str]) -> Analy
         if node.args.get("version") is not None and id(node) not in stored:
             raise SqlUnsupportedError(
                 f"AS OF applies to materialized tables; {node.name!r} is not one",
-                code="unsupported_as_of",
+                code=ErrorCode.UNSUPPORTED_AS_OF,
                 field=node.name,
             )
     simple = _is_simple(tree)
@@ -256,14 +257,16 @@ def _as_of(node: exp.Table, text: str) -> int | dt.datetime | str | None:
         "(AS OF TIMESTAMP '2026-01-31 12:00:00')"
     )
     if str(version.args.get("kind", "")).upper() != "AS OF":
-        raise SqlUnsupportedError(usage, code="unsupported_as_of", field=node.name)
+        raise SqlUnsupportedError(usage, code=ErrorCode.UNSUPPORTED_AS_OF, field=node.name)
     if isinstance(value, exp.Placeholder):
         return TEMPLATE_AS_OF
     if isinstance(value, exp.Literal) and not value.is_string:
         text_value = str(value.this)
         if not text_value.isdigit() or len(text_value) > 18:
             raise SqlUnsupportedError(
-                f"{usage}; {text_value!r} is not a batch id", code="bad_as_of", field=node.name
+                f"{usage}; {text_value!r} is not a batch id",
+                code=ErrorCode.BAD_AS_OF,
+                field=node.name,
             )
         return int(text_value)
     if isinstance(value, exp.Cast) and isinstance(value.this, exp.Literal):
@@ -275,18 +278,18 @@ def _as_of(node: exp.Table, text: str) -> int | dt.datetime | str | None:
         except ValueError:
             raise SqlUnsupportedError(
                 f"{usage}; {stamp!r} is not a time (write it as 'YYYY-MM-DD HH:MM:SS')",
-                code="bad_as_of",
+                code=ErrorCode.BAD_AS_OF,
                 field=node.name,
             ) from None
         problem = instant_problem(when)
         if problem is not None:
             raise SqlUnsupportedError(
-                f"AS OF on {node.name!r}: {problem}", code="bad_as_of", field=node.name
+                f"AS OF on {node.name!r}: {problem}", code=ErrorCode.BAD_AS_OF, field=node.name
             )
         return when
     if isinstance(value, exp.Cast) and isinstance(value.this, exp.Placeholder):
         return TEMPLATE_AS_OF
-    raise SqlUnsupportedError(usage, code="unsupported_as_of", field=node.name)
+    raise SqlUnsupportedError(usage, code=ErrorCode.UNSUPPORTED_AS_OF, field=node.name)
 
 
 def _position(node: exp.Expr | None) -> tuple[int | None, int | None]:
@@ -383,7 +386,7 @@ def _resolve_columns(
             names = [r.alias for r in refs]
             raise SqlUnknownNameError(
                 f"unknown table or alias {qualifier!r} in {column.sql()}; the query names {names}",
-                code="unknown_table",
+                code=ErrorCode.UNKNOWN_TABLE,
                 field=qualifier,
                 candidates=closest(qualifier, names),
                 line=line,
@@ -395,7 +398,7 @@ def _resolve_columns(
         where = f" of {refs[0].name!r}" if len(refs) == 1 else ""
         raise SqlUnknownNameError(
             f"unknown column {column.sql()!r}; columns{where}: {pool}",
-            code="unknown_column",
+            code=ErrorCode.UNKNOWN_COLUMN,
             field=column.name,
             candidates=closest(column.name, pool + sorted(analysis.output_aliases)),
             line=line,

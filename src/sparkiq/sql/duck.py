@@ -56,6 +56,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ConfigError
 from sparkiq.sql.duck_errors import translate
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnknownNameError
@@ -227,7 +228,7 @@ class DuckPool:
 
 
 def _closed_error() -> SqlError:
-    return SqlError("the SQL engine is closed: the process is exiting", code="closed")
+    return SqlError("the SQL engine is closed: the process is exiting", code=ErrorCode.CLOSED)
 
 
 @functools.cache
@@ -355,7 +356,7 @@ def run(
     fetching after that many rows.
     """
     if timeout is not None and timeout <= 0:
-        raise SqlLimitError(_timeout_message(), code="timeout")
+        raise SqlLimitError(_timeout_message(), code=ErrorCode.TIMEOUT)
     with pool.inside() as con:  # counted until every DuckDB call below returned
         statement = Statement(
             time.monotonic() + (timeout if timeout is not None else 1e9), con, 2 * pool.memory_bytes
@@ -408,7 +409,7 @@ def run(
                 hint = f"; did you mean {near[0]}()?" if near else ""
                 raise SqlUnknownNameError(
                     f"unknown function {function.group(1)}(){hint}",
-                    code="unknown_function",
+                    code=ErrorCode.UNKNOWN_FUNCTION,
                     field=function.group(1),
                     candidates=near,
                 ) from None
@@ -495,7 +496,7 @@ def _too_large(max_bytes: int) -> SqlLimitError:
     return SqlLimitError(
         f"the result holds more than SqlLimits.max_result_bytes={max_bytes} bytes; select "
         "fewer or shorter columns, add a LIMIT, or page with page_size=",
-        code="result_too_large",
+        code=ErrorCode.RESULT_TOO_LARGE,
     )
 
 
@@ -503,8 +504,8 @@ def _interrupted(statement: Statement, pool: DuckPool) -> SqlLimitError:
     if statement.reason == "memory":
         return _out_of_memory(pool)
     if statement.reason == "canceled":  # nobody waits for this answer: the message is for logs
-        return SqlLimitError("the statement was canceled: its caller left", code="canceled")
-    return SqlLimitError(_timeout_message(), code="timeout")
+        return SqlLimitError("the statement was canceled: its caller left", code=ErrorCode.CANCELED)
+    return SqlLimitError(_timeout_message(), code=ErrorCode.TIMEOUT)
 
 
 def _out_of_memory(pool: DuckPool, spill: bool = False) -> SqlLimitError:
@@ -514,7 +515,7 @@ def _out_of_memory(pool: DuckPool, spill: bool = False) -> SqlLimitError:
     return SqlLimitError(
         f"the query needs more memory than {budget} allow; narrow it with a key predicate "
         "or LIMIT, aggregate before joining, or raise the limit",
-        code="out_of_memory",
+        code=ErrorCode.OUT_OF_MEMORY,
     )
 
 
@@ -524,12 +525,12 @@ def _value_error(text: str, pool: DuckPool) -> SqlLimitError:
         return SqlLimitError(
             f"{what}: the inputs are too long for a function whose cost is the product of "
             "their lengths; compare shorter strings",
-            code="too_costly",
+            code=ErrorCode.TOO_COSTLY,
         )
     return SqlLimitError(
         f"{what} would build a value of more than SqlLimits.max_value_bytes="
         f"{pool.max_value_bytes} bytes; build a smaller value or raise the limit",
-        code="value_too_large",
+        code=ErrorCode.VALUE_TOO_LARGE,
     )
 
 
@@ -555,7 +556,7 @@ def _binder_error(message: str, relations: Sequence[str] | Mapping[str, Any]) ->
         hint = f"; did you mean {candidates[0]}?" if candidates else ""
         return SqlUnknownNameError(
             f"unknown column {name!r}{hint}" if name else "unknown column",
-            code="unknown_column",
+            code=ErrorCode.UNKNOWN_COLUMN,
             candidates=candidates,
             field=name,
         )

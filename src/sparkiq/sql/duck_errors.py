@@ -19,6 +19,7 @@ import logging
 import re
 from collections.abc import Callable
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.sql.errors import SqlError, SqlUnknownNameError
 
 __all__ = ["sql_type", "translate"]
@@ -68,7 +69,9 @@ def translate(message: str) -> SqlError:
             return error
     # Not one we know: DuckDB's words minus its error class, internal names and types
     words = re.sub(r"\b(U?INT(?:8|16|32|64|128))\b", lambda m: sql_type(m.group(1)), body)
-    return SqlError(f"the query failed: {words.rstrip('!.')}", code="execution", field=column)
+    return SqlError(
+        f"the query failed: {words.rstrip('!.')}", code=ErrorCode.EXECUTION, field=column
+    )
 
 
 def _conversion(found: re.Match[str], column: str | None, _: str) -> SqlError:
@@ -79,12 +82,12 @@ def _conversion(found: re.Match[str], column: str | None, _: str) -> SqlError:
             f"a value of its own type (a quoted string for a string column), or cast with "
             f"TRY_CAST({column} AS {target.upper()}), which gives NULL where a value does not "
             "convert",
-            code="invalid_value",
+            code=ErrorCode.INVALID_VALUE,
         )
     return SqlError(
         f"{value} is not {_a(target)}: write {_a(target)} value (numbers without quotes, "
         f"e.g. 5 rather than '5'), or compare with a column of the value's type",
-        code="invalid_value",
+        code=ErrorCode.INVALID_VALUE,
     )
 
 
@@ -97,7 +100,7 @@ def _out_of_range_cast(found: re.Match[str], column: str | None, _: str) -> SqlE
     return SqlError(
         f"the {source} value {value} is out of range for {target}: cast to a wider type "
         "(BIGINT, DECIMAL(38, 0) or DOUBLE)",
-        code="out_of_range",
+        code=ErrorCode.OUT_OF_RANGE,
     )
 
 
@@ -108,7 +111,7 @@ def _impossible_cast(found: re.Match[str], column: str | None, _: str) -> SqlErr
         f"{what} cannot be cast to {target}: SQL has no conversion between these types; "
         "cast to a type the value converts to (a number, string, date or timestamp type), "
         "or select a field of a struct (col.field) or an element of a list (col[1])",
-        code="impossible_cast",
+        code=ErrorCode.IMPOSSIBLE_CAST,
     )
 
 
@@ -118,7 +121,7 @@ def _bad_temporal(found: re.Match[str], column: str | None, _: str) -> SqlError:
     where = f"column {column} holds {value}, which" if column else f"'{value.strip(chr(34))}'"
     return SqlError(
         f"{where} is not a valid {kind}: write {kind}s as {shape}",
-        code="invalid_value",
+        code=ErrorCode.INVALID_VALUE,
     )
 
 
@@ -129,7 +132,7 @@ def _no_function(found: re.Match[str], column: str | None, message: str) -> SqlE
         return SqlError(
             f"operator {operator} cannot take ({args}): cast one side so both have one type, "
             "e.g. CAST(x AS BIGINT) or CAST(x AS VARCHAR)",
-            code="type_mismatch",
+            code=ErrorCode.TYPE_MISMATCH,
         )
     takes = sorted(
         {_types(m.group(1)) for m in re.finditer(rf"\n\s*{name}\(([^)]*)\)", message)} - {""}
@@ -138,7 +141,7 @@ def _no_function(found: re.Match[str], column: str | None, message: str) -> SqlE
     return SqlError(
         f"function {name}() cannot take ({args}){accepted}: cast the argument, e.g. "
         f"{name}(CAST(x AS ...))",
-        code="type_mismatch",
+        code=ErrorCode.TYPE_MISMATCH,
         field=name,
     )
 
@@ -154,7 +157,7 @@ def _compare(found: re.Match[str], column: str | None, _: str) -> SqlError:
     return SqlError(
         f"cannot compare {left} values with {right} values: cast one side, e.g. "
         "CAST(x AS VARCHAR), so both have one type",
-        code="type_mismatch",
+        code=ErrorCode.TYPE_MISMATCH,
     )
 
 
@@ -162,7 +165,7 @@ def _overflow(found: re.Match[str], column: str | None, _: str) -> SqlError:
     return SqlError(
         f"{sql_type(found.group(2))} overflow in {found.group(1)} of {found.group(3)}: cast "
         "an operand to a wider type first (BIGINT, DECIMAL(38, 0) or DOUBLE)",
-        code="out_of_range",
+        code=ErrorCode.OUT_OF_RANGE,
     )
 
 
@@ -171,13 +174,13 @@ def _grouping(found: re.Match[str], column: str | None, _: str) -> SqlError:
     return SqlError(
         f"column {name} must appear in GROUP BY or be used in an aggregate function "
         f"(e.g. max({name}) or any_value({name}))",
-        code="grouping",
+        code=ErrorCode.GROUPING,
         field=name,
     )
 
 
 def _negative_limit(found: re.Match[str], column: str | None, _: str) -> SqlError:
-    return SqlError("LIMIT and OFFSET cannot be negative", code="invalid_limit")
+    return SqlError("LIMIT and OFFSET cannot be negative", code=ErrorCode.INVALID_LIMIT)
 
 
 def _struct_key(found: re.Match[str], column: str | None, message: str) -> SqlError:
@@ -185,7 +188,7 @@ def _struct_key(found: re.Match[str], column: str | None, message: str) -> SqlEr
     known = f"; its fields: {fields}" if "Candidate Entries:" in message else ""
     return SqlUnknownNameError(
         f"the struct has no field {found.group(1)!r}{known}",
-        code="unknown_field",
+        code=ErrorCode.UNKNOWN_FIELD,
         field=found.group(1),
         candidates=fields,
     )
@@ -194,7 +197,7 @@ def _struct_key(found: re.Match[str], column: str | None, message: str) -> SqlEr
 def _set_columns(found: re.Match[str], column: str | None, _: str) -> SqlError:
     return SqlError(
         "each side of UNION, INTERSECT or EXCEPT must select the same number of columns",
-        code="set_operation",
+        code=ErrorCode.SET_OPERATION,
     )
 
 

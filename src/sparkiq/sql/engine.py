@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 from sqlglot import exp
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import InvalidQueryError
 from sparkiq.principals import check_read
 from sparkiq.query.position import Position, PositionBound
@@ -120,7 +121,7 @@ class SqlEngine:
                 f"the statement holds {terms} literal values and AND/OR terms, more than "
                 f"SqlLimits.max_terms={self.limits.max_terms}; split a long IN list or "
                 "OR chain into several statements, or select a key range",
-                code="too_many_terms",
+                code=ErrorCode.TOO_MANY_TERMS,
             )
         if shaped is not None:
             template = self._by_shape.get(shaped[0])
@@ -265,7 +266,7 @@ class SqlEngine:
             raise SqlLimitError(
                 f"page_size {page_size} exceeds SqlLimits.max_page_size="
                 f"{self.limits.max_page_size}",
-                code="page_too_large",
+                code=ErrorCode.PAGE_TOO_LARGE,
                 field="page_size",
             )
         if plan.explain:
@@ -336,7 +337,7 @@ class SqlEngine:
             raise SqlLimitError(
                 f"the result has more than SqlLimits.max_result_rows={self.limits.max_result_rows} "
                 "rows; add a LIMIT, narrow the WHERE, or page with page_size=",
-                code="too_many_rows",
+                code=ErrorCode.TOO_MANY_ROWS,
             )
 
     def _general(
@@ -492,12 +493,12 @@ class SqlEngine:
             raise SqlUnsupportedError(
                 f"AS OF TIMESTAMP on {table!r} is not supported by this source; use a "
                 "batch id (AS OF 12)",
-                code="unsupported_as_of",
+                code=ErrorCode.UNSUPPORTED_AS_OF,
             )
         try:
             return source.batch_at_time(table, as_of)
         except InvalidQueryError as exc:
-            raise SqlError(exc.message, code="bad_as_of", field=table) from None
+            raise SqlError(exc.message, code=ErrorCode.BAD_AS_OF, field=table) from None
 
     def _columnar_sql(
         self, plan: Plan, columnar: tuple[str, ...], page_size: int | None, offset: int | None
@@ -567,7 +568,7 @@ def _remaining(deadline: float) -> float:
     if left <= 0:
         raise SqlLimitError(
             "the query ran out of time (SqlLimits.timeout_seconds); narrow it or raise the limit",
-            code="timeout",
+            code=ErrorCode.TIMEOUT,
         )
     return left
 

@@ -14,16 +14,18 @@ catch invalid queries catch these too)::
                                 :class:`~sparkiq.query.FailureReason`): the query is refused
                                 rather than answered with rows missing
 
-``code`` is a short stable identifier for programs (``"syntax"``, ``"unknown_column"``...);
-``message`` is for people.
+``code`` is the error's :class:`~sparkiq.error_codes.ErrorCode` (``"syntax"``,
+``"unknown_column"``...: its row in the table says the HTTP status and SQLSTATE); ``message``
+is for people.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Self
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import InvalidQueryError
 
 __all__ = [
@@ -48,13 +50,13 @@ class SqlError(InvalidQueryError):
     ``candidates`` the closest valid names.
     """
 
-    code = "sql_error"
+    code = ErrorCode.SQL_ERROR
 
     def __init__(
         self,
         message: str,
         *,
-        code: str | None = None,
+        code: ErrorCode | None = None,
         line: int | None = None,
         column: int | None = None,
         snippet: str | None = None,
@@ -64,13 +66,12 @@ class SqlError(InvalidQueryError):
         partition: int | None = None,
         position: Any = None,
     ) -> None:
-        super().__init__(message, store=store, partition=partition, position=position)
-        if code is not None:
-            self.code = code
+        super().__init__(
+            message, code=code, field=field, store=store, partition=partition, position=position
+        )
         self.line = line
         self.column = column
         self.snippet = snippet
-        self.field = field
         self.candidates = tuple(candidates)
 
     def __str__(self) -> str:
@@ -81,10 +82,19 @@ class SqlError(InvalidQueryError):
             text += "\n" + self.snippet
         return text
 
+    @classmethod
+    def from_answer(cls, code: ErrorCode, doc: Mapping[str, Any], status: int) -> Self:
+        """The error of an answer, keeping where the problem is (the caret snippet)."""
+        error = super().from_answer(code, doc, status)
+        error.line, error.column = doc.get("line"), doc.get("column")
+        error.snippet = doc.get("snippet")
+        error.candidates = tuple(doc.get("candidates") or ())
+        return error
+
     def to_dict(self) -> dict[str, Any]:
         """The error as plain data (for JSON answers)."""
         return {
-            "code": self.code,
+            "code": self.code.wire,
             "message": self.message,
             "line": self.line,
             "column": self.column,
@@ -97,31 +107,31 @@ class SqlError(InvalidQueryError):
 class SqlSyntaxError(SqlError):
     """The statement does not parse."""
 
-    code = "syntax"
+    code = ErrorCode.SYNTAX
 
 
 class SqlUnsupportedError(SqlError):
     """Valid SQL that a pull query does not allow or support."""
 
-    code = "unsupported"
+    code = ErrorCode.UNSUPPORTED
 
 
 class SqlUnknownNameError(SqlError):
     """A table or column name that does not exist (``candidates`` lists close ones)."""
 
-    code = "unknown_name"
+    code = ErrorCode.UNKNOWN_NAME
 
 
 class SqlLimitError(SqlError):
     """A configured limit (statement size, result rows, time, page size) was exceeded."""
 
-    code = "limit"
+    code = ErrorCode.LIMIT
 
 
 class SqlPartitionError(SqlError):
     """A partition failed to answer; ``reason`` is its FailureReason name."""
 
-    code = "partition_failed"
+    code = ErrorCode.PARTITION_FAILED
 
     def __init__(self, message: str, *, reason: str, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
@@ -135,7 +145,7 @@ def push_query_error() -> SqlUnsupportedError:
     return SqlUnsupportedError(
         "EMIT CHANGES makes a push query: run it with stream() (App.stream, "
         "Client.stream); sql() runs pull queries, which answer once",
-        code="push_query",
+        code=ErrorCode.PUSH_QUERY,
     )
 
 

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.query.queries import Query
 from sparkiq.query.result import QueryResult
 from sparkiq.schema.arrowrows import KEY_COLUMN, WINDOWSTART, ArrowRows
@@ -103,11 +104,14 @@ def _check_fragment_sql(sql: str) -> None:
             return
     parsed = parse(sql)
     if parsed.explain:
-        raise SqlUnsupportedError("a fragment cannot be EXPLAIN", code="forbidden_statement")
+        raise SqlUnsupportedError(
+            "a fragment cannot be EXPLAIN", code=ErrorCode.FORBIDDEN_STATEMENT
+        )
     for table in parsed.tree.find_all(exp.Table):
         if table.name != PART:
             raise SqlUnsupportedError(
-                f"a fragment may only read {PART}, not {table.name!r}", code="forbidden_table"
+                f"a fragment may only read {PART}, not {table.name!r}",
+                code=ErrorCode.FORBIDDEN_TABLE,
             )
     with _checked_lock:
         _checked[sql] = None

@@ -12,9 +12,9 @@ this execution, :func:`bind_access` chooses:
   order is the key's natural order, so exclusive ends are exact in bytes (``prefix_end``);
 - window start bounds (from ``WINDOWSTART`` and ``WINDOWEND`` predicates), inclusive.
 
-A literal that does not convert exactly to its key column's type is simply not pushed: the
-query's full ``WHERE`` is always evaluated on what the stores return, so accesses only
-ever narrow what is read, never what is answered.
+A literal that does not convert exactly to its key column's type is simply not pushed (its
+value reads as :data:`NO_VALUE`): the query's full ``WHERE`` is always evaluated on what the
+stores return, so accesses only ever narrow what is read, never what is answered.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from enum import Enum
 from itertools import product
-from typing import Any
+from typing import Any, Final
 
 from sqlglot import exp
 
@@ -35,7 +36,7 @@ from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 from sparkiq.sql.analyze import Term
 
-__all__ = ["KeyAccess", "NoValue", "bind_access", "literal_value"]
+__all__ = ["NO_VALUE", "KeyAccess", "bind_access", "literal_value"]
 
 
 #: Largest decimal exponent of a literal that may become a key value: no key type holds
@@ -43,8 +44,13 @@ __all__ = ["KeyAccess", "NoValue", "bind_access", "literal_value"]
 _MAX_EXPONENT = 80
 
 
-class NoValue(Exception):
-    """A literal cannot be used as a key value (the predicate stays a filter only)."""
+class _Unusable(Enum):
+    NO_VALUE = "no value"
+
+
+#: What a literal that cannot be used as a key value reads as (the predicate stays a filter
+#: only): a value of its own, never equal to any key value, so ``None`` stays a literal.
+NO_VALUE: Final = _Unusable.NO_VALUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +79,8 @@ FULL_SCAN = KeyAccess(exact=False)
 
 
 def literal_value(node: exp.Expr, params: Sequence[Any]) -> Any:
-    """The Python value of a literal-like node (see ``analyze.literal_like``)."""
+    """The Python value of a literal-like node (see ``analyze.literal_like``), or
+    :data:`NO_VALUE`."""
     if isinstance(node, exp.Placeholder):
         index = int(str(node.name)[2:])
         return params[index]
@@ -85,20 +92,20 @@ def literal_value(node: exp.Expr, params: Sequence[Any]) -> Any:
             return value.copy_negate()  # exact: no context, so no overflow
         if isinstance(value, int) and not isinstance(value, bool):
             return -value
-        raise NoValue
+        return NO_VALUE
     if isinstance(node, exp.Cast):
         value = literal_value(node.this, params)
         target = node.to.this
         if not isinstance(value, str):
-            raise NoValue
+            return NO_VALUE
         try:
             if target == exp.DataType.Type.DATE:
                 return dt.date.fromisoformat(value)
             if target in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPNTZ):
                 return dt.datetime.fromisoformat(value)
         except ValueError:
-            raise NoValue from None
-        raise NoValue
+            return NO_VALUE
+        return NO_VALUE
     if isinstance(node, exp.Literal):
         text = str(node.this)
         if node.is_string:
@@ -108,17 +115,17 @@ def literal_value(node: exp.Expr, params: Sequence[Any]) -> Any:
         except ValueError:
             number = Decimal(text)
         if not number.is_finite() or abs(number.adjusted()) > _MAX_EXPONENT:
-            raise NoValue  # no key column holds it; DuckDB's filter decides alone
+            return NO_VALUE  # no key column holds it; DuckDB's filter decides alone
         return number
-    raise NoValue
+    return NO_VALUE
 
 
 def _typed(value: Any, dtype: DataType) -> Any:
-    """A literal's value as a user key value of ``dtype``, or NoValue."""
+    """A literal's value as a user key value of ``dtype``, or :data:`NO_VALUE`."""
     kind = KINDS.get(dtype.name)
     python = None if kind is None else kind.python
-    if value is None or (isinstance(value, bool) and python is not bool):
-        raise NoValue
+    if value is None or value is NO_VALUE or (isinstance(value, bool) and python is not bool):
+        return NO_VALUE
     if python is str and isinstance(value, str):
         return value
     if python is int and isinstance(value, int):
@@ -141,14 +148,16 @@ def _typed(value: Any, dtype: DataType) -> Any:
             if isinstance(value, dt.date):
                 return dt.datetime(value.year, value.month, value.day)
     except ValueError:
-        raise NoValue from None
-    raise NoValue
+        return NO_VALUE
+    return NO_VALUE
 
 
-def _window_micros(value: Any, schema: TableSchema) -> int:
+def _window_micros(value: Any, schema: TableSchema) -> int | None:
+    """A window start bound in internal microseconds; None when ``value`` is not one."""
     start_type, start = schema.window_start_type, schema.window_start
     assert start_type is not None and start is not None
-    return start.to_internal(_typed(value, start_type))
+    typed = _typed(value, start_type)
+    return None if typed is NO_VALUE else start.to_internal(typed)
 
 
 def _encode_prefix(codec: KeyCodec, width: int, internal: Sequence[Any]) -> bytes:
@@ -176,8 +185,10 @@ def bind_access(
                 value = _typed(
                     literal_value(term.values[0], params), schema.field(term.column).type
                 )
+                if value is NO_VALUE:
+                    return KeyAccess(exact=False)
                 codec.to_internal(value)
-            except (NoValue, IndexError, InvalidQueryError):
+            except (IndexError, InvalidQueryError):
                 return KeyAccess(exact=False)
             return KeyAccess((value,))
     columns = schema.key_columns
@@ -192,7 +203,10 @@ def bind_access(
         try:
             if term.column in (WINDOWSTART, WINDOWEND):
                 exact = converted = False
-                micros = [_window_micros(literal_value(v, params), schema) for v in term.values]
+                found = [_window_micros(literal_value(v, params), schema) for v in term.values]
+                micros = [m for m in found if m is not None]
+                if len(micros) < len(found):
+                    continue
                 if term.column == WINDOWSTART and term.op in ("=", ">", ">=", "in"):
                     low = min(micros)
                     window_from = low if window_from is None else max(window_from, low)
@@ -202,7 +216,10 @@ def bind_access(
                 continue
             dtype = schema.field(term.column).type
             values = [_typed(literal_value(v, params), dtype) for v in term.values]
-        except (NoValue, IndexError, OverflowError):
+        except (IndexError, OverflowError):
+            exact = converted = False
+            continue
+        if any(v is NO_VALUE for v in values):
             exact = converted = False
             continue
         if term.op in ("=", "in"):
@@ -280,7 +297,7 @@ def bind_access(
             enc = _encode_prefix(codec, width, prefix)
             lower = enc if lower is None else max(lower, enc)
             upper = prefix_end(enc) if upper is None else min(upper, prefix_end(enc))
-    except (InvalidQueryError, NoValue):
+    except InvalidQueryError:
         return KeyAccess(window_from=window_from, window_to=window_to, exact=False)
     bounds_only = converted and width == 1 and not sets and schema.window_column is None
     return KeyAccess(

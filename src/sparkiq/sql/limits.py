@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from sparkiq.envsettings import dataclass_from_env
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ConfigError
 from sparkiq.sql.duck import parse_size
 from sparkiq.sql.errors import SqlLimitError
@@ -89,7 +90,7 @@ class SqlLimits:
             raise SqlLimitError(
                 f"the statement has {len(text)} characters, more than "
                 f"SqlLimits.max_statement_chars={self.max_statement_chars}",
-                code="statement_too_long",
+                code=ErrorCode.STATEMENT_TOO_LONG,
             )
 
     @staticmethod

@@ -34,6 +34,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.query.position import Position
 from sparkiq.sql.errors import SqlError
 
@@ -169,4 +170,4 @@ class Reading:
 
 
 def _bad(message: str) -> SqlError:
-    return SqlError(message, code="bad_page_token", field="page_token")
+    return SqlError(message, code=ErrorCode.BAD_PAGE_TOKEN, field="page_token")

@@ -26,6 +26,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.sql.errors import (
     SqlLimitError,
     SqlSyntaxError,
@@ -167,7 +168,7 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
         if following is not None and following[0] in ("ANALYZE", "ANALYSE"):
             raise SqlUnsupportedError(
                 "EXPLAIN ANALYZE is not supported; use EXPLAIN SELECT ... to see the plan",
-                code="unsupported_statement",
+                code=ErrorCode.UNSUPPORTED_STATEMENT,
             )
     check_nesting(body)
     check_numbers(body)
@@ -187,7 +188,7 @@ def parse(text: str, *, placeholders: bool = False) -> Parsed:
     if len(statements) > 1:
         raise SqlUnsupportedError(
             f"found {len(statements)} statements; send one SELECT per call",
-            code="multiple_statements",
+            code=ErrorCode.MULTIPLE_STATEMENTS,
         )
     tree = statements[0]
     try:
@@ -222,7 +223,7 @@ def too_deep(
     return SqlLimitError(
         f"the statement nests parentheses, subqueries or CASE deeper than {MAX_NESTING} "
         "levels; flatten it (e.g. a CTE per level, or IN (...) instead of nested ORs)",
-        code="nesting_too_deep",
+        code=ErrorCode.NESTING_TOO_DEEP,
         line=line,
         column=column,
         snippet=snippet,
@@ -306,14 +307,14 @@ def check_tree(tree: exp.Expr, text: str, *, placeholders: bool = False) -> None
             f"{kind} statements are not allowed: queries here only read. Write a SELECT over "
             "a table (e.g. SELECT * FROM orders WHERE id = 7), or EXPLAIN SELECT to see its "
             "plan; tables change only through the streaming query that writes them",
-            code="forbidden_statement",
+            code=ErrorCode.FORBIDDEN_STATEMENT,
             field=kind,
         )
     for node in tree.walk():
         if isinstance(node, _STATEMENT_NODES):
             raise SqlUnsupportedError(
                 f"{node.key.upper()} is not allowed inside a query; pull queries only read",
-                code="forbidden_statement",
+                code=ErrorCode.FORBIDDEN_STATEMENT,
                 field=node.key.upper(),
                 **_where(text, node),
             )
@@ -325,7 +326,7 @@ def check_tree(tree: exp.Expr, text: str, *, placeholders: bool = False) -> None
             raise SqlUnsupportedError(
                 f"call {node.expression.sql(dialect=DIALECT)} by its bare name, not "
                 "qualified by a schema or as a method (x.f())",
-                code="qualified_function",
+                code=ErrorCode.QUALIFIED_FUNCTION,
                 **_where(text, node),
             )
         elif isinstance(node, exp.Func):
@@ -334,7 +335,7 @@ def check_tree(tree: exp.Expr, text: str, *, placeholders: bool = False) -> None
                 raise SqlUnsupportedError(
                     f"function {name.lower()}() is not allowed: pull queries read only "
                     "materialized tables, never files, settings or the catalog",
-                    code="forbidden_function",
+                    code=ErrorCode.FORBIDDEN_FUNCTION,
                     field=name.lower(),
                     **_where(text, node),
                 )
@@ -343,7 +344,7 @@ def check_tree(tree: exp.Expr, text: str, *, placeholders: bool = False) -> None
                 continue
             raise SqlUnsupportedError(
                 "query parameters (?, $1, :name) are not supported; write the values as literals",
-                code="parameters",
+                code=ErrorCode.PARAMETERS,
             )
 
 
@@ -361,7 +362,7 @@ def _check_table(node: exp.Table, text: str) -> None:
         raise SqlUnsupportedError(
             f"table function {str(name).lower()}() is not allowed in FROM; query a "
             "materialized table by its name",
-            code="forbidden_function",
+            code=ErrorCode.FORBIDDEN_FUNCTION,
             field=str(name).lower(),
             **_where(text, node),
         )
@@ -369,7 +370,7 @@ def _check_table(node: exp.Table, text: str) -> None:
         raise SqlUnsupportedError(
             f"qualified table name {node.sql(dialect=DIALECT)} is not supported; use the bare "
             "table name",
-            code="qualified_table",
+            code=ErrorCode.QUALIFIED_TABLE,
             field=node.name,
             **_where(text, node),
         )

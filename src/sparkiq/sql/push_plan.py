@@ -26,6 +26,7 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import InvalidQueryError
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
@@ -42,7 +43,7 @@ Fn = Callable[[Row], Any]
 class PushQueryError(InvalidQueryError):
     """A push query statement is malformed or uses what push queries do not support."""
 
-    code = "push_query_invalid"
+    code = ErrorCode.PUSH_QUERY_INVALID
 
 
 # -- statement analysis -----------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery, Query, RangeQuery, WindowKeyQuery
 from sparkiq.query.request import StateQueryRequest
@@ -53,7 +54,7 @@ def check(store: str, result: StateQueryResult[Any]) -> None:
                 f"{answer.failure_message}; the statement was refused rather than answered "
                 "without that partition's rows",
                 reason=reason,
-                code="partition_failed",
+                code=ErrorCode.PARTITION_FAILED,
                 store=store,
                 partition=partition,
                 position=answer.position,

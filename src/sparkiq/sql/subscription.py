@@ -43,6 +43,7 @@ from sparkiq.changelog.feed import (
     require_after,
 )
 from sparkiq.changelog.source import ChangelogSource
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ChangelogError, SparkiqError
 from sparkiq.query.position import Position
 from sparkiq.sql.change import BatchPosition, Change
@@ -61,20 +62,20 @@ class SubscriptionError(SparkiqError):
     """A subscription cannot go on (the hub closed, the changelog cannot be read);
     ``position`` is the consumer's position, to resume from."""
 
-    code = "push_failed"
+    code = ErrorCode.PUSH_FAILED
 
 
 class SlowConsumerError(SubscriptionError):
     """The consumer fell more than ``buffer_limit`` changes behind; resume from ``position``."""
 
-    code = "slow_consumer"
+    code = ErrorCode.SLOW_CONSUMER
 
 
 class PositionExpiredError(SubscriptionError):
     """Changes after the position asked for are gone (retention deleted them): start again
     with ``snapshot=True``, or keep the changelog longer."""
 
-    code = "position_expired"
+    code = ErrorCode.POSITION_EXPIRED
 
 
 _Item = Change | Position  # a change, or "the consumer has seen everything up to here"

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sparkiq.errors import StoreError
+
 __all__ = [
     "DELETED",
     "ChunkKeys",
@@ -45,8 +47,11 @@ _ROW_MASK = (1 << _ROW_BITS) - 1
 DELETED = -1
 
 
-class HashCollision(Exception):
+class HashCollision(StoreError):
     """Two different keys share a hash: :class:`CurrentKeys` cannot tell them apart."""
+
+    def __init__(self, message: str = "two different keys share a hash") -> None:
+        super().__init__(message)
 
 
 _hash = hash  # a module global, so that a test can make keys collide

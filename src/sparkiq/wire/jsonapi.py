@@ -61,9 +61,7 @@ _VERSION_ORDERS = {
 
 def field_error(field: str, message: str) -> InvalidQueryError:
     """An :class:`InvalidQueryError` about one request field."""
-    error = InvalidQueryError(f"{field}: {message}")
-    error.field = field  # type: ignore[attr-defined]
-    return error
+    return InvalidQueryError(f"{field}: {message}", field=field)
 
 
 def _default(value: Any) -> Any:

@@ -40,11 +40,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
+import orjson
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import InvalidQueryError, SparkiqError
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import Query, ResultOrder
@@ -52,7 +54,7 @@ from sparkiq.query.registry import query_type, query_type_name, query_type_names
 from sparkiq.query.request import StateQueryRequest, partition_list_problem
 from sparkiq.query.result import FailureReason, QueryResult, RowIterator, StateQueryResult
 from sparkiq.query.versioned import VersionedRecord
-from sparkiq.wire.values import pack, register_enum, register_record, unpack
+from sparkiq.wire.values import pack, register_enum, register_record, unpack, unpack_plain
 
 __all__ = [
     "CONTENT_TYPE",
@@ -63,6 +65,7 @@ __all__ = [
     "decode_request",
     "encode_request",
     "error_frame",
+    "error_of",
     "read_frames",
     "result_frames",
     "results_from_frames",
@@ -79,12 +82,36 @@ register_record(VersionedRecord, "VersionedRecord")
 
 
 class RemoteError(SparkiqError):
-    """A node refused a request as a whole; ``code`` and ``field`` say why."""
+    """Another node (or whatever answered) refused or failed a request as a whole; ``code``
+    and ``field`` are its answer's (a code this version does not know reads as itself).
+    This node's own answer about it is ``upstream_unavailable``: the fault is elsewhere."""
 
-    def __init__(self, message: str, *, code: str = "error", field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.field = field
+    code = ErrorCode.UPSTREAM_UNAVAILABLE
+
+    @property
+    def reply_code(self) -> ErrorCode:
+        return ErrorCode.UPSTREAM_UNAVAILABLE
+
+    @classmethod
+    def from_answer(cls, code: ErrorCode, doc: Mapping[str, Any], status: int) -> RemoteError:
+        error = super().from_answer(code, doc, status)
+        error.message = f"{status}: {error.message}"
+        error.args = (error.message,)
+        return error
+
+
+def error_of(body: bytes) -> dict[str, Any] | None:
+    """The ``error`` member of an error answer's body (JSON or MessagePack, both with
+    ``code`` and ``message``), or None when the body is not one: something other than a
+    sparkiq node answered."""
+    for decode in (orjson.loads, unpack_plain):
+        try:
+            error = decode(body)["error"]
+        except Exception:  # not this encoding (or not an error answer): try the next
+            continue
+        if isinstance(error, dict) and "code" in error and "message" in error:
+            return error
+    return None
 
 
 def encode_request(request: StateQueryRequest, *, local: bool = False) -> bytes:
@@ -189,9 +216,7 @@ def decode_request(body: bytes) -> tuple[StateQueryRequest, bool]:
 
 
 def _field_error(field: str, message: str) -> InvalidQueryError:
-    error = InvalidQueryError(f"{field}: {message}")
-    error.field = field  # type: ignore[attr-defined]
-    return error
+    return InvalidQueryError(f"{field}: {message}", field=field)
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -202,8 +227,10 @@ def _frame(doc: Any) -> bytes:
     return _LENGTH.pack(len(data)) + data
 
 
-def error_frame(code: str, message: str, field: str | None = None) -> bytes:
-    return _frame({"error": {"code": code, "message": message, "field": field}})
+def error_frame(code: ErrorCode | str, message: str, field: str | None = None) -> bytes:
+    return _frame(
+        {"error": {"code": ErrorCode.parse(code).wire, "message": message, "field": field}}
+    )
 
 
 def result_frames(results: StateQueryResult[Any]) -> Iterator[bytes]:
@@ -265,7 +292,9 @@ def read_frames(chunks: Iterable[bytes]) -> Iterator[Any]:
             try:
                 frame = unpack(memoryview(buffer)[4 : 4 + length].tobytes())
             except ValueError as exc:
-                raise RemoteError(f"malformed response frame: {exc}", code="bad_frame") from None
+                raise RemoteError(
+                    f"malformed response frame: {exc}", code=ErrorCode.BAD_FRAME
+                ) from None
             del buffer[: 4 + length]
             yield frame
     if buffer:
@@ -293,7 +322,7 @@ def results_from_frames(
                 error = frame["error"]
                 raise RemoteError(
                     str(error.get("message", "request refused")),
-                    code=str(error.get("code", "error")),
+                    code=ErrorCode.parse(str(error.get("code") or ErrorCode.UPSTREAM_UNAVAILABLE)),
                     field=error.get("field"),
                 )
             header = _header(frame)
@@ -350,7 +379,7 @@ def _header(frame: Any) -> _Header:
         return _Header(partition, position, None, "", kind, info)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RemoteError(
-            f"malformed partition header frame {frame!r:.200}: {exc!r}", code="bad_frame"
+            f"malformed partition header frame {frame!r:.200}: {exc!r}", code=ErrorCode.BAD_FRAME
         ) from None
 
 
@@ -358,13 +387,13 @@ def _rows_of(frames: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
     """The rows of one partition, from the frames that follow its header."""
     for frame in frames:
         if not isinstance(frame, dict):
-            raise RemoteError(f"malformed rows frame {frame!r:.200}", code="bad_frame")
+            raise RemoteError(f"malformed rows frame {frame!r:.200}", code=ErrorCode.BAD_FRAME)
         if frame.get("end"):
             return
         rows = frame.get("rows")
         if not isinstance(rows, list) or not all(
             isinstance(item, list | tuple) and len(item) == 2 for item in rows
         ):
-            raise RemoteError(f"malformed rows frame {frame!r:.200}", code="bad_frame")
+            raise RemoteError(f"malformed rows frame {frame!r:.200}", code=ErrorCode.BAD_FRAME)
         yield from rows
     raise RemoteError("the response ended before the partition's last row (node went away?)")

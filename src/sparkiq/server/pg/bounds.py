@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.sql.errors import SqlError
 
@@ -39,7 +40,7 @@ def check_setting(name: str, value: str) -> None:
         raise SqlError(
             f'unrecognized configuration parameter "{name}": sparkiq knows {AFTER} '
             f"('topic:partition:offset,...') and {BOUND} (a position token)",
-            code="unknown_setting",
+            code=ErrorCode.UNKNOWN_SETTING,
         )
 
 
@@ -57,19 +58,19 @@ def _after(value: str) -> PositionBound:
     items = [item.strip() for item in value.split(",") if item.strip()]
     form = f"expected {AFTER} = 'topic:partition:offset[,topic:partition:offset...]'"
     if not items:
-        raise SqlError(f"{form}, got an empty value", code="invalid_parameter_value")
+        raise SqlError(f"{form}, got an empty value", code=ErrorCode.INVALID_PARAMETER_VALUE)
     if len(items) > _MAX_AFTER_ITEMS:
         raise SqlError(
             f"{AFTER} names {len(items)} records; at most {_MAX_AFTER_ITEMS} (the highest "
             "offset of each partition is enough)",
-            code="invalid_parameter_value",
+            code=ErrorCode.INVALID_PARAMETER_VALUE,
         )
     acks = []
     for item in items:
         topic, _, rest = item.rpartition(":")
         topic, _, partition = topic.rpartition(":")
         if not topic or not partition.isdigit() or not rest.isdigit():
-            raise SqlError(f"{form}, got {item!r}", code="invalid_parameter_value")
+            raise SqlError(f"{form}, got {item!r}", code=ErrorCode.INVALID_PARAMETER_VALUE)
         acks.append((topic, int(partition), int(rest)))
     return PositionBound.after(*acks)
 
@@ -78,4 +79,4 @@ def _bound(token: str) -> PositionBound:
     try:
         return PositionBound.at(Position.from_token(token))
     except ValueError as exc:
-        raise SqlError(f"{BOUND}: {exc}", code="invalid_parameter_value") from None
+        raise SqlError(f"{BOUND}: {exc}", code=ErrorCode.INVALID_PARAMETER_VALUE) from None

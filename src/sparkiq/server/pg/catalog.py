@@ -29,6 +29,7 @@ import duckdb
 import pyarrow as pa
 import sqlglot
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import UnknownStoreError
 from sparkiq.principals import readable
 from sparkiq.schema.kinds import KINDS
@@ -244,7 +245,7 @@ class Catalog:
             except duckdb.InterruptException:
                 raise SqlLimitError(
                     "the catalog query ran out of time (SqlLimits.timeout_seconds)",
-                    code="timeout",
+                    code=ErrorCode.TIMEOUT,
                 ) from None
             except duckdb.ParserException as exc:
                 raise SqlSyntaxError(f"catalog query: {exc}") from None
@@ -256,7 +257,7 @@ class Catalog:
             except duckdb.Error as exc:
                 raise SqlUnsupportedError(
                     f"this catalog query is not supported by sparkiq's Postgres endpoint: {exc}",
-                    code="catalog",
+                    code=ErrorCode.CATALOG,
                 ) from None
             finally:
                 timer.cancel()
@@ -264,7 +265,7 @@ class Catalog:
                 raise SqlLimitError(
                     f"the catalog query returns more than SqlLimits.max_result_rows="
                     f"{self.limits.max_result_rows} rows",
-                    code="result_rows",
+                    code=ErrorCode.RESULT_ROWS,
                 )
             names = _unique([renames.get(d[0], d[0]) for d in cursor.description])
             lists = [column.to_pylist() for column in fetched.columns]
@@ -378,7 +379,9 @@ def _show(catalog: Catalog, text: str, words: list[str], settings: dict[str, str
         return Answer([text_column("name"), text_column("setting")], rows, "SHOW")
     value = lowered.get(name)
     if value is None:
-        raise SqlError(f'unrecognized configuration parameter "{name}"', code="unknown_setting")
+        raise SqlError(
+            f'unrecognized configuration parameter "{name}"', code=ErrorCode.UNKNOWN_SETTING
+        )
     return Answer([text_column(name)], [{name: value}], "SHOW")
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.server.pg.statements import code_only
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.sql.errors import SqlSyntaxError, SqlUnsupportedError
@@ -77,7 +78,7 @@ def parse_copy(text: str) -> CopyOut:
         raise SqlUnsupportedError(
             "COPY ... FROM writes rows; sparkiq serves read-only tables written by Spark: "
             "COPY (SELECT ...) TO STDOUT reads them",
-            code="forbidden_statement",
+            code=ErrorCode.FORBIDDEN_STATEMENT,
         )
     target = _TARGET.match(rest)
     if target is None:
@@ -86,7 +87,7 @@ def parse_copy(text: str) -> CopyOut:
         raise SqlUnsupportedError(
             "COPY ... TO a file or a program would touch the server's files; copy to the "
             "client instead: COPY (SELECT ...) TO STDOUT (psql: \\copy)",
-            code="forbidden_statement",
+            code=ErrorCode.FORBIDDEN_STATEMENT,
         )
     return _options(query, rest[target.end() :])
 
@@ -133,7 +134,7 @@ def _options(query: str, text: str) -> CopyOut:
                 raise SqlUnsupportedError(
                     f"COPY option {words[index]!r} is not supported; sparkiq copies out with "
                     "FORMAT text|csv|binary, HEADER, DELIMITER and NULL",
-                    code="copy_option",
+                    code=ErrorCode.COPY_OPTION,
                 )
             index += 1
     fmt = settings.get("format", "text")
@@ -160,7 +161,8 @@ def _option(settings: dict[str, Any], name: str, value: str) -> None:
     if name == "format":
         if literal.lower() not in ("text", "csv", "binary"):
             raise SqlUnsupportedError(
-                f"COPY FORMAT {literal!r}: sparkiq writes text, csv or binary", code="copy_option"
+                f"COPY FORMAT {literal!r}: sparkiq writes text, csv or binary",
+                code=ErrorCode.COPY_OPTION,
             )
         settings["format"] = literal.lower()
     elif name == "header":
@@ -178,7 +180,7 @@ def _option(settings: dict[str, Any], name: str, value: str) -> None:
         raise SqlUnsupportedError(
             f"COPY option {name!r} is not supported; sparkiq copies out with FORMAT "
             "text|csv|binary, HEADER, DELIMITER and NULL",
-            code="copy_option",
+            code=ErrorCode.COPY_OPTION,
         )
 
 

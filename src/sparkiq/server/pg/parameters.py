@@ -20,6 +20,7 @@ import struct
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.server.pg.arrays import ARRAY_ELEMENTS, array_parameter
 from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.statements import code_segments
@@ -58,7 +59,7 @@ def _numeric(data: bytes, max_digits: int) -> str:
         raise SqlLimitError(
             f"a numeric of {max(before, 0)} digits before the point and {after} after, more "
             f"than SPARKIQ_PG_MAX_NUMERIC_DIGITS={max_digits}",
-            code="parameter_too_large",
+            code=ErrorCode.PARAMETER_TOO_LARGE,
         )
     digits = struct.unpack(f"!{count}H", data[8:])
     if any(d > 9999 for d in digits):
@@ -119,7 +120,7 @@ def bind_parameters(
         raise SqlLimitError(
             f"the Bind carries {len(values)} parameter values, more than "
             f"SPARKIQ_PG_MAX_PARAMETERS={limits.max_parameters}",
-            code="too_many_parameters",
+            code=ErrorCode.TOO_MANY_PARAMETERS,
         )
     literals: dict[int, str] = {}
     size = 0
@@ -139,7 +140,7 @@ def bind_parameters(
         if not 0 <= index < len(values):
             raise SqlUnsupportedError(
                 f"parameter ${index + 1} has no value ({len(values)} were bound)",
-                code="parameters",
+                code=ErrorCode.PARAMETERS,
             )
         value = literal(index)
         size += len(value) - len(match.group(0))
@@ -148,7 +149,7 @@ def bind_parameters(
                 f"the statement with its parameters bound (as far as ${index + 1}) is longer "
                 f"than SqlLimits.max_statement_chars={max_chars} characters "
                 "(SPARKIQ_SQL_MAX_STATEMENT_CHARS)",
-                code="statement_too_long",
+                code=ErrorCode.STATEMENT_TOO_LONG,
             )
         return value
 
@@ -166,7 +167,7 @@ def _bounded_literal(index: int, value: bytes | None, fmt: int, oid: int, limits
         raise SqlLimitError(
             f"{name} is {len(value)} bytes, more than "
             f"SPARKIQ_PG_MAX_PARAMETER_CHARS={limits.max_parameter_chars}",
-            code="parameter_too_large",
+            code=ErrorCode.PARAMETER_TOO_LARGE,
         )
     try:
         out = _literal(value, fmt, oid, limits)
@@ -178,13 +179,13 @@ def _bounded_literal(index: int, value: bytes | None, fmt: int, oid: int, limits
         reason = str(exc) if isinstance(exc, _Invalid) else "it cannot be read as its type"
         raise SqlError(
             f"{name} is not a valid value of type OID {oid} in format {fmt}: {reason}",
-            code="invalid_parameter",
+            code=ErrorCode.INVALID_PARAMETER,
         ) from None
     if len(out) > limits.max_parameter_chars:  # quoting doubles quotes; numbers grow
         raise SqlLimitError(
             f"{name} is {len(out)} characters as a SQL literal, more than "
             f"SPARKIQ_PG_MAX_PARAMETER_CHARS={limits.max_parameter_chars}",
-            code="parameter_too_large",
+            code=ErrorCode.PARAMETER_TOO_LARGE,
         )
     return out
 
@@ -211,7 +212,7 @@ def _literal(value: bytes | None, fmt: int, oid: int, limits: PgLimits) -> str:
             return _quote(value.decode())
         raise SqlUnsupportedError(
             f"binary parameters of type OID {oid} are not supported; send it as text",
-            code="parameters",
+            code=ErrorCode.PARAMETERS,
         )
     text = value.decode()
     if oid in _NUMERIC_OIDS:
@@ -219,7 +220,7 @@ def _literal(value: bytes | None, fmt: int, oid: int, limits: PgLimits) -> str:
             Decimal(text)
         except ArithmeticError:
             raise SqlUnsupportedError(
-                f"parameter {text!r} is not a number", code="parameters"
+                f"parameter {text!r} is not a number", code=ErrorCode.PARAMETERS
             ) from None
         return text
     if oid in ARRAY_ELEMENTS:  # a list of values for a catalog query's ANY(...)

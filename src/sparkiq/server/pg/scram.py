@@ -27,6 +27,8 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sparkiq.errors import ErrorCode, SparkiqError
+
 __all__ = ["MECHANISM", "ScramError", "ScramExchange", "ScramVerifier"]
 
 MECHANISM = "SCRAM-SHA-256"
@@ -35,9 +37,11 @@ _NONCE_BYTES = 18
 _GS2_FLAGS = ("n", "y")  # "p=...": the client wants channel binding, which is not offered
 
 
-class ScramError(Exception):
+class ScramError(SparkiqError):
     """A SCRAM message that does not follow the RFC (not a wrong password: that is
     :meth:`ScramExchange.final` answering None)."""
+
+    code = ErrorCode.PROTOCOL_VIOLATION
 
 
 def _hmac(key: bytes, message: bytes) -> bytes:

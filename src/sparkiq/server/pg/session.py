@@ -71,6 +71,7 @@ from pygwire import messages as m
 from pygwire.exceptions import ProtocolError
 
 from sparkiq.cancel import CancelSignal, cancellable
+from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import AuthenticationError
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
@@ -467,7 +468,7 @@ class PgSession:
         except ScramError as exc:
             # 08P01 protocol_violation, as Postgres answers a malformed SCRAM message: not
             # a guess at the password, so not counted as a failure.
-            self._send(m.ErrorResponse(fields=_fatal("08P01", str(exc))))
+            self._send(m.ErrorResponse(fields=_fatal(exc.code.sqlstate, exc.message)))
             return None
         if signature is None:
             self.rules.auth_failures.failed(self.peer, "pg", admitted=True)
@@ -616,7 +617,7 @@ class PgSession:
                 raise SqlLimitError(
                     f"the statement has {count} parameters, more than "
                     f"SPARKIQ_PG_MAX_PARAMETERS={self.limits.max_parameters}",
-                    code="too_many_parameters",
+                    code=ErrorCode.TOO_MANY_PARAMETERS,
                 )
             oids += [0] * (count - len(oids))
             self.statements[msg.statement] = _Statement(msg.query, oids)
@@ -760,7 +761,7 @@ def _fields(columns: Sequence[PgColumn], formats: Sequence[int]) -> list[m.Field
 
 
 def _unknown(what: str, name: str) -> Exception:
-    return SqlUnknownNameError(f"{what} {name!r} does not exist", code="unknown_statement")
+    return SqlUnknownNameError(f"{what} {name!r} does not exist", code=ErrorCode.UNKNOWN_STATEMENT)
 
 
 def _text_of(msg: Any, session: PgSession) -> str | None:

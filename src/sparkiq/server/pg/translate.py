@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from sparkiq.error_codes import ErrorCode
 from sparkiq.server.pg.arrays import list_literals
 from sparkiq.server.pg.catalog_schema import (
     CATALOG_RELATIONS,
@@ -209,7 +210,7 @@ class Walls:
                 raise SqlUnsupportedError(
                     f"catalog queries read only the emulated pg_catalog and "
                     f"information_schema; {word!r} is not part of them",
-                    code="forbidden_table",
+                    code=ErrorCode.FORBIDDEN_TABLE,
                     field=word,
                 )
         try:
@@ -218,7 +219,8 @@ class Walls:
             return  # not parseable: running it gives the syntax error
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
             raise SqlUnsupportedError(
-                "only SELECT statements are answered on the catalog", code="forbidden_statement"
+                "only SELECT statements are answered on the catalog",
+                code=ErrorCode.FORBIDDEN_STATEMENT,
             )
 
 
