@@ -6,23 +6,11 @@ a key lookup is answered without a hop to another thread.
 
 Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 
-- Encryption is negotiated before the startup message, by this module rather than the
-  codec (:meth:`PgSession._negotiate`): an ``SSLRequest`` is answered ``S`` when the node
-  has TLS (``rules.tls``; without it ``N``, and the client goes on in plain text or gives
-  up, as its ``sslmode`` says), and the connection is then wrapped in the node's server
-  context for Postgres (:attr:`sparkiq.tls.TlsContexts.pg_listener`: each handshake gets
-  the newest certificate). A ``GSSEncRequest`` is declined (``N``). Each may come once, in
-  either order. A client may also start with the TLS handshake itself, with no
-  ``SSLRequest`` (Postgres 17's ``sslnegotiation=direct``; told apart by its first byte,
-  0x16, which no startup-phase message starts with); it must then have negotiated the ALPN
-  protocol ``postgresql``, or it is refused (08P01) as Postgres refuses it. The
-  negotiation is read 8 bytes at a time so that no plain-text byte a client (or someone
-  between it and the node) sent after its ``SSLRequest`` is ever taken as part of the
-  encrypted session (CVE-2021-23214 in Postgres). The handshake counts against the
-  login deadline: one stalled in it ends with the deadline like any slow login. With
-  ``rules.require_tls`` a startup message sent in plain text is refused (SQLSTATE 28000);
-  a ``CancelRequest`` is honoured either way, as in Postgres (it carries the secret, never
-  a password).
+- Encryption is negotiated before the startup message by the connection's socket
+  (:mod:`~sparkiq.server.pg.client_socket`: ``SSLRequest``, a direct TLS handshake, and
+  the login's deadline and byte budget). With ``rules.require_tls`` a startup message sent
+  in plain text is refused (SQLSTATE 28000); a ``CancelRequest`` is honoured either way, as
+  in Postgres (it carries the secret, never a password).
 - With a node token or principals the client proves it knows its password (the token,
   or one of its principal's: :mod:`~sparkiq.server.pg.logins`) with SCRAM-SHA-256
   (:mod:`~sparkiq.server.pg.scram`): the password never crosses the wire, and a client
@@ -44,11 +32,9 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 - ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and only change the transaction status
   reported; every statement reads at its own position.
 
-Why this module is over 600 lines: it is one connection's state machine, and its phases --
-encryption, login, queries -- share one socket (replaced by its TLS wrapper under a lock that
-``close()`` also takes), one login deadline and byte budget, and the codec's buffered bytes.
-What stands alone has left already: SCRAM (``scram.py``), users (``logins.py``), Bind
-(``parameters.py``), limits (``limits.py``), statement splitting (``statements.py``).
+What stands alone lives beside it: the socket (``client_socket.py``), SCRAM (``scram.py``),
+users (``logins.py``), Bind (``parameters.py``), limits (``limits.py``), statement splitting
+(``statements.py``).
 """
 
 from __future__ import annotations
@@ -59,7 +45,6 @@ import logging
 import os
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -77,6 +62,7 @@ from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
 from sparkiq.server.pg.catalog import Answer, Catalog
+from sparkiq.server.pg.client_socket import ClientGone, ClientSocket, Refused
 from sparkiq.server.pg.copy import copy_rows
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
 from sparkiq.server.pg.errors import sqlstate as sqlstate_of
@@ -87,30 +73,13 @@ from sparkiq.server.pg.scram import MECHANISM, ScramError, ScramExchange, ScramV
 from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.sql.errors import SqlLimitError, SqlUnknownNameError
-from sparkiq.tls import PG_ALPN, TlsContexts
+from sparkiq.tls import TlsContexts
 
 __all__ = ["PgSession", "SessionRules"]
 
 log = logging.getLogger("sparkiq.server.pg")
 
 _RECV = 65536
-
-# The request codes of the two 8-byte messages that may precede the startup message.
-_SSL_REQUEST = 80877103
-_GSSENC_REQUEST = 80877104
-_TLS_HANDSHAKE = b"\x16"  # the content type of the record a TLS ClientHello comes in
-
-
-class _Closed(Exception):
-    """The client went away (or must be sent away): end the connection quietly."""
-
-
-class _Refused(Exception):
-    """End the connection with a FATAL error: ``sqlstate`` and the message."""
-
-    def __init__(self, sqlstate: str, message: str) -> None:
-        super().__init__(message)
-        self.sqlstate = sqlstate
 
 
 @dataclass
@@ -158,10 +127,7 @@ class PgSession:
     :meth:`close`."""
 
     def __init__(self, sock: socket.socket, rules: SessionRules, process_id: int) -> None:
-        self.sock: socket.socket = sock  # an ssl.SSLSocket once TLS is negotiated
-        # guards replacing sock by its TLS wrapper against close() from another thread
-        self._sock_lock = threading.Lock()
-        self._closing = False
+        self.io = ClientSocket(sock, rules.limits)  # plain or TLS; bounded until login
         self.rules = rules
         # BackendKeyData: a client's CancelRequest names this session by both.
         self.process_id = process_id
@@ -174,11 +140,6 @@ class PgSession:
         self.catalog = rules.catalog
         self.limits = rules.limits
         self.parameters = rules.parameters
-        # Until login ends: when it must have ended (time.monotonic()), and how many more
-        # bytes the client may send. None once logged in.
-        self._deadline: float | None = None
-        self._startup_bytes = self.limits.max_startup_bytes
-        self._head = b""  # read while negotiating encryption: the codec's first bytes
         self.conn = BackendConnection()
         self.out: list[bytes] = []
         self.in_transaction = False
@@ -200,37 +161,14 @@ class PgSession:
     def _flush(self) -> None:
         if self.out:
             data, self.out = b"".join(self.out), []
-            self.sock.sendall(data)
-
-    def _recv(self, size: int) -> bytes:
-        """Up to ``size`` bytes from the client, within the login deadline and byte budget
-        until it is logged in."""
-        if self._deadline is not None:
-            # One deadline for the whole login: a timeout per recv() would let a client
-            # that sends a byte every few seconds hold the connection forever.
-            remaining = self._deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            self.sock.settimeout(remaining)
-        data = self.sock.recv(size)
-        if not data:
-            raise _Closed
-        if self._deadline is not None:
-            self._startup_bytes -= len(data)
-            if self._startup_bytes < 0:  # nothing a client needs to log in is this long
-                raise _Refused(
-                    "08P01",
-                    f"the client sent more than SPARKIQ_PG_MAX_STARTUP_BYTES="
-                    f"{self.limits.max_startup_bytes} bytes before logging in",
-                )
-        return data
+            self.io.sendall(data)
 
     def _messages(self) -> Any:
-        head, self._head = self._head, b""
+        head, self.io.head = self.io.head, b""
         if head:
             yield from self.conn.receive(head)
         while True:
-            yield from self.conn.receive(self._recv(_RECV))
+            yield from self.conn.receive(self.io.recv(_RECV))
 
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
@@ -274,35 +212,28 @@ class PgSession:
     def close(self) -> None:
         """End the connection from another thread (the node stops, or a newer login needs
         the slot)."""
-        with self._sock_lock:
-            self._closing = True
-            with contextlib.suppress(OSError):  # already closed by the client
-                # The plain socket's shutdown, also under TLS: SSLSocket.shutdown() would
-                # drop the TLS state the session's thread is using.
-                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+        self.io.shut_down()
 
     # -- the connection ----------------------------------------------------------------------
 
     def run(self) -> None:
         try:
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._deadline = time.monotonic() + self.limits.startup_timeout
-            self._negotiate()
+            self.io.start_login()
+            self.io.negotiate(self.rules.tls)
             if not self._startup():
                 return
-            self._deadline = None
-            self.sock.settimeout(None)
+            self.io.logged_in()
             self._serve()
         except ssl.SSLError as exc:  # a client that does not trust the node says so here
             log.info("pg TLS handshake failed: %s", exc)
-        except (_Closed, TimeoutError, ConnectionError, OSError):
+        except (ClientGone, TimeoutError, ConnectionError, OSError):
             pass
-        except (ProtocolError, _Refused) as exc:
+        except (ProtocolError, Refused) as exc:
             # A message that cannot be read (or not now), or too much of them: the client is
             # broken or hostile, so tell it, as Postgres does, and end the connection
             # without a traceback.
             log.info("pg connection refused: %s", exc)
-            if isinstance(exc, _Refused):
+            if isinstance(exc, Refused):
                 fields = _fatal(exc.sqlstate, str(exc))
             else:
                 fields = _fatal("08P01", f"protocol violation: {exc}")
@@ -314,94 +245,14 @@ class PgSession:
         finally:
             with contextlib.suppress(OSError):
                 self._flush()
-            self.sock.close()
-
-    def _read_exact(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            data += self._recv(size - len(data))
-        return data
-
-    def _negotiate(self) -> None:
-        """Answer the ``SSLRequest`` and ``GSSEncRequest`` that may come first (see the
-        module docstring), switching to TLS on the first, or take a direct TLS handshake;
-        keep the bytes of the message after them for the codec. Reads exactly 8 bytes at a
-        time (every startup-phase message is at least that long) and the first byte only
-        by peeking: a TLS handshake must find the client's handshake bytes still in the
-        socket."""
-        ssl_done = gss_done = False
-        tls = self.rules.tls
-        if self._peek() == _TLS_HANDSHAKE:  # a direct TLS handshake, no SSLRequest
-            if tls is None:
-                raise _Refused(
-                    "08P01",
-                    "a TLS handshake without SSLRequest (sslnegotiation=direct), but this "
-                    "node has no TLS certificate",
-                )
-            self._start_tls(tls)
-            assert isinstance(self.sock, ssl.SSLSocket)
-            if self.sock.selected_alpn_protocol() != PG_ALPN:
-                raise _Refused(
-                    "08P01",
-                    f"a direct TLS connection (no SSLRequest) must negotiate the ALPN "
-                    f"protocol {PG_ALPN!r}",
-                )
-            ssl_done = True
-        while True:
-            head = self._read_exact(8)
-            length, code = struct.unpack("!ii", head)
-            if length == 8 and code == _SSL_REQUEST and not ssl_done:
-                ssl_done = True
-                self.sock.sendall(b"N" if tls is None else b"S")
-                if tls is not None:
-                    self._start_tls(tls)
-            elif length == 8 and code == _GSSENC_REQUEST and not gss_done:
-                gss_done = True
-                self.sock.sendall(b"N")
-            else:  # the startup message (or a cancel request): the codec reads it
-                self._head = head
-                return
-
-    def _peek(self) -> bytes:
-        """The client's first byte, left in the socket (within the login deadline)."""
-        assert self._deadline is not None
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        self.sock.settimeout(remaining)
-        first = self.sock.recv(1, socket.MSG_PEEK)
-        if not first:
-            raise _Closed
-        return first
-
-    def _start_tls(self, tls: TlsContexts) -> None:
-        """The TLS handshake, within what is left of the login deadline (the socket's
-        timeout bounds the whole handshake, not each read)."""
-        with self._sock_lock:
-            if self._closing:  # evicted while negotiating
-                raise _Closed
-            self.sock = tls.pg_listener.wrap_socket(
-                self.sock, server_side=True, do_handshake_on_connect=False
-            )
-        assert self._deadline is not None
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        self.sock.settimeout(remaining)
-        assert isinstance(self.sock, ssl.SSLSocket)
-        self.sock.do_handshake()
-
-    @property
-    def encrypted(self) -> bool:
-        """Whether the connection runs over TLS."""
-        return isinstance(self.sock, ssl.SSLSocket)
+            self.io.close()
 
     def _startup(self) -> bool:
         messages = self._messages()
         for msg in messages:
             if isinstance(msg, m.SSLRequest | m.GSSEncRequest):
                 # _negotiate took the first of each: a second is a broken client
-                raise _Refused("08P01", f"{type(msg).__name__} sent twice")
+                raise Refused("08P01", f"{type(msg).__name__} sent twice")
             elif isinstance(msg, m.CancelRequest):
                 # Sent on a new connection; Postgres answers nothing and closes it.
                 secret = msg.secret_key
@@ -411,10 +262,10 @@ class PgSession:
                 return False
             elif isinstance(msg, m.StartupMessage):
                 self.user = msg.params.get("user", "")
-                if self.rules.require_tls and not self.encrypted:
+                if self.rules.require_tls and not self.io.encrypted:
                     # Refused before the password exchange: SCRAM never sends the password,
                     # but its rows, and who logs in, would cross the network in clear text.
-                    raise _Refused(
+                    raise Refused(
                         "28000",
                         "this node accepts Postgres connections over TLS only: connect with "
                         "sslmode=require or stronger (sslmode=verify-full with the node's CA "
@@ -670,7 +521,7 @@ class PgSession:
             (self.statements if msg.kind == "S" else self.portals).pop(msg.name, None)
             self._send(m.CloseComplete())
         else:
-            raise _Closed  # a message this endpoint does not speak (COPY, function calls)
+            raise ClientGone  # a message this endpoint does not speak (COPY, function calls)
 
     def _statement(self, name: str) -> _Statement:
         statement = self.statements.get(name)
