@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sparkiq import ConfigError, SqlLimits
+from sparkiq import ConfigError
+from sparkiq.cluster.config import NodeConfig
 from sparkiq.envsettings import values_from_env
 from sparkiq.server.auth_failures import AuthFailures
-from sparkiq.server.pg.limits import PgLimits
 
 KINDS = {"free_failures": int, "max_delay": float}
 
@@ -26,10 +26,16 @@ def test_bad_values_and_unknown_keywords_name_the_problem() -> None:
         values_from_env(KINDS, "AUTH", {"max_dely": 1.0})
 
 
-def test_every_group_reads_its_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPARKIQ_SQL_MEMORY_LIMIT", "256MB")
-    monkeypatch.setenv("SPARKIQ_PG_MAX_PARAMETERS", "12")
-    monkeypatch.setenv("SPARKIQ_AUTH_MAX_DELAY", "7.5")
-    assert SqlLimits.from_env().memory_limit == "256MB"
-    assert PgLimits.from_env().max_parameters == 12
-    assert AuthFailures.from_env().max_delay == 7.5
+def test_every_group_reads_its_variables() -> None:
+    env = {
+        "SPARKIQ_SQL_MEMORY_LIMIT": "256MB",
+        "SPARKIQ_HTTP_MAX_HEADER_BYTES": "4096",
+        "SPARKIQ_PG_MAX_PARAMETERS": "12",
+        "SPARKIQ_AUTH_MAX_DELAY": "7.5",
+    }
+    config = NodeConfig.resolve("/s", environ=env)
+    assert config.sql_limits.memory_limit == "256MB"
+    assert config.http_limits.max_header_bytes == 4096
+    assert config.pg_limits.max_parameters == 12
+    assert config.auth_policy.max_delay == 7.5
+    assert AuthFailures(config.auth_policy).max_delay == 7.5

@@ -20,7 +20,17 @@ SRC = Path(sparkiq.__file__).resolve().parent
 # Lower layers first; a module may import its own layer and the layers before it. A module's
 # layer is its first path component under src/sparkiq ("__init__" is the top package itself).
 LAYERS = [
-    {"errors", "_version", "pools", "exports", "cancel", "tls", "principals", "envsettings"},
+    {
+        "errors",
+        "_version",
+        "pools",
+        "exports",
+        "cancel",
+        "tls",
+        "principals",
+        "envsettings",
+        "limits",
+    },
     {"query"},
     {"schema"},
     {"stores"},

@@ -20,8 +20,8 @@ import struct
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 
+from sparkiq.limits import PgLimits
 from sparkiq.server.pg.arrays import ARRAY_ELEMENTS, array_parameter
-from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.statements import code_segments
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError
 
