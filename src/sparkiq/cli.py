@@ -266,7 +266,10 @@ def _limits_epilog() -> str:
     for kind, group in ENV_GROUPS.values():
         names = ", ".join(f.name for f in dataclasses.fields(kind))
         groups.append(f"SPARKIQ_{group}_<NAME> ({kind.__name__}: {names})")
-    return "limits, set by variables only (docs/operations.md): " + "; ".join(groups)
+    return (
+        "limits, set by variables only (docs/cluster.md), <NAME> in capitals (e.g. "
+        "SPARKIQ_SQL_MAX_RESULT_ROWS=5000): " + "; ".join(groups)
+    )
 
 
 def _connection_options(command: argparse.ArgumentParser) -> None:
