@@ -276,6 +276,7 @@ def test_only_the_spark_package_imports_pyspark() -> None:
 # docs). The contract's names (CONTRACT, below) must stay in it.
 PUBLIC = [
     "App",
+    "AuthPolicy",
     "AuthenticationError",
     "Change",
     "ChangelogError",
@@ -287,6 +288,7 @@ PUBLIC = [
     "Follower",
     "ForbiddenError",
     "HostInfo",
+    "HttpLimits",
     "InvalidQueryError",
     "KeyQuery",
     "KeyQueryMetadata",
@@ -297,6 +299,7 @@ PUBLIC = [
     "NodeMetadata",
     "NodeUnreachableError",
     "PartitionStore",
+    "PgLimits",
     "Position",
     "PositionBound",
     "Query",

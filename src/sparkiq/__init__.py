@@ -35,6 +35,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "StoreError",
         "UnknownStoreError",
     ),
+    "sparkiq.limits": ("AuthPolicy", "HttpLimits", "PgLimits"),
     "sparkiq.node": ("Node",),
     "sparkiq.query": (
         "FailureReason",
@@ -78,6 +79,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
 __all__ = [
     "App",
     "Attached",
+    "AuthPolicy",
     "AuthenticationError",
     "Change",
     "ChangelogError",
@@ -88,6 +90,7 @@ __all__ = [
     "ForbiddenError",
     "Follower",
     "HostInfo",
+    "HttpLimits",
     "InvalidQueryError",
     "KeyQuery",
     "KeyQueryMetadata",
@@ -98,6 +101,7 @@ __all__ = [
     "NodeMetadata",
     "NodeUnreachableError",
     "PartitionStore",
+    "PgLimits",
     "Position",
     "PositionBound",
     "Query",
@@ -162,6 +166,7 @@ if TYPE_CHECKING:
         StoreError,
         UnknownStoreError,
     )
+    from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
     from sparkiq.node import Node
     from sparkiq.query import (
         FailureReason,

@@ -17,8 +17,7 @@ import httpx
 import psycopg
 import pytest
 
-from sparkiq import ConfigError, Node, NodeConfig, SqlLimits
-from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
+from sparkiq import AuthPolicy, ConfigError, HttpLimits, Node, NodeConfig, PgLimits, SqlLimits
 from tests.changelog.helpers import make_table, write_batch
 
 pytestmark = pytest.mark.timeout(120)
