@@ -59,8 +59,8 @@ OTHER_READERS = {
     "shell.py": "SPARKIQ_HISTORY, where the shell keeps its history",
     "spark/sink.py": "the tests' fault injection (SPARKIQ_TEST_*) and PYSPARK_PYTHON",
     "spark/worker_python.py": "the Spark worker's connect-back variables",
-    "testing.py": "SPARK_REMOTE and the test Spark session's interpreter",
-    "_testing_kafka.py": "SPARKIQ_KAFKA_JARS and JAVA_HOME: the test broker's jars and JVM",
+    "testing/sessions.py": "SPARK_REMOTE and the test Spark session's interpreter",
+    "testing/kafka.py": "SPARKIQ_KAFKA_JARS and JAVA_HOME: the test broker's jars and JVM",
 }
 #: A client command reads the variable a node reads for the same value: the token it
 #: presents, the CA it trusts (one environment serves `sparkiq serve` and `sparkiq query`).
