@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from sparkiq.errors import ConfigError
 
-__all__ = ["dataclass_from_env", "group_variables", "values_from_env"]
+__all__ = ["dataclass_from_env", "values_from_env"]
 
 T = TypeVar("T")
 
@@ -67,8 +67,3 @@ def dataclass_from_env(
     checks run on the result."""
     kinds = {f.name: _PARSERS[str(f.type)] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return cls(**values_from_env(kinds, group, overrides, environ=environ))
-
-
-def group_variables(cls: type, group: str) -> dict[str, str]:
-    """Field -> the variable that sets it, for a settings group ``cls``."""
-    return {f.name: f"SPARKIQ_{group}_{f.name.upper()}" for f in dataclasses.fields(cls)}

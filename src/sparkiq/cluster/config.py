@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkiq.cluster.nodeauth import MIN_SECRET_LENGTH, is_loopback_url
-from sparkiq.envsettings import dataclass_from_env, group_variables
+from sparkiq.envsettings import dataclass_from_env
 from sparkiq.errors import ConfigError
 from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
 from sparkiq.sql.limits import SqlLimits
@@ -36,7 +36,6 @@ __all__ = [
     "NOT_GIVEN",
     "NodeConfig",
     "environment_value",
-    "group_variables_of",
     "node_url",
     "resolve_group",
 ]
@@ -230,14 +229,6 @@ def environment_value(field: str, environ: Mapping[str, str] | None = None) -> s
     ``local_dir``)."""
     env = os.environ if environ is None else environ
     return env.get(ENV_VARIABLES[field], "") or None
-
-
-def group_variables_of(field: str) -> dict[str, str]:
-    """Per field of settings group ``field`` (:data:`ENV_GROUPS`), the variable that sets
-    it: ``group_variables_of("sql_limits")["max_result_rows"] ==
-    "SPARKIQ_SQL_MAX_RESULT_ROWS"``."""
-    kind, group = ENV_GROUPS[field]
-    return group_variables(kind, group)
 
 
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
