@@ -54,6 +54,12 @@ def test_every_option_names_its_environment_variable() -> None:
     for name in ("NODE_ID", "LISTEN", "ADVERTISE", "PEERS", "STANDBYS", "TOKEN", "LOCAL_DIR"):
         assert f"SPARKIQ_{name}" in serve
     assert "--allowed-host" in serve and "SPARKIQ_ALLOWED_HOSTS" in serve
+    # the limits groups have no flags: their variables are listed after the flags
+    assert "SPARKIQ_SQL_MAX_RESULT_ROWS" in serve
+    for group, field in (("SQL", "fragment_min_rows"), ("HTTP", "max_header_bytes")):
+        assert f"SPARKIQ_{group}_<NAME>" in serve and field in serve
+    for group, field in (("PG", "max_numeric_digits"), ("AUTH", "forget_seconds")):
+        assert f"SPARKIQ_{group}_<NAME>" in serve and field in serve
 
 
 def test_serve_takes_its_settings_from_the_environment(tmp_path: Path) -> None:

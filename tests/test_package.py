@@ -30,6 +30,7 @@ LAYERS = [
         "tls",
         "principals",
         "envsettings",
+        "limits",
     },
     {"query"},
     {"schema"},
@@ -276,6 +277,7 @@ def test_only_the_spark_package_imports_pyspark() -> None:
 # docs). The contract's names (CONTRACT, below) must stay in it.
 PUBLIC = [
     "App",
+    "AuthPolicy",
     "AuthenticationError",
     "Change",
     "ChangelogError",
@@ -288,6 +290,7 @@ PUBLIC = [
     "Follower",
     "ForbiddenError",
     "HostInfo",
+    "HttpLimits",
     "InvalidQueryError",
     "KeyQuery",
     "KeyQueryMetadata",
@@ -298,6 +301,7 @@ PUBLIC = [
     "NodeMetadata",
     "NodeUnreachableError",
     "PartitionStore",
+    "PgLimits",
     "Position",
     "PositionBound",
     "Query",

@@ -36,6 +36,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "StoreError",
         "UnknownStoreError",
     ),
+    "sparkiq.limits": ("AuthPolicy", "HttpLimits", "PgLimits"),
     "sparkiq.node": ("Node",),
     "sparkiq.query": (
         "FailureReason",
@@ -79,6 +80,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
 __all__ = [
     "App",
     "Attached",
+    "AuthPolicy",
     "AuthenticationError",
     "Change",
     "ChangelogError",
@@ -90,6 +92,7 @@ __all__ = [
     "ForbiddenError",
     "Follower",
     "HostInfo",
+    "HttpLimits",
     "InvalidQueryError",
     "KeyQuery",
     "KeyQueryMetadata",
@@ -100,6 +103,7 @@ __all__ = [
     "NodeMetadata",
     "NodeUnreachableError",
     "PartitionStore",
+    "PgLimits",
     "Position",
     "PositionBound",
     "Query",
@@ -165,6 +169,7 @@ if TYPE_CHECKING:
         StoreError,
         UnknownStoreError,
     )
+    from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
     from sparkiq.node import Node
     from sparkiq.query import (
         FailureReason,

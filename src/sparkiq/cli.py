@@ -11,6 +11,7 @@ the package (``output``, ``shell``, ``demo``, ``Client``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sparkiq.cluster.config import ENV_VARIABLES, NodeConfig
+from sparkiq.cluster.config import ENV_GROUPS, ENV_VARIABLES, NodeConfig, environment_value
 
 __all__ = ["main"]
 
@@ -74,8 +75,11 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
 )
 
 
-def _env(name: str, default: Any) -> Any:
-    return os.environ.get(f"SPARKIQ_{name}", default)
+def _env(variable: str, default: Any) -> Any:
+    """The default of a CLI option of the command line's own (a state dir, the demo's
+    rate, a client command's URL and token...). A node's settings are not read here:
+    NodeConfig reads their variables (docs/design.md, "every node setting in NodeConfig")."""
+    return os.environ.get(variable, default)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,31 +98,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--state-dir",
-        default=_env("STATE_DIR", "./demo-state"),
+        default=_env("SPARKIQ_STATE_DIR", "./demo-state"),
         help="where the changelog and replicas live [SPARKIQ_STATE_DIR, default ./demo-state]",
     )
     demo.add_argument(
         "--duration",
         type=float,
-        default=float(_env("DEMO_DURATION", 0)),
+        default=float(_env("SPARKIQ_DEMO_DURATION", 0)),
         help="stop this many seconds after the tables first answer; 0 runs until Ctrl-C "
         "[SPARKIQ_DEMO_DURATION]",
     )
     demo.add_argument(
         "--rate",
         type=int,
-        default=int(_env("DEMO_RATE", 200)),
+        default=int(_env("SPARKIQ_DEMO_RATE", 200)),
         help="generated events per second [SPARKIQ_DEMO_RATE, default 200]",
     )
     demo.add_argument(
         "--partitions",
         type=int,
-        default=int(_env("DEMO_PARTITIONS", 4)),
+        default=int(_env("SPARKIQ_DEMO_PARTITIONS", 4)),
         help="partitions per table [SPARKIQ_DEMO_PARTITIONS, default 4]",
     )
     demo.add_argument(
         "--listen",
-        default=_env("DEMO_LISTEN", _SERVE_LISTEN),  # where `query` and `shell` look first
+        default=_env("SPARKIQ_DEMO_LISTEN", _SERVE_LISTEN),  # where `query` and `shell` look first
         help="host:port of the demo's node and web console; the next free port when taken "
         "[SPARKIQ_DEMO_LISTEN, default 127.0.0.1:8081]",
     )
@@ -134,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--state-dir",
-        default=_env("STATE_DIR", "./demo-state"),
+        default=_env("SPARKIQ_STATE_DIR", "./demo-state"),
         help="the state_dir to inspect [SPARKIQ_STATE_DIR]",
     )
     status.add_argument(
@@ -173,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument(
         "--state-dir",
-        default=_env("STATE_DIR", "./demo-state"),
+        default=_env("SPARKIQ_STATE_DIR", "./demo-state"),
         help="the state_dir holding the tables [SPARKIQ_STATE_DIR]",
     )
     compact.add_argument("--table", action="append", help="only this table (repeatable)")
@@ -190,10 +194,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Hosts the partitions the cluster assigns to this node, answers typed and "
         "SQL queries over HTTP (REST API, /openapi.json) and routes what it does not host to "
         "the node that does. Stops on SIGTERM or Ctrl-C.",
+        epilog=_limits_epilog(),
     )
     serve.add_argument(
         "--state-dir",
-        default=_env("STATE_DIR", None),
+        default=_env("SPARKIQ_STATE_DIR", None),
         help="the state_dir the writer materializes into [SPARKIQ_STATE_DIR]",
     )
     serve.add_argument(
@@ -255,18 +260,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _limits_epilog() -> str:
+    """The limits groups of NodeConfig, set by variables only: one line per group."""
+    groups = []
+    for kind, group in ENV_GROUPS.values():
+        names = ", ".join(f.name for f in dataclasses.fields(kind))
+        groups.append(f"SPARKIQ_{group}_<NAME> ({kind.__name__}: {names})")
+    return (
+        "limits, set by variables only (docs/cluster.md), <NAME> in capitals (e.g. "
+        "SPARKIQ_SQL_MAX_RESULT_ROWS=5000): " + "; ".join(groups)
+    )
+
+
 def _connection_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--url",
-        default=_env("URL", "http://127.0.0.1:8081"),
+        default=_env("SPARKIQ_URL", "http://127.0.0.1:8081"),
         help="a node's URL [SPARKIQ_URL, default http://127.0.0.1:8081]",
     )
     command.add_argument(
-        "--token", default=_env("TOKEN", None), help="the node's bearer token [SPARKIQ_TOKEN]"
+        "--token",
+        default=_env("SPARKIQ_TOKEN", None),
+        help="the node's bearer token [SPARKIQ_TOKEN]",
     )
     command.add_argument(
         "--ca",
-        default=_env("TLS_CA", None),
+        default=_env("SPARKIQ_TLS_CA", None),
         help="PEM bundle to verify an https node's certificate with [SPARKIQ_TLS_CA, "
         "default: the system's authorities]",
     )
@@ -281,7 +300,7 @@ def _serve(args: argparse.Namespace) -> int:
     from sparkiq.node import Node
 
     try:
-        checkpoints = _checkpoints(args.checkpoint or _env("CHECKPOINT", "").split(","))
+        checkpoints = _checkpoints(args.checkpoint or _env("SPARKIQ_CHECKPOINT", "").split(","))
     except ValueError as exc:
         print(f"sparkiq serve: {exc}", file=sys.stderr)
         return 2
@@ -428,13 +447,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             listen=args.listen,
         )
     if args.command == "status":
-        local_dirs = args.local_dir or (
-            [os.environ["SPARKIQ_LOCAL_DIR"]] if "SPARKIQ_LOCAL_DIR" in os.environ else None
-        )
+        from_env = environment_value("local_dir")
+        local_dirs = args.local_dir or (None if from_env is None else [from_env])
         from sparkiq.errors import SparkiqError
 
         try:
-            checkpoints = _checkpoints(args.checkpoint or _env("CHECKPOINT", "").split(","))
+            checkpoints = _checkpoints(args.checkpoint or _env("SPARKIQ_CHECKPOINT", "").split(","))
             code, text = _status_text(args.state_dir, local_dirs, checkpoints)
         except ValueError as exc:
             print(f"sparkiq status: {exc}", file=sys.stderr)

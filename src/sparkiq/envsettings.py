@@ -1,10 +1,13 @@
 """Settings groups read from ``SPARKIQ_<GROUP>_<NAME>`` variables, the one way.
 
 The limits of each listener and engine (``HttpLimits``, ``PgLimits``, ``SqlLimits``, the
-failed-authentication policy) are groups of numbers and sizes with one variable each. They
+failed-authentication ``AuthPolicy``) are groups of numbers and sizes with one variable each. They
 are resolved alike: a keyword argument (not None) wins, then the variable (an empty one is
 unset), then the field's default; a variable that does not parse as its field's type is a
 :class:`~sparkiq.errors.ConfigError` naming the variable, and so is an unknown keyword.
+:class:`~sparkiq.cluster.config.NodeConfig` is their one caller: it resolves every group of
+a node once (``NodeConfig.resolve(environ=...)``) and hands each to the component that
+enforces it.
 """
 
 from __future__ import annotations
@@ -52,8 +55,15 @@ def values_from_env(
     return values
 
 
-def dataclass_from_env(cls: type[T], group: str, overrides: Mapping[str, Any]) -> T:
+def dataclass_from_env(
+    cls: type[T],
+    group: str,
+    overrides: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> T:
     """``cls`` (a dataclass of int, float and str fields) from ``overrides`` and the
-    ``SPARKIQ_<group>_<NAME>`` variables; its own checks run on the result."""
+    ``SPARKIQ_<group>_<NAME>`` variables of ``environ`` (default ``os.environ``); its own
+    checks run on the result."""
     kinds = {f.name: _PARSERS[str(f.type)] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**values_from_env(kinds, group, overrides))
+    return cls(**values_from_env(kinds, group, overrides, environ=environ))

@@ -31,6 +31,7 @@ push hub; it is never held while calling into the rooms' own locks except during
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -53,6 +54,7 @@ from sparkiq.cluster.rebalance import Rebalancer
 from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
 from sparkiq.cluster.writer_view import WriterRecords, WriterView
 from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
+from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
 from sparkiq.principals import Principal, Principals
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.request import StateQueryRequest
@@ -133,18 +135,22 @@ class Node:
     ``source_wait`` seconds (default 10) for the writer to commit one, then answers
     ``NOT_UP_TO_BOUND`` (:mod:`sparkiq.cluster.source_bounds`).
 
-    **Settings from the environment.** ``node_id``, ``listen``, ``advertise``, ``peers``
-    (comma-separated), ``standbys``, ``token``, ``cluster_secret``, ``local_dir``,
-    ``heartbeat_interval`` and ``failure_timeout`` default to ``SPARKIQ_NODE_ID``,
-    ``SPARKIQ_LISTEN``, ``SPARKIQ_ADVERTISE``, ``SPARKIQ_PEERS``, ``SPARKIQ_STANDBYS``,
-    ``SPARKIQ_TOKEN``, ``SPARKIQ_CLUSTER_SECRET``, ``SPARKIQ_LOCAL_DIR``,
-    ``SPARKIQ_HEARTBEAT_INTERVAL`` and ``SPARKIQ_FAILURE_TIMEOUT`` (and ``pg_listen``,
-    ``allowed_hosts`` (comma-separated), ``pg_tls``, ``tls_cert``, ``tls_key``, ``tls_ca``,
-    ``kafka_bootstrap``, ``kafka_interval``, ``source_wait`` to ``SPARKIQ_PG_LISTEN``,
-    ``SPARKIQ_ALLOWED_HOSTS``, ``SPARKIQ_PG_TLS``, ``SPARKIQ_TLS_CERT``, ``SPARKIQ_TLS_KEY``,
-    ``SPARKIQ_TLS_CA``, ``SPARKIQ_KAFKA_BOOTSTRAP``, ``SPARKIQ_KAFKA_INTERVAL``,
-    ``SPARKIQ_SOURCE_WAIT``);
-    pass ``None`` to ignore the variable. ``config`` gives all settings at once (a
+    **Limits.** ``sql_limits`` (:class:`~sparkiq.sql.SqlLimits`: every SQL statement, pull
+    or push, REST or Postgres, and the fragments other nodes send here), ``http_limits``
+    (:class:`~sparkiq.limits.HttpLimits`), ``pg_limits`` (:class:`~sparkiq.limits.PgLimits`)
+    and ``auth_policy`` (:class:`~sparkiq.limits.AuthPolicy`: how callers whose credentials
+    fail are slowed) each take an instance, or a mapping of some of its fields (the others
+    from the variables), e.g. ``sql_limits={"max_result_rows": 5000}``.
+
+    **Settings from the environment.** Every setting above but ``store``, ``poll_interval``
+    and ``release_grace`` defaults to its ``SPARKIQ_*`` variable: ``node_id`` to
+    ``SPARKIQ_NODE_ID``, ``listen`` to ``SPARKIQ_LISTEN``... (the list is
+    :data:`~sparkiq.cluster.config.ENV_VARIABLES`; ``peers`` and ``allowed_hosts`` are
+    comma-separated), and each field of a limits group to ``SPARKIQ_<GROUP>_<NAME>``
+    (``SPARKIQ_SQL_MAX_RESULT_ROWS``, ``SPARKIQ_HTTP_HEADER_TIMEOUT``,
+    ``SPARKIQ_PG_STARTUP_TIMEOUT``, ``SPARKIQ_AUTH_MAX_DELAY``...). They are read once, when
+    the node is made (:class:`~sparkiq.cluster.config.NodeConfig`); pass ``None`` to ignore
+    a variable (for a group: its defaults). ``config`` gives all settings at once (a
     :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
     """
 
@@ -177,6 +183,10 @@ class Node:
         kafka_bootstrap: str | None = NOT_GIVEN,
         kafka_interval: float = NOT_GIVEN,
         source_wait: float = NOT_GIVEN,
+        sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
+        http_limits: HttpLimits | Mapping[str, Any] | None = NOT_GIVEN,
+        pg_limits: PgLimits | Mapping[str, Any] | None = NOT_GIVEN,
+        auth_policy: AuthPolicy | Mapping[str, Any] | None = NOT_GIVEN,
         transport: Transport | None = None,
         partitions: Mapping[str, Iterable[int]] | None = None,
         tables: Iterable[str] | None = None,
@@ -184,33 +194,10 @@ class Node:
         read_only: bool = True,
         checkpoints: Mapping[str, str] | None = None,
     ) -> None:
-        settings: dict[str, Any] = {
-            "node_id": node_id,
-            "listen": listen,
-            "peers": peers,
-            "standbys": standbys,
-            "token": token,
-            "cluster_secret": cluster_secret,
-            "principals": principals,
-            "audit_log": audit_log,
-            "advertise": advertise,
-            "local_dir": local_dir,
-            "heartbeat_interval": heartbeat_interval,
-            "failure_timeout": failure_timeout,
-            "release_grace": release_grace,
-            "store": store,
-            "poll_interval": poll_interval,
-            "pg_listen": pg_listen,
-            "allowed_hosts": allowed_hosts,
-            "pg_tls": pg_tls,
-            "tls_cert": tls_cert,
-            "tls_key": tls_key,
-            "tls_ca": tls_ca,
-            "kafka_bootstrap": kafka_bootstrap,
-            "kafka_interval": kafka_interval,
-            "source_wait": source_wait,
-        }
-        given = {k: v for k, v in settings.items() if v is not NOT_GIVEN}
+        # every NodeConfig option is a keyword of the same name; the others are not settings
+        passed = locals()
+        options = {f.name for f in dataclasses.fields(NodeConfig)} - {"state_dir"}
+        given = {k: passed[k] for k in options if passed[k] is not NOT_GIVEN}
         if config is None:
             if state_dir is None:
                 raise ConfigError("Node needs a state_dir (or a config=NodeConfig)")
@@ -263,13 +250,13 @@ class Node:
             catalogs=[_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()],
             status_extra=self._kafka_status,
         )
-        self._lookup = Lookup(self._hosting, node_id=config.node_id)
+        self._lookup = Lookup(self._hosting, node_id=config.node_id, sql_limits=config.sql_limits)
         self._lookup.source_wait = config.source_wait
         self._server: RunningServer | None = None
         self._tls: TlsContexts | None = None  # with tls_cert: every listener's certificate
         self._pg: PgServer | None = None
         # failed authentications of every listener (REST, Postgres), slowed per address
-        self.auth_failures = AuthFailures.from_env()
+        self.auth_failures = AuthFailures(config.auth_policy)
         self.pg_address: tuple[str, int] | None = None
         self._started = False
         self._lifecycle = threading.RLock()
@@ -321,6 +308,8 @@ class Node:
                     bind_socket(self.config.pg_listen),
                     principals=self.principals,
                     audit=self.audit,
+                    limits=config.pg_limits,
+                    sql_limits=config.sql_limits,
                     auth_failures=self.auth_failures,
                     tls=self._tls,
                     require_tls=config.pg_tls == "require",
@@ -373,7 +362,7 @@ class Node:
         )
         self.coordinator = self._lookup.coordinator = coordinator
         if sock is not None:
-            self._server = start_server(self, sock, tls=self._tls)
+            self._server = start_server(self, sock, limits=config.http_limits, tls=self._tls)
         coordinator.start()
 
     def stop(self) -> None:
@@ -663,14 +652,14 @@ class Node:
     def sql(self, text: str, **options: Any) -> SqlResult:
         """Run a SQL pull query (or ``EXPLAIN``) over the tables this node serves.
 
-        See :meth:`sparkiq.sql.SqlEngine.execute` for ``options``. Limits come from the
-        ``SPARKIQ_SQL_*`` variables (docs/sql.md#limits)."""
+        See :meth:`sparkiq.sql.SqlEngine.execute` for ``options``. Limits are the node's
+        ``sql_limits`` (docs/sql.md#limits)."""
         engine = self._sql
         if engine is None:
             with self._lifecycle:
                 engine = self._sql
                 if engine is None:
-                    engine = self._sql = SqlEngine(self._lookup, SqlLimits.from_env())
+                    engine = self._sql = SqlEngine(self._lookup, self.config.sql_limits)
         return engine.execute(text, **options)
 
     def stream(self, text: str, **options: Any) -> Subscription:
@@ -686,7 +675,10 @@ class Node:
                 hub = self._hub
                 if hub is None:
                     hub = self._hub = SubscriptionHub(
-                        self.state_dir, source=self._lookup, sources=self._attached_source
+                        self.state_dir,
+                        source=self._lookup,
+                        sources=self._attached_source,
+                        limits=self.config.sql_limits,
                     )
         return hub.subscribe(text, **options)
 

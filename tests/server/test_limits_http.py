@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from sparkiq.cluster.config import NodeConfig
 from sparkiq.errors import ConfigError
-from sparkiq.server.runner import HttpLimits
+from sparkiq.limits import HttpLimits
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.server.test_hostile import PROBE_PATH, PROBE_ROW, TOKEN, Hostile, Probe, auth
 from tests.sql.tables import build_world
@@ -77,15 +78,13 @@ def request_head(path: str = PROBE_PATH, method: str = "GET", extra: str = "") -
     ).encode()
 
 
-def test_limits_come_from_keywords_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPARKIQ_HTTP_HEADER_TIMEOUT", "2.5")
-    monkeypatch.setenv("SPARKIQ_HTTP_MAX_CONNECTIONS", "7")
-    limits = HttpLimits.from_env(max_connections=9)
+def test_limits_come_from_keywords_then_environment() -> None:
+    env = {"SPARKIQ_HTTP_HEADER_TIMEOUT": "2.5", "SPARKIQ_HTTP_MAX_CONNECTIONS": "7"}
+    limits = NodeConfig.resolve("/s", environ=env, http_limits={"max_connections": 9}).http_limits
     assert (limits.header_timeout, limits.max_connections) == (2.5, 9)
     assert limits.body_timeout == HttpLimits().body_timeout
-    monkeypatch.setenv("SPARKIQ_HTTP_BODY_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="SPARKIQ_HTTP_BODY_TIMEOUT"):
-        HttpLimits.from_env()
+        NodeConfig.resolve("/s", environ={"SPARKIQ_HTTP_BODY_TIMEOUT": "soon"})
     with pytest.raises(ConfigError, match="max_header_bytes"):
         HttpLimits(max_header_bytes=0)
 

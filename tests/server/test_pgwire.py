@@ -25,6 +25,7 @@ from pygwire import messages as m
 from sparkiq import Node
 from sparkiq.schema.kinds import KINDS
 from sparkiq.server.pg.types import TYPE_OIDS
+from sparkiq.sql import SqlEngine, SqlLimits
 from sparkiq.wire.jsonapi import dumps
 from tests.sql.tables import build_world
 from tests.sql.test_differential import QUERIES
@@ -157,8 +158,8 @@ def test_parameters_are_bound_as_literals(conn: psycopg.Connection[Any], node: N
 def test_errors_carry_sqlstate_and_the_connection_stays_usable(
     node: Node, sql: str, sqlstate: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SPARKIQ_SQL_MAX_RESULT_ROWS", "10")
-    node._sql = None  # the engine reads its limits when it is made
+    # this node's engine, with a smaller row limit (the limits are fixed when it is made)
+    monkeypatch.setattr(node, "_sql", SqlEngine(node._lookup, SqlLimits(max_result_rows=10)))
     try:
         with psycopg.connect(_dsn(node), autocommit=True) as c:
             with pytest.raises(psycopg.Error) as caught:

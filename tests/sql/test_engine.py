@@ -13,7 +13,7 @@ import msgspec
 import pyarrow as pa
 import pytest
 
-from sparkiq import ConfigError, Node
+from sparkiq import ConfigError, Node, NodeConfig
 from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows, _flat_columns
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
@@ -104,18 +104,16 @@ def test_max_result_rows_stops_reading(node: Node) -> None:
         engine.execute("SELECT k FROM t WHERE k IN ('k001','k002','k003','k004','k005','k006')")
 
 
-def test_limits_validate_and_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_limits_validate_and_read_the_environment() -> None:
     with pytest.raises(ConfigError):
         SqlLimits(timeout_seconds=0)
     with pytest.raises(ConfigError):
         SqlLimits(default_page_size=20, max_page_size=10)
-    monkeypatch.setenv("SPARKIQ_SQL_MAX_RESULT_ROWS", "77")
-    monkeypatch.setenv("SPARKIQ_SQL_TIMEOUT_SECONDS", "2.5")
-    limits = SqlLimits.from_env(threads=1)
+    env = {"SPARKIQ_SQL_MAX_RESULT_ROWS": "77", "SPARKIQ_SQL_TIMEOUT_SECONDS": "2.5"}
+    limits = NodeConfig.resolve("/s", environ=env, sql_limits={"threads": 1}).sql_limits
     assert (limits.max_result_rows, limits.timeout_seconds, limits.threads) == (77, 2.5, 1)
-    monkeypatch.setenv("SPARKIQ_SQL_THREADS", "many")
-    with pytest.raises(ConfigError):
-        SqlLimits.from_env()
+    with pytest.raises(ConfigError, match="SPARKIQ_SQL_THREADS"):
+        NodeConfig.resolve("/s", environ={"SPARKIQ_SQL_THREADS": "many"})
 
 
 def test_results_are_plain_data(node: Node) -> None:

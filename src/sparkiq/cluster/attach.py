@@ -25,7 +25,7 @@ from typing import Any
 
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.checkpoint.source import CheckpointCatalog
-from sparkiq.cluster.config import NodeConfig
+from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, resolve_group
 from sparkiq.cluster.handle import ReplicaHandle
 from sparkiq.cluster.hosting import Hosting
 from sparkiq.cluster.lookup import Lookup
@@ -46,6 +46,7 @@ def attach(
     local_dir: str | None = None,
     store: str = "rocksdb",
     poll_interval: float = 0.02,
+    sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
     start: bool = True,
 ) -> Attached:
     """Serve the state stores of the checkpoint at ``checkpoint_uri``; see :class:`Attached`."""
@@ -56,6 +57,7 @@ def attach(
         local_dir=local_dir,
         store=store,
         poll_interval=poll_interval,
+        sql_limits=sql_limits,
         start=start,
     )
 
@@ -71,6 +73,8 @@ class Attached(ReplicaHandle):
     - ``store``: ``"rocksdb"`` (default) or ``"memory"``; ``poll_interval``: seconds between
       checks for new commits; ``start=False`` opens the tables without tailing (call
       :meth:`poll_once`, or :meth:`start`).
+    - ``sql_limits``: the limits of :meth:`sql` (a :class:`~sparkiq.sql.SqlLimits`, or a
+      mapping of some of its fields), then ``SPARKIQ_SQL_<NAME>`` variables, as a node's.
 
     The same query methods as :class:`~sparkiq.Node`: :meth:`get`, :meth:`query`, :meth:`sql`,
     :meth:`status`, :meth:`position`. Thread-safe; :meth:`close` stops tailing and closes
@@ -86,9 +90,12 @@ class Attached(ReplicaHandle):
         local_dir: str | None = None,
         store: str = "rocksdb",
         poll_interval: float = 0.02,
+        sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
         start: bool = True,
     ) -> None:
         NodeConfig.resolve(checkpoint_uri, environ={}, store=store, poll_interval=poll_interval)
+        # the SQL limits of a node: keyword, then SPARKIQ_SQL_<NAME>, then defaults
+        self._sql_limits: SqlLimits = resolve_group("sql_limits", sql_limits)
         if store == "memory" and local_dir is not None:
             raise ConfigError("local_dir is only used with store='rocksdb'")
         self.checkpoint_uri = checkpoint_uri
@@ -111,7 +118,9 @@ class Attached(ReplicaHandle):
                 poll_interval=poll_interval,
                 catalogs=[self.catalog],
             )
-            self._lookup = Lookup(self._hosting, node_id=f"attach-{name}")
+            self._lookup = Lookup(
+                self._hosting, node_id=f"attach-{name}", sql_limits=self._sql_limits
+            )
             self._hosting.refresh_tables()
         except BaseException:
             self._release()
@@ -207,7 +216,7 @@ class Attached(ReplicaHandle):
         self._require_open()
         engine = self._sql
         if engine is None:  # a race builds two engines; either serves
-            engine = self._sql = SqlEngine(self._lookup, SqlLimits.from_env())
+            engine = self._sql = SqlEngine(self._lookup, self._sql_limits)
         return engine.execute(text, **options)
 
     def __repr__(self) -> str:

@@ -4,6 +4,14 @@
 :class:`~sparkiq.Node` and ``sparkiq serve`` resolve their settings through it, so an option
 means the same thing whichever way it is given. Every field that a variable can set is listed
 in :data:`ENV_VARIABLES` (the CLI shows them in ``--help``).
+
+Four fields are groups of limits, each field of a group set by its own
+``SPARKIQ_<GROUP>_<NAME>`` variable (:data:`ENV_GROUPS`, read through
+:mod:`sparkiq.envsettings`): ``sql_limits`` (:class:`~sparkiq.sql.SqlLimits`, ``SQL``),
+``http_limits`` (:class:`~sparkiq.limits.HttpLimits`, ``HTTP``), ``pg_limits``
+(:class:`~sparkiq.limits.PgLimits`, ``PG``) and ``auth_policy``
+(:class:`~sparkiq.limits.AuthPolicy`, ``AUTH``). They are resolved here, once per node, and
+the node hands each to the components that enforce it; nothing else reads those variables.
 """
 
 from __future__ import annotations
@@ -17,9 +25,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkiq.cluster.nodeauth import MIN_SECRET_LENGTH, is_loopback_url
+from sparkiq.envsettings import dataclass_from_env
 from sparkiq.errors import ConfigError
+from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
+from sparkiq.sql.limits import SqlLimits
 
-__all__ = ["ENV_VARIABLES", "NOT_GIVEN", "NodeConfig", "node_url"]
+__all__ = [
+    "ENV_GROUPS",
+    "ENV_VARIABLES",
+    "NOT_GIVEN",
+    "NodeConfig",
+    "environment_value",
+    "node_url",
+    "resolve_group",
+]
 
 
 class _NotGiven:
@@ -55,6 +74,14 @@ ENV_VARIABLES: dict[str, str] = {
     "kafka_bootstrap": "SPARKIQ_KAFKA_BOOTSTRAP",
     "kafka_interval": "SPARKIQ_KAFKA_INTERVAL",
     "source_wait": "SPARKIQ_SOURCE_WAIT",
+}
+
+#: Field -> (its settings group's class, the group's name in ``SPARKIQ_<GROUP>_<NAME>``).
+ENV_GROUPS: dict[str, tuple[type, str]] = {
+    "sql_limits": (SqlLimits, "SQL"),
+    "http_limits": (HttpLimits, "HTTP"),
+    "pg_limits": (PgLimits, "PG"),
+    "auth_policy": (AuthPolicy, "AUTH"),
 }
 
 _STORES = ("rocksdb", "memory")
@@ -107,6 +134,15 @@ class NodeConfig:
     #: How long a read bounded by a producer's Kafka records waits for the writer to commit
     #: a batch that read them (sparkiq.cluster.source_bounds).
     source_wait: float = 10.0
+    #: What one SQL statement may cost (pull and push, REST and Postgres, the fragments
+    #: other nodes send here): ``SPARKIQ_SQL_<NAME>``.
+    sql_limits: SqlLimits = dataclasses.field(default_factory=SqlLimits)
+    #: What the HTTP server accepts from a client: ``SPARKIQ_HTTP_<NAME>``.
+    http_limits: HttpLimits = dataclasses.field(default_factory=HttpLimits)
+    #: What one Postgres client may cost the endpoint: ``SPARKIQ_PG_<NAME>``.
+    pg_limits: PgLimits = dataclasses.field(default_factory=PgLimits)
+    #: How callers whose credentials fail are slowed: ``SPARKIQ_AUTH_<NAME>``.
+    auth_policy: AuthPolicy = dataclasses.field(default_factory=AuthPolicy)
 
     @property
     def scheme(self) -> str:
@@ -131,8 +167,10 @@ class NodeConfig:
         ``os.environ``) for those left :data:`NOT_GIVEN`, then ``defaults`` (a caller's own
         defaults, e.g. ``sparkiq serve`` listens on ``127.0.0.1:8081``), then the field
         defaults. ``node_id=None`` names the node after its ``listen`` address (``"local"``
-        when it does not listen). Raises :class:`~sparkiq.errors.ConfigError` naming the
-        option, and the variable when one set it, whose value is wrong."""
+        when it does not listen). A settings group (:data:`ENV_GROUPS`) is given as an
+        instance of its class, or as a mapping of some of its fields whose others come from
+        the variables. Raises :class:`~sparkiq.errors.ConfigError` naming the option, and the
+        variable when one set it, whose value is wrong."""
         env = os.environ if environ is None else environ
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(given) - names)
@@ -140,7 +178,7 @@ class NodeConfig:
             raise ConfigError(f"unknown node option(s) {unknown}; options are {sorted(names)}")
         values: dict[str, Any] = {}
         origin: dict[str, str] = {}  # per option: "" or " (set by SPARKIQ_...)" for messages
-        for name in names - {"state_dir"}:
+        for name in names - {"state_dir", *ENV_GROUPS}:
             value = given.get(name, NOT_GIVEN)
             origin[name] = ""
             variable = ENV_VARIABLES.get(name)
@@ -152,10 +190,45 @@ class NodeConfig:
                 values[name] = value
         if values.get("node_id", NOT_GIVEN) is None:  # named after where it listens
             values["node_id"] = _optional_text(values.get("listen"), "listen", "") or "local"
-        return cls(state_dir=state_dir, **_validated(values, origin))
+        groups = {name: resolve_group(name, given.get(name, NOT_GIVEN), env) for name in ENV_GROUPS}
+        return cls(state_dir=state_dir, **_validated(values, origin), **groups)
 
     def replace(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **changes)
+
+
+def resolve_group(
+    name: str, value: Any = NOT_GIVEN, environ: Mapping[str, str] | None = None
+) -> Any:
+    """Settings group ``name`` (:data:`ENV_GROUPS`) as :meth:`NodeConfig.resolve` makes it:
+    an instance of its class as given; a mapping of some of its fields, the others from the
+    variables of ``environ`` (default ``os.environ``); NOT_GIVEN: every field from the
+    variables; None: the defaults, variables ignored (as ``None`` ignores the variable of
+    other options). For the replica handles that are not nodes (a follower, an attached
+    checkpoint), which take ``sql_limits`` alone."""
+    kind, group = ENV_GROUPS[name]
+    env = os.environ if environ is None else environ
+    if isinstance(value, kind):
+        return value
+    if value is None:
+        return kind()
+    if value is NOT_GIVEN:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{name} must be a {kind.__name__} or a mapping of some of its fields "
+            f"(the others come from SPARKIQ_{group}_<NAME> variables), got {value!r}"
+        )
+    return dataclass_from_env(kind, group, value, environ=env)
+
+
+def environment_value(field: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value the variable of option ``field`` (:data:`ENV_VARIABLES`) has in
+    ``environ`` (default ``os.environ``), None when unset or empty; for a command that
+    needs one node setting without resolving a whole node (``sparkiq status``'s
+    ``local_dir``)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_VARIABLES[field], "") or None
 
 
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:

@@ -43,12 +43,12 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sparkiq.changelog import Changelog, open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
-from sparkiq.cluster.config import NodeConfig
+from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, resolve_group
 from sparkiq.cluster.handle import ReplicaHandle
 from sparkiq.cluster.hosting import Hosting, TableView
 from sparkiq.cluster.lookup import Lookup
@@ -78,6 +78,7 @@ def follow(
     local_dir: str | None = None,
     store: str = "rocksdb",
     poll_interval: float = 0.05,
+    sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
     start: bool = True,
 ) -> Follower:
     """Follow table ``table`` of the application writing ``state_dir``; see :class:`Follower`."""
@@ -90,6 +91,7 @@ def follow(
         local_dir=local_dir,
         store=store,
         poll_interval=poll_interval,
+        sql_limits=sql_limits,
         start=start,
     )
 
@@ -115,6 +117,8 @@ class Follower(ReplicaHandle):
     - ``store``: ``"rocksdb"`` (default) or ``"memory"`` (nothing on disk; no ``local_dir``).
     - ``poll_interval``: seconds between checks for new commits; ``start=False`` does not
       start the background thread (call :meth:`poll_once` or :meth:`start` yourself).
+    - ``sql_limits``: the limits of :meth:`sql` (a :class:`~sparkiq.sql.SqlLimits`, or a
+      mapping of some of its fields), then ``SPARKIQ_SQL_<NAME>`` variables, as a node's.
 
     Thread-safe: queries run concurrently with tailing, each partition answering from its
     last applied batch with the position it is at. :meth:`close` stops tailing and closes
@@ -132,6 +136,7 @@ class Follower(ReplicaHandle):
         local_dir: str | None = None,
         store: str = "rocksdb",
         poll_interval: float = 0.05,
+        sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
         start: bool = True,
     ) -> None:
         self.changelog = Changelog(state_dir, table, read_only=True)
@@ -154,6 +159,8 @@ class Follower(ReplicaHandle):
             transform = SubsetTransform(table, RowCodec(manifest.schema), where, kept)
         # the same checks and messages as a node's settings; no SPARKIQ_* variable applies
         NodeConfig.resolve(state_dir, environ={}, store=store, poll_interval=poll_interval)
+        # the SQL limits of a node: keyword, then SPARKIQ_SQL_<NAME>, then defaults
+        self._sql_limits: SqlLimits = resolve_group("sql_limits", sql_limits)
         if store == "memory" and local_dir is not None:
             raise ConfigError(
                 "local_dir is only used with store='rocksdb'; a memory follower keeps nothing "
@@ -182,7 +189,9 @@ class Follower(ReplicaHandle):
                 views={table: TableView(self.schema, transform)},
                 read_only=True,
             )
-            self._lookup = Lookup(self._hosting, node_id=f"follower-{table}")
+            self._lookup = Lookup(
+                self._hosting, node_id=f"follower-{table}", sql_limits=self._sql_limits
+            )
             self._sql: SqlEngine | None = None
             if local_dir is not None:
                 self._discard_other_subset(local_dir)
@@ -327,7 +336,7 @@ class Follower(ReplicaHandle):
         self._require_open()
         engine = self._sql
         if engine is None:  # a race builds two engines; either serves
-            engine = self._sql = SqlEngine(self._lookup, SqlLimits.from_env())
+            engine = self._sql = SqlEngine(self._lookup, self._sql_limits)
         return engine.execute(text, **options)
 
     # -- local directory ---------------------------------------------------------------------

@@ -44,6 +44,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.errors import SqlPartitionError
+from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.source import LocalRows
 from sparkiq.stores.dispatch import (
     CATCH_UP_WAIT,
@@ -80,8 +81,17 @@ class Lookup:
     It is also what the SQL engine reads from (a :class:`~sparkiq.sql.source.QuerySource`).
     """
 
-    def __init__(self, hosting: Hosting, *, node_id: str, url: str | None = None) -> None:
+    def __init__(
+        self,
+        hosting: Hosting,
+        *,
+        node_id: str,
+        url: str | None = None,
+        sql_limits: SqlLimits | None = None,
+    ) -> None:
         self._hosting = hosting
+        # the node's SQL limits travel with every read: they bound the SQL fragments run here
+        self._plain_context = QueryContext(sql_limits=sql_limits)
         self._routes = hosting.live_routes  # read without a call on every key lookup
         self.node_id = node_id
         self.url = url
@@ -310,7 +320,7 @@ class Lookup:
             and not request.is_execution_info_enabled
             and request.at_batch is None
         ):
-            ctx = _PLAIN_CONTEXT
+            ctx = self._plain_context
         else:
             if request.at_time is not None:
                 request = self.pin_batch(request, partitions)
@@ -319,6 +329,7 @@ class Lookup:
                 request.is_execution_info_enabled,
                 at_batch=request.at_batch,
                 catch_up_wait=catch_up_wait,
+                sql_limits=self._plain_context.sql_limits,
             )
         for partition in partitions:
             hosted = stores[partition]

@@ -24,8 +24,9 @@ host commonly owns whole):
   failures go on). A peer with no failure for ``forget_seconds`` is forgotten; at most
   ``max_peers`` are remembered (the one whose bar ended first makes room).
 
-Settings come from keyword arguments, then ``SPARKIQ_AUTH_<NAME>`` variables
-(:meth:`AuthFailures.from_env`). The counts are Prometheus counters (:meth:`collect`):
+The settings are an :class:`~sparkiq.limits.AuthPolicy`, a node's ``auth_policy`` (keyword
+argument, then ``SPARKIQ_AUTH_<NAME>`` variables, resolved by
+:class:`~sparkiq.cluster.config.NodeConfig`). The counts are Prometheus counters (:meth:`collect`):
 ``sparkiq_auth_failures_total{listener}`` (credentials checked and wrong) and
 ``sparkiq_auth_throttled_total{listener}`` (attempts refused while barred).
 """
@@ -37,13 +38,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from sparkiq.envsettings import values_from_env
 from sparkiq.error_codes import ErrorCode
-from sparkiq.errors import AuthenticationError, ConfigError
+from sparkiq.errors import AuthenticationError
+from sparkiq.limits import AuthPolicy
 from sparkiq.server.http_errors import HttpError
 
 __all__ = ["AuthFailures", "auth_failures_of", "peer_of"]
@@ -81,46 +82,20 @@ class AuthFailures:
     HTTP event loop)."""
 
     def __init__(
-        self,
-        *,
-        free_failures: int = 3,
-        base_delay: float = 0.25,
-        max_delay: float = 5.0,
-        forget_seconds: float = 600.0,
-        max_peers: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
+        self, policy: AuthPolicy | None = None, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if free_failures < 0 or not 0 < base_delay <= max_delay or forget_seconds <= 0:
-            raise ConfigError(
-                "AuthFailures needs free_failures >= 0, 0 < base_delay <= max_delay and "
-                f"forget_seconds > 0; got {free_failures}, {base_delay}, {max_delay}, "
-                f"{forget_seconds}"
-            )
-        if max_peers < 1:
-            raise ConfigError(f"AuthFailures.max_peers must be >= 1, got {max_peers}")
-        self.free_failures = free_failures
-        self.base_delay = base_delay
-        self.max_delay = max_delay
-        self.forget_seconds = forget_seconds
-        self.max_peers = max_peers
+        #: The policy (a node's ``auth_policy``; default: :class:`~sparkiq.limits.AuthPolicy`).
+        self.policy = policy = AuthPolicy() if policy is None else policy
+        self.free_failures = policy.free_failures
+        self.base_delay = policy.base_delay
+        self.max_delay = policy.max_delay
+        self.forget_seconds = policy.forget_seconds
+        self.max_peers = policy.max_peers
         self._clock = clock
         self._lock = threading.Lock()
         self._peers: dict[str, _Peer] = {}
         self._failures = dict.fromkeys(LISTENERS, 0)
         self._throttled = dict.fromkeys(LISTENERS, 0)
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> AuthFailures:
-        """Keyword arguments first, then ``SPARKIQ_AUTH_<NAME>`` variables (e.g.
-        ``SPARKIQ_AUTH_MAX_DELAY=30``), then the defaults (:mod:`sparkiq.envsettings`)."""
-        kinds = {
-            "free_failures": int,
-            "base_delay": float,
-            "max_delay": float,
-            "forget_seconds": float,
-            "max_peers": int,
-        }
-        return cls(**values_from_env(kinds, "AUTH", overrides))
 
     # -- the policy --------------------------------------------------------------------------
 
@@ -268,7 +243,7 @@ class AuthFailures:
 
 
 def auth_failures_of(node: object) -> AuthFailures:
-    """The node's :class:`AuthFailures` (its ``auth_failures`` attribute), or a new one for
-    a node without (a test double)."""
+    """The node's :class:`AuthFailures` (its ``auth_failures`` attribute), or a new one with
+    the default policy for a node without (a test double)."""
     found = getattr(node, "auth_failures", None)
-    return found if isinstance(found, AuthFailures) else AuthFailures.from_env()
+    return found if isinstance(found, AuthFailures) else AuthFailures()

@@ -4,7 +4,8 @@ HTTP limits that hold before the app sees a request.
 uvicorn bounds neither the size of a request's headers (httptools buffers a header value
 whole, by repeated concatenation: a 128 MiB header held the event loop for seconds) nor
 how long a client may take to send them or its body, nor how many connections it holds
-open. :class:`HttpLimits` says how much of each a node accepts, and
+open. :class:`~sparkiq.limits.HttpLimits` (a node's ``http_limits``) says how much of each
+a node accepts, and
 :class:`_LimitedProtocol` (uvicorn's httptools protocol with four checks added) enforces
 them at the transport, at a cost bounded per received chunk:
 
@@ -29,49 +30,20 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sparkiq.envsettings import dataclass_from_env
 from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ConfigError
+from sparkiq.limits import HttpLimits
 from sparkiq.server.served import ServedNode
 from sparkiq.tls import TlsContexts
 
-__all__ = ["HttpLimits", "RunningServer", "bind_socket", "start_server"]
+__all__ = ["RunningServer", "bind_socket", "start_server"]
 
 log = logging.getLogger("sparkiq.server")
-
-
-@dataclass(frozen=True, slots=True)
-class HttpLimits:
-    """What one node's HTTP server accepts from a client (see the module docstring).
-
-    Every field has a ``SPARKIQ_HTTP_<NAME>`` environment variable (:meth:`from_env`), e.g.
-    ``SPARKIQ_HTTP_HEADER_TIMEOUT=5``.
-    """
-
-    max_header_bytes: int = 64 * 1024
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    max_body_bytes: int = 1 << 20
-    max_connections: int = 1000
-    keep_alive_timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"HttpLimits.{f.name} must be a number > 0, got {value!r}")
-
-    @staticmethod
-    def from_env(**overrides: object) -> HttpLimits:
-        """Keyword arguments first, then ``SPARKIQ_HTTP_<NAME>`` variables, then
-        defaults (:mod:`sparkiq.envsettings`)."""
-        return dataclass_from_env(HttpLimits, "HTTP", overrides)
 
 
 _LINGER_SECONDS = 1.0
@@ -249,12 +221,13 @@ def start_server(
     tls: TlsContexts | None = None,
 ) -> RunningServer:
     """Serve ``node``'s REST API and node protocol on ``sock`` until ``stop()``, within
-    ``limits`` (default :meth:`HttpLimits.from_env`; ``max_body_bytes`` overrides its
-    field); over TLS only with ``tls``, whose certificates may change while it runs."""
+    ``limits`` (default: :class:`~sparkiq.limits.HttpLimits`' defaults; a node passes its
+    ``http_limits``; ``max_body_bytes`` overrides that field); over TLS only with ``tls``,
+    whose certificates may change while it runs."""
     from sparkiq.server.app import RestApp
 
     if limits is None:
-        limits = HttpLimits.from_env(max_body_bytes=max_body_bytes)
+        limits = HttpLimits()
     app = RestApp(node, max_body_bytes=max_body_bytes or limits.max_body_bytes)
     protocol = type("LimitedProtocol", (_LimitedProtocol,), {"limits": limits})
     config = uvicorn.Config(

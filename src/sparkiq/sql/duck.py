@@ -57,28 +57,17 @@ import duckdb
 import pyarrow as pa
 
 from sparkiq.error_codes import ErrorCode
-from sparkiq.errors import ConfigError
+from sparkiq.limits import parse_size
 from sparkiq.sql.duck_errors import translate
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnknownNameError
 from sparkiq.sql.pyrows import arrow_rows, read_as_arrow
 from sparkiq.sql.result_schema import DUCK_TYPE
 from sparkiq.sql.watchdog import WATCHDOG, Statement
 
-__all__ = ["DuckPool", "approx_bytes", "parse_size", "run"]
+__all__ = ["DuckPool", "approx_bytes", "run"]
 
 _CLOSE_WAIT = 10.0  # seconds close() waits for interrupted statements to return
 _FETCH_ROWS = 1024
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|[kmgt]i?b)?\s*$", re.IGNORECASE)
-_UNIT = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_UNIT |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_size(text: str, name: str = "size") -> int:
-    """Bytes of a DuckDB-style size (``"512MB"``, ``"1GiB"``, ``"4096"``); ConfigError else."""
-    found = _SIZE.match(text) if isinstance(text, str) else None
-    if found is None:
-        raise ConfigError(f"{name} must be a size like '512MB' or '1GiB', got {text!r}")
-    return int(float(found.group(1)) * _UNIT[(found.group(2) or "b").lower()])
 
 
 class DuckPool:

@@ -76,19 +76,23 @@ class SqlFragmentQuery(Query):
     skip_below: int = 0
 
 
+_DEFAULT_LIMITS = SqlLimits()
 _pool_lock = threading.Lock()  # guards _pools
-_pools: list[tuple[SqlLimits, DuckPool]] = []
+_pools: dict[SqlLimits, DuckPool] = {}
 
 
-def _fragment_pool() -> tuple[SqlLimits, DuckPool]:
-    """This process's limits (``SPARKIQ_SQL_*``) and the one pool fragments run in (one
-    DuckDB thread each: a node runs many fragments at once)."""
-    if not _pools:
+def _fragment_pool(limits: object | None) -> tuple[SqlLimits, DuckPool]:
+    """The answering node's limits (``QueryContext.sql_limits``; None: the defaults) and
+    the pool its fragments run in (one DuckDB thread each: a node runs many fragments at
+    once). Nodes of one process with equal limits share a pool."""
+    chosen = limits if isinstance(limits, SqlLimits) else _DEFAULT_LIMITS
+    pool = _pools.get(chosen)
+    if pool is None:
         with _pool_lock:
-            if not _pools:
-                limits = SqlLimits.from_env()
-                _pools.append((limits, DuckPool.for_limits(limits, threads=1)))
-    return _pools[0]
+            pool = _pools.get(chosen)
+            if pool is None:
+                pool = _pools[chosen] = DuckPool.for_limits(chosen, threads=1)
+    return chosen, pool
 
 
 _checked: OrderedDict[str, None] = OrderedDict()
@@ -229,7 +233,7 @@ def _fragment(
     table, position = partition_table(store, query, ctx.at_batch)
     if query.sql is not None and table.num_rows >= query.skip_below:
         _check_fragment_sql(query.sql)
-        limits, pool = _fragment_pool()
+        limits, pool = _fragment_pool(ctx.sql_limits)
         timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
         _, table = run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)
     return QueryResult.for_result(table, position)

@@ -1,18 +1,18 @@
 """Bounds on what one SQL statement may cost, and the DuckDB settings that enforce some.
 
-Every limit has a keyword argument and a ``SPARKIQ_SQL_*`` environment variable
-(:meth:`SqlLimits.from_env`); exceeding one raises :class:`~sparkiq.sql.errors.SqlLimitError`
-naming the limit and how to raise it.
+Every limit has a keyword argument and a ``SPARKIQ_SQL_<NAME>`` environment variable, which
+:class:`~sparkiq.cluster.config.NodeConfig` reads (a node's ``sql_limits``; the class itself
+reads nothing); exceeding one raises :class:`~sparkiq.sql.errors.SqlLimitError` naming the
+limit and how to raise it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from sparkiq.envsettings import dataclass_from_env
 from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ConfigError
-from sparkiq.sql.duck import parse_size
+from sparkiq.limits import parse_size
 from sparkiq.sql.errors import SqlLimitError
 
 __all__ = ["SqlLimits"]
@@ -92,10 +92,3 @@ class SqlLimits:
                 f"SqlLimits.max_statement_chars={self.max_statement_chars}",
                 code=ErrorCode.STATEMENT_TOO_LONG,
             )
-
-    @staticmethod
-    def from_env(**overrides: object) -> SqlLimits:
-        """Keyword arguments first, then ``SPARKIQ_SQL_<NAME>`` variables (e.g.
-        ``SPARKIQ_SQL_MAX_RESULT_ROWS=5000``), then
-        defaults (:mod:`sparkiq.envsettings`)."""
-        return dataclass_from_env(SqlLimits, "SQL", overrides)

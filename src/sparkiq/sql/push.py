@@ -64,6 +64,7 @@ from sparkiq.principals import check_read
 from sparkiq.query.position import Position
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.change import Change
+from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.push_batch import DecodedBatch, Decoder, Evaluated
 from sparkiq.sql.push_plan import PushPlan, PushQueryError, plan_push_query
 from sparkiq.sql.subscription import (
@@ -166,8 +167,9 @@ class SubscriptionHub:
     come from (a :class:`~sparkiq.changelog.source.ChangelogSource`: an attached checkpoint's
     store) or None for a sparkiq table of ``state_dir``. ``buffer_limit`` is the default
     bound on the changes waiting for one consumer; ``poll_interval`` how often (seconds) a
-    tail checks for a new commit (:meth:`notify` wakes it at once). Threads: one per table
-    with subscriptions, none else. Call :meth:`close` when the node stops.
+    tail checks for a new commit (:meth:`notify` wakes it at once); ``limits`` bounds each
+    statement as a pull query's (a node's ``sql_limits``; default: the defaults). Threads:
+    one per table with subscriptions, none else. Call :meth:`close` when the node stops.
     """
 
     def __init__(
@@ -178,6 +180,7 @@ class SubscriptionHub:
         buffer_limit: int = 10_000,
         poll_interval: float = 0.02,
         sources: Callable[[str], ChangelogSource | None] | None = None,
+        limits: SqlLimits | None = None,
     ) -> None:
         if not (isinstance(buffer_limit, int) and buffer_limit > 0):
             raise PushQueryError(f"buffer_limit must be a positive int, got {buffer_limit!r}")
@@ -185,6 +188,7 @@ class SubscriptionHub:
             raise PushQueryError(f"poll_interval must be a positive number, got {poll_interval!r}")
         self.state_dir, self.source, self._sources = state_dir, source, sources
         self.buffer_limit, self.poll_interval = buffer_limit, float(poll_interval)
+        self.limits = SqlLimits() if limits is None else limits
         self._lock = threading.Lock()
         self._tails: dict[str, _Tail] = {}
         self._subscriptions: set[Subscription] = set()
@@ -227,7 +231,7 @@ class SubscriptionHub:
         statement, :class:`~sparkiq.errors.UnknownStoreError` for an unknown table and
         :class:`SubscriptionError` when the changes after ``from_position`` are gone.
         """
-        plan = plan_push_query(text, self._resolve)
+        plan = plan_push_query(text, self._resolve, self.limits)
         check_read((plan.table,))
         changelog, decoder = self._table(plan.table)
         start = self._parse_position(plan.table, from_position)

@@ -36,6 +36,8 @@ from sparkiq.sql.statement import emit_changes_at
 
 __all__ = ["SUPPORTED", "PushPlan", "PushQueryError", "like_matcher", "plan_push_query"]
 
+_DEFAULT_LIMITS = SqlLimits()
+
 Row = dict[str, Any]
 Fn = Callable[[Row], Any]
 
@@ -115,12 +117,13 @@ def plan_push_query(
     """Parse and compile ``text``; raises :class:`PushQueryError` saying what is supported.
 
     ``resolve(name)`` gives a table's exact name and schema (SQL names are case-insensitive).
-    ``limits`` (default: :meth:`SqlLimits.from_env`, as pull queries) bounds the statement's
-    length: a longer one raises :class:`~sparkiq.sql.errors.SqlLimitError` before it is read.
+    ``limits`` (a node's ``sql_limits``, as pull queries; default: the defaults) bounds the
+    statement's length: a longer one raises :class:`~sparkiq.sql.errors.SqlLimitError`
+    before it is read.
     """
     if not isinstance(text, str):
         raise PushQueryError(f"a push query is a SQL string, got {type(text).__name__}")
-    (SqlLimits.from_env() if limits is None else limits).check_statement(text)
+    (_DEFAULT_LIMITS if limits is None else limits).check_statement(text)
     emit = emit_changes_at(text)
     if emit is None:
         raise PushQueryError(

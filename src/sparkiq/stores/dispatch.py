@@ -65,12 +65,15 @@ CATCH_UP_WAIT = 2.0
 class QueryContext:
     """What a handler may need besides the store and the query: the bound, whether to
     collect execution info, and ``at_batch`` -- the batch to read at (None: the newest) --
-    with how long to wait for a replica that has not applied it yet."""
+    with how long to wait for a replica that has not applied it yet; ``sql_limits``, the
+    answering node's :class:`~sparkiq.sql.SqlLimits` (None: their defaults), bounds the SQL
+    a fragment runs here (typed ``object``: this layer sits below ``sql``)."""
 
     bound: PositionBound = _UNBOUNDED
     collect_execution_info: bool = False
     at_batch: int | None = None
     catch_up_wait: float = CATCH_UP_WAIT
+    sql_limits: object | None = None
 
 
 Handler = Callable[[Any, Any, QueryContext], QueryResult[Any]]

@@ -6,8 +6,8 @@ protocol of one (framing by the ``pygwire`` codec), ``catalog`` decides what a s
 is answered with, ``pgcatalog`` is the emulated ``pg_catalog``/``information_schema``,
 ``translate`` turns a client's catalog query into one on it (and walls it in), ``types``
 maps result columns to Postgres types, ``statements`` splits and reads statement text,
-``parameters`` binds a Bind's values into it, ``limits`` bounds what a client may cost
-and ``errors`` gives SQLSTATE codes.
+``parameters`` binds a Bind's values into it and ``errors`` gives SQLSTATE codes. What a
+client may cost is :class:`~sparkiq.limits.PgLimits` (a node's ``pg_limits``).
 """
 
 from __future__ import annotations

@@ -120,11 +120,15 @@ class Catalog:
     """Answers statements for every connection of one endpoint (thread-safe)."""
 
     def __init__(
-        self, node: ServedNode, parameters: Mapping[str, str], max_statements: int = 32
+        self,
+        node: ServedNode,
+        parameters: Mapping[str, str],
+        limits: SqlLimits,
+        max_statements: int = 32,
     ) -> None:
         self.node = node
         self.parameters = dict(parameters)
-        self.limits = SqlLimits.from_env()
+        self.limits = limits  # the node's sql_limits: catalog queries are statements too
         # Each connection thread gets its own DuckDB from the engine: bounding how many run
         # at once bounds their memory as the REST API's 32 SQL threads bound its own.
         self._running = threading.BoundedSemaphore(max_statements)

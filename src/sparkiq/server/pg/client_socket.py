@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 
-from sparkiq.server.pg.limits import PgLimits
+from sparkiq.limits import PgLimits
 from sparkiq.tls import PG_ALPN, TlsContexts
 
 __all__ = ["ClientGone", "ClientSocket", "Refused"]

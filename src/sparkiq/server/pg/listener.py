@@ -1,6 +1,6 @@
 """The Postgres endpoint's listener: accepts connections and runs each in its own thread.
 
-Connections are bounded (:class:`~sparkiq.server.pg.limits.PgLimits`): at most
+Connections are bounded (:class:`~sparkiq.limits.PgLimits`): at most
 ``max_connections`` open (one more is told SQLSTATE 53300 ``too_many_connections`` and
 closed), and at most ``max_unauthenticated`` of them still logging in. A connection over
 that second bound takes the slot of the oldest one that has been logging in for
@@ -27,14 +27,15 @@ import time
 from pygwire import messages as m
 
 from sparkiq._version import __version__
+from sparkiq.limits import PgLimits
 from sparkiq.principals import Principals
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg.catalog import Catalog, server_parameters
-from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.logins import PgLogins
 from sparkiq.server.pg.session import PgSession, SessionRules
 from sparkiq.server.served import ServedNode
+from sparkiq.sql.limits import SqlLimits
 from sparkiq.tls import TlsContexts
 
 __all__ = ["PgServer"]
@@ -44,7 +45,9 @@ log = logging.getLogger("sparkiq.server.pg")
 
 class PgServer:
     """Serves the Postgres wire protocol on a bound socket until :meth:`stop`; over TLS
-    when a client asks and ``tls`` is given, and only over TLS if ``require_tls`` too."""
+    when a client asks and ``tls`` is given, and only over TLS if ``require_tls`` too.
+    ``limits`` bounds what a client may cost and ``sql_limits`` what a statement may (a node
+    passes its ``pg_limits`` and ``sql_limits``; default: each group's defaults)."""
 
     def __init__(
         self,
@@ -54,19 +57,20 @@ class PgServer:
         principals: Principals,
         audit: AuditLog | None = None,
         limits: PgLimits | None = None,
+        sql_limits: SqlLimits | None = None,
         auth_failures: AuthFailures | None = None,
         tls: TlsContexts | None = None,
         require_tls: bool = False,
     ) -> None:
         self.sock = sock
-        self.limits = limits = limits if limits is not None else PgLimits.from_env()
+        self.limits = limits = limits if limits is not None else PgLimits()
         parameters = server_parameters(__version__)
-        self.catalog = Catalog(node, parameters)
+        self.catalog = Catalog(node, parameters, sql_limits or SqlLimits())
         self.rules = SessionRules(
             self.catalog,
             PgLogins(principals),
             limits,
-            auth_failures if auth_failures is not None else AuthFailures.from_env(),
+            auth_failures if auth_failures is not None else AuthFailures(),
             parameters,
             self._cancel,
             self._logged_in,

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 
 from sparkiq.error_codes import ErrorCode
+from sparkiq.limits import PgLimits
 from sparkiq.server.pg.arrays import ARRAY_ELEMENTS, array_parameter
-from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.statements import code_segments
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError
 

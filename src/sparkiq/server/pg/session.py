@@ -58,6 +58,7 @@ from pygwire.exceptions import ProtocolError
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import AuthenticationError
+from sparkiq.limits import PgLimits
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
@@ -66,7 +67,6 @@ from sparkiq.server.pg.client_socket import ClientGone, ClientSocket, Refused
 from sparkiq.server.pg.copy import copy_rows
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
 from sparkiq.server.pg.errors import sqlstate as sqlstate_of
-from sparkiq.server.pg.limits import PgLimits
 from sparkiq.server.pg.logins import PgLogins
 from sparkiq.server.pg.parameters import bind_parameters
 from sparkiq.server.pg.scram import MECHANISM, ScramError, ScramExchange, ScramVerifier
