@@ -8,7 +8,6 @@ import pkgutil
 import re
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
 
@@ -86,7 +85,7 @@ def test_rest_and_postgres_render_the_row_and_the_client_raises_its_class(
     assert error_fields(error, "x")["C"] == code.sqlstate
     doc = {"code": rendered.code.wire, "message": rendered.message, "field": rendered.field}
     body = orjson.dumps({"error": doc | rendered.extra})  # as server/asgi.send_error
-    raised = _error(httpx.Response(rendered.status, content=body))
+    raised = _error(rendered.status, body)
     assert type(raised) is exception_class(code)
     assert raised.code is code and raised.retryable is code.retryable
     if isinstance(raised, SqlError):  # where the problem is survives the trip
@@ -142,7 +141,7 @@ def test_a_refusal_frame_carries_the_code() -> None:
 
 
 def test_a_body_that_is_no_error_is_an_http_error() -> None:
-    raised = _error(httpx.Response(502, content=b"<html>bad gateway</html>"))
+    raised = _error(502, b"<html>bad gateway</html>")
     assert isinstance(raised, RemoteError) and raised.code is ErrorCode.HTTP_ERROR
     assert "bad gateway" in raised.message
 

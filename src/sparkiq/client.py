@@ -40,11 +40,10 @@ from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
 import orjson
 
 from sparkiq.cluster.hedge import HedgeDelay, close_results
-from sparkiq.cluster.httppool import HttpPool
+from sparkiq.cluster.httppool import HttpPool, PooledResponse
 from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
     ErrorCode,
@@ -73,7 +72,7 @@ __all__ = ["ChangeStream", "Client"]
 T = TypeVar("T")
 
 #: Failures that say nothing about the request, only about the node: another node is asked.
-_UNREACHABLE = (httpx.TransportError, NodeUnreachableError)
+_UNREACHABLE = (NodeUnreachableError,)
 #: Threads sending hedged reads (one per copy in flight; created as needed).
 _MAX_IN_FLIGHT = 64
 
@@ -103,7 +102,8 @@ class Client:
         if len(schemes) != 1 or not schemes <= {"http", "https"}:
             raise ValueError(f"node URLs must all be http:// or all https://, got {self._urls}")
         # https: nodes' certificates verified against ``ca`` (a PEM bundle; default: the
-        # system's authorities), by both HTTP stacks
+        # system's authorities); one keep-alive pool for the REST API and the node protocol,
+        # the one routers use (sparkiq.cluster.httppool)
         tls = ssl.create_default_context(cafile=ca) if schemes == {"https"} else None
         self.token = token
         self.monotonic = monotonic
@@ -111,9 +111,6 @@ class Client:
         self.timeout = timeout
         self._conns = HttpPool(timeout=timeout, tls=None if tls is None else lambda: tls)
         self._hedge = HedgeDelay(floor=hedge_floor, ceiling=max(hedge_floor, hedge_ceiling))
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(timeout, connect=1.0), verify=True if tls is None else tls
-        )
         self._seen: dict[str, Position] = {}
         self._stores: dict[str, dict[str, Any]] = {}
         # guards _urls' order, _seen and _senders' creation
@@ -126,7 +123,6 @@ class Client:
         if senders is not None:
             senders.shutdown(wait=False)  # copies still out end on their own
         self._conns.close()
-        self._http.close()
 
     def __enter__(self) -> Client:
         return self
@@ -175,8 +171,7 @@ class Client:
         )
         try:
             if response.status != 200:
-                data = response.read()
-                raise _error(httpx.Response(response.status, content=data))
+                _body(response)  # raises the error it holds
             partitions = None if request.partitions is None else sorted(request.partitions)
             frames = protocol.read_frames(response.chunks())
             return protocol.results_from_frames(frames, partitions, response.close)
@@ -250,12 +245,8 @@ class Client:
             return self._call(lambda url: self._sql_arrow(url, doc), "sql:arrow")
 
         def call(url: str) -> SqlResult:
-            response = self._http.post(
-                f"{url}/query", content=orjson.dumps(doc), headers=self._headers(binary=True)
-            )
-            if response.status_code != 200:
-                raise _error(response)
-            answer = unpack(response.content)
+            body = self._post(url, "/query", orjson.dumps(doc), self._headers(binary=True))
+            answer = unpack(body)
             return SqlResult(
                 answer["columns"],
                 answer["rows"],
@@ -269,18 +260,17 @@ class Client:
     def _sql_arrow(self, url: str, doc: dict[str, Any]) -> SqlResult:
         headers = self._headers()
         headers["accept"] = arrowipc.CONTENT_TYPE
-        response = self._http.post(f"{url}/query", content=orjson.dumps(doc), headers=headers)
-        if response.status_code != 200:
-            raise _error(response)
-        kind = response.headers.get("content-type", "")
+        response = self._conns.request(url, "POST", "/query", orjson.dumps(doc), headers)
+        body = _body(response)
+        kind = response.header("content-type") or ""
         if not kind.startswith(arrowipc.CONTENT_TYPE):
             raise SparkiqError(
                 f"{url} answered {kind or 'no content type'}, not an Arrow stream: the node "
                 'predates Arrow results; upgrade it or use format="rows"'
             )
-        table = arrowipc.read_table(response.content)
-        position = Position.from_token(response.headers[arrowipc.POSITION_HEADER])
-        return _ArrowResult(table, position, response.headers.get(arrowipc.PAGE_TOKEN_HEADER))
+        table = arrowipc.read_table(body)
+        position = Position.from_token(response.header(arrowipc.POSITION_HEADER) or "")
+        return _ArrowResult(table, position, response.header(arrowipc.PAGE_TOKEN_HEADER))
 
     def stream(
         self, text: str, *, from_position: Position | str | None = None, snapshot: bool = False
@@ -294,19 +284,20 @@ class Client:
             )
 
         def call(url: str) -> ChangeStream:
-            request = self._http.build_request(
-                "POST", f"{url}/query", content=orjson.dumps(doc), headers=self._headers()
+            response = self._conns.request(
+                url, "POST", "/query", orjson.dumps(doc), self._headers()
             )
-            response = self._http.send(request, stream=True)
-            if response.status_code != 200:
-                response.read()
-                response.close()
-                raise _error(response)
+            if response.status != 200:
+                _body(response)  # raises the error it holds
             return ChangeStream(response)
 
         return self._call(call)
 
     # -- plumbing ----------------------------------------------------------------------------
+
+    def _post(self, url: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+        """The body of a 200 answer to a POST; an error answer raises its error."""
+        return _body(self._conns.request(url, "POST", path, body, headers))
 
     def _headers(self, binary: bool = False) -> dict[str, str]:
         headers = {"content-type": "application/json"}
@@ -411,11 +402,15 @@ class Client:
     def _learn_nodes(self) -> None:
         for url in list(self._urls):
             try:
-                response = self._http.get(f"{url}/metadata", headers=self._headers(), timeout=2.0)
-                if response.status_code != 200:
+                response = self._conns.request(
+                    url, "GET", "/metadata", b"", self._headers(), timeout=2.0
+                )
+                if response.status != 200:
+                    response.close()
                     continue
-                known = [n["url"] for n in response.json()["nodes"] if n.get("url")]
-            except (httpx.HTTPError, ValueError, KeyError):
+                nodes = orjson.loads(response.read())["nodes"]
+                known = [n["url"] for n in nodes if n.get("url")]
+            except (NodeUnreachableError, ValueError, KeyError, TypeError):
                 continue
             with self._lock:
                 for node_url in known:
@@ -425,10 +420,8 @@ class Client:
 
     def _get_json(self, path: str) -> Any:
         def call(url: str) -> Any:
-            response = self._http.get(f"{url}{path}", headers=self._headers())
-            if response.status_code != 200:
-                raise _error(response)
-            return response.json()
+            response = self._conns.request(url, "GET", path, b"", self._headers())
+            return orjson.loads(_body(response))
 
         return self._call(call)
 
@@ -481,9 +474,9 @@ class _ArrowResult(SqlResult):
 class ChangeStream(Iterator[Change]):
     """The changes of a push query as they are committed; ``close()`` ends it."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: PooledResponse) -> None:
         self._response = response
-        self._lines = response.iter_lines()
+        self._lines = _lines(response.chunks())
         self.closed = False
 
     def __iter__(self) -> ChangeStream:
@@ -493,7 +486,7 @@ class ChangeStream(Iterator[Change]):
         while not self.closed:
             try:
                 line = next(self._lines)
-            except (StopIteration, httpx.HTTPError):
+            except (StopIteration, NodeUnreachableError):
                 self.close()
                 break
             if not line.strip():
@@ -545,13 +538,33 @@ def _key_text(key: Any) -> str:
     return str(key)
 
 
-def _error(response: httpx.Response) -> SparkiqError:
+def _body(response: PooledResponse) -> bytes:
+    """The body of a 200 answer; any other raises the error it stands for."""
+    body = response.read()
+    if response.status != 200:
+        raise _error(response.status, body)
+    return body
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The lines of a body that arrives in ``chunks`` (without their newlines)."""
+    held = b""
+    for chunk in chunks:
+        held += chunk
+        *lines, held = held.split(b"\n")
+        yield from lines
+    if held:
+        yield held
+
+
+def _error(status: int, body: bytes) -> SparkiqError:
     """The error an error answer stands for: its code's class in the table (``raises``),
     built from the body; a body that is no sparkiq error is an ``http_error``."""
-    doc = protocol.error_of(response.content)
+    doc = protocol.error_of(body)
     if doc is None:
-        doc = {"code": ErrorCode.HTTP_ERROR.wire, "message": response.text[:300]}
-    return _raised(doc, response.status_code)
+        text = body[:300].decode("utf-8", "replace")
+        doc = {"code": ErrorCode.HTTP_ERROR.wire, "message": text}
+    return _raised(doc, status)
 
 
 def _raised(doc: dict[str, Any], status: int | None = None) -> SparkiqError:

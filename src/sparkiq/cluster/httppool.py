@@ -1,9 +1,10 @@
-"""Keep-alive HTTP/1.1 connections for the node protocol, on the standard library.
+"""Keep-alive HTTP/1.1 connections to nodes, on the standard library: the one HTTP stack of
+routers (the node protocol) and of :class:`sparkiq.Client` (the node protocol and the REST
+API).
 
 Routers make one small request per partition they forward, so the client's per-request
 cost is the remote hop's cost. httpx spent about 1.1 ms per request here against 0.3 ms for
-``http.client`` on the same keep-alive connection (docs/design.md), so the node protocol
-uses this small pool instead; the REST client side keeps httpx.
+``http.client`` on the same keep-alive connection (docs/design.md).
 
 A connection is reused only after its response was read to the end; a response closed
 early closes its connection. Requests through this pool are reads (queries, heartbeats), so
@@ -105,11 +106,16 @@ class PooledResponse:
         return data
 
     def chunks(self) -> Iterator[bytes]:
-        """The body as it arrives; the connection is released at its end."""
+        """The body as it arrives (what has arrived, up to 64 KiB a piece, never waiting
+        to fill one: a push stream's change is handed on when it comes); the connection is
+        released at its end."""
         try:
             while True:
-                data = self._response.read(_CHUNK)
+                data = self._response.read1(_CHUNK)
                 if not data:
+                    # the body is done; read1 leaves a sized response open at its end,
+                    # and http.client reuses a connection only once it is closed
+                    self._response.close()
                     break
                 yield data
         except (OSError, http.client.HTTPException) as exc:
@@ -158,15 +164,22 @@ class HttpPool:
         path: str,
         body: bytes,
         headers: dict[str, str],
+        *,
+        timeout: float | None = None,
     ) -> PooledResponse:
         """Send one request to ``url`` (``http://host:port``); raise
         :class:`NodeUnreachableError` when no connection can be made or the server went
-        away, :class:`NodeTimeoutError` when it does not answer in time."""
+        away, :class:`NodeTimeoutError` when it does not answer within ``timeout`` (default:
+        the pool's) seconds of a read."""
         signal = cancel_signal()
+        wait = self.timeout if timeout is None else timeout
         for attempt in (0, 1):
             if signal is not None and signal.is_set():
                 raise _abandoned(url)
             conn, reused = self._take(url)
+            conn.timeout = wait  # a new connection's socket takes it at connect
+            if conn.sock is not None:
+                conn.sock.settimeout(wait)
             try:
                 with _cut_on(signal, conn):
                     conn.request(method, path, body=body, headers=headers)
