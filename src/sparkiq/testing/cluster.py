@@ -8,7 +8,7 @@ batch. Nodes reach each other over HTTP on 127.0.0.1 (``http=True``, the default
 calls (``http=False``: no sockets, for tests of routing and membership only).
 
 Why a Client speaks real HTTP here and not an in-process transport: the client is an HTTP
-client (a pooled keep-alive connection for the binary protocol, httpx for JSON and
+client (the keep-alive connection pool routers use, for the binary protocol, JSON and
 streams) and a node serves through uvicorn. A transport that skipped sockets would test
 neither, and loopback HTTP costs well under a millisecond per request.
 
