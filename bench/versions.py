@@ -43,8 +43,8 @@ from sparkiq import (
     StateQueryRequest,
     VersionedKeyQuery,
 )
-from sparkiq.cluster.lookup import Lookup
 from sparkiq.query.position import Position
+from sparkiq.serving.lookup import Lookup
 from sparkiq.sql import SqlEngine
 from sparkiq.stores.history import DEFAULT_HISTORY
 from sparkiq.stores.partition import PartitionStore

@@ -10,9 +10,9 @@ import pytest
 
 import sparkiq
 from sparkiq import ConfigError
-from sparkiq.cluster.config import ENV_GROUPS, ENV_VARIABLES, NodeConfig
 from sparkiq.envsettings import values_from_env
 from sparkiq.server.auth_failures import AuthFailures
+from sparkiq.serving.config import ENV_GROUPS, ENV_VARIABLES, NodeConfig
 
 KINDS = {"free_failures": int, "max_delay": float}
 
@@ -50,7 +50,7 @@ def test_every_group_reads_its_variables() -> None:
 
 SRC = Path(sparkiq.__file__).resolve().parent
 #: The modules that read a node's variables: every other one gets its settings from them.
-SETTINGS_READERS = {"envsettings.py", "cluster/config.py"}
+SETTINGS_READERS = {"envsettings.py", "serving/config.py"}
 #: Modules that read variables of their own, none of them a node setting (docs/design.md,
 #: "every node setting in NodeConfig").
 OTHER_READERS = {

@@ -39,7 +39,8 @@ LAYERS = [
     {"checkpoint"},  # reads a Spark streaming checkpoint's state in place
     {"wire"},  # encodings of requests and results, shared by server, cluster and client
     {"sql"},  # the SQL engine runs over anything that answers StateQueryRequests
-    {"cluster"},  # hosting, membership, routing: no web framework, no SQL wiring
+    {"serving"},  # one node's tables: config, hosting, lookups, followers, attached checkpoints
+    {"cluster"},  # membership, assignment, routing, transports: no web framework, no SQL wiring
     {"server"},  # the HTTP server over anything that offers a node's methods
     {"node"},  # the Node facade assembles cluster, sql and server (may not exist yet)
     {"spark"},  # the App embeds a node
@@ -555,7 +556,6 @@ RUNTIME_DEPENDENCIES = {
     # uvicorn's fast event loop, which the server asks uvicorn for by name
     "httptools": ("httptools_impl", "server"),
     "uvloop": ('find_spec("uvloop")', "server"),
-    "httpx": (IMPORTED, "httpx"),
     "orjson": (IMPORTED, "orjson"),
     "prometheus-client": (IMPORTED, "prometheus_client"),
     "pygwire": (IMPORTED, "pygwire"),

@@ -16,10 +16,10 @@ from sparkiq.exports import lazy_exports
 #: sparkiq.exports): ``sparkiq --help`` or a client-only script loads only what it uses.
 _HOMES: dict[str, tuple[str, ...]] = {
     "sparkiq.client": ("Client",),
-    "sparkiq.cluster.attach": ("Attached", "attach"),
-    "sparkiq.cluster.config": ("NodeConfig",),
-    "sparkiq.cluster.follower": ("Follower", "follow"),
-    "sparkiq.cluster.metadata": ("HostInfo", "KeyQueryMetadata", "NodeMetadata"),
+    "sparkiq.serving.attach": ("Attached", "attach"),
+    "sparkiq.serving.config": ("NodeConfig",),
+    "sparkiq.serving.follower": ("Follower", "follow"),
+    "sparkiq.serving.metadata": ("HostInfo", "KeyQueryMetadata", "NodeMetadata"),
     "sparkiq.errors": (
         "AuthenticationError",
         "ChangelogError",
@@ -149,10 +149,6 @@ if TYPE_CHECKING:
     # What type checkers and editors see; tests/test_package.py keeps these imports,
     # _HOMES and __all__ naming the same things.
     from sparkiq.client import Client
-    from sparkiq.cluster.attach import Attached, attach
-    from sparkiq.cluster.config import NodeConfig
-    from sparkiq.cluster.follower import Follower, follow
-    from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
     from sparkiq.errors import (
         AuthenticationError,
         ChangelogError,
@@ -190,6 +186,10 @@ if TYPE_CHECKING:
         WindowRangeQuery,
     )
     from sparkiq.schema.partitioner import partition_for, spark_hash
+    from sparkiq.serving.attach import Attached, attach
+    from sparkiq.serving.config import NodeConfig
+    from sparkiq.serving.follower import Follower, follow
+    from sparkiq.serving.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
     from sparkiq.spark import register_data_source
     from sparkiq.spark.app import App, Table
     from sparkiq.spark.lookup import enrich

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sparkiq.cluster.config import ENV_GROUPS, ENV_VARIABLES, NodeConfig, environment_value
+from sparkiq.serving.config import ENV_GROUPS, ENV_VARIABLES, NodeConfig, environment_value
 
 __all__ = ["main"]
 
@@ -544,8 +544,8 @@ def _status_text(
     from sparkiq.changelog import Changelog, list_tables
     from sparkiq.changelog.snapshot import snapshot_summary
     from sparkiq.checkpoint.source import CheckpointCatalog
-    from sparkiq.cluster.kafka_lag import committed_lines, kafka_lines
-    from sparkiq.cluster.writer_view import read_view, writer_lines
+    from sparkiq.serving.kafka_lag import committed_lines, kafka_lines
+    from sparkiq.serving.writer_view import read_view, writer_lines
 
     tables = list_tables(state_dir)
     attached = [CheckpointCatalog(uri, name) for name, uri in (checkpoints or {}).items()]

@@ -44,7 +44,6 @@ import orjson
 
 from sparkiq.cluster.hedge import HedgeDelay, close_results
 from sparkiq.cluster.httppool import HttpPool, PooledResponse
-from sparkiq.cluster.metadata import KeyQueryMetadata
 from sparkiq.errors import (
     ErrorCode,
     NodeUnreachableError,
@@ -57,6 +56,7 @@ from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
+from sparkiq.serving.metadata import KeyQueryMetadata
 from sparkiq.sql.change import Change
 from sparkiq.sql.errors import push_query_error
 from sparkiq.sql.result import SqlResult

@@ -5,7 +5,7 @@ failed-authentication ``AuthPolicy``) are groups of numbers and sizes with one v
 are resolved alike: a keyword argument (not None) wins, then the variable (an empty one is
 unset), then the field's default; a variable that does not parse as its field's type is a
 :class:`~sparkiq.errors.ConfigError` naming the variable, and so is an unknown keyword.
-:class:`~sparkiq.cluster.config.NodeConfig` is their one caller: it resolves every group of
+:class:`~sparkiq.serving.config.NodeConfig` is their one caller: it resolves every group of
 a node once (``NodeConfig.resolve(environ=...)``) and hands each to the component that
 enforces it.
 """

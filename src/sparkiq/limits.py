@@ -1,7 +1,7 @@
 """What a node's listeners accept: :class:`HttpLimits`, :class:`PgLimits`, :class:`AuthPolicy`.
 
 Plain settings, one frozen dataclass per group, each field set by a keyword argument or a
-``SPARKIQ_<GROUP>_<NAME>`` variable. :class:`~sparkiq.cluster.config.NodeConfig` resolves
+``SPARKIQ_<GROUP>_<NAME>`` variable. :class:`~sparkiq.serving.config.NodeConfig` resolves
 them (with the SQL engine's :class:`~sparkiq.sql.SqlLimits`) once per node and hands them to
 the listeners that enforce them: the HTTP runner (:mod:`sparkiq.server.runner`), the Postgres
 endpoint (:mod:`sparkiq.server.pg`) and the failed-authentication counter

@@ -3,9 +3,9 @@
 :class:`Node` is a facade. It assembles the rooms that do the work and wires them together;
 each has one job:
 
-* :class:`~sparkiq.cluster.config.NodeConfig` -- settings, from arguments then ``SPARKIQ_*``;
-* :class:`~sparkiq.cluster.hosting.Hosting` -- the replicas and the tailer thread;
-* :class:`~sparkiq.cluster.lookup.Lookup` -- key lookups and typed requests, local or routed;
+* :class:`~sparkiq.serving.config.NodeConfig` -- settings, from arguments then ``SPARKIQ_*``;
+* :class:`~sparkiq.serving.hosting.Hosting` -- the replicas and the tailer thread;
+* :class:`~sparkiq.serving.lookup.Lookup` -- key lookups and typed requests, local or routed;
 * :class:`~sparkiq.cluster.coordinator.Coordinator` -- membership, assignment and the router
   (clustered nodes only), with :class:`~sparkiq.cluster.rebalance.Rebalancer` moving
   partitions as the assignment changes;
@@ -42,17 +42,10 @@ from sparkiq.changelog import open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
 from sparkiq.changelog.source import ChangelogSource
 from sparkiq.checkpoint.source import CheckpointCatalog, CheckpointSource
-from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, node_url
 from sparkiq.cluster.coordinator import Coordinator
-from sparkiq.cluster.hosting import Hosting, Placement, TableView
-from sparkiq.cluster.kafka_lag import KafkaEndOffsets, KafkaSource, kafka_sources
-from sparkiq.cluster.lookup import KeyLocation, Lookup
-from sparkiq.cluster.membership import HostedState
-from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
 from sparkiq.cluster.nodeauth import NodeKey, Opened
 from sparkiq.cluster.rebalance import Rebalancer
 from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
-from sparkiq.cluster.writer_view import WriterRecords, WriterView
 from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
 from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
 from sparkiq.principals import Principal, Principals
@@ -64,6 +57,12 @@ from sparkiq.server import RunningServer, bind_socket, start_server
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg import PgServer
+from sparkiq.serving.config import NOT_GIVEN, NodeConfig, node_url
+from sparkiq.serving.hosting import Hosting, Placement, TableView
+from sparkiq.serving.kafka_lag import KafkaEndOffsets, KafkaSource, kafka_sources
+from sparkiq.serving.lookup import KeyLocation, Lookup
+from sparkiq.serving.metadata import HostedState, KeyQueryMetadata, NodeMetadata
+from sparkiq.serving.writer_view import WriterRecords, WriterView
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
 from sparkiq.stores.dispatch import CATCH_UP_WAIT
@@ -88,7 +87,7 @@ class Node:
 
     **Attached checkpoints.** ``checkpoints={"clicks": "/chk/clicks"}`` also serves the state
     stores of those Spark queries' checkpoints as tables named after each key
-    (``clicks_agg``...; see :mod:`sparkiq.cluster.attach`); :meth:`attach` adds one later.
+    (``clicks_agg``...; see :mod:`sparkiq.serving.attach`); :meth:`attach` adds one later.
 
     **Clustered.** With ``listen`` (``"host:port"``, port 0 picks a free one) the node serves
     the REST API and the node protocol over HTTP; with ``peers`` (seed addresses) or a
@@ -127,13 +126,13 @@ class Node:
     the node asks that Kafka cluster for the end offsets of the topics its tables read,
     every ``kafka_interval`` seconds (default 5) on a background thread, so
     :meth:`kafka_sources`, ``GET /stats``, ``/metrics`` and ``sparkiq status`` show how far
-    each table is behind its topics (:mod:`sparkiq.cluster.kafka_lag`; needs
+    each table is behind its topics (:mod:`sparkiq.serving.kafka_lag`; needs
     ``sparkiq[kafka]``). Without it they show the applied offsets only.
 
     **Read-your-writes for producers.** A read bounded by a producer's Kafka records
     (:meth:`~sparkiq.PositionBound.after`) that no committed batch has read yet waits up to
     ``source_wait`` seconds (default 10) for the writer to commit one, then answers
-    ``NOT_UP_TO_BOUND`` (:mod:`sparkiq.cluster.source_bounds`).
+    ``NOT_UP_TO_BOUND`` (:mod:`sparkiq.serving.source_bounds`).
 
     **Limits.** ``sql_limits`` (:class:`~sparkiq.sql.SqlLimits`: every SQL statement, pull
     or push, REST or Postgres, and the fragments other nodes send here), ``http_limits``
@@ -145,13 +144,13 @@ class Node:
     **Settings from the environment.** Every setting above but ``store``, ``poll_interval``
     and ``release_grace`` defaults to its ``SPARKIQ_*`` variable: ``node_id`` to
     ``SPARKIQ_NODE_ID``, ``listen`` to ``SPARKIQ_LISTEN``... (the list is
-    :data:`~sparkiq.cluster.config.ENV_VARIABLES`; ``peers`` and ``allowed_hosts`` are
+    :data:`~sparkiq.serving.config.ENV_VARIABLES`; ``peers`` and ``allowed_hosts`` are
     comma-separated), and each field of a limits group to ``SPARKIQ_<GROUP>_<NAME>``
     (``SPARKIQ_SQL_MAX_RESULT_ROWS``, ``SPARKIQ_HTTP_HEADER_TIMEOUT``,
     ``SPARKIQ_PG_STARTUP_TIMEOUT``, ``SPARKIQ_AUTH_MAX_DELAY``...). They are read once, when
-    the node is made (:class:`~sparkiq.cluster.config.NodeConfig`); pass ``None`` to ignore
+    the node is made (:class:`~sparkiq.serving.config.NodeConfig`); pass ``None`` to ignore
     a variable (for a group: its defaults). ``config`` gives all settings at once (a
-    :class:`~sparkiq.cluster.config.NodeConfig`; then no other setting may be given).
+    :class:`~sparkiq.serving.config.NodeConfig`; then no other setting may be given).
     """
 
     def __init__(
@@ -434,7 +433,7 @@ class Node:
         operators: Mapping[int, str] | Iterable[int] | None = None,
     ) -> list[str]:
         """Serve the state stores of a Spark query's checkpoint as tables named after
-        ``name`` (zero-change mode, see :mod:`sparkiq.cluster.attach`); return the tables
+        ``name`` (zero-change mode, see :mod:`sparkiq.serving.attach`); return the tables
         hosted now (stores that appear later are hosted when they do)."""
         catalog = CheckpointCatalog(checkpoint_uri, name, operators)
         catalog.names()  # a wrong operator id or an unservable store fails here, clearly
@@ -442,7 +441,7 @@ class Node:
 
     def refresh_tables(self) -> list[str]:
         """Host any table that appeared in ``state_dir`` since the last call; return new ones
-        (see :meth:`sparkiq.cluster.hosting.Hosting.refresh_tables`)."""
+        (see :meth:`sparkiq.serving.hosting.Hosting.refresh_tables`)."""
         return self._hosting.refresh_tables()
 
     def poll_once(self) -> int:
@@ -494,7 +493,7 @@ class Node:
 
     def writers(self) -> list[WriterView]:
         """Per hosted table, its writer (running, failed, stopped, silent or unknown), from
-        the status records its driver writes (:mod:`sparkiq.cluster.writer_view`; a cache
+        the status records its driver writes (:mod:`sparkiq.serving.writer_view`; a cache
         read in the background: never blocks after the first call)."""
         return self._writers.views(self.tables)
 

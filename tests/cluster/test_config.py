@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparkiq import ConfigError, Node
-from sparkiq.cluster.config import ENV_VARIABLES, NodeConfig
+from sparkiq.serving.config import ENV_VARIABLES, NodeConfig
 from tests.changelog.helpers import make_table
 
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sparkiq.cluster.config import NodeConfig
 from sparkiq.errors import ConfigError
 from sparkiq.limits import HttpLimits
+from sparkiq.serving.config import NodeConfig
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.server.test_hostile import PROBE_PATH, PROBE_ROW, TOKEN, Hostile, Probe, auth
 from tests.sql.tables import build_world

@@ -21,7 +21,7 @@ import httpx
 from sparkiq import Node
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.writer_status import WriterStatus, read_writer_status, write_writer_status
-from sparkiq.cluster.writer_view import MIN_SILENT_SECONDS
+from sparkiq.serving.writer_view import MIN_SILENT_SECONDS
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import wait_until
 from tests.kafka.test_kafka_lag import metric_samples

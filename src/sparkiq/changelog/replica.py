@@ -252,7 +252,7 @@ class TableReplica:
         self.latest_committed_at = 0.0
         # The source offsets (``kafka:<topic>`` components) of the newest commits seen,
         # oldest first: what turns a producer's bound into a batch without reading the
-        # changelog (sparkiq.cluster.source_bounds). Appended by the polling thread only;
+        # changelog (sparkiq.serving.source_bounds). Appended by the polling thread only;
         # readers copy it (a deque's append and list() are atomic under the GIL).
         self.recent_sources: deque[tuple[int, Position]] = deque(maxlen=_RECENT_SOURCES)
         self._last_bootstrap_check = -1e9

@@ -20,7 +20,7 @@ The record is rewritten whole, atomically (:meth:`Storage.write_atomic`), every
 ``heartbeat_seconds`` while the query runs and at once when it fails or stops. A record
 saying ``running`` whose ``written_at`` is far older than its heartbeat means the driver
 stopped writing without saying so (killed, hung, cut off from storage): readers call it
-silent (:mod:`sparkiq.cluster.writer_view`). A table whose writer predates the record has
+silent (:mod:`sparkiq.serving.writer_view`). A table whose writer predates the record has
 none: readers say the writer is unknown.
 """
 

@@ -1,4 +1,4 @@
-"""Serving nodes' rooms: configuration, hosting, lookups and routing, membership and
-assignment, rebalancing, transports, followers. :class:`sparkiq.Node` (one layer up, in
-:mod:`sparkiq.node`) assembles them. Nothing is re-exported here, so a module that needs one
-room (the CLI reads :mod:`sparkiq.cluster.config`) does not load the others."""
+"""Clustering: membership and failure detection, assignment and rebalancing, routing and
+the transports between nodes, node credentials. It builds on :mod:`sparkiq.serving` (what
+one node hosts and answers); :class:`sparkiq.Node` (one layer up, in :mod:`sparkiq.node`)
+assembles both. Nothing is re-exported here."""

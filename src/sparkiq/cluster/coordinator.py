@@ -39,11 +39,12 @@ from sparkiq.cluster.assignment import Assignment
 from sparkiq.cluster.heartbeat import HeartbeatError
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import HostedState, Membership
-from sparkiq.cluster.nodeauth import NodeKey, Opened, RequestVerifier, is_loopback_host
+from sparkiq.cluster.nodeauth import NodeKey, Opened, RequestVerifier
 from sparkiq.cluster.router import LocalAnswer, Router
 from sparkiq.cluster.transport import Transport
 from sparkiq.errors import AuthenticationError, NodeUnreachableError, SparkiqError
 from sparkiq.pools import ElasticPool
+from sparkiq.serving.config import is_loopback_host
 
 __all__ = ["Coordinator"]
 

@@ -27,8 +27,9 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sparkiq.cluster.nodeauth import is_loopback_url
 from sparkiq.errors import ErrorCode, SparkiqError
+from sparkiq.serving.config import is_loopback_url
+from sparkiq.serving.metadata import HostedState
 
 __all__ = [
     "MAX_MEMBERS",
@@ -39,9 +40,6 @@ __all__ = [
     "parse_heartbeat",
 ]
 
-#: Per table, per hosted partition: ``(batch_id, state, lag_batches)`` (state: live,
-#: restoring, error; lag: committed batches not applied yet).
-HostedState = dict[str, dict[int, tuple[int, str, int]]]
 
 MAX_MEMBERS = 1024
 _MAX_ID = 128

@@ -43,7 +43,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkiq.cluster.config import node_url
 from sparkiq.cluster.detector import ArrivalWindow, Detector
 from sparkiq.cluster.heartbeat import (
     MAX_MEMBERS,
@@ -53,6 +52,7 @@ from sparkiq.cluster.heartbeat import (
     check_url,
     parse_heartbeat,
 )
+from sparkiq.serving.config import node_url
 
 __all__ = ["MAX_HEARSAY", "HostedState", "Member", "Membership"]
 

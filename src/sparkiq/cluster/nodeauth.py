@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import os
 import threading
 import time
@@ -47,15 +46,12 @@ from sparkiq.errors import AuthenticationError
 
 __all__ = [
     "MAX_SKEW",
-    "MIN_SECRET_LENGTH",
     "REPLY_HEADER",
     "REQUEST_HEADER",
     "NodeKey",
     "Opened",
     "RequestVerifier",
     "SignedRequest",
-    "is_loopback_host",
-    "is_loopback_url",
 ]
 
 REQUEST_HEADER = "x-sparkiq-node"
@@ -63,7 +59,6 @@ REPLY_HEADER = "x-sparkiq-node-reply"
 #: How far apart (seconds) a request's timestamp and the receiver's clock may be.
 MAX_SKEW = 300.0
 #: Shorter secrets are refused at configuration time: the secret is the cluster's only key.
-MIN_SECRET_LENGTH = 16
 _VERSION = "v1"
 #: The most nonces remembered; past it the oldest go first (they expire in MAX_SKEW anyway).
 _MAX_NONCES = 200_000
@@ -172,27 +167,6 @@ class RequestVerifier:
                 raise _refused("it replays a request this node has already seen")
             self._seen[opened.nonce] = now + 2 * self.max_skew
         return opened
-
-
-def is_loopback_host(host: str | None) -> bool:
-    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this
-    machine's loopback: ``localhost``, 127.0.0.0/8 or ::1."""
-    if not host:
-        return False
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def is_loopback_url(url: str) -> bool:
-    """Whether ``url`` (``scheme://host[:port]``) names a loopback host; ``local://`` URLs
-    (the in-process transport) count as loopback."""
-    parts = urllib.parse.urlsplit(url)
-    return parts.scheme == "local" or is_loopback_host(parts.hostname)
 
 
 def _digest(body: bytes) -> str:

@@ -8,7 +8,7 @@ routing at once but is *retired*, not closed: reads already holding its store fi
 ``release_grace`` seconds, then it is closed and its local files deleted. A partition assigned
 back during its grace period is revived as it is, without a restore.
 
-Every change happens under :meth:`~sparkiq.cluster.hosting.Hosting.changing_partitions`, so
+Every change happens under :meth:`~sparkiq.serving.hosting.Hosting.changing_partitions`, so
 polls never see a partition half-added or half-released; the retired list is only touched
 there too (or from :meth:`Rebalancer.forget`, called by the hosting under the same locks).
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from sparkiq.changelog.replica import PartitionReplica
 from sparkiq.cluster.assignment import Assignment
-from sparkiq.cluster.hosting import Hosting
+from sparkiq.serving.hosting import Hosting
 
 __all__ = ["Rebalancer", "RetiredPartition"]
 

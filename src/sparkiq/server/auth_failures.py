@@ -26,7 +26,7 @@ host commonly owns whole):
 
 The settings are an :class:`~sparkiq.limits.AuthPolicy`, a node's ``auth_policy`` (keyword
 argument, then ``SPARKIQ_AUTH_<NAME>`` variables, resolved by
-:class:`~sparkiq.cluster.config.NodeConfig`). The counts are Prometheus counters (:meth:`collect`):
+:class:`~sparkiq.serving.config.NodeConfig`). The counts are Prometheus counters (:meth:`collect`):
 ``sparkiq_auth_failures_total{listener}`` (credentials checked and wrong) and
 ``sparkiq_auth_throttled_total{listener}`` (attempts refused while barred).
 """

@@ -133,7 +133,7 @@ class _ReplicaCollector:
 
 class _KafkaCollector:
     """Per table, the Kafka topics it reads: offsets applied here, the broker's end offsets
-    and the lag between them (sparkiq.cluster.kafka_lag), read from the node's cache."""
+    and the lag between them (sparkiq.serving.kafka_lag), read from the node's cache."""
 
     def __init__(self, node: ServedNode) -> None:
         self._node = node
@@ -188,7 +188,7 @@ class _KafkaCollector:
 
 class _WriterCollector:
     """Per table, its writer (the Spark query), from the writer status records the node
-    caches (sparkiq.cluster.writer_view). A table without a record (writer unknown) has no
+    caches (sparkiq.serving.writer_view). A table without a record (writer unknown) has no
     samples."""
 
     def __init__(self, node: ServedNode) -> None:

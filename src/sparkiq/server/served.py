@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sparkiq.changelog.replica import ReplicaStatus
-from sparkiq.cluster.kafka_lag import KafkaSource
-from sparkiq.cluster.lookup import KeyLocation
-from sparkiq.cluster.metadata import KeyQueryMetadata, NodeMetadata
 from sparkiq.cluster.nodeauth import Opened
-from sparkiq.cluster.writer_view import WriterView
 from sparkiq.principals import Principal
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.serving.kafka_lag import KafkaSource
+from sparkiq.serving.lookup import KeyLocation
+from sparkiq.serving.metadata import KeyQueryMetadata, NodeMetadata
+from sparkiq.serving.writer_view import WriterView
 from sparkiq.sql import SqlResult
 from sparkiq.sql.push import Subscription
 

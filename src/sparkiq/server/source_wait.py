@@ -1,7 +1,7 @@
 """Waiting, on the event loop, for a producer's Kafka records to be read by a table.
 
 A producer reading its own write (``"after"`` in a request, see
-:mod:`sparkiq.cluster.source_bounds`) usually arrives before the micro-batch that reads its
+:mod:`sparkiq.serving.source_bounds`) usually arrives before the micro-batch that reads its
 record. The read cannot be answered until the writer commits that batch; a pool thread held
 for that wait would be one fewer to answer everyone else, so the server waits here instead,
 on its event loop, asking the node's memory of recent commits (no I/O) every few

@@ -9,7 +9,7 @@
 plus ``sparkiq_batch``: the batch of the table, as the follower had applied it, that the
 row's lookup read. It works on batch and streaming DataFrames alike.
 
-How: a ``mapInArrow`` whose function keeps one :class:`~sparkiq.cluster.follower.Follower`
+How: a ``mapInArrow`` whose function keeps one :class:`~sparkiq.serving.follower.Follower`
 per executor Python process (a module-level cache keyed by state_dir, table, columns and
 local_dir), projected to the looked-up columns. A worker's first task restores it from the
 changelog; later tasks reuse it. Before each Arrow batch the follower applies every batch
@@ -37,11 +37,11 @@ import msgspec
 import pyarrow as pa
 
 from sparkiq.changelog import Changelog
-from sparkiq.cluster.follower import Follower
 from sparkiq.errors import ConfigError
 from sparkiq.schema.arrowtypes import arrow_type
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, parse_type
+from sparkiq.serving.follower import Follower
 from sparkiq.spark.sink import absolute_location
 
 __all__ = ["BATCH_COLUMN", "enrich"]

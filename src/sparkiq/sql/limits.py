@@ -1,7 +1,7 @@
 """Bounds on what one SQL statement may cost, and the DuckDB settings that enforce some.
 
 Every limit has a keyword argument and a ``SPARKIQ_SQL_<NAME>`` environment variable, which
-:class:`~sparkiq.cluster.config.NodeConfig` reads (a node's ``sql_limits``; the class itself
+:class:`~sparkiq.serving.config.NodeConfig` reads (a node's ``sql_limits``; the class itself
 reads nothing); exceeding one raises :class:`~sparkiq.sql.errors.SqlLimitError` naming the
 limit and how to raise it.
 """

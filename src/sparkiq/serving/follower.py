@@ -48,16 +48,16 @@ from typing import Any
 
 from sparkiq.changelog import Changelog, open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
-from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, resolve_group
-from sparkiq.cluster.handle import ReplicaHandle
-from sparkiq.cluster.hosting import Hosting, TableView
-from sparkiq.cluster.lookup import Lookup
-from sparkiq.cluster.subset import RowFilter, SubsetTransform, check_partitions, identify, project
 from sparkiq.errors import ConfigError, SparkiqError
 from sparkiq.query.position import Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.codec import RowCodec
+from sparkiq.serving.config import NOT_GIVEN, NodeConfig, resolve_group
+from sparkiq.serving.handle import ReplicaHandle
+from sparkiq.serving.hosting import Hosting, TableView
+from sparkiq.serving.lookup import Lookup
+from sparkiq.serving.subset import RowFilter, SubsetTransform, check_partitions, identify, project
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 
 __all__ = ["MARKER_VERSION", "Follower", "follow"]

@@ -6,7 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HostInfo", "KeyQueryMetadata", "NodeMetadata"]
+__all__ = ["HostInfo", "HostedState", "KeyQueryMetadata", "NodeMetadata"]
+
+#: Per table, per hosted partition: ``(batch_id, state, lag_batches)`` (state: live,
+#: restoring, error; lag: committed batches not applied yet).
+HostedState = dict[str, dict[int, tuple[int, str, int]]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """What the read-only handles on local replicas share: a follower
-(:class:`~sparkiq.cluster.follower.Follower`) and an attached checkpoint
-(:class:`~sparkiq.cluster.attach.Attached`).
+(:class:`~sparkiq.serving.follower.Follower`) and an attached checkpoint
+(:class:`~sparkiq.serving.attach.Attached`).
 
-Each holds a :class:`~sparkiq.cluster.hosting.Hosting` of its own and, for RocksDB stores
+Each holds a :class:`~sparkiq.serving.hosting.Hosting` of its own and, for RocksDB stores
 without a ``local_dir``, a temporary directory that only it uses; closing the handle closes
 the hosting and deletes that directory. Subclasses define :meth:`close` (what stops first
 differs) and call :meth:`_release` from it.
@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from typing import Self
 
-from sparkiq.cluster.hosting import Hosting
+from sparkiq.serving.hosting import Hosting
 
 __all__ = ["ReplicaHandle"]
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sparkiq.cluster.hosting import Hosting
 from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import KAFKA_PREFIX, Position, PositionBound, kafka_topics
+from sparkiq.serving.hosting import Hosting
 
 __all__ = ["SOURCE_WAIT", "SourceBounds", "Unreached"]
 

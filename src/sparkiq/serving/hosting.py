@@ -49,12 +49,12 @@ from sparkiq.changelog.replica import (
     rocksdb_factory,
 )
 from sparkiq.changelog.source import SourceCatalog, StateDirCatalog
-from sparkiq.cluster.membership import HostedState
 from sparkiq.errors import InvalidQueryError, UnknownStoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
+from sparkiq.serving.metadata import HostedState
 from sparkiq.stores.partition import PartitionStore
 
 __all__ = ["Hosting", "Placement", "TableRoute", "TableView"]

@@ -28,14 +28,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 
-from sparkiq.cluster.coordinator import Coordinator
-from sparkiq.cluster.hosting import Hosting, TableRoute
-from sparkiq.cluster.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
-from sparkiq.cluster.source_bounds import SOURCE_WAIT, SourceBounds, Unreached
 from sparkiq.errors import InvalidQueryError, SparkiqError
 from sparkiq.principals import check_read
 from sparkiq.query.position import Position, PositionBound
@@ -43,6 +39,9 @@ from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.serving.hosting import Hosting, TableRoute
+from sparkiq.serving.metadata import HostedState, HostInfo, KeyQueryMetadata, NodeMetadata
+from sparkiq.serving.source_bounds import SOURCE_WAIT, SourceBounds, Unreached
 from sparkiq.sql.errors import SqlPartitionError
 from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.source import LocalRows
@@ -60,6 +59,50 @@ __all__ = ["KeyLocation", "Lookup"]
 
 _PLAIN_CONTEXT = QueryContext()
 _BUILTIN_KEY_HANDLER = handler_for(PartitionStore, KeyQuery)
+
+
+class Routing(Protocol):
+    """Routes a request's partitions to the nodes hosting them (a cluster's router)."""
+
+    def route(self, request: StateQueryRequest, partitions: list[int]) -> StateQueryResult[Any]: ...
+
+
+class Placement(Protocol):
+    """Which members host which partitions (a cluster's assignment)."""
+
+    @property
+    def members(self) -> tuple[str, ...]: ...
+
+    def replicas(self, table: str, partition: int) -> tuple[str, ...]: ...
+
+    def active(self, table: str, partition: int) -> str | None: ...
+
+
+class Members(Protocol):
+    """What a node knows of the other members: where they are and what they host."""
+
+    def url_of(self, node_id: str) -> str | None: ...
+
+    def hosted_state(self, node_id: str) -> HostedState: ...
+
+    def hosting(self, table: str, partition: int) -> list[str]: ...
+
+
+class ClusterView(Protocol):
+    """What reads need of the cluster a node belongs to (its coordinator, in
+    :mod:`sparkiq.cluster`, one layer up): the router, the assignment, the members, and
+    whether this node's own view is fresh (not just resumed from a stall)."""
+
+    @property
+    def router(self) -> Routing: ...
+
+    @property
+    def assignment(self) -> Placement: ...
+
+    @property
+    def membership(self) -> Members: ...
+
+    def is_fresh(self) -> bool: ...
 
 
 class KeyLocation(NamedTuple):
@@ -95,10 +138,10 @@ class Lookup:
         self._routes = hosting.live_routes  # read without a call on every key lookup
         self.node_id = node_id
         self.url = url
-        self.coordinator: Coordinator | None = None
+        self.coordinator: ClusterView | None = None
         self.sources = SourceBounds(hosting)
         #: How long a read whose bound names Kafka records waits for the writer to commit
-        #: a batch that read them (see sparkiq.cluster.source_bounds).
+        #: a batch that read them (see sparkiq.serving.source_bounds).
         self.source_wait = SOURCE_WAIT
 
     # -- what the SQL engine reads (QuerySource) -----------------------------------------------
@@ -456,7 +499,7 @@ class Lookup:
 
     @staticmethod
     def _applied_elsewhere(
-        coordinator: Coordinator, store: str, partition: int, held: PartitionStore | None
+        coordinator: ClusterView, store: str, partition: int, held: PartitionStore | None
     ) -> int | None:
         """The newest batch of a partition its replicas have applied, from their last
         heartbeats and the replica held here; None when one of them reports it caught up

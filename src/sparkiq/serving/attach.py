@@ -25,14 +25,14 @@ from typing import Any
 
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.checkpoint.source import CheckpointCatalog
-from sparkiq.cluster.config import NOT_GIVEN, NodeConfig, resolve_group
-from sparkiq.cluster.handle import ReplicaHandle
-from sparkiq.cluster.hosting import Hosting
-from sparkiq.cluster.lookup import Lookup
 from sparkiq.errors import ConfigError, SparkiqError
 from sparkiq.query.position import Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
+from sparkiq.serving.config import NOT_GIVEN, NodeConfig, resolve_group
+from sparkiq.serving.handle import ReplicaHandle
+from sparkiq.serving.hosting import Hosting
+from sparkiq.serving.lookup import Lookup
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 
 __all__ = ["Attached", "attach", "check_outside"]

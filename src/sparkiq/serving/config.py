@@ -20,11 +20,11 @@ import dataclasses
 import ipaddress
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sparkiq.cluster.nodeauth import MIN_SECRET_LENGTH, is_loopback_url
 from sparkiq.envsettings import dataclass_from_env
 from sparkiq.errors import ConfigError
 from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
@@ -33,9 +33,12 @@ from sparkiq.sql.limits import SqlLimits
 __all__ = [
     "ENV_GROUPS",
     "ENV_VARIABLES",
+    "MIN_SECRET_LENGTH",
     "NOT_GIVEN",
     "NodeConfig",
     "environment_value",
+    "is_loopback_host",
+    "is_loopback_url",
     "node_url",
     "resolve_group",
 ]
@@ -128,11 +131,11 @@ class NodeConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     #: Kafka bootstrap servers (``host:port,...``) to ask for the end offsets of the topics
-    #: the tables read, every ``kafka_interval`` seconds (sparkiq.cluster.kafka_lag).
+    #: the tables read, every ``kafka_interval`` seconds (sparkiq.serving.kafka_lag).
     kafka_bootstrap: str | None = None
     kafka_interval: float = 5.0
     #: How long a read bounded by a producer's Kafka records waits for the writer to commit
-    #: a batch that read them (sparkiq.cluster.source_bounds).
+    #: a batch that read them (sparkiq.serving.source_bounds).
     source_wait: float = 10.0
     #: What one SQL statement may cost (pull and push, REST and Postgres, the fragments
     #: other nodes send here): ``SPARKIQ_SQL_<NAME>``.
@@ -381,3 +384,28 @@ def _number(value: Any, kind: type[int] | type[float], name: str, origin: str) -
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be {what}, got {value!r}{origin}") from None
+
+
+#: The shortest cluster secret accepted (node credentials are MACs keyed by it).
+MIN_SECRET_LENGTH = 16
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this
+    machine's loopback: ``localhost``, 127.0.0.0/8 or ::1."""
+    if not host:
+        return False
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url`` (``scheme://host[:port]``) names a loopback host; ``local://`` URLs
+    (the in-process transport) count as loopback."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "local" or is_loopback_host(parts.hostname)
