@@ -20,9 +20,8 @@ rooms never import upward.
 Queries never block on the tailer: each partition answers from its last applied batch, with
 the position it is at.
 
-Why this module is about 700 lines: it is the public API's node, and most of it is the
-documented signature of every setting (some thirty, the Kafka broker's among them) and
-one-line methods handing each call to the room that answers it; the work is in the rooms.
+Over 600 lines because it is the public API's node: the documented signature of every
+setting, and one-line methods handing each call to the room that answers it.
 
 ``_lifecycle`` (a lock) guards starting and stopping and the lazily created SQL engine and
 push hub; it is never held while calling into the rooms' own locks except during
@@ -46,7 +45,7 @@ from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.nodeauth import NodeKey, Opened
 from sparkiq.cluster.rebalance import Rebalancer
 from sparkiq.cluster.transport import HttpTransport, LocalTransport, Transport
-from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
+from sparkiq.errors import AuthenticationError, ConfigError, SparkiqError
 from sparkiq.limits import AuthPolicy, HttpLimits, PgLimits
 from sparkiq.principals import Principal, Principals
 from sparkiq.query.position import Position, PositionBound
@@ -59,7 +58,7 @@ from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg import PgServer
 from sparkiq.serving.config import NOT_GIVEN, NodeConfig, node_url
 from sparkiq.serving.hosting import Hosting, Placement, TableView
-from sparkiq.serving.kafka_lag import KafkaEndOffsets, KafkaSource, kafka_sources
+from sparkiq.serving.kafka_lag import KafkaLag, KafkaSource
 from sparkiq.serving.lookup import KeyLocation, Lookup
 from sparkiq.serving.metadata import HostedState, KeyQueryMetadata, NodeMetadata
 from sparkiq.serving.writer_view import WriterRecords, WriterView
@@ -142,15 +141,12 @@ class Node:
     from the variables), e.g. ``sql_limits={"max_result_rows": 5000}``.
 
     **Settings from the environment.** Every setting above but ``store``, ``poll_interval``
-    and ``release_grace`` defaults to its ``SPARKIQ_*`` variable: ``node_id`` to
-    ``SPARKIQ_NODE_ID``, ``listen`` to ``SPARKIQ_LISTEN``... (the list is
-    :data:`~sparkiq.serving.config.ENV_VARIABLES`; ``peers`` and ``allowed_hosts`` are
-    comma-separated), and each field of a limits group to ``SPARKIQ_<GROUP>_<NAME>``
-    (``SPARKIQ_SQL_MAX_RESULT_ROWS``, ``SPARKIQ_HTTP_HEADER_TIMEOUT``,
-    ``SPARKIQ_PG_STARTUP_TIMEOUT``, ``SPARKIQ_AUTH_MAX_DELAY``...). They are read once, when
-    the node is made (:class:`~sparkiq.serving.config.NodeConfig`); pass ``None`` to ignore
-    a variable (for a group: its defaults). ``config`` gives all settings at once (a
-    :class:`~sparkiq.serving.config.NodeConfig`; then no other setting may be given).
+    and ``release_grace`` defaults to its ``SPARKIQ_*`` variable (``node_id`` to
+    ``SPARKIQ_NODE_ID``...: :data:`~sparkiq.serving.config.ENV_VARIABLES`; ``peers`` and
+    ``allowed_hosts`` comma-separated), each field of a limits group to
+    ``SPARKIQ_<GROUP>_<NAME>`` (``SPARKIQ_SQL_MAX_RESULT_ROWS``...), read once, when the node
+    is made; ``None`` ignores a variable (for a group: its defaults). ``config`` gives all
+    settings at once (a :class:`~sparkiq.serving.config.NodeConfig`; then no other).
     """
 
     def __init__(
@@ -225,14 +221,10 @@ class Node:
         self.url: str | None = None
         self.coordinator: Coordinator | None = None
         self._rebalancer: Rebalancer | None = None
-        #: The broker's end offsets of the topics the tables read (with kafka_bootstrap);
-        #: ConfigError here when the Kafka client (sparkiq[kafka]) is not installed.
-        self._kafka_ends = (
-            None
-            if config.kafka_bootstrap is None
-            else KafkaEndOffsets(
-                config.kafka_bootstrap, self._kafka_topics, interval=config.kafka_interval
-            )
+        #: The tables' Kafka topics, with the broker's end offsets when kafka_bootstrap is
+        #: given (ConfigError here when the Kafka client, sparkiq[kafka], is not installed).
+        self._kafka = KafkaLag(
+            lambda: self._hosting.status(), config.kafka_bootstrap, config.kafka_interval
         )
         self._writers = WriterRecords(config.state_dir)  # each table's writer status record
         self._hosting = Hosting(
@@ -247,7 +239,7 @@ class Node:
             read_only=read_only,
             on_drop=self._forget_retired,
             catalogs=[_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()],
-            status_extra=self._kafka_status,
+            status_extra=self._kafka.status_extra,
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id, sql_limits=config.sql_limits)
         self._lookup.source_wait = config.source_wait
@@ -299,8 +291,7 @@ class Node:
             if self.clustered:
                 self._start_cluster()
             self._hosting.start_tailing()
-            if self._kafka_ends is not None:
-                self._kafka_ends.start()
+            self._kafka.start()
             if self.config.pg_listen:
                 self._pg = PgServer(
                     self,
@@ -369,8 +360,7 @@ class Node:
         Idempotent."""
         with self._lifecycle:
             self._hosting.stop_tailing()
-            if self._kafka_ends is not None:
-                self._kafka_ends.close()
+            self._kafka.close()
             if self._pg is not None:
                 self._pg.stop()
                 self._pg = None
@@ -489,21 +479,13 @@ class Node:
         """Per table, the Kafka topics it reads: the offsets applied here, and the end
         offsets and lag when the node has ``kafka_bootstrap`` (read from a cache a background
         thread refreshes: never blocks)."""
-        return kafka_sources(self._hosting.status(), self._kafka_ends)
+        return self._kafka.sources()
 
     def writers(self) -> list[WriterView]:
         """Per hosted table, its writer (running, failed, stopped, silent or unknown), from
         the status records its driver writes (:mod:`sparkiq.serving.writer_view`; a cache
         read in the background: never blocks after the first call)."""
         return self._writers.views(self.tables)
-
-    def _kafka_topics(self) -> list[str]:
-        return sorted({s.topic for s in kafka_sources(self._hosting.status(), None)})
-
-    def _kafka_status(self) -> dict[str, Any]:
-        """The Kafka part of ``status.json`` (what ``sparkiq status`` shows of it)."""
-        sources = [s.to_dict() for s in self.kafka_sources()]
-        return {"kafka_bootstrap": self.config.kafka_bootstrap, "kafka": sources}
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -614,18 +596,9 @@ class Node:
         return self.principals.authenticate(token)
 
     def principal_named(self, name: str | None) -> Principal | None:
-        """The principal a member says a routed request runs for (None: the member itself,
-        unrestricted); raises :class:`~sparkiq.errors.ForbiddenError` for a name this node
-        does not know."""
-        if name is None:
-            return None
-        principal = self.principals.principal(name)
-        if principal is None:
-            raise ForbiddenError(
-                f"a member routed a request for principal {name!r}, which node "
-                f"{self.node_id!r} does not know: give every node the same principals file"
-            )
-        return principal
+        """The principal a member says a routed request runs for (None: the member itself);
+        :class:`~sparkiq.errors.ForbiddenError` for a name this node does not know."""
+        return self.principals.routed_for(name, self.node_id)
 
     def admit_node(
         self, header: str | None, method: str, path: str, body: bytes, peer: str | None

@@ -146,6 +146,20 @@ class Principals:
 
     # -- the file ----------------------------------------------------------------------------
 
+    def routed_for(self, name: str | None, node_id: str) -> Principal | None:
+        """The principal a member says a routed request runs for (None: the member itself,
+        unrestricted); :class:`~sparkiq.errors.ForbiddenError` for a name node ``node_id``
+        does not know."""
+        if name is None:
+            return None
+        found = self.principal(name)
+        if found is None:
+            raise ForbiddenError(
+                f"a member routed a request for principal {name!r}, which node "
+                f"{node_id!r} does not know: give every node the same principals file"
+            )
+        return found
+
     def _load(self) -> tuple[list[_Entry], dict[str, tuple[str, ...]], tuple[int, int] | None]:
         """The entries, each principal's plain tokens, and the file's stamp."""
         entries: list[_Entry] = []

@@ -38,6 +38,7 @@ from sparkiq.errors import ConfigError
 __all__ = [
     "KAFKA_COMPONENT",
     "KafkaEndOffsets",
+    "KafkaLag",
     "KafkaPartitionLag",
     "KafkaSource",
     "TopicEnds",
@@ -401,3 +402,46 @@ def committed_lines(position: Mapping[str, Mapping[int, int]], batch_id: int) ->
             topic = component[len(KAFKA_COMPONENT) :]
             out.append(f"  kafka topic {topic!r} read to offsets {read} (batch {batch_id})")
     return out
+
+
+class KafkaLag:
+    """A node's view of its tables' Kafka topics: the offsets its replicas applied
+    (``statuses``, read when asked) and, with ``bootstrap``, the broker's end offsets,
+    refreshed every ``interval`` seconds on a background thread between :meth:`start` and
+    :meth:`close`. :class:`~sparkiq.errors.ConfigError` when ``bootstrap`` is given and the
+    Kafka client (``sparkiq[kafka]``) is not installed."""
+
+    def __init__(
+        self,
+        statuses: Callable[[], Iterable[ReplicaStatus]],
+        bootstrap: str | None,
+        interval: float,
+    ) -> None:
+        self._statuses = statuses
+        self.bootstrap = bootstrap
+        self._ends = (
+            None
+            if bootstrap is None
+            else KafkaEndOffsets(bootstrap, self.topics, interval=interval)
+        )
+
+    def start(self) -> None:
+        if self._ends is not None:
+            self._ends.start()
+
+    def close(self) -> None:
+        if self._ends is not None:
+            self._ends.close()
+
+    def topics(self) -> list[str]:
+        """The topics the tables read (what the background thread asks the broker about)."""
+        return sorted({s.topic for s in kafka_sources(self._statuses(), None)})
+
+    def sources(self) -> list[KafkaSource]:
+        """Per table, the topics it reads: the offsets applied here, and the end offsets
+        and lag when there is a broker (from the background thread's cache: never blocks)."""
+        return kafka_sources(self._statuses(), self._ends)
+
+    def status_extra(self) -> dict[str, Any]:
+        """The Kafka part of ``status.json`` (what ``sparkiq status`` shows of it)."""
+        return {"kafka_bootstrap": self.bootstrap, "kafka": [s.to_dict() for s in self.sources()]}

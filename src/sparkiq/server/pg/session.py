@@ -32,7 +32,9 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 - ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and only change the transaction status
   reported; every statement reads at its own position.
 
-What stands alone lives beside it: the socket (``client_socket.py``), SCRAM (``scram.py``),
+Over 600 lines because it is one connection's state machine (login, then the simple and
+extended protocols over one codec, its statements and portals). What stands alone lives
+beside it: the socket (``client_socket.py``), SCRAM (``scram.py``),
 users (``logins.py``), Bind (``parameters.py``), limits (``limits.py``), statement splitting
 (``statements.py``).
 """
