@@ -97,6 +97,9 @@ class PooledResponse:
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise _unreachable(f"{self._key} went away mid-response", exc) from None
+        except BaseException:  # interrupted mid-body: the rest will never be read
+            self.close()
+            raise
         if limit is not None and len(data) > limit:
             self.close()
             raise NodeUnreachableError(
@@ -121,6 +124,9 @@ class PooledResponse:
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise _unreachable(f"{self._key} went away mid-response", exc) from None
+        except BaseException:  # interrupted, or the reader stopped early (GeneratorExit)
+            self.close()
+            raise
         self._finish()
 
     def _finish(self) -> None:
@@ -194,6 +200,11 @@ class HttpPool:
                     self._forget(url)
                     continue
                 raise _unreachable(f"{url} is unreachable", exc) from None
+            except BaseException:
+                # interrupted (Ctrl-C in a shell): the connection is unusable, and closing
+                # it tells the node its caller left, so it stops the work (sparkiq.cancel)
+                self._drop(conn)
+                raise
             return PooledResponse(self, url, conn, response)
         raise AssertionError("unreachable")
 
