@@ -11,7 +11,8 @@ Content-Length (or chunked, read to the terminating chunk). Two modes:
   measured from its *scheduled* time, so a stalled server is not hidden (no coordinated
   omission).
 
-Usage: ``python -m bench._http_load <spec.json>``; prints one JSON object: ``requests``,
+Usage: ``python -m bench._http_load <spec.json>``; writes one JSON object to the spec's ``out``
+file: ``requests``,
 ``errors`` (non-2xx/404 statuses and failures), ``seconds``, ``latencies_us`` (sampled).
 """
 
@@ -142,7 +143,11 @@ def main() -> None:
     except ImportError:
         pass
     run = _closed if spec["mode"] == "closed" else _open
-    print(json.dumps(asyncio.run(run(spec, requests))))
+    result = json.dumps(asyncio.run(run(spec, requests)))
+    # To a file, not stdout: the event loop may leave stdout non-blocking, and a result of a
+    # few hundred KB written to a full pipe was cut at 128 KiB.
+    with open(spec["out"], "w") as out:
+        out.write(result)
 
 
 if __name__ == "__main__":

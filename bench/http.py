@@ -20,6 +20,7 @@ Run: ``python -m bench.http [--quick | --smoke]``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -94,19 +95,23 @@ def load(
         **extra,
     }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        spec["out"] = handle.name + ".out"
         json.dump(spec, handle)
     try:
-        out = subprocess.run(
+        done = subprocess.run(
             [sys.executable, "-m", "bench._http_load", handle.name],
             capture_output=True,
             text=True,
             cwd=ROOT,
         )
-        if out.returncode:
-            raise RuntimeError(f"the load generator failed: {out.stderr[-2000:]}")
+        if done.returncode:
+            raise RuntimeError(f"the load generator failed: {done.stderr[-2000:]}")
+        with open(spec["out"]) as answer:
+            result: dict[str, Any] = json.load(answer)
     finally:
-        os.unlink(handle.name)
-    result: dict[str, Any] = json.loads(out.stdout)
+        for path in (handle.name, spec["out"]):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     return result
 
 
