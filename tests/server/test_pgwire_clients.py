@@ -249,7 +249,7 @@ def test_a_cancel_request_cancels_the_running_statement(node: Node) -> None:
     host, port = _address(node)
     dsn = f"host={host} port={port} user=tester password={TOKEN} dbname=sparkiq"
     with psycopg.connect(dsn, autocommit=True) as conn:
-        gate = pg.catalog._running
+        gate = pg.answers._running
         slots = 0
         while gate.acquire(blocking=False):
             slots += 1

@@ -31,7 +31,7 @@ from sparkiq.limits import PgLimits
 from sparkiq.principals import Principals
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures
-from sparkiq.server.pg.catalog import Catalog, server_parameters
+from sparkiq.server.pg.answers import Answers, server_parameters
 from sparkiq.server.pg.logins import PgLogins
 from sparkiq.server.pg.session import PgSession, SessionRules
 from sparkiq.server.served import ServedNode
@@ -65,9 +65,9 @@ class PgServer:
         self.sock = sock
         self.limits = limits = limits if limits is not None else PgLimits()
         parameters = server_parameters(__version__)
-        self.catalog = Catalog(node, parameters, sql_limits or SqlLimits())
+        self.answers = Answers(node, parameters, sql_limits or SqlLimits())
         self.rules = SessionRules(
-            self.catalog,
+            self.answers,
             PgLogins(principals),
             limits,
             auth_failures if auth_failures is not None else AuthFailures(),
@@ -208,7 +208,7 @@ class PgServer:
         self._thread.join(timeout)
         for thread in sessions.values():
             thread.join(timeout)
-        self.catalog.close()
+        self.answers.close()
 
 
 def _refuse(conn: socket.socket, message: str) -> None:

@@ -23,7 +23,7 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
   a Bind over them fails with SQLSTATE 54000 naming the parameter); ``Describe`` of a portal
   runs it (the rows are then sent by ``Execute``); ``Describe`` of a statement types its
   untyped parameters after the columns they are compared with
-  (:meth:`~sparkiq.server.pg.catalog.Catalog.parameter_types`) and runs it with NULL
+  (:meth:`~sparkiq.server.pg.answers.Answers.parameter_types`) and runs it with NULL
   parameters to learn the columns. After an error every message up to ``Sync`` is skipped,
   as a server must.
 - Cancel requests: each session has its own key (``BackendKeyData``: a process id unique in
@@ -64,7 +64,7 @@ from sparkiq.limits import PgLimits
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
-from sparkiq.server.pg.catalog import Answer, Catalog
+from sparkiq.server.pg.answers import Answer, Answers
 from sparkiq.server.pg.client_socket import ClientGone, ClientSocket, Refused
 from sparkiq.server.pg.copy import copy_rows
 from sparkiq.server.pg.errors import StatementCanceledError, error_fields
@@ -103,16 +103,16 @@ class _Portal:
 
 @dataclass(frozen=True)
 class SessionRules:
-    """What every session of one server shares: the catalog that answers catalog queries,
-    the password (the node's token, kept as a SCRAM-SHA-256 verifier; None trusts
-    everyone) and its failures (slowed per client address), the limits (how long a client
-    may take to start up and log in, how many bytes it may send meanwhile, what a Bind may
-    hold), the parameters reported to it after login, where a cancel request goes, whom
-    to tell that a session logged in (False: it was evicted meanwhile and must end), the
-    node's TLS contexts (None: ``SSLRequest`` is declined) and whether a client must use
-    them (only with ``tls``)."""
+    """What every session of one server shares: what answers its statements
+    (:class:`~sparkiq.server.pg.answers.Answers`), the password (the node's token, kept as
+    a SCRAM-SHA-256 verifier; None trusts everyone) and its failures (slowed per client
+    address), the limits (how long a client may take to start up and log in, how many bytes
+    it may send meanwhile, what a Bind may hold), the parameters reported to it after login,
+    where a cancel request goes, whom to tell that a session logged in (False: it was
+    evicted meanwhile and must end), the node's TLS contexts (None: ``SSLRequest`` is
+    declined) and whether a client must use them (only with ``tls``)."""
 
-    catalog: Catalog
+    answers: Answers
     logins: PgLogins  # users (the node's principals), their passwords as SCRAM verifiers
     limits: PgLimits
     auth_failures: AuthFailures  # wrong passwords, slowed per client address
@@ -139,7 +139,7 @@ class PgSession:
         # set by a cancel request while a message runs; the statement's work sees it too
         # (sparkiq.cancel), so DuckDB stops instead of running on to the timeout
         self._canceled = CancelSignal()
-        self.catalog = rules.catalog
+        self.answers = rules.answers
         self.limits = rules.limits
         self.parameters = rules.parameters
         self.conn = BackendConnection()
@@ -390,7 +390,7 @@ class PgSession:
         self._check_canceled()
         started = time.perf_counter()
         try:
-            answer = self.catalog.answer(text, self.settings, self.user)
+            answer = self.answers.answer(text, self.settings, self.user)
         except Exception as exc:
             self._audit(started, sqlstate_of(exc), ())
             self._check_canceled()  # a statement canceled while it ran fails as canceled
@@ -463,7 +463,7 @@ class PgSession:
 
     def _extended(self, msg: Any) -> None:
         if isinstance(msg, m.Parse):
-            self.catalog.limits.check_statement(msg.query)  # before anything scans it
+            self.answers.limits.check_statement(msg.query)  # before anything scans it
             oids = list(msg.param_types)
             count = max(len(oids), parameter_count(msg.query))
             if count > self.limits.max_parameters:  # "$99999999" would be a list that long
@@ -483,7 +483,7 @@ class PgSession:
                 msg.param_formats,
                 statement.param_oids,
                 limits=self.limits,
-                max_chars=self.catalog.limits.max_statement_chars,
+                max_chars=self.answers.limits.max_statement_chars,
             )
             self.portals[msg.portal] = _Portal(statement, text, list(msg.result_formats))
             self._send(m.BindComplete())
@@ -491,7 +491,7 @@ class PgSession:
             if msg.kind == "S":
                 statement = self._statement(msg.name)
                 # Told to the client, which then sends values of these types (asyncpg).
-                statement.param_oids = self.catalog.parameter_types(
+                statement.param_oids = self.answers.parameter_types(
                     statement.text, statement.param_oids
                 )
                 self._send(m.ParameterDescription(type_oids=statement.param_oids))
@@ -503,7 +503,7 @@ class PgSession:
                         [],
                         statement.param_oids,
                         limits=self.limits,
-                        max_chars=self.catalog.limits.max_statement_chars,
+                        max_chars=self.answers.limits.max_statement_chars,
                     )
                     described = None if is_blank(text) else self._run(text)
                     # COPY sends its rows as copy data, described by no RowDescription

@@ -51,7 +51,7 @@ from sparkiq.sql.errors import (
     SqlUnsupportedError,
 )
 
-__all__ = ["Answer", "Catalog", "server_parameters"]
+__all__ = ["Answer", "Answers", "server_parameters"]
 
 log = logging.getLogger("sparkiq.server.pg")
 
@@ -116,7 +116,7 @@ def server_parameters(version_text: str) -> dict[str, str]:
     }
 
 
-class Catalog:
+class Answers:
     """Answers statements for every connection of one endpoint (thread-safe)."""
 
     def __init__(
@@ -339,7 +339,7 @@ _SET = re.compile(
 )
 
 
-def _set(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]) -> Answer:
+def _set(answers: Answers, text: str, words: list[str], settings: dict[str, str]) -> Answer:
     match = _SET.match(text)
     if match is not None:
         value = match.group(2).strip()
@@ -364,18 +364,18 @@ _SHOW_COLUMNS = re.compile(r"^columns\s+(?:from|in)\s+(.+)$", re.IGNORECASE)
 _DESCRIBE = re.compile(r"^\s*DESC(?:RIBE)?\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 
 
-def _show(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]) -> Answer:
+def _show(answers: Answers, text: str, words: list[str], settings: dict[str, str]) -> Answer:
     match = _SHOW.match(text)
     if match is None:
         raise SqlSyntaxError("SHOW needs a setting name (or TABLES, or COLUMNS FROM a table)")
     name = " ".join(match.group(1).split()).lower()
     if name == "tables":
-        return catalog.describe(None)
+        return answers.describe(None)
     columns = _SHOW_COLUMNS.match(name)
     if columns is not None:
-        return catalog.describe(_table_name(match.group(1).split()[-1]))
+        return answers.describe(_table_name(match.group(1).split()[-1]))
     name = _SHOW_ALIASES.get(name, name)
-    lowered = {k.lower(): v for k, v in catalog.parameters.items()}
+    lowered = {k.lower(): v for k, v in answers.parameters.items()}
     lowered.update(_EXTRA_SETTINGS)
     lowered.update(settings)
     if name == "all":
@@ -389,11 +389,11 @@ def _show(catalog: Catalog, text: str, words: list[str], settings: dict[str, str
     return Answer([text_column(name)], [{name: value}], "SHOW")
 
 
-def _describe(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]) -> Answer:
+def _describe(answers: Answers, text: str, words: list[str], settings: dict[str, str]) -> Answer:
     match = _DESCRIBE.match(text)
     if match is None:
         raise SqlSyntaxError("DESCRIBE needs a table name: DESCRIBE <table>")
-    return catalog.describe(_table_name(match.group(1)))
+    return answers.describe(_table_name(match.group(1)))
 
 
 def _table_name(text: str) -> str:
@@ -406,11 +406,11 @@ def _table_name(text: str) -> str:
     return name
 
 
-_Handler = Callable[["Catalog", str, list[str], dict[str, str]], Answer]
+_Handler = Callable[["Answers", str, list[str], dict[str, str]], Answer]
 
 
 def _tag(tag: str) -> _Handler:
-    def answer(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]) -> Answer:
+    def answer(answers: Answers, text: str, words: list[str], settings: dict[str, str]) -> Answer:
         return Answer(None, [], tag)
 
     return answer
@@ -419,7 +419,7 @@ def _tag(tag: str) -> _Handler:
 _RESET = re.compile(r"^\s*RESET\s+([A-Za-z_.]+)", re.IGNORECASE)
 
 
-def _reset(catalog: Catalog, text: str, words: list[str], settings: dict[str, str]) -> Answer:
+def _reset(answers: Answers, text: str, words: list[str], settings: dict[str, str]) -> Answer:
     match = _RESET.match(text)
     if match is not None and match.group(1).lower() != "all":
         settings.pop(match.group(1).lower(), None)  # dotted: sparkiq.after
