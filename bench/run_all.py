@@ -3,9 +3,10 @@
 ``python -m bench.run_all`` (what ``make bench`` runs) takes about fifteen minutes on two
 cores (the Spark Connect comparison alone about six). ``--quick`` runs smaller versions in
 about five and, being less precise, leaves the docs alone unless ``--write-docs`` is given;
-so does ``--only`` (a subset). ``--smoke`` runs the smallest version of each, whose figures
-mean nothing: it checks that every benchmark still runs, and never writes the docs
-(tests/test_bench_smoke.py smoke-runs each benchmark in CI).
+so does ``--only`` (a subset: with ``--write-docs`` its sections replace theirs, the others
+stay). A benchmark that fails keeps its last section. ``--smoke`` runs the smallest
+version of each, whose figures mean nothing: it checks that every benchmark still runs, and
+never writes the docs (tests/test_bench_smoke.py smoke-runs each benchmark in CI).
 ``--json PATH`` also saves every figure as JSON.
 """
 
@@ -316,8 +317,9 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
 
 
 def _kept_sections(path: str, names: Sequence[str]) -> list[tuple[list[str], str]]:
-    """The sections (and summary lines) of on-request benchmarks that this run did not
-    run, from the page being rewritten: a 30-minute soak's findings outlive ``make bench``."""
+    """The sections (and summary lines) of benchmarks ``names`` (ones this run did not
+    rewrite), from the page being rewritten: a 30-minute soak's findings outlive ``make
+    bench``, and ``--only http --write-docs`` rewrites the HTTP section alone."""
     if not names or not os.path.exists(path):
         return []
     with open(path) as handle:
@@ -406,7 +408,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if (scale is Scale.FULL and names == list(BENCHMARKS)) or args.write_docs:
         os.makedirs(DOCS, exist_ok=True)
         path = os.path.join(DOCS, "benchmarks.md")
-        kept = _kept_sections(path, [n for n in ON_REQUEST if n not in names])
+        # sections this run did not rewrite stay: on-request ones (the soak), those of a
+        # partial run's other benchmarks, and a failed benchmark's last good one
+        stale = [n for n in every if n not in names or n in failures]
+        kept = _kept_sections(path, stale)
         with open(path, "w") as handle:
             handle.write(_with_kept(_docs(reports, failures, info), kept))
         print(f"\nwrote {path}")
