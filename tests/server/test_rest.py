@@ -279,6 +279,8 @@ def test_metadata_readiness_and_metrics(nodes: list[Node]) -> None:
     history = {s["name"]: s["history"] for s in stores}["t"]
     assert (history["batches"], history["seconds"]) == (0, 300.0)  # the default: 5 minutes
     assert history["newest_batch"] == 1 and 0 <= history["oldest_batch"] <= 1
+    # a key lookup of its own, so that the test stands alone (not after another test's)
+    assert httpx.get(url(node, f"/stores/t/keys/{key}"), headers=auth()).status_code == 200
     metrics = httpx.get(url(node, "/metrics"), headers=auth()).text
     assert 'sparkiq_replica_batch_id{partition="0",store="t"} 1.0' in metrics
     assert "sparkiq_cluster_live_members 2.0" in metrics

@@ -39,7 +39,7 @@ import ipaddress
 import re
 import urllib.parse
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sparkiq.error_codes import ErrorCode
@@ -56,6 +56,10 @@ SIMPLE_CONTENT_TYPES = frozenset(
 _SETTING = "allowed_hosts (sparkiq serve --allowed-host, SPARKIQ_ALLOWED_HOSTS)"
 
 
+#: How many answered Host values a guard remembers (a node is reached by a few names).
+_REMEMBERED = 64
+
+
 @dataclass(frozen=True, slots=True)
 class BrowserGuard:
     """The Host names one node answers and the origins it takes POSTs from (see the module
@@ -70,6 +74,10 @@ class BrowserGuard:
     #: ``host[:port]`` of the node's own URLs, as an ``Origin`` names them (a proxy in front
     #: may rewrite Host; a page from the node's advertised URL is still its own)
     own_origins: frozenset[str]
+    #: Host header values already found answered (at most _REMEMBERED): a request from the
+    #: same client skips parsing an address again (some 10 us a request). Only the event
+    #: loop's thread checks hosts; a set add is atomic besides.
+    _answered: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
     def for_node(cls, allowed_hosts: Iterable[str], urls: Iterable[str | None]) -> BrowserGuard:
@@ -104,7 +112,11 @@ class BrowserGuard:
         the node does not trust; return otherwise (see the module docstring)."""
         host_values = _header_values(scope, b"host")
         for value in host_values:
+            if value in self._answered:
+                continue
             self._check_host(value)
+            if len(self._answered) < _REMEMBERED:
+                self._answered.add(value)
         if scope["method"] != "POST":
             return
         types = _header_values(scope, b"content-type") or [""]
