@@ -344,10 +344,12 @@ def use_this_python_for_local_workers(spark: Any) -> None:
     ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` always wins, and cluster masters are left
     alone (their executors need sparkiq installed, see docs/guide.md).
     """
-    # The one place that looks at the session's kind, and it touches nothing under Connect:
-    # a Connect session has no sparkContext attribute at all (getattr answers None, checked
-    # with pyspark 4.3's Connect SparkSession), and its server picks its workers' Python.
-    context = getattr(spark, "sparkContext", None)
+    # The one place that looks at the session's kind. A Connect session is never asked for
+    # a sparkContext (it has none; its server picks its workers' Python): told apart by its
+    # class's module, without importing the Connect client (grpc) into classic processes.
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return
+    context = getattr(spark, "sparkContext", None)  # a classic session; None for a stand-in
     if context is None or not str(getattr(context, "master", "")).startswith("local"):
         return
     if os.environ.get("PYSPARK_PYTHON") or context.getConf().get("spark.pyspark.python"):
