@@ -36,13 +36,11 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future
-from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from sparkiq.cluster.hedge import HedgeDelay, close_results
+from sparkiq.cluster.hedge import Copies, Copy, HedgeDelay, close_results
 from sparkiq.cluster.httppool import HttpPool, PooledResponse
 from sparkiq.errors import (
     ErrorCode,
@@ -347,44 +345,40 @@ class Client:
         answer, or has failed. An answer's latency teaches the delay; a failure other than
         "unreachable" (the node's verdict on the request) is raised as it comes."""
         delay = self._hedge.delay(kind)
-        senders = self._sender_pool()
         queue, asked = deque(urls), set(urls)
-        pending: dict[Future[T], tuple[str, float]] = {}
+        copies: Copies[T] = Copies(self._sender_pool(), release=discard)
         errors: list[str] = []
+
+        def overdue(copy: Copy[T]) -> bool:
+            return delay is not None and time.monotonic() - copy.sent_at >= delay
+
         try:
-            while queue or pending:
-                now = time.monotonic()
-                overdue = delay is not None and all(
-                    now - sent >= delay for _, sent in pending.values()
-                )
-                if queue and (not pending or overdue):
-                    for slow, _ in pending.values():
-                        self._demote(slow)  # later reads start elsewhere
+            while queue or copies:
+                if queue and copies.all_overdue(overdue):
+                    for slow in copies:
+                        self._demote(slow.target)  # later reads start elsewhere
                     url = queue.popleft()
-                    pending[senders.submit(fn, url)] = (url, now)
+                    copies.send(url, fn, url)
                     continue
                 wait = None
                 if queue and delay is not None:  # until the newest copy is overdue
-                    wait = max(0.0, max(s for _, s in pending.values()) + delay - now)
-                done, _ = futures_wait(pending, timeout=wait, return_when=FIRST_COMPLETED)
-                for future in done:
-                    url, sent = pending.pop(future)
+                    wait = max(0.0, copies.newest_sent() + delay - time.monotonic())
+                for copy in copies.wait(wait):
                     try:
-                        answer = future.result()
+                        answer = copy.future.result()
                     except _UNREACHABLE as exc:
-                        errors.append(f"{url}: {exc!r}")
-                        self._demote(url)
+                        errors.append(f"{copy.target}: {exc!r}")
+                        self._demote(copy.target)
                         self._learn_nodes()
                         for known in list(self._urls):
                             if known not in asked:
                                 asked.add(known)
                                 queue.append(known)
                         continue
-                    self._hedge.record(kind, time.monotonic() - sent)
+                    self._hedge.record(kind, time.monotonic() - copy.sent_at)
                     return answer
         finally:
-            for future in pending:  # lost the race: released when they end
-                future.add_done_callback(lambda f: _release(f, discard))
+            copies.abandon_all()  # lost the race: cut, and released if they answer
         raise NodeUnreachableError(f"no node answered: {'; '.join(errors)}")
 
     def _sender_pool(self) -> ElasticPool:
@@ -517,13 +511,6 @@ class ChangeStream(Iterator[Change]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _release(future: Future[T], discard: Callable[[T], None] | None) -> None:
-    """Release the answer of a hedged read that lost the race (a failure needs nothing)."""
-    if discard is None or future.cancelled() or future.exception() is not None:
-        return
-    discard(future.result())
 
 
 def _key_text(key: Any) -> str:

@@ -1,4 +1,5 @@
-"""The hedge delay learned from latencies, and the client's hedged reads that use it."""
+"""The hedge delay learned from latencies, the copies of a hedged read, and the client's
+hedged reads that use them."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import pytest
 
 from sparkiq import Client, KeyQuery, Node, RangeQuery, StateQueryRequest, UnknownStoreError
-from sparkiq.cluster.hedge import MIN_SAMPLES, HedgeDelay
+from sparkiq.cancel import cancel_signal
+from sparkiq.cluster.hedge import MIN_SAMPLES, Copies, HedgeDelay
 from sparkiq.cluster.httppool import HttpPool
 from tests.changelog.helpers import expected_rows, make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
@@ -66,6 +69,48 @@ def test_a_heavy_kind_gets_no_delay_and_a_cold_kind_the_ceiling() -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="floor <= ceiling"):
         HedgeDelay(floor=2.0, ceiling=1.0)
+
+
+def test_copies_answer_first_come_and_let_go_of_the_others() -> None:
+    """The first copy to finish is returned; one abandoned while working sees its cancel
+    signal set (its connection would be cut), and one abandoned that still answers has its
+    answer released, never dropped unclosed."""
+    released: list[str] = []
+    cut = threading.Event()
+    finish_late = threading.Event()
+
+    def answer(value: str) -> str:
+        return value
+
+    def until_cut(value: str) -> str:
+        signal = cancel_signal()
+        assert signal is not None
+        with signal.on_cancel(cut.set):
+            assert cut.wait(30)
+        raise ConnectionAbortedError(value)
+
+    def late(value: str) -> str:
+        assert finish_late.wait(30)
+        return value
+
+    with ThreadPoolExecutor(4) as pool:
+        copies: Copies[str] = Copies(pool, release=released.append)
+        assert copies.all_overdue(lambda _: False)  # none out: time to send
+        copies.send("a", until_cut, "a")
+        copies.send("b", late, "b")
+        assert not copies.all_overdue(lambda c: c.target == "a")
+        copies.send("c", answer, "c")
+        done = []
+        while not done:
+            done = copies.wait(30)
+        assert [(c.target, c.future.result()) for c in done] == [("c", "c")]
+        assert sorted(c.target for c in copies) == ["a", "b"]
+        copies.abandon_all()
+        assert not copies
+        assert cut.wait(30)  # the working copy was told to stop
+        finish_late.set()
+        pool.shutdown(wait=True)
+    assert released == ["b"]  # the late answer was released; the failed copy needs nothing
 
 
 class Silent:

@@ -1,5 +1,5 @@
-"""How long to wait for one replica before asking another (a delay learned from latency),
-and how a copy that lost the race is let go.
+"""Hedged reads: how long to wait for one replica before asking another (a delay learned
+from latency), and the copies of one read out at once, of which the first answer wins.
 
 A request that a healthy node answers in 5 ms and one that it answers in 2 s must not be
 given up on after the same wait. :class:`HedgeDelay` keeps the latest latencies of answered
@@ -24,18 +24,34 @@ made for an idle one.
 
 Thread-safe: ``record`` and ``delay`` may run on any thread (``record`` takes a lock;
 ``delay`` reads values that are replaced whole, never changed in place).
+
+:class:`Copies` is the one place a hedged read's copies are sent, waited for and let go of,
+used by the client (:class:`~sparkiq.client.Client`, racing the nodes it knows) and the
+router (:class:`~sparkiq.cluster.router.Router`, racing a partition's replicas); each decides
+*when* a copy is overdue and *which* answer is good, :class:`Copies` does the rest. A copy
+runs inside its own :class:`~sparkiq.cancel.CancelSignal`: one nobody waits for any more has
+its connection cut (the node then stops working on it) and, if it had already answered, its
+answer released (a stream it was sending is closed). A :class:`Copies` belongs to the one
+thread that runs the race.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Executor, Future
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
+from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.query.result import QueryResult
 
-__all__ = ["MIN_SAMPLES", "HedgeDelay", "close_results"]
+__all__ = ["MIN_SAMPLES", "Copies", "Copy", "HedgeDelay", "close_results"]
+
+T = TypeVar("T")
 
 #: Latencies a kind needs before a delay is derived from them.
 MIN_SAMPLES = 8
@@ -97,3 +113,73 @@ def close_results(results: Mapping[int, QueryResult[Any]]) -> None:
         close = getattr(result.result, "close", None)
         if callable(close):
             close()
+
+
+@dataclass(frozen=True)
+class Copy(Generic[T]):
+    """One copy of a read: where it went, when, and its outcome once done."""
+
+    target: str
+    sent_at: float
+    future: Future[T]
+    cancel: CancelSignal
+
+
+class Copies(Generic[T]):
+    """The copies of one read that are out (see the module docstring).
+
+    ``release`` lets go of the answer of a copy that finished after nobody waited for it
+    any more (closing the rows it streams); a copy that failed needs nothing."""
+
+    def __init__(self, pool: Executor, release: Callable[[T], None] | None = None) -> None:
+        self._pool = pool
+        self._release = release
+        self._out: dict[Future[T], Copy[T]] = {}
+
+    def send(self, target: str, fn: Callable[..., T], *args: Any) -> None:
+        """Run ``fn(*args)`` on the pool as the copy sent to ``target``."""
+        cancel = CancelSignal()
+        future = self._pool.submit(_cancellable_by, cancel, fn, *args)
+        self._out[future] = Copy(target, time.monotonic(), future, cancel)
+
+    def __bool__(self) -> bool:
+        return bool(self._out)
+
+    def __iter__(self) -> Iterator[Copy[T]]:
+        return iter(list(self._out.values()))
+
+    def all_overdue(self, overdue: Callable[[Copy[T]], bool]) -> bool:
+        """Whether every copy out is overdue (true when none is): time to ask another."""
+        return all(overdue(copy) for copy in self._out.values())
+
+    def newest_sent(self) -> float:
+        """When the latest copy out was sent (monotonic seconds)."""
+        return max(copy.sent_at for copy in self._out.values())
+
+    def wait(self, timeout: float | None) -> list[Copy[T]]:
+        """The copies that finish within ``timeout`` seconds (``None``: until one does),
+        no longer out once returned."""
+        done, _ = futures_wait(self._out, timeout=timeout, return_when=FIRST_COMPLETED)
+        return [self._out.pop(future) for future in done]
+
+    def abandon(self, copy: Copy[T]) -> None:
+        """Stop waiting for ``copy``: cut its connection, release its answer if it comes."""
+        if self._out.pop(copy.future, None) is None:
+            return
+        copy.cancel.set()
+        copy.future.add_done_callback(self._let_go)
+
+    def abandon_all(self) -> None:
+        """Stop waiting for every copy still out (the race is over)."""
+        for copy in list(self._out.values()):
+            self.abandon(copy)
+
+    def _let_go(self, future: Future[T]) -> None:
+        if self._release is None or future.cancelled() or future.exception() is not None:
+            return
+        self._release(future.result())
+
+
+def _cancellable_by(signal: CancelSignal, fn: Callable[..., T], *args: Any) -> T:
+    with cancellable(signal):
+        return fn(*args)

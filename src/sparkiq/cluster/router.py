@@ -48,13 +48,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future
-from concurrent.futures import wait as futures_wait
+from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
-from sparkiq.cancel import CancelSignal, cancel_signal, cancellable
+from sparkiq.cancel import cancel_signal
 from sparkiq.cluster.assignment import Assignment
-from sparkiq.cluster.hedge import HedgeDelay, close_results
+from sparkiq.cluster.hedge import Copies, HedgeDelay, close_results
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import Membership
 from sparkiq.cluster.transport import NodeUnreachableError, Transport
@@ -234,20 +233,18 @@ class Router:
         queue = deque(self.candidates(request.store, partition, request.is_require_active))
         kind = type(request.query).__name__
         wait = self._delays.delay(kind)
-        # each sub-request out: its member, when it was sent, and the signal that cuts its
-        # connection once nobody waits for it (the member then stops working on it)
-        pending: dict[Future[_Remote], tuple[str, float, CancelSignal]] = {}
+        copies: Copies[_Remote] = Copies(self._io, release=close_results)
         best: QueryResult[Any] | None = None
         tried: list[str] = []
         answered = 0
         caller = cancel_signal()
         try:
-            while queue or pending:
+            while queue or copies:
                 if caller is not None and caller.is_set():
                     break  # the request's own caller left: so do its sub-requests
-                if queue and all(self._overdue(m, t, wait) for m, t, _ in pending.values()):
+                if queue and copies.all_overdue(lambda c: self._overdue(c.target, c.sent_at, wait)):
                     member = queue.popleft()
-                    if pending:
+                    if copies:
                         self.hedged += 1
                     tried.append(member)
                     if member == me:
@@ -261,29 +258,24 @@ class Router:
                     if url is None:
                         continue
                     self.forwarded += 1
-                    abandon = CancelSignal()
-                    query = self._transport.query
-                    future = self._io.submit(_cancellable_by, abandon, query, url, sub)
-                    pending[future] = (member, time.monotonic(), abandon)
+                    copies.send(member, self._transport.query, url, sub)
                     continue
-                done, _ = futures_wait(pending, timeout=_POLL, return_when=FIRST_COMPLETED)
-                for future in done:
-                    member, sent_at, _ = pending.pop(future)
-                    result = self._remote_result(future, member, partition, request.store)
+                done = copies.wait(_POLL)
+                for copy in done:
+                    result = self._remote_result(copy.future, copy.target, partition, request.store)
                     if result is None:
                         continue
-                    self._delays.record(kind, time.monotonic() - sent_at)
-                    self._lagging.pop(member, None)
+                    self._delays.record(kind, time.monotonic() - copy.sent_at)
+                    self._lagging.pop(copy.target, None)
                     answered += 1
                     if _final(result):
                         return result, tried, len(tried) - answered
                     best = result if _better(result, best) else best
                 if not done and not queue:
-                    self._give_up_on_gone(pending, wait, others_answered=best is not None)
+                    self._give_up_on_gone(copies, wait, others_answered=best is not None)
             return best, tried, len(tried) - answered
         finally:
-            for future, (_, _, abandon) in pending.items():
-                _abandon(future, abandon)
+            copies.abandon_all()
 
     def _overdue(self, member: str, sent_at: float, wait: float | None) -> bool:
         """Whether to stop waiting for ``member`` alone: its sub-request has been out for
@@ -304,7 +296,7 @@ class Router:
 
     def _give_up_on_gone(
         self,
-        pending: dict[Future[_Remote], tuple[str, float, CancelSignal]],
+        copies: Copies[_Remote],
         wait: float | None,
         *,
         others_answered: bool,
@@ -315,12 +307,11 @@ class Router:
         round on a new view is then a better bet than a member that may never answer --
         one still heartbeating behind a one-way partition is never declared gone."""
         live = self._membership.live()
-        for future, (member, sent_at, abandon) in list(pending.items()):
-            gone = member not in live or others_answered
-            if gone and self._overdue(member, sent_at, wait):
-                log.info("giving up on %s: it went silent", member)
-                del pending[future]
-                _abandon(future, abandon)
+        for copy in copies:
+            gone = copy.target not in live or others_answered
+            if gone and self._overdue(copy.target, copy.sent_at, wait):
+                log.info("giving up on %s: it went silent", copy.target)
+                copies.abandon(copy)
 
     def _remote_result(
         self, future: Future[_Remote], member: str, partition: int, store: str
@@ -355,22 +346,3 @@ def _better(result: QueryResult[Any] | None, than: QueryResult[Any] | None) -> b
     if than is None or than.failure_reason is None:
         return than is None
     return _RETRY_RANK[result.failure_reason] > _RETRY_RANK.get(than.failure_reason, -1)
-
-
-def _cancellable_by(signal: CancelSignal, fn: Callable[..., _Remote], *args: Any) -> _Remote:
-    with cancellable(signal):
-        return fn(*args)
-
-
-def _abandon(future: Future[_Remote], signal: CancelSignal) -> None:
-    """Stop waiting for a sub-request: cut its connection (the member then stops working on
-    it) and close whatever it streams if it had already answered."""
-    signal.set()
-    future.add_done_callback(_discard)
-
-
-def _discard(future: Future[_Remote]) -> None:
-    """Close the streamed results of a sub-request nobody waits for any more."""
-    if future.cancelled() or future.exception() is not None:
-        return
-    close_results(future.result())
