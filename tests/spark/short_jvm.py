@@ -13,6 +13,10 @@ batches); the CPU of whole tests, every process counted, fell from 80 s to 51 s
 over five files that use it (test_sql_ddl, test_tws, test_rocksdb, test_differential,
 test_app). Nothing a test checks depends on the JIT or the collector.
 
+Every such JVM also maps the classes a Spark driver loads from a class-data-sharing archive
+when ``make test`` has built one (:mod:`tests.spark.class_archive`: a third less CPU again
+for a writer process).
+
 Drivers get the options from ``SPARK_SUBMIT_OPTS``, which ``spark-submit`` (and so PySpark)
 puts on the driver's java command line: tests/conftest.py sets it for the test process and
 everything it starts. Executors and standalone daemons are separate JVMs that need their own
@@ -21,8 +25,12 @@ settings (:func:`executor_conf`, ``SPARK_DAEMON_JAVA_OPTS``).
 
 from __future__ import annotations
 
+from tests.spark.class_archive import archive_options
+
 #: C1 only, one GC thread: cheaper for a JVM that runs small jobs for minutes.
-SHORT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: The base options and the class archive, when there is one.
+SHORT_JVM_OPTIONS = f"{BASE_OPTIONS} {archive_options()}".strip()
 
 
 def executor_conf() -> dict[str, str]:
