@@ -454,10 +454,14 @@ def check_sql_editor(page: Any, node: Node, shots: Path) -> None:
     explain = "SELECT * FROM t WHERE k = 'k03'"
     page.fill("#sql", explain)
     page.click("#explain")
-    page.wait_for_selector("#result pre")
+    page.wait_for_selector("#result ul.plan")
     plan = rest(node, "POST", "/query", json={"sql": "EXPLAIN " + explain}).json()["explain"]
-    assert json.loads(page.inner_text("#result pre")) == plan
     assert plan["tables"][0]["access"] == "key_lookup"
+    tree = page.inner_text("#result ul.plan")  # the API's plan, said as a tree
+    assert plan["statement"] in tree and f"tier {plan['tier']}" in tree
+    assert "computed by Python (no DuckDB)" in tree and "read t: key lookup" in tree
+    partitions = plan["tables"][0]["partitions"]
+    assert f"partitions {partitions[0]}" in tree and f"keys {plan['tables'][0]['keys'][0]}" in tree
     screenshot(page, shots, "explain")
 
     # "read at least at": the next query sends the last position as its bound
@@ -489,13 +493,13 @@ def check_push_view(page: Any, nodes: list[Node], changelog: Any, shots: Path) -
     page.wait_for_selector("#push-result tbody tr:nth-child(2)")
     first = rows_of(page, "#push-result tbody")
     assert sorted(r[1:4] for r in first) == [["k05", "k05", "1005"], ["new", "new", "2000"]]
-    assert all(r[4] == "2" for r in first)
+    assert all(r[4] == "batch 2" for r in first)
     write_batch(changelog, 3, {"k07": 1007})
     for node in nodes:
         node.poll_once()
     page.wait_for_selector("#push-result tbody tr:nth-child(3)")
     rows = rows_of(page, "#push-result tbody")
-    assert rows[0][1:5] == ["k07", "k07", "1007", "3"]  # newest first
+    assert rows[0][1:5] == ["k07", "k07", "1007", "batch 3"]  # newest first
     assert rows[1:] == first
     assert page.inner_text("#push-status") == "streaming: 3 changes, last at batch 3"
     assert page.inner_text("#push-result thead").split() == [
@@ -504,7 +508,6 @@ def check_push_view(page: Any, nodes: list[Node], changelog: Any, shots: Path) -
         "k",
         "n",
         "batch",
-        "position",
     ]
     screenshot(page, shots, "push")
     page.click("#push-stop")
@@ -546,3 +549,79 @@ def check_charts(page: Any, node: Node, shots: Path) -> None:
     )
     assert page_grid(page, "t") == expected_grid(metadata, "t", 4)
     screenshot(page, shots, "cluster")
+
+
+def test_numbers_plans_push_caps_positions_and_a_wrong_token(tmp_path: Path) -> None:
+    """What an operator reads: numbers right-aligned; EXPLAIN as a tree that fits the page
+    (no sideways scrolling for a long statement); a push view that keeps the newest changes
+    on screen and counts the rest; a change's position shown as its batch with the token on
+    hover; a wrong token said as such, not as an unreachable node."""
+    from playwright.sync_api import sync_playwright
+
+    changelog = make_table(str(tmp_path), partitions=4)
+    write_batch(changelog, 0, {f"k{i:02d}": i for i in range(30)})
+    with Node(str(tmp_path), node_id="ops", listen="127.0.0.1:0", token="tok") as node:
+        node.poll_once()
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f"{node.url}/")
+                page.fill("#token", "wrong")
+                page.dispatch_event("#token", "change")
+                wait_until(page, "document.getElementById('ready').textContent === 'wrong token'")
+                assert "wrong token" in page.inner_text("#cluster-error")
+
+                page.fill("#token", "tok")
+                page.dispatch_event("#token", "change")
+                page.wait_for_selector("#stores li")
+                page.click("#tab-sql")
+
+                page.fill("#sql", "SELECT k, n FROM t WHERE n = 7")
+                page.click("#run")
+                page.wait_for_selector("#result tbody tr")
+                number = page.locator("#result tbody td").nth(1)
+                assert number.inner_text() == "7" and "num" in number.get_attribute("class")
+                assert number.evaluate("e => getComputedStyle(e).textAlign") == "right"
+
+                keys = ", ".join(f"'a-rather-long-key-number-{i:04d}'" for i in range(20))
+                page.fill(
+                    "#sql", f"SELECT k, sum(n) AS total FROM t WHERE k IN ({keys}) GROUP BY k"
+                )
+                page.click("#explain")
+                page.wait_for_selector("#result ul.plan")
+                tree = page.inner_text("#result ul.plan")
+                assert "combining query" in tree, tree[-600:]
+                assert "read t: key lookup" in tree, tree[-600:]
+                assert "partitions" in tree
+                width = page.evaluate("document.documentElement.scrollWidth")
+                assert width <= 1280, f"the plan widens the page to {width} px"
+
+                page.click("#tab-push")
+                page.fill("#push-sql", "SELECT * FROM t EMIT CHANGES")
+                page.click("#push-form button[type=submit]")
+                wait_until(
+                    page, "document.getElementById('push-status').textContent.includes('waiting')"
+                )
+                write_batch(changelog, 1, {f"p{i:03d}": i for i in range(150)})
+                write_batch(changelog, 2, {f"q{i:03d}": 1000 + i for i in range(100)})
+                wait_until(
+                    page,
+                    "document.getElementById('push-status').textContent.startsWith("
+                    "'streaming: 250 changes (newest 200 shown)')",
+                )
+                assert page.locator("#push-result tbody tr").count() == 200
+                batch = page.locator("#push-result tbody tr").first.locator("td").last
+                assert batch.inner_text() == "batch 2"
+                token = batch.get_attribute("title")  # a position a read can be bound by
+                bounded = httpx.post(
+                    f"{node.url}/query",
+                    json={"sql": "SELECT n FROM t WHERE k = 'q099'", "bound": token},
+                    headers={"authorization": "Bearer tok"},
+                    timeout=30,
+                )
+                assert bounded.status_code == 200, bounded.text
+                assert bounded.json()["rows"] == [{"n": 1099}]
+                page.click("#push-stop")
+            finally:
+                browser.close()
