@@ -625,3 +625,76 @@ def test_numbers_plans_push_caps_positions_and_a_wrong_token(tmp_path: Path) -> 
                 page.click("#push-stop")
             finally:
                 browser.close()
+
+
+def test_a_windowed_table_is_looked_up_by_key_and_window_start(tmp_path: Path) -> None:
+    """A windowed table's key lookup takes a time range: the windows of the key whose start
+    is in it, oldest first, as the REST window_key query answers them."""
+    import datetime as dt
+
+    from playwright.sync_api import sync_playwright
+
+    from sparkiq.testing import write_table
+
+    day = dt.datetime(2024, 5, 1)
+    rows = [
+        {
+            "k": key,
+            "window": {
+                "start": day + dt.timedelta(hours=h),
+                "end": day + dt.timedelta(hours=h + 1),
+            },
+            "clicks": 100 * h + ord(key),
+        }
+        for key in ("a", "b")
+        for h in range(6)
+    ]
+    write_table(str(tmp_path), "clicks", rows, key="k", window="window", partitions=2)
+    with Node(str(tmp_path), node_id="win", listen="127.0.0.1:0") as node:
+        node.poll_once()
+        body = {
+            "query": {
+                "type": "window_key",
+                "key": "b",
+                "from": "2024-05-01T02:00:00",
+                "to": "2024-05-01T04:00:00",
+            }
+        }
+        answer = httpx.post(f"{node.url}/stores/clicks/query", json=body, timeout=30).json()
+        want = sorted(
+            (item["row"] for part in answer["partitions"].values() for item in part["rows"]),
+            key=lambda row: row["window"]["start"],
+        )
+        assert [r["clicks"] for r in want] == [200 + ord("b"), 300 + ord("b"), 400 + ord("b")]
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(f"{node.url}/")
+                page.wait_for_selector("#stores li")
+                page.click("#stores li button.name")
+                page.wait_for_selector("#lookup-window:not([hidden])")
+                page.fill("#lookup-key", "b")
+                page.fill("#lookup-from", "2024-05-01T02:00:00")
+                page.fill("#lookup-to", "2024-05-01T04:00:00")
+                page.press("#lookup-key", "Enter")
+                page.wait_for_selector("#lookup-result table")
+                shown = [
+                    row.split("\t") for row in page.inner_text("#lookup-result tbody").splitlines()
+                ]
+                assert shown == [
+                    [r["window"]["start"], r["window"]["end"], r["k"], str(r["clicks"])]
+                    for r in want
+                ]
+                assert page.inner_text("#lookup-result .status").startswith("3 windows")
+                page.fill("#lookup-from", "")
+                page.fill("#lookup-to", "")
+                page.press("#lookup-key", "Enter")
+                wait_until(
+                    page,
+                    "document.querySelector('#lookup-result .status')"
+                    " && document.querySelector('#lookup-result .status')"
+                    ".textContent.startsWith('6 windows')",
+                )
+            finally:
+                browser.close()
