@@ -46,6 +46,8 @@ STATEMENTS = [
     "AND WINDOWEND <= '2024-03-01 12:00:00' GROUP BY k",
     "SELECT win.k, count(*) AS c FROM win JOIN t ON t.k = 'k00' || win.k "
     "WHERE win.k IN ('a', 'c') GROUP BY win.k",
+    # no key satisfies both: the partial aggregate still has its shape
+    "SELECT count(*) AS c, sum(n) AS s FROM t WHERE k = 'k001' AND k IN ('k002', 'k003')",
 ]
 
 
@@ -105,7 +107,7 @@ def test_key_lookups_in_statements_answer_like_duckdb(
         codec = KeyCodec(schema)
         partitioner = Partitioner(schema.key_types, node.partition_count(request.store))
         held = {partitioner(codec.decode(key)) for key in request.query.keys}
-        assert request.partitions == frozenset(held)
+        assert request.partitions == frozenset(held or {0})  # no key: one partition's shape
     assert len(keyed) == len({r.store for r in keyed})  # each table is referenced once
 
 

@@ -238,9 +238,9 @@ def read_table(
             internal = codec.to_internal(key)
             encoded.append(codec.encode(internal))  # a windowed table's: the key prefix
             located.add(partitioner(internal))
-        if not encoded:  # an empty key set (k = 'a' AND k IN ('b')): nothing to read
-            return Read(ArrowRows(schema, columns).out_schema.empty_table(), Position.empty(), ())
-        partitions = frozenset(located)
+        # An empty key set (k = 'a' AND k IN ('b')) still asks one partition: its fragment
+        # gives the relation the shape the final query reads (a partial aggregate's).
+        partitions = frozenset(located) if located else frozenset((0,))
         query = SqlFragmentQuery(
             tuple(columns),
             fragment_sql if lookup_fragment else None,
