@@ -30,7 +30,7 @@ import gc
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any
 
@@ -76,6 +76,8 @@ class SqlFragmentQuery(Query):
     - ``keys``: encoded store keys to read instead of a range (a windowed table: encoded key
       prefixes, every window of each, still within the window bounds); a key the partition
       does not hold is absent. ``lower``/``upper`` still apply (None: the keys only).
+    - ``key_partitions``: the partition of each of ``keys``, in order, so that a partition
+      reads only its own keys (None: every partition named reads every key).
     """
 
     columns: tuple[str, ...]
@@ -87,6 +89,7 @@ class SqlFragmentQuery(Query):
     timeout_ms: int = 30_000
     skip_below: int = 0
     keys: tuple[bytes, ...] | None = None
+    key_partitions: tuple[int, ...] | None = None
 
 
 _DEFAULT_LIMITS = SqlLimits()
@@ -136,14 +139,25 @@ def _check_fragment_sql(sql: str) -> None:
             _checked.popitem(last=False)
 
 
-def _check_keys(keys: object, limits: SqlLimits) -> None:
+def _check_keys(query: SqlFragmentQuery, limits: SqlLimits) -> None:
     """Refuse keys a statement could not have asked for: more than ``max_key_lookups`` (of
-    the answering node), or not encoded store keys."""
+    the answering node), not encoded store keys, or partitions not one per key."""
+    keys, partitions = query.keys, query.key_partitions
     if not isinstance(keys, tuple) or not all(isinstance(k, bytes) for k in keys):
         raise SqlError(
             "a fragment's keys must be a tuple of encoded store keys (bytes)",
             code=ErrorCode.INVALID_QUERY,
             field="keys",
+        )
+    if partitions is not None and (
+        not isinstance(partitions, tuple)
+        or len(partitions) != len(keys)
+        or not all(type(p) is int for p in partitions)
+    ):
+        raise SqlError(
+            "a fragment's key_partitions must be a tuple of ints, one per key",
+            code=ErrorCode.INVALID_QUERY,
+            field="key_partitions",
         )
     if len(keys) > limits.max_key_lookups:
         raise SqlLimitError(
@@ -254,9 +268,13 @@ def _keys_table(
 ) -> tuple[pa.Table, Any]:
     """The rows of ``query.keys`` (key prefixes on a windowed table), read key by key."""
     assert query.keys is not None
+    keys: Any = query.keys
+    if query.key_partitions is not None:
+        mine = store.partition
+        keys = [k for k, p in zip(keys, query.key_partitions, strict=True) if p == mine]
     wanted = [
         key
-        for key in query.keys
+        for key in keys
         if (query.lower is None or key >= query.lower)
         and (query.upper is None or key < query.upper)
     ]
@@ -270,7 +288,7 @@ def _keys_table(
             return _stored_table(store, query, pairs, windowed), position
     assert at_batch is not None
     if windowed:  # no index by key prefix in a version: one vectorized filter
-        return _version_table(store, query, at_batch)
+        return _version_table(store, replace(query, keys=tuple(wanted)), at_batch)
     version = store.version(at_batch)
     found = [(key, version.row(key)) for key in wanted]
     pairs = [(key, row) for key, row in found if row is not None]
@@ -354,7 +372,7 @@ def _fragment(
 ) -> QueryResult[Any]:
     limits, pool = _fragment_pool(ctx.sql_limits)
     if query.keys is not None:
-        _check_keys(query.keys, limits)
+        _check_keys(query, limits)
     table, position = partition_table(store, query, ctx.at_batch)
     if query.sql is not None and table.num_rows >= query.skip_below:
         _check_fragment_sql(query.sql)

@@ -233,11 +233,11 @@ def read_table(
     partitions: frozenset[int] | None = None
     if access.keys is not None:
         encoded: list[bytes] = []
-        located: set[int] = set()
+        located: list[int] = []
         for key in access.keys:
             internal = codec.to_internal(key)
             encoded.append(codec.encode(internal))  # a windowed table's: the key prefix
-            located.add(partitioner(internal))
+            located.append(partitioner(internal))
         # An empty key set (k = 'a' AND k IN ('b')) still asks one partition: its fragment
         # gives the relation the shape the final query reads (a partial aggregate's).
         partitions = frozenset(located) if located else frozenset((0,))
@@ -248,6 +248,7 @@ def read_table(
             window_to=access.window_to,
             timeout_ms=timeout_ms,
             keys=tuple(encoded),
+            key_partitions=tuple(located),
         )
     else:
         query = SqlFragmentQuery(
