@@ -16,6 +16,10 @@ A last line reads every partition from RocksDB into Arrow, what scans cost befor
 
 * key lookup - ``node.sql("SELECT * FROM t WHERE k = '<key>'")`` against ``node.get``, each
   call timed on its own.
+* join with key lookups - 20 keys of ``t`` (``k IN (...)``) joined to a 100-row table
+  ``groups`` (2 partitions): the looked-up rows reach DuckDB as Arrow, read by one request
+  per table; through ``node.sql``, the per-partition fragment path and, as the floor, DuckDB
+  over native tables; each call timed on its own.
 
 Run: ``python -m bench.sql_scan [--quick | --smoke]``.
 """
@@ -37,12 +41,18 @@ from bench._common import Report, Scale, entry_point, fmt_ratio, median, percent
 from sparkiq.sql import SqlEngine
 from sparkiq.sql.fragment import SqlFragmentQuery, _without_cyclic_gc
 from sparkiq.sql.fragment import _partition_table as _rocksdb_table
+from sparkiq.testing import write_table
 
 TABLE = "t"
 SCAN = f"SELECT k, n, total FROM {TABLE} WHERE n < 100 AND total > 500"
 GROUP = f"SELECT n % 100 AS g, count(*) AS c, sum(total) AS s, avg(n) AS a FROM {TABLE} GROUP BY 1"
 TOP_N = f"SELECT k, n, total FROM {TABLE} ORDER BY total DESC LIMIT 10"
 QUERIES = {"tier 2 filter scan": SCAN, "tier 3 group-by": GROUP, "tier 2 top-N": TOP_N}
+GROUPS = [{"g": g, "label": f"group {g}"} for g in range(100)]
+JOIN = (
+    f"SELECT t.k, t.total, g.label FROM {TABLE} AS t JOIN groups AS g ON t.n % 100 = g.g "
+    "WHERE t.k IN ({keys})"
+)
 
 
 class _Fragments:
@@ -216,11 +226,59 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 f"p50 {sql_p50:.1f} us = {sql_p50 / get_p50:.1f}x node.get (p99 "
                 f"{percentile(sql_us, 99):.1f} us)"
             )
+            join_ms = _join_with_lookups(node, state_dir, keys, floor, rng, n_lookups)
+            for method, value in join_ms.items():
+                ratio = fmt_ratio(value / join_ms["DuckDB native tables (floor)"])
+                report.rows.append(["join with key lookups", method, f"{value:,.2f} ms", ratio])
+            report.readings.append(
+                "join with 20 key lookups: "
+                + ", ".join(f"{method} {value:,.2f} ms" for method, value in join_ms.items())
+            )
             report.notes.append(f"table built and applied in {built_s:.1f} s")
             report.figures.update(
-                {"medians_s": medians, "lookup_p50_us": {"sql": sql_p50, "get": get_p50}}
+                {
+                    "medians_s": medians,
+                    "lookup_p50_us": {"sql": sql_p50, "get": get_p50},
+                    "join_with_key_lookups_ms": join_ms,
+                }
             )
     return report
+
+
+def _join_with_lookups(
+    node: Any,
+    state_dir: str,
+    keys: list[str],
+    floor: duckdb.DuckDBPyConnection,
+    rng: random.Random,
+    n_lookups: int,
+) -> dict[str, float]:
+    """Median ms of a 20-key lookup joined to ``groups``, per method (taking turns)."""
+    write_table(state_dir, "groups", GROUPS, key="g", partitions=2)
+    node.refresh_tables()
+    node.poll_once()
+    engine = SqlEngine(node._lookup)
+    fragments = SqlEngine(_Fragments(node._lookup))
+    floor.register("groups_rows", pa.Table.from_pylist(GROUPS))
+    floor.execute("CREATE TABLE groups AS SELECT * FROM groups_rows")
+    texts = [
+        JOIN.format(keys=", ".join(f"'{k}'" for k in rng.sample(keys, 20)))
+        for _ in range(max(20, n_lookups // 200))
+    ]
+    methods: dict[str, Callable[[str], Any]] = {
+        "node.sql (columnar)": engine.execute,
+        "node.sql (per-partition fragments)": fragments.execute,
+        "DuckDB native tables (floor)": lambda q: floor.execute(q).fetchall(),
+    }
+    want = sorted(map(repr, floor.execute(texts[0]).fetchall()))
+    for which in (engine, fragments):  # warm-up and a correctness check
+        assert sorted(map(repr, which.execute(texts[0]).tuples())) == want
+    times: dict[str, list[float]] = {method: [] for method in methods}
+    step = max(1, len(texts) // 10)
+    for start in range(0, len(texts), step):  # take turns
+        for method, fn in methods.items():
+            times[method] += _per_call_us(fn, texts[start : start + step])
+    return {method: median(values) / 1000 for method, values in times.items()}
 
 
 main = entry_point(run, __doc__)

@@ -62,6 +62,9 @@ QUERIES: list[Query] = [
     WindowRangeQuery.with_window_starts(None, T0),
     WindowRangeQuery(),
     SqlFragmentQuery(columns=("k", "n"), sql="SELECT k FROM __sq_part", lower=b"\x01", upper=None),
+    SqlFragmentQuery(
+        ("k", "n"), None, None, None, 5, 9, keys=(b"\x01a\x00\x01", b"\x00"), key_partitions=(3, 0)
+    ),
 ]
 
 

@@ -12,10 +12,10 @@
    (:class:`~sparkiq.sql.source.ColumnarSource`: a node hosting them all), each table is its
    partitions' Arrow versions at one batch, handed to DuckDB without copying behind a CTE
    that keeps the rows valid at that batch, and the statement runs as one DuckDB query.
-4. **General path.** Otherwise each table reference is read as point lookups or as one
-   :class:`~sparkiq.sql.fragment.SqlFragmentQuery` per partition (key range, window bounds,
-   pushed filter, top-N or partial aggregate), then the final query runs in DuckDB over the
-   concatenated Arrow results.
+4. **General path.** Otherwise each table reference is one request of a
+   :class:`~sparkiq.sql.fragment.SqlFragmentQuery` (exact keys, as on the columnar path, or a
+   key range; pushed filter, top-N or partial aggregate) each partition answers as Arrow, and
+   the final query runs in DuckDB over the concatenated Arrow results.
 
 The engine is thread-safe: DuckDB connections are per thread and caches are replaced, not
 mutated in place, under a lock.
@@ -383,12 +383,11 @@ class SqlEngine:
             read = read_table(
                 self.source,
                 table.name,
-                self.source.schema(table.name),
+                self._codec(table.name),
                 cols,
                 fragment_sql,
                 access,
                 bound,
-                self._pool,
                 _remaining(deadline),
                 lookup_fragment=plan.aggregation == "partial",
                 skip_below=0 if plan.aggregation == "partial" else self.limits.fragment_min_rows,
@@ -450,10 +449,12 @@ class SqlEngine:
         before = reading.saved()
         for index, (table, access) in enumerate(zip(plan.tables, accesses, strict=True)):
             at_batch = reading.at_batch(table.name, table.as_of)
-            if access.keys is not None:
-                schema = self.source.schema(table.name)
-                rows, read_at, _ = lookup_rows(source, table.name, schema, access, bound, at_batch)
-                relations[table.relation] = ArrowRows(schema, table.columns).from_rows(rows)
+            if access.keys is not None:  # one request: each partition's keys as Arrow
+                read = read_table(
+                    self.source, table.name, self._codec(table.name), table.columns, None,
+                    access, bound, _remaining(deadline), at_batch=at_batch,
+                )  # fmt: skip
+                relations[table.relation], read_at = read.table, read.position
                 served = batch_of(table.name, read_at)
             else:
                 local = source.local_rows(table.name, at_batch, bound)

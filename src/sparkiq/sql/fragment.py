@@ -8,6 +8,14 @@ start is in bounds and, when ``sql`` is set, runs it in a locked-down DuckDB ove
 kept without versions is read from a store snapshot and decoded. The answer is a
 ``pyarrow.Table`` with the position of the batch it was read at.
 
+A fragment with ``keys`` (a SQL key lookup inside a larger statement: a join, an expression,
+an aggregate) reads those keys only, each by key, and never scans the partition: from the
+store's current state when the request is not pinned to a batch, else from the version of
+that batch (a key's row through the version's key index). A windowed table's keys are key
+prefixes, each read as a bounded range of the store; only at a pinned batch the store has
+moved past is the version's key column filtered instead, as a ``WindowKeyQuery`` at a batch
+does. The stored rows then become Arrow directly (no dicts on the way).
+
 The query is a frozen dataclass of plain values (str, int, bytes, tuples), registered with
 the wire protocol, so a router can send it to the node hosting the partition. A node never
 trusts a fragment's SQL: it is parsed and checked with the same rules as a user's statement
@@ -22,7 +30,7 @@ import gc
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any
 
@@ -34,9 +42,10 @@ from sparkiq.error_codes import ErrorCode
 from sparkiq.query.queries import Query
 from sparkiq.query.result import QueryResult
 from sparkiq.schema.arrowrows import KEY_COLUMN, WINDOWSTART, ArrowRows
+from sparkiq.schema.codec import prefix_end
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.duck import DuckPool, run
-from sparkiq.sql.errors import SqlUnsupportedError
+from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError
 from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.parse import parse
 from sparkiq.stores.dispatch import QueryContext, register
@@ -64,6 +73,11 @@ class SqlFragmentQuery(Query):
       running ``sql`` (a DuckDB run costs more than shipping a few rows). Only set it when
       ``sql`` selects exactly ``columns`` and the coordinator applies its effect again
       (a filter or a top-N, never a partial aggregate).
+    - ``keys``: encoded store keys to read instead of a range (a windowed table: encoded key
+      prefixes, every window of each, still within the window bounds); a key the partition
+      does not hold is absent. ``lower``/``upper`` still apply (None: the keys only).
+    - ``key_partitions``: the partition of each of ``keys``, in order, so that a partition
+      reads only its own keys (None: every partition named reads every key).
     """
 
     columns: tuple[str, ...]
@@ -74,6 +88,8 @@ class SqlFragmentQuery(Query):
     window_to: int | None = None
     timeout_ms: int = 30_000
     skip_below: int = 0
+    keys: tuple[bytes, ...] | None = None
+    key_partitions: tuple[int, ...] | None = None
 
 
 _DEFAULT_LIMITS = SqlLimits()
@@ -123,6 +139,36 @@ def _check_fragment_sql(sql: str) -> None:
             _checked.popitem(last=False)
 
 
+def _check_keys(query: SqlFragmentQuery, limits: SqlLimits) -> None:
+    """Refuse keys a statement could not have asked for: more than ``max_key_lookups`` (of
+    the answering node), not encoded store keys, or partitions not one per key."""
+    keys, partitions = query.keys, query.key_partitions
+    if not isinstance(keys, tuple) or not all(isinstance(k, bytes) for k in keys):
+        raise SqlError(
+            "a fragment's keys must be a tuple of encoded store keys (bytes)",
+            code=ErrorCode.INVALID_QUERY,
+            field="keys",
+        )
+    if partitions is not None and (
+        not isinstance(partitions, tuple)
+        or len(partitions) != len(keys)
+        or not all(type(p) is int for p in partitions)
+    ):
+        raise SqlError(
+            "a fragment's key_partitions must be a tuple of ints, one per key",
+            code=ErrorCode.INVALID_QUERY,
+            field="key_partitions",
+        )
+    if len(keys) > limits.max_key_lookups:
+        raise SqlLimitError(
+            f"a fragment asks for {len(keys)} keys, more than this node's "
+            f"SqlLimits.max_key_lookups={limits.max_key_lookups}; select fewer keys or a "
+            "key range",
+            code=ErrorCode.TOO_MANY_TERMS,
+            field="keys",
+        )
+
+
 def _builder(schema: TableSchema, columns: tuple[str, ...]) -> ArrowRows:
     key = (id(schema), columns)
     found = _builders.get(key)
@@ -167,6 +213,8 @@ def partition_table(
 ) -> tuple[pa.Table, Any]:
     """The partition's rows in the query's bounds as Arrow at ``at_batch`` (None: the
     newest), with that batch's position."""
+    if query.keys is not None:
+        return _keys_table(store, query, at_batch)
     versions = store.versions
     if versions is not None:
         batch_id = versions.newest if at_batch is None else at_batch
@@ -185,6 +233,8 @@ def _version_table(
         return _builder(store.schema, query.columns).out_schema.empty_table(), version.position
     mask = visible_mask(raw, batch_id)
     keys = raw.column(KEY_COLUMN)
+    if query.keys is not None:  # a windowed table's key prefixes (see _keys_table)
+        mask = pc.and_(mask, _prefix_mask(keys, query.keys))
     if query.lower is not None:
         mask = pc.and_(mask, pc.greater_equal(keys, pa.scalar(query.lower, pa.binary())))
     if query.upper is not None:
@@ -210,7 +260,80 @@ def _partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa
     if not windowed and KEY_COLUMN not in query.columns:  # the common scan: values only
         values = list(map(_second, pairs))
         return _builder(store.schema, query.columns).from_stored(values), position
-    if windowed and store.schema.window_column is not None:
+    return _stored_table(store, query, pairs, store.schema.window_column is not None), position
+
+
+def _keys_table(
+    store: PartitionStore, query: SqlFragmentQuery, at_batch: int | None
+) -> tuple[pa.Table, Any]:
+    """The rows of ``query.keys`` (key prefixes on a windowed table), read key by key."""
+    assert query.keys is not None
+    keys: Any = query.keys
+    if query.key_partitions is not None:
+        mine = store.partition
+        keys = [k for k, p in zip(keys, query.key_partitions, strict=True) if p == mine]
+    wanted = [
+        key
+        for key in keys
+        if (query.lower is None or key >= query.lower)
+        and (query.upper is None or key < query.upper)
+    ]
+    windowed = store.schema.window_column is not None
+    if at_batch is None or (windowed and store.batch_id == at_batch):
+        current = _current_pairs(store, wanted, windowed)
+        while current is None and at_batch is None:  # a batch landed between two reads
+            current = _current_pairs(store, wanted, windowed)
+        if current is not None and (at_batch is None or _batch(store, current[1]) == at_batch):
+            pairs, position = current
+            return _stored_table(store, query, pairs, windowed), position
+    assert at_batch is not None
+    if windowed:  # no index by key prefix in a version: one vectorized filter
+        return _version_table(store, replace(query, keys=tuple(wanted)), at_batch)
+    version = store.version(at_batch)
+    found = [(key, version.row(key)) for key in wanted]
+    pairs = [(key, row) for key, row in found if row is not None]
+    return _stored_table(store, query, pairs, windowed), version.position
+
+
+def _current_pairs(
+    store: PartitionStore, keys: list[bytes], windowed: bool
+) -> tuple[list[tuple[bytes, bytes]], Any] | None:
+    """``(encoded key, encoded row)`` of ``keys`` in the store's current state (every
+    window of each key prefix when ``windowed``) and the position they were read at; None
+    when a batch was applied between two of the reads (their rows are of different batches)."""
+    pairs: list[tuple[bytes, bytes]] = []
+    position = None
+    for key in keys:
+        if windowed:
+            iterator, read_at = store.scan(key, prefix_end(key), upper_exclusive=True)
+            with iterator:
+                pairs += iterator.next_chunk(_ALL)
+        else:
+            row, read_at = store.get_raw(key)
+            if row is not None:
+                pairs.append((key, row))
+        if position is None:
+            position = read_at
+        elif read_at != position:
+            return None
+    return pairs, (store.position if position is None else position)
+
+
+def _batch(store: PartitionStore, position: Any) -> int | None:
+    """The batch of ``store``'s partition that ``position`` names."""
+    found: int | None = position.to_map().get(store.table, {}).get(store.partition)
+    return found
+
+
+def _stored_table(
+    store: PartitionStore,
+    query: SqlFragmentQuery,
+    pairs: list[tuple[bytes, bytes]],
+    windowed: bool,
+) -> pa.Table:
+    """Arrow of stored ``pairs``: windows outside the query's bounds dropped, the store key
+    kept as ``__sq_key`` when asked."""
+    if windowed and (query.window_from is not None or query.window_to is not None):
         low, high = query.window_from, query.window_to
         decode = store.keys.decode_windowed
         kept = []
@@ -221,19 +344,38 @@ def _partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa
             if (low is None or start >= low) and (high is None or start <= high):
                 kept.append(pair)
         pairs = kept
-    rows = [value for _, value in pairs]
+    rows = [row for _, row in pairs]
     keys = [key for key, _ in pairs] if KEY_COLUMN in query.columns else None
-    return _builder(store.schema, query.columns).from_stored(rows, keys), position
+    return _builder(store.schema, query.columns).from_stored(rows, keys)
+
+
+def _prefix_mask(keys: pa.ChunkedArray, prefixes: tuple[bytes, ...]) -> pa.ChunkedArray:
+    """Which ``keys`` start with one of ``prefixes``: one vectorized pass per prefix length
+    (a key's encoding is self-delimiting, so its leading bytes equal a whole key's encoding
+    only when they are that key)."""
+    by_length: dict[int, list[bytes]] = {}
+    for prefix in prefixes:
+        by_length.setdefault(len(prefix), []).append(prefix)
+    mask: Any = None
+    for length, group in by_length.items():
+        leading = pc.binary_slice(keys, 0, length)
+        found = pc.is_in(leading, value_set=pa.array(group, pa.binary()))
+        mask = found if mask is None else pc.or_(mask, found)
+    if mask is None:  # no prefixes: no rows
+        return pc.is_in(keys, value_set=pa.array([], pa.binary()))
+    return mask
 
 
 @register(SqlFragmentQuery)
 def _fragment(
     store: PartitionStore, query: SqlFragmentQuery, ctx: QueryContext
 ) -> QueryResult[Any]:
+    limits, pool = _fragment_pool(ctx.sql_limits)
+    if query.keys is not None:
+        _check_keys(query, limits)
     table, position = partition_table(store, query, ctx.at_batch)
     if query.sql is not None and table.num_rows >= query.skip_below:
         _check_fragment_sql(query.sql)
-        limits, pool = _fragment_pool(ctx.sql_limits)
         timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
         _, table = run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)
     return QueryResult.for_result(table, position)

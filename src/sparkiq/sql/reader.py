@@ -1,13 +1,23 @@
 """Reading one table reference through the source: point lookups or per-partition fragments.
 
-Every read goes through :meth:`QuerySource.query` with a typed query (``KeyQuery``,
-``WindowKeyQuery`` or :class:`~sparkiq.sql.fragment.SqlFragmentQuery`), so in a cluster
-each sub-request reaches the node hosting its partition. A read spanning partitions is
-pinned by the source to one batch of the table (or to ``at_batch`` when given: a statement
-reading a table twice reads it at the same batch both times); key lookups that landed on
-partitions at different batches are read again at the oldest of them. A partition that fails
-(bound not reached, not hosted, store error) fails the whole statement with
-:class:`~sparkiq.sql.errors.SqlPartitionError`: an answer is never silently missing rows.
+Every read goes through :meth:`QuerySource.query` with a typed query, so in a cluster each
+sub-request reaches the node hosting its partition:
+
+- :func:`read_table` reads a table reference for DuckDB as Arrow: one
+  :class:`~sparkiq.sql.fragment.SqlFragmentQuery` request for the whole reference -- over
+  every partition for a range or a scan, or, for exact keys, over the partitions the keys
+  map to, each answering the keys it holds as Arrow built from its stored rows (no dicts);
+- :func:`lookup_rows` reads exact keys as rows (dicts), one ``KeyQuery`` (``WindowKeyQuery``)
+  per key: the Python fast path, which answers a single-table lookup without DuckDB; it reads
+  a key this node holds without a request, and keys that landed on partitions at different
+  batches again at the oldest of them;
+- :func:`range_rows` reads a one-column key range as rows through ``RangeQuery``.
+
+A read spanning partitions is pinned by the source to one batch of the table (or to
+``at_batch`` when given: a statement reading a table twice reads it at the same batch both
+times). A partition that fails (bound not reached, not hosted, store error) fails the whole
+statement with :class:`~sparkiq.sql.errors.SqlPartitionError`: an answer is never silently
+missing rows.
 """
 
 from __future__ import annotations
@@ -24,10 +34,11 @@ from sparkiq.query.queries import KeyQuery, Query, RangeQuery, WindowKeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.arrowrows import ArrowRows
+from sparkiq.schema.codec import KeyCodec
+from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
-from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlPartitionError
-from sparkiq.sql.fragment import PART, SqlFragmentQuery
+from sparkiq.sql.fragment import SqlFragmentQuery
 from sparkiq.sql.keys import KeyAccess
 from sparkiq.sql.source import QuerySource
 
@@ -198,12 +209,11 @@ def range_rows(
 def read_table(
     source: QuerySource,
     store: str,
-    schema: TableSchema,
+    codecs: tuple[TableSchema, KeyCodec, Partitioner],
     columns: Sequence[str],
     fragment_sql: str | None,
     access: KeyAccess,
     bound: PositionBound,
-    pool: DuckPool,
     timeout: float,
     *,
     lookup_fragment: bool = True,
@@ -212,26 +222,46 @@ def read_table(
 ) -> Read:
     """The table reference's rows after its fragment, from every partition it touches.
 
-    Looked-up rows go through the fragment only with ``lookup_fragment`` (a partial
-    aggregate needs it; a filter is redundant there since the final query filters again).
+    ``codecs`` are the table's schema, key codec and partitioner. Exact keys
+    (``access.keys``) are read by one request naming the partitions they map to; each of
+    those partitions reads the keys it holds. Looked-up rows go through the fragment only with
+    ``lookup_fragment`` (a partial aggregate needs it; a filter is redundant there since the
+    final query filters again).
     """
+    schema, codec, partitioner = codecs
+    timeout_ms = max(1, int(timeout * 1000))
+    partitions: frozenset[int] | None = None
     if access.keys is not None:
-        rows, position, partitions = lookup_rows(source, store, schema, access, bound, at_batch)
-        table = ArrowRows(schema, columns).from_rows(rows)
-        if fragment_sql is not None and lookup_fragment:
-            _, table = run(pool, fragment_sql, {PART: table}, timeout=timeout, arrow=True)
-        return Read(table, position, tuple(partitions))
-    query = SqlFragmentQuery(
-        tuple(columns),
-        fragment_sql,
-        access.lower,
-        access.upper,
-        access.window_from,
-        access.window_to,
-        max(1, int(timeout * 1000)),
-        skip_below,
-    )
-    result = source.query(_request(store, query, bound, at_batch))
+        encoded: list[bytes] = []
+        located: list[int] = []
+        for key in access.keys:
+            internal = codec.to_internal(key)
+            encoded.append(codec.encode(internal))  # a windowed table's: the key prefix
+            located.append(partitioner(internal))
+        # An empty key set (k = 'a' AND k IN ('b')) still asks one partition: its fragment
+        # gives the relation the shape the final query reads (a partial aggregate's).
+        partitions = frozenset(located) if located else frozenset((0,))
+        query = SqlFragmentQuery(
+            tuple(columns),
+            fragment_sql if lookup_fragment else None,
+            window_from=access.window_from,
+            window_to=access.window_to,
+            timeout_ms=timeout_ms,
+            keys=tuple(encoded),
+            key_partitions=tuple(located),
+        )
+    else:
+        query = SqlFragmentQuery(
+            tuple(columns),
+            fragment_sql,
+            access.lower,
+            access.upper,
+            access.window_from,
+            access.window_to,
+            timeout_ms,
+            skip_below,
+        )
+    result = source.query(_request(store, query, bound, at_batch, partitions))
     check(store, result)
     tables = [answer.result for answer in result.partition_results.values()]
     if not tables:
