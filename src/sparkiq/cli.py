@@ -502,9 +502,9 @@ def _watch_status(
                     stamp = time.strftime("%H:%M:%S")
                     text = _watched_text(state_dir, local_dirs, checkpoints)
                     parts: list[RenderableType] = [Text(text)]
-                    for _, doc in _node_docs(state_dir, local_dirs):
-                        if doc is None:
-                            continue
+                    for local_dir, doc in _node_docs(state_dir, local_dirs):
+                        if doc is None or _node_headline(doc, local_dir, time.time())[1]:
+                            continue  # no status, or a node gone: nothing is restoring
                         bars = restore_bars(doc.get("partitions", []))
                         if bars is not None:  # restores in progress: a bar each
                             parts += [Text(f"\nnode {doc.get('node_id')!r} restoring"), bars]
@@ -607,19 +607,43 @@ def _status_text(
         if doc is None:
             add(f"\nnode at {local_dir}: no status.json (never started, or not a node)")
             continue
-        age = time.time() - float(doc.get("updated_at", 0))
-        add(f"\nnode {doc.get('node_id')!r} ({local_dir}), updated {age:.0f} s ago")
-        header = ("table", "part", "state", "batch", "lag", "rows", "bytes", "ETA")
+        headline, gone = _node_headline(doc, local_dir, time.time())
+        add(headline)
+        header = ("table", "part", "state", "batch", "lag", "rows", "applied", "ETA")
         add("  " + _NODE_ROW.format(*header))
         for p in doc.get("partitions", []):
-            eta = "-" if p.get("eta_seconds") is None else f"{p['eta_seconds']:.0f}s"
-            fields = ("table", "partition", "state", "batch_id", "lag_batches", "restored_rows")
-            add("  " + _NODE_ROW.format(*(p[f] for f in fields), p["restored_bytes"], eta))
+            eta = "-" if p.get("eta_seconds") is None or gone else f"{p['eta_seconds']:.0f}s"
+            rows = "-" if p.get("rows") is None else p["rows"]
+            state = gone or p["state"]  # what a node that is gone last said is not current
+            fields = (p["table"], p["partition"], state, p["batch_id"], p["lag_batches"])
+            add("  " + _NODE_ROW.format(*fields, rows, p["restored_rows"], eta))
             if p.get("error"):
                 add(f"      error: {p['error']}")
         kafka = kafka_lines(doc.get("kafka") or [], doc.get("kafka_bootstrap"), time.time())
         lines.extend("  " + line for line in kafka)
     return 0, "\n".join(lines)
+
+
+#: A running node rewrites its status.json every second or two; one older than this is from
+#: a node that was killed, is paused or cannot write (generous: a loaded machine is late).
+STALE_STATUS_SECONDS = 30.0
+
+
+def _node_headline(doc: dict[str, Any], local_dir: str, now: float) -> tuple[str, str]:
+    """The line heading a node's partitions, and the state to show them in when the node is
+    gone ("stopped", "stale"; empty while it runs)."""
+    name = f"node {doc.get('node_id')!r} ({local_dir})"
+    stopped_at = doc.get("stopped_at")
+    if stopped_at is not None:
+        return f"\n{name}: STOPPED {now - float(stopped_at):.0f} s ago; as it left them:", "stopped"
+    age = now - float(doc.get("updated_at", 0))
+    if age > STALE_STATUS_SECONDS:
+        return (
+            f"\n{name}: NOT UPDATED for {age:.0f} s (a running node updates it every second or "
+            "two: killed, paused, or unable to write its local directory?); as it last said:",
+            "stale",
+        )
+    return f"\n{name}, updated {age:.0f} s ago", ""
 
 
 def _node_docs(

@@ -450,6 +450,25 @@ class TableReplica:
         caught_up_at = replica.caught_up_at
         return caught_up_at is not None and time.monotonic() - caught_up_at < KEEPING_UP_SECONDS
 
+    def row_counts(self) -> dict[int, int | None]:
+        """Per hosted partition, the rows it holds: exact from its versions when it keeps
+        them, else RocksDB's estimate (exact after inserts, drifting with overwrites and
+        deletes until compaction); None while its store cannot be read (closed, or reopening
+        after a failed write). Kept out of :meth:`status`, which heartbeats call twice a
+        second."""
+        counts: dict[int, int | None] = {}
+        for partition, replica in sorted(self.partitions.items()):
+            versions = replica.store.versions
+            try:
+                counts[partition] = (
+                    versions.current_rows()
+                    if versions is not None
+                    else replica.store.store.approximate_count()
+                )
+            except StoreError:
+                counts[partition] = None
+        return counts
+
     def status(self) -> list[ReplicaStatus]:
         now = time.time()
         out = []

@@ -314,8 +314,10 @@ class Hosting:
             yield self._tables
 
     def close(self) -> None:
-        """Stop the tailer and close every replica."""
+        """Stop the tailer, write a last status saying the node stopped (``sparkiq status``
+        then tells a stopped node from a live one) and close every replica."""
         self.stop_tailing()
+        self.write_status_file(stopped=True)
         with self._poll_lock, self._lock:
             for replica in self._tables.values():
                 replica.close()
@@ -506,16 +508,22 @@ class Hosting:
             merged = merged.merge(replica.store.position)
         return merged
 
-    def write_status_file(self) -> None:
+    def write_status_file(self, *, stopped: bool = False) -> None:
         """Write ``<local_dir>/status.json`` (what ``sparkiq status`` shows for this node).
 
         Format: ``{"node_id", "updated_at", "partitions": [{table, partition, state,
-        batch_id, latest_batch_id, lag_batches, restored_rows, restored_bytes, eta_seconds,
-        error}]}``, and the keys of ``status_extra()``. Nodes without a local directory
-        (memory stores) write nothing.
+        batch_id, latest_batch_id, lag_batches, rows, restored_rows, restored_bytes,
+        eta_seconds, error}]}``, and the keys of ``status_extra()``; ``stopped_at`` (epoch
+        seconds) once the node has stopped (:meth:`close` writes a last status). Nodes
+        without a local directory (memory stores) write nothing.
         """
         if self.local_dir is None or self.store_kind != "rocksdb":
             return
+        rows = {
+            (table, partition): count
+            for table, replica in list(self._tables.items())
+            for partition, count in replica.row_counts().items()
+        }
         doc: dict[str, object] = {
             "node_id": self.node_id,
             "updated_at": time.time(),
@@ -527,6 +535,7 @@ class Hosting:
                     "batch_id": s.batch_id,
                     "latest_batch_id": s.latest_batch_id,
                     "lag_batches": s.lag_batches,
+                    "rows": rows.get((s.table, s.partition)),
                     "restored_rows": s.restored_rows,
                     "restored_bytes": s.restored_bytes,
                     "eta_seconds": s.eta_seconds,
@@ -537,6 +546,8 @@ class Hosting:
         }
         if self._status_extra is not None:
             doc.update(self._status_extra())
+        if stopped:
+            doc["stopped_at"] = doc["updated_at"]
         path = os.path.join(self.local_dir, "status.json")
         try:
             os.makedirs(self.local_dir, exist_ok=True)

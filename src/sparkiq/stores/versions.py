@@ -349,6 +349,10 @@ class VersionedRows:
         found.sort()
         return found
 
+    def current_rows(self) -> int:
+        """Rows of the newest batch: the table's rows in this partition now (exact)."""
+        return sum(int(np.count_nonzero(c.valid_to == OPEN)) for c in self._state.chunks)
+
     def stored_rows(self) -> int:
         """Rows held, current and past (what memory is spent on)."""
         return sum(c.table.num_rows for c in self._state.chunks)
