@@ -17,29 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 
 from sparkiq import Node
+from tests.browser import chromium, needs_chromium, wait_until
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 
 if TYPE_CHECKING:
     from playwright.sync_api import ViewportSize
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)"
-)
-
-
-def wait_until(page: Any, expression: str, timeout: float = 30.0) -> None:
-    """Until ``expression`` is true in the page. Playwright's ``wait_for_function`` evaluates
-    its text with ``eval`` inside the page, which the console's Content-Security-Policy
-    forbids; ``evaluate`` comes from outside the page and is not subject to it."""
-    deadline = time.monotonic() + timeout
-    while not page.evaluate(f"() => Boolean({expression})"):
-        assert time.monotonic() < deadline, f"never true: {expression}"
-        time.sleep(0.05)
+pytestmark = needs_chromium
 
 
 def press_across_a_refresh(page: Any, selector: str) -> None:
@@ -55,123 +42,108 @@ def press_across_a_refresh(page: Any, selector: str) -> None:
 
 
 def test_console_runs_pull_and_push_queries(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     changelog = make_table(str(tmp_path), partitions=4)
     write_batch(changelog, 0, {f"k{i:02d}": i for i in range(30)})
     with Node(str(tmp_path), node_id="console", listen="127.0.0.1:0", token="tok") as node:
         node.poll_once()
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page()
-                # /stats is held back until the sidebar is checked: what comes after it (the
-                # charts) may be late on a loaded machine, the sidebar must not wait for it
-                held: list[Any] = []
-                released: list[bool] = []
+        with chromium() as browser:
+            page = browser.new_page()
+            # /stats is held back until the sidebar is checked: what comes after it (the
+            # charts) may be late on a loaded machine, the sidebar must not wait for it
+            held: list[Any] = []
+            released: list[bool] = []
 
-                def hold_stats(route: Any) -> None:
-                    if released:
-                        route.continue_()
-                    else:
-                        held.append(route)
-
-                page.route("**/stats", hold_stats)
-                page.goto(f"{node.url}/")
-                page.fill("#token", "tok")
-                page.dispatch_event("#token", "change")
-                page.wait_for_selector("#stores li")
-                assert "4 partitions" in page.inner_text("#stores")
-                assert "console" in page.inner_text("#nodes")
-                released.append(True)
-                for route in held:
+            def hold_stats(route: Any) -> None:
+                if released:
                     route.continue_()
+                else:
+                    held.append(route)
 
-                press_across_a_refresh(page, "#stores li")  # fills in a query for the table
-                page.click("#run")
-                page.wait_for_selector("#result table")
-                assert page.locator("#result tbody tr").count() == 30
+            page.route("**/stats", hold_stats)
+            page.goto(f"{node.url}/")
+            page.fill("#token", "tok")
+            page.dispatch_event("#token", "change")
+            page.wait_for_selector("#stores li")
+            assert "4 partitions" in page.inner_text("#stores")
+            assert "console" in page.inner_text("#nodes")
+            released.append(True)
+            for route in held:
+                route.continue_()
 
-                page.fill("#sql", "SELECT k, n FROM t WHERE nn > 3")
-                page.click("#run")
-                wait_until(page, "document.getElementById('error').textContent.length > 0")
-                error = page.inner_text("#error")
-                assert "unknown column 'nn'" in error and "line 1, column 26" in error
+            press_across_a_refresh(page, "#stores li")  # fills in a query for the table
+            page.click("#run")
+            page.wait_for_selector("#result table")
+            assert page.locator("#result tbody tr").count() == 30
 
-                page.fill("#sql", "SELECT k, n FROM t WHERE n >= 100 EMIT CHANGES")
-                page.click("#run")
-                wait_until(
-                    page, "document.getElementById('status').textContent.includes('streaming')"
-                )
-                write_batch(changelog, 1, {"k01": 101, "k02": 5, "zz": 500})
-                wait_until(page, "document.getElementById('status').textContent === '2 changes'")
-                rows = page.inner_text("#result tbody")
-                assert '"n":101' in rows and '"n":500' in rows and '"n":5}' not in rows
-                page.click("#stop")
-            finally:
-                browser.close()
+            page.fill("#sql", "SELECT k, n FROM t WHERE nn > 3")
+            page.click("#run")
+            wait_until(page, "document.getElementById('error').textContent.length > 0")
+            error = page.inner_text("#error")
+            assert "unknown column 'nn'" in error and "line 1, column 26" in error
+
+            page.fill("#sql", "SELECT k, n FROM t WHERE n >= 100 EMIT CHANGES")
+            page.click("#run")
+            wait_until(page, "document.getElementById('status').textContent.includes('streaming')")
+            write_batch(changelog, 1, {"k01": 101, "k02": 5, "zz": 500})
+            wait_until(page, "document.getElementById('status').textContent === '2 changes'")
+            rows = page.inner_text("#result tbody")
+            assert '"n":101' in rows and '"n":500' in rows and '"n":5}' not in rows
+            page.click("#stop")
 
 
 def test_the_console_works_under_its_content_security_policy(tmp_path: Path) -> None:
     """The page's own inline script and style run (allowed by hash), nothing else does: a
     script injected into the page is refused, and using the console violates nothing."""
-    from playwright.sync_api import sync_playwright
-
     changelog = make_table(str(tmp_path), partitions=2)
     write_batch(changelog, 0, {f"k{i:02d}": i for i in range(5)})
     with Node(str(tmp_path), node_id="csp", listen="127.0.0.1:0", token="tok") as node:
         node.poll_once()
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page()
-                errors: list[str] = []
-                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-                page.add_init_script(  # runs before the page's script, outside its policy
-                    "window.violations = [];"
-                    "document.addEventListener('securitypolicyviolation', (e) =>"
-                    "  window.violations.push(e.effectiveDirective + ' ' + e.blockedURI));"
-                )
-                response = page.goto(f"{node.url}/")
-                assert response is not None
-                header = response.headers["content-security-policy"]
-                policy = {
-                    d.strip().partition(" ")[0]: d.strip().partition(" ")[2]
-                    for d in header.split(";")
-                }
-                assert policy["default-src"] == "'none'"
-                assert policy["connect-src"] == "'self'"
-                assert policy["frame-ancestors"] == "'none'"
-                for directive in ("script-src", "style-src"):
-                    sources = policy[directive].split()
-                    assert sources and all(s.startswith("'sha256-") for s in sources), policy
+        with chromium() as browser:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.add_init_script(  # runs before the page's script, outside its policy
+                "window.violations = [];"
+                "document.addEventListener('securitypolicyviolation', (e) =>"
+                "  window.violations.push(e.effectiveDirective + ' ' + e.blockedURI));"
+            )
+            response = page.goto(f"{node.url}/")
+            assert response is not None
+            header = response.headers["content-security-policy"]
+            policy = {
+                d.strip().partition(" ")[0]: d.strip().partition(" ")[2] for d in header.split(";")
+            }
+            assert policy["default-src"] == "'none'"
+            assert policy["connect-src"] == "'self'"
+            assert policy["frame-ancestors"] == "'none'"
+            for directive in ("script-src", "style-src"):
+                sources = policy[directive].split()
+                assert sources and all(s.startswith("'sha256-") for s in sources), policy
 
-                page.fill("#token", "tok")
-                page.dispatch_event("#token", "change")
-                page.wait_for_selector("#stores li")
-                page.click("#tab-sql")
-                page.fill("#sql", "SELECT k, n FROM t ORDER BY k")
-                page.click("#run")
-                page.wait_for_selector("#result table")
-                assert page.locator("#result tbody tr").count() == 5
-                # the spacer and the page-size input keep the layout their styles give them
-                assert page.eval_on_selector("#page-size", "e => e.offsetWidth") < 120
-                assert page.evaluate("window.violations") == []
-                assert not [e for e in errors if "Content Security Policy" in e], errors
+            page.fill("#token", "tok")
+            page.dispatch_event("#token", "change")
+            page.wait_for_selector("#stores li")
+            page.click("#tab-sql")
+            page.fill("#sql", "SELECT k, n FROM t ORDER BY k")
+            page.click("#run")
+            page.wait_for_selector("#result table")
+            assert page.locator("#result tbody tr").count() == 5
+            # the spacer and the page-size input keep the layout their styles give them
+            assert page.eval_on_selector("#page-size", "e => e.offsetWidth") < 120
+            assert page.evaluate("window.violations") == []
+            assert not [e for e in errors if "Content Security Policy" in e], errors
 
-                injected = page.evaluate(
-                    """() => {
-                        const s = document.createElement("script");
-                        s.textContent = "window.pwned = true";
-                        document.body.appendChild(s);
-                        return window.pwned === true;
-                    }"""
-                )
-                assert injected is False
-                wait_until(page, "window.violations.length > 0")
-                assert page.evaluate("window.violations")[0].startswith("script-src")
-            finally:
-                browser.close()
+            injected = page.evaluate(
+                """() => {
+                    const s = document.createElement("script");
+                    s.textContent = "window.pwned = true";
+                    document.body.appendChild(s);
+                    return window.pwned === true;
+                }"""
+            )
+            assert injected is False
+            wait_until(page, "window.violations.length > 0")
+            assert page.evaluate("window.violations")[0].startswith("script-src")
 
 
 # --- cluster and table views against a real 2-node cluster ---------------------------------
@@ -280,8 +252,6 @@ def threads_shown_on_failure() -> Iterator[None]:
 
 
 def test_console_cluster_and_table_views(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     state, shots = tmp_path / "state", tmp_path / "shots"
     shots.mkdir()
     changelog = make_table(str(state), partitions=4)
@@ -289,126 +259,120 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
     write_batch(changelog, 1, {"k03": 303, "k29": None})
     nodes = start_http_cluster(str(state), 2, token=TOKEN, standbys=1)
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page(viewport=VIEWPORT)
-                page.goto(f"{nodes[0].url}/")
-                page.fill("#token", TOKEN)
-                page.dispatch_event("#token", "change")
+        with chromium() as browser:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(f"{nodes[0].url}/")
+            page.fill("#token", TOKEN)
+            page.dispatch_event("#token", "change")
 
-                # cluster view: every cell as GET /metadata has it
-                page.wait_for_selector("table.grid[data-store='t'] tbody tr")
+            # cluster view: every cell as GET /metadata has it
+            page.wait_for_selector("table.grid[data-store='t'] tbody tr")
+            metadata = rest(nodes[0], "GET", "/metadata").json()
+            assert [n["node_id"] for n in metadata["nodes"]] == ["n0", "n1"]
+            want = expected_grid(metadata, "t", 4)
+            assert all("active · batch 1 · lag 0 · live" in row for row in want)
+            assert all(any(c.startswith("standby · batch 1") for c in row) for row in want)
+            wait_until(page, "document.querySelectorAll('table.grid thead th').length === 3")
+            assert page_grid(page, "t") == want
+            assert page.inner_text("table.grid thead").split() == ["partition", "n0", "n1"]
+            assert page.inner_text("#ready") == "ready"
+
+            # table view: schema, partitions, count and sample rows as the REST API has them
+            page.click("#stores li button.name")
+            with threads_shown_on_failure():  # failed 1 in 24 beside 8 CPU hogs
+                wait_until(
+                    page,
+                    "document.getElementById('table-count').textContent.endsWith('rows')"
+                    " || document.getElementById('table-error').textContent !== ''",
+                )
+            assert page.inner_text("#table-error") == ""
+            count = rest(nodes[0], "POST", "/query", json={"sql": "SELECT count(*) AS n FROM t"})
+            assert page.inner_text("#table-count") == f"{count.json()['rows'][0]['n']} rows"
+            assert page.inner_text("#table-count") == "29 rows"
+            store = rest(nodes[0], "GET", "/stores").json()["stores"][0]
+            schema = page.eval_on_selector(
+                "#table-schema tbody",
+                "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
+            )
+            assert schema == [
+                [
+                    f["name"],
+                    f["type"],
+                    "yes" if f["nullable"] else "no",
+                    "key" if f["name"] in store["key_columns"] else "",
+                ]
+                for f in json.loads(store["schema"])["fields"]
+            ]
+            assert schema == [["k", "string", "yes", "key"], ["n", "long", "yes", ""]]
+            held = store["history"]
+            assert page.inner_text("#table-summary").endswith(
+                f"history 5 min (batches {held['oldest_batch']}\u2013{held['newest_batch']} "
+                "readable here)"
+            )
+            partitions = page.eval_on_selector(
+                "#table-partitions tbody",
+                "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
+            )
+            for p_, row in enumerate(partitions):
+                active = [n["node_id"] for n in metadata["nodes"] if p_ in n["active"]["t"]]
+                standby = [n["node_id"] for n in metadata["nodes"] if p_ in n["standby"]["t"]]
+                assert row == [str(p_), active[0], ", ".join(standby), "1", "0", "live"]
+            page.wait_for_selector("#table-sample tbody tr")
+            sample = page.eval_on_selector(
+                "#table-sample tbody",
+                "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
+            )
+            assert len(sample) == 20
+            truth = {f"k{i:02d}": str(i) for i in range(29)} | {"k03": "303"}
+            assert all(truth[k] == n for k, n in sample), sample
+            assert len({k for k, _ in sample}) == 20
+
+            # key lookup: Enter submits; the row and partition are those of GET /stores/t/keys
+            page.fill("#lookup-key", "k03")
+            page.press("#lookup-key", "Enter")
+            page.wait_for_selector("#lookup-result table")
+            key_doc = rest(nodes[0], "GET", "/stores/t/keys/k03").json()
+            assert key_doc["row"] == {"k": "k03", "n": 303}
+            assert page.inner_text("#lookup-result tbody").split() == ["k03", "303"]
+            assert f"partition {key_doc['partition']} ·" in page.inner_text("#lookup-result")
+            screenshot(page, shots, "table")
+            page.fill("#lookup-key", "k29")  # deleted: the API's 404, shown as it gives it
+            page.press("#lookup-key", "Enter")
+            wait_until(page, "document.getElementById('lookup-error').textContent.length > 0")
+            assert page.inner_text("#lookup-error").startswith("key_not_found: ")
+            assert rest(nodes[0], "GET", "/stores/t/keys/k29").status_code == 404
+
+            check_sql_editor(page, nodes[0], shots)
+            check_push_view(page, nodes, changelog, shots)
+            check_charts(page, nodes[0], shots)
+
+            # a node stops: its column stays, marked gone, and n0 takes every partition
+            page.click("#tab-cluster")
+            nodes[1].stop()
+            page.wait_for_selector("table.grid thead th.gone", timeout=20_000)
+            assert page.inner_text("table.grid thead").split() == [
+                "partition",
+                "n0",
+                "n1",
+                "(gone)",
+            ]
+            assert "gone" in page.inner_text("#nodes li.gone")
+            deadline = time.monotonic() + 20
+            while True:
                 metadata = rest(nodes[0], "GET", "/metadata").json()
-                assert [n["node_id"] for n in metadata["nodes"]] == ["n0", "n1"]
-                want = expected_grid(metadata, "t", 4)
-                assert all("active · batch 1 · lag 0 · live" in row for row in want)
-                assert all(any(c.startswith("standby · batch 1") for c in row) for row in want)
-                wait_until(page, "document.querySelectorAll('table.grid thead th').length === 3")
-                assert page_grid(page, "t") == want
-                assert page.inner_text("table.grid thead").split() == ["partition", "n0", "n1"]
-                assert page.inner_text("#ready") == "ready"
-
-                # table view: schema, partitions, count and sample rows as the REST API has them
-                page.click("#stores li button.name")
-                with threads_shown_on_failure():  # failed 1 in 24 beside 8 CPU hogs
-                    wait_until(
-                        page,
-                        "document.getElementById('table-count').textContent.endsWith('rows')"
-                        " || document.getElementById('table-error').textContent !== ''",
-                    )
-                assert page.inner_text("#table-error") == ""
-                count = rest(
-                    nodes[0], "POST", "/query", json={"sql": "SELECT count(*) AS n FROM t"}
-                )
-                assert page.inner_text("#table-count") == f"{count.json()['rows'][0]['n']} rows"
-                assert page.inner_text("#table-count") == "29 rows"
-                store = rest(nodes[0], "GET", "/stores").json()["stores"][0]
-                schema = page.eval_on_selector(
-                    "#table-schema tbody",
-                    "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
-                )
-                assert schema == [
-                    [
-                        f["name"],
-                        f["type"],
-                        "yes" if f["nullable"] else "no",
-                        "key" if f["name"] in store["key_columns"] else "",
-                    ]
-                    for f in json.loads(store["schema"])["fields"]
-                ]
-                assert schema == [["k", "string", "yes", "key"], ["n", "long", "yes", ""]]
-                held = store["history"]
-                assert page.inner_text("#table-summary").endswith(
-                    f"history 5 min (batches {held['oldest_batch']}\u2013{held['newest_batch']} "
-                    "readable here)"
-                )
-                partitions = page.eval_on_selector(
-                    "#table-partitions tbody",
-                    "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
-                )
-                for p_, row in enumerate(partitions):
-                    active = [n["node_id"] for n in metadata["nodes"] if p_ in n["active"]["t"]]
-                    standby = [n["node_id"] for n in metadata["nodes"] if p_ in n["standby"]["t"]]
-                    assert row == [str(p_), active[0], ", ".join(standby), "1", "0", "live"]
-                page.wait_for_selector("#table-sample tbody tr")
-                sample = page.eval_on_selector(
-                    "#table-sample tbody",
-                    "b => [...b.rows].map(r => [...r.cells].map(c => c.textContent))",
-                )
-                assert len(sample) == 20
-                truth = {f"k{i:02d}": str(i) for i in range(29)} | {"k03": "303"}
-                assert all(truth[k] == n for k, n in sample), sample
-                assert len({k for k, _ in sample}) == 20
-
-                # key lookup: Enter submits; the row and partition are those of GET /stores/t/keys
-                page.fill("#lookup-key", "k03")
-                page.press("#lookup-key", "Enter")
-                page.wait_for_selector("#lookup-result table")
-                key_doc = rest(nodes[0], "GET", "/stores/t/keys/k03").json()
-                assert key_doc["row"] == {"k": "k03", "n": 303}
-                assert page.inner_text("#lookup-result tbody").split() == ["k03", "303"]
-                assert f"partition {key_doc['partition']} ·" in page.inner_text("#lookup-result")
-                screenshot(page, shots, "table")
-                page.fill("#lookup-key", "k29")  # deleted: the API's 404, shown as it gives it
-                page.press("#lookup-key", "Enter")
-                wait_until(page, "document.getElementById('lookup-error').textContent.length > 0")
-                assert page.inner_text("#lookup-error").startswith("key_not_found: ")
-                assert rest(nodes[0], "GET", "/stores/t/keys/k29").status_code == 404
-
-                check_sql_editor(page, nodes[0], shots)
-                check_push_view(page, nodes, changelog, shots)
-                check_charts(page, nodes[0], shots)
-
-                # a node stops: its column stays, marked gone, and n0 takes every partition
-                page.click("#tab-cluster")
-                nodes[1].stop()
-                page.wait_for_selector("table.grid thead th.gone", timeout=20_000)
-                assert page.inner_text("table.grid thead").split() == [
-                    "partition",
-                    "n0",
-                    "n1",
-                    "(gone)",
-                ]
-                assert "gone" in page.inner_text("#nodes li.gone")
-                deadline = time.monotonic() + 20
-                while True:
-                    metadata = rest(nodes[0], "GET", "/metadata").json()
-                    grid = page_grid(page, "t")
-                    if len(metadata["nodes"]) == 1 and [r[0] for r in grid] == [
-                        r[0] for r in expected_grid(metadata, "t", 4)
-                    ]:
-                        break
-                    assert time.monotonic() < deadline, grid
-                    time.sleep(0.2)
-                assert [n["node_id"] for n in metadata["nodes"]] == ["n0"]
-                for p_, row in enumerate(grid):
-                    assert row[1] == "gone"
-                    assert row[0] == "active · batch 3 · lag 0 · live"
-                    assert p_ in metadata["nodes"][0]["active"]["t"]
-                screenshot(page, shots, "cluster-node-gone")
-            finally:
-                browser.close()
+                grid = page_grid(page, "t")
+                if len(metadata["nodes"]) == 1 and [r[0] for r in grid] == [
+                    r[0] for r in expected_grid(metadata, "t", 4)
+                ]:
+                    break
+                assert time.monotonic() < deadline, grid
+                time.sleep(0.2)
+            assert [n["node_id"] for n in metadata["nodes"]] == ["n0"]
+            for p_, row in enumerate(grid):
+                assert row[1] == "gone"
+                assert row[0] == "active · batch 3 · lag 0 · live"
+                assert p_ in metadata["nodes"][0]["active"]["t"]
+            screenshot(page, shots, "cluster-node-gone")
     finally:
         for node in reversed(nodes):
             node.stop()
@@ -556,83 +520,73 @@ def test_numbers_plans_push_caps_positions_and_a_wrong_token(tmp_path: Path) -> 
     (no sideways scrolling for a long statement); a push view that keeps the newest changes
     on screen and counts the rest; a change's position shown as its batch with the token on
     hover; a wrong token said as such, not as an unreachable node."""
-    from playwright.sync_api import sync_playwright
-
     changelog = make_table(str(tmp_path), partitions=4)
     write_batch(changelog, 0, {f"k{i:02d}": i for i in range(30)})
     with Node(str(tmp_path), node_id="ops", listen="127.0.0.1:0", token="tok") as node:
         node.poll_once()
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.goto(f"{node.url}/")
-                page.fill("#token", "wrong")
-                page.dispatch_event("#token", "change")
-                wait_until(page, "document.getElementById('ready').textContent === 'wrong token'")
-                assert "wrong token" in page.inner_text("#cluster-error")
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{node.url}/")
+            page.fill("#token", "wrong")
+            page.dispatch_event("#token", "change")
+            wait_until(page, "document.getElementById('ready').textContent === 'wrong token'")
+            assert "wrong token" in page.inner_text("#cluster-error")
 
-                page.fill("#token", "tok")
-                page.dispatch_event("#token", "change")
-                page.wait_for_selector("#stores li")
-                page.click("#tab-sql")
+            page.fill("#token", "tok")
+            page.dispatch_event("#token", "change")
+            page.wait_for_selector("#stores li")
+            page.click("#tab-sql")
 
-                page.fill("#sql", "SELECT k, n FROM t WHERE n = 7")
-                page.click("#run")
-                page.wait_for_selector("#result tbody tr")
-                number = page.locator("#result tbody td").nth(1)
-                assert number.inner_text() == "7" and "num" in number.get_attribute("class")
-                assert number.evaluate("e => getComputedStyle(e).textAlign") == "right"
+            page.fill("#sql", "SELECT k, n FROM t WHERE n = 7")
+            page.click("#run")
+            page.wait_for_selector("#result tbody tr")
+            number = page.locator("#result tbody td").nth(1)
+            assert number.inner_text() == "7" and "num" in number.get_attribute("class")
+            assert number.evaluate("e => getComputedStyle(e).textAlign") == "right"
 
-                keys = ", ".join(f"'a-rather-long-key-number-{i:04d}'" for i in range(20))
-                page.fill(
-                    "#sql", f"SELECT k, sum(n) AS total FROM t WHERE k IN ({keys}) GROUP BY k"
-                )
-                page.click("#explain")
-                page.wait_for_selector("#result ul.plan")
-                tree = page.inner_text("#result ul.plan")
-                assert "combining query" in tree, tree[-600:]
-                assert "read t: key lookup" in tree, tree[-600:]
-                assert "partitions" in tree
-                width = page.evaluate("document.documentElement.scrollWidth")
-                assert width <= 1280, f"the plan widens the page to {width} px"
+            keys = ", ".join(f"'a-rather-long-key-number-{i:04d}'" for i in range(20))
+            page.fill("#sql", f"SELECT k, sum(n) AS total FROM t WHERE k IN ({keys}) GROUP BY k")
+            page.click("#explain")
+            page.wait_for_selector("#result ul.plan")
+            tree = page.inner_text("#result ul.plan")
+            assert "combining query" in tree, tree[-600:]
+            assert "read t: key lookup" in tree, tree[-600:]
+            assert "partitions" in tree
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 1280, f"the plan widens the page to {width} px"
 
-                page.click("#tab-push")
-                page.fill("#push-sql", "SELECT * FROM t EMIT CHANGES")
-                page.click("#push-form button[type=submit]")
-                wait_until(
-                    page, "document.getElementById('push-status').textContent.includes('waiting')"
-                )
-                write_batch(changelog, 1, {f"p{i:03d}": i for i in range(150)})
-                write_batch(changelog, 2, {f"q{i:03d}": 1000 + i for i in range(100)})
-                wait_until(
-                    page,
-                    "document.getElementById('push-status').textContent.startsWith("
-                    "'streaming: 250 changes (newest 200 shown)')",
-                )
-                assert page.locator("#push-result tbody tr").count() == 200
-                batch = page.locator("#push-result tbody tr").first.locator("td").last
-                assert batch.inner_text() == "batch 2"
-                token = batch.get_attribute("title")  # a position a read can be bound by
-                bounded = httpx.post(
-                    f"{node.url}/query",
-                    json={"sql": "SELECT n FROM t WHERE k = 'q099'", "bound": token},
-                    headers={"authorization": "Bearer tok"},
-                    timeout=30,
-                )
-                assert bounded.status_code == 200, bounded.text
-                assert bounded.json()["rows"] == [{"n": 1099}]
-                page.click("#push-stop")
-            finally:
-                browser.close()
+            page.click("#tab-push")
+            page.fill("#push-sql", "SELECT * FROM t EMIT CHANGES")
+            page.click("#push-form button[type=submit]")
+            wait_until(
+                page, "document.getElementById('push-status').textContent.includes('waiting')"
+            )
+            write_batch(changelog, 1, {f"p{i:03d}": i for i in range(150)})
+            write_batch(changelog, 2, {f"q{i:03d}": 1000 + i for i in range(100)})
+            wait_until(
+                page,
+                "document.getElementById('push-status').textContent.startsWith("
+                "'streaming: 250 changes (newest 200 shown)')",
+            )
+            assert page.locator("#push-result tbody tr").count() == 200
+            batch = page.locator("#push-result tbody tr").first.locator("td").last
+            assert batch.inner_text() == "batch 2"
+            token = batch.get_attribute("title")  # a position a read can be bound by
+            bounded = httpx.post(
+                f"{node.url}/query",
+                json={"sql": "SELECT n FROM t WHERE k = 'q099'", "bound": token},
+                headers={"authorization": "Bearer tok"},
+                timeout=30,
+            )
+            assert bounded.status_code == 200, bounded.text
+            assert bounded.json()["rows"] == [{"n": 1099}]
+            page.click("#push-stop")
 
 
 def test_a_windowed_table_is_looked_up_by_key_and_window_start(tmp_path: Path) -> None:
     """A windowed table's key lookup takes a time range: the windows of the key whose start
     is in it, oldest first, as the REST window_key query answers them."""
     import datetime as dt
-
-    from playwright.sync_api import sync_playwright
 
     from sparkiq.testing import write_table
 
@@ -666,35 +620,30 @@ def test_a_windowed_table_is_looked_up_by_key_and_window_start(tmp_path: Path) -
             key=lambda row: row["window"]["start"],
         )
         assert [r["clicks"] for r in want] == [200 + ord("b"), 300 + ord("b"), 400 + ord("b")]
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page()
-                page.goto(f"{node.url}/")
-                page.wait_for_selector("#stores li")
-                page.click("#stores li button.name")
-                page.wait_for_selector("#lookup-window:not([hidden])")
-                page.fill("#lookup-key", "b")
-                page.fill("#lookup-from", "2024-05-01T02:00:00")
-                page.fill("#lookup-to", "2024-05-01T04:00:00")
-                page.press("#lookup-key", "Enter")
-                page.wait_for_selector("#lookup-result table")
-                shown = [
-                    row.split("\t") for row in page.inner_text("#lookup-result tbody").splitlines()
-                ]
-                assert shown == [
-                    [r["window"]["start"], r["window"]["end"], r["k"], str(r["clicks"])]
-                    for r in want
-                ]
-                assert page.inner_text("#lookup-result .status").startswith("3 windows")
-                page.fill("#lookup-from", "")
-                page.fill("#lookup-to", "")
-                page.press("#lookup-key", "Enter")
-                wait_until(
-                    page,
-                    "document.querySelector('#lookup-result .status')"
-                    " && document.querySelector('#lookup-result .status')"
-                    ".textContent.startsWith('6 windows')",
-                )
-            finally:
-                browser.close()
+        with chromium() as browser:
+            page = browser.new_page()
+            page.goto(f"{node.url}/")
+            page.wait_for_selector("#stores li")
+            page.click("#stores li button.name")
+            page.wait_for_selector("#lookup-window:not([hidden])")
+            page.fill("#lookup-key", "b")
+            page.fill("#lookup-from", "2024-05-01T02:00:00")
+            page.fill("#lookup-to", "2024-05-01T04:00:00")
+            page.press("#lookup-key", "Enter")
+            page.wait_for_selector("#lookup-result table")
+            shown = [
+                row.split("\t") for row in page.inner_text("#lookup-result tbody").splitlines()
+            ]
+            assert shown == [
+                [r["window"]["start"], r["window"]["end"], r["k"], str(r["clicks"])] for r in want
+            ]
+            assert page.inner_text("#lookup-result .status").startswith("3 windows")
+            page.fill("#lookup-from", "")
+            page.fill("#lookup-to", "")
+            page.press("#lookup-key", "Enter")
+            wait_until(
+                page,
+                "document.querySelector('#lookup-result .status')"
+                " && document.querySelector('#lookup-result .status')"
+                ".textContent.startsWith('6 windows')",
+            )

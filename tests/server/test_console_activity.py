@@ -14,12 +14,11 @@ import pytest
 
 from sparkiq import Node
 from sparkiq.server.metrics import QueryRate
+from tests.browser import chromium, needs_chromium, wait_until
 from tests.changelog.helpers import create_changelog, make_table, write_batch
-from tests.server.test_console import CHROMIUM, VIEWPORT, screenshot, wait_until
+from tests.server.test_console import VIEWPORT, screenshot
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)"
-)
+pytestmark = needs_chromium
 TOKEN = "tok"
 
 
@@ -46,8 +45,6 @@ def replay(status: int, doc: Any) -> Any:
 
 
 def test_query_rate_per_table(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     t = make_table(str(tmp_path), "t")
     write_batch(t, 0, {f"k{i:02d}": i for i in range(20)})
     u = create_changelog(str(tmp_path), "u", t.manifest().schema.spark_json())
@@ -86,33 +83,29 @@ def test_query_rate_per_table(tmp_path: Path) -> None:
         assert 'sparkiq_queries_total{store="t"} 10.0' in metrics
         assert 'sparkiq_queries_total{store="u"} 1.0' in metrics
 
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = open_console(browser, node)
-                page.wait_for_selector("#chart-rate-t")
-                # the page itself queries nothing in the cluster view: the totals stay ours
-                for name, want in sent.items():
-                    svg = page.locator(f"#chart-rate-{name}")
-                    assert svg.get_attribute("data-total") == str(want)
-                    assert svg.get_attribute("data-last-minute") == str(want)
-                    assert svg.get_attribute("data-points") == "120"
-                    # the plotted value of a bucket is its count per second
-                    assert float(svg.get_attribute("data-max") or "0") == pytest.approx(
-                        max(stats["queries"][name]) / 5.0
-                    )
-                charts = page.inner_text("#charts")
-                assert "t: queries/s" in charts and "u: queries/s" in charts
-                assert f"10 queries · {10 / 60:.2f}/s last minute" in charts
-                assert "last 10 min, this node, per 5 s" in charts
-                screenshot(page, tmp_path, "query-rate")
-                # more queries show up at the next refresh
-                for _ in range(4):
-                    rest(node, "GET", "/stores/u/keys/a")
-                wait_until(page, "document.getElementById('chart-rate-u').dataset.total === '5'")
-                assert page.locator("#chart-rate-t").get_attribute("data-total") == "10"
-            finally:
-                browser.close()
+        with chromium() as browser:
+            page = open_console(browser, node)
+            page.wait_for_selector("#chart-rate-t")
+            # the page itself queries nothing in the cluster view: the totals stay ours
+            for name, want in sent.items():
+                svg = page.locator(f"#chart-rate-{name}")
+                assert svg.get_attribute("data-total") == str(want)
+                assert svg.get_attribute("data-last-minute") == str(want)
+                assert svg.get_attribute("data-points") == "120"
+                # the plotted value of a bucket is its count per second
+                assert float(svg.get_attribute("data-max") or "0") == pytest.approx(
+                    max(stats["queries"][name]) / 5.0
+                )
+            charts = page.inner_text("#charts")
+            assert "t: queries/s" in charts and "u: queries/s" in charts
+            assert f"10 queries · {10 / 60:.2f}/s last minute" in charts
+            assert "last 10 min, this node, per 5 s" in charts
+            screenshot(page, tmp_path, "query-rate")
+            # more queries show up at the next refresh
+            for _ in range(4):
+                rest(node, "GET", "/stores/u/keys/a")
+            wait_until(page, "document.getElementById('chart-rate-u').dataset.total === '5'")
+            assert page.locator("#chart-rate-t").get_attribute("data-total") == "10"
 
 
 def test_query_rate_buckets_move_with_the_clock() -> None:
@@ -138,8 +131,6 @@ def test_restore_progress_in_the_cluster_view(tmp_path: Path) -> None:
     restore runs (a restore of a few hundred batches lasts less than one console refresh, so
     the test catches the documents the page fetches and hands exactly those to the page),
     then the rendered progress is checked against them."""
-    from playwright.sync_api import sync_playwright
-
     t = make_table(str(tmp_path / "state"), "t")
     batches = 300
     for b in range(batches):
@@ -176,66 +167,62 @@ def test_restore_progress_in_the_cluster_view(tmp_path: Path) -> None:
         assert node.wait_for("t", batches - 1, timeout=120)
         assert rest(node, "GET", "/readyz").status_code == 200
 
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page(viewport=VIEWPORT)
-                fetched = {
-                    "/stats": (200, stats),
-                    "/metadata": (200, metadata),
-                    "/readyz": (503, ready.json()),
-                }
-                for path, (status, doc) in fetched.items():
-                    page.route(f"**{path}", replay(status, doc))
-                page.goto(f"{node.url}/")
-                page.fill("#token", TOKEN)
-                page.dispatch_event("#token", "change")
-                page.wait_for_selector(".restore")
-                shown = page.eval_on_selector_all(
-                    ".restore",
-                    "els => els.map(e => [Number(e.dataset.partition), e.textContent,"
-                    " e.querySelector('progress').value, e.querySelector('progress').max])",
+        with chromium() as browser:
+            page = browser.new_page(viewport=VIEWPORT)
+            fetched = {
+                "/stats": (200, stats),
+                "/metadata": (200, metadata),
+                "/readyz": (503, ready.json()),
+            }
+            for path, (status, doc) in fetched.items():
+                page.route(f"**{path}", replay(status, doc))
+            page.goto(f"{node.url}/")
+            page.fill("#token", TOKEN)
+            page.dispatch_event("#token", "change")
+            page.wait_for_selector(".restore")
+            shown = page.eval_on_selector_all(
+                ".restore",
+                "els => els.map(e => [Number(e.dataset.partition), e.textContent,"
+                " e.querySelector('progress').value, e.querySelector('progress').max])",
+            )
+            hosted = metadata["nodes"][0]["hosted"]["t"]
+            want = []
+            for s in stats["partitions"]:
+                state = hosted[str(s["partition"])]
+                if state["state"] != "restoring":
+                    continue
+                latest = state["batch_id"] + state["lag_batches"]
+                done = state["batch_id"] + 1
+                eta = (
+                    "ETA unknown"
+                    if s["eta_seconds"] is None
+                    else f"ETA {math.ceil(s['eta_seconds'])} s"
                 )
-                hosted = metadata["nodes"][0]["hosted"]["t"]
-                want = []
-                for s in stats["partitions"]:
-                    state = hosted[str(s["partition"])]
-                    if state["state"] != "restoring":
-                        continue
-                    latest = state["batch_id"] + state["lag_batches"]
-                    done = state["batch_id"] + 1
-                    eta = (
-                        "ETA unknown"
-                        if s["eta_seconds"] is None
-                        else f"ETA {math.ceil(s['eta_seconds'])} s"
-                    )
-                    want.append(
-                        [
-                            s["partition"],
-                            f"restoring {100 * done // (latest + 1)}% · batch "
-                            f"{state['batch_id']} of {latest} · "
-                            f"{s['restored_rows']:,} rows applied · {eta}",
-                            done,
-                            latest + 1,
-                        ]
-                    )
-                assert sorted(shown) == sorted(want) and want
-                cells = page.eval_on_selector_all(
-                    "table.grid td.restoring", "els => els.map(e => e.firstChild.textContent)"
+                want.append(
+                    [
+                        s["partition"],
+                        f"restoring {100 * done // (latest + 1)}% · batch "
+                        f"{state['batch_id']} of {latest} · "
+                        f"{s['restored_rows']:,} rows applied · {eta}",
+                        done,
+                        latest + 1,
+                    ]
                 )
-                assert sorted(cells) == sorted(
-                    f"active · batch {hosted[str(w[0])]['batch_id']} · "
-                    f"lag {hosted[str(w[0])]['lag_batches']} · restoring"
-                    for w in want
-                )
-                assert page.inner_text("#ready").startswith("not ready: t/")
-                screenshot(page, tmp_path, "cluster-restoring")
-                for path in fetched:
-                    page.unroute(f"**{path}")
-                # live again: the page shows the finished restore at its next refresh
-                wait_until(page, "document.querySelectorAll('.restore').length === 0")
-                wait_until(page, "document.getElementById('ready').textContent === 'ready'")
-            finally:
-                browser.close()
+            assert sorted(shown) == sorted(want) and want
+            cells = page.eval_on_selector_all(
+                "table.grid td.restoring", "els => els.map(e => e.firstChild.textContent)"
+            )
+            assert sorted(cells) == sorted(
+                f"active · batch {hosted[str(w[0])]['batch_id']} · "
+                f"lag {hosted[str(w[0])]['lag_batches']} · restoring"
+                for w in want
+            )
+            assert page.inner_text("#ready").startswith("not ready: t/")
+            screenshot(page, tmp_path, "cluster-restoring")
+            for path in fetched:
+                page.unroute(f"**{path}")
+            # live again: the page shows the finished restore at its next refresh
+            wait_until(page, "document.querySelectorAll('.restore').length === 0")
+            wait_until(page, "document.getElementById('ready').textContent === 'ready'")
     finally:
         node.stop()
