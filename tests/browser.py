@@ -39,3 +39,10 @@ def wait_until(page: Any, expression: str, timeout: float = 30.0) -> None:
     while not page.evaluate(f"() => Boolean({expression})"):
         assert time.monotonic() < deadline, f"never true: {expression}"
         time.sleep(0.05)
+
+
+def set_token(page: Any, token: str) -> None:
+    """Type ``token`` in the console's token field as a user does (the field's "change"
+    makes the console use it and refresh)."""
+    page.fill("#token", token)
+    page.dispatch_event("#token", "change")

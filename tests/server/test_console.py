@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from sparkiq import Node
-from tests.browser import chromium, needs_chromium, wait_until
+from tests.browser import chromium, needs_chromium, set_token, wait_until
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 
@@ -61,8 +61,7 @@ def test_console_runs_pull_and_push_queries(tmp_path: Path) -> None:
 
             page.route("**/stats", hold_stats)
             page.goto(f"{node.url}/")
-            page.fill("#token", "tok")
-            page.dispatch_event("#token", "change")
+            set_token(page, "tok")
             page.wait_for_selector("#stores li")
             assert "4 partitions" in page.inner_text("#stores")
             assert "console" in page.inner_text("#nodes")
@@ -120,8 +119,7 @@ def test_the_console_works_under_its_content_security_policy(tmp_path: Path) -> 
                 sources = policy[directive].split()
                 assert sources and all(s.startswith("'sha256-") for s in sources), policy
 
-            page.fill("#token", "tok")
-            page.dispatch_event("#token", "change")
+            set_token(page, "tok")
             page.wait_for_selector("#stores li")
             page.click("#tab-sql")
             page.fill("#sql", "SELECT k, n FROM t ORDER BY k")
@@ -262,8 +260,7 @@ def test_console_cluster_and_table_views(tmp_path: Path) -> None:
         with chromium() as browser:
             page = browser.new_page(viewport=VIEWPORT)
             page.goto(f"{nodes[0].url}/")
-            page.fill("#token", TOKEN)
-            page.dispatch_event("#token", "change")
+            set_token(page, TOKEN)
 
             # cluster view: every cell as GET /metadata has it
             page.wait_for_selector("table.grid[data-store='t'] tbody tr")
@@ -527,13 +524,11 @@ def test_numbers_plans_push_caps_positions_and_a_wrong_token(tmp_path: Path) -> 
         with chromium() as browser:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(f"{node.url}/")
-            page.fill("#token", "wrong")
-            page.dispatch_event("#token", "change")
+            set_token(page, "wrong")
             wait_until(page, "document.getElementById('ready').textContent === 'wrong token'")
             assert "wrong token" in page.inner_text("#cluster-error")
 
-            page.fill("#token", "tok")
-            page.dispatch_event("#token", "change")
+            set_token(page, "tok")
             page.wait_for_selector("#stores li")
             page.click("#tab-sql")
 

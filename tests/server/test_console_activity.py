@@ -14,7 +14,7 @@ import pytest
 
 from sparkiq import Node
 from sparkiq.server.metrics import QueryRate
-from tests.browser import chromium, needs_chromium, wait_until
+from tests.browser import chromium, needs_chromium, set_token, wait_until
 from tests.changelog.helpers import create_changelog, make_table, write_batch
 from tests.server.test_console import VIEWPORT, screenshot
 
@@ -30,8 +30,7 @@ def rest(node: Node, method: str, path: str, **kwargs: Any) -> httpx.Response:
 def open_console(browser: Any, node: Node) -> Any:
     page = browser.new_page(viewport=VIEWPORT)
     page.goto(f"{node.url}/")
-    page.fill("#token", TOKEN)
-    page.dispatch_event("#token", "change")
+    set_token(page, TOKEN)
     return page
 
 
@@ -177,8 +176,7 @@ def test_restore_progress_in_the_cluster_view(tmp_path: Path) -> None:
             for path, (status, doc) in fetched.items():
                 page.route(f"**{path}", replay(status, doc))
             page.goto(f"{node.url}/")
-            page.fill("#token", TOKEN)
-            page.dispatch_event("#token", "change")
+            set_token(page, TOKEN)
             page.wait_for_selector(".restore")
             shown = page.eval_on_selector_all(
                 ".restore",
