@@ -43,8 +43,8 @@ from sparkiq.testing import (
     kafka_broker,
     spark_kafka_jars,
 )
-from tests.kafka.differential import ROUNDS
 from tests.spark.short_jvm import SHORT_JVM_OPTIONS
+from tests.spark.standalone_kafka_driver import ROUNDS
 from tests.spark.test_differential import normalize, write_orders
 
 # Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
@@ -315,10 +315,10 @@ def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
 def test_executors_read_kafka_on_a_standalone_cluster(
     standalone: Standalone, tmp_path: Path
 ) -> None:
-    """The Kafka differential (tests/kafka/differential.py: a plain aggregation, a windowed
-    one with a watermark and a stream-static join, checked after each round against batch
-    mode and the acknowledged records) with the cluster's executor reading the topic; the
-    driver ships Spark's Kafka connector to it with ``spark.jars``."""
+    """The Kafka differential's first round (tests/kafka/differential.py: a plain
+    aggregation, a windowed one with a watermark and a stream-static join, checked against
+    batch mode and the acknowledged records) with the cluster's executor reading the topic;
+    the driver ships Spark's Kafka connector to it with ``spark.jars``."""
     jars = spark_kafka_jars()  # raises ConfigError naming `make jvm-jars` when missing
     before = set(standalone.work_dir.glob("app-*"))
     report = tmp_path / "report.jsonl"
@@ -327,9 +327,8 @@ def test_executors_read_kafka_on_a_standalone_cluster(
         run = run_driver(standalone, tmp_path, KAFKA_DRIVER, *args)
     assert run.returncode == 0, run.stdout[-4000:]
     checked = _reports(report)
-    assert len(checked) == len(ROUNDS), run.stdout[-4000:]
-    # the late round added no window (Spark dropped its orders behind the watermark)
-    assert checked[-1]["rows"]["per_window"] == checked[-2]["rows"]["per_window"] > 0
+    assert len(checked) == ROUNDS, run.stdout[-4000:]
+    assert all(n > 0 for n in checked[-1]["rows"].values()), checked
     # The executor (the only one: a standalone driver runs no task) fetched the connector.
     (app_dir,) = set(standalone.work_dir.glob("app-*")) - before
     assert {Path(jar).name for jar in jars} <= {p.name for p in app_dir.glob("*/*.jar")}
