@@ -21,7 +21,7 @@ the windowed aggregation, so ``per_window`` stays what batch mode computes up to
 before them, while ``totals`` and ``enriched`` (no watermark) count them.
 
 Used by tests/kafka/test_kafka_source.py (a classic session: every round; Spark Connect: the
-on-time rounds) and by tests/spark/standalone_kafka_driver.py (a standalone cluster's
+on-time rounds) and by tests/spark/standalone_kafka.py (a standalone cluster's
 executors read the topic: the first round).
 """
 
