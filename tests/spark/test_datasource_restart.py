@@ -4,12 +4,10 @@ of the table's history exactly once.
 
 The consumer is this module run as a process (its own SparkSession and JVM)::
 
-    python -m tests.spark.test_datasource_restart <state_dir> <out_dir> <checkpoint> run
+    python -m tests.spark.test_datasource_restart <state_dir> <out_dir> <checkpoint> run|drain
 
-streaming one table batch per micro-batch until killed. The restarted consumer runs the same
-query on the test's own session (a driver that knows the checkpoint only from disk, as a
-restarted process does, without a second JVM start) with ``Trigger.AvailableNow``: to the
-table's newest batch, the rest in one micro-batch.
+``run`` streams one table batch per micro-batch until killed; ``drain`` runs
+``Trigger.AvailableNow`` to the table's newest batch (the rest in one micro-batch) and exits 0.
 The sink is Spark's Parquet file sink, which is exactly-once with its own log; ground truth is
 plain Python over the writer's input files. The writer materializes only ``orders`` (the
 table the consumer reads), as the differential pipeline defines it.
@@ -39,11 +37,11 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def consumer_query(spark: Any, state_dir: str, out_dir: str, checkpoint: str, mode: str) -> Any:
-    """The consumer's streaming query on ``spark``, started: ``run`` one table batch per
-    micro-batch, ``drain`` the rest in one micro-batch, then it ends."""
+def consume(state_dir: str, out_dir: str, checkpoint: str, mode: str) -> int:
     from sparkiq import register_data_source
+    from sparkiq.testing import spark_session
 
+    spark = spark_session("sparkiq-feed-consumer", shuffle_partitions=2)
     register_data_source(spark)
     reader = spark.readStream.format("sparkiq").option("state_dir", state_dir)
     if mode == "run":  # small micro-batches, so that the kill lands mid-stream
@@ -52,14 +50,8 @@ def consumer_query(spark: Any, state_dir: str, out_dir: str, checkpoint: str, mo
     writer = writer.option("checkpointLocation", checkpoint)
     if mode == "drain":  # the rest in one micro-batch: several table batches at once
         writer = writer.trigger(availableNow=True)
-    return writer.start(out_dir)
-
-
-def consume(state_dir: str, out_dir: str, checkpoint: str, mode: str) -> int:
-    from sparkiq.testing import spark_session
-
-    spark = spark_session("sparkiq-feed-consumer", shuffle_partitions=2)
-    consumer_query(spark, state_dir, out_dir, checkpoint, mode).awaitTermination()
+    query = writer.start(out_dir)
+    query.awaitTermination()
     spark.stop()
     return 0
 
@@ -123,12 +115,8 @@ def test_a_killed_consumer_resumes_and_sees_each_change_once(spark: Any, tmp_pat
         for index in range(5, 7):
             write_orders(source, index, rng, count=120)
             app.process_all_available()
-        drain = consumer_query(spark, str(state), str(out), str(checkpoint), "drain")
-        try:
-            assert drain.awaitTermination(600), "the restarted consumer did not finish"
-        finally:
-            drain.stop()
-        assert drain.exception() is None, drain.exception()
+        drain = start_consumer(state, out, checkpoint, "drain")
+        assert drain.wait(600) == 0
     finally:
         app.stop()
 
