@@ -10,6 +10,7 @@ until the topic's records are all processed, then exits 0. Set SPARKIQ_TEST_CRAS
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from sparkiq import App
 from sparkiq.testing import spark_kafka_jars, spark_session
@@ -19,14 +20,21 @@ from tests.kafka.pipeline import parse, stream, totals
 BATCH_RECORDS = 40
 
 
+def writer_app(spark: Any, bootstrap_servers: str, topic: str, state_dir: str) -> App:
+    """The ``totals`` pipeline over ``topic`` on ``spark``, not started: the process below
+    and a test restarting it on the test's own session build the same."""
+    records = stream(spark, bootstrap_servers, topic, maxOffsetsPerTrigger=str(BATCH_RECORDS))
+    app = App(spark, state_dir=state_dir, name="kafka-writer")
+    app.materialize("totals", totals(parse(records)), key="user", partitions=4)
+    return app
+
+
 def main() -> int:
     bootstrap_servers, topic, state_dir = sys.argv[1:4]
     # spark.jars counts only when the JVM starts: this is the process's first session
     config = {"spark.jars": ",".join(spark_kafka_jars())}
     spark = spark_session("sparkiq-kafka-writer", shuffle_partitions=2, config=config)
-    records = stream(spark, bootstrap_servers, topic, maxOffsetsPerTrigger=str(BATCH_RECORDS))
-    app = App(spark, state_dir=state_dir, name="kafka-writer")
-    app.materialize("totals", totals(parse(records)), key="user", partitions=4)
+    app = writer_app(spark, bootstrap_servers, topic, state_dir)
     app.start(local_node=False)
     app.process_all_available()
     app.stop()

@@ -2,6 +2,7 @@
 tests/spark/test_standalone.py.
 
 Usage: python -m tests.spark.standalone_driver <master> <staged> <source> <state_dir> <report>
+       [<servers> <topic> <kafka_state_dir> <kafka_report>]
 
 Runs the differential pipeline (tests/spark/test_differential.py, without its windowed table
 to keep one core's work small) with ``state_dir`` exactly as given (a relative path means
@@ -11,7 +12,13 @@ processes what ``<source>`` already holds (a restart resumes there), then moves 
 every committed batch and compares every table's live rows with Spark batch mode over
 ``<source>`` (computed on the same cluster), appending one JSON line per step to ``<report>``
 and keeping the newest ground truth, pickled, in ``<report>.truth``.
-It ends with :meth:`App.compact` and exits 0. ``SPARKIQ_TEST_CRASH_AT`` makes it die midway.
+It ends with :meth:`App.compact`. ``SPARKIQ_TEST_CRASH_AT`` makes it die midway.
+
+Given a Kafka broker's ``<servers>``, it then runs the Kafka round
+(:func:`tests.spark.standalone_kafka.kafka_round`) with the cluster's executor reading
+``<topic>``: the same driver and executor serve both pipelines, one JVM of each fewer than
+a driver of its own would start. Spark's Kafka connector reaches the executor through
+``spark.jars``. It exits 0.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkiq import App
-from sparkiq.testing import diff_table, spark_session
+from sparkiq.testing import diff_table, spark_kafka_jars, spark_session
 from tests.spark.short_jvm import executor_conf
+from tests.spark.standalone_kafka import kafka_round
 from tests.spark.test_differential import SCHEMA, aggregations, materialize_tables, normalize
 
 #: Room for one executor with one core next to the test's own JVMs on a small machine.
@@ -64,12 +72,16 @@ def batch_truth(spark: Any, source: Path) -> dict[str, dict[Any, dict[str, Any]]
 
 def main() -> int:
     master, staged, source, state_dir, report = sys.argv[1:6]
+    kafka = sys.argv[6:10]
+    config = {**CLUSTER_CONF, **executor_conf()}
+    if kafka:  # spark.jars counts only when the JVM starts: this is its first session
+        config["spark.jars"] = ",".join(spark_kafka_jars())
     spark = spark_session(
         "sparkiq-standalone",
         master=master,
         shuffle_partitions=1,  # one core: each stateful stage is one task
         driver_memory="768m",
-        config={**CLUSTER_CONF, **executor_conf()},
+        config=config,
     )
     source_dir = Path(source).resolve()
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source_dir))
@@ -107,7 +119,11 @@ def main() -> int:
         check()
     app.compact()
     app.stop()
-    spark.stop()
+    try:
+        if kafka:
+            kafka_round(spark, *kafka)
+    finally:
+        spark.stop()
     return 0
 
 

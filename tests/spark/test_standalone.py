@@ -7,8 +7,9 @@ directory, so a path that is not resolved on the driver lands somewhere readers 
 The driver here runs the differential pipeline, dies mid-batch once (between a batch's
 segments and its commit record), restarts, and checks every table against Spark batch mode
 after every input file; the test then reads the changelog with a fresh node and checks that
-nothing was written in the executors' working directory. A second driver on the same cluster
-runs the Kafka differential with the executor reading the topic from a real broker.
+nothing was written in the executors' working directory. The restarted driver then runs the
+Kafka differential's first round with its executor reading the topic from a real broker (a
+second test checks that run): two drivers, and two executors, for the module instead of three.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from sparkiq.testing import (
     kafka_broker,
     spark_kafka_jars,
 )
-from tests.kafka.differential import ROUNDS
 from tests.spark.short_jvm import SHORT_JVM_OPTIONS
+from tests.spark.standalone_kafka import ROUNDS
 from tests.spark.test_differential import normalize, write_orders
 
 # Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
@@ -56,7 +57,6 @@ TABLES = ("by_product", "by_user_day", "orders")
 START_TIMEOUT = 180.0
 DRIVER_TIMEOUT = 600.0
 DRIVER = "tests.spark.standalone_driver"
-KAFKA_DRIVER = "tests.spark.standalone_kafka_driver"
 
 
 def free_port() -> int:
@@ -231,9 +231,9 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
 def run_driver(
     cluster: Standalone, cwd: Path, module: str, *args: str, crash_at: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    """Run the driver ``module`` (tests/spark/standalone_driver.py or
-    standalone_kafka_driver.py) with ``args`` in ``cwd``, this checkout's sources first; its
-    process group is killed if it outlives :data:`DRIVER_TIMEOUT`."""
+    """Run the driver ``module`` (tests/spark/standalone_driver.py) with ``args`` in ``cwd``,
+    this checkout's sources first; its process group is killed if it outlives
+    :data:`DRIVER_TIMEOUT`."""
     env = _spark_env(cluster.logs)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
     if crash_at:
@@ -261,33 +261,58 @@ def _reports(report: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in report.read_text().splitlines() if line]
 
 
-def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
-    standalone: Standalone, tmp_path: Path
-) -> None:
-    driver_cwd, staged, source = tmp_path / "driver", tmp_path / "staged", tmp_path / "in"
+@dataclass
+class Restarted:
+    """What the module's two driver runs left: the first died in batch 1, the second, on the
+    same relative state_dir, finished the file pipeline, then ran the Kafka round."""
+
+    driver_cwd: Path
+    report: Path  # the file pipeline's checks, a JSON line each
+    second: subprocess.CompletedProcess[str]
+    kafka_report: Path  # the Kafka round's checks
+    jars: list[str]  # Spark's Kafka connector, shipped to the executor
+    second_app_dir: Path  # the second run's application folder in the worker's work_dir
+
+
+@pytest.fixture(scope="module")
+def restarted(standalone: Standalone, tmp_path_factory: pytest.TempPathFactory) -> Restarted:
+    jars = spark_kafka_jars()  # raises ConfigError naming `make jvm-jars` when missing
+    root = tmp_path_factory.mktemp("restart")
+    driver_cwd, staged, source = root / "driver", root / "staged", root / "in"
     for folder in (driver_cwd, staged, source):
         folder.mkdir()
     rng = random.Random(12)
     for index in range(3):
         write_orders(staged, index, rng, count=200)
-    report = tmp_path / "report.jsonl"
+    report, kafka_report = root / "report.jsonl", root / "kafka.jsonl"
 
     # First run: batch 0 is checked, then the driver dies in batch 1 of "orders" after its
     # segments were written and before its commit record.
     args = (str(staged), str(source), "state", str(report))  # a relative state_dir
     first = run_driver(standalone, driver_cwd, DRIVER, *args, crash_at="before_commit:orders:1")
     assert first.returncode == 86, first.stdout[-4000:]
-    checked = _reports(report)
-    assert [r["files"] for r in checked] == [1], first.stdout[-4000:]
+    assert [r["files"] for r in _reports(report)] == [1], first.stdout[-4000:]
     state = driver_cwd / "state"
     assert Changelog(str(state), "orders").committed_batch_ids() == [0]
     assert list((state / "tables" / "orders" / "segments").glob("*/*1.arrow"))
 
-    # Second run on the same relative state_dir: batch 1 re-runs, then batch 2.
-    second = run_driver(standalone, driver_cwd, DRIVER, *args)
+    # Second run on the same relative state_dir: batch 1 re-runs, then batch 2; then Kafka.
+    before = set(standalone.work_dir.glob("app-*"))
+    with kafka_broker() as servers:
+        kafka = (servers, "orders", "kafka-state", str(kafka_report))  # relative, too
+        second = run_driver(standalone, driver_cwd, DRIVER, *args, *kafka)
+    (app_dir,) = set(standalone.work_dir.glob("app-*")) - before
+    return Restarted(driver_cwd, report, second, kafka_report, jars, app_dir)
+
+
+def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
+    standalone: Standalone, restarted: Restarted
+) -> None:
+    second, driver_cwd = restarted.second, restarted.driver_cwd
     assert second.returncode == 0, second.stdout[-4000:]
-    checked = _reports(report)
+    checked = _reports(restarted.report)
     assert [r["files"] for r in checked] == [1, 2, 3], second.stdout[-4000:]
+    state = driver_cwd / "state"
     for step in checked:
         assert step["cwd"] == str(driver_cwd)
         assert step["state_dir"] == str(state)  # resolved once, on the driver
@@ -298,7 +323,8 @@ def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
     for name in TABLES:
         assert Changelog(str(state), name).committed_batch_ids() == [0, 1, 2], name
         assert list_snapshots(Changelog(str(state), name), 0), name  # compact() ran on the cluster
-    truth = pickle.loads(Path(f"{report}.truth").read_bytes())  # batch mode, by the driver
+    # batch mode, computed by the driver
+    truth = pickle.loads(Path(f"{restarted.report}.truth").read_bytes())
     assert set(truth) == set(TABLES)
     with Node(str(state), listen=None, store="memory") as node:
         node.poll_once()
@@ -312,27 +338,21 @@ def test_relative_state_dir_on_a_standalone_cluster_with_a_driver_restart(
     assert not [p for p in standalone.work_dir.rglob("*") if p.suffix in (".arrow", ".json")]
 
 
-def test_executors_read_kafka_on_a_standalone_cluster(
-    standalone: Standalone, tmp_path: Path
-) -> None:
-    """The Kafka differential (tests/kafka/differential.py: a plain aggregation, a windowed
-    one with a watermark and a stream-static join, checked after each round against batch
-    mode and the acknowledged records) with the cluster's executor reading the topic; the
-    driver ships Spark's Kafka connector to it with ``spark.jars``."""
-    jars = spark_kafka_jars()  # raises ConfigError naming `make jvm-jars` when missing
-    before = set(standalone.work_dir.glob("app-*"))
-    report = tmp_path / "report.jsonl"
-    with kafka_broker() as servers:
-        args = (servers, "orders", "state", str(report))  # a relative state_dir
-        run = run_driver(standalone, tmp_path, KAFKA_DRIVER, *args)
-    assert run.returncode == 0, run.stdout[-4000:]
-    checked = _reports(report)
-    assert len(checked) == len(ROUNDS), run.stdout[-4000:]
-    # the late round added no window (Spark dropped its orders behind the watermark)
-    assert checked[-1]["rows"]["per_window"] == checked[-2]["rows"]["per_window"] > 0
+def test_executors_read_kafka_on_a_standalone_cluster(restarted: Restarted) -> None:
+    """The Kafka differential's first round (tests/kafka/differential.py: a plain
+    aggregation, a windowed one with a watermark and a stream-static join, checked against
+    batch mode and the acknowledged records) with the cluster's executor reading the topic;
+    the driver ships Spark's Kafka connector to it with ``spark.jars``."""
+    second = restarted.second
+    assert second.returncode == 0, second.stdout[-4000:]
+    checked = _reports(restarted.kafka_report)
+    assert len(checked) == ROUNDS, second.stdout[-4000:]
+    assert all(n > 0 for n in checked[-1]["rows"].values()), checked
+    # its state_dir, relative, resolved on the driver like the file pipeline's
+    assert Changelog(str(restarted.driver_cwd / "kafka-state"), "totals").committed_batch_ids()
     # The executor (the only one: a standalone driver runs no task) fetched the connector.
-    (app_dir,) = set(standalone.work_dir.glob("app-*")) - before
-    assert {Path(jar).name for jar in jars} <= {p.name for p in app_dir.glob("*/*.jar")}
+    jar_names = {p.name for p in restarted.second_app_dir.glob("*/*.jar")}
+    assert {Path(jar).name for jar in restarted.jars} <= jar_names
 
 
 @pytest.mark.parametrize(
