@@ -54,6 +54,12 @@ class _Lookups(threading.Thread):
                 time.sleep(0.002)
 
     def stop(self) -> None:
+        """Stop once the lookup under way is done, and not before a first one was timed: a
+        smoke run's phase (0.3 s of floor) can end before a loaded machine answered any,
+        and a phase without a latency has no percentile."""
+        deadline = time.monotonic() + 120
+        while not self.latencies and self.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.stop_event.set()
         self.join()
 

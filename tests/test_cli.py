@@ -119,6 +119,16 @@ def test_serve_without_a_state_dir_says_what_is_missing() -> None:
     assert "--state-dir (or SPARKIQ_STATE_DIR) is required" in result.stderr
 
 
+def test_demo_refuses_a_trigger_of_no_time(tmp_path: Path) -> None:
+    result = sparkiq("demo", "--trigger", "0", "--state-dir", str(tmp_path / "demo"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        "sparkiq demo: --trigger (SPARKIQ_DEMO_TRIGGER) is 0: give the seconds between "
+        "micro-batches, more than 0 (default 1)\n"
+    )
+    assert not (tmp_path / "demo").exists()  # refused before anything started
+
+
 def test_query_prints_json_lines_from_a_node(tmp_path: Path) -> None:
     changelog = make_table(str(tmp_path), partitions=2)
     write_batch(changelog, 0, {"a": 1, "b": 2, "c": 3})

@@ -121,6 +121,13 @@ def _parser() -> argparse.ArgumentParser:
         help="partitions per table [SPARKIQ_DEMO_PARTITIONS, default 4]",
     )
     demo.add_argument(
+        "--trigger",
+        type=float,
+        default=float(_env("SPARKIQ_DEMO_TRIGGER", 1)),
+        help="seconds between micro-batches: a longer one costs less CPU, the tables move "
+        "less often [SPARKIQ_DEMO_TRIGGER, default 1]",
+    )
+    demo.add_argument(
         "--listen",
         default=_env("SPARKIQ_DEMO_LISTEN", _SERVE_LISTEN),  # where `query` and `shell` look first
         help="host:port of the demo's node and web console; the next free port when taken "
@@ -438,12 +445,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from sparkiq.demo import run_demo
 
+        if not args.trigger > 0:
+            print(
+                f"sparkiq demo: --trigger (SPARKIQ_DEMO_TRIGGER) is {args.trigger:g}: give the "
+                "seconds between micro-batches, more than 0 (default 1)",
+                file=sys.stderr,
+            )
+            return 2
+
         return run_demo(
             state_dir=args.state_dir,
             duration=args.duration,
             rate=args.rate,
             partitions=args.partitions,
             fresh=args.fresh,
+            trigger=args.trigger,
             listen=args.listen,
         )
     if args.command == "status":

@@ -27,9 +27,10 @@ def test_demo_prints_the_console_first_keeps_spark_quiet_and_shows_values(
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "demo-state"
-    # --duration counts from the first served batch: 6 s are a few updates (one per 2 s);
-    # Spark's start, the first batch and the shutdown run in full whatever the duration.
-    command = ["demo", "--duration", "6", "--state-dir", str(state), "--listen", "127.0.0.1:0"]
+    # --duration counts from the first served batch: 3 s are two updates (one per 2 s), all
+    # the test reads; Spark's start, the first batch and the shutdown run in full whatever
+    # the duration, and each second more is three micro-batches.
+    command = ["demo", "--duration", "3", "--state-dir", str(state), "--listen", "127.0.0.1:0"]
     process = subprocess.Popen(
         [sys.executable, "-m", "sparkiq.cli", *command, "--rate", "50", "--partitions", "2"],
         stdout=subprocess.PIPE,
@@ -77,9 +78,11 @@ def test_demo_on_a_terminal_redraws_in_place_and_stops_cleanly_on_ctrl_c(
     tmp_path: Path, terminal: Terminal
 ) -> None:
     state = tmp_path / "demo-state"
+    # A micro-batch every 2 s (--trigger): the screen needs one batch after the first, and
+    # a loaded machine ran the 1 s default's batches back to back while Spark warmed up.
     command = (
         f"{shlex.quote(sys.executable)} -m sparkiq.cli demo --state-dir {shlex.quote(str(state))}"
-        " --listen 127.0.0.1:0 --rate 50 --partitions 2"
+        " --listen 127.0.0.1:0 --rate 50 --partitions 2 --trigger 2"
     )
     terminal.start(command, {})
     screen = terminal.wait_for(lambda s: "Ctrl-C stops" in s, timeout=240)

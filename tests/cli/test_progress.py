@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,27 +98,51 @@ SLOW = "SELECT count(*) AS n FROM t a JOIN t b ON a.k || b.k LIKE '%k00000k%zz'"
 ENDLESS = "SELECT count(*) AS n FROM t a, t b, t c WHERE a.k || b.k || c.k LIKE '%k00000k%zz'"
 
 
-@pytest.fixture
-def slow_node(tmp_path: Path) -> Any:
-    """A node on which SLOW takes at least 3 s here and now: the table grows until it does
-    (the join's cost is quadratic in the rows), so the spinner's 1 s threshold is passed on
-    an idle machine as on a busy one."""
-    changelog = make_table(str(tmp_path / "state"), partitions=2)
-    rows, batch_id = 6000, 0
-    write_batch(changelog, batch_id, {f"k{i:05d}": i for i in range(rows)})
-    with Node(str(tmp_path / "state"), node_id="q", listen="127.0.0.1:0") as node:
-        node.poll_once()
-        while rows < 60_000:
+class _SlowTable:
+    """A node over a table that grows, in batches, until SLOW takes long enough."""
+
+    def __init__(self, root: Path) -> None:
+        self.changelog = make_table(str(root / "state"), partitions=2)
+        self.rows, self.batch_id = 6000, 0
+        write_batch(self.changelog, 0, {f"k{i:05d}": i for i in range(self.rows)})
+        self.node = Node(str(root / "state"), node_id="q", listen="127.0.0.1:0")
+        self.node.start()
+        self.node.poll_once()
+
+    def slow_now(self) -> None:
+        """Until SLOW takes at least 3 s here and now: the table grows while it does not
+        (the join's cost is quadratic in the rows), so the spinner's 1 s threshold is passed
+        on an idle machine as on a busy one."""
+        while self.rows < 60_000:
             started = time.monotonic()
-            node.sql(SLOW)
+            self.node.sql(SLOW)
             if time.monotonic() - started >= 3.0:
-                break
-            batch_id += 1
-            more = rows * 3 // 2
-            write_batch(changelog, batch_id, {f"k{i:05d}": i for i in range(rows, more)})
-            rows = more
-            node.poll_once()
-        yield node
+                return
+            self.batch_id += 1
+            more = self.rows * 3 // 2
+            rows = {f"k{i:05d}": i for i in range(self.rows, more)}
+            write_batch(self.changelog, self.batch_id, rows)
+            self.rows = more
+            self.node.poll_once()
+
+
+@pytest.fixture(scope="module")
+def slow_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_SlowTable]:
+    # One table for the module, grown once: growing it afresh for each test ran SLOW at
+    # every size on the way, a few times a test's CPU.
+    table = _SlowTable(tmp_path_factory.mktemp("slow"))
+    try:
+        yield table
+    finally:
+        table.node.stop()
+
+
+@pytest.fixture
+def slow_node(slow_table: _SlowTable) -> Node:
+    """The node on which SLOW takes at least 3 s, checked again at each test: the machine
+    may be less busy than when the table was grown (it grows further then)."""
+    slow_table.slow_now()
+    return slow_table.node
 
 
 @needs_tmux

@@ -55,14 +55,18 @@ def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> N
         time.sleep(0.5)
 
 
-# Package scope: the demo streams three queries every second, most of a core; kept for the
-# whole session it went on taking that from every test its worker ran after the docs.
+# Package scope: the demo streams three queries as long as it runs; kept for the whole
+# session it went on taking CPU from every test its worker ran after the docs.
 @pytest.fixture(scope="package")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("docs-live")
     state = root / "demo-state"
     command = [sys.executable, "-m", "sparkiq.cli", "demo", "--state-dir", str(state)]
-    command += ["--listen", "127.0.0.1:0", "--rate", "50"]
+    # A micro-batch every 5 s, not every second: the demo runs beside every docs test, and
+    # at 1 s its three queries took half a core all along (a batch costs the same CPU however
+    # few rows it holds). The samples need live tables, not fast ones; a push query waits
+    # one interval longer for its first change.
+    command += ["--listen", "127.0.0.1:0", "--rate", "50", "--trigger", "5"]
     log = root / "demo.log"
     with log.open("w") as out:
         process = subprocess.Popen(

@@ -240,16 +240,33 @@ def _error_shown(output: tuple[str, ...]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _ctrl_c_inherited() -> Iterator[None]:
+    """Inside, a process started gets SIGINT as a terminal's Ctrl-C finds it: acted on. A
+    test run started as a background job (``pytest ... &``) has SIGINT ignored, every child
+    inherits that, and a push query would then never see the test's Ctrl-C. A handler (any)
+    in this process becomes the default action in a child, as exec resets handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; pytest runs tests there
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _run_push(block: Block, line_no: int, line: str, live: Live, cwd: Path) -> None:
     """A push query runs until Ctrl-C: read its first changes, then send SIGINT."""
-    process = subprocess.Popen(
-        ["bash", "-c", f"exec {line}"],
-        cwd=cwd,
-        env=_env(live),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with _ctrl_c_inherited():
+        process = subprocess.Popen(
+            ["bash", "-c", f"exec {line}"],
+            cwd=cwd,
+            env=_env(live),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
         assert process.stdout is not None
         lines = [process.stdout.readline() for _ in range(3)]  # a header, a rule, a change
@@ -335,9 +352,11 @@ def test_the_page_runner_reports_a_failing_or_hung_page_and_starts_afresh(tmp_pa
 
         code, printed = runner.run(page("after", "print('fresh')"), timeout=120)
         assert code == 0 and "fresh" in printed.splitlines()
-        # a started runner: the first block prints at once, the second never ends
+        # a started runner: the first block prints at once, the second never ends (the
+        # runner is warm from the page before: its first line takes milliseconds, and the
+        # test waits the whole timeout)
         hung = page("hung", "print('started', flush=True)", "import time; time.sleep(600)")
-        code, printed = runner.run(hung, timeout=10)
+        code, printed = runner.run(hung, timeout=5)
         assert code is None and "ok hung.md:0" in printed, printed
         assert runner.process is None  # killed, not waited for
     finally:
