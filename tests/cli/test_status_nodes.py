@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sparkiq import Node
-from sparkiq.cli import STALE_STATUS_SECONDS
+from sparkiq.status_report import STALE_STATUS_SECONDS
 from sparkiq.testing import write_table
 
 ROOT = Path(__file__).resolve().parents[2]
