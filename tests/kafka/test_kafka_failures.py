@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from sparkiq.changelog import Changelog
 from sparkiq.errors import SparkiqError
 from sparkiq.spark.sink import CRASH_ENV
 from sparkiq.testing import KafkaBroker, assert_table_matches, table_rows
+from tests.browser import CHROMIUM, chromium
 from tests.cluster.cluster_helpers import wait_until
 from tests.kafka.client import (
     Delivered,
@@ -64,7 +64,6 @@ from tests.kafka.writer_process import BATCH_RECORDS, writer_app
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PARTITIONS = 4
 
 
@@ -155,20 +154,14 @@ def run_status(state: Path) -> str:
 
 def assert_the_console_shows_the_failure(url: str, topic: str) -> None:
     """The console's table view: the writer section says failed, with Spark's reason."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.goto(f"{url}/")
-            page.wait_for_selector("#stores li")
-            page.click("#stores li button.name")
-            page.wait_for_selector("#table-writer-reason")
-            assert "FAILED" in page.inner_text("#table-writer")
-            assert_the_data_loss_reason(page.inner_text("#table-writer-reason"), topic)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{url}/")
+        page.wait_for_selector("#stores li")
+        page.click("#stores li button.name")
+        page.wait_for_selector("#table-writer-reason")
+        assert "FAILED" in page.inner_text("#table-writer")
+        assert_the_data_loss_reason(page.inner_text("#table-writer-reason"), topic)
 
 
 @pytest.fixture

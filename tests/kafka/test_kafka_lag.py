@@ -12,7 +12,6 @@ a node asked for a broker without the Kafka client says how to install it."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkiq import Node
 from sparkiq.changelog import Changelog
 from sparkiq.testing import KafkaBroker
+from tests.browser import chromium, needs_chromium
+from tests.browser import wait_until as page_wait_until
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import wait_until
 from tests.cluster.serve_processes import free_port
@@ -39,7 +40,6 @@ from tests.server.serve_subprocess import serving
 TOPIC = "lag-orders"
 PARTITIONS = 3
 TABLE = "orders"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def acknowledged_ends(delivered: list[Delivered]) -> dict[int, int]:
@@ -202,42 +202,34 @@ def test_status_shows_each_partition_and_its_lag(lagging: Lagging) -> None:
     assert "lag unknown: the node has no --kafka-bootstrap" in node_plain
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (.ci/run installs it)")
+@needs_chromium
 def test_the_console_table_view_shows_kafka_lag(lagging: Lagging) -> None:
-    from playwright.sync_api import sync_playwright
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{lagging.url}/")
+        page.wait_for_selector("#stores li")
+        page.click("#stores li button.name")
+        page.wait_for_selector(f'#table-kafka table[data-topic="{TOPIC}"] tbody tr')
+        page_wait_until(page, "document.querySelectorAll('#table-kafka tbody tr').length === 3")
+        cells = page.eval_on_selector_all(
+            "#table-kafka tbody tr",
+            "rows => rows.map(r => [...r.cells].map(c => c.textContent))",
+        )
+        assert cells == [
+            [str(p), str(lagging.applied[p]), str(lagging.ends[p]), str(lagging.behind[p])]
+            for p in range(PARTITIONS)
+        ]
+        summary = page.inner_text("#table-kafka")
+        assert f"topic {TOPIC}" in summary and "lag 24 records" in summary
+        assert "end offsets" in summary and "s old" in summary
 
-    from tests.server.test_console import wait_until as page_wait_until
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.goto(f"{lagging.url}/")
-            page.wait_for_selector("#stores li")
-            page.click("#stores li button.name")
-            page.wait_for_selector(f'#table-kafka table[data-topic="{TOPIC}"] tbody tr')
-            page_wait_until(page, "document.querySelectorAll('#table-kafka tbody tr').length === 3")
-            cells = page.eval_on_selector_all(
-                "#table-kafka tbody tr",
-                "rows => rows.map(r => [...r.cells].map(c => c.textContent))",
-            )
-            assert cells == [
-                [str(p), str(lagging.applied[p]), str(lagging.ends[p]), str(lagging.behind[p])]
-                for p in range(PARTITIONS)
-            ]
-            summary = page.inner_text("#table-kafka")
-            assert f"topic {TOPIC}" in summary and "lag 24 records" in summary
-            assert "end offsets" in summary and "s old" in summary
-
-            page.goto(f"{lagging.plain.url}/")
-            page.wait_for_selector("#stores li")
-            page.click("#stores li button.name")
-            page.wait_for_selector("#table-kafka table tbody tr")
-            assert "lag unknown: the node was started without --kafka-bootstrap" in (
-                page.inner_text("#table-kafka")
-            )
-        finally:
-            browser.close()
+        page.goto(f"{lagging.plain.url}/")
+        page.wait_for_selector("#stores li")
+        page.click("#stores li button.name")
+        page.wait_for_selector("#table-kafka table tbody tr")
+        assert "lag unknown: the node was started without --kafka-bootstrap" in (
+            page.inner_text("#table-kafka")
+        )
 
 
 def test_applying_the_produced_records_clears_the_lag(lagging: Lagging) -> None:
