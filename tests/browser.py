@@ -46,3 +46,10 @@ def set_token(page: Any, token: str) -> None:
     makes the console use it and refresh)."""
     page.fill("#token", token)
     page.dispatch_event("#token", "change")
+
+
+def open_first_table(page: Any, url: str) -> None:
+    """Open the console at ``url`` and its first table's view, as a user clicks it."""
+    page.goto(f"{url}/")
+    page.wait_for_selector("#stores li")
+    page.click("#stores li button.name")

@@ -37,7 +37,7 @@ from sparkiq.changelog import Changelog
 from sparkiq.errors import SparkiqError
 from sparkiq.spark.sink import CRASH_ENV
 from sparkiq.testing import KafkaBroker, assert_table_matches, table_rows
-from tests.browser import CHROMIUM, chromium
+from tests.browser import CHROMIUM, chromium, open_first_table
 from tests.cluster.cluster_helpers import wait_until
 from tests.kafka.client import (
     Delivered,
@@ -156,9 +156,7 @@ def assert_the_console_shows_the_failure(url: str, topic: str) -> None:
     """The console's table view: the writer section says failed, with Spark's reason."""
     with chromium() as browser:
         page = browser.new_page()
-        page.goto(f"{url}/")
-        page.wait_for_selector("#stores li")
-        page.click("#stores li button.name")
+        open_first_table(page, url)
         page.wait_for_selector("#table-writer-reason")
         assert "FAILED" in page.inner_text("#table-writer")
         assert_the_data_loss_reason(page.inner_text("#table-writer-reason"), topic)

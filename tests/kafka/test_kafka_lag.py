@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkiq import Node
 from sparkiq.changelog import Changelog
 from sparkiq.testing import KafkaBroker
-from tests.browser import chromium, needs_chromium
+from tests.browser import chromium, needs_chromium, open_first_table
 from tests.browser import wait_until as page_wait_until
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import wait_until
@@ -206,9 +206,7 @@ def test_status_shows_each_partition_and_its_lag(lagging: Lagging) -> None:
 def test_the_console_table_view_shows_kafka_lag(lagging: Lagging) -> None:
     with chromium() as browser:
         page = browser.new_page()
-        page.goto(f"{lagging.url}/")
-        page.wait_for_selector("#stores li")
-        page.click("#stores li button.name")
+        open_first_table(page, lagging.url)
         page.wait_for_selector(f'#table-kafka table[data-topic="{TOPIC}"] tbody tr')
         page_wait_until(page, "document.querySelectorAll('#table-kafka tbody tr').length === 3")
         cells = page.eval_on_selector_all(
@@ -223,9 +221,7 @@ def test_the_console_table_view_shows_kafka_lag(lagging: Lagging) -> None:
         assert f"topic {TOPIC}" in summary and "lag 24 records" in summary
         assert "end offsets" in summary and "s old" in summary
 
-        page.goto(f"{lagging.plain.url}/")
-        page.wait_for_selector("#stores li")
-        page.click("#stores li button.name")
+        open_first_table(page, lagging.plain.url)
         page.wait_for_selector("#table-kafka table tbody tr")
         assert "lag unknown: the node was started without --kafka-bootstrap" in (
             page.inner_text("#table-kafka")

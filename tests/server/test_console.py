@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from sparkiq import Node
-from tests.browser import chromium, needs_chromium, set_token, wait_until
+from tests.browser import chromium, needs_chromium, open_first_table, set_token, wait_until
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 
@@ -617,9 +617,7 @@ def test_a_windowed_table_is_looked_up_by_key_and_window_start(tmp_path: Path) -
         assert [r["clicks"] for r in want] == [200 + ord("b"), 300 + ord("b"), 400 + ord("b")]
         with chromium() as browser:
             page = browser.new_page()
-            page.goto(f"{node.url}/")
-            page.wait_for_selector("#stores li")
-            page.click("#stores li button.name")
+            open_first_table(page, node.url)
             page.wait_for_selector("#lookup-window:not([hidden])")
             page.fill("#lookup-key", "b")
             page.fill("#lookup-from", "2024-05-01T02:00:00")
