@@ -217,7 +217,8 @@ def run_demo(
     node = _start_node(state_dir, listen)
     url = node.url or ""
     print(f"sparkiq console: {url}/", flush=True)
-    moved = url.rsplit(":", 1)[-1] != listen.rsplit(":", 1)[-1]
+    asked = listen.rsplit(":", 1)[-1]
+    moved = asked != "0" and url.rsplit(":", 1)[-1] != asked  # port 0: any free port, asked for
     print(
         f"state in {os.path.abspath(state_dir)}; Spark's log in {log_path}\n"
         f"query it: sparkiq shell --url {url}   (or sparkiq query, or the console)\n"

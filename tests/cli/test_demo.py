@@ -59,6 +59,7 @@ def test_demo_prints_the_console_first_keeps_spark_quiet_and_shows_values(
     out = [first, *rest.splitlines(keepends=True)]
     log = state / "logs" / "spark.log"
     assert f"Spark's log in {log}" in rest
+    assert "was taken" not in rest  # port 0 asks for any free port: none was taken
     # nothing from Spark on the screen: its log went to the file it names
     noisy = [line for line in out + stderr if re.search(r"\b(WARN|ERROR)\b", line)]
     assert noisy == []
