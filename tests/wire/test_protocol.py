@@ -18,6 +18,7 @@ from sparkiq import (
     FailureReason,
     InvalidQueryError,
     KeyQuery,
+    NodeUnreachableError,
     Position,
     PositionBound,
     Query,
@@ -349,12 +350,29 @@ def test_malformed_row_frames_are_remote_errors(after_header: list[Any]) -> None
 
 
 def test_a_stream_that_stops_early_is_an_error_not_a_short_answer() -> None:
+    """A node gone mid-answer is unreachable (callers ask another replica), never a short
+    or empty answer."""
     frames = framed(header(kind="rows"), {"p": 0, "rows": [["k", {"n": 1}]]})
-    with pytest.raises(RemoteError, match="ended before the partition's last row"):
+    with pytest.raises(NodeUnreachableError, match="ended before the partition's last row"):
         results_from_frames(read_frames(frames))
     whole = b"".join(framed(header()))
-    with pytest.raises(RemoteError, match="middle of a frame"):
+    with pytest.raises(NodeUnreachableError, match="middle of a frame"):
         list(read_frames([whole[:-1]]))
+
+
+@pytest.mark.parametrize("asked", [None, [0], [0, 1], [1, 2]])
+def test_a_stream_cut_between_frames_is_unreachable_not_an_empty_answer(
+    asked: list[int] | None,
+) -> None:
+    """A connection cut between frames ends the stream cleanly; the partitions asked for
+    that have no frame make it an error (the fault harness saw a key lookup come back with
+    no partition at all when a partition dropped the connection after the headers)."""
+    with pytest.raises(NodeUnreachableError, match="ended before the results of partitions"):
+        results_from_frames(read_frames([]), asked)
+    if asked is not None and len(asked) > 1:  # the first partition came, the rest did not
+        first = b"".join(framed(header(p=asked[0])))
+        with pytest.raises(NodeUnreachableError, match=rf"partitions \[{asked[1]}\]"):
+            results_from_frames(read_frames([first]), asked)
 
 
 def test_undecodable_and_oversized_frames_are_remote_errors() -> None:

@@ -105,6 +105,7 @@ class PooledResponse:
             raise NodeUnreachableError(
                 f"{self._key} answered with more than {limit} bytes: not a sparkiq node's reply"
             )
+        self._check_whole()
         self._finish()
         return data
 
@@ -116,6 +117,7 @@ class PooledResponse:
             while True:
                 data = self._response.read1(_CHUNK)
                 if not data:
+                    self._check_whole()
                     # the body is done; read1 leaves a sized response open at its end,
                     # and http.client reuses a connection only once it is closed
                     self._response.close()
@@ -128,6 +130,20 @@ class PooledResponse:
             self.close()
             raise
         self._finish()
+
+    def _check_whole(self) -> None:
+        """Raise if the connection ended before the body's ``Content-Length`` did.
+
+        ``http.client`` raises for a chunked body cut short, but a sized body read with
+        ``read1`` or ``read(n)`` just ends early: a node cut off after its headers (a
+        network partition dropping the connection) would look like an empty answer."""
+        missing = self._response.length
+        if missing:
+            self.close()
+            raise NodeUnreachableError(
+                f"{self._key} went away mid-response: the connection closed "
+                f"{missing} bytes before the end of the body"
+            )
 
     def _finish(self) -> None:
         if not self._done:

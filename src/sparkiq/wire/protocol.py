@@ -47,7 +47,7 @@ import msgspec
 import orjson
 
 from sparkiq.error_codes import ErrorCode
-from sparkiq.errors import InvalidQueryError, SparkiqError
+from sparkiq.errors import InvalidQueryError, NodeUnreachableError, SparkiqError
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import Query, ResultOrder
 from sparkiq.query.registry import query_type, query_type_name, query_type_names
@@ -298,7 +298,9 @@ def read_frames(chunks: Iterable[bytes]) -> Iterator[Any]:
             del buffer[: 4 + length]
             yield frame
     if buffer:
-        raise RemoteError("the response ended in the middle of a frame (node went away?)")
+        raise NodeUnreachableError(
+            "the response ended in the middle of a frame: the node went away mid-answer"
+        )
 
 
 def results_from_frames(
@@ -345,6 +347,15 @@ def results_from_frames(
             )
             if lazy:
                 break
+        asked = None if partitions is None else set(partitions)
+        missing = sorted(asked - results.keys()) if asked is not None else []
+        if missing or (asked is None and not results):
+            # a connection cut between frames ends the stream cleanly: not an answer
+            lazy = False  # so the stream is closed
+            raise NodeUnreachableError(
+                f"the response ended before the results of partitions {missing or 'any'}: "
+                "the node went away mid-answer"
+            )
     finally:
         if not lazy and on_close is not None:
             on_close()
@@ -396,4 +407,6 @@ def _rows_of(frames: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
         ):
             raise RemoteError(f"malformed rows frame {frame!r:.200}", code=ErrorCode.BAD_FRAME)
         yield from rows
-    raise RemoteError("the response ended before the partition's last row (node went away?)")
+    raise NodeUnreachableError(
+        "the response ended before the partition's last row: the node went away mid-answer"
+    )
