@@ -45,6 +45,7 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
     ("failure_timeout", float, "a member silent this long is gone", "3"),
     ("pg_listen", str, "host:port to serve the Postgres wire protocol on (psql, psycopg)", ""),
+    ("flight_listen", str, "host:port to serve Arrow Flight SQL on (ADBC, JDBC)", ""),
     (
         "pg_tls",
         str,
@@ -342,6 +343,9 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("sparkiq.serve").warning("%s", no_tables_warning(config.state_dir))
     if node.pg_address is not None:
         print("Postgres wire protocol on {}:{}".format(*node.pg_address), flush=True)
+    if node.flight_address is not None:
+        scheme = "grpc+tls" if node.config.tls_cert else "grpc"
+        print("Arrow Flight SQL on {}://{}:{}".format(scheme, *node.flight_address), flush=True)
     try:
         stop.wait()
     finally:

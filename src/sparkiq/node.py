@@ -13,6 +13,7 @@ each has one job:
   and push queries over what :class:`Lookup` reads;
 * :func:`~sparkiq.server.start_server` -- the REST API and node protocol over HTTP;
 * :class:`~sparkiq.server.pg.PgServer` -- the Postgres wire protocol (``pg_listen``).
+* :class:`~sparkiq.server.flight.FlightSqlServer` -- Arrow Flight SQL (``flight_listen``).
 
 This module sits above ``cluster``, ``sql`` and ``server`` (and below ``spark``), so the
 rooms never import upward.
@@ -35,7 +36,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
@@ -66,6 +67,9 @@ from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
 from sparkiq.stores.dispatch import CATCH_UP_WAIT
 from sparkiq.tls import TlsContexts, TlsFiles
+
+if TYPE_CHECKING:
+    from sparkiq.server.flight import FlightSqlServer
 
 __all__ = ["Node", "TableView"]
 
@@ -115,6 +119,12 @@ class Node:
     Postgres clients switch to it with ``SSLRequest`` (``sslmode=verify-full``); ``pg_tls``
     says whether they must (``"require"``, the default: a client that does not ask is
     refused, SQLSTATE 28000) or may (``"optional"``).
+
+    **Arrow Flight SQL.** With ``flight_listen`` (``"host:port"``, port 0 picks a free one;
+    :attr:`flight_address` is where it listens once started) the node answers ADBC, JDBC
+    and other Flight SQL clients with pull queries as Arrow record batches, prepared
+    statements and catalog calls (docs/flight.md); credentials are the principals' tokens,
+    as a bearer token or basic auth. With TLS (below) it serves ``grpc+tls`` only.
 
     **TLS.** With ``tls_cert`` and ``tls_key`` (PEM files) the node serves HTTPS and reaches
     its peers over HTTPS, verifying their certificates against ``tls_ca`` (a PEM bundle;
@@ -170,6 +180,7 @@ class Node:
         store: str = NOT_GIVEN,
         poll_interval: float = NOT_GIVEN,
         pg_listen: str | None = NOT_GIVEN,
+        flight_listen: str | None = NOT_GIVEN,
         allowed_hosts: Iterable[str] | str | None = NOT_GIVEN,
         pg_tls: str = NOT_GIVEN,
         tls_cert: str | None = NOT_GIVEN,
@@ -246,9 +257,12 @@ class Node:
         self._server: RunningServer | None = None
         self._tls: TlsContexts | None = None  # with tls_cert: every listener's certificate
         self._pg: PgServer | None = None
+        self._flight: FlightSqlServer | None = None
         # failed authentications of every listener (REST, Postgres), slowed per address
         self.auth_failures = AuthFailures(config.auth_policy)
         self.pg_address: tuple[str, int] | None = None
+        #: Where the Flight SQL endpoint listens once started (``flight_listen``).
+        self.flight_address: tuple[str, int] | None = None
         self._started = False
         self._lifecycle = threading.RLock()
         self._sql: SqlEngine | None = None
@@ -305,6 +319,23 @@ class Node:
                     require_tls=config.pg_tls == "require",
                 ).start()
                 self.pg_address = self._pg.address
+            if config.flight_listen:
+                # imported here: pyarrow.flight loads gRPC, which a node without it never needs
+                from sparkiq.server.flight import FlightSqlServer
+
+                tls_files = None
+                if config.tls_cert and config.tls_key:
+                    tls_files = TlsFiles(config.tls_cert, config.tls_key, config.tls_ca)
+                self._flight = FlightSqlServer(
+                    self,
+                    config.flight_listen,
+                    principals=self.principals,
+                    auth_failures=self.auth_failures,
+                    audit=self.audit,
+                    sql_limits=config.sql_limits,
+                    tls=tls_files,
+                )
+                self.flight_address = self._flight.address
             self._started = True
         return self
 
@@ -364,6 +395,9 @@ class Node:
             if self._pg is not None:
                 self._pg.stop()
                 self._pg = None
+            if self._flight is not None:
+                self._flight.stop()
+                self._flight = None
             if self._server is not None:
                 self._server.stop()
                 self._server = None

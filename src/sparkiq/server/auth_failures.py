@@ -2,7 +2,8 @@
 
 Every listener that checks a credential reports here: the REST API (a bearer token that was
 presented and is wrong; a request without one is refused without counting, as it guesses
-nothing) and the Postgres endpoint (a wrong password).
+nothing), the Postgres endpoint (a wrong password) and the Flight SQL endpoint (a wrong
+bearer token or basic-auth password).
 
 The policy, per peer (an IPv4 address, or the /64 network of an IPv6 one, which a single
 host commonly owns whole):
@@ -49,7 +50,7 @@ from sparkiq.server.http_errors import HttpError
 
 __all__ = ["AuthFailures", "auth_failures_of", "peer_of"]
 
-LISTENERS = ("http", "pg")
+LISTENERS = ("http", "pg", "flight")
 T = TypeVar("T")
 
 
@@ -228,7 +229,8 @@ class AuthFailures:
         failures, throttled = self.counts()
         checked = CounterMetricFamily(
             "sparkiq_auth_failures",
-            "Credentials presented and wrong, by listener (http: a bearer token, pg: a password)",
+            "Credentials presented and wrong, by listener (http: a bearer token, pg: a password, "
+            "flight: a bearer token or basic auth)",
             labels=["listener"],
         )
         refused = CounterMetricFamily(

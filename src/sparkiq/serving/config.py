@@ -69,6 +69,7 @@ ENV_VARIABLES: dict[str, str] = {
     "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
     "pg_listen": "SPARKIQ_PG_LISTEN",
+    "flight_listen": "SPARKIQ_FLIGHT_LISTEN",
     "allowed_hosts": "SPARKIQ_ALLOWED_HOSTS",
     "pg_tls": "SPARKIQ_PG_TLS",
     "tls_cert": "SPARKIQ_TLS_CERT",
@@ -123,6 +124,9 @@ class NodeConfig:
     failure_timeout: float = 3.0
     release_grace: float = 5.0
     pg_listen: str | None = None
+    #: ``host:port`` of the Arrow Flight SQL endpoint (sparkiq.server.flight); port 0 picks
+    #: a free one.
+    flight_listen: str | None = None
     #: Host names the HTTP server answers besides loopback names, IP addresses and its own
     #: URL's host (sparkiq.server.browser): ``example.com``, ``*.example.com``, or ``*``.
     allowed_hosts: tuple[str, ...] = ()
@@ -236,7 +240,15 @@ def environment_value(field: str, environ: Mapping[str, str] | None = None) -> s
 
 def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
     out = dict(values)
-    texts = ("listen", "advertise", "token", "cluster_secret", "local_dir", "pg_listen")
+    texts = (
+        "listen",
+        "advertise",
+        "token",
+        "cluster_secret",
+        "local_dir",
+        "pg_listen",
+        "flight_listen",
+    )
     files = ("principals", "audit_log", "tls_cert", "tls_key", "tls_ca")
     for name in (*texts, *files, "kafka_bootstrap"):
         if name in out:  # "" means unset, as it does for the variables

@@ -1,0 +1,523 @@
+"""The Flight SQL server of a node: pull queries and catalog calls over Arrow Flight (gRPC).
+
+How a query travels (the protocol's two steps):
+
+1. ``GetFlightInfo`` with a ``CommandStatementQuery`` (or a prepared statement's
+   ``CommandPreparedStatementQuery``) runs the statement through ``Node.sql`` -- the engine,
+   limits and grants of every other endpoint -- and keeps its Arrow table under a random
+   handle; the answer carries the result's schema, row count and a ticket naming the handle.
+2. ``DoGet`` with that ticket streams the table as record batches (at most
+   :data:`BATCH_ROWS` rows each) and forgets it. A ticket is good once, for the principal
+   that ran the statement, for :data:`TICKET_SECONDS`; results waiting for their ``DoGet``
+   are bounded in number and bytes (the oldest go first), so clients that never fetch
+   cannot fill the memory.
+
+Catalog commands (``CommandGetTables``...) answer with a ticket that is the command itself,
+run again at ``DoGet`` (it is cheap). Prepared statements are kept per server (at most
+:data:`MAX_PREPARED`, the least recently used go first) with their bound parameters
+(``DoPut``, :mod:`~sparkiq.server.flight.params`); preparing runs the statement once (its
+markers bound to ``NULL``) for the result schema JDBC needs before executing, and an
+execution within :data:`PREPARED_REUSE_SECONDS` of preparing without parameters answers with
+those rows instead of reading again.
+
+Everything that writes is refused, naming the command: updates, ingestion, transactions,
+Substrait plans. Errors carry sparkiq's error code in brackets before the message
+(``[sql_error] ...``): a refused grant is PERMISSION_DENIED, wrong credentials
+UNAUTHENTICATED, a statement over its time limit DEADLINE_EXCEEDED, a node fault
+UNAVAILABLE, and a bad statement, argument or ticket UNKNOWN with the message alone
+(pyarrow would send a Python traceback with any other code: see :func:`_refused`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from sparkiq.error_codes import ErrorCode
+from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
+from sparkiq.principals import Principal, Principals
+from sparkiq.principals import current as current_principal
+from sparkiq.server.audit import AuditLog
+from sparkiq.server.auth_failures import AuthFailures, peer_of
+from sparkiq.server.flight import catalog
+from sparkiq.server.flight.auth import FlightAuth, HandshakeHandler, _address
+from sparkiq.server.flight.params import bind, markers
+from sparkiq.server.flight.protocol import REFUSED, MessageError, message, pack, unpack
+from sparkiq.server.served import ServedNode
+from sparkiq.sql.limits import SqlLimits
+from sparkiq.tls import TlsFiles
+
+__all__ = ["FlightSqlServer", "flight_location"]
+
+log = logging.getLogger("sparkiq.server.flight")
+
+BATCH_ROWS = 65_536
+TICKET_SECONDS = 60.0
+MAX_PENDING = 64
+MAX_PREPARED = 1024
+PREPARED_REUSE_SECONDS = 5.0
+
+_CATALOG_COMMANDS = {
+    "CommandGetCatalogs",
+    "CommandGetDbSchemas",
+    "CommandGetTables",
+    "CommandGetTableTypes",
+    "CommandGetPrimaryKeys",
+    "CommandGetImportedKeys",
+    "CommandGetExportedKeys",
+    "CommandGetSqlInfo",
+}
+
+
+def flight_location(listen: str, tls: bool) -> str:
+    """The gRPC URI of ``listen`` (``"host:port"``; port 0 picks a free one; an empty host
+    means every interface)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(
+            f"flight_listen must be 'host:port' (port 0 picks a free one), got {listen!r}"
+        )
+    host = host.strip("[]") or "0.0.0.0"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'grpc+tls' if tls else 'grpc'}://{host}:{port}"
+
+
+@dataclass
+class _Pending:
+    table: pa.Table
+    principal: str | None
+    expires: float
+
+
+@dataclass
+class _Prepared:
+    query: str
+    principal: str | None
+    schema: pa.Schema | None  # None: unknown until executed
+    parameters: pa.Table | None = None
+    first: pa.Table | None = None  # the rows read when it was prepared
+    prepared_at: float = 0.0
+
+
+class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
+    """Serves Flight SQL on ``listen`` until :meth:`stop` (see the module docstring). Over
+    TLS with ``tls`` (the node's certificate files, read once at start: a renewed
+    certificate needs a restart of the node, unlike the REST and Postgres listeners)."""
+
+    def __init__(
+        self,
+        node: ServedNode,
+        listen: str,
+        *,
+        principals: Principals,
+        auth_failures: AuthFailures | None = None,
+        audit: AuditLog | None = None,
+        sql_limits: SqlLimits | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        self.node = node
+        self.limits = sql_limits or SqlLimits()
+        self.audit = audit
+        self._auth = FlightAuth(principals, auth_failures or AuthFailures())
+        options: dict[str, Any] = {}
+        if tls is not None:
+            with open(tls.cert, "rb") as cert, open(tls.key, "rb") as key:
+                options["tls_certificates"] = [flight.CertKeyPair(cert.read(), key.read())]
+        location = flight_location(listen, tls is not None)
+        try:
+            super().__init__(
+                location,
+                auth_handler=HandshakeHandler(),
+                middleware=self._auth.middleware(),
+                **options,
+            )
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"cannot serve Flight SQL on {listen!r}: {exc}") from None
+        host = listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+        #: Where the server listens (the port chosen when ``listen`` asked for port 0).
+        self.address: tuple[str, int] = (host, self.port)
+        self._lock = threading.Lock()  # guards _pending, _prepared
+        self._pending: OrderedDict[bytes, _Pending] = OrderedDict()
+        self._prepared: OrderedDict[bytes, _Prepared] = OrderedDict()
+        self._info = catalog.sql_info_values(
+            self.limits.timeout_seconds, self.limits.max_statement_chars
+        )
+        log.info("serving Flight SQL on %s:%d (tls %s)", *self.address, "on" if tls else "off")
+
+    def stop(self) -> None:
+        """Stop serving: calls in flight are ended. Idempotent."""
+        with contextlib.suppress(Exception):
+            self.shutdown()
+        with self._lock:
+            self._pending.clear()
+            self._prepared.clear()
+
+    # -- the calls ---------------------------------------------------------------------------
+
+    def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
+        with self._call(context, "GetFlightInfo") as call:
+            name, msg = self._command(descriptor)
+            if name in _CATALOG_COMMANDS:
+                table = self._catalog(name, msg)
+                ticket = flight.Ticket(descriptor.command)
+                return flight.FlightInfo(
+                    table.schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1
+                )
+            table = self._query_of(name, msg, call)
+            handle = self._keep(table, call.principal)
+            ticket = flight.Ticket(pack(message("TicketStatementQuery", statement_handle=handle)))
+            return flight.FlightInfo(
+                table.schema,
+                descriptor,
+                [flight.FlightEndpoint(ticket, [])],
+                table.num_rows,
+                table.nbytes,
+            )
+
+    def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
+        with self._call(context, "GetSchema") as call:
+            name, msg = self._command(descriptor)
+            if name in _CATALOG_COMMANDS:
+                return flight.SchemaResult(self._catalog(name, msg).schema)
+            if name == "CommandPreparedStatementQuery":
+                prepared = self._prepared_of(msg.prepared_statement_handle, call.principal)
+                if prepared.schema is not None:
+                    return flight.SchemaResult(prepared.schema)
+            return flight.SchemaResult(self._query_of(name, msg, call).schema)
+
+    def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
+        with self._call(context, "DoGet") as call:
+            name, msg = self._parsed(ticket.ticket)
+            if name in _CATALOG_COMMANDS:
+                table = self._catalog(name, msg)
+            elif name == "TicketStatementQuery":
+                table = self._take(msg.statement_handle, call.principal)
+            else:
+                raise _refused(f"a DoGet ticket of type {name} is not one this node gave")
+            call.rows = table.num_rows
+            batches = table.to_batches(max_chunksize=BATCH_ROWS)
+            return flight.RecordBatchStream(
+                pa.RecordBatchReader.from_batches(table.schema, batches)
+            )
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        with self._call(context, "DoPut") as call:
+            name, msg = self._command(descriptor)
+            if name != "CommandPreparedStatementQuery":
+                raise _refused(
+                    f"DoPut takes the parameters of a prepared query "
+                    f"(CommandPreparedStatementQuery), not {name}"
+                )
+            handle = msg.prepared_statement_handle
+            prepared = self._prepared_of(handle, call.principal)
+            parameters = reader.read_all()
+            if parameters.nbytes > self.limits.max_statement_chars:
+                raise _refused(
+                    f"{parameters.nbytes} bytes of parameters: more than the statement may "
+                    f"hold (SqlLimits.max_statement_chars={self.limits.max_statement_chars})"
+                )
+            with self._lock:
+                prepared.parameters = parameters
+                prepared.first = None
+            result = message("DoPutPreparedStatementResult", prepared_statement_handle=handle)
+            writer.write(pa.py_buffer(result.SerializeToString()))
+
+    def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
+        with self._call(context, action.type) as call:
+            body = action.body.to_pybytes() if action.body is not None else b""
+            if action.type == "CreatePreparedStatement":
+                name, msg = self._parsed(body)
+                if name != "ActionCreatePreparedStatementRequest":
+                    raise _refused(
+                        f"CreatePreparedStatement takes an ActionCreatePreparedStatementRequest, "
+                        f"not {name}"
+                    )
+                return iter([pack(self._prepare(msg, call))])
+            if action.type == "ClosePreparedStatement":
+                name, msg = self._parsed(body)
+                if name != "ActionClosePreparedStatementRequest":
+                    raise _refused(
+                        f"ClosePreparedStatement takes an ActionClosePreparedStatementRequest, "
+                        f"not {name}"
+                    )
+                self._prepared_of(msg.prepared_statement_handle, call.principal)
+                with self._lock:
+                    self._prepared.pop(msg.prepared_statement_handle, None)
+                return iter([])
+            refused = {
+                "BeginTransaction",
+                "EndTransaction",
+                "BeginSavepoint",
+                "EndSavepoint",
+                "CreatePreparedSubstraitPlan",
+            }
+            if action.type in refused:
+                raise _read_only(action.type)
+            raise _refused(
+                f"unknown action {action.type!r}: this node serves CreatePreparedStatement "
+                "and ClosePreparedStatement"
+            )
+
+    def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        return [
+            ("CreatePreparedStatement", "prepare a pull query (parameters: ?)"),
+            ("ClosePreparedStatement", "forget a prepared statement"),
+        ]
+
+    def list_flights(self, context: Any, criteria: bytes) -> Iterator[Any]:
+        return iter([])
+
+    def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        raise _refused("DoExchange is not part of Flight SQL")
+
+    # -- statements --------------------------------------------------------------------------
+
+    def _query_of(self, name: str, msg: Any, call: _Call) -> pa.Table:
+        """The result of a query command (statement or prepared), run now."""
+        if name == "CommandStatementQuery":
+            if msg.HasField("transaction_id"):
+                raise _read_only("a transaction")
+            return self._run(msg.query, call)
+        if name == "CommandPreparedStatementQuery":
+            prepared = self._prepared_of(msg.prepared_statement_handle, call.principal)
+            with self._lock:
+                first, prepared.first = prepared.first, None
+                parameters = prepared.parameters
+            if first is not None and time.monotonic() - prepared.prepared_at < (
+                PREPARED_REUSE_SECONDS
+            ):
+                call.rows = first.num_rows
+                return first
+            return self._run(bind(prepared.query, parameters), call)
+        if name in REFUSED:
+            raise _read_only(name)
+        raise _refused(
+            f"{name} is not served: this node answers queries (CommandStatementQuery, prepared "
+            "statements) and the catalog commands (GetTables, GetPrimaryKeys...)"
+        )
+
+    def _run(self, text: str, call: _Call) -> pa.Table:
+        self.limits.check_statement(text)
+        result = self.node.sql(text)
+        tables = set(self.node.tables)
+        call.tables = tuple(t for t in result.position.to_map() if t in tables)
+        table = result.to_arrow()
+        call.rows = table.num_rows
+        return table
+
+    def _prepare(self, msg: Any, call: _Call) -> Any:
+        if msg.HasField("transaction_id"):
+            raise _read_only("a transaction")
+        query = msg.query
+        self.limits.check_statement(query)
+        nulls = pa.table({str(i): pa.nulls(1) for i in range(len(markers(query)))})
+        schema: pa.Schema | None = None
+        first = None
+        try:
+            first = self._run(bind(query, nulls), call)
+            schema = first.schema
+        except SparkiqError:
+            if not markers(query):
+                raise  # a statement that fails as written fails when prepared
+        handle = os.urandom(16)
+        prepared = _Prepared(
+            query, _name(call.principal), schema, None, first if not markers(query) else None
+        )
+        prepared.prepared_at = time.monotonic()
+        with self._lock:
+            self._prepared[handle] = prepared
+            while len(self._prepared) > MAX_PREPARED:
+                self._prepared.popitem(last=False)
+        return message(
+            "ActionCreatePreparedStatementResult",
+            prepared_statement_handle=handle,
+            dataset_schema=b"" if schema is None else schema.serialize().to_pybytes(),
+            parameter_schema=b"",
+        )
+
+    def _prepared_of(self, handle: bytes, principal: Principal | None) -> _Prepared:
+        with self._lock:
+            prepared = self._prepared.get(handle)
+            if prepared is not None:
+                self._prepared.move_to_end(handle)
+        if prepared is None or prepared.principal != _name(principal):
+            raise _refused(
+                "unknown prepared statement handle (closed, never made here, or forgotten "
+                f"after {MAX_PREPARED} newer ones): prepare the statement again"
+            )
+        return prepared
+
+    # -- results waiting for their DoGet -----------------------------------------------------
+
+    def _keep(self, table: pa.Table, principal: Principal | None) -> bytes:
+        handle = os.urandom(16)
+        now = time.monotonic()
+        budget = 4 * self.limits.max_result_bytes
+        with self._lock:
+            self._pending[handle] = _Pending(table, _name(principal), now + TICKET_SECONDS)
+            held = sum(p.table.nbytes for p in self._pending.values())
+            while self._pending and (
+                len(self._pending) > MAX_PENDING
+                or held > budget
+                or next(iter(self._pending.values())).expires < now
+            ):
+                _, gone = self._pending.popitem(last=False)
+                held -= gone.table.nbytes
+                if gone.table is table:
+                    break  # alone over the budget: kept for its DoGet
+        return handle
+
+    def _take(self, handle: bytes, principal: Principal | None) -> pa.Table:
+        with self._lock:
+            pending = self._pending.get(handle)
+            if pending is not None and pending.principal == _name(principal):
+                del self._pending[handle]
+            else:
+                pending = None
+        if pending is None or pending.expires < time.monotonic():
+            raise _refused(
+                "this ticket's result is gone (fetched already, older than "
+                f"{TICKET_SECONDS:.0f} s, or pushed out by newer results): run the statement "
+                "again"
+            )
+        return pending.table
+
+    # -- catalog -----------------------------------------------------------------------------
+
+    def _catalog(self, name: str, msg: Any) -> pa.Table:
+        node = self.node
+        opt: Callable[[str], str | None] = lambda f: getattr(msg, f) if msg.HasField(f) else None  # noqa: E731
+        if name == "CommandGetCatalogs":
+            return catalog.catalogs()
+        if name == "CommandGetDbSchemas":
+            return catalog.db_schemas(opt("catalog"), opt("db_schema_filter_pattern"))
+        if name == "CommandGetTableTypes":
+            return catalog.table_types()
+        if name == "CommandGetSqlInfo":
+            return catalog.sql_info(self._info, list(msg.info))
+        if name == "CommandGetTables":
+            return catalog.tables(
+                node.tables,
+                node.schema,
+                catalog=opt("catalog"),
+                schema_pattern=opt("db_schema_filter_pattern"),
+                table_pattern=opt("table_name_filter_pattern"),
+                types=list(msg.table_types),
+                include_schema=msg.include_schema,
+            )
+        if name == "CommandGetPrimaryKeys":
+            return catalog.primary_keys(
+                node.tables,
+                node.schema,
+                catalog=opt("catalog"),
+                db_schema=opt("db_schema"),
+                table=msg.table,
+            )
+        return catalog.foreign_keys()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _command(self, descriptor: Any) -> tuple[str, Any]:
+        if descriptor.descriptor_type != flight.DescriptorType.CMD:
+            raise _refused(
+                "this node serves Flight SQL: send a command descriptor (a Flight SQL command "
+                "packed in google.protobuf.Any), not a path"
+            )
+        return self._parsed(descriptor.command)
+
+    def _parsed(self, data: bytes) -> tuple[str, Any]:
+        try:
+            name, msg = unpack(data)
+        except MessageError as exc:
+            raise _refused(str(exc)) from None
+        if msg is None:
+            if name in REFUSED:
+                raise _read_only(name)
+            raise _refused(f"the Flight SQL command {name} is not served")
+        return name, msg
+
+    @contextlib.contextmanager
+    def _call(self, context: Any, kind: str) -> Iterator[_Call]:
+        """Authenticate the call, run its body as its principal, translate errors into
+        Flight errors and write its audit line."""
+        started = time.perf_counter()
+        call = _Call(self._auth.principal(context))
+        token = current_principal.set(call.principal)
+        status = "ok"
+        try:
+            yield call
+        except flight.FlightError as exc:
+            status = type(exc).__name__
+            raise
+        except SparkiqError as exc:
+            status = exc.code.wire
+            raise _flight_error(exc) from None
+        except Exception as exc:
+            log.exception("Flight SQL %s failed", kind)
+            status = "internal"
+            raise flight.FlightInternalError(f"the node failed: {exc}") from None
+        finally:
+            current_principal.reset(token)
+            if self.audit is not None and (call.tables or status != "ok" or kind == "DoGet"):
+                self.audit.record(
+                    listener="flight",
+                    principal=_name(call.principal),
+                    peer=peer_of(_address(context.peer())),
+                    kind=kind,
+                    tables=call.tables,
+                    status=status,
+                    seconds=time.perf_counter() - started,
+                    rows=call.rows,
+                )
+
+
+@dataclass
+class _Call:
+    principal: Principal | None
+    tables: tuple[str, ...] = ()
+    rows: int | None = None
+
+
+def _name(principal: Principal | None) -> str | None:
+    return None if principal is None else principal.name
+
+
+def _refused(text: str) -> Exception:
+    """A refusal the client sees as written. pyarrow sends a Python traceback along with
+    any other exception it turns into a gRPC status (INVALID_ARGUMENT, NOT_FOUND...): a
+    Flight error is sent as its message alone, so refusals are Flight errors (UNKNOWN)."""
+    error: Exception = flight.FlightServerError(text)
+    return error
+
+
+def _read_only(what: str) -> Exception:
+    return _refused(
+        f"[read_only] {what} is refused: sparkiq's Flight SQL endpoint is read-only (pull "
+        "queries and catalog calls); the tables are written by their Spark queries"
+    )
+
+
+def _flight_error(exc: SparkiqError) -> Exception:
+    text = f"[{exc.code.wire}] {exc.message}"
+    kind: Any = flight.FlightUnavailableError  # a node fault
+    if isinstance(exc, ForbiddenError):
+        kind = flight.FlightUnauthorizedError
+    elif isinstance(exc, AuthenticationError):
+        kind = flight.FlightUnauthenticatedError
+    elif exc.code in (ErrorCode.TIMEOUT, ErrorCode.REQUEST_TIMEOUT):
+        kind = flight.FlightTimedOutError
+    elif 400 <= exc.code.status < 500:
+        kind = flight.FlightServerError
+    error: Exception = kind(text)
+    return error
