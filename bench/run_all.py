@@ -29,6 +29,7 @@ from bench import (
     attach,
     checkpoint_decode,
     failover,
+    flight,
     follower_tail,
     freshness,
     fuzz,
@@ -65,6 +66,7 @@ BENCHMARKS: dict[str, Callable[[Scale], Report]] = {
     "versions": versions.run,
     "pgwire": pgwire.run,
     "arrow": arrow.run,
+    "flight": flight.run,
     "push": push.run,
     "apply": apply.run,
     "restore": restore.run,
@@ -216,6 +218,14 @@ CONTEXT = {
         "building a Python value per cell. The SQL engine hands over Python rows today; once "
         "it hands over DuckDB's Arrow result, the Arrow answer can skip the rows and the "
         "conversion both."
+    ),
+    "flight": (
+        "Every method first computes the result in the node (`node.sql`), most of the "
+        "time; the rest is how it travels. Flight SQL and REST Arrow both turn the rows into "
+        "typed Arrow columns and send IPC record batches (Flight over gRPC, with a "
+        "GetFlightInfo round trip before the DoGet); the caller does no per-value work. The "
+        "Postgres endpoint sends each value as text in a DataRow message and psycopg builds "
+        "a Python tuple per row, a Python object per value."
     ),
     "sink_connect": (
         "A `foreachBatch` function under Connect runs in a Python process the server starts, "

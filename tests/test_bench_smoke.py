@@ -51,6 +51,7 @@ ROWS = {
     "versions": 18,  # apply (3 + 3 per CPU-second), 2 gets, 2 memory, 3 aggregates, 5 reads
     "pgwire": 3,
     "arrow": 7,
+    "flight": 4,  # floor, Flight SQL, Postgres, REST Arrow
     "push": 5,
     "apply": 5,
     "restore": 6,
