@@ -32,13 +32,11 @@ push hub; it is never held while calling into the rooms' own locks except during
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import threading
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sparkiq.changelog import open_storage
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
 from sparkiq.changelog.source import ChangelogSource
 from sparkiq.checkpoint.source import CheckpointCatalog, CheckpointSource
@@ -56,6 +54,7 @@ from sparkiq.schema.types import TableSchema
 from sparkiq.server import RunningServer, bind_socket, start_server
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures
+from sparkiq.server.flight import FlightSqlServer
 from sparkiq.server.pg import PgServer
 from sparkiq.serving.config import NOT_GIVEN, NodeConfig, node_url
 from sparkiq.serving.hosting import Hosting, Placement, TableView
@@ -67,9 +66,6 @@ from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
 from sparkiq.stores.dispatch import CATCH_UP_WAIT
 from sparkiq.tls import TlsContexts, TlsFiles
-
-if TYPE_CHECKING:
-    from sparkiq.server.flight import FlightSqlServer
 
 __all__ = ["Node", "TableView"]
 
@@ -120,11 +116,8 @@ class Node:
     says whether they must (``"require"``, the default: a client that does not ask is
     refused, SQLSTATE 28000) or may (``"optional"``).
 
-    **Arrow Flight SQL.** With ``flight_listen`` (``"host:port"``, port 0 picks a free one;
-    :attr:`flight_address` is where it listens once started) the node answers ADBC, JDBC
-    and other Flight SQL clients with pull queries as Arrow record batches, prepared
-    statements and catalog calls (docs/flight.md); credentials are the principals' tokens,
-    as a bearer token or basic auth. With TLS (below) it serves ``grpc+tls`` only.
+    **Arrow Flight SQL.** ``flight_listen`` serves ADBC and JDBC the same way
+    (:attr:`flight_address`; docs/flight.md).
 
     **TLS.** With ``tls_cert`` and ``tls_key`` (PEM files) the node serves HTTPS and reaches
     its peers over HTTPS, verifying their certificates against ``tls_ca`` (a PEM bundle;
@@ -212,7 +205,7 @@ class Node:
             raise ConfigError(
                 f"pass either config= or settings, not both (also given: {sorted(given)})"
             )
-        self.config = config = _with_local_dir(config)
+        self.config = config = config.with_local_dir()
         self.state_dir = config.state_dir
         self.node_id = config.node_id
         self.token = config.token
@@ -261,7 +254,6 @@ class Node:
         # failed authentications of every listener (REST, Postgres), slowed per address
         self.auth_failures = AuthFailures(config.auth_policy)
         self.pg_address: tuple[str, int] | None = None
-        #: Where the Flight SQL endpoint listens once started (``flight_listen``).
         self.flight_address: tuple[str, int] | None = None
         self._started = False
         self._lifecycle = threading.RLock()
@@ -320,20 +312,8 @@ class Node:
                 ).start()
                 self.pg_address = self._pg.address
             if config.flight_listen:
-                # imported here: pyarrow.flight loads gRPC, which a node without it never needs
-                from sparkiq.server.flight import FlightSqlServer
-
-                tls_files = None
-                if config.tls_cert and config.tls_key:
-                    tls_files = TlsFiles(config.tls_cert, config.tls_key, config.tls_ca)
-                self._flight = FlightSqlServer(
-                    self,
-                    config.flight_listen,
-                    principals=self.principals,
-                    auth_failures=self.auth_failures,
-                    audit=self.audit,
-                    sql_limits=config.sql_limits,
-                    tls=tls_files,
+                self._flight = FlightSqlServer.for_node(
+                    self, config, self._tls, self.principals, self.auth_failures, self.audit
                 )
                 self.flight_address = self._flight.address
             self._started = True
@@ -392,12 +372,10 @@ class Node:
         with self._lifecycle:
             self._hosting.stop_tailing()
             self._kafka.close()
-            if self._pg is not None:
-                self._pg.stop()
-                self._pg = None
-            if self._flight is not None:
-                self._flight.stop()
-                self._flight = None
+            for listener in (self._pg, self._flight):
+                if listener is not None:
+                    listener.stop()
+            self._pg = self._flight = None
             if self._server is not None:
                 self._server.stop()
                 self._server = None
@@ -717,17 +695,3 @@ def _checked(catalog: CheckpointCatalog) -> CheckpointCatalog:
     """The catalog, once its stores are known to be servable (raises a clear error if not)."""
     catalog.names()
     return catalog
-
-
-def _with_local_dir(config: NodeConfig) -> NodeConfig:
-    """Default ``local_dir`` of a RocksDB node: ``<state_dir>/replicas/<node_id>`` for a
-    local state_dir; a remote one needs it given."""
-    if config.local_dir is not None or config.store != "rocksdb":
-        return config
-    storage = open_storage(config.state_dir)
-    if not storage.is_local:
-        raise ConfigError(
-            f"state_dir {config.state_dir!r} is remote: pass local_dir= (or SPARKIQ_LOCAL_DIR) "
-            "for the replicas' local RocksDB files"
-        )
-    return config.replace(local_dir=os.path.join(storage.root, "replicas", config.node_id))

@@ -203,6 +203,24 @@ class NodeConfig:
     def replace(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **changes)
 
+    def with_local_dir(self) -> NodeConfig:
+        """This config with the default ``local_dir`` of a RocksDB node filled in:
+        ``<state_dir>/replicas/<node_id>`` for a local state_dir; a remote one needs it
+        given (ConfigError)."""
+        if self.local_dir is not None or self.store != "rocksdb":
+            return self
+        # imported here: the changelog package loads pyarrow and RocksDB, which the command
+        # line's client commands (that read NodeConfig's variables) never need
+        from sparkiq.changelog.storage import open_storage
+
+        storage = open_storage(self.state_dir)
+        if not storage.is_local:
+            raise ConfigError(
+                f"state_dir {self.state_dir!r} is remote: pass local_dir= (or SPARKIQ_LOCAL_DIR) "
+                "for the replicas' local RocksDB files"
+            )
+        return self.replace(local_dir=os.path.join(storage.root, "replicas", self.node_id))
+
 
 def resolve_group(
     name: str, value: Any = NOT_GIVEN, environ: Mapping[str, str] | None = None

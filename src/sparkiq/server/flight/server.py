@@ -43,19 +43,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+import sparkiq.server.flight.catalog as catalog
 from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
 from sparkiq.principals import Principal, Principals
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
-from sparkiq.server.flight import catalog
 from sparkiq.server.flight.auth import FlightAuth, HandshakeHandler, _address
 from sparkiq.server.flight.params import bind, markers
 from sparkiq.server.flight.protocol import REFUSED, MessageError, message, pack, unpack
 from sparkiq.server.served import ServedNode
+from sparkiq.serving.config import NodeConfig
 from sparkiq.sql.limits import SqlLimits
-from sparkiq.tls import TlsFiles
+from sparkiq.tls import TlsContexts, TlsFiles
 
 __all__ = ["FlightSqlServer", "flight_location"]
 
@@ -154,6 +155,29 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             self.limits.timeout_seconds, self.limits.max_statement_chars
         )
         log.info("serving Flight SQL on %s:%d (tls %s)", *self.address, "on" if tls else "off")
+
+    @classmethod
+    def for_node(
+        cls,
+        node: ServedNode,
+        config: NodeConfig,
+        tls: TlsContexts | None,
+        principals: Principals,
+        auth_failures: AuthFailures,
+        audit: AuditLog | None,
+    ) -> FlightSqlServer:
+        """The endpoint of a node configured with ``config`` (its ``flight_listen``, its
+        ``sql_limits``, and its TLS files when ``tls`` is on)."""
+        assert config.flight_listen, "for_node serves a node with flight_listen"
+        return cls(
+            node,
+            config.flight_listen,
+            principals=principals,
+            auth_failures=auth_failures,
+            audit=audit,
+            sql_limits=config.sql_limits,
+            tls=None if tls is None else tls.files,
+        )
 
     def stop(self) -> None:
         """Stop serving: calls in flight are ended. Idempotent."""
