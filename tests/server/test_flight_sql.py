@@ -49,6 +49,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         principals=str(principals),
         flight_listen="127.0.0.1:0",
         auth_policy={"free_failures": 50},  # the wrong tokens below are not slowed
+        sql_limits={"max_result_rows": 1000},
     ) as n:
         n.poll_once()
         yield n
@@ -176,6 +177,12 @@ def test_catalog_commands_answer_the_protocol_schemas(node: Node) -> None:
     assert [r["table_name"] for r in rows] == ["ck"]
     schema = pa.ipc.read_schema(pa.py_buffer(rows[0]["table_schema"]))
     assert schema.names == [f.name for f in node.schema("ck").fields]
+
+
+def test_sql_limits_apply(conn: Any) -> None:
+    with pytest.raises(AdbcError, match=r"\[too_many_rows\].*max_result_rows=1000"):
+        query(conn, "SELECT a.k, b.k AS k2 FROM t a, t b")  # 40,000 rows
+    assert query(conn, "SELECT a.k, b.k AS k2 FROM t a, t b LIMIT 1000").num_rows == 1000
 
 
 def test_writes_are_refused(conn: Any) -> None:

@@ -6,11 +6,11 @@ How a query travels (the protocol's two steps):
    ``CommandPreparedStatementQuery``) runs the statement through ``Node.sql`` -- the engine,
    limits and grants of every other endpoint -- and keeps its Arrow table under a random
    handle; the answer carries the result's schema, row count and a ticket naming the handle.
-2. ``DoGet`` with that ticket streams the table as record batches (at most
-   :data:`BATCH_ROWS` rows each) and forgets it. A ticket is good once, for the principal
-   that ran the statement, for :data:`TICKET_SECONDS`; results waiting for their ``DoGet``
-   are bounded in number and bytes (the oldest go first), so clients that never fetch
-   cannot fill the memory.
+2. ``DoGet`` with that ticket streams the table as record batches (about
+   :data:`BATCH_BYTES` each, at most :data:`BATCH_ROWS` rows) and forgets it. A ticket is
+   good once, for the principal that ran the statement, for :data:`TICKET_SECONDS`;
+   results waiting for their ``DoGet`` are bounded in number and bytes (the oldest go
+   first), so clients that never fetch cannot fill the memory.
 
 Catalog commands (``CommandGetTables``...) answer with a ticket that is the command itself,
 run again at ``DoGet`` (it is cheap). Prepared statements are kept per server (at most
@@ -63,6 +63,7 @@ __all__ = ["FlightSqlServer", "flight_location"]
 log = logging.getLogger("sparkiq.server.flight")
 
 BATCH_ROWS = 65_536
+BATCH_BYTES = 2 << 20
 TICKET_SECONDS = 60.0
 MAX_PENDING = 64
 MAX_PREPARED = 1024
@@ -230,7 +231,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             else:
                 raise _refused(f"a DoGet ticket of type {name} is not one this node gave")
             call.rows = table.num_rows
-            batches = table.to_batches(max_chunksize=BATCH_ROWS)
+            batches = table.to_batches(max_chunksize=_batch_rows(table))
             return flight.RecordBatchStream(
                 pa.RecordBatchReader.from_batches(table.schema, batches)
             )
@@ -511,6 +512,13 @@ class _Call:
     principal: Principal | None
     tables: tuple[str, ...] = ()
     rows: int | None = None
+
+
+def _batch_rows(table: pa.Table) -> int:
+    """Rows per record batch: about :data:`BATCH_BYTES` each (well under gRPC's usual 4 MB
+    message limit, and the first rows reach the client early), at most :data:`BATCH_ROWS`."""
+    per_row = max(1, int(table.nbytes) // max(1, int(table.num_rows)))
+    return max(1, min(BATCH_ROWS, BATCH_BYTES // per_row))
 
 
 def _name(principal: Principal | None) -> str | None:
