@@ -9,6 +9,7 @@ and the catalog calls with the node's own table schemas. One node with a princip
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         flight_listen="127.0.0.1:0",
         auth_policy={"free_failures": 50},  # the wrong tokens below are not slowed
         sql_limits={"max_result_rows": 1000},
+        audit_log=str(root / "audit.log"),
     ) as n:
         n.poll_once()
         yield n
@@ -264,6 +266,18 @@ def test_malformed_requests_get_clear_errors(node: Node) -> None:
     assert client.do_get(info.endpoints[0].ticket, options).read_all().num_rows == 1
     with pytest.raises(flight.FlightServerError, match="fetched already"):
         client.do_get(info.endpoints[0].ticket, options).read_all()
+
+
+def test_audit_log_names_the_principal_and_tables(node: Node, conn: Any) -> None:
+    query(conn, "SELECT count(*) AS n FROM xk")
+    assert node.audit is not None and node.audit.path
+    lines = [json.loads(line) for line in Path(node.audit.path).read_text().splitlines()]
+    flight_lines = [line for line in lines if line["listener"] == "flight"]
+    assert any(
+        line["principal"] == "analyst" and line["tables"] == ["xk"] and line["status"] == "ok"
+        for line in flight_lines
+    ), flight_lines[-5:]
+    assert any(line["status"] == "forbidden" for line in flight_lines)  # narrow's ck
 
 
 def test_address_and_option(node: Node, tmp_path: Path) -> None:
