@@ -1,11 +1,14 @@
 """Arrow's Flight SQL JDBC driver (the one DBeaver and other JDBC tools load for Flight SQL)
-against a live node's Flight SQL endpoint: basic auth with the node's token, a query whose
-rows are compared with ``Node.sql``, and the tables ``DatabaseMetaData`` lists.
+against a live node's Flight SQL endpoint: user and password (the node's token), a query
+and a ``PreparedStatement`` lookup with a string parameter whose rows are compared with
+``Node.sql``, and what ``DatabaseMetaData`` says of the tables, columns and primary key,
+compared with the node's own schemas.
 
 The driver (``jvm/flight-jdbc``, copied to ``.jvm/flight-jdbc/`` by ``make jvm-jars``) runs
 in a real JVM: ``tests/server/jdbc/FlightJdbcProbe.java`` through Java's single-file
-launcher. Arrow's Java memory code needs ``--add-opens=java.base/java.nio=ALL-UNNAMED`` on
-Java 17 (without it the driver fails reading the first batch).
+launcher, printing its results as JSON. Arrow's Java memory code needs
+``--add-opens=java.base/java.nio=ALL-UNNAMED`` on Java 17 (without it the driver fails
+reading the first batch).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from tests.sql.tables import build_world
 
 TOKEN = "flight-jdbc-secret"
 PROBE = Path(__file__).parent / "jdbc" / "FlightJdbcProbe.java"
-SQL = "SELECT * FROM ck ORDER BY region, id"
+# java.sql.Types of ck's columns: VARCHAR, INTEGER, DECIMAL, TIMESTAMP
+JDBC_TYPES = [12, 4, 3, 93]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         yield n
 
 
-def run_probe(node: Node, password: str, sql: str) -> subprocess.CompletedProcess[str]:
+def run_probe(node: Node, password: str) -> subprocess.CompletedProcess[str]:
     jars = kafka_jars_dir() / "flight-jdbc"
     if not list(jars.glob("flight-sql-jdbc-driver-*.jar")):
         pytest.fail(f"no Flight SQL JDBC jar in {jars}: run `make jvm-jars`")
@@ -48,20 +52,24 @@ def run_probe(node: Node, password: str, sql: str) -> subprocess.CompletedProces
     assert java is not None, "the JDBC test needs a Java 17 runtime on PATH"
     assert node.flight_address is not None
     host, port = node.flight_address
-    command = [
-        java,
-        "--add-opens=java.base/java.nio=ALL-UNNAMED",
-        "-cp",
-        f"{jars}{os.sep}*",
-        str(PROBE),
-        host,
-        str(port),
-        "analyst",
-        password,
-        sql,
-    ]
+    opens = "--add-opens=java.base/java.nio=ALL-UNNAMED"
+    command = [java, opens, "-cp", f"{jars}{os.sep}*", str(PROBE), host, str(port), "me"]
     # the launcher compiles the probe in memory first: seconds on a busy machine
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*command, password, "ck", "region", "eu"], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def probe(node: Node) -> dict[str, Any]:
+    done = run_probe(node, TOKEN)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def records(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
 
 
 def as_text_of(expected: Any, text: str | None) -> Any:
@@ -75,21 +83,41 @@ def as_text_of(expected: Any, text: str | None) -> Any:
     return text
 
 
-def test_query_and_tables_equal_node_sql(node: Node) -> None:
-    done = run_probe(node, TOKEN, SQL)
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
-    head, rows, tables = lines[0], lines[1:-1], lines[-1]
-    truth = node.sql(SQL)
-    assert head == truth.columns
+def same_rows(node: Node, sql: str, answer: dict[str, Any]) -> None:
+    truth = node.sql(sql)
+    assert answer["columns"] == truth.columns
     expected = [tuple(r[c] for c in truth.columns) for r in truth.rows]
-    assert len(expected) > 10
-    got = [tuple(as_text_of(e, t) for e, t in zip(expected[0], row, strict=True)) for row in rows]
+    assert len(expected) > 1
+    got = [
+        tuple(as_text_of(e, t) for e, t in zip(expected[0], row, strict=True))
+        for row in answer["rows"]
+    ]
     assert got == expected
-    assert sorted(tables) == sorted(node.tables)
+
+
+def test_query_and_prepared_lookup_equal_node_sql(node: Node, probe: dict[str, Any]) -> None:
+    assert probe["product"] == "sparkiq"
+    same_rows(node, "SELECT * FROM ck ORDER BY 1, 2", probe["select_all"])
+    same_rows(node, "SELECT * FROM ck WHERE region = 'eu' ORDER BY 1, 2", probe["lookup"])
+
+
+def test_metadata_equals_the_node_schemas(node: Node, probe: dict[str, Any]) -> None:
+    tables = records(probe["tables"])
+    assert sorted(t["TABLE_NAME"] for t in tables) == sorted(node.tables)
+    assert {(t["TABLE_CAT"], t["TABLE_SCHEM"], t["TABLE_TYPE"]) for t in tables} == {
+        ("sparkiq", "public", "TABLE")
+    }
+    schema = node.schema("ck")
+    columns = records(probe["columns"])
+    assert [c["COLUMN_NAME"] for c in columns] == [f.name for f in schema.fields]
+    assert [int(c["DATA_TYPE"]) for c in columns] == JDBC_TYPES
+    keys = records(probe["primary_keys"])
+    assert [(k["COLUMN_NAME"], int(k["KEY_SEQ"])) for k in keys] == [
+        (name, i) for i, name in enumerate(schema.key_columns, start=1)
+    ]
 
 
 def test_wrong_password_is_refused(node: Node) -> None:
-    done = run_probe(node, "not-the-token", "SELECT 1 AS one")
+    done = run_probe(node, "not-the-token")
     assert done.returncode != 0
-    assert "UNAUTHENTICATED" in done.stderr or "wrong credentials" in done.stderr, done.stderr
+    assert "wrong credentials" in done.stderr, done.stderr[-2000:]

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from adbc_driver_manager import Error as AdbcError
+from google.protobuf import any_pb2
 
 from sparkiq import Node
 from sparkiq.server.flight.protocol import message, pack
@@ -179,6 +180,35 @@ def test_catalog_commands_answer_the_protocol_schemas(node: Node) -> None:
     assert [r["table_name"] for r in rows] == ["ck"]
     schema = pa.ipc.read_schema(pa.py_buffer(rows[0]["table_schema"]))
     assert schema.names == [f.name for f in node.schema("ck").fields]
+
+
+def test_prepared_statement_describes_its_result_and_parameters(node: Node) -> None:
+    client, options = flight_client(node)
+    sql = "SELECT id, amount FROM ck WHERE region = ? AND id >= ? AND upper(region) <> ? LIMIT ?"
+    request = message("ActionCreatePreparedStatementRequest", query=sql)
+    [answer] = client.do_action(flight.Action("CreatePreparedStatement", pack(request)), options)
+    any_ = any_pb2.Any()
+    any_.ParseFromString(answer.body.to_pybytes())
+    result = message("ActionCreatePreparedStatementResult")
+    any_.Unpack(result)
+    dataset = pa.ipc.read_schema(pa.py_buffer(result.dataset_schema))
+    truth = node.sql("SELECT id, amount FROM ck LIMIT 1").to_arrow().schema
+    assert [(f.name, f.type) for f in dataset] == [(f.name, f.type) for f in truth]
+    parameters = pa.ipc.read_schema(pa.py_buffer(result.parameter_schema))
+    # region's type, id's type, a string where no column says, LIMIT's int64
+    assert parameters.types == [pa.string(), pa.int32(), pa.string(), pa.int64()]
+    close = message(
+        "ActionClosePreparedStatementRequest",
+        prepared_statement_handle=result.prepared_statement_handle,
+    )
+    assert (
+        list(client.do_action(flight.Action("ClosePreparedStatement", pack(close)), options)) == []
+    )
+    run = message(
+        "CommandPreparedStatementQuery", prepared_statement_handle=result.prepared_statement_handle
+    )
+    with pytest.raises(flight.FlightServerError, match="unknown prepared statement handle"):
+        client.get_flight_info(flight.FlightDescriptor.for_command(pack(run)), options)
 
 
 def test_sql_limits_apply(conn: Any) -> None:

@@ -15,14 +15,18 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
 
-from sparkiq.server.pg.statements import code_segments
+from sparkiq.schema.arrowrows import arrow_type
+from sparkiq.schema.types import TableSchema
+from sparkiq.server.pg.statements import LIMIT, code_segments, parameter_uses
 from sparkiq.sql.errors import SqlError
 
-__all__ = ["bind", "markers"]
+__all__ = ["bind", "markers", "parameter_schema"]
 
 _BYTE_ESCAPES = [f"\\x{b:02x}" for b in range(256)]  # a BLOB literal's byte escapes
 
@@ -35,6 +39,39 @@ def markers(text: str) -> list[int]:
         if kind == "code":
             found.extend(start + i for i, c in enumerate(text[start:end]) if c == "?")
     return found
+
+
+def parameter_schema(
+    text: str, tables: Iterable[str], schema_of: Callable[[str], TableSchema]
+) -> pa.Schema:
+    """The types a client should bind ``text``'s markers with (JDBC binds by them): a
+    marker compared with a column of one of ``tables`` named in the text (``col = ?``,
+    ``? < col``, ``col IN (?, ?)``, ``col BETWEEN ? AND ?``) has that column's type, a
+    ``LIMIT``/``OFFSET`` one int64, any other a string (a SQL string literal, which DuckDB
+    casts where another type is needed). Values of other types are bound as they come."""
+    places = markers(text)
+    if not places:
+        return pa.schema([])
+    numbered = []
+    last = 0
+    for number, place in enumerate(places, start=1):
+        numbered.append(f"{text[last:place]}${number}")
+        last = place + 1
+    numbered.append(text[last:])
+    uses = parameter_uses("".join(numbered))
+    by_column: dict[str, pa.DataType | None] = {}
+    for table in tables:
+        if re.search(rf"\b{re.escape(table)}\b", text, re.I):
+            for field in schema_of(table).fields:
+                kind = arrow_type(field.type)
+                name = field.name.lower()
+                by_column[name] = kind if by_column.get(name, kind) == kind else None
+    fields = []
+    for number in range(1, len(places) + 1):
+        _, column = uses.get(number, ("", ""))
+        kind = pa.int64() if column == LIMIT else by_column.get(column.lower()) or pa.string()
+        fields.append(pa.field(f"${number}", kind))
+    return pa.schema(fields)
 
 
 def bind(text: str, parameters: pa.Table | None) -> str:

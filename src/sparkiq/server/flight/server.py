@@ -46,12 +46,12 @@ import pyarrow.flight as flight
 import sparkiq.server.flight.catalog as catalog
 from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
-from sparkiq.principals import Principal, Principals
+from sparkiq.principals import Principal, Principals, readable
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
 from sparkiq.server.flight.auth import FlightAuth, HandshakeHandler, _address
-from sparkiq.server.flight.params import bind, markers
+from sparkiq.server.flight.params import bind, markers, parameter_schema
 from sparkiq.server.flight.protocol import REFUSED, MessageError, message, pack, unpack
 from sparkiq.server.served import ServedNode
 from sparkiq.serving.config import NodeConfig
@@ -368,8 +368,15 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             "ActionCreatePreparedStatementResult",
             prepared_statement_handle=handle,
             dataset_schema=b"" if schema is None else schema.serialize().to_pybytes(),
-            parameter_schema=b"",
+            parameter_schema=self._parameter_schema(query),
         )
+
+    def _parameter_schema(self, query: str) -> bytes:
+        if not markers(query):
+            return b""
+        visible = readable(self.node.tables)
+        schema = parameter_schema(query, visible, self.node.schema)
+        return bytes(schema.serialize().to_pybytes())
 
     def _prepared_of(self, handle: bytes, principal: Principal | None) -> _Prepared:
         with self._lock:
