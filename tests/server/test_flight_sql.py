@@ -124,6 +124,9 @@ def test_prepared_statement_with_and_without_parameters(node: Node, conn: Any) -
     assert query(
         conn, "SELECT count(*) AS n FROM ck WHERE region = ?", ("x' OR '1'='1",)
     ).to_pylist() == [{"n": 0}]
+    # parameters are bounded like statement text, before they are bound
+    with pytest.raises(AdbcError, match="bytes of parameters"):
+        query(conn, "SELECT count(*) AS n FROM ck WHERE region = ?", ("x" * 200_000,))
     # parameterless, prepared explicitly and run twice
     with conn.cursor() as cur:
         cur.adbc_prepare("SELECT count(*) AS n FROM t")

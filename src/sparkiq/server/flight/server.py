@@ -246,12 +246,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
                 )
             handle = msg.prepared_statement_handle
             prepared = self._prepared_of(handle, call.principal)
-            parameters = reader.read_all()
-            if parameters.nbytes > self.limits.max_statement_chars:
-                raise _refused(
-                    f"{parameters.nbytes} bytes of parameters: more than the statement may "
-                    f"hold (SqlLimits.max_statement_chars={self.limits.max_statement_chars})"
-                )
+            parameters = self._parameters(reader)
             with self._lock:
                 prepared.parameters = parameters
                 prepared.first = None
@@ -370,6 +365,24 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             dataset_schema=b"" if schema is None else schema.serialize().to_pybytes(),
             parameter_schema=self._parameter_schema(query),
         )
+
+    def _parameters(self, reader: Any) -> pa.Table:
+        """The parameter batches of a ``DoPut``, read one at a time and refused as soon as
+        they hold more bytes than a statement may have characters."""
+        batches = []
+        held = 0
+        limit = self.limits.max_statement_chars
+        for chunk in reader:
+            if chunk.data is None:
+                continue
+            held += chunk.data.nbytes
+            if held > limit:
+                raise _refused(
+                    f"more than {limit} bytes of parameters: more than the statement may "
+                    f"hold (SqlLimits.max_statement_chars={limit})"
+                )
+            batches.append(chunk.data)
+        return pa.Table.from_batches(batches, schema=reader.schema)
 
     def _parameter_schema(self, query: str) -> bytes:
         if not markers(query):
