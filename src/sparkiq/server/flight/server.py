@@ -149,7 +149,8 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         host = listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
         #: Where the server listens (the port chosen when ``listen`` asked for port 0).
         self.address: tuple[str, int] = (host, self.port)
-        self._lock = threading.Lock()  # guards _pending, _prepared
+        self._lock = threading.Lock()  # guards _pending, _prepared, _stopping
+        self._stopping = False
         self._pending: OrderedDict[bytes, _Pending] = OrderedDict()
         self._prepared: OrderedDict[bytes, _Prepared] = OrderedDict()
         self._info = catalog.sql_info_values(
@@ -180,13 +181,25 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             tls=None if tls is None else tls.files,
         )
 
-    def stop(self) -> None:
-        """Stop serving: calls in flight are ended. Idempotent."""
-        with contextlib.suppress(Exception):
-            self.shutdown()
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop taking calls and wait up to ``timeout`` seconds for those in flight (pyarrow's
+        ``shutdown`` waits for them without a bound: a client that stopped reading a stream
+        would hold it forever, so it runs on a thread of its own). Idempotent."""
         with self._lock:
+            stopping, self._stopping = self._stopping, True
             self._pending.clear()
             self._prepared.clear()
+        if stopping:
+            return
+        closer = threading.Thread(target=self._shutdown, name="sparkiq-flight-stop", daemon=True)
+        closer.start()
+        closer.join(timeout)
+        if closer.is_alive():
+            log.warning("Flight SQL calls still in flight after %.0f s: left to end", timeout)
+
+    def _shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.shutdown()
 
     # -- the calls ---------------------------------------------------------------------------
 
