@@ -2,8 +2,9 @@
 on a node and get Arrow record batches with their types (docs/flight.md).
 
 ``server`` answers the calls (queries, prepared statements, catalog commands), ``auth``
-says who a call comes from, ``catalog`` builds the metadata answers, ``params`` binds a
-prepared statement's parameters and ``protocol`` holds the Flight SQL messages.
+says who a call comes from, ``tickets`` holds results until their ``DoGet``, ``catalog``
+builds the metadata answers, ``params`` binds a prepared statement's parameters,
+``errors`` makes the Flight errors and ``protocol`` holds the Flight SQL messages.
 """
 
 from __future__ import annotations

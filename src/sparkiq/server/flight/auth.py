@@ -31,7 +31,7 @@ from sparkiq.errors import AuthenticationError
 from sparkiq.principals import Principal, Principals
 from sparkiq.server.auth_failures import AuthFailures, peer_of
 
-__all__ = ["FlightAuth", "HandshakeHandler", "MIDDLEWARE_KEY"]
+__all__ = ["MIDDLEWARE_KEY", "FlightAuth", "HandshakeHandler", "peer_address"]
 
 #: The key :meth:`pyarrow.flight.ServerCallContext.get_middleware` finds the headers under.
 MIDDLEWARE_KEY = "sparkiq-auth"
@@ -97,7 +97,7 @@ class FlightAuth:
             return None
         headers = context.get_middleware(MIDDLEWARE_KEY)
         user, token = _credentials(None if headers is None else headers.authorization)
-        peer = peer_of(_address(context.peer()))
+        peer = peer_of(peer_address(context.peer()))
         wait = self.failures.wait(peer, _LISTENER)
         if wait > 0:
             raise flight.FlightUnauthenticatedError(
@@ -144,7 +144,7 @@ def _credentials(header: str | None) -> tuple[str | None, str | None]:
     return (user, password) if sep else (None, None)
 
 
-def _address(peer: str | bytes) -> str:
+def peer_address(peer: str | bytes) -> str:
     """The host of a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``)."""
     text = peer.decode() if isinstance(peer, bytes) else peer
     _, _, rest = text.partition(":")

@@ -4,28 +4,24 @@ How a query travels (the protocol's two steps):
 
 1. ``GetFlightInfo`` with a ``CommandStatementQuery`` (or a prepared statement's
    ``CommandPreparedStatementQuery``) runs the statement through ``Node.sql`` -- the engine,
-   limits and grants of every other endpoint -- and keeps its Arrow table under a random
-   handle; the answer carries the result's schema, row count and a ticket naming the handle.
+   limits and grants of every other endpoint -- and keeps its Arrow table for the one
+   ``DoGet`` that fetches it (:mod:`~sparkiq.server.flight.tickets`); the answer carries
+   the result's schema, row count and a ticket naming it.
 2. ``DoGet`` with that ticket streams the table as record batches (about
-   :data:`BATCH_BYTES` each, at most :data:`BATCH_ROWS` rows) and forgets it. A ticket is
-   good once, for the principal that ran the statement, for :data:`TICKET_SECONDS`;
-   results waiting for their ``DoGet`` are bounded in number and bytes (the oldest go
-   first), so clients that never fetch cannot fill the memory.
+   :data:`BATCH_BYTES` each, at most :data:`BATCH_ROWS` rows).
 
-Catalog commands (``CommandGetTables``...) answer with a ticket that is the command itself,
-run again at ``DoGet`` (it is cheap). Prepared statements are kept per server (at most
-:data:`MAX_PREPARED`, the least recently used go first) with their bound parameters
-(``DoPut``, :mod:`~sparkiq.server.flight.params`); preparing runs the statement once (its
-markers bound to ``NULL``) for the result schema JDBC needs before executing, and an
-execution within :data:`PREPARED_REUSE_SECONDS` of preparing without parameters answers with
-those rows instead of reading again.
+At most :data:`MAX_RUNNING` statements run at once (gRPC gives each call a thread); more
+are refused as UNAVAILABLE. Catalog commands (``CommandGetTables``...) answer with a ticket
+that is the command itself, run again at ``DoGet`` (it is cheap). Prepared statements are
+kept per server (at most :data:`MAX_PREPARED`, the least recently used go first) with their
+bound parameters (``DoPut``, :mod:`~sparkiq.server.flight.params`); preparing runs the
+statement once (its markers bound to ``NULL``) for the result schema JDBC needs before
+executing, and an execution within :data:`PREPARED_REUSE_SECONDS` of preparing without
+parameters answers with those rows instead of reading again.
 
 Everything that writes is refused, naming the command: updates, ingestion, transactions,
-Substrait plans. Errors carry sparkiq's error code in brackets before the message
-(``[sql_error] ...``): a refused grant is PERMISSION_DENIED, wrong credentials
-UNAUTHENTICATED, a statement over its time limit DEADLINE_EXCEEDED, a node fault
-UNAVAILABLE, and a bad statement, argument or ticket UNKNOWN with the message alone
-(pyarrow would send a Python traceback with any other code: see :func:`_refused`).
+Substrait plans. Errors are Flight errors with sparkiq's error code in brackets
+(:mod:`~sparkiq.server.flight.errors`).
 """
 
 from __future__ import annotations
@@ -44,15 +40,16 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 import sparkiq.server.flight.catalog as catalog
-from sparkiq.error_codes import ErrorCode
-from sparkiq.errors import AuthenticationError, ConfigError, ForbiddenError, SparkiqError
+from sparkiq.errors import ConfigError, SparkiqError
 from sparkiq.principals import Principal, Principals, readable
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
-from sparkiq.server.flight.auth import FlightAuth, HandshakeHandler, _address
+from sparkiq.server.flight.auth import FlightAuth, HandshakeHandler, peer_address
+from sparkiq.server.flight.errors import flight_error, read_only, refused
 from sparkiq.server.flight.params import bind, markers, parameter_schema
 from sparkiq.server.flight.protocol import REFUSED, MessageError, message, pack, unpack
+from sparkiq.server.flight.tickets import TICKET_SECONDS, PendingResults
 from sparkiq.server.served import ServedNode
 from sparkiq.serving.config import NodeConfig
 from sparkiq.sql.limits import SqlLimits
@@ -64,10 +61,9 @@ log = logging.getLogger("sparkiq.server.flight")
 
 BATCH_ROWS = 65_536
 BATCH_BYTES = 2 << 20
-TICKET_SECONDS = 60.0
-MAX_PENDING = 64
 MAX_PREPARED = 1024
 PREPARED_REUSE_SECONDS = 5.0
+MAX_RUNNING = 32  # statements running at once; more are refused (UNAVAILABLE)
 
 _CATALOG_COMMANDS = {
     "CommandGetCatalogs",
@@ -93,13 +89,6 @@ def flight_location(listen: str, tls: bool) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"{'grpc+tls' if tls else 'grpc'}://{host}:{port}"
-
-
-@dataclass
-class _Pending:
-    table: pa.Table
-    principal: str | None
-    expires: float
 
 
 @dataclass
@@ -149,9 +138,10 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         host = listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
         #: Where the server listens (the port chosen when ``listen`` asked for port 0).
         self.address: tuple[str, int] = (host, self.port)
-        self._lock = threading.Lock()  # guards _pending, _prepared, _stopping
+        self._lock = threading.Lock()  # guards _prepared, _stopping
         self._stopping = False
-        self._pending: OrderedDict[bytes, _Pending] = OrderedDict()
+        self._running = threading.BoundedSemaphore(MAX_RUNNING)
+        self._results = PendingResults(4 * self.limits.max_result_bytes)
         self._prepared: OrderedDict[bytes, _Prepared] = OrderedDict()
         self._info = catalog.sql_info_values(
             self.limits.timeout_seconds, self.limits.max_statement_chars
@@ -187,7 +177,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         would hold it forever, so it runs on a thread of its own). Idempotent."""
         with self._lock:
             stopping, self._stopping = self._stopping, True
-            self._pending.clear()
+            self._results.clear()
             self._prepared.clear()
         if stopping:
             return
@@ -213,7 +203,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
                     table.schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1
                 )
             table = self._query_of(name, msg, call)
-            handle = self._keep(table, call.principal)
+            handle = self._results.keep(table, _name(call.principal))
             ticket = flight.Ticket(pack(message("TicketStatementQuery", statement_handle=handle)))
             return flight.FlightInfo(
                 table.schema,
@@ -240,9 +230,16 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             if name in _CATALOG_COMMANDS:
                 table = self._catalog(name, msg)
             elif name == "TicketStatementQuery":
-                table = self._take(msg.statement_handle, call.principal)
+                found = self._results.take(msg.statement_handle, _name(call.principal))
+                if found is None:
+                    raise refused(
+                        "this ticket's result is gone (fetched already, older than "
+                        f"{TICKET_SECONDS:.0f} s, or pushed out by newer results): run the "
+                        "statement again"
+                    )
+                table = found
             else:
-                raise _refused(f"a DoGet ticket of type {name} is not one this node gave")
+                raise refused(f"a DoGet ticket of type {name} is not one this node gave")
             call.rows = table.num_rows
             batches = table.to_batches(max_chunksize=_batch_rows(table))
             return flight.RecordBatchStream(
@@ -253,7 +250,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         with self._call(context, "DoPut") as call:
             name, msg = self._command(descriptor)
             if name != "CommandPreparedStatementQuery":
-                raise _refused(
+                raise refused(
                     f"DoPut takes the parameters of a prepared query "
                     f"(CommandPreparedStatementQuery), not {name}"
                 )
@@ -272,32 +269,32 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             if action.type == "CreatePreparedStatement":
                 name, msg = self._parsed(body)
                 if name != "ActionCreatePreparedStatementRequest":
-                    raise _refused(
-                        f"CreatePreparedStatement takes an ActionCreatePreparedStatementRequest, "
+                    raise refused(
+                        "CreatePreparedStatement takes an ActionCreatePreparedStatementRequest, "
                         f"not {name}"
                     )
                 return iter([pack(self._prepare(msg, call))])
             if action.type == "ClosePreparedStatement":
                 name, msg = self._parsed(body)
                 if name != "ActionClosePreparedStatementRequest":
-                    raise _refused(
-                        f"ClosePreparedStatement takes an ActionClosePreparedStatementRequest, "
+                    raise refused(
+                        "ClosePreparedStatement takes an ActionClosePreparedStatementRequest, "
                         f"not {name}"
                     )
                 self._prepared_of(msg.prepared_statement_handle, call.principal)
                 with self._lock:
                     self._prepared.pop(msg.prepared_statement_handle, None)
                 return iter([])
-            refused = {
+            transactional = {
                 "BeginTransaction",
                 "EndTransaction",
                 "BeginSavepoint",
                 "EndSavepoint",
                 "CreatePreparedSubstraitPlan",
             }
-            if action.type in refused:
-                raise _read_only(action.type)
-            raise _refused(
+            if action.type in transactional:
+                raise read_only(action.type)
+            raise refused(
                 f"unknown action {action.type!r}: this node serves CreatePreparedStatement "
                 "and ClosePreparedStatement"
             )
@@ -312,7 +309,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         return iter([])
 
     def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
-        raise _refused("DoExchange is not part of Flight SQL")
+        raise refused("DoExchange is not part of Flight SQL")
 
     # -- statements --------------------------------------------------------------------------
 
@@ -320,7 +317,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         """The result of a query command (statement or prepared), run now."""
         if name == "CommandStatementQuery":
             if msg.HasField("transaction_id"):
-                raise _read_only("a transaction")
+                raise read_only("a transaction")
             return self._run(msg.query, call)
         if name == "CommandPreparedStatementQuery":
             prepared = self._prepared_of(msg.prepared_statement_handle, call.principal)
@@ -334,24 +331,34 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
                 return first
             return self._run(bind(prepared.query, parameters), call)
         if name in REFUSED:
-            raise _read_only(name)
-        raise _refused(
+            raise read_only(name)
+        raise refused(
             f"{name} is not served: this node answers queries (CommandStatementQuery, prepared "
             "statements) and the catalog commands (GetTables, GetPrimaryKeys...)"
         )
 
     def _run(self, text: str, call: _Call) -> pa.Table:
         self.limits.check_statement(text)
-        result = self.node.sql(text)
-        tables = set(self.node.tables)
-        call.tables = tuple(t for t in result.position.to_map() if t in tables)
-        table = result.to_arrow()
+        # gRPC gives every call a thread: statements beyond the bound are refused at once
+        # rather than piling up behind the engine
+        if not self._running.acquire(blocking=False):
+            raise flight.FlightUnavailableError(
+                f"[too_many_statements] this node runs at most {MAX_RUNNING} Flight SQL "
+                "statements at once: retry later or on another node"
+            )
+        try:
+            result = self.node.sql(text)
+            tables = set(self.node.tables)
+            call.tables = tuple(t for t in result.position.to_map() if t in tables)
+            table = result.to_arrow()
+        finally:
+            self._running.release()
         call.rows = table.num_rows
         return table
 
     def _prepare(self, msg: Any, call: _Call) -> Any:
         if msg.HasField("transaction_id"):
-            raise _read_only("a transaction")
+            raise read_only("a transaction")
         query = msg.query
         self.limits.check_statement(query)
         nulls = pa.table({str(i): pa.nulls(1) for i in range(len(markers(query)))})
@@ -390,7 +397,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
                 continue
             held += chunk.data.nbytes
             if held > limit:
-                raise _refused(
+                raise refused(
                     f"more than {limit} bytes of parameters: more than the statement may "
                     f"hold (SqlLimits.max_statement_chars={limit})"
                 )
@@ -410,46 +417,13 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             if prepared is not None:
                 self._prepared.move_to_end(handle)
         if prepared is None or prepared.principal != _name(principal):
-            raise _refused(
+            raise refused(
                 "unknown prepared statement handle (closed, never made here, or forgotten "
                 f"after {MAX_PREPARED} newer ones): prepare the statement again"
             )
         return prepared
 
     # -- results waiting for their DoGet -----------------------------------------------------
-
-    def _keep(self, table: pa.Table, principal: Principal | None) -> bytes:
-        handle = os.urandom(16)
-        now = time.monotonic()
-        budget = 4 * self.limits.max_result_bytes
-        with self._lock:
-            self._pending[handle] = _Pending(table, _name(principal), now + TICKET_SECONDS)
-            held = sum(p.table.nbytes for p in self._pending.values())
-            while self._pending and (
-                len(self._pending) > MAX_PENDING
-                or held > budget
-                or next(iter(self._pending.values())).expires < now
-            ):
-                _, gone = self._pending.popitem(last=False)
-                held -= gone.table.nbytes
-                if gone.table is table:
-                    break  # alone over the budget: kept for its DoGet
-        return handle
-
-    def _take(self, handle: bytes, principal: Principal | None) -> pa.Table:
-        with self._lock:
-            pending = self._pending.get(handle)
-            if pending is not None and pending.principal == _name(principal):
-                del self._pending[handle]
-            else:
-                pending = None
-        if pending is None or pending.expires < time.monotonic():
-            raise _refused(
-                "this ticket's result is gone (fetched already, older than "
-                f"{TICKET_SECONDS:.0f} s, or pushed out by newer results): run the statement "
-                "again"
-            )
-        return pending.table
 
     # -- catalog -----------------------------------------------------------------------------
 
@@ -488,7 +462,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
 
     def _command(self, descriptor: Any) -> tuple[str, Any]:
         if descriptor.descriptor_type != flight.DescriptorType.CMD:
-            raise _refused(
+            raise refused(
                 "this node serves Flight SQL: send a command descriptor (a Flight SQL command "
                 "packed in google.protobuf.Any), not a path"
             )
@@ -498,11 +472,11 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         try:
             name, msg = unpack(data)
         except MessageError as exc:
-            raise _refused(str(exc)) from None
+            raise refused(str(exc)) from None
         if msg is None:
             if name in REFUSED:
-                raise _read_only(name)
-            raise _refused(f"the Flight SQL command {name} is not served")
+                raise read_only(name)
+            raise refused(f"the Flight SQL command {name} is not served")
         return name, msg
 
     @contextlib.contextmanager
@@ -520,7 +494,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             raise
         except SparkiqError as exc:
             status = exc.code.wire
-            raise _flight_error(exc) from None
+            raise flight_error(exc) from None
         except Exception as exc:
             log.exception("Flight SQL %s failed", kind)
             status = "internal"
@@ -531,7 +505,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
                 self.audit.record(
                     listener="flight",
                     principal=_name(call.principal),
-                    peer=peer_of(_address(context.peer())),
+                    peer=peer_of(peer_address(context.peer())),
                     kind=kind,
                     tables=call.tables,
                     status=status,
@@ -556,33 +530,3 @@ def _batch_rows(table: pa.Table) -> int:
 
 def _name(principal: Principal | None) -> str | None:
     return None if principal is None else principal.name
-
-
-def _refused(text: str) -> Exception:
-    """A refusal the client sees as written. pyarrow sends a Python traceback along with
-    any other exception it turns into a gRPC status (INVALID_ARGUMENT, NOT_FOUND...): a
-    Flight error is sent as its message alone, so refusals are Flight errors (UNKNOWN)."""
-    error: Exception = flight.FlightServerError(text)
-    return error
-
-
-def _read_only(what: str) -> Exception:
-    return _refused(
-        f"[read_only] {what} is refused: sparkiq's Flight SQL endpoint is read-only (pull "
-        "queries and catalog calls); the tables are written by their Spark queries"
-    )
-
-
-def _flight_error(exc: SparkiqError) -> Exception:
-    text = f"[{exc.code.wire}] {exc.message}"
-    kind: Any = flight.FlightUnavailableError  # a node fault
-    if isinstance(exc, ForbiddenError):
-        kind = flight.FlightUnauthorizedError
-    elif isinstance(exc, AuthenticationError):
-        kind = flight.FlightUnauthenticatedError
-    elif exc.code in (ErrorCode.TIMEOUT, ErrorCode.REQUEST_TIMEOUT):
-        kind = flight.FlightTimedOutError
-    elif 400 <= exc.code.status < 500:
-        kind = flight.FlightServerError
-    error: Exception = kind(text)
-    return error
