@@ -37,8 +37,8 @@ typecheck: $(STAMP)
 
 # The JVM artifacts the tests run (a Kafka broker, Spark's Kafka connector, pgJDBC, Arrow's
 # Flight SQL JDBC driver), pinned in jvm/ and copied from Maven Central into .jvm/<module>/
-# (git ignores it); redone when a pom changes. See docs/design.md ("Kafka: a real broker and Spark's connector", "A JDBC driver
-# as a real client").
+# (git ignores it); redone when a pom changes. See docs/design.md ("Kafka: a real broker and
+# Spark's connector", "A JDBC driver as a real client").
 JVM_STAMP := .jvm/.fetched
 JVM_POMS := jvm/pom.xml jvm/kafka-broker/pom.xml jvm/spark-kafka/pom.xml jvm/pg-jdbc/pom.xml \
 	jvm/flight-jdbc/pom.xml
