@@ -23,6 +23,7 @@ from google.protobuf import any_pb2
 
 from sparkiq import Node
 from sparkiq.server.flight.protocol import message, pack
+from tests.changelog.helpers import make_table, write_batch
 from tests.sql.tables import build_world
 
 ANALYST = "analyst-token-0123456789"
@@ -133,6 +134,21 @@ def test_prepared_statement_with_and_without_parameters(node: Node, conn: Any) -
         for _ in range(2):
             cur.execute("SELECT count(*) AS n FROM t")
             assert cur.fetchall() == [(node.sql("SELECT count(*) AS n FROM t").rows[0]["n"],)]
+
+
+def test_a_prepared_statement_reads_when_executed_not_when_prepared(tmp_path: Path) -> None:
+    """Rows read at prepare time (for the schema) are never answered later: a batch
+    committed in between shows in the execution."""
+    changelog = make_table(str(tmp_path), "live")
+    write_batch(changelog, 0, {"a": 1, "b": 2})
+    with Node(str(tmp_path), store="memory", flight_listen="127.0.0.1:0") as live:
+        live.poll_once()
+        with connect(live, "", "") as c, c.cursor() as cur:
+            cur.adbc_prepare("SELECT sum(n) AS s FROM live")
+            write_batch(changelog, 1, {"c": 4})
+            live.poll_once()
+            cur.execute("SELECT sum(n) AS s FROM live")
+            assert cur.fetchall() == [(7,)]
 
 
 def test_get_objects_and_table_schema(node: Node, conn: Any) -> None:

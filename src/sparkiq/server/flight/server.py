@@ -16,8 +16,8 @@ that is the command itself, run again at ``DoGet`` (it is cheap). Prepared state
 kept per server (at most :data:`MAX_PREPARED`, the least recently used go first) with their
 bound parameters (``DoPut``, :mod:`~sparkiq.server.flight.params`); preparing runs the
 statement once (its markers bound to ``NULL``) for the result schema JDBC needs before
-executing, and an execution within :data:`PREPARED_REUSE_SECONDS` of preparing without
-parameters answers with those rows instead of reading again.
+executing; an execution always reads again (rows kept from preparing could be older than
+what the client has read since: a read going back in time).
 
 Everything that writes is refused, naming the command: updates, ingestion, transactions,
 Substrait plans. Errors are Flight errors with sparkiq's error code in brackets
@@ -62,7 +62,6 @@ log = logging.getLogger("sparkiq.server.flight")
 BATCH_ROWS = 65_536
 BATCH_BYTES = 2 << 20
 MAX_PREPARED = 1024
-PREPARED_REUSE_SECONDS = 5.0
 MAX_RUNNING = 32  # statements running at once; more are refused (UNAVAILABLE)
 
 _CATALOG_COMMANDS = {
@@ -97,8 +96,6 @@ class _Prepared:
     principal: str | None
     schema: pa.Schema | None  # None: unknown until executed
     parameters: pa.Table | None = None
-    first: pa.Table | None = None  # the rows read when it was prepared
-    prepared_at: float = 0.0
 
 
 class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
@@ -259,7 +256,6 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             parameters = self._parameters(reader)
             with self._lock:
                 prepared.parameters = parameters
-                prepared.first = None
             result = message("DoPutPreparedStatementResult", prepared_statement_handle=handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
 
@@ -322,13 +318,7 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         if name == "CommandPreparedStatementQuery":
             prepared = self._prepared_of(msg.prepared_statement_handle, call.principal)
             with self._lock:
-                first, prepared.first = prepared.first, None
                 parameters = prepared.parameters
-            if first is not None and time.monotonic() - prepared.prepared_at < (
-                PREPARED_REUSE_SECONDS
-            ):
-                call.rows = first.num_rows
-                return first
             return self._run(bind(prepared.query, parameters), call)
         if name in REFUSED:
             raise read_only(name)
@@ -363,18 +353,13 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
         self.limits.check_statement(query)
         nulls = pa.table({str(i): pa.nulls(1) for i in range(len(markers(query)))})
         schema: pa.Schema | None = None
-        first = None
         try:
-            first = self._run(bind(query, nulls), call)
-            schema = first.schema
+            schema = self._run(bind(query, nulls), call).schema
         except SparkiqError:
             if not markers(query):
                 raise  # a statement that fails as written fails when prepared
         handle = os.urandom(16)
-        prepared = _Prepared(
-            query, _name(call.principal), schema, None, first if not markers(query) else None
-        )
-        prepared.prepared_at = time.monotonic()
+        prepared = _Prepared(query, _name(call.principal), schema)
         with self._lock:
             self._prepared[handle] = prepared
             while len(self._prepared) > MAX_PREPARED:
