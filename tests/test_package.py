@@ -566,6 +566,7 @@ RUNTIME_DEPENDENCIES = {
     "crc32c": (IMPORTED, "crc32c"),
     "python-lzf": (IMPORTED, "lzf"),
     "fastavro": (IMPORTED, "fastavro"),
+    "pygal": (IMPORTED, "pygal"),
 }
 
 
