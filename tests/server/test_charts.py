@@ -77,6 +77,16 @@ def read_chart(svg: str) -> Drawn:
     )
 
 
+#: Every chart image of the page loaded (drawn by the browser, so allowed by the page's
+#: policy) at least once.
+CHARTS_DRAWN = (
+    "Number(document.getElementById('charts').dataset.drawn || 0) >= 1"
+    " && [...document.querySelectorAll('#charts img')].length > 0"
+    " && [...document.querySelectorAll('#charts img')]"
+    ".every(i => i.complete && i.naturalWidth > 0 && i.src.startsWith('data:'))"
+)
+
+
 def page_chart(page: Any, element_id: str) -> tuple[str, Drawn]:
     """The SVG a console's chart image shows (its data: URL), and what it draws."""
     src = page.get_attribute(f"#{element_id}", "src") or ""

@@ -16,7 +16,7 @@ from sparkiq import Node
 from sparkiq.server.metrics import QueryRate
 from tests.browser import chromium, needs_chromium, set_token, wait_until
 from tests.changelog.helpers import create_changelog, make_table, write_batch
-from tests.server.test_charts import compare_with_stats, page_chart
+from tests.server.test_charts import CHARTS_DRAWN, compare_with_stats, page_chart
 from tests.server.test_console import VIEWPORT, screenshot
 
 pytestmark = needs_chromium
@@ -121,16 +121,6 @@ def test_query_rate_per_table(tmp_path: Path) -> None:
                 time.sleep(0.2)
             assert sum(page_chart(page, "chart-rate-u")[1].points.values()) * 5 == pytest.approx(5)
             assert sum(page_chart(page, "chart-rate-t")[1].points.values()) * 5 == pytest.approx(10)
-
-
-#: Every chart image of the page loaded (drawn by the browser, so allowed by the page's
-#: policy) at least once.
-CHARTS_DRAWN = (
-    "Number(document.getElementById('charts').dataset.drawn || 0) >= 1"
-    " && [...document.querySelectorAll('#charts img')].length > 0"
-    " && [...document.querySelectorAll('#charts img')]"
-    ".every(i => i.complete && i.naturalWidth > 0 && i.src.startsWith('data:'))"
-)
 
 
 def test_query_rate_buckets_move_with_the_clock() -> None:
