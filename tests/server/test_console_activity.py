@@ -130,9 +130,10 @@ def test_query_rate_buckets_move_with_the_clock() -> None:
     rate.count(["t", "u"])
     now[0] = 1007.0  # the next bucket
     rate.count(["t"])
-    doc = rate.series(["v"])
+    doc = rate.series(["t", "u", "v"])
     assert doc["queries"] == {"t": [0, 0, 2, 1], "u": [0, 0, 1, 0], "v": [0, 0, 0, 0]}
     assert doc["end"] == 1010.0
+    assert rate.series(["u"])["queries"] == {"u": [0, 0, 1, 0]}  # only what was asked for
     now[0] = 1021.0  # the first bucket left the 20 s window
     assert rate.series()["queries"] == {"t": [1, 0, 0, 0]}
     now[0] = 1100.0

@@ -113,7 +113,7 @@ def test_every_path_refuses_what_is_not_granted(cluster: tuple[list[Node], Path]
             assert listed == ["sales"]
             stats = analyst.get(f"{url}/stats").json()
             assert {p["store"] for p in stats["partitions"]} <= {"sales"}
-            assert set(stats["gauges"]) == {"sales"}
+            assert set(stats["gauges"]) == set(stats["queries"]) == {"sales"}  # payroll: queried
             assert analyst.get(f"{url}/charts/sales/lag").status_code == 200
             assert sorted(s["name"] for s in admin.get(f"{url}/stores").json()["stores"]) == [
                 "payroll",

@@ -288,17 +288,20 @@ class QueryRate:
             for store in stores:
                 bucket[store] = bucket.get(store, 0) + 1
 
-    def series(self, stores: Iterable[str] = (), now: float | None = None) -> dict[str, Any]:
+    def series(
+        self, stores: Iterable[str] | None = None, now: float | None = None
+    ) -> dict[str, Any]:
         """``{"interval_seconds", "end", "queries": {store: [count, ...]}}``: one count per
         bucket, oldest first, the last one the bucket in progress (it ends at ``end``, Unix
-        seconds) at ``now`` (default: the clock's time). Every store queried in the window is
-        listed, and each of ``stores``."""
+        seconds) at ``now`` (default: the clock's time). ``stores`` are listed, and only
+        they (a caller learns nothing of tables it may not read); ``None`` lists every
+        store queried in the window."""
         now = self._clock() if now is None else now
         newest = int(now // self.interval)
         first = newest - self.buckets + 1
         with self._lock:
             window = {i: dict(b) for i, b in self._buckets.items() if i >= first}
-        names = set(stores).union(*(b.keys() for b in window.values()))
+        names = set(stores) if stores is not None else set().union(*window.values())
         queries = {
             name: [window.get(i, {}).get(name, 0) for i in range(first, newest + 1)]
             for name in sorted(names)

@@ -21,7 +21,7 @@ def stats_document(node: ServedNode, metrics: Metrics, roots: tuple[str, ...]) -
     visible = set(readable(node.tables))
     metrics.sample()
     now = time.time()  # one clock reading: the queries' and the gauges' buckets are the same
-    doc.update(metrics.query_rate.series(readable(node.tables), now=now))
+    doc.update(metrics.query_rate.series(visible, now=now))
     # the charts' other series, per table and bucket: lag, freshness, the writer's input rate
     doc["gauges"] = metrics.gauges.series(visible, now=now)["tables"]
     doc["partitions"] = [
