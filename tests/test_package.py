@@ -567,6 +567,7 @@ RUNTIME_DEPENDENCIES = {
     "python-lzf": (IMPORTED, "lzf"),
     "fastavro": (IMPORTED, "fastavro"),
     "protobuf": (IMPORTED, "google"),
+    "pygal": (IMPORTED, "pygal"),
 }
 
 

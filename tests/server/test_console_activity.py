@@ -16,6 +16,7 @@ from sparkiq import Node
 from sparkiq.server.metrics import QueryRate
 from tests.browser import chromium, needs_chromium, set_token, wait_until
 from tests.changelog.helpers import create_changelog, make_table, write_batch
+from tests.server.test_charts import CHARTS_DRAWN, compare_with_stats, page_chart
 from tests.server.test_console import VIEWPORT, screenshot
 
 pytestmark = needs_chromium
@@ -27,8 +28,8 @@ def rest(node: Node, method: str, path: str, **kwargs: Any) -> httpx.Response:
     return httpx.request(method, f"{node.url}{path}", headers=headers, timeout=30, **kwargs)
 
 
-def open_console(browser: Any, node: Node) -> Any:
-    page = browser.new_page(viewport=VIEWPORT)
+def open_console(browser: Any, node: Node, timezone_id: str = "UTC") -> Any:
+    page = browser.new_page(viewport=VIEWPORT, timezone_id=timezone_id)
     page.goto(f"{node.url}/")
     set_token(page, TOKEN)
     return page
@@ -83,28 +84,43 @@ def test_query_rate_per_table(tmp_path: Path) -> None:
         assert 'sparkiq_queries_total{store="u"} 1.0' in metrics
 
         with chromium() as browser:
-            page = open_console(browser, node)
-            page.wait_for_selector("#chart-rate-t")
+            # a zone east of UTC by a half hour: the time axis is the viewer's
+            page = open_console(browser, node, "Asia/Kolkata")
+            wait_until(page, CHARTS_DRAWN)
             # the page itself queries nothing in the cluster view: the totals stay ours
             for name, want in sent.items():
-                svg = page.locator(f"#chart-rate-{name}")
-                assert svg.get_attribute("data-total") == str(want)
-                assert svg.get_attribute("data-last-minute") == str(want)
-                assert svg.get_attribute("data-points") == "120"
+                svg, drawn = page_chart(page, f"chart-rate-{name}")
+                assert drawn.title == f"{name}: query rate" and drawn.y_title == "queries/s"
+                assert drawn.x_title == "time (UTC+05:30)"
+                assert len(drawn.x_labels) >= 4  # a whole-minute tick every 2 minutes
                 # the plotted value of a bucket is its count per second
-                assert float(svg.get_attribute("data-max") or "0") == pytest.approx(
-                    max(stats["queries"][name]) / 5.0
-                )
-            charts = page.inner_text("#charts")
-            assert "t: queries/s" in charts and "u: queries/s" in charts
-            assert f"10 queries · {10 / 60:.2f}/s last minute" in charts
-            assert "last 10 min, this node, per 5 s" in charts
-            screenshot(page, tmp_path, "query-rate")
+                assert sum(drawn.points.values()) * 5 == pytest.approx(want)
+                assert len(drawn.points) == 120
+                queries = [n / 5 for n in stats["queries"][name]]
+                assert compare_with_stats(svg, queries, stats["end"], 5.0, 330) >= 100
+                # lag and freshness are sampled from the first /stats on: a few buckets
+                _, lag = page_chart(page, f"chart-lag-{name}")
+                assert lag.y_title == "batches" and set(lag.points.values()) == {0.0}
+                _, fresh = page_chart(page, f"chart-fresh-{name}")
+                assert fresh.y_title == "seconds" and fresh.points
+                # no writer status record for these tables: nothing to draw, and it says so
+                _, writer = page_chart(page, f"chart-input-{name}")
+                assert writer.no_data == "no samples yet" and writer.y_title == "rows/s"
+            # every chart keeps the size the page gave it: nothing moves when one arrives
+            sizes = page.eval_on_selector_all(
+                "#charts img", "imgs => imgs.map(i => [i.offsetWidth, i.offsetHeight])"
+            )
+            assert sizes == [[262, 172]] * 8
+            screenshot(page, tmp_path, "charts")
             # more queries show up at the next refresh
             for _ in range(4):
                 rest(node, "GET", "/stores/u/keys/a")
-            wait_until(page, "document.getElementById('chart-rate-u').dataset.total === '5'")
-            assert page.locator("#chart-rate-t").get_attribute("data-total") == "10"
+            deadline = time.monotonic() + 60
+            while sum(page_chart(page, "chart-rate-u")[1].points.values()) * 5 < 4.5:
+                assert time.monotonic() < deadline, "the new queries never showed"
+                time.sleep(0.2)
+            assert sum(page_chart(page, "chart-rate-u")[1].points.values()) * 5 == pytest.approx(5)
+            assert sum(page_chart(page, "chart-rate-t")[1].points.values()) * 5 == pytest.approx(10)
 
 
 def test_query_rate_buckets_move_with_the_clock() -> None:
@@ -114,9 +130,10 @@ def test_query_rate_buckets_move_with_the_clock() -> None:
     rate.count(["t", "u"])
     now[0] = 1007.0  # the next bucket
     rate.count(["t"])
-    doc = rate.series(["v"])
+    doc = rate.series(["t", "u", "v"])
     assert doc["queries"] == {"t": [0, 0, 2, 1], "u": [0, 0, 1, 0], "v": [0, 0, 0, 0]}
     assert doc["end"] == 1010.0
+    assert rate.series(["u"])["queries"] == {"u": [0, 0, 1, 0]}  # only what was asked for
     now[0] = 1021.0  # the first bucket left the 20 s window
     assert rate.series()["queries"] == {"t": [1, 0, 0, 0]}
     now[0] = 1100.0

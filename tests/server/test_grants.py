@@ -77,7 +77,8 @@ def test_every_path_refuses_what_is_not_granted(cluster: tuple[list[Node], Path]
                 typed = client.post(
                     f"{url}/stores/payroll/query", json={"query": {"type": "range"}}
                 )
-                for answer in (key, typed):
+                chart = client.get(f"{url}/charts/payroll/queries")
+                for answer in (key, typed, chart):
                     assert answer.status_code == (200 if allowed else 403), answer.text
                 statements = [
                     "SELECT k, n FROM payroll",
@@ -112,6 +113,8 @@ def test_every_path_refuses_what_is_not_granted(cluster: tuple[list[Node], Path]
             assert listed == ["sales"]
             stats = analyst.get(f"{url}/stats").json()
             assert {p["store"] for p in stats["partitions"]} <= {"sales"}
+            assert set(stats["gauges"]) == set(stats["queries"]) == {"sales"}  # payroll: queried
+            assert analyst.get(f"{url}/charts/sales/lag").status_code == 200
             assert sorted(s["name"] for s in admin.get(f"{url}/stores").json()["stores"]) == [
                 "payroll",
                 "sales",

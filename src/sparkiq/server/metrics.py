@@ -1,17 +1,20 @@
 """Prometheus metrics of one node (its own registry, so several nodes fit in one process),
-and the recent query rate per table that the console charts (:class:`QueryRate`)."""
+the recent query rate per table (:class:`QueryRate`) and the recent history of its gauges
+(:class:`~sparkiq.server.history.GaugeHistory`) that the console charts."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sparkiq.pools import pool_limits
+from sparkiq.server.history import GaugeHistory, gauges_of
 from sparkiq.server.process_memory import process_memory
 from sparkiq.server.served import ServedNode
 from sparkiq.sql.watchdog import statement_counts
@@ -285,16 +288,20 @@ class QueryRate:
             for store in stores:
                 bucket[store] = bucket.get(store, 0) + 1
 
-    def series(self, stores: Iterable[str] = ()) -> dict[str, object]:
+    def series(
+        self, stores: Iterable[str] | None = None, now: float | None = None
+    ) -> dict[str, Any]:
         """``{"interval_seconds", "end", "queries": {store: [count, ...]}}``: one count per
         bucket, oldest first, the last one the bucket in progress (it ends at ``end``, Unix
-        seconds). Every store queried in the window is listed, and each of ``stores``."""
-        now = self._clock()
+        seconds) at ``now`` (default: the clock's time). ``stores`` are listed, and only
+        they (a caller learns nothing of tables it may not read); ``None`` lists every
+        store queried in the window."""
+        now = self._clock() if now is None else now
         newest = int(now // self.interval)
         first = newest - self.buckets + 1
         with self._lock:
             window = {i: dict(b) for i, b in self._buckets.items() if i >= first}
-        names = set(stores).union(*(b.keys() for b in window.values()))
+        names = set(stores) if stores is not None else set().union(*window.values())
         queries = {
             name: [window.get(i, {}).get(name, 0) for i in range(first, newest + 1)]
             for name in sorted(names)
@@ -308,6 +315,7 @@ class QueryRate:
 
 class Metrics:
     def __init__(self, node: ServedNode) -> None:
+        self._node = node
         self.registry = CollectorRegistry()
         self.queries = Counter(
             "sparkiq_queries",
@@ -316,6 +324,7 @@ class Metrics:
             registry=self.registry,
         )
         self.query_rate = QueryRate()
+        self.gauges = GaugeHistory(self.query_rate.interval, self.query_rate.buckets)
         self.requests = Counter(
             "sparkiq_http_requests",
             "HTTP requests by route and status",
@@ -343,5 +352,12 @@ class Metrics:
             self.queries.labels(store).inc()
         self.query_rate.count(stores)
 
+    def sample(self) -> None:
+        """Sample the node's gauges into :attr:`gauges` (at most once a second: a reader of
+        /stats, /metrics or a chart calls this each time)."""
+        if self.gauges.due():
+            self.gauges.record(gauges_of(self._node))
+
     def render(self) -> tuple[bytes, str]:
+        self.sample()  # a Prometheus scrape keeps the console's history going too
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

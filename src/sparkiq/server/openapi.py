@@ -268,11 +268,48 @@ _OPERATIONS: dict[str, dict[str, Any]] = {
     },
     "/stats": {
         "get": {
-            "summary": "This node: queries per table (last 10 minutes, per 5 s), "
+            "summary": "This node: queries per table (last 10 minutes, per 5 s), the "
+            "gauges the console charts (lag, freshness, the writer's input rate, per 5 s), "
             "progress of every hosted partition (restores), Kafka lag per table, "
             "each table's writer (its Spark query: running, failed with the reason, "
             "stopped, silent; input rows/s, batch duration, last commit)",
             "responses": {"200": {"description": "Stats"}, **_errors(401)},
+        }
+    },
+    "/charts/{store}/{chart}": {
+        "get": {
+            "summary": "A chart of the table over the last 10 minutes as SVG (what the "
+            "console shows): lag (batches), freshness (seconds behind), queries (per second) "
+            "or input (the writer's rows per second); the numbers are GET /stats' queries "
+            "and gauges",
+            "parameters": [
+                _STORE,
+                {
+                    "name": "chart",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "enum": ["lag", "freshness", "queries", "input"]},
+                },
+                {
+                    "name": "minutes",
+                    "in": "query",
+                    "description": "The newest minutes shown (default all 10)",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 10},
+                },
+                {
+                    "name": "tz_offset",
+                    "in": "query",
+                    "description": "The time axis's zone, in minutes east of UTC (default 0)",
+                    "schema": {"type": "integer", "minimum": -840, "maximum": 840},
+                },
+            ],
+            "responses": {
+                "200": {
+                    "description": "The chart",
+                    "content": {"image/svg+xml": {"schema": {"type": "string"}}},
+                },
+                **_errors(400, 401, 404),
+            },
         }
     },
     "/stores": {

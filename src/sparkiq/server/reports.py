@@ -3,6 +3,7 @@ limited to the tables the caller may read (their JSON shapes are in docs/rest.md
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sparkiq.principals import readable
@@ -18,7 +19,11 @@ def stats_document(node: ServedNode, metrics: Metrics, roots: tuple[str, ...]) -
     and writers show."""
     doc: dict[str, Any] = {"node_id": node.node_id}
     visible = set(readable(node.tables))
-    doc.update(metrics.query_rate.series(readable(node.tables)))
+    metrics.sample()
+    now = time.time()  # one clock reading: the queries' and the gauges' buckets are the same
+    doc.update(metrics.query_rate.series(visible, now=now))
+    # the charts' other series, per table and bucket: lag, freshness, the writer's input rate
+    doc["gauges"] = metrics.gauges.series(visible, now=now)["tables"]
     doc["partitions"] = [
         {
             "store": s.table,

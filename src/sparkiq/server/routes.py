@@ -73,6 +73,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/openapi.json", "_on_openapi", "public"),
     Route("GET", "/metrics", "_on_metrics"),
     Route("GET", "/stats", "_on_stats"),
+    Route("GET", "/charts/{store}/{chart}", "_on_chart"),
     Route("GET", "/stores", "_on_stores"),
     Route("GET", "/metadata", "_on_metadata"),
     Route("GET", "/metadata/stores/{store}/keys/{key}", "_on_key_metadata"),
