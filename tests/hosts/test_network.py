@@ -68,7 +68,10 @@ def exchange(kind: str, sender: Host | None, receiver: Host) -> str:
     try:
         assert listener.stdout is not None
         assert listener.stdout.readline().strip() == "ready"
-        subprocess.run(on(sender, kind, "send", receiver.address), check=True, timeout=60)
+        sent = subprocess.run(
+            on(sender, kind, "send", receiver.address), capture_output=True, timeout=60
+        )
+        assert sent.returncode == 0, sent.stderr
         return listener.communicate("done\n", timeout=60)[0].strip()
     finally:
         if listener.poll() is None:
