@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean jvm-jars
+.PHONY: demo test test-hosts lint typecheck unit bench clean jvm-jars
 
 # The demo needs sparkiq alone; the tests need the dev extra on top (test clients, a Kafka
 # client, ruff, mypy...), which takes minutes to install. A venv that has the dev extra
@@ -65,7 +65,15 @@ $(CLASS_ARCHIVE): $(STAMP) tests/spark/class_archive.py tests/spark/writer_proce
 TEST_WORKERS ?= 2
 
 unit: $(STAMP) $(JVM_STAMP) $(CLASS_ARCHIVE)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not hosts" \
+		$(PYTEST_ARGS)
+
+# A cluster on hosts of a real network (Linux network namespaces, iproute2; needs root):
+# three TLS nodes, clients on a fourth host, links cut, a clock skewed, a host restarted,
+# judged by tests/faults' history checker. Minutes, so left out of `make test`, which runs
+# only the network's own test (tests/hosts/test_network.py). See docs/cluster.md.
+test-hosts: $(STAMP)
+	$(BIN)/pytest -s tests/hosts $(PYTEST_ARGS)
 
 # BENCH_ARGS=--smoke runs every benchmark in its smallest form (what `make test` checks),
 # --quick a shorter run, --only NAMES a subset; see `python -m bench.run_all --help`.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -39,24 +40,32 @@ class ServeProcess:
         *,
         launcher: list[str] | None = None,
         extra: list[str] | None = None,
+        host: str = "127.0.0.1",
+        prefix: list[str] | None = None,
+        verify: ssl.SSLContext | bool = True,
         **env: str,
     ) -> None:
         self.state_dir, self.node_id, self.port, self.peers = state_dir, node_id, port, peers
         # ``launcher`` runs ``sparkiq`` some other way (tests/faults wraps it); ``extra``
-        # adds serve options (``--advertise``, ``--local-dir``).
+        # adds serve options (``--advertise``, ``--local-dir``, TLS files). ``prefix`` comes
+        # before the launcher (``ip netns exec NS``: on another host, tests/hosts), ``host``
+        # is the address it listens on; ``verify`` checks its certificate when it has one.
         self.launcher = launcher or [sys.executable, "-m", "sparkiq.cli"]
+        self.prefix = prefix or []
         self.extra = extra or []
-        self.url = f"http://127.0.0.1:{port}"
+        self.host, self.verify = host, verify
+        scheme = "https" if "--tls-cert" in self.extra else "http"
+        self.url = f"{scheme}://{host}:{port}"
         self.log_path = os.path.join(log_dir, f"{node_id}.log")
         self.env = env
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, token: str | None = None) -> ServeProcess:
         args = [
-            *self.launcher, "serve",
+            *self.prefix, *self.launcher, "serve",
             "--state-dir", self.state_dir,
             "--node-id", self.node_id,
-            "--listen", f"127.0.0.1:{self.port}",
+            "--listen", f"{self.host}:{self.port}",
             "--peers", ",".join(self.peers),
             *FAST_FLAGS,
             *self.extra,
@@ -77,7 +86,8 @@ class ServeProcess:
             if self.process.poll() is not None:
                 raise AssertionError(f"{self.node_id} exited: {self.log()}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
+                answer = httpx.get(f"{self.url}/healthz", timeout=0.5, verify=self.verify)
+                if answer.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -104,11 +114,16 @@ class ServeProcess:
 
 
 def wait_cluster(
-    urls: list[str], members: int, timeout: float = 120.0, token: str | None = None
+    urls: list[str],
+    members: int,
+    timeout: float = 120.0,
+    token: str | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> None:
     """Until every node sees ``members`` live nodes and is ready. On timeout the error says
     what each node last answered (whom it sees, and its readiness), to tell a membership
-    that did not re-form from replicas that did not catch up."""
+    that did not re-form from replicas that did not catch up. ``verify``: the nodes'
+    certificates, when they serve https."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + timeout
     seen: dict[str, str] = {}
@@ -116,8 +131,9 @@ def wait_cluster(
         ok = True
         for u in urls:
             try:
-                nodes = httpx.get(f"{u}/metadata", headers=headers, timeout=1).json()["nodes"]
-                ready = httpx.get(f"{u}/readyz", timeout=1)
+                options: dict[str, Any] = {"headers": headers, "timeout": 1, "verify": verify}
+                nodes = httpx.get(f"{u}/metadata", **options).json()["nodes"]
+                ready = httpx.get(f"{u}/readyz", **options)
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 seen[u], ok = f"no answer ({exc!r})", False
                 continue

@@ -24,6 +24,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -85,10 +86,20 @@ class FaultCluster:
         self.mounted: list[str] = []
         self.nodes: list[ServeProcess] = []
         self.proxy_ports: list[int] = []
+        # What waiting on the nodes needs when they ask for a token or serve https
+        # (tests/hosts): the clients' token, and how to verify their certificates.
+        self.token: str | None = None
+        self.verify: ssl.SSLContext | bool = True
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> FaultCluster:
+        self.start_writer_and_table()
+        self.start_nodes()
+        return self
+
+    def start_writer_and_table(self) -> None:
+        """The table ``t``, and the writer, once it committed its first batch."""
         changelog = make_table(self.state_dir, partitions=PARTITIONS)
         if self.history is not None:
             manifest = replace(changelog.manifest(), history=self.history)
@@ -97,6 +108,9 @@ class FaultCluster:
         self._write_rules()
         self.start_writer()
         wait_until(lambda: self.head() >= 0, STARTUP, "the writer committed no batch")
+
+    def start_nodes(self) -> None:
+        """The proxies and the nodes behind them, until they form one ready cluster."""
         ports = [free_port() for _ in range(self.count)]
         self.proxy_ports = [free_port() for _ in range(self.count)]
         routes = [f"n{i}={self.proxy_ports[i]}:{ports[i]}" for i in range(self.count)]
@@ -131,8 +145,12 @@ class FaultCluster:
         self._note_pids()  # before they connect to each other, so the proxies know them
         for node in self.nodes:
             node.wait_up(timeout=STARTUP)
-        wait_cluster([n.url for n in self.nodes], self.count, timeout=STARTUP)
-        return self
+        self.wait_whole(STARTUP)
+
+    def wait_whole(self, timeout: float) -> None:
+        """Until every node sees all the others and is ready."""
+        urls = [n.url for n in self.nodes]
+        wait_cluster(urls, self.count, timeout=timeout, token=self.token, verify=self.verify)
 
     def start_load(self) -> None:
         urls = [self.proxy_url(i) for i in range(self.count)]
@@ -322,7 +340,7 @@ class FaultCluster:
             if node.process.poll() is not None:
                 raise AssertionError(f"{node.node_id} exited: {node.log()}")
         try:
-            wait_cluster([n.url for n in self.nodes], self.count, timeout=SETTLE)
+            self.wait_whole(SETTLE)
         except AssertionError as exc:  # what each node said of the others, to find out why
             logs = "\n".join(f"--- {n.node_id}:\n{_events(n.log_path)}" for n in self.nodes)
             raise AssertionError(f"{exc}\n{logs}\n--- proxy rules: {self.rules}") from None

@@ -48,17 +48,28 @@ class Loader(threading.Thread):
     """Runs operations back to back until stopped; ``ops`` holds them in order."""
 
     def __init__(
-        self, name: str, urls: list[str], seed: int, *, timeout: float = 5.0, pause: float = 0.0
+        self,
+        name: str,
+        urls: list[str],
+        seed: int,
+        *,
+        timeout: float = 5.0,
+        pause: float = 0.0,
+        token: str | None = None,
+        ca: str | None = None,
     ) -> None:
         super().__init__(daemon=True, name=f"loader-{name}")
         self.client_name, self.urls, self.rng = name, urls, random.Random(seed)
         self.timeout, self.pause = timeout, pause
+        self.token, self.ca = token, ca  # for nodes that ask for a token, or serve https
         self.ops: list[Op] = []
         self.seen = Position.empty()
         self.stop_event = threading.Event()
 
     def run(self) -> None:
-        with Client(self.urls, timeout=self.timeout, monotonic=False) as client:
+        with Client(
+            self.urls, self.token, timeout=self.timeout, monotonic=False, ca=self.ca
+        ) as client:
             while not self.stop_event.is_set():
                 roll = self.rng.random()
                 kind = "get" if roll < 0.7 else "range" if roll < 0.85 else "sql"

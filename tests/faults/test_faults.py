@@ -15,57 +15,27 @@ suite also runs beside CPU hogs). Run ``pytest -s tests/faults`` to see the wind
 from __future__ import annotations
 
 import os
-import statistics
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.cluster.cluster_helpers import wait_until
-from tests.faults.checker import Fault, Window, windows
+from tests.faults.checker import Fault, Window
 from tests.faults.faultfs import Faults
 from tests.faults.harness import FaultCluster
 from tests.faults.model import PARTITIONS
+from tests.faults.underload import UNAVAILABLE_S
+from tests.faults.underload import under_load as judged
 
 pytestmark = pytest.mark.slow
 
+#: What each fault cost in unavailability, printed at the end of the module (``-s``).
 REPORT: list[str] = []
-#: The longest a client session may go without an answer while a node is partitioned away.
-UNAVAILABLE_S = 2.0
-#: Answers each session has before the fault: clients and routers learn how long to wait
-#: for one node before asking another from their own latencies (sparkiq.cluster.hedge).
-WARM_OPS = 30
 
 
-def slowdown() -> float:
-    """How much slower than its own CPU time a 20 ms computation runs on the wall clock."""
-    started, cpu = time.monotonic(), time.thread_time()
-    total = 0
-    while time.thread_time() - cpu < 0.02:
-        total += sum(range(1000))
-    return (time.monotonic() - started) / max(time.thread_time() - cpu, 1e-3)
-
-
-class Slowdown(threading.Thread):
-    """Samples :func:`slowdown` every 0.5 s while a fault holds; :meth:`factor` is the
-    median sample (never below 1), to scale a bound by: on a machine at load 30 the nodes
-    themselves stall for seconds, and a bound measured once, before the fault, misses it."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="slowdown")
-        self.samples: list[float] = []
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop_event.wait(0.5):
-            self.samples.append(slowdown())
-
-    def factor(self) -> float:
-        self.stop_event.set()
-        if self.is_alive():
-            self.join()
-        return max(1.0, statistics.median(self.samples or [slowdown()]))
+def under_load(
+    cluster: FaultCluster, inject: Callable[[], Fault], unavailable: float | None = None
+) -> Window:
+    return judged(cluster, inject, unavailable, report=REPORT)
 
 
 @pytest.fixture(scope="module")
@@ -73,39 +43,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
     with FaultCluster(tmp_path_factory.mktemp("faults"), disk_node=2) as cluster:
         yield cluster
     print("\nunavailability per fault:\n  " + "\n  ".join(REPORT))
-
-
-def under_load(
-    cluster: FaultCluster, inject: Callable[[], Fault], unavailable: float | None = None
-) -> Window:
-    """Load, one fault, the checker's verdict; the window goes to REPORT. ``unavailable``:
-    the longest a client session may go without an answer (scaled by the machine's load
-    while the fault held)."""
-    cluster.start_load()
-    load = Slowdown()
-    try:
-        warm = lambda: all(sum(o.ok for o in lo.ops) >= WARM_OPS  # noqa: E731
-                           for lo in cluster.loaders)  # fmt: skip
-        wait_until(warm, 60, "the sessions answered too little before the fault")
-        load.start()
-        fault = inject()
-        settled_ops = lambda: min(sum(o.start > fault.settled for o in lo.ops)  # noqa: E731
-                                  for lo in cluster.loaders)  # fmt: skip
-        wait_until(lambda: settled_ops() >= 5, 60, "no answers after the fault settled")
-    finally:
-        ops = cluster.stop_load()
-        factor = load.factor()
-    anomalies, _ = cluster.verdict(ops)
-    (window,) = windows(ops, [fault])
-    REPORT.append(f"{window}; errors: {window.errors[:2]}; slowdown x{factor:.1f}")
-    print(window)
-    assert anomalies == [], "\n".join(str(a) for a in anomalies[:10])
-    assert window.failed_after_settle == 0, window
-    assert sum(o.ok for o in ops if o.start > fault.settled) > 0
-    if unavailable is not None:
-        limit = unavailable * factor
-        assert window.client_gap <= limit, f"{window} (limit {limit:.2f} s)"
-    return window
 
 
 def test_kill_minus_nine_and_restart(cluster: FaultCluster) -> None:
