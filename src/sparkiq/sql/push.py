@@ -68,14 +68,17 @@ from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.push_batch import DecodedBatch, Decoder, Evaluated
 from sparkiq.sql.push_plan import PushPlan, PushQueryError, plan_push_query
 from sparkiq.sql.subscription import (
+    Chunk,
     PositionExpiredError,
     SlowConsumerError,
     Subscription,
     SubscriptionError,
+    wake_waiters,
 )
 
 __all__ = [
     "Change",
+    "Chunk",
     "PositionExpiredError",
     "PushQueryError",
     "SlowConsumerError",
@@ -146,6 +149,7 @@ class _Tail:
         with self.lock:
             groups = [(plan, list(subs)) for plan, subs in self.groups.values()]
             self.head = d.batch.batch_id
+        wake: list[Any] = []  # event-loop consumers to wake, once per loop, at the end
         for plan, subs in groups:
             cache: list[Evaluated] = []
 
@@ -155,8 +159,10 @@ class _Tail:
                 return cache[0]
 
             for sub in subs:
-                if not sub._offer(d, evaluate):
+                if not sub._offer(d, evaluate, wake):
                     self.hub._unregister(sub)
+        if wake:
+            wake_waiters(wake)
 
 
 class SubscriptionHub:

@@ -20,7 +20,9 @@ from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.sql.change import BatchPosition, Change
 from sparkiq.sql.push_plan import PushPlan, Row
 
-__all__ = ["DecodedBatch", "Decoder", "Evaluated"]
+__all__ = ["DecodedBatch", "Decoder", "Evaluated", "SharedChanges"]
+
+Encoder = Callable[[list[Change]], bytes]
 
 
 @dataclass(slots=True)
@@ -62,11 +64,43 @@ class Decoder:
         )
 
 
+class SharedChanges:
+    """Changes delivered together (one statement's verdict on one batch, or a part of it),
+    shared by every subscription that delivers exactly these, with their wire encoding
+    computed once for all of them: the tail hands each subscription a reference, never a
+    copy, so fanning a batch out costs the same whatever its size. Read-only."""
+
+    __slots__ = ("_encoded", "changes")
+
+    EMPTY: SharedChanges
+
+    def __init__(self, changes: list[Change]) -> None:
+        self.changes = changes
+        self._encoded: tuple[Encoder, bytes] | None = None
+
+    def encoded(self, encoder: Encoder) -> bytes:
+        """``encoder(changes)``, computed by the first subscription that asks and reused by
+        the others (a race encodes twice, harmlessly: the encoder is pure)."""
+        cached = self._encoded
+        if cached is not None and cached[0] is encoder:
+            return cached[1]
+        value = encoder(self.changes)
+        self._encoded = (encoder, value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self.changes)
+
+
+SharedChanges.EMPTY = SharedChanges([])
+
+
 class Evaluated:
     """One statement's verdict on one batch, shared by the subscriptions running it:
     ``rows`` is ``(encoded key, matches, change to deliver)`` per change, in order; the other
     fields are views of it that let each subscription pick its changes with set operations
-    (a key appears at most once in a batch)."""
+    (a key appears at most once in a batch); ``everything`` and ``matched`` are what most
+    subscriptions deliver, shared with their encoding."""
 
     __slots__ = ("everything", "matched", "matched_keys", "others", "others_keys", "rows")
 
@@ -79,8 +113,8 @@ class Evaluated:
             else:
                 rows.append((raw, False, Change.in_batch(key, None, batch, i)))
         self.rows = rows
-        self.everything = [change for _, _, change in rows]
-        self.matched = [change for _, matches, change in rows if matches]
+        self.everything = SharedChanges([change for _, _, change in rows])
+        self.matched = SharedChanges([change for _, matches, change in rows if matches])
         self.matched_keys = [raw for raw, matches, _ in rows if matches]
         self.others = {raw: change for raw, matches, change in rows if not matches}
         self.others_keys = self.others.keys()
