@@ -83,7 +83,7 @@ def change_lines(changes: list[Change]) -> bytes:
             {
                 "key": change.key,
                 "row": change.row,
-                "position": change.position.to_token(),
+                "position": change.token,
                 "batch_id": change.batch_id,
                 "snapshot": change.snapshot,
             }

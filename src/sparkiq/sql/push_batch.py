@@ -102,7 +102,15 @@ class Evaluated:
     (a key appears at most once in a batch); ``everything`` and ``matched`` are what most
     subscriptions deliver, shared with their encoding."""
 
-    __slots__ = ("everything", "matched", "matched_keys", "others", "others_keys", "rows")
+    __slots__ = (
+        "_leaving",
+        "everything",
+        "matched",
+        "matched_keys",
+        "others",
+        "others_keys",
+        "rows",
+    )
 
     def __init__(self, plan: PushPlan, d: DecodedBatch) -> None:
         predicate, project, batch = plan.predicate, plan.project, d.batch
@@ -118,3 +126,17 @@ class Evaluated:
         self.matched_keys = [raw for raw, matches, _ in rows if matches]
         self.others = {raw: change for raw, matches, change in rows if not matches}
         self.others_keys = self.others.keys()
+        self._leaving: dict[frozenset[bytes], SharedChanges] = {}
+
+    def with_leaving(self, gone: set[bytes]) -> SharedChanges:
+        """The matched changes plus deletions of the keys ``gone`` (which stopped matching
+        and were delivered as rows before), in batch order: one object, and one encoding,
+        for every subscription with the same ``gone``. Called by one thread (the tail, or a
+        consumer catching up with its own :class:`Evaluated`)."""
+        key = frozenset(gone)
+        found = self._leaving.get(key)
+        if found is None:
+            leaving = [self.others[raw] for raw in gone]
+            changes = sorted([*self.matched.changes, *leaving], key=Change.order)
+            found = self._leaving[key] = SharedChanges(changes)
+        return found

@@ -459,8 +459,7 @@ class Subscription:
             absent.update(evaluated.others_keys)
         if not gone:
             return evaluated.matched
-        leaving = [evaluated.others[raw] for raw in gone]
-        return SharedChanges(sorted([*evaluated.matched.changes, *leaving], key=Change.order))
+        return evaluated.with_leaving(gone)
 
     def _select_from(self, rows: list[tuple[bytes, bool, Change]]) -> SharedChanges:
         held, absent = self._held, self._absent
