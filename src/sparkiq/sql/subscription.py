@@ -284,9 +284,10 @@ class Subscription:
             finally:
                 if timer is not None:
                     timer.cancel()
-                with self._cond:
-                    if self._waiter is not None and self._waiter[1] is future:
-                        self._waiter = None
+                if self._waiter is not None:  # else the tail took it, as it woke us
+                    with self._cond:
+                        if self._waiter is not None and self._waiter[1] is future:
+                            self._waiter = None
             with self._cond:
                 self._move_queue()
 
@@ -310,8 +311,10 @@ class Subscription:
     def _take_chunk(self) -> Chunk | None:
         """Everything the consumer already holds as one chunk (None: no change; the
         position still moves past batches in which nothing matched)."""
-        parts: list[SharedChanges] = []
         current, index = self._current, self._index
+        if not self._ready and index >= len(current) and self._current_after is None:
+            return None
+        parts: list[SharedChanges] = []
         if index < len(current):
             rest = current if index == 0 else current[index:]
             parts.append(SharedChanges(rest))
@@ -489,29 +492,27 @@ class Subscription:
         False when the subscription no longer wants batches (closed, failed, overflowed).
         An event-loop consumer waiting for it is added to ``wake``, for the tail to wake
         with the others once the batch is fanned out."""
-        with self._cond:
+        with self._cond:  # the consumer takes it only briefly: one lock per batch here
             if self._closed or self._failure is not None:
                 return False
             if not self._live:
                 self._pending.append(d)
                 self._queued += len(d.raw)
                 return self._check_bound()
-        segment = self._segment(evaluate(), d.batch)
-        with self._cond:
-            if self._closed or self._failure is not None:
-                return False
+            segment = self._segment(evaluate(), d.batch)
             queue = self._queue
             if not segment[0] and queue and not queue[-1][0]:
                 queue[-1] = segment  # nothing new matched: just move the position
             else:
                 queue.append(segment)
                 self._queued += len(segment[0])
-            self._cond.notify()
-            wants = self._check_bound()
-            if self._waiter is not None:
-                wake.append(self._waiter)
+            waiter = self._waiter
+            if waiter is None:
+                self._cond.notify()  # a consumer thread, if one waits
+            else:
+                wake.append(waiter)
                 self._waiter = None
-            return wants
+            return self._check_bound()
 
     def _check_bound(self) -> bool:
         if self._queued <= self._limit:
