@@ -51,7 +51,7 @@ ROWS = {
     "versions": 18,  # apply (3 + 3 per CPU-second), 2 gets, 2 memory, 3 aggregates, 5 reads
     "pgwire": 3,
     "arrow": 7,
-    "push": 5,
+    "push": 8,
     "apply": 5,
     "restore": 6,
     # the commit write, then a row per reader: follow, its subset, follow at the Node's
