@@ -102,6 +102,7 @@ class _Tail:
         self.head = committed[-1] if committed else -1  # the last batch fanned out
         self.feed = ChangeFeed(changelog, self.head)
         self.groups: dict[str, tuple[PushPlan, list[Subscription]]] = {}
+        self.cohorts: dict[str, tuple[int, Subscription]] = {}  # statement -> (head, first)
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.wake = threading.Event()
@@ -113,6 +114,13 @@ class _Tail:
         with self.lock:
             sub._join(self.head)
             self.groups.setdefault(sub.statement, (sub.plan, []))[1].append(sub)
+            # Subscriptions of one statement that start live at the same head go through
+            # the same states: they share one (WHERE state, selection) per batch.
+            cohort = self.cohorts.get(sub.statement)
+            if cohort is not None and cohort[0] == self.head:
+                sub._share_state(cohort[1])
+            elif sub._fresh_cohort() is not None:
+                self.cohorts[sub.statement] = (self.head, sub)
 
     def remove(self, sub: Subscription) -> int:
         """Unregister ``sub`` (if registered); return how many subscriptions remain."""
@@ -122,6 +130,7 @@ class _Tail:
                 group[1].remove(sub)
                 if not group[1]:
                     del self.groups[sub.statement]
+                    self.cohorts.pop(sub.statement, None)
             return sum(len(subs) for _, subs in self.groups.values())
 
     def _run(self) -> None:
@@ -152,6 +161,7 @@ class _Tail:
         wake: list[Any] = []  # event-loop consumers to wake, once per loop, at the end
         for plan, subs in groups:
             cache: list[Evaluated] = []
+            selected: dict[int, Any] = {}  # one selection per cohort of this statement
 
             def evaluate(plan: PushPlan = plan, cache: list[Evaluated] = cache) -> Evaluated:
                 if not cache:
@@ -159,7 +169,7 @@ class _Tail:
                 return cache[0]
 
             for sub in subs:
-                if not sub._offer(d, evaluate, wake):
+                if not sub._offer(d, evaluate, wake, selected):
                     self.hub._unregister(sub)
         if wake:
             wake_waiters(wake)

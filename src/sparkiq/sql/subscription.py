@@ -485,13 +485,32 @@ class Subscription:
     def _segment(self, evaluated: Evaluated, batch: BatchPosition) -> _Segment:
         return self._select(evaluated, batch.batch_id), batch.after
 
+    def _fresh_cohort(self) -> set[bytes] | None:
+        """The WHERE state to share with subscriptions that start as this one did: live at
+        the tail's head, from nothing (not resumed, no snapshot), with a WHERE; else None."""
+        fresh = self._live and self._prefix is None and self._resume[1] == 0
+        return self._held if fresh and self._absent is None else None
+
+    def _share_state(self, first: Subscription) -> None:
+        """Called under the tail's lock as this subscription registers: ``first`` started
+        at the same head the same way; from now on both hold one WHERE state, and the tail
+        selects each batch's changes once for both (``_offer``'s ``selected``)."""
+        held = first._fresh_cohort()
+        if held is not None and self._fresh_cohort() is not None and not held:
+            self._held = held
+
     def _offer(
-        self, d: DecodedBatch, evaluate: Callable[[], Evaluated], wake: list[_Waiter]
+        self,
+        d: DecodedBatch,
+        evaluate: Callable[[], Evaluated],
+        wake: list[_Waiter],
+        selected: dict[int, SharedChanges],
     ) -> bool:
         """Called by the tail for every batch after the one the subscription joined at;
         False when the subscription no longer wants batches (closed, failed, overflowed).
         An event-loop consumer waiting for it is added to ``wake``, for the tail to wake
-        with the others once the batch is fanned out."""
+        with the others once the batch is fanned out. ``selected`` holds this batch's
+        selection per shared WHERE state (a cohort, see ``_share_state``)."""
         with self._cond:  # the consumer takes it only briefly: one lock per batch here
             if self._closed or self._failure is not None:
                 return False
@@ -499,7 +518,14 @@ class Subscription:
                 self._pending.append(d)
                 self._queued += len(d.raw)
                 return self._check_bound()
-            segment = self._segment(evaluate(), d.batch)
+            held = self._held
+            if held is not None and self._absent is None:
+                shared = selected.get(id(held))
+                if shared is None:  # the first of its cohort: the others take the same
+                    shared = selected[id(held)] = self._select(evaluate(), d.batch.batch_id)
+                segment: _Segment = (shared, d.batch.after)
+            else:
+                segment = self._segment(evaluate(), d.batch)
             queue = self._queue
             if not segment[0] and queue and not queue[-1][0]:
                 queue[-1] = segment  # nothing new matched: just move the position
