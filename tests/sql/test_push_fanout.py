@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from sparkiq.query.position import Position
-from sparkiq.server.streams import change_lines
+from sparkiq.server.streams import ENCODE_ON_LOOP_MAX, change_lines, push_stream
 from sparkiq.sql.push import (
     Change,
     SlowConsumerError,
@@ -325,3 +325,33 @@ def test_an_awaiting_consumer_times_out_with_none_and_keeps_its_changes(
         "b": None,
         "c": {"k": "c", "n": 3},
     }
+
+
+def test_push_stream_sends_a_batch_larger_than_the_loop_encodes_as_lines(
+    tmp_path: Any, hub: SubscriptionHub
+) -> None:
+    changelog = make_table(str(tmp_path))
+    big = {f"big{i:05d}": i for i in range(ENCODE_ON_LOOP_MAX + 500)}
+
+    async def run() -> list[dict[str, Any]]:
+        sub = hub.subscribe("SELECT n FROM t WHERE n % 2 = 0 EMIT CHANGES")
+        write_batch(changelog, 0, big)
+        hub.notify("t")
+        lines: list[dict[str, Any]] = []
+        stream = push_stream(sub)
+        async for body in stream:
+            lines += [orjson.loads(line) for line in body.splitlines() if line]
+            if len(lines) >= len(big) // 2:
+                break
+        await stream.aclose()
+        assert sub.closed  # closing the stream closes the subscription
+        return lines
+
+    lines = asyncio.run(run())
+    assert {line["key"]: line["row"] for line in lines} == {
+        k: {"n": n} for k, n in big.items() if n % 2 == 0
+    }
+    tokens = [Position.from_token(line["position"]) for line in lines]
+    assert [t.partition_offsets("push:t")[0] for t in tokens] == sorted(
+        t.partition_offsets("push:t")[0] for t in tokens
+    )

@@ -3,6 +3,7 @@ newline-delimited JSON, SQL results as JSON."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Iterator
 from concurrent.futures import Executor
 from typing import Any
@@ -18,6 +19,9 @@ __all__ = ["KEEPALIVE_SECONDS", "change_lines", "iq_json_chunks", "push_stream",
 
 ROWS_PER_CHUNK = 512
 KEEPALIVE_SECONDS = 10.0
+#: a push chunk of more changes is encoded off the event loop (once for every stream that
+#: sends it), so that lookups answered on the loop never wait for a large snapshot
+ENCODE_ON_LOOP_MAX = 2_000
 
 
 def iq_json_chunks(
@@ -121,7 +125,11 @@ async def push_stream(
                     return
                 yield b"\n"
                 continue
-            yield chunk.encoded(change_lines)
+            if len(chunk) > ENCODE_ON_LOOP_MAX:  # a snapshot's partition, a huge batch
+                loop = asyncio.get_running_loop()
+                yield await loop.run_in_executor(executor, chunk.encoded, change_lines)
+            else:
+                yield chunk.encoded(change_lines)
     finally:
         subscription.close()
 
