@@ -214,6 +214,12 @@ class Subscription:
     def poll(self, timeout: float | None = None) -> Change | None:
         """The next change; None when ``timeout`` seconds passed first or when closed.
         Raises :class:`SubscriptionError` when the subscription failed."""
+        current, index = self._current, self._index
+        if index < len(current) and not self._closed:  # the common case, kept short
+            change = current[index]
+            self._index = index + 1
+            self._last = change
+            return change
         deadline = None if timeout is None else time.monotonic() + timeout
         stepped = False
         while True:
