@@ -108,6 +108,7 @@ class Readers:
         self.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.loop_thread.start()
         self.tasks: list[Any] = []
+        self.errors: list[BaseException] = []  # a reader's failure ends the wait at once
 
     def add(self, sub: Subscription, how: str) -> None:
         self.got[sub], self.encoded[sub] = [], []
@@ -115,9 +116,16 @@ class Readers:
             self.tasks.append(asyncio.run_coroutine_threadsafe(self._awaited(sub), self.loop))
             return
         target = self._changes if how == "change" else self._chunks
-        thread = threading.Thread(target=target, args=(sub,), daemon=True)
+        thread = threading.Thread(target=self._noted, args=(target, sub), daemon=True)
         thread.start()
         self.threads.append(thread)
+
+    def _noted(self, target: Callable[[Subscription], None], sub: Subscription) -> None:
+        try:
+            target(sub)
+        except BaseException as exc:
+            self.errors.append(exc)
+            raise
 
     def _changes(self, sub: Subscription) -> None:
         for change in sub:
@@ -142,6 +150,7 @@ class Readers:
     def wait_for(self, subs: list[Subscription], batch_id: int) -> None:
         deadline = time.monotonic() + HANG_S
         while not all(reached(s, batch_id) for s in subs):
+            assert not self.errors, self.errors
             assert time.monotonic() < deadline, "subscribers never reached the last batch"
             time.sleep(0.02)
 
