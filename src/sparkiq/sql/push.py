@@ -65,10 +65,9 @@ from sparkiq.query.position import Position
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.change import Change
 from sparkiq.sql.limits import SqlLimits
-from sparkiq.sql.push_batch import DecodedBatch, Decoder, Evaluated
+from sparkiq.sql.push_batch import Chunk, DecodedBatch, Decoder, Evaluated
 from sparkiq.sql.push_plan import PushPlan, PushQueryError, plan_push_query
 from sparkiq.sql.subscription import (
-    Chunk,
     PositionExpiredError,
     SlowConsumerError,
     Subscription,

@@ -16,11 +16,12 @@ from typing import Any
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.feed import BatchChanges
 from sparkiq.changelog.source import ChangelogSource
+from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.sql.change import BatchPosition, Change
 from sparkiq.sql.push_plan import PushPlan, Row
 
-__all__ = ["DecodedBatch", "Decoder", "Evaluated", "SharedChanges"]
+__all__ = ["Chunk", "DecodedBatch", "Decoder", "Evaluated", "SharedChanges"]
 
 Encoder = Callable[[list[Change]], bytes]
 
@@ -140,3 +141,29 @@ class Evaluated:
             changes = sorted([*self.matched.changes, *leaving], key=Change.order)
             found = self._leaving[key] = SharedChanges(changes)
         return found
+
+
+class Chunk:
+    """What a consumer takes at once (``Subscription.poll_chunk``): every change that
+    was waiting, in order, and the consumer's position after them. ``encoded(encoder)``
+    gives the changes' wire form, each batch's part encoded once for every subscription
+    that delivers the same changes. Read-only."""
+
+    __slots__ = ("parts", "position")
+
+    def __init__(self, parts: list[SharedChanges], position: Position) -> None:
+        self.parts, self.position = parts, position
+
+    @property
+    def changes(self) -> list[Change]:
+        parts = self.parts
+        return parts[0].changes if len(parts) == 1 else [c for p in parts for c in p.changes]
+
+    def encoded(self, encoder: Encoder) -> bytes:
+        parts = self.parts
+        if len(parts) == 1:
+            return parts[0].encoded(encoder)
+        return b"".join(p.encoded(encoder) for p in parts)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)

@@ -2,11 +2,13 @@
 
 A :class:`Subscription` is one consumer's view of a push query: a bounded buffer that the
 table's tail (in :mod:`sparkiq.sql.push`) fills with the changes of each committed batch,
-and an iterator the consumer reads them from. Before it goes live it catches up in the
-consumer's own thread (the snapshot, then the batches between its resume point and the
-tail's head). Contracts (the full semantics are in :mod:`sparkiq.sql.push`):
+and an iterator the consumer reads them from, change by change or a
+:class:`~sparkiq.sql.push_batch.Chunk` at a time, from a thread or awaiting on an event
+loop. Before it goes live it catches up in the consumer's own thread (the snapshot, then
+the batches between its resume point and the tail's head). Contracts (the full semantics
+are in :mod:`sparkiq.sql.push`):
 
-* One consumer thread reads a subscription; :meth:`Subscription.close` is idempotent and may
+* One consumer reads a subscription; :meth:`Subscription.close` is idempotent and may
   be called from any thread. The hub and its tail call ``_join`` (under the tail's lock),
   ``_offer`` (once per batch after the join, in commit order) and ``_fail``; the hub passes
   its ``unregister`` callback in, so this module needs nothing of :mod:`sparkiq.sql.push`.
@@ -50,11 +52,10 @@ from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ChangelogError, SparkiqError
 from sparkiq.query.position import Position
 from sparkiq.sql.change import BatchPosition, Change
-from sparkiq.sql.push_batch import DecodedBatch, Decoder, Encoder, Evaluated, SharedChanges
+from sparkiq.sql.push_batch import Chunk, DecodedBatch, Decoder, Evaluated, SharedChanges
 from sparkiq.sql.push_plan import PushPlan
 
 __all__ = [
-    "Chunk",
     "PositionExpiredError",
     "SlowConsumerError",
     "Subscription",
@@ -87,32 +88,6 @@ class PositionExpiredError(SubscriptionError):
 # is the last change's, as for a snapshot's rows); an empty one only moves the position.
 _Segment = tuple[SharedChanges, Position | None]
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[bool]"]
-
-
-class Chunk:
-    """What a consumer takes at once (:meth:`Subscription.poll_chunk`): every change that
-    was waiting, in order, and the consumer's position after them. ``encoded(encoder)``
-    gives the changes' wire form, each batch's part encoded once for every subscription
-    that delivers the same changes. Read-only."""
-
-    __slots__ = ("parts", "position")
-
-    def __init__(self, parts: list[SharedChanges], position: Position) -> None:
-        self.parts, self.position = parts, position
-
-    @property
-    def changes(self) -> list[Change]:
-        parts = self.parts
-        return parts[0].changes if len(parts) == 1 else [c for p in parts for c in p.changes]
-
-    def encoded(self, encoder: Encoder) -> bytes:
-        parts = self.parts
-        if len(parts) == 1:
-            return parts[0].encoded(encoder)
-        return b"".join(p.encoded(encoder) for p in parts)
-
-    def __len__(self) -> int:
-        return sum(len(p) for p in self.parts)
 
 
 def wake_waiters(waiters: list[_Waiter]) -> None:
@@ -216,10 +191,10 @@ class Subscription:
         Raises :class:`SubscriptionError` when the subscription failed."""
         current, index = self._current, self._index
         if index < len(current) and not self._closed:  # the common case, kept short
-            change = current[index]
+            held = current[index]
             self._index = index + 1
-            self._last = change
-            return change
+            self._last = held
+            return held
         deadline = None if timeout is None else time.monotonic() + timeout
         stepped = False
         while True:
