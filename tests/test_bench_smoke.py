@@ -52,7 +52,7 @@ ROWS = {
     "pgwire": 3,
     "arrow": 7,
     "flight": 4,  # floor, Flight SQL, Postgres, REST Arrow
-    "push": 5,
+    "push": 8,
     "apply": 5,
     "restore": 6,
     # the commit write, then a row per reader: follow, its subset, follow at the Node's

@@ -4,6 +4,7 @@ sub-requests."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from decimal import Decimal
 from typing import Any
@@ -15,7 +16,7 @@ from sparkiq import Client
 from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
-from sparkiq.server.streams import iq_json_chunks, push_chunks
+from sparkiq.server.streams import iq_json_chunks, push_stream
 from tests.server.test_hostile import TOKEN, Hostile, auth
 from tests.server.test_limits_http import limited  # noqa: F401  # the fixture
 
@@ -52,7 +53,7 @@ class _Failing:
     def __init__(self, error: Exception) -> None:
         self.error = error
 
-    def poll(self, timeout: float) -> Any:
+    async def poll_chunk_async(self, timeout: float, executor: Any = None) -> Any:
         raise self.error
 
     def close(self) -> None:
@@ -61,7 +62,11 @@ class _Failing:
 
 def test_push_errors_carry_no_paths() -> None:
     subscription = _Failing(InvalidQueryError(f"replica at {REPLICA} failed: disk full"))
-    lines = list(push_chunks(subscription))
+
+    async def read() -> list[bytes]:
+        return [line async for line in push_stream(subscription)]
+
+    lines = asyncio.run(read())
     assert subscription.closed
     assert [orjson.loads(line) for line in lines] == [
         {"error": {"code": "push_failed", "message": "replica at <path> failed: disk full"}}

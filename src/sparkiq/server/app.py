@@ -59,7 +59,7 @@ from sparkiq.server.routes import PUBLIC_PATHS, match
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.server.served import ServedNode, no_tables_warning
 from sparkiq.server.source_wait import until_sources_read
-from sparkiq.server.streams import iq_json_chunks, push_chunks, sql_json
+from sparkiq.server.streams import iq_json_chunks, push_stream, sql_json
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import arrowipc, jsonapi, protocol
@@ -113,10 +113,10 @@ class RestApp:
         self._auth = auth_failures_of(node)  # slowed and counted per caller address
         self.metrics.registry.register(self._auth)
         self._pool = ElasticPool("sparkiq-http", threads)
-        # A push stream's producer waits for changes in its own thread: streams never take
-        # the threads lookups and scans need, and their number is bounded.
+        # A push stream waits for changes on the event loop (no thread), and sends a
+        # batch's lines encoded once for every stream of the same statement; their number
+        # is bounded all the same, each holds a subscription's buffer.
         self.max_push_streams = max_push_streams
-        self._push_pool = ElasticPool("sparkiq-push", max_push_streams)
         self._push_streams = 0
         self._openapi = jsonapi.dumps(openapi_document())
         self._audit: AuditLog | None = getattr(node, "audit", None)
@@ -141,7 +141,6 @@ class RestApp:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._push_pool.shutdown(wait=False, cancel_futures=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -438,15 +437,7 @@ class RestApp:
                 subscription = await self._run(lambda: self.node.stream(text, **options))
                 watcher = asyncio.ensure_future(when_disconnected(receive, subscription.close))
                 try:
-                    await self._stream(
-                        send,
-                        200,
-                        [(b"content-type", b"application/x-ndjson")],
-                        push_chunks(subscription),
-                        coalesce=False,
-                        pool=self._push_pool,
-                        headers_first=True,
-                    )
+                    await self._push(send, subscription)
                 finally:
                     watcher.cancel()
             finally:
@@ -501,31 +492,36 @@ class RestApp:
         await send_body(send, status, jsonapi.dumps(doc), JSON_HEADERS)
         return status
 
+    async def _push(self, send: Send, subscription: Any) -> None:
+        """Stream a push query's changes as they come, on the event loop: waiting holds no
+        thread, and each batch's encoded lines are shared by the streams that send them."""
+        start = [(b"content-type", b"application/x-ndjson")]
+        await send({"type": "http.response.start", "status": 200, "headers": start})
+        body = push_stream(subscription, self._roots, self._pool)
+        try:
+            async for chunk in body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await body.aclose()
+
     async def _stream(
         self,
         send: Send,
         status: int,
         headers: list[tuple[bytes, bytes]],
         chunks: Iterator[bytes],
-        *,
-        coalesce: bool = True,
-        pool: ElasticPool | None = None,
-        headers_first: bool = False,
     ) -> None:
-        """Send ``chunks`` as they are produced (on the pool: producing may block). Unless
-        ``headers_first`` (streams that may stay silent for long, whose errors are sent in
-        the body), the first chunk is produced before the status is sent, so early errors
-        get a proper status."""
+        """Send ``chunks`` as they are produced (on the pool: producing may block). The
+        first chunk is produced before the status is sent, so early errors get a proper
+        status."""
         loop = asyncio.get_running_loop()
-        source = coalesced(chunks) if coalesce else chunks
-        pool = pool or self._pool
+        source = coalesced(chunks)
+        pool = self._pool
         start = {"type": "http.response.start", "status": status, "headers": headers}
         try:
-            if headers_first:
-                await send(start)
             chunk = await loop.run_in_executor(pool, next, source, None)
-            if not headers_first:
-                await send(start)
+            await send(start)
             while chunk is not None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 chunk = await loop.run_in_executor(pool, next, source, None)

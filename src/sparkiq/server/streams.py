@@ -3,19 +3,25 @@ newline-delimited JSON, SQL results as JSON."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncGenerator, Iterator
+from concurrent.futures import Executor
 from typing import Any
 
 from sparkiq.errors import ErrorCode, SparkiqError
 from sparkiq.query.result import StateQueryResult
 from sparkiq.server.scrub import scrub
+from sparkiq.sql.change import Change
 from sparkiq.sql.subscription import SubscriptionError
 from sparkiq.wire.jsonapi import dumps
 
-__all__ = ["KEEPALIVE_SECONDS", "iq_json_chunks", "push_chunks", "sql_json"]
+__all__ = ["KEEPALIVE_SECONDS", "change_lines", "iq_json_chunks", "push_stream", "sql_json"]
 
 ROWS_PER_CHUNK = 512
 KEEPALIVE_SECONDS = 10.0
+#: a push chunk of more changes is encoded off the event loop (once for every stream that
+#: sends it), so that lookups answered on the loop never wait for a large snapshot
+ENCODE_ON_LOOP_MAX = 2_000
 
 
 def iq_json_chunks(
@@ -73,19 +79,38 @@ def iq_json_chunks(
                 close()
 
 
-def push_chunks(subscription: Any, roots: tuple[str, ...] = ()) -> Iterator[bytes]:
+def change_lines(changes: list[Change]) -> bytes:
+    """The NDJSON lines of ``changes`` (see :func:`push_stream`). The hub encodes a batch's
+    changes once with this for every subscription that delivers the same ones."""
+    return b"".join(
+        dumps(
+            {
+                "key": change.key,
+                "row": change.row,
+                "position": change.token,
+                "batch_id": change.batch_id,
+                "snapshot": change.snapshot,
+            }
+        )
+        + b"\n"
+        for change in changes
+    )
+
+
+async def push_stream(
+    subscription: Any, roots: tuple[str, ...] = (), executor: Executor | None = None
+) -> AsyncGenerator[bytes, None]:
     """One JSON line per change (``{"key", "row", "position", "batch_id", "snapshot"}``,
-    the fields of :class:`~sparkiq.sql.change.Change`; ``row`` null for a
-    deletion), an empty line every :data:`KEEPALIVE_SECONDS` while nothing happens, and a
-    final ``{"error": ...}`` line if the subscription fails (e.g. the client reads too
-    slowly), its message scrubbed as the REST API's errors. Closing the generator closes
-    the subscription."""
+    the fields of :class:`~sparkiq.sql.change.Change`; ``row`` null for a deletion), an
+    empty line every :data:`KEEPALIVE_SECONDS` while nothing happens, and a final
+    ``{"error": ...}`` line if the subscription fails (e.g. the client reads too slowly),
+    its message scrubbed as the REST API's errors. Awaited on the event loop: a stream
+    holds no thread while it waits (catching up reads the changelog on ``executor``).
+    Closing the generator closes the subscription."""
     try:
         while True:
             try:
-                change = subscription.poll(KEEPALIVE_SECONDS)
-            except StopIteration:
-                return
+                chunk = await subscription.poll_chunk_async(KEEPALIVE_SECONDS, executor)
             except SparkiqError as exc:
                 # a subscription's own failure says why; anything else failed the push
                 code = exc.code if isinstance(exc, SubscriptionError) else ErrorCode.PUSH_FAILED
@@ -95,19 +120,16 @@ def push_chunks(subscription: Any, roots: tuple[str, ...] = ()) -> Iterator[byte
                 }
                 yield dumps({"error": error}) + b"\n"
                 return
-            if change is None:
+            if chunk is None:
                 if getattr(subscription, "closed", False):
                     return
                 yield b"\n"
                 continue
-            doc = {
-                "key": change.key,
-                "row": change.row,
-                "position": change.position.to_token(),
-                "batch_id": change.batch_id,
-                "snapshot": change.snapshot,
-            }
-            yield dumps(doc) + b"\n"
+            if len(chunk) > ENCODE_ON_LOOP_MAX:  # a snapshot's partition, a huge batch
+                loop = asyncio.get_running_loop()
+                yield await loop.run_in_executor(executor, chunk.encoded, change_lines)
+            else:
+                yield chunk.encoded(change_lines)
     finally:
         subscription.close()
 

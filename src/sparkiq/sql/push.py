@@ -65,17 +65,19 @@ from sparkiq.query.position import Position
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql.change import Change
 from sparkiq.sql.limits import SqlLimits
-from sparkiq.sql.push_batch import DecodedBatch, Decoder, Evaluated
+from sparkiq.sql.push_batch import Chunk, DecodedBatch, Decoder, Evaluated
 from sparkiq.sql.push_plan import PushPlan, PushQueryError, plan_push_query
 from sparkiq.sql.subscription import (
     PositionExpiredError,
     SlowConsumerError,
     Subscription,
     SubscriptionError,
+    wake_waiters,
 )
 
 __all__ = [
     "Change",
+    "Chunk",
     "PositionExpiredError",
     "PushQueryError",
     "SlowConsumerError",
@@ -99,6 +101,7 @@ class _Tail:
         self.head = committed[-1] if committed else -1  # the last batch fanned out
         self.feed = ChangeFeed(changelog, self.head)
         self.groups: dict[str, tuple[PushPlan, list[Subscription]]] = {}
+        self.cohorts: dict[str, tuple[int, Subscription]] = {}  # statement -> (head, first)
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.wake = threading.Event()
@@ -110,6 +113,13 @@ class _Tail:
         with self.lock:
             sub._join(self.head)
             self.groups.setdefault(sub.statement, (sub.plan, []))[1].append(sub)
+            # Subscriptions of one statement that start live at the same head go through
+            # the same states: they share one (WHERE state, selection) per batch.
+            cohort = self.cohorts.get(sub.statement)
+            if cohort is not None and cohort[0] == self.head:
+                sub._share_state(cohort[1])
+            elif sub._fresh_cohort() is not None:
+                self.cohorts[sub.statement] = (self.head, sub)
 
     def remove(self, sub: Subscription) -> int:
         """Unregister ``sub`` (if registered); return how many subscriptions remain."""
@@ -119,6 +129,7 @@ class _Tail:
                 group[1].remove(sub)
                 if not group[1]:
                     del self.groups[sub.statement]
+                    self.cohorts.pop(sub.statement, None)
             return sum(len(subs) for _, subs in self.groups.values())
 
     def _run(self) -> None:
@@ -146,8 +157,10 @@ class _Tail:
         with self.lock:
             groups = [(plan, list(subs)) for plan, subs in self.groups.values()]
             self.head = d.batch.batch_id
+        wake: list[Any] = []  # event-loop consumers to wake, once per loop, at the end
         for plan, subs in groups:
             cache: list[Evaluated] = []
+            selected: dict[int, Any] = {}  # one selection per cohort of this statement
 
             def evaluate(plan: PushPlan = plan, cache: list[Evaluated] = cache) -> Evaluated:
                 if not cache:
@@ -155,8 +168,10 @@ class _Tail:
                 return cache[0]
 
             for sub in subs:
-                if not sub._offer(d, evaluate):
+                if not sub._offer(d, evaluate, wake, selected):
                     self.hub._unregister(sub)
+        if wake:
+            wake_waiters(wake)
 
 
 class SubscriptionHub:

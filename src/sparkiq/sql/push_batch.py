@@ -16,11 +16,14 @@ from typing import Any
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.feed import BatchChanges
 from sparkiq.changelog.source import ChangelogSource
+from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.sql.change import BatchPosition, Change
 from sparkiq.sql.push_plan import PushPlan, Row
 
-__all__ = ["DecodedBatch", "Decoder", "Evaluated"]
+__all__ = ["Chunk", "DecodedBatch", "Decoder", "Evaluated", "SharedChanges"]
+
+Encoder = Callable[[list[Change]], bytes]
 
 
 @dataclass(slots=True)
@@ -62,13 +65,53 @@ class Decoder:
         )
 
 
+class SharedChanges:
+    """Changes delivered together (one statement's verdict on one batch, or a part of it),
+    shared by every subscription that delivers exactly these, with their wire encoding
+    computed once for all of them: the tail hands each subscription a reference, never a
+    copy, so fanning a batch out costs the same whatever its size. Read-only."""
+
+    __slots__ = ("_encoded", "changes")
+
+    EMPTY: SharedChanges
+
+    def __init__(self, changes: list[Change]) -> None:
+        self.changes = changes
+        self._encoded: tuple[Encoder, bytes] | None = None
+
+    def encoded(self, encoder: Encoder) -> bytes:
+        """``encoder(changes)``, computed by the first subscription that asks and reused by
+        the others (a race encodes twice, harmlessly: the encoder is pure)."""
+        cached = self._encoded
+        if cached is not None and cached[0] is encoder:
+            return cached[1]
+        value = encoder(self.changes)
+        self._encoded = (encoder, value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self.changes)
+
+
+SharedChanges.EMPTY = SharedChanges([])
+
+
 class Evaluated:
     """One statement's verdict on one batch, shared by the subscriptions running it:
     ``rows`` is ``(encoded key, matches, change to deliver)`` per change, in order; the other
     fields are views of it that let each subscription pick its changes with set operations
-    (a key appears at most once in a batch)."""
+    (a key appears at most once in a batch); ``everything`` and ``matched`` are what most
+    subscriptions deliver, shared with their encoding."""
 
-    __slots__ = ("everything", "matched", "matched_keys", "others", "others_keys", "rows")
+    __slots__ = (
+        "_leaving",
+        "everything",
+        "matched",
+        "matched_keys",
+        "others",
+        "others_keys",
+        "rows",
+    )
 
     def __init__(self, plan: PushPlan, d: DecodedBatch) -> None:
         predicate, project, batch = plan.predicate, plan.project, d.batch
@@ -79,8 +122,48 @@ class Evaluated:
             else:
                 rows.append((raw, False, Change.in_batch(key, None, batch, i)))
         self.rows = rows
-        self.everything = [change for _, _, change in rows]
-        self.matched = [change for _, matches, change in rows if matches]
+        self.everything = SharedChanges([change for _, _, change in rows])
+        self.matched = SharedChanges([change for _, matches, change in rows if matches])
         self.matched_keys = [raw for raw, matches, _ in rows if matches]
         self.others = {raw: change for raw, matches, change in rows if not matches}
         self.others_keys = self.others.keys()
+        self._leaving: dict[frozenset[bytes], SharedChanges] = {}
+
+    def with_leaving(self, gone: set[bytes]) -> SharedChanges:
+        """The matched changes plus deletions of the keys ``gone`` (which stopped matching
+        and were delivered as rows before), in batch order: one object, and one encoding,
+        for every subscription with the same ``gone``. Called by one thread (the tail, or a
+        consumer catching up with its own :class:`Evaluated`)."""
+        key = frozenset(gone)
+        found = self._leaving.get(key)
+        if found is None:
+            leaving = [self.others[raw] for raw in gone]
+            changes = sorted([*self.matched.changes, *leaving], key=Change.order)
+            found = self._leaving[key] = SharedChanges(changes)
+        return found
+
+
+class Chunk:
+    """What a consumer takes at once (``Subscription.poll_chunk``): every change that
+    was waiting, in order, and the consumer's position after them. ``encoded(encoder)``
+    gives the changes' wire form, each batch's part encoded once for every subscription
+    that delivers the same changes. Read-only."""
+
+    __slots__ = ("parts", "position")
+
+    def __init__(self, parts: list[SharedChanges], position: Position) -> None:
+        self.parts, self.position = parts, position
+
+    @property
+    def changes(self) -> list[Change]:
+        parts = self.parts
+        return parts[0].changes if len(parts) == 1 else [c for p in parts for c in p.changes]
+
+    def encoded(self, encoder: Encoder) -> bytes:
+        parts = self.parts
+        if len(parts) == 1:
+            return parts[0].encoded(encoder)
+        return b"".join(p.encoded(encoder) for p in parts)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
