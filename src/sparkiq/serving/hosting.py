@@ -49,7 +49,7 @@ from sparkiq.changelog.replica import (
     rocksdb_factory,
 )
 from sparkiq.changelog.source import SourceCatalog, StateDirCatalog
-from sparkiq.errors import InvalidQueryError, UnknownStoreError
+from sparkiq.errors import ChangelogError, InvalidQueryError, UnknownStoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
@@ -441,10 +441,16 @@ class Hosting:
             return replica.latest_batch_id
         return max(replica.source.committed_batch_ids(), default=-1)
 
-    def committed_head(self, table: str) -> int:
+    def committed_head(self, table: str) -> int | None:
         """The newest batch of ``table`` committed in the changelog now, read from it rather
-        than remembered from the last poll (-1: none)."""
-        return max(self.replica(table).source.committed_batch_ids(), default=-1)
+        than remembered from the last poll (-1: none); None when the changelog cannot be
+        listed just now (a storage fault: the caller goes by what the replicas hold, as it
+        would have without this look)."""
+        try:
+            return max(self.replica(table).source.committed_batch_ids(), default=-1)
+        except (OSError, ChangelogError) as exc:
+            log.info("cannot list %r's commits now: %s", table, exc)
+            return None
 
     def batch_at_time(self, table: str, when: float) -> int:
         """The newest batch of ``table`` committed at or before ``when`` (epoch seconds);

@@ -310,7 +310,7 @@ class Lookup:
         if floor <= self._hosting.latest_batch(request.store):
             return None
         head = self._hosting.committed_head(request.store)  # the last poll may be behind
-        if floor <= head:
+        if head is None or floor <= head:  # None: unknown now, so no shortcut
             return None
         return self._not_up_to_bound(
             request,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sparkiq.errors import InvalidQueryError
+from sparkiq.errors import ChangelogError, InvalidQueryError
 from sparkiq.query.position import KAFKA_PREFIX, Position, PositionBound, kafka_topics
 from sparkiq.serving.hosting import Hosting
 
@@ -94,8 +94,11 @@ class SourceBounds:
         recent = replica.recent_sources
         seen = recent[-1] if recent else None
         head = self._hosting.committed_head(table)
-        if head >= 0 and (seen is None or head > seen[0]):
-            record = replica.source.read_commit(head)
+        if head is not None and head >= 0 and (seen is None or head > seen[0]):
+            try:
+                record = replica.source.read_commit(head)
+            except (OSError, ChangelogError):  # a storage fault: the replicas' memory
+                return seen
             if record is not None:
                 return head, Position.from_map(record.position)
         return seen
