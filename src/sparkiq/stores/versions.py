@@ -102,8 +102,7 @@ class _Plan:
     """What applying a batch changes, worked out before anything is changed."""
 
     keys: pa.Array  # the new chunk's keys and encoded rows, in batch order
-    rows: list[bytes]
-    row_array: pa.Array  # ``rows`` as Arrow
+    rows: pa.Array
     index: ChunkKeys  # of ``keys``
     stamp: list[tuple[int, np.ndarray]]  # (chunk serial, rows) the batch replaces or deletes
     # CurrentKeys.edit's arguments, with rows of the new chunk for locations (None: no index)
@@ -396,7 +395,6 @@ class VersionedRows:
         chunk = self._chunk(
             batch_id,
             pa.array(keys, pa.binary()),
-            rows,
             pa.array(rows, pa.binary()),
             ChunkKeys.of(keyindex.key_hashes(keys)),
         )
@@ -436,7 +434,7 @@ class VersionedRows:
                 self._current = None  # two keys share a hash: match keys by value instead
         if plan is None:
             plan = self._plan_by_value(state, keys, values, replace_all)
-        chunk = self._chunk(batch_id, plan.keys, plan.rows, plan.row_array, plan.index)
+        chunk = self._chunk(batch_id, plan.keys, plan.rows, plan.index)
         # From here on nothing raises: stamp, move the index, publish.
         if plan.stamp:
             by_serial = {c.serial: c for c in state.chunks}
@@ -518,7 +516,6 @@ class VersionedRows:
         mask = None if every else pa.array(upsert)
         return _Plan(
             batch_keys if mask is None else batch_keys.filter(mask),
-            values if every else list(compress(values, upsert)),  # type: ignore[arg-type]
             batch_rows if mask is None else batch_rows.filter(mask),
             ChunkKeys(sorted_hashes[upsert_sorted], rows_sorted[upsert_sorted].astype(np.int32)),
             [(serial, rows) for serial, rows, _ in groups],
@@ -564,11 +561,10 @@ class VersionedRows:
                 if live.size:
                     stamps.append((old.serial, live))
             new = {k: v for k, v in latest.items() if v is not None}
-        upserts, rows = list(new), list(new.values())
+        upserts = list(new)
         return _Plan(
             pa.array(upserts, pa.binary()),
-            rows,
-            pa.array(rows, pa.binary()),
+            pa.array(list(new.values()), pa.binary()),
             ChunkKeys.of(keyindex.key_hashes(upserts)),
             stamps,
             None,
@@ -644,15 +640,15 @@ class VersionedRows:
         self,
         batch_id: int,
         keys: pa.Array,
-        rows: list[bytes],
-        row_array: pa.Array,
+        rows: pa.Array,
         index: ChunkKeys,
     ) -> _Chunk | None:
-        """A chunk of the rows ``batch_id`` wrote (``row_array``: ``rows`` as Arrow,
-        ``index``: of ``keys``); decodes them, so it raises on a row that does not decode."""
+        """A chunk of the rows ``batch_id`` wrote (``index``: of ``keys``); decodes them from
+        the Arrow array (no list of them is built), so it raises on a row that does not
+        decode."""
         if not len(keys):
             return None
-        decoded = self._rows.from_stored(rows)
+        decoded = self._rows.from_stored_array(rows)
         count = decoded.num_rows
         valid_from = np.full(count, batch_id, dtype=np.int64)
         valid_to = np.full(count, OPEN, dtype=np.int64)
@@ -660,7 +656,7 @@ class VersionedRows:
             [
                 *decoded.columns,
                 keys,
-                row_array,
+                rows,
                 pa.array(valid_from),  # zero-copy, as valid_to
                 pa.array(valid_to),  # zero-copy: stamps on valid_to show in the column
             ],
