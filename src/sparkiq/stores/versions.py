@@ -204,12 +204,30 @@ def visible_mask(raw: pa.Table, batch_id: int) -> pa.ChunkedArray:
     )
 
 
+def _checked_columns(columns: tuple[pa.Array, pa.Array], count: int) -> tuple[pa.Array, pa.Array]:
+    """``columns`` as plain binary arrays of ``count`` rows each (ValueError otherwise)."""
+    keys, values = columns
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if keys.type != pa.binary() or values.type != pa.binary():
+        raise ValueError(f"columns must be binary arrays, not {keys.type} and {values.type}")
+    if len(keys) != count or len(values) != count:
+        raise ValueError(
+            f"columns hold {len(keys)} keys and {len(values)} values for {count} changes"
+        )
+    return keys, values
+
+
 def _last_write_wins(
     keys: list[bytes], values: list[bytes | None]
-) -> tuple[list[bytes], list[bytes | None], np.ndarray, np.ndarray]:
+) -> tuple[list[bytes], list[bytes | None], np.ndarray, np.ndarray, np.ndarray | None]:
     """``keys`` and ``values`` without the earlier writes of a key given twice (the store
-    keeps the last), the hash of each key and the order that sorts the hashes;
-    :class:`HashCollision` if two different keys share a hash."""
+    keeps the last), the hash of each key, the order that sorts the hashes, and which of
+    the changes were kept (None: all); :class:`HashCollision` if two different keys share
+    a hash."""
+    keep = None
     hashes = keyindex.key_hashes(keys)
     order = np.argsort(hashes)
     if len(keys) > 1:
@@ -228,7 +246,7 @@ def _last_write_wins(
             keys, values = list(compress(keys, keep)), list(compress(values, keep))
             hashes = hashes[keep]
             order = np.argsort(hashes)
-    return keys, values, hashes, order
+    return keys, values, hashes, order, keep
 
 
 def _same_rows(
@@ -418,18 +436,23 @@ class VersionedRows:
         values: list[bytes | None],
         *,
         replace_all: bool = False,
+        columns: tuple[pa.Array, pa.Array] | None = None,
     ) -> None:
         """Apply batch ``batch_id``: ``values[i]`` is the new row of ``keys[i]`` (None
         deletes it; a key given twice takes its last value, as in the store).
-        ``replace_all`` replaces every row (a complete-mode batch). Nothing changes if it
-        raises (a row that does not decode)."""
+        ``replace_all`` replaces every row (a complete-mode batch). ``columns``: ``keys``
+        and ``values`` as binary arrays, when the caller holds them (a segment's), used
+        instead of building them. Nothing changes if it raises (a row that does not
+        decode)."""
         state = self._state
         if batch_id <= state.newest:
             raise ValueError(f"batch {batch_id} is not after the applied batch {state.newest}")
+        if columns is not None:
+            columns = _checked_columns(columns, len(keys))
         plan = None
         if self._current is not None:
             try:
-                plan = self._plan(state, self._current, keys, values, replace_all)
+                plan = self._plan(state, self._current, keys, values, replace_all, columns)
             except HashCollision:
                 self._current = None  # two keys share a hash: match keys by value instead
         if plan is None:
@@ -465,13 +488,20 @@ class VersionedRows:
         keys: list[bytes],
         values: list[bytes | None],
         replace_all: bool,
+        columns: tuple[pa.Array, pa.Array] | None,
     ) -> _Plan:
         """The batch's changes found through ``current``, vectorized (no Python work per
-        row beyond building lists); :class:`HashCollision` if two keys share a hash."""
+        row beyond hashing the keys, and building the Arrow arrays unless ``columns`` are
+        given); :class:`HashCollision` if two keys share a hash."""
         if replace_all:  # the new table is the rows with a value
             present = list(map(operator.is_not, values, repeat(None)))
             keys, values = list(compress(keys, present)), list(compress(values, present))
-        keys, values, hashes, order = _last_write_wins(keys, values)
+            if columns is not None:
+                columns = (columns[0].filter(columns[1].is_valid()), columns[1].drop_null())
+        keys, values, hashes, order, kept = _last_write_wins(keys, values)
+        if columns is not None and kept is not None:
+            mask = pa.array(kept)
+            columns = (columns[0].filter(mask), columns[1].filter(mask))
         sorted_hashes = hashes[order]
         positions, matched = current.find(sorted_hashes)  # deleted keys' entries too
         found = matched.copy()
@@ -479,7 +509,7 @@ class VersionedRows:
         old = current.locations[positions[found]]  # current rows of the batch's keys
         old_index = order[found]  # their index in the batch
         chunks = {c.serial: c for c in state.chunks}
-        batch_keys = pa.array(keys, pa.binary())
+        batch_keys = pa.array(keys, pa.binary()) if columns is None else columns[0]
         groups = split_locations(old)
         if groups:  # the same hash: the same key, or a collision
             held = pa.chunked_array(
@@ -501,7 +531,8 @@ class VersionedRows:
             ended = ~kept & (current.locations >= 0)
             groups = split_locations(current.locations[ended])
         else:
-            batch_rows = pa.array(values, pa.binary())  # None: null
+            # None: null
+            batch_rows = pa.array(values, pa.binary()) if columns is None else columns[1]
             upsert = batch_rows.is_valid().to_numpy(zero_copy_only=False)
         row_of = np.cumsum(upsert) - 1  # the new chunk's row of each upsert
         upsert_sorted, rows_sorted = upsert[order], row_of[order]
