@@ -32,6 +32,9 @@ follows the batch, not the rows stored. Everything a batch changes is worked out
 (:class:`_Plan`, and its chunk decoded) and only then stamped and published, so a batch that
 fails (a row that does not decode) changes nothing. Two keys with one hash make the writer
 drop its index and match keys by value until the index is rebuilt (when chunks merge).
+A replica hands the batch's segment columns with its lists when it has them, and the chunk
+is built from those (its rows decoded from the column's buffers): no Arrow array is built
+from Python objects.
 
 Over 600 lines because the writer's plan and the readers share the private chunk layout
 (:class:`_Chunk`); split, it would have to become an interface of its own.
