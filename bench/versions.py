@@ -4,7 +4,8 @@ One partition of 125k keys (``k string``, ``n long``, ``total double``) in Rocks
 batches that each change 8% of it (10:2:1 updates, inserts, deletes), applied to a
 :class:`~sparkiq.stores.partition.PartitionStore` with versions (five minutes of history)
 and to one without, taking turns, as a replica applies a segment: keys and values as two
-lists in key order (``PartitionStore.apply_changes``):
+lists in key order, and the segment's two binary columns they were read from
+(``PartitionStore.apply_changes``):
 
 * apply throughput (rows of changes per second) with and without versions, and the floor:
   the same changes as bare rocksdict write batches (replica options, no position, no checks);
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 from rocksdict import Rdict, WriteBatch
 
 from bench._changelog import as_arrow, key_name, open_table
@@ -88,16 +90,17 @@ def _batches(
     return out
 
 
-Segment = tuple[list[bytes], list[bytes | None]]
+Segment = tuple[list[bytes], list[bytes | None], tuple[pa.Array, pa.Array]]
 
 
 def _segments(batches: list[dict[bytes, bytes | None]]) -> list[Segment]:
     """Each batch's changes as a replica reads them from its segment: keys and values as
-    two lists, in key order."""
+    two lists, in key order, and the segment's key and value columns."""
     out: list[Segment] = []
     for changes in batches:
         keys = sorted(changes)
-        out.append((keys, [changes[k] for k in keys]))
+        values = [changes[k] for k in keys]
+        out.append((keys, values, (pa.array(keys, pa.binary()), pa.array(values, pa.binary()))))
     return out
 
 
@@ -105,10 +108,12 @@ def _apply_all(store: PartitionStore, segments: list[Segment]) -> tuple[float, f
     """Seconds, wall clock and CPU of this thread, to apply every batch after the first (as
     ``PartitionReplica.apply`` calls it)."""
     wall = cpu = 0.0
-    for batch_id, (keys, values) in enumerate(segments):
+    for batch_id, (keys, values, columns) in enumerate(segments):
         position = Position.from_map({"t": {0: batch_id}})
         t0, c0 = time.perf_counter(), time.thread_time()
-        store.apply_changes(keys, values, batch_id, position, committed_at=time.time())
+        store.apply_changes(
+            keys, values, batch_id, position, committed_at=time.time(), columns=columns
+        )
         if batch_id:
             wall += time.perf_counter() - t0
             cpu += time.thread_time() - c0
@@ -122,7 +127,7 @@ def _raw_write_all(path: str, segments: list[Segment]) -> tuple[float, float]:
     db = Rdict(path, options, column_families={"default": options})
     wall = cpu = 0.0
     try:
-        for batch_id, (keys, values) in enumerate(segments):
+        for batch_id, (keys, values, _) in enumerate(segments):
             t0, c0 = time.perf_counter(), time.thread_time()
             batch = WriteBatch(raw_mode=True)
             put, delete = batch.put, batch.delete
@@ -185,7 +190,8 @@ def run(scale: Scale = Scale.FULL) -> Report:
         measures=(
             f"apply throughput (wall clock, and per CPU-second of the applying thread) and get "
             f"p50 on one partition of {n_keys:,} keys with and without versions ({n_batches} "
-            f"batches changing 8% each, applied in key order as segments are); memory of the "
+            f"batches changing 8% each, applied in key order as segments are, with the segment's "
+            "columns as a replica hands them); memory of the "
             "versions; on 8 "
             f"partitions ({8 * n_keys:,} keys): an all-partition aggregate consistent and not, "
             "and a key read at the newest and at a past batch"
@@ -201,7 +207,7 @@ def run(scale: Scale = Scale.FULL) -> Report:
     with scratch_dir("versions") as root:
         table = open_table(os.path.join(root, "one"), "t", 1)
         segments = _segments([b.get(0, {}) for b in _batches(table, n_keys, n_batches, seed=1)])
-        rows = sum(len(keys) for keys, _ in segments[1:])
+        rows = sum(len(keys) for keys, _, _ in segments[1:])
         rates: dict[str, list[float]] = {"with versions": [], "without versions": [], RAW: []}
         cpu_rates: dict[str, list[float]] = {name: [] for name in rates}
         stores = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from sparkiq.changelog import Changelog, CommitRecord, TableManifest
@@ -32,6 +33,27 @@ def test_commit_record_round_trips(tmp_path: os.PathLike[str]) -> None:
     assert changelog.read_commit(4) is None
     assert changelog.committed_batch_ids() == [3]
     assert record.rows == 2
+
+
+def test_a_segments_columns_hold_what_its_lists_hold(tmp_path: os.PathLike[str]) -> None:
+    """What a replica hands its versions (the segment's binary columns) is what it hands
+    its store (the lists), deletions (nulls) included; a partition the batch did not touch
+    has empty columns."""
+    from sparkiq.changelog.source import SegmentSource
+
+    changelog = make_table(str(tmp_path))
+    record = write_batch(changelog, 0, {f"k{i}": None if i % 3 == 0 else i for i in range(60)})
+    source = SegmentSource(changelog)
+    for partition in record.segments:
+        columns = source.read_change_columns(record, partition)
+        keys, values = changelog.read_segment(record, partition)
+        assert columns is not None and columns[0].type == columns[1].type == pa.binary()
+        assert (columns[0].to_pylist(), columns[1].to_pylist()) == (keys, values)
+        assert None in values and keys == sorted(keys)
+    untouched = write_batch(changelog, 1, {"k1": 5})
+    partition = next(p for p in record.segments if p not in untouched.segments)
+    columns = source.read_change_columns(untouched, partition)
+    assert columns is not None and len(columns[0]) == len(columns[1]) == 0
 
 
 def test_corrupted_segment_byte_is_detected(tmp_path: os.PathLike[str]) -> None:

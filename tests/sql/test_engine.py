@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from sparkiq import ConfigError, Node, NodeConfig
-from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows, _flat_columns
+from sparkiq.schema.arrowrows import KEY_COLUMN, ArrowRows, _flat_columns, _flat_columns_of
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import TableSchema
 from sparkiq.sql import SqlEngine, SqlLimitError, SqlLimits, SqlResult
@@ -269,6 +269,25 @@ def test_scalar_columns_are_read_in_bulk_exactly_as_decoded_rows(extra: int) -> 
     assert built.select(schema.column_names).equals(want)
     assert built.column(KEY_COLUMN).to_pylist() == keys
     assert built.schema.field("f32").type == pa.float32()
+
+
+@pytest.mark.parametrize("rows", [600, 10])  # read from the buffers, and decoded row by row
+def test_rows_held_in_an_arrow_array_build_the_table_their_list_builds(rows: int) -> None:
+    schema = _scalar_schema(0)
+    encoded = [msgspec.msgpack.encode(row) for row in _scalar_rows(schema, rows + 7)]
+    builder = ArrowRows(schema, schema.column_names[::-1])
+    # a slice: its offsets start past the array's first row, as a filtered segment's may
+    held = pa.array(encoded, pa.binary()).slice(3, rows)
+    assert held.offset == 3
+    if rows >= 256:
+        assert _flat_columns_of(held, [f.type for f in schema.fields], {0}) is not None
+    assert builder.from_stored_array(held).equals(builder.from_stored(encoded[3 : 3 + rows]))
+    bad_utf8 = encoded[4].replace(b"key-4", b"key-\xff", 1)
+    assert bad_utf8 != encoded[4]
+    with pytest.raises(UnicodeDecodeError):  # the general path's error, as from a list
+        builder.from_stored_array(pa.array([*encoded[:3], bad_utf8, *encoded[4:]], pa.binary()))
+    with pytest.raises(ValueError, match="cannot be null"):
+        builder.from_stored_array(pa.array([encoded[0], None], pa.binary()))
 
 
 @pytest.mark.parametrize("copies", [1, 100])  # a few rows, and enough for the bulk read

@@ -286,8 +286,16 @@ def check_against(versions: VersionedRows, model: KeyModel, names: list[str]) ->
         assert found == wanted, name
 
 
+def columns_of(
+    keys: list[bytes], values: list[bytes | None], given: bool
+) -> tuple[pa.Array, pa.Array] | None:
+    """The changes as the binary arrays a segment holds them in (when ``given``)."""
+    return (pa.array(keys, pa.binary()), pa.array(values, pa.binary())) if given else None
+
+
+@pytest.mark.parametrize("columns", [False, True], ids=["lists", "segment columns"])
 @pytest.mark.parametrize("history", [1000, 4])
-def test_every_version_of_every_key_matches_a_plain_model(history: int) -> None:
+def test_every_version_of_every_key_matches_a_plain_model(history: int, columns: bool) -> None:
     versions = VersionedRows(SCHEMA, History(batches=history))
     model = KeyModel()
     rng = random.Random(history)
@@ -295,7 +303,15 @@ def test_every_version_of_every_key_matches_a_plain_model(history: int) -> None:
     for batch_id in range(150):
         changes, replace_all = random_batch(rng, model, batch_id)
         keys, values = encode_list(changes)
-        versions.apply(batch_id, position(batch_id), 0.0, keys, values, replace_all=replace_all)
+        versions.apply(
+            batch_id,
+            position(batch_id),
+            0.0,
+            keys,
+            values,
+            replace_all=replace_all,
+            columns=columns_of(keys, values, columns),
+        )
         model.apply(batch_id, changes, replace_all)
         if batch_id % 10 == 9 or history < 10:
             check_against(versions, model, names)
@@ -303,9 +319,10 @@ def test_every_version_of_every_key_matches_a_plain_model(history: int) -> None:
         assert versions.stored_rows() <= 80 + (history + 1) * 26
 
 
+@pytest.mark.parametrize("columns", [False, True], ids=["lists", "segment columns"])
 @pytest.mark.parametrize("collide", ["every key from the start", "two keys later"])
 def test_keys_sharing_a_hash_are_told_apart_by_their_bytes(
-    collide: str, monkeypatch: pytest.MonkeyPatch
+    collide: str, columns: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Hash collisions (unlikely with 64-bit hashes, so forced here: the hash keeps 2 bits,
     or two keys added at batches 20 and 30 share one): the writer drops its index and
@@ -328,7 +345,15 @@ def test_keys_sharing_a_hash_are_told_apart_by_their_bytes(
             changes.append(("x1" if batch_id == 20 else "x2", batch_id))
         keys, values = encode_list(changes)
         x1_current = "x1" in model.current()
-        versions.apply(batch_id, position(batch_id), 0.0, keys, values, replace_all=replace_all)
+        versions.apply(
+            batch_id,
+            position(batch_id),
+            0.0,
+            keys,
+            values,
+            replace_all=replace_all,
+            columns=columns_of(keys, values, columns),
+        )
         model.apply(batch_id, changes, replace_all)
         if collide == "two keys later" and batch_id < 30:
             assert versions._current is not None, batch_id  # the writer's index still serves
@@ -341,7 +366,10 @@ def test_keys_sharing_a_hash_are_told_apart_by_their_bytes(
         assert versions._current is None
 
 
-def test_a_replica_store_and_its_versions_agree_on_keys_written_twice(tmp_path: Any) -> None:
+@pytest.mark.parametrize("columns", [False, True], ids=["lists", "segment columns"])
+def test_a_replica_store_and_its_versions_agree_on_keys_written_twice(
+    tmp_path: Any, columns: bool
+) -> None:
     """RocksDB applies a batch's writes in order; the versions keep the last write of a
     key, so both hold the same rows."""
     from sparkiq.stores.partition import PartitionStore
@@ -356,7 +384,13 @@ def test_a_replica_store_and_its_versions_agree_on_keys_written_twice(tmp_path: 
     try:
         for batch_id, changes in enumerate(batches):
             keys, values = encode_list(changes)
-            store.apply_changes(keys, values, batch_id, position(batch_id))
+            store.apply_changes(
+                keys,
+                values,
+                batch_id,
+                position(batch_id),
+                columns=columns_of(keys, values, columns),
+            )
             with store.store.range(None, None) as iterator:
                 stored = {ROWS.decode(v)["k"]: ROWS.decode(v)["n"] for _, v in iterator}
             assert versions_state(store) == stored
@@ -403,3 +437,16 @@ def test_a_deleted_keys_index_entry_taken_by_a_key_with_its_hash(
         assert (versions._current is None) == (batch_id == 3), batch_id
     check_against(versions, model, ["a", "b", "c"])
     assert model.current() == {"a": 3, "b": 2, "c": 1}
+
+
+def test_columns_that_are_not_the_changes_are_refused() -> None:
+    versions = VersionedRows(SCHEMA, History(batches=100))
+    keys, values = encode({"a": 1, "b": 2})
+    key_array, value_array = pa.array(keys, pa.binary()), pa.array(values, pa.binary())
+    with pytest.raises(ValueError, match="hold 1 keys and 2 values for 2 changes"):
+        versions.apply(0, position(0), 0.0, keys, values, columns=(key_array[:1], value_array))
+    with pytest.raises(ValueError, match="must be binary arrays"):
+        versions.apply(0, position(0), 0.0, keys, values, columns=(key_array, pa.array([1, 2])))
+    assert versions.newest == -1
+    versions.apply(0, position(0), 0.0, keys, values, columns=(key_array, value_array))
+    assert state_of(versions.version(0)) == {"a": 1, "b": 2}

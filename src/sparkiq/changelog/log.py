@@ -25,9 +25,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.manifest import TableManifest
-from sparkiq.changelog.segment import SegmentInfo, read_segment, write_segment
+from sparkiq.changelog.segment import (
+    SegmentInfo,
+    read_segment,
+    read_segment_arrays,
+    write_segment,
+)
 from sparkiq.changelog.storage import Storage, open_storage
 from sparkiq.errors import ReadOnlyError, UnknownStoreError
 
@@ -197,6 +204,21 @@ class Changelog:
         if info is None:
             return [], []
         return read_segment(
+            self.storage,
+            self.segment_path(partition, record.batch_id),
+            info,
+            self.table,
+            record.batch_id,
+        )
+
+    def read_segment_arrays(
+        self, record: CommitRecord, partition: int
+    ) -> tuple[pa.Array, pa.Array]:
+        """:meth:`read_segment` as binary arrays, as the segment holds them."""
+        info = record.segments.get(partition)
+        if info is None:
+            return pa.array([], pa.binary()), pa.array([], pa.binary())
+        return read_segment_arrays(
             self.storage,
             self.segment_path(partition, record.batch_id),
             info,

@@ -170,7 +170,13 @@ class PartitionReplica:
     def apply(self, source: ChangelogSource, record: CommitRecord) -> None:
         """Apply one committed batch (the caller guarantees it is the next one)."""
         started = time.perf_counter()
-        keys, values = source.read_changes(record, self.partition)
+        columns = source.read_change_columns(record, self.partition)
+        if columns is None:
+            keys, values = source.read_changes(record, self.partition)
+        else:
+            keys, values = columns[0].to_pylist(), columns[1].to_pylist()
+            if self.transform is not None:  # the versions need the rows as transformed
+                columns = None
         position = Position.from_map(
             {**record.position, self.table: {self.partition: record.batch_id}}
         )
@@ -181,6 +187,7 @@ class PartitionReplica:
             position,
             replace_all=record.mode == "complete",
             committed_at=record.committed_at,
+            columns=columns,
         )
         self._account(len(keys), record.segments.get(self.partition), started)
 

@@ -38,8 +38,10 @@ __all__ = [
     "SegmentInfo",
     "check_visible",
     "decode_segment",
+    "decode_segment_arrays",
     "encode_segment",
     "read_segment",
+    "read_segment_arrays",
     "verify_landed",
     "write_segment",
 ]
@@ -105,6 +107,15 @@ def decode_segment(
     data: bytes, path: str, table: str, partition: int, batch_id: int
 ) -> tuple[list[bytes], list[bytes | None]]:
     """Parse a verified segment into parallel key and value lists."""
+    keys, values = decode_segment_arrays(data, path, table, partition, batch_id)
+    return keys.to_pylist(), values.to_pylist()
+
+
+def decode_segment_arrays(
+    data: bytes, path: str, table: str, partition: int, batch_id: int
+) -> tuple[pa.Array, pa.Array]:
+    """Parse a verified segment into its key and value columns, as they are stored (binary
+    arrays: no Python object per row)."""
     try:
         reader = pa.ipc.open_file(pa.py_buffer(data))
         meta = reader.schema.metadata or {}
@@ -136,9 +147,7 @@ def decode_segment(
         raise CorruptSegmentError(
             f"cannot decode segment {path!r}: {exc}", store=table, partition=partition
         ) from exc
-    keys: list[bytes] = table_data.column("key").to_pylist()
-    values: list[bytes | None] = table_data.column("value").to_pylist()
-    return keys, values
+    return table_data.column("key").combine_chunks(), table_data.column("value").combine_chunks()
 
 
 def read_segment(
@@ -149,6 +158,14 @@ def read_segment(
     Raises :class:`CorruptSegmentError` naming the file when it is missing, truncated or
     altered; nothing from such a file is returned.
     """
+    keys, values = read_segment_arrays(storage, path, info, table, batch_id)
+    return keys.to_pylist(), values.to_pylist()
+
+
+def read_segment_arrays(
+    storage: Storage, path: str, info: SegmentInfo, table: str, batch_id: int
+) -> tuple[pa.Array, pa.Array]:
+    """:func:`read_segment` as the segment's key and value binary arrays."""
     data = _verified_bytes(
         storage,
         path,
@@ -158,7 +175,7 @@ def read_segment(
         "yet visible on this filesystem); the replica cannot apply the batch",
         says="its commit record says",
     )
-    return decode_segment(data, path, table, info.partition, batch_id)
+    return decode_segment_arrays(data, path, table, info.partition, batch_id)
 
 
 def verify_landed(

@@ -36,6 +36,8 @@ import logging
 from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
+import pyarrow as pa
+
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.log import Changelog, list_tables
 from sparkiq.changelog.manifest import TableManifest
@@ -90,6 +92,15 @@ class ChangelogSource(Protocol):
     ) -> tuple[list[bytes], list[bytes | None]]:
         """The changes of ``partition`` in a committed batch: encoded keys and encoded rows
         (None: the key was deleted). Empty when the batch did not touch the partition."""
+        ...
+
+    def read_change_columns(
+        self, record: CommitRecord, partition: int
+    ) -> tuple[pa.Array, pa.Array] | None:
+        """:meth:`read_changes` as the binary arrays the source holds them in (keys, rows
+        with nulls for deletions; no Python object per row), for a replica that keeps
+        versions as Arrow; None when the source does not hold them so (then
+        :meth:`read_changes`)."""
         ...
 
     def has_changes(self, record: CommitRecord, partition: int) -> bool:
@@ -156,6 +167,11 @@ class SegmentSource:
         self, record: CommitRecord, partition: int
     ) -> tuple[list[bytes], list[bytes | None]]:
         return self.changelog.read_segment(record, partition)
+
+    def read_change_columns(
+        self, record: CommitRecord, partition: int
+    ) -> tuple[pa.Array, pa.Array]:
+        return self.changelog.read_segment_arrays(record, partition)
 
     def has_changes(self, record: CommitRecord, partition: int) -> bool:
         changelog = self.changelog

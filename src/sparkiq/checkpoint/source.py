@@ -377,6 +377,11 @@ class CheckpointSource:
 
     # -- changes and snapshots ---------------------------------------------------------------
 
+    def read_change_columns(self, record: CommitRecord, partition: int) -> None:
+        """None: the changes are converted from Spark's files to Python objects (read them
+        with :meth:`read_changes`)."""
+        return None
+
     def read_changes(
         self, record: CommitRecord, partition: int
     ) -> tuple[list[bytes], list[bytes | None]]:

@@ -305,11 +305,32 @@ def _flat_columns(
 ) -> dict[int, pa.Array] | None:
     """The ``wanted`` columns (by index) of rows of scalar columns ``fields``; None when a
     row is not exactly what the row codec writes."""
-    n, width = len(rows), len(fields)
-    lengths = np.fromiter(map(len, rows), np.int64, n)
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
     ends = np.cumsum(lengths)
-    starts = ends - lengths
     buf = np.frombuffer(b"".join(rows) + bytes(9), np.uint8)
+    return _flat_parse(buf, ends - lengths, ends, fields, wanted)
+
+
+def _flat_columns_of(
+    rows: pa.Array, fields: Sequence[DataType], wanted: set[int]
+) -> dict[int, pa.Array] | None:
+    """:func:`_flat_columns` of a binary array without nulls, read from its buffers (no
+    Python object per row)."""
+    _, offsets_buffer, data = rows.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32)[rows.offset : rows.offset + len(rows) + 1]
+    low, high = int(offsets[0]), int(offsets[-1])
+    buf = np.zeros(high - low + 9, np.uint8)  # padded: _at reads 8 bytes past a value
+    if data is not None:
+        buf[: high - low] = np.frombuffer(data, np.uint8)[low:high]
+    bounds = offsets.astype(np.int64) - low
+    return _flat_parse(buf, bounds[:-1], bounds[1:], fields, wanted)
+
+
+def _flat_parse(
+    buf: Any, starts: Any, ends: Any, fields: Sequence[DataType], wanted: set[int]
+) -> dict[int, pa.Array] | None:
+    """:func:`_flat_columns` of the rows at ``starts``..``ends`` of ``buf`` (padded)."""
+    width = len(fields)
     if width < 16:
         if not (buf[starts] == 0x90 | width).all():
             return None
@@ -416,6 +437,23 @@ class ArrowRows:
             else:
                 arrays.append(column(name))
         return pa.Table.from_arrays(arrays, schema=self.out_schema)
+
+    def from_stored_array(self, rows: pa.Array) -> pa.Table:
+        """:meth:`from_stored` of encoded rows held in a binary array without nulls: a table
+        of scalar columns is read from the array's buffers, with no Python object per row."""
+        if rows.null_count:
+            raise ValueError("stored rows cannot be null")
+        if (
+            self._flat
+            and len(rows) >= _FLAT_FROM
+            and KEY_COLUMN not in self.columns
+            and rows.type == pa.binary()
+        ):
+            flat = _flat_columns_of(rows, self._types, self._wanted)
+            if flat is not None:
+                arrays = [flat[self._indexes[name]] for name in self.columns]
+                return pa.Table.from_arrays(arrays, schema=self.out_schema)
+        return self.from_stored(rows.to_pylist())
 
     def from_rows(self, rows: Sequence[dict[str, Any]]) -> pa.Table:
         """A table from rows as PySpark returns them (what key queries answer)."""

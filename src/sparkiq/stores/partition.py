@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import pyarrow as pa
+
 from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec, RowCodec
@@ -196,9 +198,12 @@ class PartitionStore:
         *,
         replace_all: bool = False,
         committed_at: float = 0.0,
+        columns: tuple[pa.Array, pa.Array] | None = None,
     ) -> None:
         """:meth:`apply` with the changes as two lists (``values[i]`` is the new row of
-        ``keys[i]``, None deletes it), as a segment holds them: no pair is built per row."""
+        ``keys[i]``, None deletes it), as a segment holds them: no pair is built per row.
+        ``columns``: the same changes as binary arrays when the caller holds them (a
+        segment's), which the versions then use instead of building their own."""
         if batch_id <= self.batch_id:
             raise ValueError(
                 f"batch {batch_id} is not after the applied batch {self.batch_id} of "
@@ -210,7 +215,15 @@ class PartitionStore:
                 self._load_versions(versions)
                 self._versions_stale = False
             # Versions first, so that once batch_id moves every read path can serve it.
-            versions.apply(batch_id, position, committed_at, keys, values, replace_all=replace_all)
+            versions.apply(
+                batch_id,
+                position,
+                committed_at,
+                keys,
+                values,
+                replace_all=replace_all,
+                columns=columns,
+            )
         with self._write_lock:
             meta = encode_meta(batch_id, position)
             self._seq += 1

@@ -32,6 +32,9 @@ follows the batch, not the rows stored. Everything a batch changes is worked out
 (:class:`_Plan`, and its chunk decoded) and only then stamped and published, so a batch that
 fails (a row that does not decode) changes nothing. Two keys with one hash make the writer
 drop its index and match keys by value until the index is rebuilt (when chunks merge).
+A replica hands the batch's segment columns with its lists when it has them, and the chunk
+is built from those (its rows decoded from the column's buffers): no Arrow array is built
+from Python objects.
 
 Over 600 lines because the writer's plan and the readers share the private chunk layout
 (:class:`_Chunk`); split, it would have to become an interface of its own.
@@ -102,8 +105,7 @@ class _Plan:
     """What applying a batch changes, worked out before anything is changed."""
 
     keys: pa.Array  # the new chunk's keys and encoded rows, in batch order
-    rows: list[bytes]
-    row_array: pa.Array  # ``rows`` as Arrow
+    rows: pa.Array
     index: ChunkKeys  # of ``keys``
     stamp: list[tuple[int, np.ndarray]]  # (chunk serial, rows) the batch replaces or deletes
     # CurrentKeys.edit's arguments, with rows of the new chunk for locations (None: no index)
@@ -205,12 +207,30 @@ def visible_mask(raw: pa.Table, batch_id: int) -> pa.ChunkedArray:
     )
 
 
+def _checked_columns(columns: tuple[pa.Array, pa.Array], count: int) -> tuple[pa.Array, pa.Array]:
+    """``columns`` as plain binary arrays of ``count`` rows each (ValueError otherwise)."""
+    keys, values = columns
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if keys.type != pa.binary() or values.type != pa.binary():
+        raise ValueError(f"columns must be binary arrays, not {keys.type} and {values.type}")
+    if len(keys) != count or len(values) != count:
+        raise ValueError(
+            f"columns hold {len(keys)} keys and {len(values)} values for {count} changes"
+        )
+    return keys, values
+
+
 def _last_write_wins(
     keys: list[bytes], values: list[bytes | None]
-) -> tuple[list[bytes], list[bytes | None], np.ndarray, np.ndarray]:
+) -> tuple[list[bytes], list[bytes | None], np.ndarray, np.ndarray, np.ndarray | None]:
     """``keys`` and ``values`` without the earlier writes of a key given twice (the store
-    keeps the last), the hash of each key and the order that sorts the hashes;
-    :class:`HashCollision` if two different keys share a hash."""
+    keeps the last), the hash of each key, the order that sorts the hashes, and which of
+    the changes were kept (None: all); :class:`HashCollision` if two different keys share
+    a hash."""
+    keep = None
     hashes = keyindex.key_hashes(keys)
     order = np.argsort(hashes)
     if len(keys) > 1:
@@ -229,7 +249,7 @@ def _last_write_wins(
             keys, values = list(compress(keys, keep)), list(compress(values, keep))
             hashes = hashes[keep]
             order = np.argsort(hashes)
-    return keys, values, hashes, order
+    return keys, values, hashes, order, keep
 
 
 def _same_rows(
@@ -396,7 +416,6 @@ class VersionedRows:
         chunk = self._chunk(
             batch_id,
             pa.array(keys, pa.binary()),
-            rows,
             pa.array(rows, pa.binary()),
             ChunkKeys.of(keyindex.key_hashes(keys)),
         )
@@ -420,23 +439,28 @@ class VersionedRows:
         values: list[bytes | None],
         *,
         replace_all: bool = False,
+        columns: tuple[pa.Array, pa.Array] | None = None,
     ) -> None:
         """Apply batch ``batch_id``: ``values[i]`` is the new row of ``keys[i]`` (None
         deletes it; a key given twice takes its last value, as in the store).
-        ``replace_all`` replaces every row (a complete-mode batch). Nothing changes if it
-        raises (a row that does not decode)."""
+        ``replace_all`` replaces every row (a complete-mode batch). ``columns``: ``keys``
+        and ``values`` as binary arrays, when the caller holds them (a segment's), used
+        instead of building them. Nothing changes if it raises (a row that does not
+        decode)."""
         state = self._state
         if batch_id <= state.newest:
             raise ValueError(f"batch {batch_id} is not after the applied batch {state.newest}")
+        if columns is not None:
+            columns = _checked_columns(columns, len(keys))
         plan = None
         if self._current is not None:
             try:
-                plan = self._plan(state, self._current, keys, values, replace_all)
+                plan = self._plan(state, self._current, keys, values, replace_all, columns)
             except HashCollision:
                 self._current = None  # two keys share a hash: match keys by value instead
         if plan is None:
             plan = self._plan_by_value(state, keys, values, replace_all)
-        chunk = self._chunk(batch_id, plan.keys, plan.rows, plan.row_array, plan.index)
+        chunk = self._chunk(batch_id, plan.keys, plan.rows, plan.index)
         # From here on nothing raises: stamp, move the index, publish.
         if plan.stamp:
             by_serial = {c.serial: c for c in state.chunks}
@@ -467,13 +491,20 @@ class VersionedRows:
         keys: list[bytes],
         values: list[bytes | None],
         replace_all: bool,
+        columns: tuple[pa.Array, pa.Array] | None,
     ) -> _Plan:
         """The batch's changes found through ``current``, vectorized (no Python work per
-        row beyond building lists); :class:`HashCollision` if two keys share a hash."""
+        row beyond hashing the keys, and building the Arrow arrays unless ``columns`` are
+        given); :class:`HashCollision` if two keys share a hash."""
         if replace_all:  # the new table is the rows with a value
             present = list(map(operator.is_not, values, repeat(None)))
             keys, values = list(compress(keys, present)), list(compress(values, present))
-        keys, values, hashes, order = _last_write_wins(keys, values)
+            if columns is not None:
+                columns = (columns[0].filter(columns[1].is_valid()), columns[1].drop_null())
+        keys, values, hashes, order, kept = _last_write_wins(keys, values)
+        if columns is not None and kept is not None:
+            mask = pa.array(kept)
+            columns = (columns[0].filter(mask), columns[1].filter(mask))
         sorted_hashes = hashes[order]
         positions, matched = current.find(sorted_hashes)  # deleted keys' entries too
         found = matched.copy()
@@ -481,7 +512,7 @@ class VersionedRows:
         old = current.locations[positions[found]]  # current rows of the batch's keys
         old_index = order[found]  # their index in the batch
         chunks = {c.serial: c for c in state.chunks}
-        batch_keys = pa.array(keys, pa.binary())
+        batch_keys = pa.array(keys, pa.binary()) if columns is None else columns[0]
         groups = split_locations(old)
         if groups:  # the same hash: the same key, or a collision
             held = pa.chunked_array(
@@ -503,7 +534,8 @@ class VersionedRows:
             ended = ~kept & (current.locations >= 0)
             groups = split_locations(current.locations[ended])
         else:
-            batch_rows = pa.array(values, pa.binary())  # None: null
+            # None: null
+            batch_rows = pa.array(values, pa.binary()) if columns is None else columns[1]
             upsert = batch_rows.is_valid().to_numpy(zero_copy_only=False)
         row_of = np.cumsum(upsert) - 1  # the new chunk's row of each upsert
         upsert_sorted, rows_sorted = upsert[order], row_of[order]
@@ -518,7 +550,6 @@ class VersionedRows:
         mask = None if every else pa.array(upsert)
         return _Plan(
             batch_keys if mask is None else batch_keys.filter(mask),
-            values if every else list(compress(values, upsert)),  # type: ignore[arg-type]
             batch_rows if mask is None else batch_rows.filter(mask),
             ChunkKeys(sorted_hashes[upsert_sorted], rows_sorted[upsert_sorted].astype(np.int32)),
             [(serial, rows) for serial, rows, _ in groups],
@@ -564,11 +595,10 @@ class VersionedRows:
                 if live.size:
                     stamps.append((old.serial, live))
             new = {k: v for k, v in latest.items() if v is not None}
-        upserts, rows = list(new), list(new.values())
+        upserts = list(new)
         return _Plan(
             pa.array(upserts, pa.binary()),
-            rows,
-            pa.array(rows, pa.binary()),
+            pa.array(list(new.values()), pa.binary()),
             ChunkKeys.of(keyindex.key_hashes(upserts)),
             stamps,
             None,
@@ -644,15 +674,15 @@ class VersionedRows:
         self,
         batch_id: int,
         keys: pa.Array,
-        rows: list[bytes],
-        row_array: pa.Array,
+        rows: pa.Array,
         index: ChunkKeys,
     ) -> _Chunk | None:
-        """A chunk of the rows ``batch_id`` wrote (``row_array``: ``rows`` as Arrow,
-        ``index``: of ``keys``); decodes them, so it raises on a row that does not decode."""
+        """A chunk of the rows ``batch_id`` wrote (``index``: of ``keys``); decodes them from
+        the Arrow array (no list of them is built), so it raises on a row that does not
+        decode."""
         if not len(keys):
             return None
-        decoded = self._rows.from_stored(rows)
+        decoded = self._rows.from_stored_array(rows)
         count = decoded.num_rows
         valid_from = np.full(count, batch_id, dtype=np.int64)
         valid_to = np.full(count, OPEN, dtype=np.int64)
@@ -660,7 +690,7 @@ class VersionedRows:
             [
                 *decoded.columns,
                 keys,
-                row_array,
+                rows,
                 pa.array(valid_from),  # zero-copy, as valid_to
                 pa.array(valid_to),  # zero-copy: stamps on valid_to show in the column
             ],
