@@ -25,6 +25,7 @@ before changing anything, then drops the index and matches keys by value from th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress
 
 import numpy as np
 
@@ -37,6 +38,7 @@ __all__ = [
     "HashCollision",
     "key_hash",
     "key_hashes",
+    "last_write_wins",
     "location",
     "split_locations",
 ]
@@ -185,3 +187,32 @@ class CurrentKeys:
     @property
     def nbytes(self) -> int:
         return int(self.hashes.nbytes + self.locations.nbytes)
+
+
+def last_write_wins(
+    keys: list[bytes], values: list[bytes | None]
+) -> tuple[list[bytes], list[bytes | None], np.ndarray, np.ndarray, np.ndarray | None]:
+    """``keys`` and ``values`` without the earlier writes of a key given twice (the store
+    keeps the last), the hash of each key, the order that sorts the hashes, and which of
+    the changes were kept (None: all); :class:`HashCollision` if two different keys share
+    a hash."""
+    keep = None
+    hashes = key_hashes(keys)
+    order = np.argsort(hashes)
+    if len(keys) > 1:
+        sorted_hashes = hashes[order]
+        if bool((sorted_hashes[1:] == sorted_hashes[:-1]).any()):
+            # sorted again, stably: of equal hashes, the last written comes last
+            order = np.argsort(hashes, kind="stable")
+            sorted_hashes = hashes[order]
+            same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+            earlier, later = order[same], order[same + 1]
+            for a, b in zip(earlier.tolist(), later.tolist(), strict=True):
+                if keys[a] != keys[b]:
+                    raise HashCollision
+            keep = np.ones(len(keys), bool)
+            keep[earlier] = False
+            keys, values = list(compress(keys, keep)), list(compress(values, keep))
+            hashes = hashes[keep]
+            order = np.argsort(hashes)
+    return keys, values, hashes, order, keep

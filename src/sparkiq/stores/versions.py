@@ -223,35 +223,6 @@ def _checked_columns(columns: tuple[pa.Array, pa.Array], count: int) -> tuple[pa
     return keys, values
 
 
-def _last_write_wins(
-    keys: list[bytes], values: list[bytes | None]
-) -> tuple[list[bytes], list[bytes | None], np.ndarray, np.ndarray, np.ndarray | None]:
-    """``keys`` and ``values`` without the earlier writes of a key given twice (the store
-    keeps the last), the hash of each key, the order that sorts the hashes, and which of
-    the changes were kept (None: all); :class:`HashCollision` if two different keys share
-    a hash."""
-    keep = None
-    hashes = keyindex.key_hashes(keys)
-    order = np.argsort(hashes)
-    if len(keys) > 1:
-        sorted_hashes = hashes[order]
-        if bool((sorted_hashes[1:] == sorted_hashes[:-1]).any()):
-            # sorted again, stably: of equal hashes, the last written comes last
-            order = np.argsort(hashes, kind="stable")
-            sorted_hashes = hashes[order]
-            same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
-            earlier, later = order[same], order[same + 1]
-            for a, b in zip(earlier.tolist(), later.tolist(), strict=True):
-                if keys[a] != keys[b]:
-                    raise HashCollision
-            keep = np.ones(len(keys), bool)
-            keep[earlier] = False
-            keys, values = list(compress(keys, keep)), list(compress(values, keep))
-            hashes = hashes[keep]
-            order = np.argsort(hashes)
-    return keys, values, hashes, order, keep
-
-
 def _same_rows(
     chunks: dict[int, _Chunk], old: np.ndarray, rows: pa.Array, index: np.ndarray
 ) -> np.ndarray:
@@ -501,7 +472,7 @@ class VersionedRows:
             keys, values = list(compress(keys, present)), list(compress(values, present))
             if columns is not None:
                 columns = (columns[0].filter(columns[1].is_valid()), columns[1].drop_null())
-        keys, values, hashes, order, kept = _last_write_wins(keys, values)
+        keys, values, hashes, order, kept = keyindex.last_write_wins(keys, values)
         if columns is not None and kept is not None:
             mask = pa.array(kept)
             columns = (columns[0].filter(mask), columns[1].filter(mask))
