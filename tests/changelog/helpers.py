@@ -153,9 +153,13 @@ def apply_changes(
     return state
 
 
-def wait_for_writer(state_dir: str, table: str, state: str, timeout: float = 120.0) -> Any:
+def wait_for_writer(
+    state_dir: str, table: str, state: str, timeout: float = 120.0, *, batch_id: int | None = None
+) -> Any:
     """The writer status record of ``table`` once it says ``state`` (and, running, has the
-    figures of a finished batch); fails after ``timeout`` s (generous: a busy machine)."""
+    figures of a finished batch; with ``batch_id``, once it names that committed batch: a
+    record written between Spark's progress and the driver learning of the commit names
+    the one before); fails after ``timeout`` s (generous: a busy machine)."""
     from sparkiq.changelog import open_storage
     from sparkiq.changelog.writer_status import read_writer_status
 
@@ -163,7 +167,8 @@ def wait_for_writer(state_dir: str, table: str, state: str, timeout: float = 120
     while True:
         record = read_writer_status(open_storage(state_dir), table)
         finished = state != "running" or (record and record.batch_duration_ms is not None)
-        if record is not None and record.state == state and finished:
+        batch = batch_id is None or (record and record.batch_id == batch_id)
+        if record is not None and record.state == state and finished and batch:
             return record
         assert time.monotonic() < deadline, f"writer of {table!r} never {state}: {record}"
         time.sleep(0.05)

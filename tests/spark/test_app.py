@@ -173,9 +173,9 @@ def test_restart_on_an_existing_state_dir_resumes(spark: Any, tmp_path: Path) ->
     app.process_all_available()
     assert app.get("counts", "a") == {"k": "a", "n": 2}
     # the writer's side, as the driver writes it into the changelog: running, then stopped
-    running = wait_for_writer(str(state), "counts", "running")
+    running = wait_for_writer(str(state), "counts", "running", batch_id=0)
     committed = Changelog(str(state), "counts").read_commit(0)
-    assert committed is not None and running.batch_id == 0
+    assert committed is not None
     assert running.committed_at == committed.committed_at
     assert running.progress_batch_id is not None and running.progress_batch_id >= 0
     assert running.batch_duration_ms is not None and running.batch_duration_ms > 0
