@@ -10,7 +10,8 @@ import platform
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -61,6 +62,24 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
+
+
+def timed_in_turns(
+    methods: Mapping[str, Callable[[], int]], rounds: int, expected: int
+) -> dict[str, list[float]]:
+    """Seconds of each call of each method, after one warm-up call each: the methods take
+    turns round by round, so the machine's drift hits them alike. Every call must return
+    ``expected`` (the rows it read)."""
+    for name, fn in methods.items():  # warm plans, connections and caches
+        assert fn() == expected, name
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(rounds):
+        for name, fn in methods.items():
+            started = time.perf_counter()
+            count = fn()
+            times[name].append(time.perf_counter() - started)
+            assert count == expected, (name, count)
+    return times
 
 
 def ratio(value: float, baseline: float) -> float:

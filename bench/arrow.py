@@ -35,7 +35,7 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 
-from bench._common import Report, Scale, entry_point, median, scratch_dir
+from bench._common import Report, Scale, entry_point, median, scratch_dir, timed_in_turns
 from sparkiq import Client, Node
 from sparkiq.changelog import Changelog, CommitRecord, TableManifest
 from sparkiq.schema.arrowtypes import arrow_type
@@ -152,15 +152,7 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 PANDAS_ROWS: pandas_rows,
                 PANDAS_ARROW: pandas_arrow,
             }
-            for fn in methods.values():  # warm plans, connections and caches
-                assert fn() == rows
-            times: dict[str, list[float]] = {name: [] for name in methods}
-            for _ in range(rounds):
-                for name, fn in methods.items():
-                    started = time.perf_counter()
-                    count = fn()
-                    times[name].append(time.perf_counter() - started)
-                    assert count == rows, (name, count)
+            times = timed_in_turns(methods, rounds, rows)
             http.close()
             client.close()
         finally:

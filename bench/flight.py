@@ -30,7 +30,7 @@ from typing import Any
 import adbc_driver_flightsql.dbapi as flightsql
 import psycopg
 
-from bench._common import Report, Scale, entry_point, median, scratch_dir
+from bench._common import Report, Scale, entry_point, median, scratch_dir, timed_in_turns
 from bench.arrow import SQL, _build
 from sparkiq import Client, Node
 
@@ -138,15 +138,7 @@ def run(scale: Scale = Scale.FULL) -> Report:
             sizes[REST] = rest_relay.bytes - before
             relayed.close()
             rest_relay.close()
-            for fn in methods.values():  # warm plans, connections and caches
-                assert fn() == rows
-            times: dict[str, list[float]] = {name: [] for name in methods}
-            for _ in range(rounds):
-                for name, fn in methods.items():
-                    started = time.perf_counter()
-                    count = fn()
-                    times[name].append(time.perf_counter() - started)
-                    assert count == rows, (name, count)
+            times = timed_in_turns(methods, rounds, rows)
             client.close()
         finally:
             node.stop()

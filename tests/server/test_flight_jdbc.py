@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sparkiq import Node
-from sparkiq.testing import kafka_jars_dir
+from tests.server.jdbc_probe import records, run_probe
 from tests.sql.tables import build_world
 
 TOKEN = "flight-jdbc-secret"
-PROBE = Path(__file__).parent / "jdbc" / "FlightJdbcProbe.java"
+PROBE = "FlightJdbcProbe.java"
 # java.sql.Types of ck's columns: VARCHAR, INTEGER, DECIMAL, TIMESTAMP
 JDBC_TYPES = [12, 4, 3, 93]
 
@@ -44,32 +41,20 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         yield n
 
 
-def run_probe(node: Node, password: str) -> subprocess.CompletedProcess[str]:
-    jars = kafka_jars_dir() / "flight-jdbc"
-    if not list(jars.glob("flight-sql-jdbc-driver-*.jar")):
-        pytest.fail(f"no Flight SQL JDBC jar in {jars}: run `make jvm-jars`")
-    java = shutil.which("java")
-    assert java is not None, "the JDBC test needs a Java 17 runtime on PATH"
+def run_flight_probe(node: Node, password: str) -> subprocess.CompletedProcess[str]:
     assert node.flight_address is not None
     host, port = node.flight_address
-    opens = "--add-opens=java.base/java.nio=ALL-UNNAMED"
-    command = [java, opens, "-cp", f"{jars}{os.sep}*", str(PROBE), host, str(port), "me"]
-    # the launcher compiles the probe in memory first: seconds on a busy machine
-    return subprocess.run(
-        [*command, password, "ck", "region", "eu"], capture_output=True, text=True, timeout=300
-    )
+    args = [host, str(port), "me", password, "ck", "region", "eu"]
+    opens = ["--add-opens=java.base/java.nio=ALL-UNNAMED"]
+    return run_probe("flight-jdbc", "flight-sql-jdbc-driver-*.jar", PROBE, args, opens)
 
 
 @pytest.fixture(scope="module")
 def probe(node: Node) -> dict[str, Any]:
-    done = run_probe(node, TOKEN)
+    done = run_flight_probe(node, TOKEN)
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
-
-
-def records(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
 
 
 def as_text_of(expected: Any, text: str | None) -> Any:
@@ -118,6 +103,6 @@ def test_metadata_equals_the_node_schemas(node: Node, probe: dict[str, Any]) -> 
 
 
 def test_wrong_password_is_refused(node: Node) -> None:
-    done = run_probe(node, "not-the-token")
+    done = run_flight_probe(node, "not-the-token")
     assert done.returncode != 0
     assert "wrong credentials" in done.stderr, done.stderr[-2000:]

@@ -13,22 +13,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sparkiq import Node
-from sparkiq.testing import kafka_jars_dir
+from tests.server.jdbc_probe import records, run_probe
 from tests.sql.tables import build_world
 
 TOKEN = "jdbc-secret"
-PROBE = Path(__file__).parent / "jdbc" / "PgJdbcProbe.java"
+PROBE = "PgJdbcProbe.java"
 # java.sql.Types of the Postgres types the endpoint gives ck's columns
 JDBC_TYPES = {"text": 12, "int4": 4, "numeric": 2, "timestamptz": 93}
 
@@ -45,25 +41,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 @pytest.fixture(scope="module")
 def probe(node: Node) -> dict[str, Any]:
     """What PgJdbcProbe saw of table ck (lookup: region = 'eu')."""
-    jars = kafka_jars_dir() / "pg-jdbc"
-    if not list(jars.glob("postgresql-*.jar")):
-        pytest.fail(f"no pgJDBC jar in {jars}: run `make jvm-jars`")
-    java = shutil.which("java")
-    assert java is not None, "the JDBC test needs a Java 17 runtime on PATH"
     assert node.pg_address is not None
     host, port = node.pg_address
-    command = [java, "-cp", f"{jars}{os.sep}*", str(PROBE), host, str(port), TOKEN]
-    # the launcher compiles the probe in memory first: seconds on a busy machine
-    done = subprocess.run(
-        [*command, "ck", "region", "eu"], capture_output=True, text=True, timeout=300
-    )
+    args = [host, str(port), TOKEN, "ck", "region", "eu"]
+    done = run_probe("pg-jdbc", "postgresql-*.jar", PROBE, args)
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
-
-
-def records(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
 
 
 def as_text_of(expected: Any, text: str | None) -> Any:

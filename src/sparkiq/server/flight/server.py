@@ -259,24 +259,22 @@ class FlightSqlServer(flight.FlightServerBase):  # type: ignore[misc]
             result = message("DoPutPreparedStatementResult", prepared_statement_handle=handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
 
+    def _action_request(self, action: str, body: bytes) -> Any:
+        """The ``Action<action>Request`` message an action's body must hold."""
+        expected = f"Action{action}Request"
+        name, msg = self._parsed(body)
+        if name != expected:
+            raise refused(f"{action} takes an {expected}, not {name}")
+        return msg
+
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
         with self._call(context, action.type) as call:
             body = action.body.to_pybytes() if action.body is not None else b""
             if action.type == "CreatePreparedStatement":
-                name, msg = self._parsed(body)
-                if name != "ActionCreatePreparedStatementRequest":
-                    raise refused(
-                        "CreatePreparedStatement takes an ActionCreatePreparedStatementRequest, "
-                        f"not {name}"
-                    )
+                msg = self._action_request(action.type, body)
                 return iter([pack(self._prepare(msg, call))])
             if action.type == "ClosePreparedStatement":
-                name, msg = self._parsed(body)
-                if name != "ActionClosePreparedStatementRequest":
-                    raise refused(
-                        "ClosePreparedStatement takes an ActionClosePreparedStatementRequest, "
-                        f"not {name}"
-                    )
+                msg = self._action_request(action.type, body)
                 self._prepared_of(msg.prepared_statement_handle, call.principal)
                 with self._lock:
                     self._prepared.pop(msg.prepared_statement_handle, None)
