@@ -205,3 +205,35 @@ def test_the_heartbeat_route_answers_400_and_keeps_membership(http_node: Node) -
     assert good.status_code == 200
     assert set(membership.members()) == {"n1"}
     assert membership.targets() == ["http://127.0.0.1:9001"]
+
+
+def test_a_joining_node_opens_only_its_share_of_the_cluster(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node joining through one seed meets the members the seed names before its first
+    assignment: on a view of the seed alone (or of itself, before the seed's reply was
+    recorded) it opened -- restored -- every partition, then released most of them."""
+    from sparkiq.cluster.transport import LocalTransport
+    from sparkiq.testing import start_cluster
+
+    state = str(tmp_path)
+    make_table(state, partitions=24)
+    with start_cluster(state, nodes=4, http=False, store="memory") as cluster:
+        transport = cluster[0].coordinator.transport  # type: ignore[union-attr]
+        assert isinstance(transport, LocalTransport)
+        caplog.set_level("INFO", logger="sparkiq.node")
+        joiner = Node(
+            state,
+            node_id="n4",
+            transport=transport,
+            peers=["local://n0"],
+            store="memory",
+            heartbeat_interval=0.1,
+            failure_timeout=1.0,
+        )
+        cluster.nodes.append(joiner.start())
+        cluster.settle()
+        share = joiner.coordinator.assignment.hosted_by("n4", "t", 24)  # type: ignore[union-attr]
+        opened = [r for r in caplog.records if r.getMessage().startswith("n4: now hosting")]
+        assert 0 < len(share) < 24
+        assert len(opened) == len(share), [r.getMessage() for r in opened]

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from typing import Any
 
@@ -109,11 +109,15 @@ class Coordinator:
         # Seeds not yet heard from and hearsay members have a lane of their own: names that
         # lead nowhere (dead ports, unroutable addresses) must not delay proven members.
         self._probes = ElasticPool("sparkiq-probe", 4)
-        self._in_flight: dict[str, Future[dict[str, Any]]] = {}
+        self._in_flight: dict[str, Future[None]] = {}
         self._in_flight_lock = threading.Lock()
         # url -> when a refusal from it was last logged; written by heartbeat callbacks
         # (plain dict operations, atomic under the GIL)
         self._refusals_logged: dict[str, float] = {}
+        #: Heartbeats this node sent, and those it answered, since start (plain int updates,
+        #: atomic under the GIL): what membership costs in messages, for /metrics.
+        self.heartbeats_sent = 0
+        self.heartbeats_answered = 0
         self._round_done = threading.Condition()
         self._rounds = 0
         self._last_round = time.monotonic()
@@ -147,8 +151,23 @@ class Coordinator:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Meet the seeds (one synchronous round), host what is assigned, then keep going."""
-        self.heartbeat_round(wait=max(self.failure_timeout, 1.0))
+        """Meet the cluster, host what is assigned, then keep going.
+
+        Meeting means the seeds *and* the members they name: rounds go on while each one
+        proves new members, for at most ``failure_timeout`` s. A joining node that
+        rebalanced on its view of the seeds alone would open -- restore -- the partitions
+        of a far smaller cluster (with one seed and one standby: every partition) and
+        release most of them a round later."""
+        wait = max(self.failure_timeout, 1.0)
+        deadline = time.monotonic() + wait
+        self.heartbeat_round(wait=wait)
+        known = (-1, -1)
+        while self.membership.unproven_targets() and time.monotonic() < deadline:
+            now_known = (len(self.membership.proven_targets()), len(self.membership.members()))
+            if now_known == known:
+                break  # a round proved nobody new: the rest is dead seeds or hearsay
+            known = now_known
+            self.heartbeat_round(wait=min(wait, max(0.0, deadline - time.monotonic())))
         self.membership.tick()
         self._last_round = time.monotonic()
         self._rebalance(self._assignment_now())
@@ -268,28 +287,36 @@ class Coordinator:
             futures_wait(sent, timeout=wait)
         self.membership.check()
 
-    def _beat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
-        return self.transport.heartbeat(url, doc)
+    def _beat(self, url: str, doc: dict[str, Any]) -> None:
+        """Send one heartbeat and record its outcome, on the heartbeat thread that sent it:
+        the round waiting for it then sees the reply recorded (a done-callback would run
+        only after the waiter woke)."""
+        self.heartbeats_sent += 1
+        try:
+            reply = self.transport.heartbeat(url, doc)
+        except NodeTimeoutError:
+            return  # no reply in time: the failure detector judges the silence
+        except NodeUnreachableError as exc:
+            self.membership.unreachable(url, f"heartbeat: {exc}")
+            return
+        except SparkiqError as exc:
+            self._log_refusal(url, exc)
+            return
+        try:
+            self.membership.heard(reply)
+        except HeartbeatError as exc:
+            log.warning("ignoring the heartbeat reply of %s: %s", url, exc)
 
-    def _beat_done(self, future: Future[dict[str, Any]]) -> None:
+    def _beat_done(self, future: Future[None]) -> None:
         with self._in_flight_lock:
             url = next((u for u, f in self._in_flight.items() if f is future), None)
             if url is not None:
                 del self._in_flight[url]
-        try:
-            reply = future.result()
-        except NodeTimeoutError:
-            pass  # no reply in time: the failure detector judges the silence
-        except NodeUnreachableError as exc:
-            if url is not None:
-                self.membership.unreachable(url, f"heartbeat: {exc}")
-        except (SparkiqError, CancelledError) as exc:
-            self._log_refusal(url, exc)
-        else:
-            try:
-                self.membership.heard(reply)
-            except HeartbeatError as exc:
-                log.warning("ignoring the heartbeat reply of %s: %s", url, exc)
+        if future.cancelled():
+            return  # the node is stopping
+        exc = future.exception()
+        if exc is not None:
+            log.error("heartbeat to %s failed unexpectedly", url, exc_info=exc)
 
     def admit(
         self, header: str | None, method: str, path: str, body: bytes, peer: str | None
@@ -334,6 +361,7 @@ class Coordinator:
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
         """A heartbeat from another member (it passed :meth:`admit`); returns this node's.
         Raises :class:`~sparkiq.cluster.heartbeat.HeartbeatError` for a malformed one."""
+        self.heartbeats_answered += 1
         self.membership.heard(doc)
         return self.membership.heartbeat_doc(self._hosted_state())
 

@@ -131,7 +131,14 @@ class _ReplicaCollector:
                 "Sub-requests also sent to another replica because the first was silent",
             )
             hedged.add_metric([], coordinator.router.hedged)
-            yield from (members, forwarded, hedged)
+            beats = CounterMetricFamily(
+                "sparkiq_heartbeats",
+                "Membership heartbeats since start, by direction (sent; received and answered)",
+                labels=["direction"],
+            )
+            beats.add_metric(["sent"], coordinator.heartbeats_sent)
+            beats.add_metric(["received"], coordinator.heartbeats_answered)
+            yield from (members, forwarded, hedged, beats)
 
 
 class _KafkaCollector:
