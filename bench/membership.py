@@ -172,7 +172,7 @@ def _change(cluster: Cluster, kind: str, node_id: str, scale: Scale) -> Change:
     else:
         cluster.kill(node_id)
     agreed = cluster.wait("agreed", AGREE_LIMIT_S)
-    cluster.wait("settled", AGREE_LIMIT_S)
+    cluster.wait("settled", AGREE_LIMIT_S / 2)
     time.sleep(scale.pick(2.0, 1.0, 0.3))
     lookups.halt.set()
     lookups.join()
@@ -319,8 +319,8 @@ def _run(scale: Scale) -> Report:
         try:
             for node_id in cluster.ids[:n]:
                 cluster.add(node_id)
-            if cluster.wait("settled", 300) is None:
-                report.notes.append(f"{n} members did not settle in 300 s; measured as they were")
+            if cluster.wait("settled", 120) is None:
+                report.notes.append(f"{n} members did not settle in 120 s; measured as they were")
             steady = _steady(cluster, window)
             if steady.messages_s < 0.7 * 2 * (n - 1) / interval:
                 report.notes.append(
