@@ -38,6 +38,7 @@ import httpx
 
 from bench._changelog import open_table
 from bench._common import Report, Scale, entry_point, scratch_dir
+from bench._gossip import GossipSim
 from bench._members import CountingTransport, Placement, SimNode, assignment_seconds
 from bench.http import _free_port, _stop, _wait
 from sparkiq import KeyQuery, StateQueryRequest
@@ -265,6 +266,54 @@ def _processes(n: int, window: float, root: str) -> tuple[float, float]:
     return from_processes, in_process
 
 
+GOSSIP_COLUMNS = [
+    "members (SWIM, simulated)",
+    "messages/s per member",
+    "bytes/s per member",
+    "protocol CPU ms/s per member",
+    "join agreed s",
+    "leave agreed s",
+    "kill: out of every view s",
+    "kill: declared dead s",
+]
+
+
+def _gossip_row(n: int, period: float) -> list[str]:
+    """The same sizes under SWIM gossip (bench/_gossip.py, no transport, no hosted state)."""
+    sim = GossipSim(n, period=period, seed=n)
+    periods = 40
+    cpu = time.process_time()
+    for _ in range(periods):
+        sim.step()
+    cpu = time.process_time() - cpu
+    seconds = periods * period
+    messages, sizes = sum(sim.messages.values()), sum(sim.bytes.values())
+    everyone = set(sim.members)
+    limit = int(AGREE_LIMIT_S / period)
+    sim.join("joiner")
+    join = sim.run_until_agreed(everyone | {"joiner"}, limit)
+    sim.leave("joiner")
+    leave = sim.run_until_agreed(everyone, limit)
+    sim.kill("g1")
+    out = sim.run_until_agreed(everyone - {"g1"}, limit)
+    dead = sim.run_until_dead("g1", limit)
+    dead = None if dead is None or out is None else out + dead
+
+    def s(p: int | None) -> str:
+        return _seconds(None if p is None else p * period)
+
+    return [
+        str(n),
+        f"{messages / n / seconds:.1f}",
+        f"{sizes / n / seconds:,.0f}",
+        f"{cpu / n / seconds * 1000:.3f}",
+        s(join),
+        s(leave),
+        s(out),
+        s(dead),
+    ]
+
+
 def _seconds(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else f">{AGREE_LIMIT_S:.0f}"
 
@@ -384,6 +433,7 @@ def _run(scale: Scale) -> Report:
             changes_rows,
         )
     )
+    report.more_tables.append((GOSSIP_COLUMNS, [_gossip_row(n, interval) for n in sizes]))
     with scratch_dir("membership") as root:
         count = scale.pick(4, 4, 2)
         processes, in_process = _processes(count, scale.pick(10.0, 5.0, 2.0), root)
