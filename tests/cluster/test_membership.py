@@ -59,6 +59,17 @@ BAD = [
     ({"hosted": {"t": {"0": [4, "live"]}}}, "hosted"),
     ({"hosted": {"t": [1, 2]}}, "hosted"),
     ({"hosted": "t"}, "hosted"),
+    ({"groups": "t"}, "hosted"),
+    ({"groups": {"t": [[4, "live", 0]]}}, "hosted"),
+    ({"groups": {"t": [[4, "bogus", 0, [1]]]}}, "hosted"),
+    ({"groups": {"t": [[4, "live", 0, [1, 1]]]}}, "hosted"),
+    ({"groups": {"t": [[4, "live", 0, [2], [3]]]}}, "hosted"),
+    ({"groups": {"t": [[4, "live", 0, [True]]]}}, "hosted"),
+    ({"groups": {"t": [[4, "live", 0, [1 << 20]]]}}, "hosted"),
+    ({"groups": {"t": [[-2, "live", 0, [1]]]}}, "hosted"),
+    ({"groups": {"t": [[4, "live", 0, "1"]]}}, "hosted"),
+    ({"v": 0}, "v"),
+    ({"v": "2"}, "v"),
 ]
 
 
@@ -77,6 +88,36 @@ def test_a_valid_heartbeat_parses_to_typed_values() -> None:
     assert parsed.started_at == 1700000000.5
     local = parse_heartbeat(beat(url="local://n1"), "local")
     assert local.url == "local://n1"
+
+
+def test_version_2_groups_carry_the_same_hosted_state_as_version_1() -> None:
+    hosted = {"t": {0: (4, "live", 0), 3: (2, "restoring", 2), 5: (4, "live", 0)}, "u": {}}
+    doc = Membership("n1", "http://127.0.0.1:9001", []).heartbeat_doc(hosted, groups=True)
+    assert doc["v"] == 2 and "hosted" not in doc
+    assert sorted(doc["groups"]["t"]) == [[2, "restoring", 2, [3]], [4, "live", 0, [0, 5]]]
+    assert parse_heartbeat(doc, "http").hosted == hosted
+    old = parse_heartbeat(beat(), "http")  # a node of the previous release: no "v"
+    assert old.version == 1 and old.hosted == {"t": {0: (4, "live", 0), 3: (2, "restoring", 2)}}
+
+
+def test_version_2_goes_only_to_members_that_read_it(tmp_path: Path) -> None:
+    """A rolling upgrade keeps nodes that read only version 1 in the cluster: they are
+    answered, and sent heartbeats, in version 1."""
+    from sparkiq.testing import start_cluster
+
+    make_table(str(tmp_path), partitions=4)
+    with start_cluster(str(tmp_path), nodes=2, http=False, store="memory") as cluster:
+        coordinator = cluster[0].coordinator
+        assert coordinator is not None
+        old_node = beat("old", "local://old", hosted={})  # no "v": the previous release
+        reply = coordinator.on_heartbeat(old_node)
+        assert "hosted" in reply and "groups" not in reply and reply["v"] == 2
+        assert "local://old" not in coordinator.membership.group_readers()
+        new_node = beat("new", "local://new", v=2, groups={})
+        reply = coordinator.on_heartbeat(new_node)
+        assert "groups" in reply and "hosted" not in reply
+        assert coordinator.membership.group_readers() >= {"local://new", "local://n1"}
+        assert parse_heartbeat(reply, "local").hosted == cluster[0].hosted_state()
 
 
 def test_one_bad_heartbeat_changes_nothing_and_poisons_nothing() -> None:

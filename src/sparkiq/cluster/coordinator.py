@@ -36,7 +36,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Any
 
 from sparkiq.cluster.assignment import Assignment
-from sparkiq.cluster.heartbeat import HeartbeatError
+from sparkiq.cluster.heartbeat import FORMAT, HeartbeatError
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import HostedState, Membership
 from sparkiq.cluster.nodeauth import NodeKey, Opened, RequestVerifier
@@ -268,9 +268,18 @@ class Coordinator:
     def heartbeat_round(self, wait: float) -> None:
         """Send this node's heartbeat to every target that has none in flight and record
         the replies that arrive within ``wait`` s (later ones are recorded when they come)."""
-        doc = self.membership.heartbeat_doc(self._hosted_state())
-        sent = []
         membership = self.membership
+        hosted = self._hosted_state()
+        docs: dict[bool, dict[str, Any]] = {}  # by whether the target reads groups
+        readers = membership.group_readers()
+
+        def doc_for(url: str) -> dict[str, Any]:
+            groups = url in readers
+            if groups not in docs:
+                docs[groups] = membership.heartbeat_doc(hosted, groups=groups)
+            return docs[groups]
+
+        sent = []
         lanes = [(self._beats, membership.proven_targets())]
         lanes.append((self._probes, membership.unproven_targets()))
         with self._in_flight_lock:
@@ -278,7 +287,7 @@ class Coordinator:
                 for url in urls:
                     if url in self._in_flight:
                         continue  # still waiting for the last one: a slow member gets no pile-up
-                    future = pool.submit(self._beat, url, doc)
+                    future = pool.submit(self._beat, url, doc_for(url))
                     self._in_flight[url] = future
                     sent.append(future)
         for future in sent:
@@ -363,7 +372,8 @@ class Coordinator:
         Raises :class:`~sparkiq.cluster.heartbeat.HeartbeatError` for a malformed one."""
         self.heartbeats_answered += 1
         self.membership.heard(doc)
-        return self.membership.heartbeat_doc(self._hosted_state())
+        groups = doc.get("v", 1) >= FORMAT  # answered in the version it came in (checked)
+        return self.membership.heartbeat_doc(self._hosted_state(), groups=groups)
 
     # -- freshness ---------------------------------------------------------------------------
 

@@ -45,11 +45,13 @@ from typing import Any
 
 from sparkiq.cluster.detector import ArrivalWindow, Detector
 from sparkiq.cluster.heartbeat import (
+    FORMAT,
     MAX_MEMBERS,
     Heartbeat,
     HeartbeatError,
     HostedState,
     check_url,
+    grouped,
     parse_heartbeat,
 )
 from sparkiq.serving.config import node_url
@@ -72,6 +74,7 @@ class Member:
     hosted: HostedState = field(default_factory=dict)
     learned_at: float = 0.0  # monotonic time it was first named
     arrivals: ArrivalWindow = field(default_factory=ArrivalWindow)
+    version: int = 1  # the heartbeat format its last heartbeat said it reads
 
 
 class Membership:
@@ -241,6 +244,7 @@ class Membership:
             member.suspect_since = None
             member.started_at = beat.started_at
             member.hosted = beat.hosted
+            member.version = beat.version
             hearsay = sum(1 for m in self._members.values() if m.last_heard is None)
             for other_id, other_url in beat.members.items():
                 if other_id == self.node_id or other_id in self._members:
@@ -291,19 +295,35 @@ class Membership:
             if self._on_change is not None:
                 self._on_change()
 
-    def heartbeat_doc(self, hosted: HostedState) -> dict[str, Any]:
+    def group_readers(self) -> set[str]:
+        """URLs of the members heard from that said they read version 2 heartbeats (see
+        :mod:`sparkiq.cluster.heartbeat`, "Versions"); seeds and hearsay get version 1."""
+        with self._lock:
+            return {
+                m.url
+                for m in self._members.values()
+                if m.version >= FORMAT and m.last_heard is not None
+            }
+
+    def heartbeat_doc(self, hosted: HostedState, *, groups: bool = False) -> dict[str, Any]:
         """What this node tells others about itself (the format of
-        :mod:`sparkiq.cluster.heartbeat`)."""
+        :mod:`sparkiq.cluster.heartbeat`): version 2's ``groups`` when ``groups``, else
+        version 1's ``hosted``; either way it says it reads version 2."""
         with self._lock:
             # only members heard directly: second-hand names must not echo around forever
             known = {m.node_id: m.url for m in self._members.values() if m.last_heard is not None}
-        return {
+        doc: dict[str, Any] = {
             "node_id": self.node_id,
             "url": self.url,
             "started_at": self.started_at,
             "members": known,
-            "hosted": {
+            "v": FORMAT,
+        }
+        if groups:
+            doc["groups"] = grouped(hosted)
+        else:
+            doc["hosted"] = {
                 table: {str(p): list(s) for p, s in parts.items()}
                 for table, parts in hosted.items()
-            },
-        }
+            }
+        return doc
