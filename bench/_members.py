@@ -120,8 +120,11 @@ class Placement:
         return found
 
     def owners(self, view: Sequence[str], table: str, partition: int) -> list[str]:
-        k = self._column[(table, partition)]
-        return [self._ids[i] for i in self.replicas(view)[:, k]]
+        return self.owners_in(self.replicas(view), table, partition)
+
+    def owners_in(self, replicas: np.ndarray[Any, Any], table: str, partition: int) -> list[str]:
+        """The replicas of one partition in ``replicas`` (what :meth:`replicas` returned)."""
+        return [self._ids[i] for i in replicas[:, self._column[(table, partition)]]]
 
     def moved(self, before: Sequence[str], after: Sequence[str]) -> int:
         """Replica slots whose member changed between two views (new replicas to restore)."""
@@ -244,12 +247,13 @@ class SimNode:
         view = assignment.members
         want = self.placement.hosted(view, self.node_id)
         membership = self.coordinator.membership
+        replicas = self.placement.replicas(view)
         with self._lock:
             for table, held in self._hosted.items():
                 for partition in want[table] - held.keys():
                     held[partition] = (0, "live", 0)
                     self.opened += 1
                 for partition in list(held.keys() - want[table]):
-                    owners = self.placement.owners(view, table, partition)
+                    owners = self.placement.owners_in(replicas, table, partition)
                     if all(partition in membership.hosted_state(o).get(table, {}) for o in owners):
                         del held[partition]
