@@ -314,6 +314,65 @@ def _gossip_row(n: int, period: float) -> list[str]:
     ]
 
 
+HTTP_COLUMNS = [
+    "members",
+    "partitions per heartbeat",
+    "HTTP round trip CPU us: v1",
+    "v2",
+    "all-to-all CPU ms/s per member: v1",
+    "v2",
+]
+
+
+def _http_rows(
+    sizes: Sequence[int], partitions: int, interval: float, count: int
+) -> list[list[str]]:
+    """CPU of one heartbeat round trip over HTTP on loopback (both sides, in this process:
+    signing aside, what two nodes spend) with the hosted state of one member of each size,
+    in format versions 1 and 2; and what all-to-all costs a member from it: it takes part
+    in 2 (N - 1) / interval round trips a second, bearing half of each."""
+    from sparkiq import Node
+    from sparkiq.cluster.membership import Membership
+    from sparkiq.cluster.transport import HttpTransport
+
+    rows = []
+    with scratch_dir("membership-http") as root:
+        open_table(root, "small", 4)
+        node = Node(root, node_id="server", listen="127.0.0.1:0", peers=[], store="memory")
+        node.start()
+        transport = HttpTransport(node_id="client")
+        try:
+            assert node.url is not None
+            for n in sizes:
+                per_member = 2 * partitions // n
+                hosted = {
+                    f"t{t}": {p: (17, "live", 0) for p in range(per_member // 4)} for t in range(4)
+                }
+                sender = Membership("client", "http://127.0.0.1:1", [])
+                cpu = []
+                for groups in (False, True):
+                    doc = sender.heartbeat_doc(hosted, groups=groups)
+                    transport.heartbeat(node.url, doc)  # the connection, warm
+                    started = time.process_time()
+                    for _ in range(count):
+                        transport.heartbeat(node.url, doc)
+                    cpu.append((time.process_time() - started) / count)
+                rows.append(
+                    [
+                        str(n),
+                        f"{per_member:,}",
+                        f"{cpu[0] * 1e6:,.0f}",
+                        f"{cpu[1] * 1e6:,.0f}",
+                        f"{(n - 1) / interval * cpu[0] * 1000:,.1f}",
+                        f"{(n - 1) / interval * cpu[1] * 1000:,.1f}",
+                    ]
+                )
+        finally:
+            transport.close()
+            node.stop()
+    return rows
+
+
 def _seconds(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else f">{AGREE_LIMIT_S:.0f}"
 
@@ -434,6 +493,10 @@ def _run(scale: Scale) -> Report:
         )
     )
     report.more_tables.append((GOSSIP_COLUMNS, [_gossip_row(n, interval) for n in sizes]))
+    http_sizes = scale.pick((4, 10, 25, 50, 100), (4, 10, 25, 50, 100), (3,))
+    report.more_tables.append(
+        (HTTP_COLUMNS, _http_rows(http_sizes, partitions, interval, scale.pick(300, 100, 5)))
+    )
     with scratch_dir("membership") as root:
         count = scale.pick(4, 4, 2)
         processes, in_process = _processes(count, scale.pick(10.0, 5.0, 2.0), root)
