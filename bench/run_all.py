@@ -177,6 +177,19 @@ CONTEXT = {
         "returned a failure after the kill; wrong answers count rows that disagree with the "
         "position they were served at (each batch sets every key to its batch id)."
     ),
+    "membership": (
+        "All members run in one Python process on a shared two-core machine, so the first "
+        "table holds only while that process keeps up: past about 25 members all-to-all "
+        "heartbeats (every member to every other, 2 (N - 1) / 0.5 s messages a member) need "
+        "more CPU than one interpreter has, the members stall, views flap and partitions move "
+        "back and forth; the rows say so. The HTTP table measures what one heartbeat round trip "
+        "costs two nodes and from it what all-to-all costs a member at each size, which one "
+        "process cannot show. The SWIM rows are the gossip state machine of "
+        "`cluster/gossip.py` simulated period by period, without transport or hosted state: "
+        "each member probes one other a period, so its messages do not grow with N. A leave "
+        "and a kill differ in how the others learn it: a refused heartbeat (a process gone "
+        "from a host still up) is suspected at once, silence waits for the failure detector."
+    ),
     "sql_scan": (
         "The floor is DuckDB over the same rows in a native in-memory DuckDB table. A node "
         "hosting every partition runs the statement once in DuckDB over the partitions' Arrow "
