@@ -111,11 +111,12 @@ class Coordinator:
         self._probes = ElasticPool("sparkiq-probe", 4)
         self._in_flight: dict[str, Future[None]] = {}
         self._in_flight_lock = threading.Lock()
-        # url -> when a refusal from it was last logged; written by heartbeat callbacks
+        # url -> when a refusal from it was last logged; written by heartbeat threads
         # (plain dict operations, atomic under the GIL)
         self._refusals_logged: dict[str, float] = {}
-        #: Heartbeats this node sent, and those it answered, since start (plain int updates,
-        #: atomic under the GIL): what membership costs in messages, for /metrics.
+        #: Heartbeats this node sent, and those it answered, since start: what membership
+        #: costs in messages, for /metrics (unlocked: two threads adding at once may lose
+        #: one count, which a rate does not notice).
         self.heartbeats_sent = 0
         self.heartbeats_answered = 0
         self._round_done = threading.Condition()
