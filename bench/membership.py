@@ -565,8 +565,9 @@ def _readings(figures: dict[str, Any], sizes: Sequence[int]) -> list[str]:
         failed = sum(
             int(figures[n].get(f"{k}_failed") or 0) for n in group for k in ("join", "leave")
         )
+        shown = f"{slowest:.1f} s" if slowest != float("inf") else f"over {AGREE_LIMIT_S:.0f} s"
         out.append(
-            f"{label} ({', '.join(group)} members): slowest agreement {slowest:.1f} s (target <= "
+            f"{label} ({', '.join(group)} members): slowest agreement {shown} (target <= "
             f"{AGREE_TARGET_S:.0f} s: {'met' if slowest <= AGREE_TARGET_S else 'missed'}); "
             f"failed lookups during planned joins and leaves: {failed} (target 0)"
         )
