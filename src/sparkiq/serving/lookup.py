@@ -104,6 +104,8 @@ class ClusterView(Protocol):
 
     def is_fresh(self) -> bool: ...
 
+    def wait_fresh(self, timeout: float) -> bool: ...
+
 
 class KeyLocation(NamedTuple):
     """Where a key is: its internal form, its partition, the replica hosted here (None if
