@@ -22,6 +22,7 @@ import pytest
 from sparkiq import Client, InvalidQueryError, Node
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.sql import SqlError, SqlUnsupportedError
+from sparkiq.testing import wait_until
 from tests.server.serve_subprocess import serving
 from tests.sql.tables import build_world
 
@@ -257,11 +258,12 @@ def test_serving_a_state_dir_without_tables_warns_at_start_and_in_readyz(
         return httpx.get(f"{url}/readyz", timeout=5).status_code in (200, 503)
 
     args = ["--state-dir", str(typo), "--listen", f"127.0.0.1:{port}"]
+    warning = f"no tables are served: state_dir {str(typo)!r} holds no materialized table"
+    logged = lambda: f"WARNING sparkiq.serve {warning}" in (tmp_path / "node.log").read_text()  # noqa: E731
     with serving(args, tmp_path, up, errors=(httpx.HTTPError,)):
         ready = httpx.get(f"{url}/readyz", timeout=30).json()
-        log = (tmp_path / "node.log").read_text()
-    warning = f"no tables are served: state_dir {str(typo)!r} holds no materialized table"
-    assert f"WARNING sparkiq.serve {warning}" in log
+        # logged once the node has started, which is after its server answers /readyz
+        wait_until(logged, 60, "sparkiq serve did not warn that it serves no table")
     # /readyz answers without a token: it says so without the path
     assert ready["warning"].startswith("no tables are served: its state_dir holds no")
     assert str(typo) not in ready["warning"]

@@ -104,6 +104,8 @@ class ClusterView(Protocol):
 
     def is_fresh(self) -> bool: ...
 
+    def wait_fresh(self, timeout: float) -> bool: ...
+
 
 class KeyLocation(NamedTuple):
     """Where a key is: its internal form, its partition, the replica hosted here (None if
@@ -347,9 +349,13 @@ class Lookup:
         """:meth:`query_local` of the valid ``partitions`` of ``request`` (``results``
         holds the failures of the ones that do not exist)."""
         coordinator = self.coordinator
-        if coordinator is not None and not coordinator.is_fresh():
-            # Just resumed from a stall: its view and replicas may be old. Refuse, so the
-            # router asking falls through to another replica, until it has resynchronized.
+        if coordinator is not None and not coordinator.wait_fresh(catch_up_wait):
+            # Just resumed from a stall: its view and replicas may be old. A caller that may
+            # wait (a router's sub-request, not the event loop) waits up to catch_up_wait
+            # for the resynchronization, which takes one heartbeat round and a catch-up:
+            # after a stall of the whole cluster every replica is resynchronizing at once,
+            # and refusing at once left the router no replica to fall through to. Past the
+            # wait, refuse, so the router asking falls through to another replica.
             for partition in partitions:
                 results[partition] = QueryResult.for_failure(
                     FailureReason.NOT_PRESENT,
