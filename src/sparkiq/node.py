@@ -564,7 +564,7 @@ class Node:
         A standalone node answers from the partitions it hosts (``NOT_PRESENT`` for others); a
         clustered node routes each partition to a node hosting it (see
         :mod:`sparkiq.cluster.router`)."""
-        return self._lookup.query(request)
+        return self._lookup.route(request)
 
     @property
     def source_wait(self) -> float:

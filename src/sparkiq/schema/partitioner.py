@@ -147,7 +147,10 @@ def _hash_bytes(data: bytes | bytearray, seed: int) -> int:
 
 def _murmur3(data: bytes | bytearray, seed: int) -> int:
     """Standard MurmurHash3 x86_32 as an unsigned int (mmh3 takes bytes, not bytearray)."""
-    return mmh3.hash(bytes(data), seed, signed=False)
+    return mmh3.hash(data if data.__class__ is bytes else bytes(data), seed, signed=False)
+
+
+_murmur3_signed: Final = mmh3.hash  # bytes, seed -> signed 32-bit (Java's int)
 
 
 # --- one hasher per Spark type ---------------------------------------------------------------
@@ -410,10 +413,19 @@ class Partitioner:
         single = self._single
         if single is not None and len(values) == 1:  # the common case, without the loop
             value = values[0]
-            try:
-                h = SPARK_HASH_SEED if value is None else single(value, SPARK_HASH_SEED)
-            except _VALUE_ERRORS as exc:
-                raise _invalid_value(self._compiled, values) from exc
+            if single is _hash_string and value.__class__ is str and value.isascii():
+                # The commonest key, checked already (ASCII has no lone surrogates). Spark's
+                # hashUnsafeBytes is plain Murmur3 for whole 4-byte blocks, and mmh3's signed
+                # result is then Java's int: pmod is Python's % of a positive divisor.
+                data = value.encode()
+                if not len(data) & 3:
+                    return _murmur3_signed(data, SPARK_HASH_SEED) % self._partitions
+                h = _hash_bytes(data, SPARK_HASH_SEED)
+            else:
+                try:
+                    h = SPARK_HASH_SEED if value is None else single(value, SPARK_HASH_SEED)
+                except _VALUE_ERRORS as exc:
+                    raise _invalid_value(self._compiled, values) from exc
         else:
             h = _run(self._compiled, values)
         # Spark takes pmod of the *signed* hash; Python's % of a positive divisor is pmod.
