@@ -104,3 +104,15 @@ def test_the_row_decoder_builds_each_row_as_before() -> None:
         "d": dt.date(1970, 1, 1),
         "0": "y",
     }
+
+
+@pytest.mark.parametrize("key", [("AA",), ("AA", 1, 2), "AA", ("AA", "1"), (7, 1), ("AA", 2**40)])
+def test_bad_composite_keys_get_the_codec_errors(key: Any) -> None:
+    schema = _schema(["carrier", "flight"], {"carrier": "string", "flight": "integer"})
+    codec = KeyCodec(schema)
+    locate = key_locator(codec, Partitioner(["string", "integer"], 8))
+    with pytest.raises(InvalidQueryError) as fast:
+        locate(key)
+    with pytest.raises(InvalidQueryError) as plain:
+        codec.to_internal(key)
+    assert str(fast.value) == str(plain.value)

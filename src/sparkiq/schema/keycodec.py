@@ -254,6 +254,13 @@ class KeyCodec:
     def windowed(self) -> bool:
         return self._window_index is not None
 
+    @property
+    def column_steps(self) -> tuple[tuple[Callable[[Any], Any], Callable[[Any], bytes]], ...]:
+        """Per key column, its validator (user value to internal value, raising
+        :class:`~sparkiq.errors.InvalidQueryError`) and its encoder (internal value to its
+        bytes): what :meth:`to_internal` and :meth:`encode` apply column by column."""
+        return tuple(zip(self._validators, self._encoders, strict=True))
+
     def to_internal(self, key: Any) -> tuple[Any, ...]:
         """Validate a user key (scalar for one key column, tuple/list for several).
 

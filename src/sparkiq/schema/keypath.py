@@ -9,7 +9,8 @@ request locates its key once and hands the result down (the read, the routing an
 answer reuse it; nothing is validated, hashed or encoded twice).
 
 The common key -- one ASCII string for a one-string-column table -- gets a path of its own
-(no validator chain, no per-column loop; the partitioner has a fast path of its own for it).
+(no validator chain; the partitioner has a fast path of its own for it), and a composite key
+given as a tuple one with its columns' steps unrolled.
 Every other key (and any value the fast path does not take: a ``str`` subclass, non-ASCII,
 None) goes through the codec's validation, so bad keys meet exactly the errors they always
 did. The two paths give identical results
@@ -41,7 +42,11 @@ def key_locator(codec: KeyCodec, partitioner: Partitioner) -> KeyLocator:
         return internal, partition_of(internal), encode(internal)
 
     types = partitioner.types
-    if len(types) != 1 or types[0].name != "string" or codec.windowed:
+    if codec.windowed:
+        return locate
+    if len(types) > 1:
+        return _composite_locator(codec, partitioner, locate)
+    if types[0].name != "string":
         return locate
 
     def locate_string(key: Any) -> tuple[tuple[Any, ...], int, bytes]:
@@ -52,3 +57,31 @@ def key_locator(codec: KeyCodec, partitioner: Partitioner) -> KeyLocator:
         return internal, partition_of(internal), encode_utf8_key(key.encode())
 
     return locate_string
+
+
+def _composite_locator(
+    codec: KeyCodec, partitioner: Partitioner, general: KeyLocator
+) -> KeyLocator:
+    """The path of a composite key given as a tuple of the right length, with the columns'
+    steps unrolled: no per-column loop, zip or list (the commonest composite lookups pay
+    for little else). The function is generated once per table; only indexes enter its
+    source. A list, a tuple of another length or anything else takes ``general``."""
+    steps = codec.column_steps
+    width = len(steps)
+    values = ", ".join(f"v{i}" for i in range(width))
+    lines = [
+        "def locate_composite(key):",
+        f"    if key.__class__ is not tuple or len(key) != {width}:",
+        "        return general(key)",
+        f"    {values}, = key",
+        *(f"    i{i} = check{i}(v{i})" for i in range(width)),
+        f"    internal = ({', '.join(f'i{i}' for i in range(width))},)",
+        "    return internal, partition_of(internal), "
+        + " + ".join(f"encode{i}(i{i})" for i in range(width)),
+    ]
+    scope: dict[str, Any] = {"general": general, "partition_of": partitioner}
+    for i, (check, encode) in enumerate(steps):
+        scope[f"check{i}"], scope[f"encode{i}"] = check, encode
+    exec("\n".join(lines), scope)  # the source holds indexes only
+    built: KeyLocator = scope["locate_composite"]
+    return built
