@@ -646,6 +646,13 @@ class Node:
                     engine = self._sql = SqlEngine(self._lookup, self.config.sql_limits)
         return engine.execute(text, **options)
 
+    def sql_here(self, text: str, *, page_size: int | None = None) -> SqlResult | None:
+        """:meth:`sql`'s answer when it is at hand without blocking (a cached key-lookup plan
+        whose keys this node reads itself; see :meth:`sparkiq.sql.SqlEngine.execute_here`),
+        else None: what an event loop may call before handing :meth:`sql` to a thread."""
+        engine = self._sql
+        return None if engine is None else engine.execute_here(text, page_size=page_size)
+
     def stream(self, text: str, **options: Any) -> Subscription:
         """Run a SQL push query (``SELECT ... FROM t [WHERE ...] EMIT CHANGES``).
 

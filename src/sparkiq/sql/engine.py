@@ -57,7 +57,7 @@ from sparkiq.sql.plan import (
     key_page_queries,
     literal_int,
 )
-from sparkiq.sql.reader import batch_of, lookup_rows, range_rows, read_table
+from sparkiq.sql.reader import NotHere, batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.result_schema import DUCK_TYPE, from_duck, from_table, strings, zoned_timestamps
 from sparkiq.sql.source import ColumnarSource, QuerySource
@@ -67,6 +67,8 @@ from sparkiq.stores.versions import VALID_FROM, VALID_TO
 __all__ = ["SqlEngine"]
 
 _CACHE_SIZE = 512
+#: The longest statement execute_here looks at (a key lookup is far shorter).
+_HERE_MAX_CHARS = 4096
 # A shape template pays off for lookups of a few keys; binding one costs time quadratic in
 # its literals (sqlglot re-parents every sibling of a replaced node), and a statement with
 # thousands (a long IN list) is not going to be repeated with other values anyway.
@@ -236,12 +238,33 @@ class SqlEngine:
             # the statement the user wrote, which parses again only on this path
             raise locate(error, parse(text)) from None
 
+    def execute_here(self, text: str, *, page_size: int | None = None) -> SqlResult | None:
+        """:meth:`execute`'s answer when it is at hand, else None (then call :meth:`execute`,
+        on a thread): a statement whose plan is cached (by text or shape: nothing to parse)
+        and runs in Python as key lookups this node reads itself, unbounded and at the
+        newest batch -- microseconds, with nothing that could block, so an event loop may
+        call it. Any error also answers None: :meth:`execute` raises it, located."""
+        if not isinstance(text, str):
+            return None
+        if text not in self._by_text:
+            if len(text) > _HERE_MAX_CHARS:  # the shape scan is linear, but bounded here
+                return None
+            shaped = shape_of(text)
+            if shaped is None or self._by_shape.get(shaped[0]) is None:
+                return None
+        try:
+            return self._execute(text, None, None, page_size, here_only=True)
+        except (SqlError, NotHere):
+            return None
+
     def _execute(
         self,
         text: str,
         bound: PositionBound | None,
         page_token: str | None,
         page_size: int | None,
+        *,
+        here_only: bool = False,
     ) -> SqlResult:
         if bound is None:
             bound = _UNBOUNDED
@@ -270,29 +293,42 @@ class SqlEngine:
                 field="page_size",
             )
         if plan.explain:
+            if here_only:
+                raise NotHere
             return self._explain(plan)
         deadline = time.monotonic() + self.limits.timeout_seconds
         reading = Reading(digest, token, page_size, self._as_of)
         if plan.python is not None:
-            fast = self._python(plan, params, bound, reading)
+            fast = self._python(plan, params, bound, reading, here_only)
             if fast is not None:
                 return fast
+        if here_only:
+            raise NotHere
         holder = plan  # a template's result has one schema whatever its values
         if template:
             plan = bind_template(plan, params, text)
         return self._general(plan, holder, params, bound, reading, deadline)
 
     def _python(
-        self, plan: Plan, params: tuple[Any, ...], bound: PositionBound, reading: Reading
+        self,
+        plan: Plan,
+        params: tuple[Any, ...],
+        bound: PositionBound,
+        reading: Reading,
+        here_only: bool = False,
     ) -> SqlResult | None:
         table = plan.tables[0]
+        if here_only and table.as_of is not None:  # AS OF TIMESTAMP looks up commit times
+            raise NotHere
         schema, codec, _ = self._codec(table.name)
         access = bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
         at_batch = reading.at_batch(table.name, table.as_of)
         if access.keys is not None and access.exact:
             rows, position, _ = lookup_rows(
-                self.source, table.name, schema, access, bound, at_batch
+                self.source, table.name, schema, access, bound, at_batch, here_only=here_only
             )
+        elif here_only:
+            raise NotHere
         elif access.range_bounds is not None and reading.page_size is None:
             rows, position = range_rows(self.source, table.name, access, bound, at_batch)
         else:
