@@ -44,7 +44,7 @@ NOT_RUN = {
 
 #: Rows of each benchmark's report when every path ran (methods x phases, setups...).
 ROWS = {
-    "lookup": 6,  # 2 phases x (floor, node.get, KeyQuery)
+    "lookup": 9,  # 3 phases (memtable, flushed, composite key) x (floor, node.get, KeyQuery)
     "http": 3,  # floor, GET, SQL
     "failover": 1,  # one round
     "sql_scan": 18,  # 3 queries x 4 methods, RocksDB to Arrow, 2 key lookups, 3 join rows
