@@ -44,7 +44,7 @@ from sparkiq.schema.types import TableSchema
 from sparkiq.sql.analyze import analyze
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError, locate
-from sparkiq.sql.explain import explain_plan
+from sparkiq.sql.explain import explain_plan, explain_rows
 from sparkiq.sql.keys import KeyAccess, bind_access
 from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.paging import PageToken, Reading
@@ -67,8 +67,6 @@ from sparkiq.stores.versions import VALID_FROM, VALID_TO
 __all__ = ["SqlEngine"]
 
 _CACHE_SIZE = 512
-#: The longest statement execute_here looks at (a key lookup is far shorter).
-_HERE_MAX_CHARS = 4096
 # A shape template pays off for lookups of a few keys; binding one costs time quadratic in
 # its literals (sqlglot re-parents every sibling of a replaced node), and a statement with
 # thousands (a long IN list) is not going to be repeated with other values anyway.
@@ -239,16 +237,12 @@ class SqlEngine:
             raise locate(error, parse(text)) from None
 
     def execute_here(self, text: str, *, page_size: int | None = None) -> SqlResult | None:
-        """:meth:`execute`'s answer when it is at hand, else None (then call :meth:`execute`,
-        on a thread): a statement whose plan is cached (by text or shape: nothing to parse)
-        and runs in Python as key lookups this node reads itself, unbounded and at the
-        newest batch -- microseconds, with nothing that could block, so an event loop may
-        call it. Any error also answers None: :meth:`execute` raises it, located."""
-        if not isinstance(text, str):
+        """:meth:`execute`'s answer if at hand, else None (call :meth:`execute` on a thread):
+        a cached plan (nothing to parse) run in Python as key lookups the source reads itself,
+        unbounded, newest batch: nothing blocks. Errors answer None (:meth:`execute` says)."""
+        if not isinstance(text, str) or len(text) > 4096:  # a lookup is far shorter
             return None
         if text not in self._by_text:
-            if len(text) > _HERE_MAX_CHARS:  # the shape scan is linear, but bounded here
-                return None
             shaped = shape_of(text)
             if shaped is None or self._by_shape.get(shaped[0]) is None:
                 return None
@@ -310,24 +304,19 @@ class SqlEngine:
         return self._general(plan, holder, params, bound, reading, deadline)
 
     def _python(
-        self,
-        plan: Plan,
-        params: tuple[Any, ...],
-        bound: PositionBound,
-        reading: Reading,
-        here_only: bool = False,
+        self, plan: Plan, args: tuple[Any, ...], bound: PositionBound, reading: Reading, here: bool
     ) -> SqlResult | None:
         table = plan.tables[0]
-        if here_only and table.as_of is not None:  # AS OF TIMESTAMP looks up commit times
+        if here and table.as_of is not None:  # AS OF TIMESTAMP looks up commit times
             raise NotHere
         schema, codec, _ = self._codec(table.name)
-        access = bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
+        access = bind_access(schema, codec, table.terms, args, self.limits.max_key_lookups)
         at_batch = reading.at_batch(table.name, table.as_of)
         if access.keys is not None and access.exact:
             rows, position, _ = lookup_rows(
-                self.source, table.name, schema, access, bound, at_batch, here_only=here_only
+                self.source, table.name, schema, access, bound, at_batch, here_only=here
             )
-        elif here_only:
+        elif here:
             raise NotHere
         elif access.range_bounds is not None and reading.page_size is None:
             rows, position = range_rows(self.source, table.name, access, bound, at_batch)
@@ -568,7 +557,7 @@ class SqlEngine:
 
     def _explain(self, plan: Plan) -> SqlResult:
         described = explain_plan(plan, [self._access(t) for t in plan.tables], self._codec)
-        rows = [{"property": k, "value": v} for k, v in _flatten(described)]
+        rows = explain_rows(described)
         columns = ["property", "value"]
         return SqlResult(columns, rows, Position.empty(), None, described, strings(columns))
 
@@ -608,17 +597,3 @@ def _remaining(deadline: float) -> float:
             code=ErrorCode.TIMEOUT,
         )
     return left
-
-
-def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
-    if isinstance(value, dict):
-        out: list[tuple[str, str]] = []
-        for key, inner in value.items():
-            out += _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
-        return out
-    if isinstance(value, list) and value and isinstance(value[0], dict):
-        out = []
-        for i, inner in enumerate(value):
-            out += _flatten(inner, f"{prefix}[{i}]")
-        return out
-    return [(prefix, "" if value is None else str(value))]
