@@ -225,6 +225,10 @@ def run(scale: Scale = Scale.FULL) -> Report:
             + f"; p99 at {SQL_OPEN_RATE} queries/s {sql_p99:.2f} ms, "
             + verdict(sql_p99, SQL_P99_TARGET_MS, "ms", at_most=True)
         )
+        report.readings.append(
+            f"SQL key lookup over REST: {sql_rps:,.0f} queries/s = {sql_rps / rps:.2f}x the "
+            f"REST GET of the same keys ({rps:,.0f} req/s)"
+        )
         report.figures.update(
             {
                 "node_rps": rps,

@@ -44,7 +44,7 @@ NOT_RUN = {
 
 #: Rows of each benchmark's report when every path ran (methods x phases, setups...).
 ROWS = {
-    "lookup": 6,  # 2 phases x (floor, node.get, KeyQuery)
+    "lookup": 9,  # 3 phases (memtable, flushed, composite key) x (floor, node.get, KeyQuery)
     "http": 3,  # floor, GET, SQL
     "failover": 1,  # one round
     "membership": 1,  # one cluster size (its changes and the process check in more_tables)

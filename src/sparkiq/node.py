@@ -528,9 +528,8 @@ class Node:
         return self._lookup.partition_for_key(store, key)
 
     def get(self, store: str, key: Any) -> dict[str, Any] | None:
-        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery.
-
-        A clustered node asks the node hosting the key's partition when it does not hold it
+        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery: a
+        clustered node asks the node hosting the key's partition when it does not hold it
         caught up itself; a partition no node can answer raises :class:`SparkiqError`."""
         return self._lookup.get(store, key)
 
@@ -559,12 +558,10 @@ class Node:
         return self._lookup.read_located(location, store, key)
 
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
-        """Answer ``request``; failures are per partition.
-
-        A standalone node answers from the partitions it hosts (``NOT_PRESENT`` for others); a
-        clustered node routes each partition to a node hosting it (see
-        :mod:`sparkiq.cluster.router`)."""
-        return self._lookup.query(request)
+        """Answer ``request``; failures are per partition: a standalone node answers from the
+        partitions it hosts (``NOT_PRESENT`` for others), a clustered node routes each
+        partition to a node hosting it (see :mod:`sparkiq.cluster.router`)."""
+        return self._lookup.route(request)
 
     @property
     def source_wait(self) -> float:
@@ -645,6 +642,12 @@ class Node:
                 if engine is None:
                     engine = self._sql = SqlEngine(self._lookup, self.config.sql_limits)
         return engine.execute(text, **options)
+
+    def sql_here(self, text: str, *, page_size: int | None = None) -> SqlResult | None:
+        """:meth:`sql`'s answer when at hand without blocking, else None (for an event loop to
+        try before handing :meth:`sql` to a thread; :meth:`SqlEngine.execute_here`)."""
+        engine = self._sql
+        return None if engine is None else engine.execute_here(text, page_size=page_size)
 
     def stream(self, text: str, **options: Any) -> Subscription:
         """Run a SQL push query (``SELECT ... FROM t [WHERE ...] EMIT CHANGES``).

@@ -45,6 +45,11 @@ def _random_text(rng: random.Random) -> str:
     return "".join(chars)
 
 
+def _random_ascii(rng: random.Random) -> str:
+    """ASCII text, NUL included, of every length modulo 4 (the partitioner's fast path)."""
+    return "".join(chr(rng.randrange(0, 0x80)) for _ in range(rng.randrange(0, 40)))
+
+
 def _float32(bits: int) -> float:
     return float(struct.unpack("<f", struct.pack("<I", bits))[0])
 
@@ -149,6 +154,7 @@ def _decimal_case(precision: int, scale: int) -> Case:
 
 CASES = [
     Case("string", "string", pa.string(), _random_text, tuple(STRING_EDGES)),
+    Case("ascii_string", "string", pa.string(), _random_ascii, ("", "a", "key-00000001")),
     Case(
         "binary",
         "binary",

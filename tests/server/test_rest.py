@@ -366,3 +366,25 @@ def test_sql_over_rest_reads_only_and_explains_errors(nodes: list[Node]) -> None
     unknown = sql("SELECT kk FROM t").json()["error"]
     assert "k" in unknown["candidates"]
     assert sql("SELECT * FROM tt").json()["error"]["candidates"] == ["t"]
+
+
+def test_sql_key_lookups_answer_alike_on_the_event_loop_or_a_thread(nodes: list[Node]) -> None:
+    """A key lookup of a planned shape is answered on the event loop when the node reads
+    the key itself (Node.sql_here; with a standby each node holds every partition), with
+    the rows and position Node.sql gives."""
+    expected = expected_rows(HISTORY)
+    for node in nodes:
+        here = 0
+        for i in range(0, 5000, 211):
+            key = f"k{i:05d}"
+            text = f"SELECT k, n FROM t WHERE k = '{key}'"
+            body = orjson.dumps({"sql": text})
+            answer = httpx.post(url(node, "/query"), headers=auth(), content=body)
+            assert answer.status_code == 200
+            doc = answer.json()
+            want = [{"k": key, "n": expected[key]["n"]}] if key in expected else []
+            assert doc["rows"] == want and doc["columns"] == ["k", "n"]
+            direct = node.sql(text)
+            assert doc["position"] == direct.position.to_token()
+            here += node.sql_here(text) is not None
+        assert here > 0  # the loop's path was taken

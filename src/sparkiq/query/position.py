@@ -82,6 +82,9 @@ class Position:
     """
 
     _map: Mapping[str, Mapping[int, int]] = field(default_factory=lambda: MappingProxyType({}))
+    # to_token's answer, made on first use: a partition's position answers every read until
+    # its next batch, and each REST answer carries its token (not part of the value)
+    _token: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @staticmethod
     def empty() -> Position:
@@ -141,11 +144,16 @@ class Position:
 
     def to_token(self) -> str:
         """A URL-safe string that :meth:`from_token` turns back into an equal position."""
-        doc = {
-            c: {str(p): o for p, o in sorted(offs.items())} for c, offs in sorted(self._map.items())
-        }
-        raw = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-        return _TOKEN_PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        token = self._token
+        if token is None:
+            doc = {
+                c: {str(p): o for p, o in sorted(offs.items())}
+                for c, offs in sorted(self._map.items())
+            }
+            raw = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+            token = _TOKEN_PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+            object.__setattr__(self, "_token", token)  # a cache: the value is unchanged
+        return token
 
     @staticmethod
     def tokens_varying(

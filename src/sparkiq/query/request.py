@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from sparkiq.query.instant import instant_problem
@@ -46,7 +46,18 @@ class InStore:
                 f"with_query() takes a sparkiq Query (KeyQuery, RangeQuery, ...), "
                 f"got {type(query).__name__}"
             )
-        return StateQueryRequest(self.store, query)
+        # Every field set through the slots: the value StateQueryRequest(store, query)
+        # gives, built about three times faster (one per KeyQuery a caller sends).
+        made: StateQueryRequest = _new(StateQueryRequest)
+        _set_store(made, self.store)
+        _set_query(made, query)
+        _set_partitions(made, None)
+        _set_require_active(made, False)
+        _set_bound(made, _UNBOUNDED)
+        _set_execution_info(made, False)
+        _set_at_batch(made, None)
+        _set_at_time(made, None)
+        return made
 
 
 #: The most partitions a request received from the network may name, and the bound of their
@@ -161,3 +172,30 @@ class StateQueryRequest:
             "bound": repr(self.bound),
             "as_of": self.at_batch if self.at_time is None else self.at_time.isoformat(),
         }
+
+
+# InStore.with_query builds requests through the slots' descriptors (a frozen dataclass's
+# __init__ sets each field with object.__setattr__, about three times slower).
+_new = object.__new__
+_FIELDS = (
+    "store",
+    "query",
+    "partitions",
+    "is_require_active",
+    "bound",
+    "is_execution_info_enabled",
+    "at_batch",
+    "at_time",
+)
+# with_query sets every field: a field added to the class must be added here too
+assert {f.name for f in fields(StateQueryRequest)} == set(_FIELDS)
+(
+    _set_store,
+    _set_query,
+    _set_partitions,
+    _set_require_active,
+    _set_bound,
+    _set_execution_info,
+    _set_at_batch,
+    _set_at_time,
+) = (StateQueryRequest.__dict__[name].__set__ for name in _FIELDS)

@@ -28,7 +28,7 @@ from sparkiq.errors import InvalidQueryError, SchemaError, StoreError
 from sparkiq.schema.kinds import KINDS
 from sparkiq.schema.types import DataType, TableSchema
 
-__all__ = ["KEY_FORMAT_VERSION", "KeyCodec", "prefix_end"]
+__all__ = ["KEY_FORMAT_VERSION", "KeyCodec", "encode_utf8_key", "prefix_end"]
 
 #: Version of the byte layout below; recorded by stores, bumped on any change.
 KEY_FORMAT_VERSION = 1
@@ -108,6 +108,12 @@ def _enc_str(value: str | None) -> bytes:
     if value is None:
         return _NULL
     return _PRESENT + value.encode("utf-8").replace(_ZERO, _ESCAPED_ZERO) + _TERMINATOR
+
+
+def encode_utf8_key(data: bytes) -> bytes:
+    """The encoded key of a one-string-column table whose key's UTF-8 bytes are ``data``
+    (what :meth:`KeyCodec.encode` gives for that string; for callers that hold the bytes)."""
+    return _PRESENT + data.replace(_ZERO, _ESCAPED_ZERO) + _TERMINATOR
 
 
 def _enc_binary(value: bytes | None) -> bytes:
@@ -247,6 +253,13 @@ class KeyCodec:
     @property
     def windowed(self) -> bool:
         return self._window_index is not None
+
+    @property
+    def column_steps(self) -> tuple[tuple[Callable[[Any], Any], Callable[[Any], bytes]], ...]:
+        """Per key column, its validator (user value to internal value, raising
+        :class:`~sparkiq.errors.InvalidQueryError`) and its encoder (internal value to its
+        bytes): what :meth:`to_internal` and :meth:`encode` apply column by column."""
+        return tuple(zip(self._validators, self._encoders, strict=True))
 
     def to_internal(self, key: Any) -> tuple[Any, ...]:
         """Validate a user key (scalar for one key column, tuple/list for several).

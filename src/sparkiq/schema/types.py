@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from sparkiq.errors import SchemaError
@@ -156,9 +157,15 @@ class TableSchema:
     fields: tuple[Field, ...]
     key_columns: tuple[str, ...]
     window_column: str | None = None
+    # derived once (below): every key lookup reads them
+    _names: tuple[str, ...] = dataclass_field(default=(), init=False, repr=False, compare=False)
+    _key_types: tuple[DataType, ...] = dataclass_field(
+        default=(), init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.fields]
+        object.__setattr__(self, "_names", tuple(names))
         if len(set(names)) != len(names):
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise SchemaError(f"duplicate column names {dupes}: give each column a unique alias")
@@ -192,14 +199,15 @@ class TableSchema:
                     f"window column {self.window_column!r} has type {wtype.simple_string()}; "
                     "expected the struct<start,end> of timestamps that window() produces"
                 )
+        object.__setattr__(self, "_key_types", tuple(self.field(c).type for c in self.key_columns))
 
     @property
     def column_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
+        return self._names
 
     @property
     def key_types(self) -> tuple[DataType, ...]:
-        return tuple(self.field(c).type for c in self.key_columns)
+        return self._key_types
 
     @property
     def window_start_type(self) -> DataType | None:

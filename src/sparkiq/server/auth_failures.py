@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -62,8 +63,11 @@ class _Peer:
     pending: int = 0  # attempts admitted (admit) whose verdict has not come yet
 
 
+@lru_cache(maxsize=4096)
 def peer_of(host: str | None) -> str:
-    """The key failures of ``host`` (an address as a socket gives it) are counted under."""
+    """The key failures of ``host`` (an address as a socket gives it) are counted under
+    (remembered for the last few thousand hosts: parsing an address costs microseconds, and
+    the same clients call again and again)."""
     if not host:
         return "unknown"
     try:
@@ -195,8 +199,11 @@ class AuthFailures:
         (the ASGI scope's ``client``) and return what it returns (the caller's principal):
         a barred caller gets a 401 without its token being looked at, a wrong token counts
         as a failure (a missing one does not)."""
-        peer = peer_of(client[0] if client else None)
-        wait = self.wait(peer, "http")
+        host = client[0] if client else None
+        # Only a caller that failed lately can be barred: with none (always, on a node that
+        # asks for no token), the caller's address is not even looked at.
+        peer = peer_of(host) if self._peers else None
+        wait = 0.0 if peer is None else self.wait(peer, "http")
         if wait > 0:
             # A 401 like any refused token (clients raise their authentication error), its
             # message saying why; retry_after_seconds in the body says when to try again.
@@ -211,10 +218,10 @@ class AuthFailures:
             found = check(token)
         except AuthenticationError:
             if token is not None:
-                self.failed(peer, "http")
+                self.failed(peer_of(host), "http")
             raise
-        if token is not None:
-            self.succeeded(peer)
+        if token is not None and self._peers:
+            self.succeeded(peer_of(host))
         return found
 
     # -- metrics -------------------------------------------------------------------------------

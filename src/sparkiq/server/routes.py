@@ -38,9 +38,17 @@ class Route:
     access: Access = "token"
     label: str = ""
     segments: tuple[str, ...] = field(init=False)
+    # (index, parameter name) and (index, literal segment): what bind compares, found once
+    params: tuple[tuple[int, str], ...] = field(init=False, repr=False, compare=False)
+    literals: tuple[tuple[int, str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "segments", tuple(self.path.strip("/").split("/")))
+        segments = tuple(self.path.strip("/").split("/"))
+        object.__setattr__(self, "segments", segments)
+        named = tuple((i, s[1:-1]) for i, s in enumerate(segments) if s.startswith("{"))
+        object.__setattr__(self, "params", named)
+        fixed = tuple((i, s) for i, s in enumerate(segments) if not s.startswith("{"))
+        object.__setattr__(self, "literals", fixed)
         if not self.label:
             object.__setattr__(self, "label", self.path)
 
@@ -51,13 +59,13 @@ class Route:
     def bind(self, parts: list[str]) -> dict[str, str] | None:
         """The path parameters if ``parts`` (a path's segments) are this route's, else
         None. Parameters are percent-decoded."""
-        params: dict[str, str] = {}
-        for segment, part in zip(self.segments, parts, strict=True):
-            if segment.startswith("{"):
-                params[segment[1:-1]] = urllib.parse.unquote(part)
-            elif segment != part:
+        if len(parts) != len(self.segments):
+            return None
+        for i, literal in self.literals:
+            if parts[i] != literal:
                 return None
-        return params
+        unquote = urllib.parse.unquote
+        return {name: unquote(parts[i]) for i, name in self.params}
 
 
 ROUTES: tuple[Route, ...] = (

@@ -52,6 +52,7 @@ from sparkiq.changelog.source import SourceCatalog, StateDirCatalog
 from sparkiq.errors import ChangelogError, InvalidQueryError, UnknownStoreError
 from sparkiq.query.position import Position
 from sparkiq.schema.codec import KeyCodec
+from sparkiq.schema.keypath import KeyLocator, key_locator
 from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
 from sparkiq.serving.metadata import HostedState
@@ -91,6 +92,8 @@ class TableRoute:
     partitioner: Partitioner
     stores: list[PartitionStore | None]
     windowed: bool  # a plain field, not a property: every key lookup reads it
+    #: The table's compiled key path: ``key -> (internal, partition, encoded key)``.
+    locate: KeyLocator
 
     @property
     def schema(self) -> TableSchema:
@@ -295,11 +298,14 @@ class Hosting:
         stores: list[PartitionStore | None] = [None] * manifest.partitions
         for partition, held in replica.partitions.items():
             stores[partition] = held.store
+        codec = KeyCodec(replica.schema)
+        partitioner = Partitioner(replica.schema.key_types, manifest.partitions)
         route = TableRoute(
-            KeyCodec(replica.schema),
-            Partitioner(replica.schema.key_types, manifest.partitions),
+            codec,
+            partitioner,
             stores,
             windowed=replica.schema.window_column is not None,
+            locate=key_locator(codec, partitioner),
         )
         with self._lock:
             self._tables[name] = replica

@@ -28,19 +28,21 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from sparkiq.errors import InvalidQueryError, SparkiqError
+from sparkiq.errors import InvalidQueryError, SparkiqError, StoreError
 from sparkiq.principals import check_read
+from sparkiq.principals import current as current_principal
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.schema.types import TableSchema
+from sparkiq.serving.cluster_view import ClusterView, nodes_metadata
 from sparkiq.serving.hosting import Hosting, TableRoute
-from sparkiq.serving.metadata import HostedState, HostInfo, KeyQueryMetadata, NodeMetadata
+from sparkiq.serving.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
 from sparkiq.serving.source_bounds import SOURCE_WAIT, SourceBounds, Unreached
 from sparkiq.sql.errors import SqlPartitionError
 from sparkiq.sql.limits import SqlLimits
@@ -58,65 +60,19 @@ from sparkiq.stores.partition import PartitionStore
 __all__ = ["KeyLocation", "Lookup"]
 
 _PLAIN_CONTEXT = QueryContext()
-_BUILTIN_KEY_HANDLER = handler_for(PartitionStore, KeyQuery)
-
-
-class Routing(Protocol):
-    """Routes a request's partitions to the nodes hosting them (a cluster's router)."""
-
-    def route(self, request: StateQueryRequest, partitions: list[int]) -> StateQueryResult[Any]: ...
-
-
-class Placement(Protocol):
-    """Which members host which partitions (a cluster's assignment)."""
-
-    @property
-    def members(self) -> tuple[str, ...]: ...
-
-    def replicas(self, table: str, partition: int) -> tuple[str, ...]: ...
-
-    def active(self, table: str, partition: int) -> str | None: ...
-
-
-class Members(Protocol):
-    """What a node knows of the other members: where they are and what they host."""
-
-    def url_of(self, node_id: str) -> str | None: ...
-
-    def hosted_state(self, node_id: str) -> HostedState: ...
-
-    def hosting(self, table: str, partition: int) -> list[str]: ...
-
-
-class ClusterView(Protocol):
-    """What reads need of the cluster a node belongs to (its coordinator, in
-    :mod:`sparkiq.cluster`, one layer up): the router, the assignment, the members, and
-    whether this node's own view is fresh (not just resumed from a stall)."""
-
-    @property
-    def router(self) -> Routing: ...
-
-    @property
-    def assignment(self) -> Placement: ...
-
-    @property
-    def membership(self) -> Members: ...
-
-    def is_fresh(self) -> bool: ...
-
-    def wait_fresh(self, timeout: float) -> bool: ...
 
 
 class KeyLocation(NamedTuple):
     """Where a key is: its internal form, its partition, the replica hosted here (None if
-    not hosted) and whether this node reads it itself (hosted, and caught up when
-    clustered). A named tuple, not a frozen dataclass: it is built on every key lookup, and
-    builds in half the time."""
+    not hosted), whether this node reads it itself (hosted, and caught up when clustered)
+    and its encoded bytes (what the store is asked for). A named tuple, not a frozen
+    dataclass: it is built on every key lookup, and builds in half the time."""
 
     internal: tuple[Any, ...]
     partition: int
     store: PartitionStore | None
     here: bool
+    encoded: bytes
 
 
 class Lookup:
@@ -174,21 +130,21 @@ class Lookup:
         return self._hosting.route(store).partition_of(key)[1]
 
     def locate(self, store: str, key: Any) -> KeyLocation:
-        check_read((store,))
+        if current_principal.get() is not None:
+            check_read((store,))
         route = self._routes.get(store) or self._hosting.route(store)  # unknown: raises
         # The built-in key rule refuses only windowed tables: the common case skips asking
         # the registry here (read_key asks it before reading).
-        if route.windowed and handler_for(PartitionStore, KeyQuery) is _BUILTIN_KEY_HANDLER:
+        if route.windowed and handler_for.builtin_keys:
             check_key_query(route.schema, store, key)
-        internal = route.codec.to_internal(key)
-        partition = route.partitioner(internal)
+        internal, partition, encoded = route.locate(key)
         hosted = route.stores[partition]
         coordinator = self.coordinator
         here = hosted is not None and (
             coordinator is None
             or (self._hosting.caught_up(store, partition) and coordinator.is_fresh())
         )
-        return KeyLocation(internal, partition, hosted, here)
+        return KeyLocation(internal, partition, hosted, here, encoded)
 
     def read_key(self, location: KeyLocation, key: Any) -> tuple[dict[str, Any] | None, Position]:
         """``(row, position)`` of a key this node reads itself (``location.here``): the
@@ -196,8 +152,8 @@ class Lookup:
         the user registered for ``KeyQuery`` through :func:`~sparkiq.stores.dispatch.execute`."""
         store = location.store
         assert store is not None
-        if handler_for(type(store), KeyQuery) is _BUILTIN_KEY_HANDLER:
-            return store.get(location.internal)
+        if handler_for.builtin_keys:
+            return store.get_encoded(location.encoded)
         result = execute(store, KeyQuery.with_key(key), _PLAIN_CONTEXT)
         if result.is_failure:
             raise SparkiqError(
@@ -209,8 +165,25 @@ class Lookup:
         return result.result, result.position
 
     def get(self, store: str, key: Any) -> dict[str, Any] | None:
-        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery."""
-        return self.get_with_position(store, key)[0]
+        """The current row of ``key`` in ``store``, or None. The fast path of a KeyQuery.
+
+        :meth:`get_with_position` inlined for a standalone node reading its own partition
+        with the built-in handler (the microsecond path: one frame, the key located once);
+        anything else takes the general path."""
+        route = self._routes.get(store)
+        if (
+            route is None
+            or route.windowed
+            or self.coordinator is not None
+            or not handler_for.builtin_keys
+            or current_principal.get() is not None
+        ):
+            return self.get_with_position(store, key)[0]
+        _, partition, encoded = route.locate(key)
+        hosted = route.stores[partition]
+        if hosted is None:  # not hosted here: the general path raises, naming it
+            return self.get_with_position(store, key)[0]
+        return hosted.get_encoded(encoded)[0]
 
     def get_with_position(self, store: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
         """Like :meth:`get`, with the position of the partition the row was read at (the
@@ -246,10 +219,10 @@ class Lookup:
         else the partition: the SQL engine's key lookups then send a request naming it
         (:class:`~sparkiq.sql.source.LocalKeySource`)."""
         location = self.locate(store, key)
-        if not location.here or handler_for(PartitionStore, KeyQuery) is not _BUILTIN_KEY_HANDLER:
+        if not location.here or not handler_for.builtin_keys:
             return location.partition
         assert location.store is not None
-        row, position = location.store.get(location.internal)
+        row, position = location.store.get_encoded(location.encoded)
         return row, position, location.partition
 
     def _get_routed(
@@ -284,6 +257,17 @@ class Lookup:
         """Answer ``request``, routing to the nodes that host its partitions (a standalone
         node answers locally)."""
         check_read((request.store,))
+        if (
+            request.query.__class__ is KeyQuery
+            and request.partitions is None
+            and request.bound.position is None
+            and request.at_batch is None
+            and request.at_time is None
+            and not request.is_execution_info_enabled
+        ):
+            answer = self._plain_key_request(request.store, request.query.key)
+            if answer is not None:
+                return answer
         if request.bound.position is not None:
             resolved = self.sources.resolve(request.store, request.bound, self.source_wait)
             if isinstance(resolved, Unreached):
@@ -301,6 +285,30 @@ class Lookup:
         merged = dict(results.partition_results) if results is not None else {}
         merged.update(missing)
         return StateQueryResult(merged)
+
+    def _plain_key_request(self, store: str, key: Any) -> StateQueryResult[Any] | None:
+        """The answer of an unbounded ``KeyQuery`` of ``key`` on a standalone node hosting
+        its partition, with the built-in handler (the commonest request): the key located
+        once and read at once, the answer what :func:`~sparkiq.stores.dispatch.execute`
+        gives. None for anything else (a windowed table, a clustered node, a partition not
+        hosted here, a handler of the user's own): the general path answers it."""
+        route = self._routes.get(store)
+        if (
+            route is None
+            or route.windowed
+            or self.coordinator is not None
+            or not handler_for.builtin_keys
+        ):
+            return None
+        _, partition, encoded = route.locate(key)
+        hosted = route.stores[partition]
+        if hosted is None:
+            return None
+        try:
+            row, position = hosted.get_encoded(encoded)
+        except (StoreError, OSError):  # execute() turns it into STORE_EXCEPTION
+            return None
+        return StateQueryResult.of_one(partition, QueryResult.for_result(row, position))
 
     def _beyond_the_changelog(self, request: StateQueryRequest) -> StateQueryResult[Any] | None:
         """``NOT_UP_TO_BOUND`` for every partition of a request whose bound asks for a batch
@@ -562,37 +570,9 @@ class Lookup:
     def all_metadata(self) -> list[NodeMetadata]:
         """Per live node: the partitions it is active and standby for, and what it hosts
         (batch id, state) as of its last heartbeat (this node: now)."""
-        coordinator = self.coordinator
         tables = {name: route.partition_count for name, route in self._hosting.routes().items()}
-        if coordinator is None:
-            return [
-                NodeMetadata(
-                    self.node_id,
-                    self.url or "",
-                    {t: tuple(range(n)) for t, n in tables.items()},
-                    {t: () for t in tables},
-                    self._hosting.hosted_state(),
-                )
-            ]
-        assignment = coordinator.assignment
-        out = []
-        for member in assignment.members:
-            active = {
-                t: tuple(p for p in range(n) if assignment.active(t, p) == member)
-                for t, n in tables.items()
-            }
-            standby = {
-                t: tuple(p for p in range(n) if member in assignment.replicas(t, p)[1:])
-                for t, n in tables.items()
-            }
-            hosted = (
-                self._hosting.hosted_state()
-                if member == self.node_id
-                else coordinator.membership.hosted_state(member)
-            )
-            url = coordinator.membership.url_of(member) or ""
-            out.append(NodeMetadata(member, url, active, standby, hosted))
-        return out
+        hosted = self._hosting.hosted_state()
+        return nodes_metadata(self.coordinator, tables, self.node_id, self.url or "", hosted)
 
 
 def bound_batch(table: str, bound: PositionBound) -> int:

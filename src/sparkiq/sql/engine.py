@@ -44,7 +44,7 @@ from sparkiq.schema.types import TableSchema
 from sparkiq.sql.analyze import analyze
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError, locate
-from sparkiq.sql.explain import explain_plan
+from sparkiq.sql.explain import explain_plan, explain_rows
 from sparkiq.sql.keys import KeyAccess, bind_access
 from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.paging import PageToken, Reading
@@ -57,7 +57,7 @@ from sparkiq.sql.plan import (
     key_page_queries,
     literal_int,
 )
-from sparkiq.sql.reader import batch_of, lookup_rows, range_rows, read_table
+from sparkiq.sql.reader import NotHere, batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.result_schema import DUCK_TYPE, from_duck, from_table, strings, zoned_timestamps
 from sparkiq.sql.source import ColumnarSource, QuerySource
@@ -236,12 +236,29 @@ class SqlEngine:
             # the statement the user wrote, which parses again only on this path
             raise locate(error, parse(text)) from None
 
+    def execute_here(self, text: str, *, page_size: int | None = None) -> SqlResult | None:
+        """:meth:`execute`'s answer if at hand, else None (call :meth:`execute` on a thread):
+        a cached plan (nothing to parse) run in Python as key lookups the source reads itself,
+        unbounded, newest batch: nothing blocks. Errors answer None (:meth:`execute` says)."""
+        if not isinstance(text, str) or len(text) > 4096:  # a lookup is far shorter
+            return None
+        if text not in self._by_text:
+            shaped = shape_of(text)
+            if shaped is None or self._by_shape.get(shaped[0]) is None:
+                return None
+        try:
+            return self._execute(text, None, None, page_size, here_only=True)
+        except (SqlError, NotHere):
+            return None
+
     def _execute(
         self,
         text: str,
         bound: PositionBound | None,
         page_token: str | None,
         page_size: int | None,
+        *,
+        here_only: bool = False,
     ) -> SqlResult:
         if bound is None:
             bound = _UNBOUNDED
@@ -270,29 +287,37 @@ class SqlEngine:
                 field="page_size",
             )
         if plan.explain:
+            if here_only:
+                raise NotHere
             return self._explain(plan)
         deadline = time.monotonic() + self.limits.timeout_seconds
         reading = Reading(digest, token, page_size, self._as_of)
         if plan.python is not None:
-            fast = self._python(plan, params, bound, reading)
+            fast = self._python(plan, params, bound, reading, here_only)
             if fast is not None:
                 return fast
+        if here_only:
+            raise NotHere
         holder = plan  # a template's result has one schema whatever its values
         if template:
             plan = bind_template(plan, params, text)
         return self._general(plan, holder, params, bound, reading, deadline)
 
     def _python(
-        self, plan: Plan, params: tuple[Any, ...], bound: PositionBound, reading: Reading
+        self, plan: Plan, args: tuple[Any, ...], bound: PositionBound, reading: Reading, here: bool
     ) -> SqlResult | None:
         table = plan.tables[0]
+        if here and table.as_of is not None:  # AS OF TIMESTAMP looks up commit times
+            raise NotHere
         schema, codec, _ = self._codec(table.name)
-        access = bind_access(schema, codec, table.terms, params, self.limits.max_key_lookups)
+        access = bind_access(schema, codec, table.terms, args, self.limits.max_key_lookups)
         at_batch = reading.at_batch(table.name, table.as_of)
         if access.keys is not None and access.exact:
             rows, position, _ = lookup_rows(
-                self.source, table.name, schema, access, bound, at_batch
+                self.source, table.name, schema, access, bound, at_batch, here_only=here
             )
+        elif here:
+            raise NotHere
         elif access.range_bounds is not None and reading.page_size is None:
             rows, position = range_rows(self.source, table.name, access, bound, at_batch)
         else:
@@ -532,7 +557,7 @@ class SqlEngine:
 
     def _explain(self, plan: Plan) -> SqlResult:
         described = explain_plan(plan, [self._access(t) for t in plan.tables], self._codec)
-        rows = [{"property": k, "value": v} for k, v in _flatten(described)]
+        rows = explain_rows(described)
         columns = ["property", "value"]
         return SqlResult(columns, rows, Position.empty(), None, described, strings(columns))
 
@@ -572,17 +597,3 @@ def _remaining(deadline: float) -> float:
             code=ErrorCode.TIMEOUT,
         )
     return left
-
-
-def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
-    if isinstance(value, dict):
-        out: list[tuple[str, str]] = []
-        for key, inner in value.items():
-            out += _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
-        return out
-    if isinstance(value, list) and value and isinstance(value[0], dict):
-        out = []
-        for i, inner in enumerate(value):
-            out += _flatten(inner, f"{prefix}[{i}]")
-        return out
-    return [(prefix, "" if value is None else str(value))]

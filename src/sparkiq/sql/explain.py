@@ -94,3 +94,23 @@ def explain_plan(plan: Plan, accesses: list[KeyAccess], codecs: Codecs) -> dict[
         "tables": tables,
         "final_sql": None if python else plan.final_sql,
     }
+
+
+def explain_rows(described: Any) -> list[dict[str, str]]:
+    """An ``EXPLAIN``'s rows: ``{"property": dotted path, "value": text}`` per leaf of the
+    description."""
+    return [{"property": k, "value": v} for k, v in _flatten(described)]
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, str]] = []
+        for key, inner in value.items():
+            out += _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        out = []
+        for i, inner in enumerate(value):
+            out += _flatten(inner, f"{prefix}[{i}]")
+        return out
+    return [(prefix, "" if value is None else str(value))]

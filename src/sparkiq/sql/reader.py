@@ -89,6 +89,11 @@ def batch_of(store: str, position: Position) -> int | None:
     return max(offsets.values()) if offsets else None
 
 
+class NotHere(Exception):
+    """Raised by :func:`lookup_rows` with ``here_only`` when a key must be asked of another
+    node, or read again at an older batch: something that may block."""
+
+
 def lookup_rows(
     source: QuerySource,
     store: str,
@@ -96,15 +101,20 @@ def lookup_rows(
     access: KeyAccess,
     bound: PositionBound,
     at_batch: int | None = None,
+    *,
+    here_only: bool = False,
 ) -> tuple[list[dict[str, Any]], Position, list[int]]:
     """Rows of the access's keys (every window in bounds, for a windowed table), all read
-    at one batch of the table."""
+    at one batch of the table. With ``here_only``, every key is read by the source itself
+    at once or :class:`NotHere` is raised (nothing that could block is attempted)."""
     rows, position, partitions, batches = _lookup_rows(
-        source, store, schema, access, bound, at_batch
+        source, store, schema, access, bound, at_batch, here_only
     )
     # Read while a batch landed (two keys of one partition count: merged positions would
     # hide that): read every key again at the oldest batch seen.
     if at_batch is None and len(batches) > 1:
+        if here_only:  # a read at a batch may wait for a replica
+            raise NotHere
         rows, position, partitions, _ = _lookup_rows(
             source, store, schema, access, bound, min(batches)
         )
@@ -118,6 +128,7 @@ def _lookup_rows(
     access: KeyAccess,
     bound: PositionBound,
     at_batch: int | None,
+    here_only: bool = False,
 ) -> tuple[list[dict[str, Any]], Position, list[int], set[int]]:
     """Rows, merged position, partitions and the table batch of every answer."""
     assert access.keys is not None
@@ -138,11 +149,15 @@ def _lookup_rows(
     read_here = None
     if not windowed and at_batch is None and bound.is_unbounded:
         read_here = getattr(source, "read_here", None)  # a LocalKeySource
+    if here_only and read_here is None:
+        raise NotHere
     for key in access.keys:
         located = None
         if read_here is not None:
             here = read_here(store, key)
             if isinstance(here, int):  # read elsewhere: the request names the partition
+                if here_only:
+                    raise NotHere
                 located = frozenset((here,))
             else:
                 row, read_at, partition = here

@@ -115,10 +115,16 @@ def _lookup(store_type: type, query_type: type) -> Handler | None:
 
 
 class _HandlerCache:
-    """A tiny memo of handler lookups, cleared whenever the registry changes."""
+    """A tiny memo of handler lookups, cleared whenever the registry changes.
+
+    :attr:`builtin_keys` says whether a ``KeyQuery`` on a :class:`PartitionStore` is answered
+    by the built-in handler: key lookups read that one attribute instead of looking the
+    handler up on every call, and skip building query and result objects when it holds."""
 
     def __init__(self) -> None:
         self._memo: dict[tuple[type, type], Handler | None] = {}
+        self._builtin_key: Handler | None = None
+        self.builtin_keys = False
 
     def __call__(self, store_type: type, query_type: type) -> Handler | None:
         key = (store_type, query_type)
@@ -130,6 +136,13 @@ class _HandlerCache:
 
     def cache_clear(self) -> None:
         self._memo = {}
+        builtin = self._builtin_key
+        self.builtin_keys = builtin is not None and _lookup(PartitionStore, KeyQuery) is builtin
+
+    def set_builtin_key(self, handler: Handler) -> None:
+        """Record the built-in ``KeyQuery`` handler (once, below its definition)."""
+        self._builtin_key = handler
+        self.cache_clear()
 
 
 handler_for = _HandlerCache()
@@ -295,6 +308,9 @@ def _key_query(store: PartitionStore, query: KeyQuery, ctx: QueryContext) -> Que
         raw, position = store.get_at(store.keys.encode(internal), ctx.at_batch)
         row = None if raw is None else store.rows.decode(raw)
     return QueryResult.for_result(row, position)
+
+
+handler_for.set_builtin_key(_key_query)
 
 
 @register(RangeQuery)

@@ -72,6 +72,7 @@ class PartitionStore:
         self.store = store
         self.keys = KeyCodec(schema)
         self.rows = RowCodec(schema)
+        self._decode_row = self.rows.decode_row
         self._seq = 0
         self._write_lock = threading.Lock()
         # The writer's own: the versions hold a batch whose write failed and could not be
@@ -91,18 +92,19 @@ class PartitionStore:
 
     def get(self, internal_key: tuple[Any, ...]) -> tuple[dict[str, Any] | None, Position]:
         """The row of a key (internal values) and the position it was read at."""
-        encoded = self.keys.encode(internal_key)
-        store = self.store
-        while True:
-            seq = self._seq
-            if seq & 1:  # a write is between its two counter bumps: wait for it
-                with self._write_lock:
-                    continue
-            raw = store.get(encoded)
-            position = self.position
-            if self._seq == seq:
-                break
-        return (self.rows.decode(raw) if raw is not None else None), position
+        return self.get_encoded(self.keys.encode(internal_key))
+
+    def get_encoded(self, encoded_key: bytes) -> tuple[dict[str, Any] | None, Position]:
+        """Like :meth:`get` for an already encoded key (a lookup that located its key once,
+        :func:`~sparkiq.schema.keypath.key_locator`)."""
+        # One pass of get_raw's loop inline: the read that meets no write (nearly all of
+        # them) costs no loop and no second call.
+        seq = self._seq
+        raw = self.store.get(encoded_key)
+        position = self.position
+        if seq & 1 or self._seq != seq:
+            raw, position = self.get_raw(encoded_key)
+        return (None if raw is None else self._decode_row(raw)), position
 
     def get_raw(self, encoded_key: bytes) -> tuple[bytes | None, Position]:
         """Like :meth:`get` for an already encoded key, returning the encoded row."""
