@@ -170,14 +170,8 @@ class Lookup:
         :meth:`get_with_position` inlined for a standalone node reading its own partition
         with the built-in handler (the microsecond path: one frame, the key located once);
         anything else takes the general path."""
-        route = self._routes.get(store)
-        if (
-            route is None
-            or route.windowed
-            or self.coordinator is not None
-            or not handler_for.builtin_keys
-            or current_principal.get() is not None
-        ):
+        route = self._plain_route(store)
+        if route is None or current_principal.get() is not None:
             return self.get_with_position(store, key)[0]
         _, partition, encoded = route.locate(key)
         hosted = route.stores[partition]
@@ -286,12 +280,10 @@ class Lookup:
         merged.update(missing)
         return StateQueryResult(merged)
 
-    def _plain_key_request(self, store: str, key: Any) -> StateQueryResult[Any] | None:
-        """The answer of an unbounded ``KeyQuery`` of ``key`` on a standalone node hosting
-        its partition, with the built-in handler (the commonest request): the key located
-        once and read at once, the answer what :func:`~sparkiq.stores.dispatch.execute`
-        gives. None for anything else (a windowed table, a clustered node, a partition not
-        hosted here, a handler of the user's own): the general path answers it."""
+    def _plain_route(self, store: str) -> TableRoute | None:
+        """The route of ``store`` when a key of it can take the fast path: a table this node
+        knows, not windowed, on a standalone node, with the built-in key handler; else
+        None (the general path answers)."""
         route = self._routes.get(store)
         if (
             route is None
@@ -299,6 +291,17 @@ class Lookup:
             or self.coordinator is not None
             or not handler_for.builtin_keys
         ):
+            return None
+        return route
+
+    def _plain_key_request(self, store: str, key: Any) -> StateQueryResult[Any] | None:
+        """The answer of an unbounded ``KeyQuery`` of ``key`` on a standalone node hosting
+        its partition, with the built-in handler (the commonest request): the key located
+        once and read at once, the answer what :func:`~sparkiq.stores.dispatch.execute`
+        gives. None for anything else (a windowed table, a clustered node, a partition not
+        hosted here, a handler of the user's own): the general path answers it."""
+        route = self._plain_route(store)
+        if route is None:
             return None
         _, partition, encoded = route.locate(key)
         hosted = route.stores[partition]
