@@ -8,7 +8,13 @@ For every micro-batch ``b`` of the table's streaming query:
 2. tag each row with its partition ``pmod(hash(key columns), P)`` using Spark's own
    ``hash``, shuffle so each partition's rows meet in one task, and let that task (on an
    executor) encode the rows, write one checksummed segment per partition and read it back
-   to verify that it landed whole (:func:`~sparkiq.changelog.segment.verify_landed`);
+   to verify that it landed whole (:func:`~sparkiq.changelog.segment.verify_landed`).
+   When the batch already sits in the table's partitions (a streaming aggregation by the
+   key into ``P`` state partitions: :mod:`sparkiq.spark.batch_layout`), there is no
+   shuffle: task ``i`` writes partition ``i``'s segment where the rows are, after checking
+   that every row's tag is ``i``; a row that is not fails the batch before that task writes
+   anything (nothing is ever written to another partition's segment, and nothing is
+   committed). ``SPARKIQ_SINK_SHUFFLE=always`` (where the App is created) always shuffles;
 3. collect only the segments' facts (partition, rows, size, sha256, path) to the driver,
    which checks that each is at the path readers use and has its size there
    (:func:`~sparkiq.changelog.segment.check_visible`);
@@ -49,12 +55,15 @@ import sparkiq.spark.worker_python as worker_python
 from sparkiq.changelog import Changelog, CommitRecord, SegmentInfo, TableManifest
 from sparkiq.changelog.segment import check_visible, verify_landed
 from sparkiq.changelog.storage import Storage, open_storage
-from sparkiq.errors import ChangelogError
+from sparkiq.errors import ChangelogError, ConfigError
 from sparkiq.schema.codec import KeyCodec, RowCodec
+from sparkiq.spark.batch_layout import BatchLayout, batch_layout
 
 __all__ = [
+    "ASSUME_IN_PLACE_ENV",
     "CRASH_ENV",
     "SEGMENT_FAULT_ENV",
+    "SHUFFLE_ENV",
     "TableSink",
     "absolute_location",
     "pyarrow_uri",
@@ -77,6 +86,16 @@ CRASH_ENV = "SPARKIQ_TEST_CRASH_AT"
 #: driver's check can notice). Read on the driver when the batch starts and shipped as data.
 SEGMENT_FAULT_ENV = "SPARKIQ_TEST_SEGMENT_FAULT"
 _FAULTS = ("truncate", "remove", "remove_after_verify")
+
+#: Fault injection for tests of the in-place check: ``"<table>:<batch_id>"`` makes the driver
+#: write that batch without a shuffle whatever :func:`batch_layout` decided, as if it had
+#: guessed Spark's plan wrong.
+ASSUME_IN_PLACE_ENV = "SPARKIQ_TEST_ASSUME_IN_PLACE"
+
+#: ``always``: every batch is shuffled into the table's partitions, even one that already
+#: sits in them (``auto``, the default, writes such a batch in place). Read where the sink is
+#: created (the App's process).
+SHUFFLE_ENV = "SPARKIQ_SINK_SHUFFLE"
 
 _META_SCHEMA = "partition int, rows long, size long, sha256 string, path string"
 
@@ -101,6 +120,8 @@ class TableSink:
         self.checkpoint_location = absolute_location(checkpoint_location)
         self.manifest = manifest
         self.write_tasks = max(1, min(manifest.partitions, write_tasks))
+        self.always_shuffle = _always_shuffle()
+        self._layout: BatchLayout | None = None  # kept once settled (see batch_layout)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -118,14 +139,19 @@ class TableSink:
         tagged = df.withColumn(
             PARTITION_COLUMN, F.pmod(F.hash(*keys), F.lit(self.manifest.partitions))
         )
+        layout = self.layout()
+        if _assume_in_place(table, batch_id):
+            layout = BatchLayout(True, f"{ASSUME_IN_PLACE_ENV} is set")
         writer = _segment_writer(
-            self.state_dir, self.manifest, batch_id, _segment_fault(table, batch_id)
+            self.state_dir,
+            self.manifest,
+            batch_id,
+            _segment_fault(table, batch_id),
+            in_place=layout.reason if layout.in_place else None,
         )
-        facts = (
-            tagged.repartition(self.write_tasks, PARTITION_COLUMN)
-            .mapInArrow(writer, _META_SCHEMA)
-            .collect()
-        )
+        if not layout.in_place:
+            tagged = tagged.repartition(self.write_tasks, PARTITION_COLUMN)
+        facts = tagged.mapInArrow(writer, _META_SCHEMA).collect()
         segments = _landed_segments(changelog, batch_id, facts)
         record = CommitRecord(
             table=table,
@@ -140,6 +166,39 @@ class TableSink:
         _maybe_crash("before_commit", table, batch_id)
         changelog.write_commit(record)
         _maybe_crash("after_commit", table, batch_id)
+
+    def layout(self) -> BatchLayout:
+        """Whether this query's batches are written in place or shuffled (see
+        :mod:`sparkiq.spark.batch_layout`), from its checkpoint; kept once settled."""
+        if self.always_shuffle:
+            return BatchLayout(False, f"{SHUFFLE_ENV}=always")
+        if self._layout is not None:
+            return self._layout
+        checkpoint = open_storage(pyarrow_uri(self.checkpoint_location))
+        layout = batch_layout(checkpoint, self.manifest.key_columns, self.manifest.partitions)
+        if layout.settled:
+            log.info(
+                "%s: writing batches %s: %s",
+                self.manifest.name,
+                "in place, without a shuffle" if layout.in_place else "after a shuffle",
+                layout.reason,
+            )
+            self._layout = layout
+        return layout
+
+
+def _always_shuffle() -> bool:
+    value = os.environ.get(SHUFFLE_ENV, "auto").strip().lower()
+    if value not in ("auto", "always"):
+        raise ConfigError(f"{SHUFFLE_ENV} must be 'auto' or 'always', got {value!r}")
+    return value == "always"
+
+
+def _assume_in_place(table: str, batch_id: int) -> bool:
+    if os.environ.get(ASSUME_IN_PLACE_ENV) != f"{table}:{batch_id}":
+        return False
+    log.error("%s set: writing %s batch %d in place", ASSUME_IN_PLACE_ENV, table, batch_id)
+    return True
 
 
 def write_task_count(spark: Any, partitions: int) -> int:
@@ -184,10 +243,18 @@ def _landed_segments(
 
 
 def _segment_writer(
-    state_dir: str, manifest: TableManifest, batch_id: int, fault: str | None = None
+    state_dir: str,
+    manifest: TableManifest,
+    batch_id: int,
+    fault: str | None = None,
+    in_place: str | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each executor task runs: encode its rows, write its segments, read each
-    back to verify it landed, and report it. ``fault`` is :data:`SEGMENT_FAULT_ENV`'s."""
+    back to verify it landed, and report it. ``fault`` is :data:`SEGMENT_FAULT_ENV`'s.
+
+    ``in_place`` (the reason the batch was not shuffled) says that the task's partition id
+    is the partition of every row it holds: checked on the tag column before anything is
+    written, raising :class:`ChangelogError` otherwise."""
     schema_json = manifest.schema.spark_json()
     key_columns = manifest.key_columns
     window_column = manifest.window_column
@@ -204,7 +271,10 @@ def _segment_writer(
         data = pa.Table.from_batches(received)
         changelog = Changelog(state_dir, table)
         key_codec, row_codec = KeyCodec(schema), RowCodec(schema)
-        for partition in pc.unique(data.column(PARTITION_COLUMN)).to_pylist():
+        found = pc.unique(data.column(PARTITION_COLUMN)).to_pylist()
+        if in_place is not None:
+            _check_in_place(found, table, batch_id, in_place)
+        for partition in found:
             rows = data.filter(pc.equal(data.column(PARTITION_COLUMN), partition))
             keys = key_codec.encode_arrow(rows)
             values: list[bytes | None] = list(
@@ -233,6 +303,26 @@ def _segment_writer(
             )
 
     return write
+
+
+def _check_in_place(found: list[Any], table: str, batch_id: int, reason: str) -> None:
+    """In a batch written in place, the rows of the task of partition ``i`` must all be
+    tagged ``i`` (``found``: the distinct tags of its rows); raise before anything is
+    written otherwise."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    task = context.partitionId() if context is not None else None
+    if found == [task]:
+        return
+    raise ChangelogError(
+        f"batch {batch_id} of {table!r} was written without a shuffle ({reason}), but the "
+        f"write task of partition {task} holds rows of partitions {sorted(found)}: Spark did "
+        "not partition the batch by the table's key as expected. Nothing of this task was "
+        "written and the batch is not committed. Set SPARKIQ_SINK_SHUFFLE=always where the "
+        "App runs to shuffle every batch, and please report the query.",
+        store=table,
+    )
 
 
 def _segment_fault(table: str, batch_id: int) -> str | None:
