@@ -34,6 +34,7 @@ from sparkiq.changelog.segment import (
     read_segment,
     read_segment_arrays,
     write_segment,
+    write_segment_arrays,
 )
 from sparkiq.changelog.storage import Storage, open_storage
 from sparkiq.errors import ReadOnlyError, UnknownStoreError
@@ -194,6 +195,18 @@ class Changelog:
             partition,
             batch_id,
             changes,
+        )
+
+    def write_segment_arrays(
+        self, partition: int, batch_id: int, keys: pa.Array, values: pa.Array
+    ) -> SegmentInfo:
+        """:meth:`write_segment` of changes given as parallel binary arrays (a null value
+        deletes its key; of several rows with one key the last wins)."""
+        path = self.segment_path(partition, batch_id)
+        if self.read_only:
+            raise _refusal(self.table, "write", path)
+        return write_segment_arrays(
+            self.storage, path, self.table, partition, batch_id, keys, values
         )
 
     def read_segment(

@@ -275,17 +275,18 @@ def _segment_writer(
         if in_place is not None:
             _check_in_place(found, table, batch_id, in_place)
         for partition in found:
-            rows = data.filter(pc.equal(data.column(PARTITION_COLUMN), partition))
-            keys = key_codec.encode_arrow(rows)
-            values: list[bytes | None] = list(
-                row_codec.encode_arrow(rows.select(list(schema.column_names)))
+            rows = data
+            if len(found) > 1:
+                rows = data.filter(pc.equal(data.column(PARTITION_COLUMN), partition))
+            keys = key_codec.encode_arrow_array(rows)
+            values = pa.array(
+                row_codec.encode_arrow(rows.select(list(schema.column_names))), pa.binary()
             )
-            if tombstone is not None:
-                for i, deleted in enumerate(rows.column(tombstone).to_pylist()):
-                    if deleted:
-                        values[i] = None
-            changes = dict(zip(keys, values, strict=True))  # a later row for a key wins
-            info = changelog.write_segment(int(partition), batch_id, changes)
+            if tombstone is not None:  # a deleted key's value is null
+                deleted = pc.fill_null(rows.column(tombstone), False)
+                values = pc.if_else(deleted, pa.scalar(None, pa.binary()), values)
+            # of several rows for a key the later wins
+            info = changelog.write_segment_arrays(int(partition), batch_id, keys, values)
             path = changelog.segment_path(info.partition, batch_id)
             if fault in ("truncate", "remove"):
                 _damage(changelog.storage, path, fault)
