@@ -41,6 +41,7 @@ The driver learns of commits by reading the changelog (see :mod:`sparkiq.spark.a
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -64,6 +65,7 @@ __all__ = [
     "CRASH_ENV",
     "SEGMENT_FAULT_ENV",
     "SHUFFLE_ENV",
+    "TASK_PHASES",
     "TableSink",
     "absolute_location",
     "pyarrow_uri",
@@ -97,7 +99,14 @@ ASSUME_IN_PLACE_ENV = "SPARKIQ_TEST_ASSUME_IN_PLACE"
 #: created (the App's process).
 SHUFFLE_ENV = "SPARKIQ_SINK_SHUFFLE"
 
-_META_SCHEMA = "partition int, rows long, size long, sha256 string, path string"
+_META_SCHEMA = (
+    "partition int, rows long, size long, sha256 string, path string, "
+    "receive_ms double, encode_ms double, write_ms double, verify_ms double"
+)
+#: A write task's phases (milliseconds), reported with each segment's facts: waiting for its
+#: rows (in place, that is the batch's own last stage; else the shuffle), encoding them,
+#: writing the segment (sort, Arrow IPC, write, fsync, rename), reading it back.
+TASK_PHASES = ("receive_ms", "encode_ms", "write_ms", "verify_ms")
 
 
 class TableSink:
@@ -127,6 +136,7 @@ class TableSink:
         from pyspark.sql import functions as F
 
         table = self.manifest.name
+        started = time.perf_counter()
         changelog = Changelog(self.state_dir, table)
         if changelog.has_commit(batch_id):
             # Spark still needs the batch evaluated on every partition so that its state
@@ -151,8 +161,11 @@ class TableSink:
         )
         if not layout.in_place:
             tagged = tagged.repartition(self.write_tasks, PARTITION_COLUMN)
+        planned = time.perf_counter()
         facts = tagged.mapInArrow(writer, _META_SCHEMA).collect()
+        ran = time.perf_counter()
         segments = _landed_segments(changelog, batch_id, facts)
+        checked = time.perf_counter()
         record = CommitRecord(
             table=table,
             batch_id=batch_id,
@@ -166,6 +179,23 @@ class TableSink:
         _maybe_crash("before_commit", table, batch_id)
         changelog.write_commit(record)
         _maybe_crash("after_commit", table, batch_id)
+        done = time.perf_counter()
+        phases = {
+            "prepare_ms": 1e3 * (planned - started),  # commit check, offsets, layout, plan
+            "job_ms": 1e3 * (ran - planned),  # the Spark job: batch, shuffle?, write tasks
+            "check_ms": 1e3 * (checked - ran),
+            "commit_ms": 1e3 * (done - checked),
+        }
+        for name in TASK_PHASES:  # summed over the write tasks
+            phases[f"tasks_{name}"] = sum(float(f[name]) for f in facts)
+        log.debug(
+            "%s: batch %d written %s: %s",
+            table,
+            batch_id,
+            "in place" if layout.in_place else "after a shuffle",
+            ", ".join(f"{k} {v:.1f}" for k, v in phases.items()),
+            extra={"sparkiq_sink_phases": phases, "sparkiq_in_place": layout.in_place},
+        )
 
     def layout(self) -> BatchLayout:
         """Whether this query's batches are written in place or shuffled (see
@@ -264,10 +294,12 @@ def _segment_writer(
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from sparkiq.schema.types import TableSchema
 
+        clock = time.perf_counter()
         schema = TableSchema.from_spark_json(schema_json, key_columns, window_column)
         received = [b for b in batches if b.num_rows]
         if not received:
             return
+        receive_ms, clock = 1e3 * (time.perf_counter() - clock), time.perf_counter()
         data = pa.Table.from_batches(received)
         changelog = Changelog(state_dir, table)
         key_codec, row_codec = KeyCodec(schema), RowCodec(schema)
@@ -285,14 +317,25 @@ def _segment_writer(
             if tombstone is not None:  # a deleted key's value is null
                 deleted = pc.fill_null(rows.column(tombstone), False)
                 values = pc.if_else(deleted, pa.scalar(None, pa.binary()), values)
+            encoded = time.perf_counter()
             # of several rows for a key the later wins
             info = changelog.write_segment_arrays(int(partition), batch_id, keys, values)
+            written = time.perf_counter()
             path = changelog.segment_path(info.partition, batch_id)
             if fault in ("truncate", "remove"):
                 _damage(changelog.storage, path, fault)
             verify_landed(changelog.storage, path, info, table, batch_id)
             if fault == "remove_after_verify":
                 _damage(changelog.storage, path, fault)
+            verified = time.perf_counter()
+            phases = (
+                receive_ms,
+                *(
+                    1e3 * (b - a)
+                    for a, b in itertools.pairwise((clock, encoded, written, verified))
+                ),
+            )
+            receive_ms, clock = 0.0, verified  # the task's wait counts once
             yield pa.record_batch(
                 {
                     "partition": pa.array([info.partition], pa.int32()),
@@ -300,6 +343,10 @@ def _segment_writer(
                     "size": pa.array([info.size], pa.int64()),
                     "sha256": pa.array([info.sha256], pa.string()),
                     "path": pa.array([path], pa.string()),
+                    **{
+                        name: pa.array([ms], pa.float64())
+                        for name, ms in zip(TASK_PHASES, phases, strict=True)
+                    },
                 }
             )
 
