@@ -21,7 +21,8 @@ server's Python process, so there are none.
 
 Per-batch durations come from ``query.recentProgress`` (``durationMs.triggerExecution``, the
 whole micro-batch, and ``durationMs.addBatch``, the sink's part), leaving out the first
-batches of each run (warm-up). Full runs alternate baseline and App three times.
+batches of each run (warm-up). Full and quick runs have three rounds, each starting with the
+next sink.
 
 With ``--connect`` the same runs go through Spark Connect: a local Connect server (its own
 JVM, ``local[2]``, the same settings) runs the queries, and each ``foreachBatch`` call runs
@@ -205,7 +206,7 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
     if connect and spark is not None:
         raise ValueError("connect=True runs on a Spark Connect session of its own: no spark=")
     batches = scale.pick(12, 8, 1)
-    rounds = scale.pick(3, 1, 1)
+    rounds = scale.pick(3, 3, 1)  # three: each sink runs first, second and last once
     rows, warmup = rows_per_file(scale), warmup_batches(scale)
     report = Report(
         name="sink_connect" if connect else "sink",
@@ -215,7 +216,8 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
             f"{rows:,} rows per batch, keys drawn from {KEYSPACE:,}, local[2], 4 shuffle "
             + ("partitions, through a local Spark Connect server" if connect else "partitions")
             + f"), from `recentProgress`; {batches - warmup} batches per run "
-            f"after {warmup} warm-up batches, {rounds} run(s) per sink, alternating"
+            f"after {warmup} warm-up batches, {rounds} run(s) per sink, each round starting "
+            "with the next sink"
         ),
         baseline=(
             "the same query with `foreachBatch` that only evaluates the batch "
@@ -231,12 +233,23 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
     handler = _PhaseLog()
     with scratch_dir("sink") as root, _session(connect, spark) as spark:
         source = write_input(os.path.join(root, "in"), batches, rng, rows)
+        runs_of: dict[str, tuple[int, str]] = {
+            BASELINE: (0, "base"),
+            IN_PLACE: (IN_PLACE_PARTITIONS, "app4"),
+            SHUFFLED: (SHUFFLED_PARTITIONS, "app8"),
+        }
         for r in range(rounds):
-            base = _run_baseline(spark, source, os.path.join(root, f"base{r}"))
-            found = {BASELINE: base}
-            for name, count in ((IN_PLACE, IN_PLACE_PARTITIONS), (SHUFFLED, SHUFFLED_PARTITIONS)):
+            # each round starts with the next sink: on a shared machine a run's place in the
+            # round (load drifting, the previous query's clean-up) weighs more than the sink
+            order = list(runs_of)[r % 3 :] + list(runs_of)[: r % 3]
+            found: dict[str, list[tuple[int, int, int]]] = {}
+            for name in order:
+                count, folder = runs_of[name]
+                run_root = os.path.join(root, f"{folder}-{r}")
+                if name == BASELINE:
+                    found[name] = _run_baseline(spark, source, run_root)
+                    continue
                 with handler.listening() as logged:
-                    run_root = os.path.join(root, f"app{count}-{r}")
                     found[name] = _run_app(spark, source, run_root, count)
                 phases[name] += logged[warmup:]
             for name, runs in found.items():
