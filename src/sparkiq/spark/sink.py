@@ -112,8 +112,9 @@ TASK_PHASES = ("receive_ms", "encode_ms", "write_ms", "verify_ms")
 class TableSink:
     """``foreachBatch`` target writing one table's changelog.
 
-    Every attribute is plain, picklable data, and the object keeps no state between batches:
-    under Spark Connect it runs as a pickled copy in the server's Python process. The
+    Every attribute is plain, picklable data, and the object keeps no state between batches
+    but its reading of the checkpoint (:meth:`layout`, which cannot change for the query's
+    life): under Spark Connect it runs as a pickled copy in the server's Python process. The
     changelog is the only thing it changes; readers learn of a batch from its commit record.
     ``write_tasks`` caps how many tasks write segments (see :func:`write_task_count`).
     """
