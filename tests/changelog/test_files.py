@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,9 @@ import pyarrow as pa
 import pytest
 
 from sparkiq.changelog import Changelog, CommitRecord, TableManifest
+from sparkiq.changelog.retention import apply_retention
 from sparkiq.changelog.segment import decode_segment, encode_segment, encode_segment_arrays
+from sparkiq.changelog.snapshot import write_snapshot
 from sparkiq.errors import CorruptSegmentError, LayoutMismatchError, UnknownStoreError
 from sparkiq.schema.types import TableSchema
 from tests.changelog.helpers import SCHEMA_JSON, make_table, write_batch
@@ -190,3 +193,35 @@ def test_segments_from_columns_keep_the_last_row_of_a_key_and_the_same_bytes(see
         "t", 2, 7, pa.array([], pa.binary()), pa.array([], pa.binary())
     )
     assert (empty, none) == (_segment_as_before("t", 2, 7, {}), 0)
+
+
+def test_a_batch_written_again_is_read_from_the_attempt_its_record_lists(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """The sink writes a batch again (attempt 1) after refusing to write it in place: the
+    record lists attempt 1's files, and a file of attempt 0 written late, as a straggling
+    task of the refused attempt would, is never read; retention removes both. A record as
+    sparkiq wrote it before attempts (no ``attempt``) still names attempt 0's files."""
+    changelog = make_table(str(tmp_path), partitions=1)
+    keys = pa.array([b"\x01a", b"\x01b"], pa.binary())
+    wanted = pa.array([b"2", b"3"], pa.binary())
+    info = changelog.write_segment_arrays(0, 0, keys, wanted, attempt=1)
+    assert info.attempt == 1
+    assert changelog.segment_path(0, 0, 1) != changelog.segment_path(0, 0)
+    changelog.write_commit(CommitRecord(table="t", batch_id=0, mode="update", segments={0: info}))
+    changelog.write_segment_arrays(0, 0, keys.slice(0, 1), wanted.slice(0, 1))  # late, attempt 0
+    record = changelog.read_commit(0)
+    assert record is not None and record.segments[0].attempt == 1
+    assert changelog.read_segment_arrays(record, 0)[1].to_pylist() == [b"2", b"3"]
+    assert '"attempt":1' in Path(changelog.commit_path(0)).read_text()
+
+    later = write_batch(changelog, 1, {"c": 1})
+    assert later.segments[0].attempt == 0
+    assert '"attempt"' not in Path(changelog.commit_path(1)).read_text()  # the old format
+    assert changelog.read_commit(1) == later
+    write_batch(changelog, 2, {"d": 1})
+    write_snapshot(changelog, 0, 1)
+    report = apply_retention(changelog, 0, keep_snapshots=1, now=time.time() + 60)
+    assert report.segments == 2  # batches 0 and 1, one listed file each
+    assert not Path(changelog.segment_path(0, 0, 1)).exists()
+    assert not Path(changelog.segment_path(0, 0)).exists()

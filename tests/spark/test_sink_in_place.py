@@ -4,12 +4,14 @@ A streaming aggregation by the key into as many state partitions as the table ha
 (``spark.sql.shuffle.partitions`` = 4 in the test session) is written in place; other plans
 (another partition count, the key columns in another order than the grouping) take the
 general path. Both give the table Spark's batch answer, with every key in the segment of
-its partition. A batch forced in place when it is not (the sink's test hook) fails before
-anything of it is committed, and a restart without the hook commits it.
+its partition. A batch that is not in the table's partitions although the checkpoint says
+so (a key rewritten after the aggregation; or forced in place by the sink's test hook) is
+refused by the write tasks and written again after a shuffle in the same micro-batch.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,6 @@ import pytest
 
 from sparkiq import App
 from sparkiq.changelog import Changelog
-from sparkiq.errors import SparkiqError
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
 from sparkiq.spark.sink import ASSUME_IN_PLACE_ENV
@@ -103,46 +104,98 @@ def test_in_place_and_shuffled_tables_equal_batch_mode(spark: Any, tmp_path: Pat
         assert assert_keys_in_their_partitions(state, name, types) > 23
 
 
-def test_a_batch_wrongly_written_in_place_fails_and_commits_nothing(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def committed_attempts(state: Path, table: str) -> dict[int, set[int]]:
+    """The write attempts (file names) of each committed batch's segments."""
+    changelog = Changelog(str(state), table)
+    attempts: dict[int, set[int]] = {}
+    for batch_id in changelog.committed_batch_ids():
+        record = changelog.read_commit(batch_id)
+        assert record is not None
+        attempts[batch_id] = {info.attempt for info in record.segments.values()}
+    return attempts
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sparkiq.sink" and r.levelno == logging.WARNING
+    ]
+
+
+def test_a_key_rewritten_after_the_aggregation_falls_back_to_the_shuffle(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The table has 3 partitions and the aggregation's state 4, so the batch is not in the
-    table's partitions; forcing it in place must fail every task holding rows of another
-    partition than its own, and the batch must not be committed."""
+    """The aggregation's state key is "k" with the table's 4 partitions, so the checkpoint
+    says in place, but upper() moves every key to another partition after it: the first
+    batch's in-place write is refused by its tasks and written again after a shuffle, in the
+    same micro-batch, and the later batches are shuffled at once. No setting needed; the
+    table equals Spark's batch answer after every batch."""
     from pyspark.sql import functions as F
 
+    caplog.set_level(logging.INFO, logger="sparkiq.sink")
     source = JsonSource(tmp_path / "in", SCHEMA)
     state = tmp_path / "state"
-
-    def start() -> App:
-        stream = source.stream(spark).groupBy("k").agg(F.sum("n").alias("n"))
-        app = App(spark, state_dir=str(state), name="wrongtask", snapshot_every=None)
-        app.materialize("sums", stream, key="k", partitions=3)
-        return app.start()
-
-    monkeypatch.setenv(ASSUME_IN_PLACE_ENV, "sums:1")
-    app = start()
+    upper = (
+        source.stream(spark).groupBy("k").agg(F.sum("n").alias("n")).withColumn("k", F.upper("k"))
+    )
+    app = App(spark, state_dir=str(state), name="rewrite", snapshot_every=None)
+    app.materialize("upper", upper, key="k", partitions=4)
+    app.start()
     try:
-        source.feed(app, rows(0))  # batch 0: not forced
-        source.write(rows(1))
-        with pytest.raises(SparkiqError) as failed:
-            app.process_all_available()
+        for batch in range(3):
+            source.feed(app, rows(batch))
+            truth = (
+                source.batch(spark)
+                .groupBy("k")
+                .agg(F.sum("n").alias("n"))
+                .withColumn("k", F.upper("k"))
+            )
+            assert_table_matches(app, "upper", truth)
+        assert app.get("upper", "K3") is not None  # routed by the key's partition
+        assert not app.tables["upper"].sink.layout().in_place
     finally:
         app.stop()
-    message = str(failed.value)
-    assert "was written without a shuffle" in message, message[-3000:]
-    assert "SPARKIQ_SINK_SHUFFLE=always" in message, message[-3000:]
-    changelog = Changelog(str(state), "sums")
-    assert changelog.committed_batch_ids() == [0]
+    # batch 0 was committed from its second write (the shuffled one), the later ones from
+    # their only (shuffled) write; the refusal was logged once
+    assert committed_attempts(state, "upper") == {0: {1}, 1: {0}, 2: {0}}
+    warned = refusals(caplog)
+    assert len(warned) == 1, warned
+    assert "every later batch of this query" in warned[0], warned[0]
+    assert "holds rows of partitions" in warned[0], warned[0]
+    assert assert_keys_in_their_partitions(state, "upper", ["string"]) > 23
 
-    monkeypatch.delenv(ASSUME_IN_PLACE_ENV)
-    app = start()
+
+def test_a_batch_wrongly_written_in_place_is_refused_and_written_after_a_shuffle(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The table has 3 partitions and the aggregation's state 4, so the batch is not in the
+    table's partitions; forced in place, the tasks holding rows of another partition than
+    their own refuse it (the per-task check), and the sink writes the batch again after a
+    shuffle in the same micro-batch: committed once, from the second attempt's segments, and
+    the table is Spark's batch answer."""
+    from pyspark.sql import functions as F
+
+    caplog.set_level(logging.INFO, logger="sparkiq.sink")
+    source = JsonSource(tmp_path / "in", SCHEMA)
+    state = tmp_path / "state"
+    stream = source.stream(spark).groupBy("k").agg(F.sum("n").alias("n"))
+    app = App(spark, state_dir=str(state), name="wrongtask", snapshot_every=None)
+    app.materialize("sums", stream, key="k", partitions=3)
+    monkeypatch.setenv(ASSUME_IN_PLACE_ENV, "sums:1")
+    app.start()
     try:
-        app.process_all_available(timeout=120)
-        assert changelog.committed_batch_ids() == [0, 1]
+        source.feed(app, rows(0))  # batch 0: not forced
+        source.feed(app, rows(1))
         assert_table_matches(
             app, "sums", source.batch(spark).groupBy("k").agg(F.sum("n").alias("n"))
         )
     finally:
         app.stop()
+    assert committed_attempts(state, "sums") == {0: {0}, 1: {1}}
+    warned = refusals(caplog)
+    assert len(warned) == 1 and "batch 1 could not be written without a shuffle" in warned[0], (
+        warned
+    )
+    assert ASSUME_IN_PLACE_ENV in warned[0] and "SPARKIQ_SINK_SHUFFLE=always" in warned[0]
     assert assert_keys_in_their_partitions(state, "sums", ["string"]) > 23

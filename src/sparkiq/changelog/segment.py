@@ -1,6 +1,8 @@
 """Changelog segments: the changes of one batch to one partition.
 
-On-disk format, version 1 (``segments/<partition:05d>/<batch:020d>.arrow``):
+On-disk format, version 1 (``segments/<partition:05d>/<batch:020d>.arrow``, or
+``<batch:020d>.a<attempt>.arrow`` for a later write attempt of the batch, see
+:attr:`SegmentInfo.attempt`):
 
 * an Arrow IPC *file* holding one record batch with two columns:
   ``key: binary not null`` (the order-preserving key encoding of
@@ -63,9 +65,18 @@ class SegmentInfo:
     rows: int
     size: int
     sha256: str
+    #: Which write of the batch made the segment, part of its file name: 0, the first (the
+    #: only one but when the sink writes a batch again in the same run, after its in-place
+    #: write was refused: :mod:`sparkiq.spark.sink`). A file of another attempt than the
+    #: commit record's is never read, so a late write of an abandoned attempt cannot reach
+    #: readers. Left out of the record when 0 (records as sparkiq wrote them before).
+    attempt: int = 0
 
     def to_json(self) -> dict[str, int | str]:
-        return {"rows": self.rows, "size": self.size, "sha256": self.sha256}
+        facts: dict[str, int | str] = {"rows": self.rows, "size": self.size, "sha256": self.sha256}
+        if self.attempt:
+            facts["attempt"] = self.attempt
+        return facts
 
 
 def encode_segment(

@@ -12,9 +12,14 @@ For every micro-batch ``b`` of the table's streaming query:
    When the batch already sits in the table's partitions (a streaming aggregation by the
    key into ``P`` state partitions: :mod:`sparkiq.spark.batch_layout`), there is no
    shuffle: task ``i`` writes partition ``i``'s segment where the rows are, after checking
-   that every row's tag is ``i``; a row that is not fails the batch before that task writes
-   anything (nothing is ever written to another partition's segment, and nothing is
-   committed). ``SPARKIQ_SINK_SHUFFLE=always`` (where the App is created) always shuffles;
+   that every row's tag is ``i``. A task holding a row that is not writes nothing and fails
+   the job with :data:`IN_PLACE_REFUSED` in its error (the plan is not what the checkpoint
+   suggested: the query changes a key column after the aggregation, say); the driver then
+   writes the same batch again after a shuffle, as write attempt 1, whose segments have
+   other file names than the refused attempt's (the commit record says which, so a late
+   write of the refused attempt is never read), and shuffles the query's later batches
+   (logged once, as a WARNING). ``SPARKIQ_SINK_SHUFFLE=always`` (where the App is created)
+   always shuffles;
 3. collect only the segments' facts (partition, rows, size, sha256, path) to the driver,
    which checks that each is at the path readers use and has its size there
    (:func:`~sparkiq.changelog.segment.check_visible`);
@@ -63,6 +68,7 @@ from sparkiq.spark.batch_layout import BatchLayout, batch_layout
 __all__ = [
     "ASSUME_IN_PLACE_ENV",
     "CRASH_ENV",
+    "IN_PLACE_REFUSED",
     "SEGMENT_FAULT_ENV",
     "SHUFFLE_ENV",
     "TASK_PHASES",
@@ -94,6 +100,11 @@ _FAULTS = ("truncate", "remove", "remove_after_verify")
 #: guessed Spark's plan wrong.
 ASSUME_IN_PLACE_ENV = "SPARKIQ_TEST_ASSUME_IN_PLACE"
 
+#: In the error of a write task that refuses to write a batch in place (:func:`_check_in_place`):
+#: the driver recognises the refusal by it in the failed job's error text, as classic PySpark
+#: and Spark Connect both wrap it, and writes the batch again after a shuffle.
+IN_PLACE_REFUSED = "SPARKIQ_IN_PLACE_REFUSED"
+
 #: ``always``: every batch is shuffled into the table's partitions, even one that already
 #: sits in them (``auto``, the default, writes such a batch in place). Read where the sink is
 #: created (the App's process).
@@ -113,8 +124,10 @@ class TableSink:
     """``foreachBatch`` target writing one table's changelog.
 
     Every attribute is plain, picklable data, and the object keeps no state between batches
-    but its reading of the checkpoint (:meth:`layout`, which cannot change for the query's
-    life): under Spark Connect it runs as a pickled copy in the server's Python process. The
+    but its decision to write them in place or not (:meth:`layout`: read from the checkpoint,
+    which cannot change for the query's life, or learned from a batch whose in-place write
+    was refused): under Spark Connect it runs as a pickled copy in the server's Python
+    process. Nothing correct depends on that state: a copy without it decides again. The
     changelog is the only thing it changes; readers learn of a batch from its commit record.
     ``write_tasks`` caps how many tasks write segments (see :func:`write_task_count`).
     """
@@ -153,19 +166,19 @@ class TableSink:
         layout = self.layout()
         if _assume_in_place(table, batch_id):
             layout = BatchLayout(True, f"{ASSUME_IN_PLACE_ENV} is set")
-        writer = _segment_writer(
-            self.state_dir,
-            self.manifest,
-            batch_id,
-            _segment_fault(table, batch_id),
-            in_place=layout.reason if layout.in_place else None,
-        )
-        if not layout.in_place:
-            tagged = tagged.repartition(self.write_tasks, PARTITION_COLUMN)
+        fault = _segment_fault(table, batch_id)
         planned = time.perf_counter()
-        facts = tagged.mapInArrow(writer, _META_SCHEMA).collect()
+        attempt = 0
+        try:
+            facts = self._write(tagged, batch_id, layout, fault, attempt)
+        except Exception as error:
+            if not layout.in_place or IN_PLACE_REFUSED not in str(error):
+                raise
+            layout = self._refused_in_place(batch_id, layout, error)
+            attempt = 1  # other file names: a late write of the refused attempt is not read
+            facts = self._write(tagged, batch_id, layout, fault, attempt)
         ran = time.perf_counter()
-        segments = _landed_segments(changelog, batch_id, facts)
+        segments = _landed_segments(changelog, batch_id, facts, attempt)
         checked = time.perf_counter()
         record = CommitRecord(
             table=table,
@@ -197,6 +210,52 @@ class TableSink:
             ", ".join(f"{k} {v:.1f}" for k, v in phases.items()),
             extra={"sparkiq_sink_phases": phases, "sparkiq_in_place": layout.in_place},
         )
+
+    def _write(
+        self, tagged: Any, batch_id: int, layout: BatchLayout, fault: str | None, attempt: int
+    ) -> list[Any]:
+        """Run the Spark job writing the batch's segments (in place or after a shuffle, as
+        ``layout`` says) as write ``attempt``; the segments' facts."""
+        writer = _segment_writer(
+            self.state_dir,
+            self.manifest,
+            batch_id,
+            fault,
+            in_place=layout.reason if layout.in_place else None,
+            attempt=attempt,
+        )
+        if not layout.in_place:
+            tagged = tagged.repartition(self.write_tasks, PARTITION_COLUMN)
+        return list(tagged.mapInArrow(writer, _META_SCHEMA).collect())
+
+    def _refused_in_place(
+        self, batch_id: int, layout: BatchLayout, error: Exception
+    ) -> BatchLayout:
+        """A write task refused to write the batch in place (:func:`_check_in_place`): the
+        query's plan is not what its checkpoint suggested (for example it rewrites a key
+        column after the aggregation). Keep shuffling this query's batches (in this process:
+        a copy of the sink elsewhere, as under Spark Connect, learns the same from its own
+        first batch) and say so once; the shuffled layout to write the batch again with."""
+        table = self.manifest.name
+        detail = next(
+            (line.strip() for line in str(error).splitlines() if IN_PLACE_REFUSED in line), ""
+        )
+        log.warning(
+            "%s: batch %d could not be written without a shuffle (%s), so it is written "
+            "again after one, and so is every later batch of this query: %s. Set %s=always "
+            "where the App runs to skip the attempt.",
+            table,
+            batch_id,
+            layout.reason,
+            detail[:500] or "a write task held rows of another partition than its own",
+            SHUFFLE_ENV,
+        )
+        self._layout = BatchLayout(
+            False,
+            f"batch {batch_id} held rows outside their partitions' tasks; {layout.reason}",
+            True,
+        )
+        return self._layout
 
     def layout(self) -> BatchLayout:
         """Whether this query's batches are written in place or shuffled (see
@@ -247,7 +306,7 @@ def write_task_count(spark: Any, partitions: int) -> int:
 
 
 def _landed_segments(
-    changelog: Changelog, batch_id: int, facts: list[Any]
+    changelog: Changelog, batch_id: int, facts: list[Any], attempt: int = 0
 ) -> dict[int, SegmentInfo]:
     """The segments the executors reported (each verified where its executor looks), checked
     on the driver: reported at the path readers use, and there with the reported size.
@@ -256,9 +315,13 @@ def _landed_segments(
     paths: dict[str, SegmentInfo] = {}
     for fact in facts:
         info = SegmentInfo(
-            int(fact["partition"]), int(fact["rows"]), int(fact["size"]), str(fact["sha256"])
+            int(fact["partition"]),
+            int(fact["rows"]),
+            int(fact["size"]),
+            str(fact["sha256"]),
+            attempt,
         )
-        expected = changelog.segment_path(info.partition, batch_id)
+        expected = changelog.segment_path(info.partition, batch_id, attempt)
         if fact["path"] != expected:
             raise ChangelogError(
                 f"an executor wrote the segment of partition {info.partition}, batch {batch_id} "
@@ -279,13 +342,15 @@ def _segment_writer(
     batch_id: int,
     fault: str | None = None,
     in_place: str | None = None,
+    attempt: int = 0,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each executor task runs: encode its rows, write its segments, read each
-    back to verify it landed, and report it. ``fault`` is :data:`SEGMENT_FAULT_ENV`'s.
+    """The function each executor task runs: encode its rows, write its segments (as the
+    batch's write ``attempt``, their file names), read each back to verify it landed, and
+    report it. ``fault`` is :data:`SEGMENT_FAULT_ENV`'s.
 
     ``in_place`` (the reason the batch was not shuffled) says that the task's partition id
     is the partition of every row it holds: checked on the tag column before anything is
-    written, raising :class:`ChangelogError` otherwise."""
+    written, raising :class:`ChangelogError` (with :data:`IN_PLACE_REFUSED`) otherwise."""
     schema_json = manifest.schema.spark_json()
     key_columns = manifest.key_columns
     window_column = manifest.window_column
@@ -320,9 +385,9 @@ def _segment_writer(
                 values = pc.if_else(deleted, pa.scalar(None, pa.binary()), values)
             encoded = time.perf_counter()
             # of several rows for a key the later wins
-            info = changelog.write_segment_arrays(int(partition), batch_id, keys, values)
+            info = changelog.write_segment_arrays(int(partition), batch_id, keys, values, attempt)
             written = time.perf_counter()
-            path = changelog.segment_path(info.partition, batch_id)
+            path = changelog.segment_path(info.partition, batch_id, attempt)
             if fault in ("truncate", "remove"):
                 _damage(changelog.storage, path, fault)
             verify_landed(changelog.storage, path, info, table, batch_id)
@@ -357,7 +422,8 @@ def _segment_writer(
 def _check_in_place(found: list[Any], table: str, batch_id: int, reason: str) -> None:
     """In a batch written in place, the rows of the task of partition ``i`` must all be
     tagged ``i`` (``found``: the distinct tags of its rows); raise before anything is
-    written otherwise."""
+    written otherwise, with :data:`IN_PLACE_REFUSED` in the message for the driver to
+    recognise (it writes the batch again after a shuffle)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -365,11 +431,11 @@ def _check_in_place(found: list[Any], table: str, batch_id: int, reason: str) ->
     if found == [task]:
         return
     raise ChangelogError(
-        f"batch {batch_id} of {table!r} was written without a shuffle ({reason}), but the "
-        f"write task of partition {task} holds rows of partitions {sorted(found)}: Spark did "
-        "not partition the batch by the table's key as expected. Nothing of this task was "
-        "written and the batch is not committed. Set SPARKIQ_SINK_SHUFFLE=always where the "
-        "App runs to shuffle every batch, and please report the query.",
+        f"{IN_PLACE_REFUSED}: batch {batch_id} of {table!r} was to be written without a "
+        f"shuffle ({reason}), but the write task of partition {task} holds rows of "
+        f"partitions {sorted(found)}: the query does not leave its rows in the partitions "
+        "of the table's key (does it change a key column after the aggregation?). This "
+        "task wrote nothing; the sink writes the batch again after a shuffle.",
         store=table,
     )
 
