@@ -154,10 +154,17 @@ CONTEXT = {
         "it is not built for point lookups, which is the gap sparkiq fills."
     ),
     "sink": (
-        "With sparkiq, each micro-batch also tags rows with their partition, shuffles them "
-        "into the table's partitions, encodes and writes one segment per partition on the "
-        "executors (an Arrow Python task, file fsync), then writes the commit record on the "
-        "driver; the local node applies the batch meanwhile, on the same two cores."
+        "With sparkiq, each micro-batch also tags rows with their partition, encodes and "
+        "writes one segment per partition on the executors (an Arrow Python task, file "
+        "fsync), then writes the commit record on the driver; the local node applies the "
+        "batch meanwhile, on the same two cores. With 4 partitions (the aggregation's state "
+        "partitions) the batch is already in the table's partitions and each task of its "
+        "last stage writes its own partition's segment, after checking every row's tag; "
+        "with 8, the rows are shuffled into write tasks first. The phases come from the "
+        "sink's DEBUG record of each batch: job is the Spark job (the batch itself, the "
+        "shuffle if any, the write tasks), prepare the commit check, offset log and plan, "
+        "commit the commit record's write; tasks_* are summed over the write tasks, and "
+        "tasks_receive of a batch written in place includes the stateful stage itself."
     ),
     "freshness": (
         "`committed_at` is taken just before the commit record is written, so the record's "

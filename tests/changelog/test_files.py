@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import random
+import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from sparkiq.changelog import Changelog, CommitRecord, TableManifest
+from sparkiq.changelog.retention import apply_retention
+from sparkiq.changelog.segment import decode_segment, encode_segment, encode_segment_arrays
+from sparkiq.changelog.snapshot import write_snapshot
 from sparkiq.errors import CorruptSegmentError, LayoutMismatchError, UnknownStoreError
 from sparkiq.schema.types import TableSchema
 from tests.changelog.helpers import SCHEMA_JSON, make_table, write_batch
@@ -140,3 +146,82 @@ def test_unknown_table_names_the_tables_present(tmp_path: os.PathLike[str]) -> N
     make_table(str(tmp_path), name="present")
     with pytest.raises(UnknownStoreError, match="present"):
         Changelog(str(tmp_path), "absent").manifest()
+
+
+def _segment_as_before(
+    table: str, partition: int, batch_id: int, changes: dict[bytes, Any]
+) -> bytes:
+    """A segment as the row-by-row writer made it (sorted dict keys), the oracle for the
+    column-wise one: the format is unchanged, so the bytes must be too."""
+    keys = sorted(changes)
+    metadata = {
+        "sparkiq.format": "segment",
+        "sparkiq.version": "1",
+        "sparkiq.table": table,
+        "sparkiq.partition": str(partition),
+        "sparkiq.batch": str(batch_id),
+    }
+    schema = pa.schema(
+        [pa.field("key", pa.binary(), nullable=False), pa.field("value", pa.binary())]
+    ).with_metadata(metadata)
+    batch = pa.record_batch(
+        [pa.array(keys, pa.binary()), pa.array([changes[k] for k in keys], pa.binary())],
+        schema=schema,
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_segments_from_columns_keep_the_last_row_of_a_key_and_the_same_bytes(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = [bytes(rng.randrange(256) for _ in range(rng.randrange(5))) for _ in range(300)]
+    keys = [rng.choice(pool) for _ in range(1000)]  # many keys given more than once
+    values = [None if rng.random() < 0.1 else rng.randbytes(rng.randrange(6)) for _ in keys]
+    latest = dict(zip(keys, values, strict=True))  # a later row for a key wins
+    data, rows = encode_segment_arrays(
+        "t", 2, 7, pa.array(keys, pa.binary()), pa.array(values, pa.binary())
+    )
+    assert rows == len(latest)
+    assert data == _segment_as_before("t", 2, 7, latest) == encode_segment("t", 2, 7, latest)
+    found_keys, found_values = decode_segment(data, "p", "t", 2, 7)
+    assert found_keys == sorted(latest)
+    assert found_values == [latest[k] for k in found_keys]
+    empty, none = encode_segment_arrays(
+        "t", 2, 7, pa.array([], pa.binary()), pa.array([], pa.binary())
+    )
+    assert (empty, none) == (_segment_as_before("t", 2, 7, {}), 0)
+
+
+def test_a_batch_written_again_is_read_from_the_attempt_its_record_lists(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """The sink writes a batch again (attempt 1) after refusing to write it in place: the
+    record lists attempt 1's files, and a file of attempt 0 written late, as a straggling
+    task of the refused attempt would, is never read; retention removes both. A record as
+    sparkiq wrote it before attempts (no ``attempt``) still names attempt 0's files."""
+    changelog = make_table(str(tmp_path), partitions=1)
+    keys = pa.array([b"\x01a", b"\x01b"], pa.binary())
+    wanted = pa.array([b"2", b"3"], pa.binary())
+    info = changelog.write_segment_arrays(0, 0, keys, wanted, attempt=1)
+    assert info.attempt == 1
+    assert changelog.segment_path(0, 0, 1) != changelog.segment_path(0, 0)
+    changelog.write_commit(CommitRecord(table="t", batch_id=0, mode="update", segments={0: info}))
+    changelog.write_segment_arrays(0, 0, keys.slice(0, 1), wanted.slice(0, 1))  # late, attempt 0
+    record = changelog.read_commit(0)
+    assert record is not None and record.segments[0].attempt == 1
+    assert changelog.read_segment_arrays(record, 0)[1].to_pylist() == [b"2", b"3"]
+    assert '"attempt":1' in Path(changelog.commit_path(0)).read_text()
+
+    later = write_batch(changelog, 1, {"c": 1})
+    assert later.segments[0].attempt == 0
+    assert '"attempt"' not in Path(changelog.commit_path(1)).read_text()  # the old format
+    assert changelog.read_commit(1) == later
+    write_batch(changelog, 2, {"d": 1})
+    write_snapshot(changelog, 0, 1)
+    report = apply_retention(changelog, 0, keep_snapshots=1, now=time.time() + 60)
+    assert report.segments == 2  # batches 0 and 1, one listed file each
+    assert not Path(changelog.segment_path(0, 0, 1)).exists()
+    assert not Path(changelog.segment_path(0, 0)).exists()

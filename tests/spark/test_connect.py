@@ -55,6 +55,8 @@ def test_the_sink_is_plain_data(spark: Any, tmp_path: Path) -> None:
             "checkpoint_location",
             "manifest",
             "write_tasks",
+            "always_shuffle",
+            "_layout",  # None, or the decision (checkpoint or refused batch; a frozen dataclass)
         }
         assert copy.manifest == sink.manifest and copy.state_dir == str(tmp_path / "state")
         assert copy.write_tasks == 3  # min(partitions, spark.sql.shuffle.partitions = 4)
@@ -172,7 +174,10 @@ def test_differential_pipeline_snapshots_and_compact_under_connect(
         app.process_all_available()
         app.compact("by_product")
         products = Changelog(str(state), "by_product")
-        assert all(list_snapshots(products, p)[-1].batch_id == 3 for p in range(5))
+        # an aggregation by its key into the state's 4 partitions: written in place
+        sink = app.tables["by_product"].sink
+        assert sink is not None and sink.layout().in_place
+        assert all(list_snapshots(products, p)[-1].batch_id == 3 for p in range(4))
         truth = batch_truth(spark, source, ["by_product"])
         with Node(str(state), node_id="fresh", store="memory") as node:
             node.poll_once()
@@ -180,3 +185,34 @@ def test_differential_pipeline_snapshots_and_compact_under_connect(
             assert got == {k: normalize(v) for k, v in truth["by_product"].items()}
     finally:
         app.stop()
+
+
+def test_a_refused_in_place_write_falls_back_to_the_shuffle_under_connect(
+    connect_spark: Any, tmp_path: Path
+) -> None:
+    """Under Connect the sink runs in the server's Python process and learns of the write
+    tasks' refusal from a Connect error: the key rewritten after the aggregation still gives
+    Spark's batch answer, batch 0 committed from its shuffled second write."""
+    from pyspark.sql import functions as F
+
+    from sparkiq.testing import JsonSource, assert_table_matches
+
+    spark = connect_spark
+    source = JsonSource(tmp_path / "in", "k string, n long")
+
+    def upper(df: Any) -> Any:
+        return df.groupBy("k").agg(F.sum("n").alias("n")).withColumn("k", F.upper("k"))
+
+    app = App(spark, state_dir=str(tmp_path / "state"), name="rewrite", snapshot_every=None)
+    app.materialize("upper", upper(source.stream(spark)), key="k", partitions=4)
+    app.start()
+    try:
+        for batch in range(2):
+            source.feed(app, [{"k": f"k{(i * 7 + batch) % 23}", "n": i} for i in range(60)])
+            assert_table_matches(app, "upper", upper(source.batch(spark)))
+    finally:
+        app.stop()
+    changelog = Changelog(str(tmp_path / "state"), "upper")
+    first = changelog.read_commit(0)
+    assert first is not None and {s.attempt for s in first.segments.values()} == {1}
+    assert changelog.committed_batch_ids() == [0, 1]

@@ -88,7 +88,8 @@ def materialize_tables(app: App, stream: Any, per_window: bool = True) -> None:
     from pyspark.sql import functions as F
 
     tables = aggregations(stream)
-    app.materialize("by_product", tables["by_product"], key="product", partitions=5)
+    # 4 = the session's shuffle partitions: written in place, without the sink's shuffle
+    app.materialize("by_product", tables["by_product"], key="product", partitions=4)
     app.materialize("by_user_day", tables["by_user_day"], key=["user_id", "day"], partitions=3)
     if per_window:
         app.materialize(
@@ -261,6 +262,10 @@ def test_live_tables_equal_batch_mode_after_each_batch(
         ).only_partition_result()
         assert bounded.is_success
         previous_position = position
+
+    # the aggregation by its key into the state's 4 partitions was written without a shuffle
+    in_place = {name for name, table in app.tables.items() if table.sink.layout().in_place}
+    assert in_place == {"by_product"}
 
 
 def test_status_reports_no_lag_after_processing(pipeline: tuple[App, Path]) -> None:

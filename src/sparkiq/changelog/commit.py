@@ -8,7 +8,9 @@ On-disk format, version 1 (``commits/<batch:020d>.json``): two lines of UTF-8 te
    ``schema_version``, ``source_offsets`` (Spark's end offsets of the batch, one entry per
    source, as Spark's offset log writes them), ``position`` (the components this batch moves
    a replica to, see :mod:`sparkiq.query.position`), ``segments`` (``{partition: {rows,
-   size, sha256}}``), ``rows`` and ``committed_at`` (Unix seconds);
+   size, sha256}}``, plus ``attempt`` when not 0: the segment's file name, see
+   :class:`~sparkiq.changelog.segment.SegmentInfo`; a record without it means attempt 0),
+   ``rows`` and ``committed_at`` (Unix seconds);
 2. the SHA-256 of line 1, so a torn or altered record is detected.
 
 The driver writes the record after every executor has written its segments; the write is
@@ -68,7 +70,9 @@ class CommitRecord:
         """Parse and verify a commit record; raises CorruptSegmentError naming the file."""
         doc = unseal(data, path, "commit", COMMIT_VERSION)
         segments = {
-            int(p): SegmentInfo(int(p), int(s["rows"]), int(s["size"]), str(s["sha256"]))
+            int(p): SegmentInfo(
+                int(p), int(s["rows"]), int(s["size"]), str(s["sha256"]), int(s.get("attempt", 0))
+            )
             for p, s in doc["segments"].items()
         }
         return CommitRecord(

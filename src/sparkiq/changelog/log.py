@@ -5,6 +5,7 @@ Directory layout under ``state_dir``::
     tables/<table>/table.json                          manifest (see manifest.py)
     tables/<table>/commits/<batch:020d>.json           one commit record per batch
     tables/<table>/segments/<partition:05d>/<batch:020d>.arrow   changes of one partition
+    tables/<table>/segments/<partition:05d>/<batch:020d>.a<n>.arrow   the same, write attempt n
     checkpoints/<table>/                               the writer's Spark checkpoint (default)
     replicas/<node>/<table>/<partition:05d>/           a node's local RocksDB (local dirs only)
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
@@ -34,6 +35,7 @@ from sparkiq.changelog.segment import (
     read_segment,
     read_segment_arrays,
     write_segment,
+    write_segment_arrays,
 )
 from sparkiq.changelog.storage import Storage, open_storage
 from sparkiq.errors import ReadOnlyError, UnknownStoreError
@@ -118,8 +120,15 @@ class Changelog:
     def commit_path(self, batch_id: int) -> str:
         return f"{self.root}/commits/{batch_id:020d}.json"
 
-    def segment_path(self, partition: int, batch_id: int) -> str:
-        return f"{self.root}/segments/{partition:05d}/{batch_id:020d}.arrow"
+    def segment_path(self, partition: int, batch_id: int, attempt: int = 0) -> str:
+        """Where the segment of ``partition`` in ``batch_id`` is, as written by the batch's
+        write ``attempt`` (:attr:`SegmentInfo.attempt`; a commit record says which)."""
+        name = f"{batch_id:020d}.a{attempt}" if attempt else f"{batch_id:020d}"
+        return f"{self.root}/segments/{partition:05d}/{name}.arrow"
+
+    def committed_segment_path(self, record: CommitRecord, partition: int) -> str:
+        """The file of ``partition``'s segment that ``record`` lists (it must list one)."""
+        return self.segment_path(partition, record.batch_id, record.segments[partition].attempt)
 
     # -- manifest ------------------------------------------------------------------------------
 
@@ -196,6 +205,20 @@ class Changelog:
             changes,
         )
 
+    def write_segment_arrays(
+        self, partition: int, batch_id: int, keys: pa.Array, values: pa.Array, attempt: int = 0
+    ) -> SegmentInfo:
+        """:meth:`write_segment` of changes given as parallel binary arrays (a null value
+        deletes its key; of several rows with one key the last wins), as the batch's write
+        ``attempt`` (its file name: :meth:`segment_path`)."""
+        path = self.segment_path(partition, batch_id, attempt)
+        if self.read_only:
+            raise _refusal(self.table, "write", path)
+        info = write_segment_arrays(
+            self.storage, path, self.table, partition, batch_id, keys, values
+        )
+        return replace(info, attempt=attempt)
+
     def read_segment(
         self, record: CommitRecord, partition: int
     ) -> tuple[list[bytes], list[bytes | None]]:
@@ -205,7 +228,7 @@ class Changelog:
             return [], []
         return read_segment(
             self.storage,
-            self.segment_path(partition, record.batch_id),
+            self.committed_segment_path(record, partition),
             info,
             self.table,
             record.batch_id,
@@ -220,7 +243,7 @@ class Changelog:
             return pa.array([], pa.binary()), pa.array([], pa.binary())
         return read_segment_arrays(
             self.storage,
-            self.segment_path(partition, record.batch_id),
+            self.committed_segment_path(record, partition),
             info,
             self.table,
             record.batch_id,

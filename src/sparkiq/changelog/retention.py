@@ -81,12 +81,14 @@ def apply_retention(
         record = changelog.read_commit(batch_id)
         if record is None or record.committed_at >= horizon:
             continue
-        for partition in record.segments:
+        for partition, info in record.segments.items():
             if batch_id <= covered.get(partition, -1):
-                path = changelog.segment_path(partition, batch_id)
-                if changelog.storage.exists(path):
-                    changelog.storage.delete(path)
-                    deleted_segments += 1
+                # the listed file, and the first attempt's left by a rewritten batch
+                for attempt in sorted({0, info.attempt}):
+                    path = changelog.segment_path(partition, batch_id, attempt)
+                    if changelog.storage.exists(path):
+                        changelog.storage.delete(path)
+                        deleted_segments += attempt == info.attempt
         if batch_id <= all_covered:
             changelog.storage.delete(changelog.commit_path(batch_id))
             deleted_commits += 1

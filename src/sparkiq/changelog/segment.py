@@ -1,6 +1,8 @@
 """Changelog segments: the changes of one batch to one partition.
 
-On-disk format, version 1 (``segments/<partition:05d>/<batch:020d>.arrow``):
+On-disk format, version 1 (``segments/<partition:05d>/<batch:020d>.arrow``, or
+``<batch:020d>.a<attempt>.arrow`` for a later write attempt of the batch, see
+:attr:`SegmentInfo.attempt`):
 
 * an Arrow IPC *file* holding one record batch with two columns:
   ``key: binary not null`` (the order-preserving key encoding of
@@ -28,6 +30,7 @@ import hashlib
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from sparkiq.changelog.storage import Storage
@@ -40,10 +43,12 @@ __all__ = [
     "decode_segment",
     "decode_segment_arrays",
     "encode_segment",
+    "encode_segment_arrays",
     "read_segment",
     "read_segment_arrays",
     "verify_landed",
     "write_segment",
+    "write_segment_arrays",
 ]
 
 SEGMENT_VERSION = 1
@@ -60,16 +65,49 @@ class SegmentInfo:
     rows: int
     size: int
     sha256: str
+    #: Which write of the batch made the segment, part of its file name: 0, the first (the
+    #: only one but when the sink writes a batch again in the same run, after its in-place
+    #: write was refused: :mod:`sparkiq.spark.sink`). A file of another attempt than the
+    #: commit record's is never read, so a late write of an abandoned attempt cannot reach
+    #: readers. Left out of the record when 0 (records as sparkiq wrote them before).
+    attempt: int = 0
 
     def to_json(self) -> dict[str, int | str]:
-        return {"rows": self.rows, "size": self.size, "sha256": self.sha256}
+        facts: dict[str, int | str] = {"rows": self.rows, "size": self.size, "sha256": self.sha256}
+        if self.attempt:
+            facts["attempt"] = self.attempt
+        return facts
 
 
 def encode_segment(
     table: str, partition: int, batch_id: int, changes: dict[bytes, bytes | None]
 ) -> bytes:
     """Serialize one partition's changes (key -> value, None = delete) deterministically."""
-    keys = sorted(changes)
+    keys = pa.array(list(changes), pa.binary())
+    values = pa.array(list(changes.values()), pa.binary())
+    return encode_segment_arrays(table, partition, batch_id, keys, values)[0]
+
+
+def encode_segment_arrays(
+    table: str, partition: int, batch_id: int, keys: pa.Array, values: pa.Array
+) -> tuple[bytes, int]:
+    """:func:`encode_segment` of the changes given as parallel binary arrays or chunked
+    arrays (a null value deletes its key; of several rows with one key the last wins),
+    without a Python object per row; returns the segment and its number of rows. The same
+    changes give the same bytes whichever function encodes them."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    count = len(keys)
+    # Arrow's sort is stable: a key's rows stay in their order, and the last of each run wins
+    order = pc.sort_indices(keys)
+    keys = keys.take(order)
+    if count > 1:
+        last = pc.not_equal(keys.slice(0, count - 1), keys.slice(1))
+        keep = pa.concat_arrays([last, pa.array([True])])
+        if not pc.all(keep).as_py():
+            order, keys = order.filter(keep), keys.filter(keep)
     schema = _SCHEMA.with_metadata(
         {
             "sparkiq.format": "segment",
@@ -80,13 +118,12 @@ def encode_segment(
         }
     )
     batch = pa.record_batch(
-        [pa.array(keys, pa.binary()), pa.array([changes[k] for k in keys], pa.binary())],
-        schema=schema,
+        [keys.cast(pa.binary()), values.take(order).cast(pa.binary())], schema=schema
     )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
-    return bytes(sink.getvalue())
+    return bytes(sink.getvalue()), len(keys)
 
 
 def write_segment(
@@ -98,9 +135,24 @@ def write_segment(
     changes: dict[bytes, bytes | None],
 ) -> SegmentInfo:
     """Write a segment atomically and return the facts its commit record must hold."""
-    data = encode_segment(table, partition, batch_id, changes)
+    keys = pa.array(list(changes), pa.binary())
+    values = pa.array(list(changes.values()), pa.binary())
+    return write_segment_arrays(storage, path, table, partition, batch_id, keys, values)
+
+
+def write_segment_arrays(
+    storage: Storage,
+    path: str,
+    table: str,
+    partition: int,
+    batch_id: int,
+    keys: pa.Array,
+    values: pa.Array,
+) -> SegmentInfo:
+    """:func:`write_segment` of changes given as arrays (see :func:`encode_segment_arrays`)."""
+    data, rows = encode_segment_arrays(table, partition, batch_id, keys, values)
     storage.write_atomic(path, data)
-    return SegmentInfo(partition, len(changes), len(data), hashlib.sha256(data).hexdigest())
+    return SegmentInfo(partition, rows, len(data), hashlib.sha256(data).hexdigest())
 
 
 def decode_segment(

@@ -175,7 +175,9 @@ class SegmentSource:
 
     def has_changes(self, record: CommitRecord, partition: int) -> bool:
         changelog = self.changelog
-        return changelog.storage.exists(changelog.segment_path(partition, record.batch_id))
+        if partition not in record.segments:
+            return False
+        return changelog.storage.exists(changelog.committed_segment_path(record, partition))
 
     def snapshots(self, partition: int) -> list[SnapshotInfo]:
         return list_snapshots(self.changelog, partition)

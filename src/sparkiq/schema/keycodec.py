@@ -18,14 +18,17 @@ null marker). Stores may rely on keys never starting with ``0xFF`` (for metadata
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkiq.errors import InvalidQueryError, SchemaError, StoreError
-from sparkiq.schema.kinds import KINDS
+from sparkiq.schema.keyarrow import encode_int_column, encode_key_column, join_key_columns
+from sparkiq.schema.kinds import KINDS, Kind
 from sparkiq.schema.types import DataType, TableSchema
 
 __all__ = ["KEY_FORMAT_VERSION", "KeyCodec", "encode_utf8_key", "prefix_end"]
@@ -189,6 +192,11 @@ _CODECS: dict[str, tuple[_Encoder, _Decoder]] = {
 # --- Validation of user keys ---------------------------------------------------------------
 
 
+def _encode_values(encode: _Encoder, kind: Kind, dtype: DataType, column: Any) -> list[bytes]:
+    """One key column encoded value by value (the families Arrow does not encode)."""
+    return list(map(encode, kind.internal_values(column, dtype)))
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
@@ -325,8 +333,17 @@ class KeyCodec:
     def encode_arrow(self, batch: Any) -> list[bytes]:
         """Encode the key (plus window start when windowed) of every row of an Arrow
         RecordBatch or Table, as :meth:`encode`/:meth:`encode_windowed` would."""
+        return self.encode_arrow_array(batch).to_pylist()  # type: ignore[no-any-return]
+
+    def encode_arrow_array(self, batch: Any) -> pa.Array:
+        """:meth:`encode_arrow` as one binary Arrow array, encoded a column at a time
+        (:mod:`sparkiq.schema.keyarrow`)."""
         columns = [
-            list(map(enc, kind.internal_values(batch.column(name), dtype)))
+            encode_key_column(
+                batch.column(name),
+                kind.family,
+                functools.partial(_encode_values, enc, kind, dtype),
+            )
             for name, dtype, kind, enc in zip(
                 self._columns, self._types, self._kinds, self._encoders, strict=True
             )
@@ -334,15 +351,10 @@ class KeyCodec:
         if self._window_index is not None:
             assert self.schema.window_column is not None
             window = batch.column(self.schema.window_column)
-            start_type = self.schema.window_start_type
-            assert start_type is not None
-            starts = KINDS[start_type.name].internal_values(
-                pc.struct_field(window, [self._window_index]), start_type
-            )
-            columns.append(list(map(_enc_int, starts)))
-        if len(columns) == 1:
-            return columns[0]
-        return [b"".join(parts) for parts in zip(*columns, strict=True)]
+            if isinstance(window, pa.ChunkedArray):
+                window = window.combine_chunks()
+            columns.append(encode_int_column(pc.struct_field(window, [self._window_index])))
+        return join_key_columns(columns)
 
     def _decode_columns(self, data: bytes) -> tuple[tuple[Any, ...], int]:
         if not isinstance(data, bytes):

@@ -301,7 +301,7 @@ def _readable(
             if record is None:
                 return False
             if partition in record.segments and not changelog.storage.exists(
-                changelog.segment_path(partition, b)
+                changelog.committed_segment_path(record, partition)
             ):
                 return False
     return True

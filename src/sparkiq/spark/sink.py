@@ -8,7 +8,18 @@ For every micro-batch ``b`` of the table's streaming query:
 2. tag each row with its partition ``pmod(hash(key columns), P)`` using Spark's own
    ``hash``, shuffle so each partition's rows meet in one task, and let that task (on an
    executor) encode the rows, write one checksummed segment per partition and read it back
-   to verify that it landed whole (:func:`~sparkiq.changelog.segment.verify_landed`);
+   to verify that it landed whole (:func:`~sparkiq.changelog.segment.verify_landed`).
+   When the batch already sits in the table's partitions (a streaming aggregation by the
+   key into ``P`` state partitions: :mod:`sparkiq.spark.batch_layout`), there is no
+   shuffle: task ``i`` writes partition ``i``'s segment where the rows are, after checking
+   that every row's tag is ``i``. A task holding a row that is not writes nothing and fails
+   the job with :data:`IN_PLACE_REFUSED` in its error (the plan is not what the checkpoint
+   suggested: the query changes a key column after the aggregation, say); the driver then
+   writes the same batch again after a shuffle, as write attempt 1, whose segments have
+   other file names than the refused attempt's (the commit record says which, so a late
+   write of the refused attempt is never read), and shuffles the query's later batches
+   (logged once, as a WARNING). ``SPARKIQ_SINK_SHUFFLE=always`` (where the App is created)
+   always shuffles;
 3. collect only the segments' facts (partition, rows, size, sha256, path) to the driver,
    which checks that each is at the path readers use and has its size there
    (:func:`~sparkiq.changelog.segment.check_visible`);
@@ -35,6 +46,7 @@ The driver learns of commits by reading the changelog (see :mod:`sparkiq.spark.a
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -49,12 +61,17 @@ import sparkiq.spark.worker_python as worker_python
 from sparkiq.changelog import Changelog, CommitRecord, SegmentInfo, TableManifest
 from sparkiq.changelog.segment import check_visible, verify_landed
 from sparkiq.changelog.storage import Storage, open_storage
-from sparkiq.errors import ChangelogError
+from sparkiq.errors import ChangelogError, ConfigError
 from sparkiq.schema.codec import KeyCodec, RowCodec
+from sparkiq.spark.batch_layout import BatchLayout, batch_layout
 
 __all__ = [
+    "ASSUME_IN_PLACE_ENV",
     "CRASH_ENV",
+    "IN_PLACE_REFUSED",
     "SEGMENT_FAULT_ENV",
+    "SHUFFLE_ENV",
+    "TASK_PHASES",
     "TableSink",
     "absolute_location",
     "pyarrow_uri",
@@ -78,14 +95,39 @@ CRASH_ENV = "SPARKIQ_TEST_CRASH_AT"
 SEGMENT_FAULT_ENV = "SPARKIQ_TEST_SEGMENT_FAULT"
 _FAULTS = ("truncate", "remove", "remove_after_verify")
 
-_META_SCHEMA = "partition int, rows long, size long, sha256 string, path string"
+#: Fault injection for tests of the in-place check: ``"<table>:<batch_id>"`` makes the driver
+#: write that batch without a shuffle whatever :func:`batch_layout` decided, as if it had
+#: guessed Spark's plan wrong.
+ASSUME_IN_PLACE_ENV = "SPARKIQ_TEST_ASSUME_IN_PLACE"
+
+#: In the error of a write task that refuses to write a batch in place (:func:`_check_in_place`):
+#: the driver recognises the refusal by it in the failed job's error text, as classic PySpark
+#: and Spark Connect both wrap it, and writes the batch again after a shuffle.
+IN_PLACE_REFUSED = "SPARKIQ_IN_PLACE_REFUSED"
+
+#: ``always``: every batch is shuffled into the table's partitions, even one that already
+#: sits in them (``auto``, the default, writes such a batch in place). Read where the sink is
+#: created (the App's process).
+SHUFFLE_ENV = "SPARKIQ_SINK_SHUFFLE"
+
+_META_SCHEMA = (
+    "partition int, rows long, size long, sha256 string, path string, "
+    "receive_ms double, encode_ms double, write_ms double, verify_ms double"
+)
+#: A write task's phases (milliseconds), reported with each segment's facts: waiting for its
+#: rows (in place, that is the batch's own last stage; else the shuffle), encoding them,
+#: writing the segment (sort, Arrow IPC, write, fsync, rename), reading it back.
+TASK_PHASES = ("receive_ms", "encode_ms", "write_ms", "verify_ms")
 
 
 class TableSink:
     """``foreachBatch`` target writing one table's changelog.
 
-    Every attribute is plain, picklable data, and the object keeps no state between batches:
-    under Spark Connect it runs as a pickled copy in the server's Python process. The
+    Every attribute is plain, picklable data, and the object keeps no state between batches
+    but its decision to write them in place or not (:meth:`layout`: read from the checkpoint,
+    which cannot change for the query's life, or learned from a batch whose in-place write
+    was refused): under Spark Connect it runs as a pickled copy in the server's Python
+    process. Nothing correct depends on that state: a copy without it decides again. The
     changelog is the only thing it changes; readers learn of a batch from its commit record.
     ``write_tasks`` caps how many tasks write segments (see :func:`write_task_count`).
     """
@@ -101,11 +143,14 @@ class TableSink:
         self.checkpoint_location = absolute_location(checkpoint_location)
         self.manifest = manifest
         self.write_tasks = max(1, min(manifest.partitions, write_tasks))
+        self.always_shuffle = _always_shuffle()
+        self._layout: BatchLayout | None = None  # kept once settled (see batch_layout)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         table = self.manifest.name
+        started = time.perf_counter()
         changelog = Changelog(self.state_dir, table)
         if changelog.has_commit(batch_id):
             # Spark still needs the batch evaluated on every partition so that its state
@@ -118,15 +163,23 @@ class TableSink:
         tagged = df.withColumn(
             PARTITION_COLUMN, F.pmod(F.hash(*keys), F.lit(self.manifest.partitions))
         )
-        writer = _segment_writer(
-            self.state_dir, self.manifest, batch_id, _segment_fault(table, batch_id)
-        )
-        facts = (
-            tagged.repartition(self.write_tasks, PARTITION_COLUMN)
-            .mapInArrow(writer, _META_SCHEMA)
-            .collect()
-        )
-        segments = _landed_segments(changelog, batch_id, facts)
+        layout = self.layout()
+        if _assume_in_place(table, batch_id):
+            layout = BatchLayout(True, f"{ASSUME_IN_PLACE_ENV} is set")
+        fault = _segment_fault(table, batch_id)
+        planned = time.perf_counter()
+        attempt = 0
+        try:
+            facts = self._write(tagged, batch_id, layout, fault, attempt)
+        except Exception as error:
+            if not layout.in_place or IN_PLACE_REFUSED not in str(error):
+                raise
+            layout = self._refused_in_place(batch_id, layout, error)
+            attempt = 1  # other file names: a late write of the refused attempt is not read
+            facts = self._write(tagged, batch_id, layout, fault, attempt)
+        ran = time.perf_counter()
+        segments = _landed_segments(changelog, batch_id, facts, attempt)
+        checked = time.perf_counter()
         record = CommitRecord(
             table=table,
             batch_id=batch_id,
@@ -140,6 +193,102 @@ class TableSink:
         _maybe_crash("before_commit", table, batch_id)
         changelog.write_commit(record)
         _maybe_crash("after_commit", table, batch_id)
+        done = time.perf_counter()
+        phases = {
+            "prepare_ms": 1e3 * (planned - started),  # commit check, offsets, layout, plan
+            "job_ms": 1e3 * (ran - planned),  # the Spark job: batch, shuffle?, write tasks
+            "check_ms": 1e3 * (checked - ran),
+            "commit_ms": 1e3 * (done - checked),
+        }
+        for name in TASK_PHASES:  # summed over the write tasks
+            phases[f"tasks_{name}"] = sum(float(f[name]) for f in facts)
+        log.debug(
+            "%s: batch %d written %s: %s",
+            table,
+            batch_id,
+            "in place" if layout.in_place else "after a shuffle",
+            ", ".join(f"{k} {v:.1f}" for k, v in phases.items()),
+            extra={"sparkiq_sink_phases": phases, "sparkiq_in_place": layout.in_place},
+        )
+
+    def _write(
+        self, tagged: Any, batch_id: int, layout: BatchLayout, fault: str | None, attempt: int
+    ) -> list[Any]:
+        """Run the Spark job writing the batch's segments (in place or after a shuffle, as
+        ``layout`` says) as write ``attempt``; the segments' facts."""
+        writer = _segment_writer(
+            self.state_dir,
+            self.manifest,
+            batch_id,
+            fault,
+            in_place=layout.reason if layout.in_place else None,
+            attempt=attempt,
+        )
+        if not layout.in_place:
+            tagged = tagged.repartition(self.write_tasks, PARTITION_COLUMN)
+        return list(tagged.mapInArrow(writer, _META_SCHEMA).collect())
+
+    def _refused_in_place(
+        self, batch_id: int, layout: BatchLayout, error: Exception
+    ) -> BatchLayout:
+        """A write task refused to write the batch in place (:func:`_check_in_place`): the
+        query's plan is not what its checkpoint suggested (for example it rewrites a key
+        column after the aggregation). Keep shuffling this query's batches (in this process:
+        a copy of the sink elsewhere, as under Spark Connect, learns the same from its own
+        first batch) and say so once; the shuffled layout to write the batch again with."""
+        table = self.manifest.name
+        detail = next(
+            (line.strip() for line in str(error).splitlines() if IN_PLACE_REFUSED in line), ""
+        )
+        log.warning(
+            "%s: batch %d could not be written without a shuffle (%s), so it is written "
+            "again after one, and so is every later batch of this query: %s. Set %s=always "
+            "where the App runs to skip the attempt.",
+            table,
+            batch_id,
+            layout.reason,
+            detail[:500] or "a write task held rows of another partition than its own",
+            SHUFFLE_ENV,
+        )
+        self._layout = BatchLayout(
+            False,
+            f"batch {batch_id} held rows outside their partitions' tasks; {layout.reason}",
+            True,
+        )
+        return self._layout
+
+    def layout(self) -> BatchLayout:
+        """Whether this query's batches are written in place or shuffled (see
+        :mod:`sparkiq.spark.batch_layout`), from its checkpoint; kept once settled."""
+        if self.always_shuffle:
+            return BatchLayout(False, f"{SHUFFLE_ENV}=always")
+        if self._layout is not None:
+            return self._layout
+        checkpoint = open_storage(pyarrow_uri(self.checkpoint_location))
+        layout = batch_layout(checkpoint, self.manifest.key_columns, self.manifest.partitions)
+        if layout.settled:
+            log.info(
+                "%s: writing batches %s: %s",
+                self.manifest.name,
+                "in place, without a shuffle" if layout.in_place else "after a shuffle",
+                layout.reason,
+            )
+            self._layout = layout
+        return layout
+
+
+def _always_shuffle() -> bool:
+    value = os.environ.get(SHUFFLE_ENV, "auto").strip().lower()
+    if value not in ("auto", "always"):
+        raise ConfigError(f"{SHUFFLE_ENV} must be 'auto' or 'always', got {value!r}")
+    return value == "always"
+
+
+def _assume_in_place(table: str, batch_id: int) -> bool:
+    if os.environ.get(ASSUME_IN_PLACE_ENV) != f"{table}:{batch_id}":
+        return False
+    log.error("%s set: writing %s batch %d in place", ASSUME_IN_PLACE_ENV, table, batch_id)
+    return True
 
 
 def write_task_count(spark: Any, partitions: int) -> int:
@@ -157,7 +306,7 @@ def write_task_count(spark: Any, partitions: int) -> int:
 
 
 def _landed_segments(
-    changelog: Changelog, batch_id: int, facts: list[Any]
+    changelog: Changelog, batch_id: int, facts: list[Any], attempt: int = 0
 ) -> dict[int, SegmentInfo]:
     """The segments the executors reported (each verified where its executor looks), checked
     on the driver: reported at the path readers use, and there with the reported size.
@@ -166,9 +315,13 @@ def _landed_segments(
     paths: dict[str, SegmentInfo] = {}
     for fact in facts:
         info = SegmentInfo(
-            int(fact["partition"]), int(fact["rows"]), int(fact["size"]), str(fact["sha256"])
+            int(fact["partition"]),
+            int(fact["rows"]),
+            int(fact["size"]),
+            str(fact["sha256"]),
+            attempt,
         )
-        expected = changelog.segment_path(info.partition, batch_id)
+        expected = changelog.segment_path(info.partition, batch_id, attempt)
         if fact["path"] != expected:
             raise ChangelogError(
                 f"an executor wrote the segment of partition {info.partition}, batch {batch_id} "
@@ -184,10 +337,20 @@ def _landed_segments(
 
 
 def _segment_writer(
-    state_dir: str, manifest: TableManifest, batch_id: int, fault: str | None = None
+    state_dir: str,
+    manifest: TableManifest,
+    batch_id: int,
+    fault: str | None = None,
+    in_place: str | None = None,
+    attempt: int = 0,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each executor task runs: encode its rows, write its segments, read each
-    back to verify it landed, and report it. ``fault`` is :data:`SEGMENT_FAULT_ENV`'s."""
+    """The function each executor task runs: encode its rows, write its segments (as the
+    batch's write ``attempt``, their file names), read each back to verify it landed, and
+    report it. ``fault`` is :data:`SEGMENT_FAULT_ENV`'s.
+
+    ``in_place`` (the reason the batch was not shuffled) says that the task's partition id
+    is the partition of every row it holds: checked on the tag column before anything is
+    written, raising :class:`ChangelogError` (with :data:`IN_PLACE_REFUSED`) otherwise."""
     schema_json = manifest.schema.spark_json()
     key_columns = manifest.key_columns
     window_column = manifest.window_column
@@ -197,31 +360,48 @@ def _segment_writer(
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from sparkiq.schema.types import TableSchema
 
+        clock = time.perf_counter()
         schema = TableSchema.from_spark_json(schema_json, key_columns, window_column)
         received = [b for b in batches if b.num_rows]
         if not received:
             return
+        receive_ms, clock = 1e3 * (time.perf_counter() - clock), time.perf_counter()
         data = pa.Table.from_batches(received)
         changelog = Changelog(state_dir, table)
         key_codec, row_codec = KeyCodec(schema), RowCodec(schema)
-        for partition in pc.unique(data.column(PARTITION_COLUMN)).to_pylist():
-            rows = data.filter(pc.equal(data.column(PARTITION_COLUMN), partition))
-            keys = key_codec.encode_arrow(rows)
-            values: list[bytes | None] = list(
-                row_codec.encode_arrow(rows.select(list(schema.column_names)))
+        found = pc.unique(data.column(PARTITION_COLUMN)).to_pylist()
+        if in_place is not None:
+            _check_in_place(found, table, batch_id, in_place)
+        for partition in found:
+            rows = data
+            if len(found) > 1:
+                rows = data.filter(pc.equal(data.column(PARTITION_COLUMN), partition))
+            keys = key_codec.encode_arrow_array(rows)
+            values = pa.array(
+                row_codec.encode_arrow(rows.select(list(schema.column_names))), pa.binary()
             )
-            if tombstone is not None:
-                for i, deleted in enumerate(rows.column(tombstone).to_pylist()):
-                    if deleted:
-                        values[i] = None
-            changes = dict(zip(keys, values, strict=True))  # a later row for a key wins
-            info = changelog.write_segment(int(partition), batch_id, changes)
-            path = changelog.segment_path(info.partition, batch_id)
+            if tombstone is not None:  # a deleted key's value is null
+                deleted = pc.fill_null(rows.column(tombstone), False)
+                values = pc.if_else(deleted, pa.scalar(None, pa.binary()), values)
+            encoded = time.perf_counter()
+            # of several rows for a key the later wins
+            info = changelog.write_segment_arrays(int(partition), batch_id, keys, values, attempt)
+            written = time.perf_counter()
+            path = changelog.segment_path(info.partition, batch_id, attempt)
             if fault in ("truncate", "remove"):
                 _damage(changelog.storage, path, fault)
             verify_landed(changelog.storage, path, info, table, batch_id)
             if fault == "remove_after_verify":
                 _damage(changelog.storage, path, fault)
+            verified = time.perf_counter()
+            phases = (
+                receive_ms,
+                *(
+                    1e3 * (b - a)
+                    for a, b in itertools.pairwise((clock, encoded, written, verified))
+                ),
+            )
+            receive_ms, clock = 0.0, verified  # the task's wait counts once
             yield pa.record_batch(
                 {
                     "partition": pa.array([info.partition], pa.int32()),
@@ -229,10 +409,35 @@ def _segment_writer(
                     "size": pa.array([info.size], pa.int64()),
                     "sha256": pa.array([info.sha256], pa.string()),
                     "path": pa.array([path], pa.string()),
+                    **{
+                        name: pa.array([ms], pa.float64())
+                        for name, ms in zip(TASK_PHASES, phases, strict=True)
+                    },
                 }
             )
 
     return write
+
+
+def _check_in_place(found: list[Any], table: str, batch_id: int, reason: str) -> None:
+    """In a batch written in place, the rows of the task of partition ``i`` must all be
+    tagged ``i`` (``found``: the distinct tags of its rows); raise before anything is
+    written otherwise, with :data:`IN_PLACE_REFUSED` in the message for the driver to
+    recognise (it writes the batch again after a shuffle)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    task = context.partitionId() if context is not None else None
+    if found == [task]:
+        return
+    raise ChangelogError(
+        f"{IN_PLACE_REFUSED}: batch {batch_id} of {table!r} was to be written without a "
+        f"shuffle ({reason}), but the write task of partition {task} holds rows of "
+        f"partitions {sorted(found)}: the query does not leave its rows in the partitions "
+        "of the table's key (does it change a key column after the aggregation?). This "
+        "task wrote nothing; the sink writes the batch again after a shuffle.",
+        store=table,
+    )
 
 
 def _segment_fault(table: str, batch_id: int) -> str | None:
