@@ -54,6 +54,7 @@ from sparkiq.errors import (
     UnknownStoreError,
     exception_class,
 )
+from sparkiq.failover import Failures
 from sparkiq.pools import ElasticPool
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
@@ -65,7 +66,6 @@ from sparkiq.sql.errors import push_query_error
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.statement import is_push_query
 from sparkiq.wire import arrowipc, jsonapi, protocol
-from sparkiq.wire.protocol import RemoteError
 from sparkiq.wire.values import unpack
 
 if TYPE_CHECKING:
@@ -75,13 +75,6 @@ __all__ = ["ChangeStream", "Client"]
 
 T = TypeVar("T")
 
-#: Failures that say nothing about the request, only about the node: another node is asked.
-_UNREACHABLE = (NodeUnreachableError,)
-#: Answers in which a node says it cannot answer now (its own verdict, retryable): another
-#: node is asked, and the answer is raised only if no node does better.
-_CANNOT_ANSWER = frozenset(
-    {ErrorCode.UNAVAILABLE, ErrorCode.UPSTREAM_UNAVAILABLE, ErrorCode.PARTITION_FAILED}
-)
 #: Threads sending hedged reads (one per copy in flight; created as needed).
 _MAX_IN_FLIGHT = 64
 
@@ -342,7 +335,7 @@ class Client:
         urls = list(self._urls)
         if kind is not None and len(urls) > 1:
             return self._race(fn, kind, urls, discard)
-        failed = _Failures()
+        failed = Failures()
         for url in urls:
             started = time.monotonic()
             try:
@@ -372,7 +365,7 @@ class Client:
         delay = self._hedge.delay(kind)
         queue, asked = deque(urls), set(urls)
         copies: Copies[T] = Copies(self._sender_pool(), release=discard)
-        failed = _Failures()
+        failed = Failures()
 
         def overdue(copy: Copy[T]) -> bool:
             return delay is not None and time.monotonic() - copy.sent_at >= delay
@@ -456,35 +449,6 @@ class Client:
                     store=store,
                 )
         return found
-
-
-class _Failures:
-    """The nodes that failed one call, and the error to raise if none answers."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.answered: RemoteError | None = None  # the first "cannot answer now" answer
-
-    def add(self, url: str, exc: SparkiqError) -> None:
-        """Record ``url``'s failure; re-raise ``exc`` unless another node may answer."""
-        if isinstance(exc, _UNREACHABLE):
-            pass
-        elif isinstance(exc, RemoteError) and exc.code in _CANNOT_ANSWER:
-            self.answered = self.answered or exc
-        else:
-            raise exc
-        self.errors.append(f"{url}: {exc!r}")
-
-    def error(self) -> SparkiqError:
-        """What every node failing amounts to: the first node's answer that it could not
-        answer now (an answer says more than a node that never answered), else
-        :class:`NodeUnreachableError`."""
-        summary = "; ".join(self.errors)
-        if self.answered is None:
-            return NodeUnreachableError(f"no node answered: {summary}")
-        if len(self.errors) > 1:
-            self.answered.add_note(f"no node answered: {summary}")
-        return self.answered
 
 
 class _ArrowResult(SqlResult):
