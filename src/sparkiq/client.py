@@ -5,12 +5,12 @@ it needs). It learns the other nodes from ``/metadata`` and, when the node it us
 be reached or answers that it cannot answer now (``unavailable``: a fault of its own;
 ``upstream_unavailable``, ``partition_failed`` or a typed query's ``NOT_PRESENT``: it could
 not reach the nodes it needed -- a node whose clock or secret its peers refuse), retries on
-another. When every node fails, the first of these
-answers is raised (a note lists the other nodes' failures); with no answer at all, a
-:class:`~sparkiq.errors.NodeUnreachableError`. Typed queries use the binary node
-protocol, so rows come back exactly as in-process (datetimes, decimals, tuples); the range
-rows of a request for one partition stream, and a request spanning partitions is read at
-one batch through one node.
+another (:mod:`sparkiq.failover`). When every node fails, the first of these answers is
+raised (a note lists the other nodes' failures); with no answer at all, a
+:class:`~sparkiq.errors.NodeUnreachableError`. Typed queries use the binary node protocol,
+so rows come back exactly as in-process (datetimes, decimals, tuples); the range rows of a
+request for one partition stream, and a request spanning partitions is read at one batch
+through one node.
 
 Consistency: with ``monotonic=True`` (the default) the client remembers the newest position
 it has seen per store and sends it as the bound of later requests that carry none, so the
