@@ -53,6 +53,7 @@ it had before a pause.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -138,8 +139,10 @@ class Router:
         # docstring); plain dict operations, atomic under the GIL, are all it sees.
         self._lagging: dict[str, float] = {}
         # member -> monotonic time until which it is asked last for refusing this node's
-        # credential (and its refusal is not logged again); same discipline as _lagging
+        # credential (and its refusal is not logged again); read like _lagging, written under
+        # _refusing_lock so that concurrent sub-requests refused together say it once
         self._refusing: dict[str, float] = {}
+        self._refusing_lock = threading.Lock()
         # Sub-requests to other nodes run here, never on ``executor`` (which runs the
         # per-partition fan-out that waits for them): no pool ever waits on itself.
         self._io = ElasticPool("sparkiq-subrequest", 64)
@@ -366,14 +369,16 @@ class Router:
         """``member`` refused this node's credential: asked last for :data:`REFUSING_FOR`,
         and said once in that time (every sub-request to it would say it again)."""
         now = time.monotonic()
-        if self._refusing.get(member, 0.0) <= now:
+        with self._refusing_lock:
+            news = self._refusing.get(member, 0.0) <= now
+            self._refusing[member] = now + REFUSING_FOR
+        if news:
             log.warning(
                 "%s refuses this node's sub-requests, asking other replicas for %.0f s: %s",
                 member,
                 REFUSING_FOR,
                 why,
             )
-        self._refusing[member] = now + REFUSING_FOR
 
 
 def _final(result: QueryResult[Any] | None) -> bool:
