@@ -44,7 +44,7 @@ LAYERS = [
     {"server"},  # the HTTP server over anything that offers a node's methods
     {"node"},  # the Node facade assembles cluster, sql and server (may not exist yet)
     {"spark"},  # the App embeds a node
-    {"client"},
+    {"client", "failover"},  # failover: which of a node's failures send a client elsewhere
     # `from sparkiq import X` runs sparkiq/__init__, which may import every layer (each public
     # name's module, when the name is first used): only the top layer may do it.
     {"cli", "output", "shell", "demo", "status_report", "testing", "__init__"},

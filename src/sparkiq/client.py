@@ -2,10 +2,15 @@
 
 A client talks to any node of a cluster (each routes to the nodes hosting the partitions
 it needs). It learns the other nodes from ``/metadata`` and, when the node it uses cannot
-be reached, retries on another. Typed queries use the binary node protocol, so rows come
-back exactly as in-process (datetimes, decimals, tuples); the range rows of a request for
-one partition stream, and a request spanning partitions is read at one batch through one
-node.
+be reached or answers that it cannot answer now (``unavailable``: a fault of its own;
+``upstream_unavailable``, ``partition_failed`` or a typed query's ``NOT_PRESENT``: it could
+not reach the nodes it needed -- a node whose clock or secret its peers refuse), retries on
+another (:mod:`sparkiq.failover`). When every node fails, the first of these answers is
+raised (a note lists the other nodes' failures); with no answer at all, a
+:class:`~sparkiq.errors.NodeUnreachableError`. Typed queries use the binary node protocol,
+so rows come back exactly as in-process (datetimes, decimals, tuples); the range rows of a
+request for one partition stream, and a request spanning partitions is read at one batch
+through one node.
 
 Consistency: with ``monotonic=True`` (the default) the client remembers the newest position
 it has seen per store and sends it as the bound of later requests that carry none, so the
@@ -49,6 +54,7 @@ from sparkiq.errors import (
     UnknownStoreError,
     exception_class,
 )
+from sparkiq.failover import Failures
 from sparkiq.pools import ElasticPool
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
@@ -69,8 +75,6 @@ __all__ = ["ChangeStream", "Client"]
 
 T = TypeVar("T")
 
-#: Failures that say nothing about the request, only about the node: another node is asked.
-_UNREACHABLE = (NodeUnreachableError,)
 #: Threads sending hedged reads (one per copy in flight; created as needed).
 _MAX_IN_FLIGHT = 64
 
@@ -151,14 +155,27 @@ class Client:
         return result
 
     def _ask(self, request: StateQueryRequest) -> dict[int, QueryResult[Any]]:
+        """The request's results from the first node that answers; a node that could not
+        reach any replica of a partition (``NOT_PRESENT``: its router tried them all, and
+        its peers may be refusing it) is demoted and each other node asked once, since
+        from where another node stands the replicas may answer; replicas behind the bound
+        are given ``bound_wait`` seconds."""
         deadline = time.monotonic() + self.bound_wait
+        kind = f"query:{type(request.query).__name__}"
+        elsewhere = len(self._urls) - 1  # other nodes to ask for an unreachable partition
         while True:
-            kind = f"query:{type(request.query).__name__}"
-            results = self._call(lambda url: self._send(url, request), kind, discard=close_results)
-            behind = any(
-                r.failure_reason is FailureReason.NOT_UP_TO_BOUND for r in results.values()
+            url, results = self._call(
+                lambda url: (url, self._send(url, request)),
+                kind,
+                discard=lambda answer: close_results(answer[1]),
             )
-            if not behind or time.monotonic() > deadline:
+            reasons = {r.failure_reason for r in results.values()}
+            if FailureReason.NOT_PRESENT in reasons and elsewhere > 0:
+                elsewhere -= 1
+                self._demote(url)
+                close_results(results)
+                continue
+            if FailureReason.NOT_UP_TO_BOUND not in reasons or time.monotonic() > deadline:
                 return results
             time.sleep(0.02)
 
@@ -318,20 +335,20 @@ class Client:
         urls = list(self._urls)
         if kind is not None and len(urls) > 1:
             return self._race(fn, kind, urls, discard)
-        errors = []
+        failed = Failures()
         for url in urls:
             started = time.monotonic()
             try:
                 answer = fn(url)
-            except _UNREACHABLE as exc:
-                errors.append(f"{url}: {exc!r}")
+            except SparkiqError as exc:
+                failed.add(url, exc)  # raises an error that is the node's verdict on the request
                 self._demote(url)
                 self._learn_nodes()
                 continue
             if kind is not None:
                 self._hedge.record(kind, time.monotonic() - started)
             return answer
-        raise NodeUnreachableError(f"no node answered: {'; '.join(errors)}")
+        raise failed.error()
 
     def _race(
         self,
@@ -343,11 +360,12 @@ class Client:
         """The first answer of ``fn`` from ``urls``, asked in order: the next node is asked
         as soon as every node asked so far has been out for the hedge delay without an
         answer, or has failed. An answer's latency teaches the delay; a failure other than
-        "unreachable" (the node's verdict on the request) is raised as it comes."""
+        "unreachable" or "cannot answer now" (the node's verdict on the request) is raised
+        as it comes."""
         delay = self._hedge.delay(kind)
         queue, asked = deque(urls), set(urls)
         copies: Copies[T] = Copies(self._sender_pool(), release=discard)
-        errors: list[str] = []
+        failed = Failures()
 
         def overdue(copy: Copy[T]) -> bool:
             return delay is not None and time.monotonic() - copy.sent_at >= delay
@@ -366,8 +384,8 @@ class Client:
                 for copy in copies.wait(wait):
                     try:
                         answer = copy.future.result()
-                    except _UNREACHABLE as exc:
-                        errors.append(f"{copy.target}: {exc!r}")
+                    except SparkiqError as exc:
+                        failed.add(copy.target, exc)  # raises the node's verdict on the request
                         self._demote(copy.target)
                         self._learn_nodes()
                         for known in list(self._urls):
@@ -379,7 +397,7 @@ class Client:
                     return answer
         finally:
             copies.abandon_all()  # lost the race: cut, and released if they answer
-        raise NodeUnreachableError(f"no node answered: {'; '.join(errors)}")
+        raise failed.error()
 
     def _sender_pool(self) -> ElasticPool:
         with self._lock:

@@ -40,6 +40,7 @@ import threading
 import time
 import urllib.parse
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkiq.errors import AuthenticationError
@@ -140,11 +141,17 @@ class Opened:
 
 
 class RequestVerifier:
-    """Checks node-protocol requests: MAC, clock window and nonce reuse. Thread-safe."""
+    """Checks node-protocol requests: MAC, clock window and nonce reuse. Thread-safe.
 
-    def __init__(self, key: NodeKey, *, max_skew: float = MAX_SKEW) -> None:
+    ``clock`` is this node's wall clock (seconds since the epoch); tests give a node a
+    verifier whose clock is off to play a host whose clock was stepped."""
+
+    def __init__(
+        self, key: NodeKey, *, max_skew: float = MAX_SKEW, clock: Callable[[], float] = time.time
+    ) -> None:
         self.key = key
         self.max_skew = max_skew
+        self._clock = clock
         self._lock = threading.Lock()  # guards _seen
         self._seen: OrderedDict[str, float] = OrderedDict()  # nonce -> when it expires
 
@@ -152,7 +159,7 @@ class RequestVerifier:
         """The request's sender (``.node_id``) and MAC (``.mac``, to sign the reply with);
         raises :class:`AuthenticationError` naming what is wrong."""
         opened = self.key.open_request(header, method, path, body)
-        now = time.time()
+        now = self._clock()
         if abs(now - opened.sent_at) > self.max_skew:
             raise _refused(
                 f"its timestamp is {now - opened.sent_at:+.0f} s off this node's clock "

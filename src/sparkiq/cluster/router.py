@@ -24,6 +24,14 @@ been out for
   one-way partition, a stuck handler) costs at most that. Such a member is then *lagging*:
   it is asked after the others for :data:`LAGGING_FOR` seconds, or until it answers.
 
+A member that refuses this node's sub-request (``401``: its check of the node credential
+failed -- a clock more than ``MAX_SKEW`` off, another cluster secret) is *refusing*: the
+router logs a warning naming the refusal (once per member per :data:`REFUSING_FOR`), asks it
+after every other candidate for that long, and asks the next candidate now. The caller's own
+token is checked by the node the caller asked, before any routing, and never travels to
+members (:mod:`sparkiq.cluster.transport`), so a member's ``401`` is never about the caller.
+When no candidate answers, the partition's failure names the refusals it met.
+
 Sub-requests are reads and every copy carries the same bound and pinned batch, so the
 answer that wins satisfies the request whichever replica gave it. When every candidate failed,
 the router waits for one fresh heartbeat round and tries once more on the new view; only
@@ -45,6 +53,7 @@ it had before a pause.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -63,7 +72,7 @@ from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.wire.protocol import RemoteError
 
-__all__ = ["HEDGE_CEILING", "LAGGING_FOR", "FreshView", "Router"]
+__all__ = ["HEDGE_CEILING", "LAGGING_FOR", "REFUSING_FOR", "FreshView", "Router"]
 
 log = logging.getLogger("sparkiq.router")
 
@@ -81,6 +90,9 @@ _POLL = 0.05
 HEDGE_CEILING = 1.0
 #: How long a member that let a sub-request go unanswered past the hedge delay is asked last.
 LAGGING_FOR = 5.0
+#: How long a member that refused this node's credential is asked last, and how often its
+#: refusal is logged: a clock or a secret is not fixed in seconds.
+REFUSING_FOR = 30.0
 
 LocalAnswer = Callable[[StateQueryRequest], StateQueryResult[Any]]
 _Remote = dict[int, QueryResult[Any]]
@@ -126,6 +138,11 @@ class Router:
         # member -> monotonic time until which it is asked after the others (see the module
         # docstring); plain dict operations, atomic under the GIL, are all it sees.
         self._lagging: dict[str, float] = {}
+        # member -> monotonic time until which it is asked last for refusing this node's
+        # credential (and its refusal is not logged again); read like _lagging, written under
+        # _refusing_lock so that concurrent sub-requests refused together say it once
+        self._refusing: dict[str, float] = {}
+        self._refusing_lock = threading.Lock()
         # Sub-requests to other nodes run here, never on ``executor`` (which runs the
         # per-partition fan-out that waits for them): no pool ever waits on itself.
         self._io = ElasticPool("sparkiq-subrequest", 64)
@@ -155,13 +172,16 @@ class Router:
 
         index = {m: i for i, m in enumerate(ordered)}
 
-        def rank(member: str) -> tuple[int, int, int, int]:
+        now = time.monotonic()
+
+        def rank(member: str) -> tuple[int, int, int, int, int]:
             caught_up = self._caught_up(member, table, partition)
             quiet = (
                 self._membership.silence(member) >= self.hedge_after
-                or self._lagging.get(member, 0.0) > time.monotonic()
+                or self._lagging.get(member, 0.0) > now
             )
             return (
+                1 if self._refusing.get(member, 0.0) > now else 0,
                 0 if caught_up else 1,
                 1 if quiet else 0,
                 0 if member == me else 1,
@@ -169,6 +189,7 @@ class Router:
             )
 
         fallback = [m for m in self._membership.hosting(table, partition) if m not in index]
+        fallback.sort(key=lambda m: self._refusing.get(m, 0.0) > now)
         return sorted(ordered, key=rank) + fallback
 
     def _hosted(self, member: str, table: str) -> dict[int, tuple[int, str, int]]:
@@ -191,7 +212,8 @@ class Router:
         return StateQueryResult({p: f.result() for p, f in futures.items()})
 
     def _answer(self, request: StateQueryRequest, partition: int) -> Any:
-        best, tried, unanswered = self._attempt(request, partition)
+        refused: dict[str, str] = {}  # member -> why it refused this node's sub-request
+        best, tried, unanswered = self._attempt(request, partition, refused)
         if _final(best):
             return best
         caller = cancel_signal()
@@ -210,24 +232,26 @@ class Router:
             return best
         view = self._view
         if view is not None and view.refresh(view.failure_timeout):
-            again, tried_again, _ = self._attempt(request, partition)
+            again, tried_again, _ = self._attempt(request, partition, refused)
             if _final(again) or _better(again, best):
                 best = again
             tried += tried_again
         if best is not None:
             return best
+        why = "".join(f"; {member} refused it: {text}" for member, text in refused.items())
         return QueryResult.for_failure(
             FailureReason.NOT_PRESENT,
             f"no live node could answer partition {partition} of {request.store!r} "
-            f"(tried {tried or 'none'}): retry once the cluster has recovered",
+            f"(tried {tried or 'none'}){why}: retry once the cluster has recovered",
         )
 
     def _attempt(
-        self, request: StateQueryRequest, partition: int
+        self, request: StateQueryRequest, partition: int, refused: dict[str, str]
     ) -> tuple[QueryResult[Any] | None, list[str], int]:
         """Ask the candidates in turn (hedging past silent ones); return the first answer
         that is not a retryable failure, else the most informative failure, who was asked
-        and how many of them gave no answer at all."""
+        and how many of them gave no answer at all. Members that refused this node's
+        credential are added to ``refused``."""
         me = self._membership.node_id
         sub = request.with_partitions((partition,))
         queue = deque(self.candidates(request.store, partition, request.is_require_active))
@@ -262,11 +286,14 @@ class Router:
                     continue
                 done = copies.wait(_POLL)
                 for copy in done:
-                    result = self._remote_result(copy.future, copy.target, partition, request.store)
+                    result = self._remote_result(
+                        copy.future, copy.target, partition, request.store, refused
+                    )
                     if result is None:
                         continue
                     self._delays.record(kind, time.monotonic() - copy.sent_at)
                     self._lagging.pop(copy.target, None)
+                    self._refusing.pop(copy.target, None)
                     answered += 1
                     if _final(result):
                         return result, tried, len(tried) - answered
@@ -314,7 +341,12 @@ class Router:
                 copies.abandon(copy)
 
     def _remote_result(
-        self, future: Future[_Remote], member: str, partition: int, store: str
+        self,
+        future: Future[_Remote],
+        member: str,
+        partition: int,
+        store: str,
+        refused: dict[str, str],
     ) -> QueryResult[Any] | None:
         try:
             return future.result()[partition]
@@ -324,12 +356,29 @@ class Router:
             self._membership.suspect(member, str(exc))
             log.info("partition %d of %r: %s", partition, store, exc)
         except RemoteError as exc:
-            if exc.code is ErrorCode.UNAUTHORIZED:
-                raise
+            if exc.code is ErrorCode.UNAUTHORIZED:  # the member refuses this node, not the caller
+                refused[member] = exc.message
+                self._refused(member, exc.message)
+                return None
             if exc.code is ErrorCode.FORBIDDEN:  # the member applies the caller's grants too
                 raise ForbiddenError(exc.message) from None
             log.info("partition %d of %r: %s", partition, store, exc)
         return None
+
+    def _refused(self, member: str, why: str) -> None:
+        """``member`` refused this node's credential: asked last for :data:`REFUSING_FOR`,
+        and said once in that time (every sub-request to it would say it again)."""
+        now = time.monotonic()
+        with self._refusing_lock:
+            news = self._refusing.get(member, 0.0) <= now
+            self._refusing[member] = now + REFUSING_FOR
+        if news:
+            log.warning(
+                "%s refuses this node's sub-requests, asking other replicas for %.0f s: %s",
+                member,
+                REFUSING_FOR,
+                why,
+            )
 
 
 def _final(result: QueryResult[Any] | None) -> bool:
