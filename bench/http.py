@@ -70,12 +70,19 @@ def _wait(url: str, path: str = "/healthz", timeout: float = 60.0) -> None:
     raise RuntimeError(f"{url}{path} did not answer")
 
 
-def _serve(state_dir: str, node_id: str, port: int, peers: str = "", standbys: int = 1) -> Any:
+def _serve(
+    state_dir: str,
+    node_id: str,
+    port: int,
+    peers: str = "",
+    standbys: int = 1,
+    extra: Sequence[str] = (),
+) -> Any:
     return subprocess.Popen(
         [
             sys.executable, "-m", "sparkiq.cli", "serve", "--state-dir", state_dir,
             "--node-id", node_id, "--listen", f"127.0.0.1:{port}", "--peers", peers,
-            "--standbys", str(standbys),
+            "--standbys", str(standbys), *extra,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

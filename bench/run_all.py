@@ -252,7 +252,11 @@ CONTEXT = {
         "protocol each connection has its own thread that runs `node.sql` directly; REST "
         "hops from the event loop to the SQL thread pool and back and encodes JSON. psycopg's "
         "extended protocol sends Parse/Bind/Describe/Execute/Sync in one write; the simple "
-        "protocol one Query message."
+        "protocol one Query message. In the closed loop the REST GET is answered on the "
+        "node's event loop, while each of the 32 Postgres connections is a thread running "
+        "`node.sql` in turn on the interpreter lock; the generator took about a third of a "
+        "core, so those threads are the likely cost (not profiled yet; the next step: answer "
+        "a prepared key lookup on the event loop, as REST SQL now does with `Node.sql_here`)."
     ),
     "arrow": (
         "Every method first computes the result in the node (`node.sql`: read the "
