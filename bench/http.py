@@ -101,18 +101,24 @@ def load(
         "requests": [p if isinstance(p, dict) else {"path": p} for p in paths],
         **extra,
     }
+    return run_generator("bench._http_load", spec)
+
+
+def run_generator(module: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the load generator ``python -m module`` as its own process with ``spec`` (a JSON
+    file it reads) and return the JSON result it writes to ``spec["out"]``."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        spec["out"] = handle.name + ".out"
+        spec = {**spec, "out": handle.name + ".out"}
         json.dump(spec, handle)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "bench._http_load", handle.name],
+            [sys.executable, "-m", module, handle.name],
             capture_output=True,
             text=True,
             cwd=ROOT,
         )
         if done.returncode:
-            raise RuntimeError(f"the load generator failed: {done.stderr[-2000:]}")
+            raise RuntimeError(f"the load generator {module} failed: {done.stderr[-2000:]}")
         with open(spec["out"]) as answer:
             result: dict[str, Any] = json.load(answer)
     finally:

@@ -22,13 +22,7 @@ Run: ``python -m bench.pgwire [--quick | --smoke]``.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import random
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +32,7 @@ import psycopg
 
 from bench._changelog import key_name
 from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir
-from bench.http import ROOT, _free_port, _serve, _stop, _wait, load
+from bench.http import _free_port, _serve, _stop, _wait, load, run_generator
 from bench.lookup import _build
 from sparkiq import Node
 
@@ -200,25 +194,7 @@ def _pg_closed(dsn: str, keys: list[str], duration: float) -> dict[str, Any]:
         "connections": CONNECTIONS,
         "duration": duration,
     }
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        spec["out"] = handle.name + ".out"
-        json.dump(spec, handle)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "bench._pg_load", handle.name],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
-        if done.returncode:
-            raise RuntimeError(f"the Postgres load generator failed: {done.stderr[-2000:]}")
-        with open(spec["out"]) as answer:
-            result: dict[str, Any] = json.load(answer)
-    finally:
-        for path in (handle.name, spec["out"]):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-    return result
+    return run_generator("bench._pg_load", spec)
 
 
 main = entry_point(run, __doc__)
