@@ -9,9 +9,12 @@ Then, taking turns so drift on a shared machine hits every method alike:
 * tier 2 top-N - ``SELECT k, n, total FROM t ORDER BY total DESC LIMIT 10``;
 
 each through ``node.sql`` (the columnar path: every partition's Arrow version at one batch,
-one DuckDB query), through the per-partition fragment path a cluster uses for partitions on
-other nodes (forced here by hiding the columnar source), and, as the floor, DuckDB alone over
-the same rows in a native in-memory DuckDB table (and, for reference, registered as Arrow).
+one DuckDB query), through the fragment path a cluster uses for partitions on other nodes
+(forced here by hiding the columnar source: one fragment run over the node's partitions,
+then the final query), through a cluster of two nodes over HTTP where each hosts half the
+partitions (no standbys: neither can read the table alone, so each answers one fragment and
+the node asked merges them), and, as the floor, DuckDB alone over the same rows in a native
+in-memory DuckDB table (and, for reference, registered as Arrow).
 A last line reads every partition from RocksDB into Arrow, what scans cost before versions.
 
 * key lookup - ``node.sql("SELECT * FROM t WHERE k = '<key>'")`` against ``node.get``, each
@@ -26,6 +29,7 @@ Run: ``python -m bench.sql_scan [--quick | --smoke]``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
@@ -41,7 +45,7 @@ from bench._common import Report, Scale, entry_point, fmt_ratio, median, percent
 from sparkiq.sql import SqlEngine
 from sparkiq.sql.fragment import SqlFragmentQuery, _without_cyclic_gc
 from sparkiq.sql.fragment import _partition_table as _rocksdb_table
-from sparkiq.testing import write_table
+from sparkiq.testing import start_cluster, write_table
 
 TABLE = "t"
 SCAN = f"SELECT k, n, total FROM {TABLE} WHERE n < 100 AND total > 500"
@@ -140,7 +144,7 @@ def run(scale: Scale = Scale.FULL) -> Report:
         state_dir = os.path.join(root, "state")
         t0 = time.perf_counter()
         arrow, keys = _build(state_dir, n_rows, partitions)
-        with caught_up_node(state_dir, partitions) as node:
+        with caught_up_node(state_dir, partitions) as node, contextlib.ExitStack() as stack:
             built_s = time.perf_counter() - t0
             engine = SqlEngine(node._lookup)
             fragments = SqlEngine(_Fragments(node._lookup))  # type: ignore[arg-type]
@@ -156,15 +160,20 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 with _without_cyclic_gc():  # as scans read RocksDB
                     return sum(_rocksdb_table(s, fragment)[0].num_rows for s in stores)
 
+            cluster = stack.enter_context(
+                start_cluster(state_dir, 2, standbys=0, settle_timeout=300)
+            )
+            asked = cluster[0]
             for sql in QUERIES.values():  # warm-up and a correctness check against the floor
                 want = sorted(repr(tuple(r)) for r in floor.execute(sql).fetchall())
-                for which in (engine, fragments):
-                    got = sorted(map(repr, which.execute(sql).tuples()))
+                for which in (engine.execute, fragments.execute, asked.sql):
+                    got = sorted(map(repr, which(sql).tuples()))
                     assert got == want or len(got) == len(want), (sql, len(got), len(want))
             times: dict[str, list[float]] = {}
             methods: dict[str, Callable[[str], Any]] = {
                 "node.sql (columnar)": engine.execute,
-                "node.sql (per-partition fragments)": fragments.execute,
+                "node.sql (fragments)": fragments.execute,
+                "2 nodes over HTTP, half each": asked.sql,
                 "DuckDB native table (floor)": lambda q: floor.execute(q).fetchall(),
                 "DuckDB over Arrow": lambda q: as_arrow.execute(q).fetchall(),
             }
@@ -221,6 +230,18 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 )
                 for query in QUERIES
             )
+            spread = ", ".join(
+                f"{query} "
+                + fmt_ratio(
+                    medians[f"{query}: 2 nodes over HTTP, half each"]
+                    / medians[f"{query}: DuckDB native table (floor)"]
+                )
+                for query in QUERIES
+            )
+            report.readings.append(
+                f"two nodes over HTTP, each hosting half the partitions, against a native "
+                f"DuckDB table: {spread} (target <= 3x)"
+            )
             report.readings.append(
                 f"against a native DuckDB table: {ratios} (target <= 5x); SQL key lookup "
                 f"p50 {sql_p50:.1f} us = {sql_p50 / get_p50:.1f}x node.get (p99 "
@@ -267,7 +288,7 @@ def _join_with_lookups(
     ]
     methods: dict[str, Callable[[str], Any]] = {
         "node.sql (columnar)": engine.execute,
-        "node.sql (per-partition fragments)": fragments.execute,
+        "node.sql (fragments)": fragments.execute,
         "DuckDB native tables (floor)": lambda q: floor.execute(q).fetchall(),
     }
     want = sorted(map(repr, floor.execute(texts[0]).fetchall()))

@@ -9,7 +9,9 @@ is hosted somewhere must not be refused because this node's view is behind). Rep
 known to be caught up go first, then members heard from recently, so a partition that moved
 keeps being answered by its old owner until the new one has restored it, and a member gone
 quiet is asked last. Sub-requests go out in parallel, one per partition (range results then
-stream from the node that holds them).
+stream from the node that holds them), except for a query nodes answer for several
+partitions together (``Query.combine``: SQL fragments), which goes out one per node, to each
+partition's best candidate; a partition its node did not answer is then asked alone.
 
 When a candidate is unreachable, is not hosting the partition, or is behind the requested
 bound, the next one is tried. A candidate that does not answer is not waited for blindly;
@@ -56,7 +58,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
@@ -208,8 +210,78 @@ class Router:
         if len(partitions) == 1:
             p = partitions[0]
             return StateQueryResult({p: self._answer(request, p)})
+        if request.query.combine:
+            return self._route_by_node(request, partitions)
         futures = {p: self._executor.submit(self._answer, request, p) for p in partitions}
         return StateQueryResult({p: f.result() for p, f in futures.items()})
+
+    def _route_by_node(
+        self, request: StateQueryRequest, partitions: list[int]
+    ) -> StateQueryResult[Any]:
+        """A query nodes answer for several partitions together (``Query.combine``): one
+        sub-request per node, to each partition's best candidate. A partition its node did
+        not answer with a final result -- the node failed, fell silent (the hedging rule of
+        :meth:`_overdue`) or answered with a retryable failure -- is then routed alone, with
+        every failover rule of :meth:`_answer`."""
+        me = self._membership.node_id
+        groups: dict[str, list[int]] = {}
+        for partition in partitions:
+            best = self.candidates(request.store, partition, request.is_require_active)[:1]
+            groups.setdefault(best[0] if best else "", []).append(partition)
+        results: dict[int, QueryResult[Any]] = {}
+        alone: dict[int, Future[QueryResult[Any]]] = {}
+
+        def route_alone(group: list[int]) -> None:
+            for partition in group:
+                alone[partition] = self._executor.submit(self._answer, request, partition)
+
+        def keep(answers: Mapping[int, QueryResult[Any]], group: list[int]) -> None:
+            route_alone([p for p in group if not _final(answers.get(p))])
+            results.update((p, answers[p]) for p in group if _final(answers.get(p)))
+
+        copies: Copies[_Remote] = Copies(self._io, release=close_results)
+        local: list[int] = []
+        for member, group in groups.items():
+            url = self._membership.url_of(member) if member and member != me else None
+            if member == me:
+                local = group
+            elif url is None or len(group) == 1:
+                route_alone(group)
+            else:
+                self.forwarded += 1
+                copies.send(member, self._transport.query, url, request.with_partitions(group))
+        kind = type(request.query).__name__
+        wait = self._delays.delay(kind)
+        try:
+            if local:
+                keep(self._local_answer(request.with_partitions(local)).partition_results, local)
+            caller = cancel_signal()
+            while copies:
+                if caller is not None and caller.is_set():
+                    break  # _answer gives the caller-left failure to what is still out
+                for copy in copies.wait(_POLL):
+                    group = groups[copy.target]
+                    what = f"partitions {group}"
+                    answers = self._remote_answers(
+                        copy.future, copy.target, what, request.store, {}
+                    )
+                    if answers is None:
+                        route_alone(group)
+                        continue
+                    self._delays.record(kind, time.monotonic() - copy.sent_at)
+                    self._lagging.pop(copy.target, None)
+                    self._refusing.pop(copy.target, None)
+                    keep(answers, group)
+                for copy in copies:
+                    if self._overdue(copy.target, copy.sent_at, wait):
+                        copies.abandon(copy)
+                        route_alone(groups[copy.target])
+            for copy in copies:
+                route_alone(groups[copy.target])
+        finally:
+            copies.abandon_all()
+        results.update((p, future.result()) for p, future in alone.items())
+        return StateQueryResult({p: results[p] for p in partitions})
 
     def _answer(self, request: StateQueryRequest, partition: int) -> Any:
         refused: dict[str, str] = {}  # member -> why it refused this node's sub-request
@@ -348,13 +420,26 @@ class Router:
         store: str,
         refused: dict[str, str],
     ) -> QueryResult[Any] | None:
+        answers = self._remote_answers(future, member, f"partition {partition}", store, refused)
+        return None if answers is None else answers.get(partition)
+
+    def _remote_answers(
+        self,
+        future: Future[_Remote],
+        member: str,
+        what: str,
+        store: str,
+        refused: dict[str, str],
+    ) -> _Remote | None:
+        """The answers of a sub-request to ``member`` (None: it failed, and the failure
+        is noted: a suspect member, a refusing one; ``what`` names the partitions asked)."""
         try:
-            return future.result()[partition]
+            return future.result()
         except NodeTimeoutError as exc:  # slow or paused: the detector decides
-            log.info("partition %d of %r: %s", partition, store, exc)
+            log.info("%s of %r: %s", what, store, exc)
         except NodeUnreachableError as exc:
             self._membership.suspect(member, str(exc))
-            log.info("partition %d of %r: %s", partition, store, exc)
+            log.info("%s of %r: %s", what, store, exc)
         except RemoteError as exc:
             if exc.code is ErrorCode.UNAUTHORIZED:  # the member refuses this node, not the caller
                 refused[member] = exc.message
@@ -362,7 +447,7 @@ class Router:
                 return None
             if exc.code is ErrorCode.FORBIDDEN:  # the member applies the caller's grants too
                 raise ForbiddenError(exc.message) from None
-            log.info("partition %d of %r: %s", partition, store, exc)
+            log.info("%s of %r: %s", what, store, exc)
         return None
 
     def _refused(self, member: str, why: str) -> None:

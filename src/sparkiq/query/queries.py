@@ -39,12 +39,16 @@ class Query:
     """Base of every query type. Subclasses must be immutable and hashable values.
 
     ``single_key`` says whether a query addresses exactly one key, which lets a router send
-    it to that key's partition only; :meth:`routing_key` returns the key then.
+    it to that key's partition only; :meth:`routing_key` returns the key then. ``combine``
+    says whether a node may answer several partitions of it together (one answer, carried by
+    the first of them: :func:`~sparkiq.stores.dispatch.register_combiner`), which lets a
+    router send one sub-request per node instead of one per partition.
     """
 
     __slots__ = ()
 
     single_key: bool = False
+    combine: bool = False
 
     def routing_key(self) -> Any:
         raise TypeError(f"{type(self).__name__} does not address a single key")

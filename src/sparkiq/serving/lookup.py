@@ -52,6 +52,7 @@ from sparkiq.stores.dispatch import (
     QueryContext,
     check_key_query,
     execute,
+    execute_many,
     handler_for,
 )
 from sparkiq.stores.history import BatchOutOfHistory
@@ -391,10 +392,12 @@ class Lookup:
                 catch_up_wait=catch_up_wait,
                 sql_limits=self._plain_context.sql_limits,
             )
+        answerable: dict[int, Any] = {}
+        refused: dict[int, QueryResult[Any]] = {}
         for partition in partitions:
             hosted = stores[partition]
             if hosted is None:
-                results[partition] = QueryResult.for_failure(
+                refused[partition] = QueryResult.for_failure(
                     FailureReason.NOT_PRESENT,
                     f"partition {partition} of {request.store!r} is not hosted on node "
                     f"{self.node_id!r}: ask the node that hosts it",
@@ -404,7 +407,7 @@ class Lookup:
                 and coordinator is not None
                 and coordinator.assignment.active(request.store, partition) != self.node_id
             ):
-                results[partition] = QueryResult.for_failure(
+                refused[partition] = QueryResult.for_failure(
                     FailureReason.NOT_ACTIVE,
                     f"node {self.node_id!r} holds partition {partition} of {request.store!r} "
                     "as a standby and the request requires the active replica: ask "
@@ -412,7 +415,11 @@ class Lookup:
                     hosted.position,
                 )
             else:
-                results[partition] = execute(hosted, request.query, ctx)
+                answerable[partition] = hosted
+        answered = execute_many(answerable, request.query, ctx)
+        for partition in partitions:  # in the request's order, as before
+            failure = refused.get(partition)
+            results[partition] = answered[partition] if failure is None else failure
         return StateQueryResult(results)
 
     def pin_batch(

@@ -29,7 +29,7 @@ import contextlib
 import gc
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any
@@ -48,7 +48,7 @@ from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError
 from sparkiq.sql.limits import SqlLimits
 from sparkiq.sql.parse import parse
-from sparkiq.stores.dispatch import QueryContext, register
+from sparkiq.stores.dispatch import QueryContext, execute, register, register_combiner
 from sparkiq.stores.partition import PartitionStore
 from sparkiq.stores.versions import visible_mask
 
@@ -78,6 +78,11 @@ class SqlFragmentQuery(Query):
       does not hold is absent. ``lower``/``upper`` still apply (None: the keys only).
     - ``key_partitions``: the partition of each of ``keys``, in order, so that a partition
       reads only its own keys (None: every partition named reads every key).
+    - ``combine``: a node answering several of the request's partitions may run ``sql`` once
+      over all their rows (its first successful partition carries the answer, the others
+      answer no rows with the same columns). Only set it when the coordinator applies
+      ``sql``'s effect again over the concatenated answers (a filter, a top-N, a partial
+      aggregate): it does, so a node pays one DuckDB run per request, not one per partition.
     """
 
     columns: tuple[str, ...]
@@ -90,6 +95,7 @@ class SqlFragmentQuery(Query):
     skip_below: int = 0
     keys: tuple[bytes, ...] | None = None
     key_partitions: tuple[int, ...] | None = None
+    combine: bool = False
 
 
 _DEFAULT_LIMITS = SqlLimits()
@@ -379,3 +385,34 @@ def _fragment(
         timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
         _, table = run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)
     return QueryResult.for_result(table, position)
+
+
+@register_combiner(SqlFragmentQuery)
+def _fragments(
+    stores: Mapping[int, PartitionStore], query: SqlFragmentQuery, ctx: QueryContext
+) -> dict[int, QueryResult[Any]]:
+    """Several partitions of one node. With ``combine``, each partition's rows are read as
+    :func:`_fragment` reads them (bound, batch and failures per partition, through
+    :func:`execute`), then ``sql`` runs once over all of them."""
+    if not query.combine or query.sql is None:
+        return {partition: execute(store, query, ctx) for partition, store in stores.items()}
+    rows_only = replace(query, sql=None, skip_below=0)
+    results = {partition: execute(store, rows_only, ctx) for partition, store in stores.items()}
+    read = [partition for partition, answer in results.items() if answer.is_success]
+    if not read:
+        return results
+    tables: list[pa.Table] = [results[partition].result for partition in read]
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    if table.num_rows >= query.skip_below:
+        limits, pool = _fragment_pool(ctx.sql_limits)
+        _check_fragment_sql(query.sql)
+        timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
+        _, table = run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)
+    first, *rest = read
+    answer = results[first]
+    results[first] = QueryResult.for_result(table, answer.position, answer.execution_info)
+    empty = table.slice(0, 0)
+    for partition in rest:
+        answer = results[partition]
+        results[partition] = QueryResult.for_result(empty, answer.position, answer.execution_info)
+    return results

@@ -264,6 +264,7 @@ def read_table(
             timeout_ms=timeout_ms,
             keys=tuple(encoded),
             key_partitions=tuple(located),
+            combine=True,
         )
     else:
         query = SqlFragmentQuery(
@@ -275,6 +276,7 @@ def read_table(
             access.window_to,
             timeout_ms,
             skip_below,
+            combine=True,  # the final query merges fragments however rows were split
         )
     result = source.query(_request(store, query, bound, at_batch, partitions))
     check(store, result)

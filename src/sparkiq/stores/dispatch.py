@@ -22,6 +22,11 @@ reads at a batch (``QueryContext.at_batch``: wait a bounded time for a replica t
 refuse a batch outside its history), store-failure capture (``STORE_EXCEPTION``) and execution
 info. A handler reading at ``ctx.at_batch`` passes it to :meth:`PartitionStore.scan
 <sparkiq.stores.partition.PartitionStore.scan>` (the built-in handlers do).
+
+A query type may also have a *combiner* (:func:`register_combiner`): when one node answers
+it for several partitions at once, :func:`execute_many` hands the combiner the partitions'
+stores instead of calling the handler once per partition. SQL fragments use it to run their
+statement once over the rows of every partition a node holds, not once per partition.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -54,7 +59,17 @@ from sparkiq.stores.partition import PartitionStore
 
 _UNBOUNDED = PositionBound.unbounded()
 
-__all__ = ["QueryContext", "Handler", "execute", "check_key_query", "handler_for", "register"]
+__all__ = [
+    "Combiner",
+    "QueryContext",
+    "Handler",
+    "check_key_query",
+    "execute",
+    "execute_many",
+    "handler_for",
+    "register",
+    "register_combiner",
+]
 
 
 #: How long a partition that has not applied the batch a request reads at is waited for.
@@ -78,9 +93,14 @@ class QueryContext:
 
 Handler = Callable[[Any, Any, QueryContext], QueryResult[Any]]
 H = TypeVar("H", bound=Handler)
+#: Answers one query for several partitions of one node: ``(stores by partition, query,
+#: ctx) -> results by partition``, a result for every partition it was given.
+Combiner = Callable[[Mapping[int, Any], Any, QueryContext], dict[int, QueryResult[Any]]]
+C = TypeVar("C", bound=Combiner)
 
 _registry: dict[tuple[type, type], Handler] = {}
-_lock = threading.Lock()
+_combiners: dict[type, Combiner] = {}
+_lock = threading.Lock()  # guards _registry and _combiners (writers; readers use the memo)
 
 
 def register(
@@ -100,6 +120,18 @@ def register(
         with _lock:
             _registry[(store_type, query_type)] = fn
             handler_for.cache_clear()
+        return fn
+
+    return decorate
+
+
+def register_combiner(query_type: type[Query]) -> Callable[[C], C]:
+    """Register the decorated function as ``query_type``'s combiner (see the module
+    docstring); the type needs a handler too, for a single partition and for other nodes."""
+
+    def decorate(fn: C) -> C:
+        with _lock:
+            _combiners[query_type] = fn
         return fn
 
     return decorate
@@ -193,6 +225,17 @@ def execute(store: Any, query: Query, ctx: QueryContext) -> QueryResult[Any]:
             f"by {getattr(handler, '__qualname__', handler)} in {took_us:.1f} us"
         )
     return result
+
+
+def execute_many(
+    stores: Mapping[int, Any], query: Query, ctx: QueryContext
+) -> dict[int, QueryResult[Any]]:
+    """Answer ``query`` on several partitions of one node: through its combiner when it has
+    one and there is more than one partition, else :func:`execute` on each."""
+    combiner = _combiners.get(type(query)) if len(stores) > 1 else None
+    if combiner is not None:
+        return combiner(stores, query, ctx)
+    return {partition: execute(store, query, ctx) for partition, store in stores.items()}
 
 
 def _admitted(store: Any, table: str, ctx: QueryContext) -> bool:
