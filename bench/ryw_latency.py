@@ -38,7 +38,8 @@ TRIGGER = "1 second"  # the demo's (sparkiq.demo)
 SCHEMA = "user string, amount long"
 
 
-def _pipeline(spark: Any, servers: str) -> Any:
+def totals_pipeline(spark: Any, servers: str) -> Any:
+    """Orders (``{"user", "amount"}`` JSON) from the topic, counted and summed per user."""
     from pyspark.sql import functions as F
 
     orders = (
@@ -118,7 +119,7 @@ def run(scale: Scale = Scale.FULL, spark: Any = None) -> Report:
         app = App(spark, state_dir=state_dir, name="ryw")
         app.materialize(
             TABLE,
-            _pipeline(spark, servers),
+            totals_pipeline(spark, servers),
             key="user",
             partitions=4,
             trigger={"processingTime": TRIGGER},

@@ -222,22 +222,20 @@ def run(scale: Scale = Scale.FULL) -> Report:
                     fmt_ratio(sql_p50 / get_p50),
                 ]
             )
-            ratios = ", ".join(
-                f"{query} {medians[f'{query}: node.sql (columnar)'] * 1000:,.1f} ms = "
-                + fmt_ratio(
-                    medians[f"{query}: node.sql (columnar)"]
-                    / medians[f"{query}: DuckDB native table (floor)"]
+
+            def against_floor(method: str) -> str:
+                """Each query's median by ``method`` and its ratio to the floor."""
+                return ", ".join(
+                    f"{query} {medians[f'{query}: {method}'] * 1000:,.1f} ms = "
+                    + fmt_ratio(
+                        medians[f"{query}: {method}"]
+                        / medians[f"{query}: DuckDB native table (floor)"]
+                    )
+                    for query in QUERIES
                 )
-                for query in QUERIES
-            )
-            spread = ", ".join(
-                f"{query} "
-                + fmt_ratio(
-                    medians[f"{query}: 2 nodes over HTTP, half each"]
-                    / medians[f"{query}: DuckDB native table (floor)"]
-                )
-                for query in QUERIES
-            )
+
+            ratios = against_floor("node.sql (columnar)")
+            spread = against_floor("2 nodes over HTTP, half each")
             report.readings.append(
                 f"two nodes over HTTP, each hosting half the partitions, against a native "
                 f"DuckDB table: {spread} (target <= 3x)"
