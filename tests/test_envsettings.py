@@ -58,7 +58,8 @@ OTHER_READERS = {
     "SPARKIQ_CHECKPOINT, and the client commands' SPARKIQ_URL, SPARKIQ_TOKEN, SPARKIQ_TLS_CA",
     "shell.py": "SPARKIQ_HISTORY, where the shell keeps its history",
     "spark/sink.py": "the tests' fault injection (SPARKIQ_TEST_*), SPARKIQ_SINK_SHUFFLE (shuffle "
-    "every batch) and PYSPARK_PYTHON",
+    "every batch), SPARKIQ_SINK_WRITE (where segments are written) and PYSPARK_PYTHON",
+    "spark/segment_writer.py": "the tests' segment fault injection (SPARKIQ_TEST_SEGMENT_FAULT)",
     "spark/worker_python.py": "the Spark worker's connect-back variables",
     "testing/sessions.py": "SPARK_REMOTE and the test Spark session's interpreter",
     "testing/kafka.py": "SPARKIQ_KAFKA_JARS and JAVA_HOME: the test broker's jars and JVM",

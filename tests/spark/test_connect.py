@@ -56,6 +56,7 @@ def test_the_sink_is_plain_data(spark: Any, tmp_path: Path) -> None:
             "manifest",
             "write_tasks",
             "always_shuffle",
+            "write_where",  # auto, tasks or driver: read from SPARKIQ_SINK_WRITE
             "_layout",  # None, or the decision (checkpoint or refused batch; a frozen dataclass)
         }
         assert copy.manifest == sink.manifest and copy.state_dir == str(tmp_path / "state")
@@ -188,14 +189,17 @@ def test_differential_pipeline_snapshots_and_compact_under_connect(
 
 
 def test_a_refused_in_place_write_falls_back_to_the_shuffle_under_connect(
-    connect_spark: Any, tmp_path: Path
+    connect_spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under Connect the sink runs in the server's Python process and learns of the write
     tasks' refusal from a Connect error: the key rewritten after the aggregation still gives
     Spark's batch answer, batch 0 committed from its shuffled second write."""
     from pyspark.sql import functions as F
 
+    from sparkiq.spark.sink import WRITE_ENV
     from sparkiq.testing import JsonSource, assert_table_matches
+
+    monkeypatch.setenv(WRITE_ENV, "tasks")  # batch 1 too: written by tasks, not the driver
 
     spark = connect_spark
     source = JsonSource(tmp_path / "in", "k string, n long")

@@ -21,10 +21,17 @@ from sparkiq import App
 from sparkiq.changelog import Changelog
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.schema.partitioner import Partitioner
-from sparkiq.spark.sink import ASSUME_IN_PLACE_ENV
+from sparkiq.spark.sink import ASSUME_IN_PLACE_ENV, WRITE_ENV
 from sparkiq.testing import JsonSource, assert_table_matches
 
 SCHEMA = "k string, g string, n long"
+
+
+@pytest.fixture(autouse=True)
+def written_by_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This file is about write tasks: small batches would otherwise be written on the
+    driver from the second one on (tests/spark/test_sink_driver.py)."""
+    monkeypatch.setenv(WRITE_ENV, "tasks")
 
 
 def rows(batch: int, count: int = 60) -> list[dict[str, Any]]:

@@ -36,7 +36,13 @@ from sparkiq import App, Node
 from sparkiq.changelog import Changelog
 from sparkiq.changelog.snapshot import list_snapshots
 from sparkiq.errors import SparkiqError
-from sparkiq.spark.sink import CRASH_ENV, SEGMENT_FAULT_ENV, TableSink, absolute_location
+from sparkiq.spark.sink import (
+    CRASH_ENV,
+    SEGMENT_FAULT_ENV,
+    WRITE_ENV,
+    TableSink,
+    absolute_location,
+)
 from sparkiq.testing import (
     JsonSource,
     assert_table_matches,
@@ -50,6 +56,15 @@ from tests.spark.test_differential import normalize, write_orders
 
 # Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def written_by_executors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments written by the cluster's executors, in their own working directories: small
+    batches would otherwise be written on the driver from the second one on (the driver
+    processes get the same setting from :func:`_spark_env`)."""
+    monkeypatch.setenv(WRITE_ENV, "tasks")
+
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("by_product", "by_user_day", "orders")
@@ -92,6 +107,7 @@ def _spark_env(logs: Path) -> dict[str, str]:
         SPARK_LOG_DIR=str(logs),
         PYSPARK_PYTHON=sys.executable,
     )
+    env[WRITE_ENV] = "tasks"  # the drivers' segments too are written by the executors
     return env
 
 

@@ -20,6 +20,13 @@ For every micro-batch ``b`` of the table's streaming query:
    write of the refused attempt is never read), and shuffles the query's later batches
    (logged once, as a WARNING). ``SPARKIQ_SINK_SHUFFLE=always`` (where the App is created)
    always shuffles;
+   A small batch is written on the driver instead: when the table's previous batch had at
+   most :data:`DRIVER_ROWS` rows, the tagged batch is collected as Arrow (one Spark job, as
+   evaluating it costs anyway) and the driver writes its segments with the same function the
+   tasks run, with no Python stage in Spark at all. A batch the driver cannot collect (over
+   ``spark.driver.maxResultSize``, say) is written by tasks after all.
+   ``SPARKIQ_SINK_WRITE`` (where the App is created) says ``auto`` (the default), ``tasks``
+   or ``driver``;
 3. collect only the segments' facts (partition, rows, size, sha256, path) to the driver,
    which checks that each is at the path readers use and has its size there
    (:func:`~sparkiq.changelog.segment.check_visible`);
@@ -46,32 +53,37 @@ The driver learns of commits by reading the changelog (see :mod:`sparkiq.spark.a
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 import sparkiq.spark.worker_python as worker_python
 from sparkiq.changelog import Changelog, CommitRecord, SegmentInfo, TableManifest
-from sparkiq.changelog.segment import check_visible, verify_landed
-from sparkiq.changelog.storage import Storage, open_storage
+from sparkiq.changelog.segment import check_visible
+from sparkiq.changelog.storage import open_storage
 from sparkiq.errors import ChangelogError, ConfigError
-from sparkiq.schema.codec import KeyCodec, RowCodec
 from sparkiq.spark.batch_layout import BatchLayout, batch_layout
+from sparkiq.spark.segment_writer import (
+    IN_PLACE_REFUSED,
+    META_SCHEMA,
+    PARTITION_COLUMN,
+    SEGMENT_FAULT_ENV,
+    TASK_PHASES,
+    segment_fault,
+    segment_writer,
+)
 
 __all__ = [
     "ASSUME_IN_PLACE_ENV",
     "CRASH_ENV",
     "IN_PLACE_REFUSED",
     "SEGMENT_FAULT_ENV",
+    "DRIVER_ROWS",
     "SHUFFLE_ENV",
     "TASK_PHASES",
+    "WRITE_ENV",
     "TableSink",
     "absolute_location",
     "pyarrow_uri",
@@ -82,42 +94,29 @@ __all__ = [
 
 log = logging.getLogger("sparkiq.sink")
 
-PARTITION_COLUMN = "__sparkiq_partition"
-
 #: Fault injection for tests of exactly-once: ``"<point>:<table>:<batch_id>"`` makes the
 #: driver process exit abruptly at that point (``before_commit`` or ``after_commit``).
 CRASH_ENV = "SPARKIQ_TEST_CRASH_AT"
-
-#: Fault injection for tests of segment verification: ``"<fault>:<table>:<batch_id>"`` damages
-#: every segment of that batch on the executor right after writing it: ``truncate`` or
-#: ``remove`` before the executor's read-back, ``remove_after_verify`` after it (so only the
-#: driver's check can notice). Read on the driver when the batch starts and shipped as data.
-SEGMENT_FAULT_ENV = "SPARKIQ_TEST_SEGMENT_FAULT"
-_FAULTS = ("truncate", "remove", "remove_after_verify")
 
 #: Fault injection for tests of the in-place check: ``"<table>:<batch_id>"`` makes the driver
 #: write that batch without a shuffle whatever :func:`batch_layout` decided, as if it had
 #: guessed Spark's plan wrong.
 ASSUME_IN_PLACE_ENV = "SPARKIQ_TEST_ASSUME_IN_PLACE"
 
-#: In the error of a write task that refuses to write a batch in place (:func:`_check_in_place`):
-#: the driver recognises the refusal by it in the failed job's error text, as classic PySpark
-#: and Spark Connect both wrap it, and writes the batch again after a shuffle.
-IN_PLACE_REFUSED = "SPARKIQ_IN_PLACE_REFUSED"
-
 #: ``always``: every batch is shuffled into the table's partitions, even one that already
 #: sits in them (``auto``, the default, writes such a batch in place). Read where the sink is
 #: created (the App's process).
 SHUFFLE_ENV = "SPARKIQ_SINK_SHUFFLE"
 
-_META_SCHEMA = (
-    "partition int, rows long, size long, sha256 string, path string, "
-    "receive_ms double, encode_ms double, write_ms double, verify_ms double"
-)
-#: A write task's phases (milliseconds), reported with each segment's facts: waiting for its
-#: rows (in place, that is the batch's own last stage; else the shuffle), encoding them,
-#: writing the segment (sort, Arrow IPC, write, fsync, rename), reading it back.
-TASK_PHASES = ("receive_ms", "encode_ms", "write_ms", "verify_ms")
+#: Where a batch's segments are written: ``auto`` (the default) on the driver when the
+#: table's previous batch had at most :data:`DRIVER_ROWS` rows, else by write tasks;
+#: ``tasks`` or ``driver`` always there. Read where the sink is created (the App's process).
+WRITE_ENV = "SPARKIQ_SINK_WRITE"
+#: The most rows of a table's previous batch for which ``auto`` writes on the driver: a
+#: streaming batch is usually about as large as the one before, and this many rows encode
+#: in tens of milliseconds on one core and take a few MB there, while a Python stage in
+#: Spark costs a micro-batch about 100 ms whatever its size (docs/benchmarks.md).
+DRIVER_ROWS = 50_000
 
 
 class TableSink:
@@ -144,6 +143,7 @@ class TableSink:
         self.manifest = manifest
         self.write_tasks = max(1, min(manifest.partitions, write_tasks))
         self.always_shuffle = _always_shuffle()
+        self.write_where = _write_where()
         self._layout: BatchLayout | None = None  # kept once settled (see batch_layout)
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -166,17 +166,24 @@ class TableSink:
         layout = self.layout()
         if _assume_in_place(table, batch_id):
             layout = BatchLayout(True, f"{ASSUME_IN_PLACE_ENV} is set")
-        fault = _segment_fault(table, batch_id)
+        fault = segment_fault(table, batch_id)
         planned = time.perf_counter()
         attempt = 0
-        try:
-            facts = self._write(tagged, batch_id, layout, fault, attempt)
-        except Exception as error:
-            if not layout.in_place or IN_PLACE_REFUSED not in str(error):
-                raise
-            layout = self._refused_in_place(batch_id, layout, error)
-            attempt = 1  # other file names: a late write of the refused attempt is not read
-            facts = self._write(tagged, batch_id, layout, fault, attempt)
+        facts = None
+        where = "on the driver"
+        if self._on_driver(changelog, batch_id):
+            facts = self._write_on_driver(tagged, batch_id, fault)
+        if facts is None:
+            where = "in place" if layout.in_place else "after a shuffle"
+            try:
+                facts = self._write(tagged, batch_id, layout, fault, attempt)
+            except Exception as error:
+                if not layout.in_place or IN_PLACE_REFUSED not in str(error):
+                    raise
+                layout = self._refused_in_place(batch_id, layout, error)
+                where = "after a shuffle"
+                attempt = 1  # other file names: a late write of the refused attempt is unread
+                facts = self._write(tagged, batch_id, layout, fault, attempt)
         ran = time.perf_counter()
         segments = _landed_segments(changelog, batch_id, facts, attempt)
         checked = time.perf_counter()
@@ -196,7 +203,7 @@ class TableSink:
         done = time.perf_counter()
         phases = {
             "prepare_ms": 1e3 * (planned - started),  # commit check, offsets, layout, plan
-            "job_ms": 1e3 * (ran - planned),  # the Spark job: batch, shuffle?, write tasks
+            "job_ms": 1e3 * (ran - planned),  # the Spark job(s) and the driver's writing
             "check_ms": 1e3 * (checked - ran),
             "commit_ms": 1e3 * (done - checked),
         }
@@ -206,17 +213,50 @@ class TableSink:
             "%s: batch %d written %s: %s",
             table,
             batch_id,
-            "in place" if layout.in_place else "after a shuffle",
+            where,
             ", ".join(f"{k} {v:.1f}" for k, v in phases.items()),
-            extra={"sparkiq_sink_phases": phases, "sparkiq_in_place": layout.in_place},
+            extra={
+                "sparkiq_sink_phases": phases,
+                "sparkiq_in_place": where == "in place",
+                "sparkiq_written": where,
+            },
         )
+
+    def _on_driver(self, changelog: Changelog, batch_id: int) -> bool:
+        """Whether to write the batch on the driver (see :data:`WRITE_ENV`): ``auto`` asks
+        the changelog how large the previous batch was (nothing is kept between batches)."""
+        if self.write_where != "auto":
+            return self.write_where == "driver"
+        previous = changelog.read_commit(batch_id - 1) if batch_id > 0 else None
+        return previous is not None and previous.rows <= DRIVER_ROWS
+
+    def _write_on_driver(
+        self, tagged: Any, batch_id: int, fault: str | None
+    ) -> list[dict[str, Any]] | None:
+        """Collect the tagged batch as Arrow and write its segments here, with the write
+        tasks' own function; its segments' facts. None when the batch could not be collected
+        (too large for the driver, say) and ``auto`` lets write tasks take it."""
+        try:
+            data = tagged.toArrow()
+        except Exception as error:
+            if self.write_where == "driver":
+                raise
+            log.warning(
+                "%s: batch %d could not be collected to the driver (%s); write tasks write it",
+                self.manifest.name,
+                batch_id,
+                str(error).splitlines()[0][:300] if str(error) else type(error).__name__,
+            )
+            return None
+        writer = segment_writer(self.state_dir, self.manifest, batch_id, fault)
+        return [fact for out in writer(iter(data.to_batches())) for fact in out.to_pylist()]
 
     def _write(
         self, tagged: Any, batch_id: int, layout: BatchLayout, fault: str | None, attempt: int
     ) -> list[Any]:
         """Run the Spark job writing the batch's segments (in place or after a shuffle, as
         ``layout`` says) as write ``attempt``; the segments' facts."""
-        writer = _segment_writer(
+        writer = segment_writer(
             self.state_dir,
             self.manifest,
             batch_id,
@@ -226,7 +266,7 @@ class TableSink:
         )
         if not layout.in_place:
             tagged = tagged.repartition(self.write_tasks, PARTITION_COLUMN)
-        return list(tagged.mapInArrow(writer, _META_SCHEMA).collect())
+        return list(tagged.mapInArrow(writer, META_SCHEMA).collect())
 
     def _refused_in_place(
         self, batch_id: int, layout: BatchLayout, error: Exception
@@ -284,6 +324,13 @@ def _always_shuffle() -> bool:
     return value == "always"
 
 
+def _write_where() -> str:
+    value = os.environ.get(WRITE_ENV, "auto").strip().lower()
+    if value not in ("auto", "tasks", "driver"):
+        raise ConfigError(f"{WRITE_ENV} must be 'auto', 'tasks' or 'driver', got {value!r}")
+    return value
+
+
 def _assume_in_place(table: str, batch_id: int) -> bool:
     if os.environ.get(ASSUME_IN_PLACE_ENV) != f"{table}:{batch_id}":
         return False
@@ -334,129 +381,6 @@ def _landed_segments(
         paths[expected] = info
     check_visible(changelog.storage, paths, changelog.table, batch_id)
     return segments
-
-
-def _segment_writer(
-    state_dir: str,
-    manifest: TableManifest,
-    batch_id: int,
-    fault: str | None = None,
-    in_place: str | None = None,
-    attempt: int = 0,
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each executor task runs: encode its rows, write its segments (as the
-    batch's write ``attempt``, their file names), read each back to verify it landed, and
-    report it. ``fault`` is :data:`SEGMENT_FAULT_ENV`'s.
-
-    ``in_place`` (the reason the batch was not shuffled) says that the task's partition id
-    is the partition of every row it holds: checked on the tag column before anything is
-    written, raising :class:`ChangelogError` (with :data:`IN_PLACE_REFUSED`) otherwise."""
-    schema_json = manifest.schema.spark_json()
-    key_columns = manifest.key_columns
-    window_column = manifest.window_column
-    tombstone = manifest.tombstone_column
-    table = manifest.name
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from sparkiq.schema.types import TableSchema
-
-        clock = time.perf_counter()
-        schema = TableSchema.from_spark_json(schema_json, key_columns, window_column)
-        received = [b for b in batches if b.num_rows]
-        if not received:
-            return
-        receive_ms, clock = 1e3 * (time.perf_counter() - clock), time.perf_counter()
-        data = pa.Table.from_batches(received)
-        changelog = Changelog(state_dir, table)
-        key_codec, row_codec = KeyCodec(schema), RowCodec(schema)
-        found = pc.unique(data.column(PARTITION_COLUMN)).to_pylist()
-        if in_place is not None:
-            _check_in_place(found, table, batch_id, in_place)
-        for partition in found:
-            rows = data
-            if len(found) > 1:
-                rows = data.filter(pc.equal(data.column(PARTITION_COLUMN), partition))
-            keys = key_codec.encode_arrow_array(rows)
-            values = pa.array(
-                row_codec.encode_arrow(rows.select(list(schema.column_names))), pa.binary()
-            )
-            if tombstone is not None:  # a deleted key's value is null
-                deleted = pc.fill_null(rows.column(tombstone), False)
-                values = pc.if_else(deleted, pa.scalar(None, pa.binary()), values)
-            encoded = time.perf_counter()
-            # of several rows for a key the later wins
-            info = changelog.write_segment_arrays(int(partition), batch_id, keys, values, attempt)
-            written = time.perf_counter()
-            path = changelog.segment_path(info.partition, batch_id, attempt)
-            if fault in ("truncate", "remove"):
-                _damage(changelog.storage, path, fault)
-            verify_landed(changelog.storage, path, info, table, batch_id)
-            if fault == "remove_after_verify":
-                _damage(changelog.storage, path, fault)
-            verified = time.perf_counter()
-            phases = (
-                receive_ms,
-                *(
-                    1e3 * (b - a)
-                    for a, b in itertools.pairwise((clock, encoded, written, verified))
-                ),
-            )
-            receive_ms, clock = 0.0, verified  # the task's wait counts once
-            yield pa.record_batch(
-                {
-                    "partition": pa.array([info.partition], pa.int32()),
-                    "rows": pa.array([info.rows], pa.int64()),
-                    "size": pa.array([info.size], pa.int64()),
-                    "sha256": pa.array([info.sha256], pa.string()),
-                    "path": pa.array([path], pa.string()),
-                    **{
-                        name: pa.array([ms], pa.float64())
-                        for name, ms in zip(TASK_PHASES, phases, strict=True)
-                    },
-                }
-            )
-
-    return write
-
-
-def _check_in_place(found: list[Any], table: str, batch_id: int, reason: str) -> None:
-    """In a batch written in place, the rows of the task of partition ``i`` must all be
-    tagged ``i`` (``found``: the distinct tags of its rows); raise before anything is
-    written otherwise, with :data:`IN_PLACE_REFUSED` in the message for the driver to
-    recognise (it writes the batch again after a shuffle)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    task = context.partitionId() if context is not None else None
-    if found == [task]:
-        return
-    raise ChangelogError(
-        f"{IN_PLACE_REFUSED}: batch {batch_id} of {table!r} was to be written without a "
-        f"shuffle ({reason}), but the write task of partition {task} holds rows of "
-        f"partitions {sorted(found)}: the query does not leave its rows in the partitions "
-        "of the table's key (does it change a key column after the aggregation?). This "
-        "task wrote nothing; the sink writes the batch again after a shuffle.",
-        store=table,
-    )
-
-
-def _segment_fault(table: str, batch_id: int) -> str | None:
-    spec = os.environ.get(SEGMENT_FAULT_ENV)
-    if not spec:
-        return None
-    fault, _, target = spec.partition(":")
-    if fault not in _FAULTS or target != f"{table}:{batch_id}":
-        return None
-    log.error("%s set: damaging the segments of %s batch %d", SEGMENT_FAULT_ENV, table, batch_id)
-    return fault
-
-
-def _damage(storage: Storage, path: str, fault: str) -> None:
-    if fault == "truncate":
-        data = storage.read_bytes(path)
-        storage.write_atomic(path, data[: len(data) // 2])
-    else:
-        storage.delete(path)
 
 
 def absolute_location(location: str) -> str:
