@@ -57,6 +57,7 @@ from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
 from sparkiq.serving.metadata import HostedState
 from sparkiq.stores.partition import PartitionStore
+from sparkiq.topics.keys import table_partitioner
 
 __all__ = ["Hosting", "Placement", "TableRoute", "TableView"]
 
@@ -299,7 +300,7 @@ class Hosting:
         for partition, held in replica.partitions.items():
             stores[partition] = held.store
         codec = KeyCodec(replica.schema)
-        partitioner = Partitioner(replica.schema.key_types, manifest.partitions)
+        partitioner = table_partitioner(replica.schema, manifest.partitions, manifest.partitioning)
         route = TableRoute(
             codec,
             partitioner,

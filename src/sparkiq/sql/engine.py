@@ -101,8 +101,14 @@ class SqlEngine:
         schema = self.source.schema(table)
         found = self._codecs.get(table)
         if found is None or found[0] is not schema:
-            count = self.source.partition_count(table)
-            found = (schema, KeyCodec(schema), Partitioner(schema.key_types, count))
+            # a source that knows how its tables place keys says so (a table followed from
+            # a Kafka topic places them by Kafka's murmur2); otherwise Spark's hash
+            placed = getattr(self.source, "partitioner", None)
+            if placed is not None:
+                partitioner = placed(table)
+            else:
+                partitioner = Partitioner(schema.key_types, self.source.partition_count(table))
+            found = (schema, KeyCodec(schema), partitioner)
             self._codecs[table] = found
         return found
 

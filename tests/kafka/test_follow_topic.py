@@ -1,0 +1,285 @@
+"""Following a Kafka topic as a table (sparkiq.follow_topic), against a real broker.
+
+Ground truth is what the broker acknowledged: the last record of every key (by offset, in
+its partition) computed here, independently of the follower. One topic with a composite
+JSON key over three partitions is shared by the tests of this file."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import sparkiq
+from sparkiq import KeyQuery, PositionBound, StateQueryRequest
+from sparkiq.errors import ConfigError
+from sparkiq.testing import KafkaBroker
+from sparkiq.topics.keys import KeyFormat, murmur2
+from sparkiq.topics.records import table_schema
+from tests.kafka.client import Delivered
+from tests.kafka.topics import create_compacted, json_bytes, latest, publish_schema, send
+
+COLUMNS = "carrier STRING, flight INT, delay DOUBLE, note STRING, day DATE"
+KEY = ("carrier", "flight")
+PARTITIONS = 3
+DEADLINE = 120.0  # a busy machine: generous, the condition ends the wait
+
+
+def flight_key(carrier: str, flight: int) -> bytes:
+    return json_bytes({"carrier": carrier, "flight": flight})
+
+
+def flight_value(carrier: str, flight: int, round_: int) -> bytes:
+    return json_bytes(
+        {
+            "carrier": carrier,
+            "flight": flight,
+            "delay": round_ * 1.5 + flight,
+            "note": f"r{round_}-ü",
+            "day": f"2026-11-{round_ + 1:02d}",
+            "ignored": [1, 2],
+        }
+    )
+
+
+@dataclass
+class Flights:
+    topic: str
+    delivered: list[Delivered]
+
+
+@pytest.fixture(scope="module")
+def flights(kafka_cluster: KafkaBroker) -> Flights:
+    """The shared topic: 60 keys inserted, 40 updated, 10 deleted (3 partitions)."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = f"flights-{uuid.uuid4().hex[:8]}"
+    create_compacted(bootstrap, topic, PARTITIONS)
+    keys = [(c, n) for c in ("AA", "DL", "UA") for n in range(20)]
+    records = [(flight_key(c, n), flight_value(c, n, 0)) for c, n in keys]
+    records += [(flight_key(c, n), flight_value(c, n, 1)) for c, n in keys[::3] + keys[1::3]]
+    records += [(flight_key(c, n), None) for c, n in keys[2::6]]
+    return Flights(topic, send(bootstrap, topic, records))
+
+
+def expected_rows(delivered: list[Delivered]) -> dict[tuple[str, int], dict[str, Any] | None]:
+    import json
+
+    out: dict[tuple[str, int], dict[str, Any] | None] = {}
+    for key, value in latest(delivered).items():
+        k = json.loads(key)
+        doc = None if value is None else json.loads(value)
+        out[(k["carrier"], k["flight"])] = (
+            None
+            if doc is None
+            else {
+                "carrier": doc["carrier"],
+                "flight": doc["flight"],
+                "delay": doc["delay"],
+                "note": doc["note"],
+                "day": dt.date.fromisoformat(doc["day"]),
+            }
+        )
+    return out
+
+
+@pytest.fixture
+def followed(kafka_bootstrap: str, flights: Flights) -> Iterator[sparkiq.FollowedTopic]:
+    with sparkiq.follow_topic(
+        kafka_bootstrap, flights.topic, name="flights", key=KEY, columns=COLUMNS
+    ) as handle:
+        yield handle
+
+
+def test_the_partition_of_a_key_is_the_one_kafka_chose(flights: Flights) -> None:
+    schema = table_schema(COLUMNS, KEY)
+    keys = KeyFormat(schema, "json")
+    for d in flights.delivered:
+        assert d.key is not None
+        assert keys.write(keys.read(d.key)) == d.key  # the same bytes, so the same hash
+        assert (murmur2(d.key) & 0x7FFFFFFF) % PARTITIONS == d.partition
+
+
+def test_every_key_holds_the_last_acknowledged_record(
+    followed: sparkiq.FollowedTopic, flights: Flights
+) -> None:
+    bound = PositionBound.after(*[(d.topic, d.partition, d.offset) for d in flights.delivered])
+    request = (
+        StateQueryRequest.in_store("flights")
+        .with_query(KeyQuery.with_key(("AA", 0)))
+        .with_position_bound(bound)
+    )
+    answer = followed.query(request)
+    assert all(r.is_success for r in answer.partition_results.values()), answer
+    expected = expected_rows(flights.delivered)
+    assert any(v is None for v in expected.values()) and len(expected) == 60
+    for (carrier, flight), row in expected.items():
+        assert followed.get("flights", (carrier, flight)) == row, (carrier, flight)
+        partition = followed.partition_for_key("flights", (carrier, flight))
+        sent = next(d for d in flights.delivered if d.key == flight_key(carrier, flight))
+        assert partition == sent.partition
+    assert followed.source.malformed == 0 and followed.source.misplaced == 0
+    position = followed.position("flights")
+    ends = position.partition_offsets(f"kafka:{flights.topic}")
+    for d in flights.delivered:
+        assert ends[d.partition] > d.offset
+
+
+def test_sql_answers_from_the_followed_rows(
+    followed: sparkiq.FollowedTopic, flights: Flights
+) -> None:
+    assert followed.wait_caught_up(DEADLINE)
+    live = {k: v for k, v in expected_rows(flights.delivered).items() if v is not None}
+    rows = followed.sql(
+        "SELECT carrier, flight, delay FROM flights WHERE carrier = 'DL' AND flight = 4"
+    ).rows
+    assert [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in rows] == [
+        ("DL", 4, live[("DL", 4)]["delay"])  # type: ignore[index]
+    ]
+    totals = followed.sql(
+        "SELECT carrier, count(*) AS n, sum(delay) AS total FROM flights GROUP BY carrier "
+        "ORDER BY carrier"
+    ).rows
+    want = {}
+    for (carrier, _), row in live.items():
+        n, total = want.get(carrier, (0, 0.0))
+        want[carrier] = (n + 1, total + row["delay"])
+    got = {r["carrier"]: (r["n"], pytest.approx(r["total"])) for r in map(_as_dict, totals)}
+    assert got == {c: (n, pytest.approx(t)) for c, (n, t) in want.items()}
+
+
+def _as_dict(row: Any) -> dict[str, Any]:
+    return row if isinstance(row, dict) else row.asDict()
+
+
+def test_a_bounded_read_sees_a_record_just_produced(
+    followed: sparkiq.FollowedTopic, flights: Flights, kafka_bootstrap: str
+) -> None:
+    (ack,) = send(kafka_bootstrap, flights.topic, [(flight_key("ZZ", 7), flight_value("ZZ", 7, 5))])
+    request = (
+        StateQueryRequest.in_store("flights")
+        .with_query(KeyQuery.with_key(("ZZ", 7)))
+        .with_position_bound(PositionBound.after((ack.topic, ack.partition, ack.offset)))
+    )
+    answer = followed.query(request).only_partition_result()
+    assert answer.is_success, answer
+    assert answer.result["note"] == "r5-ü"
+    flights.delivered.append(ack)  # later tests compare with it too
+
+
+def test_following_again_restores_the_same_rows(
+    kafka_bootstrap: str, flights: Flights, followed: sparkiq.FollowedTopic
+) -> None:
+    assert followed.wait_caught_up(DEADLINE)
+    first = followed.sql("SELECT * FROM flights ORDER BY carrier, flight").rows
+    followed.close()
+    with sparkiq.follow_topic(
+        kafka_bootstrap,
+        flights.topic,
+        name="flights",
+        key=KEY,
+        columns=COLUMNS,
+        batch_records=7,  # many small batches: a restore is not one batch
+    ) as again:
+        assert again.wait_caught_up(DEADLINE)
+        assert again.batch_id > 5
+        assert again.sql("SELECT * FROM flights ORDER BY carrier, flight").rows == first
+    assert len(first) == sum(v is not None for v in expected_rows(flights.delivered).values())
+
+
+def test_malformed_records_are_skipped_and_counted(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = f"totals-{uuid.uuid4().hex[:8]}"
+    create_compacted(kafka_bootstrap, topic, 2)
+    sent = send(
+        kafka_bootstrap,
+        topic,
+        [
+            (b'"u-1"', b'{"total": 10}'),
+            (b'"u-2"', b'{"total": "many"}'),  # a string in a BIGINT column
+            (b'"u-3"', b"not json"),
+            (b"u-4", b'{"total": 4}'),  # a key that is not JSON
+            (b'"u-5"', b'{"total": 5, "extra": true}'),
+            (b'"u-1"', b'{"total": 1.5}'),  # a float in a BIGINT column: u-1 stays 10
+            (b'"u-6"', b"{}"),  # missing: null
+        ],
+    )
+    caplog.set_level(logging.WARNING, logger="sparkiq.topic")
+    with sparkiq.follow_topic(
+        kafka_bootstrap, topic, key="user", columns="user STRING, total BIGINT", store="memory"
+    ) as totals:
+        assert totals.wait_caught_up(DEADLINE)
+        got = {u: totals.get(topic, u) for u in ("u-1", "u-2", "u-3", "u-4", "u-5", "u-6")}
+        assert got == {
+            "u-1": {"user": "u-1", "total": 10},
+            "u-2": None,
+            "u-3": None,
+            "u-4": None,
+            "u-5": {"user": "u-5", "total": 5},
+            "u-6": {"user": "u-6", "total": None},
+        }
+        assert totals.source.malformed == 4
+    bad = {(d.partition, d.offset) for d in (sent[1], sent[2], sent[3], sent[5])}
+    logged = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert len(logged) == 4
+    for partition, offset in bad:
+        assert any(f"partition {partition} offset {offset}:" in m for m in logged), logged
+
+
+def test_a_topic_sparkiq_published_needs_no_schema(kafka_bootstrap: str) -> None:
+    topic = f"published-{uuid.uuid4().hex[:8]}"
+    create_compacted(kafka_bootstrap, topic, 2)
+    publish_schema(
+        kafka_bootstrap,
+        topic,
+        "orders",
+        ["order_id"],
+        [
+            {"name": "order_id", "type": "bigint", "nullable": True},
+            {"name": "amount", "type": "decimal(10,2)", "nullable": True},
+            {"name": "at", "type": "timestamp", "nullable": True},
+            {"name": "tags", "type": "array<string>", "nullable": True},
+        ],
+        2,
+    )
+    headers = [("sparkiq.table", b"orders"), ("sparkiq.batch", b"0")]
+    value = {"order_id": 1, "amount": "12.30", "at": "2026-11-29T00:31:05.123456Z", "tags": ["a"]}
+    send(
+        kafka_bootstrap,
+        topic,
+        [(b"1", json_bytes(value)), (b"2", json_bytes({**value, "order_id": 2})), (b"2", None)],
+        headers=headers,
+    )
+    from decimal import Decimal
+
+    with sparkiq.follow_topic(kafka_bootstrap, topic, name="orders", store="memory") as orders:
+        assert orders.wait_caught_up(DEADLINE)
+        assert orders.get("orders", 1) == {
+            "order_id": 1,
+            "amount": Decimal("12.30"),
+            "at": dt.datetime(2026, 11, 29, 0, 31, 5, 123456, tzinfo=dt.UTC)
+            .astimezone()
+            .replace(tzinfo=None),
+            "tags": ["a"],
+        }
+        assert orders.get("orders", 2) is None
+
+
+def test_bad_arguments_get_clear_errors(kafka_bootstrap: str, flights: Flights) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        sparkiq.follow_topic(kafka_bootstrap, "no-such-topic-here", key="k", columns="k STRING")
+    with pytest.raises(ConfigError, match="key column 'user' is not a column"):
+        sparkiq.follow_topic(kafka_bootstrap, flights.topic, key="user", columns=COLUMNS)
+    with pytest.raises(ConfigError, match="key_format='kafka' holds one key column"):
+        sparkiq.follow_topic(
+            kafka_bootstrap, flights.topic, key=KEY, columns=COLUMNS, key_format="kafka"
+        )
+    with pytest.raises(ConfigError, match="has no schema in 'sparkiq-schemas'"):
+        sparkiq.follow_topic(kafka_bootstrap, flights.topic)
+    with pytest.raises(ConfigError, match="unknown type 'strang'"):
+        sparkiq.follow_topic(kafka_bootstrap, flights.topic, key="k", columns="k STRANG")
