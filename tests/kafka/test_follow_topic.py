@@ -7,10 +7,15 @@ JSON key over three partitions is shared by the tests of this file."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +26,10 @@ from sparkiq.errors import ConfigError
 from sparkiq.testing import KafkaBroker
 from sparkiq.topics.keys import KeyFormat, murmur2
 from sparkiq.topics.records import table_schema
+from tests.cluster.serve_processes import free_port
 from tests.kafka.client import Delivered
 from tests.kafka.topics import create_compacted, json_bytes, latest, publish_schema, send
+from tests.server.serve_subprocess import serving
 
 COLUMNS = "carrier STRING, flight INT, delay DOUBLE, note STRING, day DATE"
 KEY = ("carrier", "flight")
@@ -67,8 +74,6 @@ def flights(kafka_cluster: KafkaBroker) -> Flights:
 
 
 def expected_rows(delivered: list[Delivered]) -> dict[tuple[str, int], dict[str, Any] | None]:
-    import json
-
     out: dict[tuple[str, int], dict[str, Any] | None] = {}
     for key, value in latest(delivered).items():
         k = json.loads(key)
@@ -283,3 +288,79 @@ def test_bad_arguments_get_clear_errors(kafka_bootstrap: str, flights: Flights) 
         sparkiq.follow_topic(kafka_bootstrap, flights.topic)
     with pytest.raises(ConfigError, match="unknown type 'strang'"):
         sparkiq.follow_topic(kafka_bootstrap, flights.topic, key="k", columns="k STRANG")
+
+
+def http_json(url: str, body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def test_sparkiq_serve_follows_a_topic_over_rest(
+    kafka_bootstrap: str, flights: Flights, tmp_path: Path
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    spec = f"flights={flights.topic}?key=carrier,flight&columns={COLUMNS}"
+    args = ["--follow-topic", spec, "--kafka-bootstrap", kafka_bootstrap]
+    args += ["--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")]
+    with serving(args, tmp_path, lambda _: bool(http_json(f"{url}/stores")), errors=(OSError,)):
+        (ack,) = send(
+            kafka_bootstrap, flights.topic, [(flight_key("UA", 3), flight_value("UA", 3, 9))]
+        )
+        after = [{"topic": ack.topic, "partition": ack.partition, "offset": ack.offset}]
+        doc = http_json(
+            f"{url}/stores/flights/query",
+            {"query": {"type": "key", "key": ["UA", 3]}, "after": after},
+        )
+        (answer,) = doc["partitions"].values()
+        assert answer["result"]["note"] == "r9-ü", answer
+        flights.delivered.append(ack)
+        expected = expected_rows(flights.delivered)
+        for carrier, flight in [("AA", 0), ("DL", 4), ("UA", 3), ("UA", 2)]:
+            key = urllib.parse.quote(json.dumps([carrier, flight]))
+            try:
+                got = http_json(f"{url}/stores/flights/keys/{key}")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 404 and expected[(carrier, flight)] is None
+                continue
+            want = expected[(carrier, flight)]
+            assert want is not None
+            assert got["row"]["delay"] == want["delay"] and got["row"]["note"] == want["note"]
+        rows = http_json(f"{url}/query", {"sql": "SELECT count(*) AS n FROM flights"})["rows"]
+        assert rows == [{"n": sum(v is not None for v in expected.values())}]
+
+
+def test_serve_refuses_a_followed_topic_without_a_broker(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sparkiq.cli import main
+
+    assert main(["serve", "--follow-topic", "t?key=k&columns=k STRING"]) == 2
+    assert "needs kafka_bootstrap" in capsys.readouterr().err
+    assert main(["serve", "--follow-topic", "t?keys=k", "--kafka-bootstrap", "x:1"]) == 2
+    assert "'keys=k' is not an option" in capsys.readouterr().err
+
+
+def test_a_push_query_streams_a_followed_topics_changes(
+    kafka_bootstrap: str, flights: Flights, tmp_path: Path
+) -> None:
+    from sparkiq import Node
+    from sparkiq.serving.topic import parse_topic_spec
+
+    spec = parse_topic_spec(f"flights={flights.topic}?key=carrier,flight&columns={COLUMNS}")
+    node = Node(str(tmp_path), store="memory", kafka_bootstrap=kafka_bootstrap, topics=[spec])
+    with node.start():
+        with node.stream("SELECT carrier, flight, note FROM flights EMIT CHANGES") as changes:
+            sent = []
+            for value in (flight_value("AA", 99, 4), None):  # one batch each, not folded
+                sent += send(kafka_bootstrap, flights.topic, [(flight_key("AA", 99), value)])
+                while True:
+                    change = changes.poll(DEADLINE)
+                    assert change is not None, f"no change in {DEADLINE} s"
+                    if change.key == ("AA", 99):
+                        break
+                want = None if value is None else {"carrier": "AA", "flight": 99, "note": "r4-ü"}
+                assert change.row == want
+        flights.delivered.extend(sent)

@@ -18,6 +18,7 @@ batch's position is the topic's offsets.
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,7 +34,16 @@ from sparkiq.serving.lookup import Lookup
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.topics.source import TopicCatalog, TopicSource, TopicSpec
 
-__all__ = ["FollowedTopic", "follow_topic"]
+__all__ = [
+    "FollowedTopic",
+    "TopicSpec",
+    "follow_topic",
+    "followed_catalogs",
+    "parse_topic_spec",
+    "topic_spec",
+]
+
+_SPEC_OPTIONS = ("key", "columns", "key_format", "value_format")
 
 
 def follow_topic(
@@ -95,6 +105,58 @@ def topic_spec(
         value_format=value_format,
         kafka_config=dict(kafka_config or {}),
     )
+
+
+def parse_topic_spec(text: str) -> TopicSpec:
+    """A followed topic as ``sparkiq serve --follow-topic`` takes it:
+    ``[NAME=]TOPIC[?key=COLS&columns=DDL&key_format=F&value_format=F]`` (``key``: key
+    columns, comma-separated; ``columns``: a Spark DDL string, ``+`` or spaces between
+    words). ConfigError naming the problem."""
+    head, _, query = text.strip().partition("?")
+    name, _, topic = head.rpartition("=")
+    options: dict[str, str] = {}
+    for item in query.split("&") if query else ():
+        option, sep, value = item.partition("=")
+        if not sep or option not in _SPEC_OPTIONS:
+            raise ConfigError(
+                f"--follow-topic {text!r}: {item!r} is not an option; expected "
+                f"[NAME=]TOPIC?{'&'.join(f'{o}=...' for o in _SPEC_OPTIONS)}"
+            )
+        if option in options:
+            raise ConfigError(f"--follow-topic {text!r}: {option!r} is given twice")
+        options[option] = urllib.parse.unquote_plus(value)
+    key = options.pop("key", None)
+    return topic_spec(
+        topic,
+        name=name or None,
+        key=None if key is None else [k.strip() for k in key.split(",") if k.strip()],
+        columns=options.get("columns"),
+        key_format=options.get("key_format"),
+        value_format=options.get("value_format"),
+    )
+
+
+def followed_catalogs(
+    specs: Sequence[TopicSpec], bootstrap_servers: str | None, peers: bool
+) -> list[TopicCatalog]:
+    """A node's followed topics (none, or one catalog of them), opened now so that a wrong
+    topic, schema or format fails the node's construction, clearly. The node's hosting
+    closes them when it closes."""
+    if not specs:
+        return []
+    if not bootstrap_servers:
+        raise ConfigError(
+            "following Kafka topics needs kafka_bootstrap (--kafka-bootstrap, "
+            "SPARKIQ_KAFKA_BOOTSTRAP): the brokers to read them from"
+        )
+    if peers:
+        # every node would read every partition, and the cluster's routing does not place
+        # keys by Kafka's partitioner yet: one node serves a followed topic whole
+        raise ConfigError(
+            "a node with peers cannot follow Kafka topics yet: serve followed topics from a "
+            "node of its own (no peers=)"
+        )
+    return [TopicCatalog(specs, bootstrap_servers)]
 
 
 class FollowedTopic(ReplicaHandle):

@@ -60,7 +60,7 @@ from sparkiq.sql.plan import (
 from sparkiq.sql.reader import NotHere, batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.result_schema import DUCK_TYPE, from_duck, from_table, strings, zoned_timestamps
-from sparkiq.sql.source import ColumnarSource, QuerySource
+from sparkiq.sql.source import ColumnarSource, QuerySource, partitioner_of
 from sparkiq.sql.template import bind_template, same_plan
 from sparkiq.stores.versions import VALID_FROM, VALID_TO
 
@@ -101,14 +101,7 @@ class SqlEngine:
         schema = self.source.schema(table)
         found = self._codecs.get(table)
         if found is None or found[0] is not schema:
-            # a source that knows how its tables place keys says so (a table followed from
-            # a Kafka topic places them by Kafka's murmur2); otherwise Spark's hash
-            placed = getattr(self.source, "partitioner", None)
-            if placed is not None:
-                partitioner = placed(table)
-            else:
-                partitioner = Partitioner(schema.key_types, self.source.partition_count(table))
-            found = (schema, KeyCodec(schema), partitioner)
+            found = (schema, KeyCodec(schema), partitioner_of(self.source, table, schema))
             self._codecs[table] = found
         return found
 
