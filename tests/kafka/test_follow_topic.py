@@ -364,3 +364,37 @@ def test_a_push_query_streams_a_followed_topics_changes(
                 want = None if value is None else {"carrier": "AA", "flight": 99, "note": "r4-ü"}
                 assert change.row == want
         flights.delivered.extend(sent)
+
+
+def test_a_transactional_topic_serves_committed_records_only(kafka_bootstrap: str) -> None:
+    from confluent_kafka import Producer
+
+    topic = f"tx-{uuid.uuid4().hex[:8]}"
+    create_compacted(kafka_bootstrap, topic, 2)
+    producer = Producer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "transactional.id": f"sparkiq-test-{topic}",
+            "partitioner": "murmur2_random",
+        }
+    )
+    producer.init_transactions(60)
+    for records, commit in (
+        ([(b'"a"', b'{"n": 1}'), (b'"b"', b'{"n": 2}')], True),
+        ([(b'"a"', b'{"n": 9}'), (b'"c"', b'{"n": 9}')], False),  # aborted: never seen
+        ([(b'"b"', None), (b'"d"', b'{"n": 4}')], True),
+    ):
+        producer.begin_transaction()
+        for key, value in records:
+            producer.produce(topic, key=key, value=value)
+        if commit:
+            producer.commit_transaction(60)
+        else:
+            producer.abort_transaction(60)
+    with sparkiq.follow_topic(
+        kafka_bootstrap, topic, name="tx", key="k", columns="k STRING, n INT", store="memory"
+    ) as followed:
+        # the end offsets lie past the last commit marker, which no record carries
+        assert followed.wait_caught_up(DEADLINE)
+        got = {k: followed.get("tx", k) for k in "abcd"}
+    assert got == {"a": {"k": "a", "n": 1}, "b": None, "c": None, "d": {"k": "d", "n": 4}}

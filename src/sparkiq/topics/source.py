@@ -227,6 +227,7 @@ class TopicSource:
                 incarnation=f"topic:{spec.topic}:{uuid.uuid4().hex}",
                 partitioning=PARTITIONING_PREFIX + self.format.key_format,
             )
+            self._assigned = [kafka.TopicPartition(spec.topic, p) for p in range(partitions)]
             self._consumer.assign(
                 [
                     kafka.TopicPartition(spec.topic, p, kafka.OFFSET_BEGINNING)
@@ -337,11 +338,9 @@ class TopicSource:
 
     def _read_batch(self) -> _Batch | None:
         """Read what the consumer has now (up to ``batch_records``) as the next batch; None
-        when it has nothing. Called under the lock."""
+        when it has nothing and its position did not move. Called under the lock."""
         kafka = _confluent()
         messages = self._consumer.consume(self.batch_records, timeout=0)
-        if not messages:
-            return None
         latest: dict[int, dict[bytes, dict[str, Any] | None]] = {}
         read = 0
         for message in messages:
@@ -364,7 +363,15 @@ class TopicSource:
             changes.pop(key, None)  # the newest record of a key wins, in read order
             changes[key] = row
         self.records += read
-        if not read:
+        # Past a transaction's commit marker (a record the consumer never hands over) the
+        # position moves on its own: the end offsets must too, or a follower of a
+        # transactional topic would never reach the broker's end offsets.
+        moved = False
+        for tp in self._consumer.position(self._assigned):
+            if tp.offset > self._ends[tp.partition]:
+                self._ends[tp.partition] = tp.offset
+                moved = True
+        if not read and not moved:
             return None
         batch_id = self._next_batch
         encoded = {p: self._encode(rows) for p, rows in latest.items()}
