@@ -343,15 +343,36 @@ def test_serve_refuses_a_followed_topic_without_a_broker(
     assert "'keys=k' is not an option" in capsys.readouterr().err
 
 
-def test_a_push_query_streams_a_followed_topics_changes(
+def test_push_and_postgres_serve_a_followed_topic(
     kafka_bootstrap: str, flights: Flights, tmp_path: Path
 ) -> None:
+    import psycopg
+
     from sparkiq import Node
     from sparkiq.serving.topic import parse_topic_spec
 
     spec = parse_topic_spec(f"flights={flights.topic}?key=carrier,flight&columns={COLUMNS}")
-    node = Node(str(tmp_path), store="memory", kafka_bootstrap=kafka_bootstrap, topics=[spec])
+    node = Node(
+        str(tmp_path),
+        store="memory",
+        kafka_bootstrap=kafka_bootstrap,
+        topics=[spec],
+        pg_listen="127.0.0.1:0",
+    )
     with node.start():
+        assert node.wait_for("flights", 0, DEADLINE)
+        host, port = node.pg_address or ("", 0)
+        bound = PositionBound.after(*[(d.topic, d.partition, d.offset) for d in flights.delivered])
+        caught_up = node.query(  # every acknowledged record is applied
+            StateQueryRequest.in_store("flights")
+            .with_query(KeyQuery.with_key(("AA", 0)))
+            .with_position_bound(bound)
+        )
+        assert caught_up.only_partition_result().is_success, caught_up
+        with psycopg.connect(f"host={host} port={port} user=u dbname=sparkiq") as pg:
+            (count,) = pg.execute("SELECT count(*) FROM flights WHERE carrier = 'AA'").fetchone()
+        want = expected_rows(flights.delivered)
+        assert count == sum(v is not None and k[0] == "AA" for k, v in want.items())
         with node.stream("SELECT carrier, flight, note FROM flights EMIT CHANGES") as changes:
             sent = []
             for value in (flight_value("AA", 99, 4), None):  # one batch each, not folded
