@@ -37,6 +37,7 @@ LAYERS = [
     {"stores"},
     {"changelog"},
     {"checkpoint"},  # reads a Spark streaming checkpoint's state in place
+    {"topics"},  # a Kafka topic followed as a table: record formats, placement, its source
     {"wire"},  # encodings of requests and results, shared by server, cluster and client
     {"sql"},  # the SQL engine runs over anything that answers StateQueryRequests
     {"serving"},  # one node's tables: config, hosting, lookups, followers, attached checkpoints
@@ -288,6 +289,7 @@ PUBLIC = [
     "ErrorCode",
     "FailureReason",
     "Attached",
+    "FollowedTopic",
     "Follower",
     "ForbiddenError",
     "HostInfo",
@@ -338,6 +340,7 @@ PUBLIC = [
     "enrich",
     "attach",
     "follow",
+    "follow_topic",
     "partition_for",
     "register",
     "register_data_source",

@@ -19,6 +19,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "sparkiq.serving.attach": ("Attached", "attach"),
     "sparkiq.serving.config": ("NodeConfig",),
     "sparkiq.serving.follower": ("Follower", "follow"),
+    "sparkiq.serving.topic": ("FollowedTopic", "follow_topic"),
     "sparkiq.serving.metadata": ("HostInfo", "KeyQueryMetadata", "NodeMetadata"),
     "sparkiq.errors": (
         "AuthenticationError",
@@ -90,6 +91,7 @@ __all__ = [
     "ErrorCode",
     "FailureReason",
     "ForbiddenError",
+    "FollowedTopic",
     "Follower",
     "HostInfo",
     "HttpLimits",
@@ -139,6 +141,7 @@ __all__ = [
     "attach",
     "enrich",
     "follow",
+    "follow_topic",
     "partition_for",
     "register",
     "register_data_source",
@@ -190,6 +193,7 @@ if TYPE_CHECKING:
     from sparkiq.serving.config import NodeConfig
     from sparkiq.serving.follower import Follower, follow
     from sparkiq.serving.metadata import HostInfo, KeyQueryMetadata, NodeMetadata
+    from sparkiq.serving.topic import FollowedTopic, follow_topic
     from sparkiq.spark import register_data_source
     from sparkiq.spark.app import App, Table
     from sparkiq.spark.lookup import enrich

@@ -60,7 +60,8 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
         "kafka_bootstrap",
         str,
         "Kafka bootstrap servers (host:port,...) to ask for the end offsets of the topics the "
-        "tables read: Kafka lag in status, the console and /metrics (needs sparkiq[kafka])",
+        "tables read: Kafka lag in status, the console and /metrics (needs sparkiq[kafka]); "
+        "also where --follow-topic reads",
         "",
     ),
     ("kafka_interval", float, "seconds between fetches of the Kafka end offsets", "5"),
@@ -215,6 +216,17 @@ def _parser() -> argparse.ArgumentParser:
         help="also serve the state of the Spark query whose checkpoint is URI, as tables "
         "NAME_<operator>... (repeatable; docs/attach.md) [SPARKIQ_CHECKPOINT, comma-separated]",
     )
+    serve.add_argument(
+        "--follow-topic",
+        action="append",
+        metavar="[NAME=]TOPIC[?OPTIONS]",
+        default=None,
+        help="also serve the Kafka topic TOPIC (from --kafka-bootstrap) as table NAME "
+        "(default: the topic's name); OPTIONS for a topic sparkiq did not publish: "
+        "key=COLUMNS&columns=DDL[&key_format=json|kafka][&value_format=json|string], e.g. "
+        "'totals?key=user&columns=user STRING, total BIGINT' (repeatable; docs/kafka.md) "
+        "[SPARKIQ_FOLLOW_TOPIC, ';'-separated]",
+    )
     for field, kind, text, shown in _SERVE_OPTIONS:
         variable = ENV_VARIABLES[field]
         serve.add_argument(
@@ -304,16 +316,20 @@ def _serve(args: argparse.Namespace) -> int:
 
     from sparkiq.errors import SparkiqError
     from sparkiq.node import Node
+    from sparkiq.serving.topic import parse_topic_spec
 
     try:
         checkpoints = _checkpoints(args.checkpoint or _env("SPARKIQ_CHECKPOINT", "").split(","))
-    except ValueError as exc:
+        followed = args.follow_topic or _env("SPARKIQ_FOLLOW_TOPIC", "").split(";")
+        topics = [parse_topic_spec(t) for t in followed if t.strip()]
+    except (ValueError, SparkiqError) as exc:
         print(f"sparkiq serve: {exc}", file=sys.stderr)
         return 2
-    if not args.state_dir and not checkpoints:
+    if not args.state_dir and not checkpoints and not topics:
         print(
             "sparkiq serve: --state-dir (or SPARKIQ_STATE_DIR) is required, or --checkpoint "
-            "NAME=URI (or SPARKIQ_CHECKPOINT) to serve a Spark query's state",
+            "NAME=URI (or SPARKIQ_CHECKPOINT) to serve a Spark query's state, or "
+            "--follow-topic (or SPARKIQ_FOLLOW_TOPIC) to serve a Kafka topic",
             file=sys.stderr,
         )
         return 2
@@ -326,12 +342,12 @@ def _serve(args: argparse.Namespace) -> int:
         if "allowed_hosts" in args:
             given["allowed_hosts"] = args.allowed_hosts
         config = NodeConfig.resolve(
-            # only checkpoints: the state_dir holds nothing but this node's replicas
+            # only checkpoints or topics: the state_dir holds nothing but this node's replicas
             args.state_dir or "sparkiq-serve",
             defaults={"listen": _SERVE_LISTEN, "node_id": None},
             **given,
         )
-        node = Node(config=config, checkpoints=checkpoints).start()
+        node = Node(config=config, checkpoints=checkpoints, topics=topics).start()
     except SparkiqError as exc:
         print(f"sparkiq serve: {exc}", file=sys.stderr)
         return 2

@@ -34,12 +34,12 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sparkiq.changelog.replica import ReplicaStatus, TableReplica
-from sparkiq.changelog.source import ChangelogSource
-from sparkiq.checkpoint.source import CheckpointCatalog, CheckpointSource
+from sparkiq.changelog.source import ChangelogSource, SegmentSource
+from sparkiq.checkpoint.source import CheckpointCatalog
 from sparkiq.cluster.coordinator import Coordinator
 from sparkiq.cluster.nodeauth import NodeKey, Opened
 from sparkiq.cluster.rebalance import Rebalancer
@@ -57,10 +57,11 @@ from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.flight import FlightSqlServer
 from sparkiq.server.pg import PgServer
 from sparkiq.serving.config import NOT_GIVEN, NodeConfig, node_url
-from sparkiq.serving.hosting import Hosting, Placement, TableView
+from sparkiq.serving.hosting import Hosting, TableView, pinned_placement
 from sparkiq.serving.kafka_lag import KafkaLag, KafkaSource
 from sparkiq.serving.lookup import KeyLocation, Lookup
 from sparkiq.serving.metadata import HostedState, KeyQueryMetadata, NodeMetadata
+from sparkiq.serving.topic import TopicSpec, followed_catalogs
 from sparkiq.serving.writer_view import WriterRecords, WriterView
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
@@ -87,6 +88,7 @@ class Node:
     **Attached checkpoints.** ``checkpoints={"clicks": "/chk/clicks"}`` also serves the state
     stores of those Spark queries' checkpoints as tables named after each key
     (``clicks_agg``...; see :mod:`sparkiq.serving.attach`); :meth:`attach` adds one later.
+    ``topics=[TopicSpec(...)]`` serves Kafka topics as tables (:mod:`sparkiq.serving.topic`).
 
     **Clustered.** With ``listen`` (``"host:port"``, port 0 picks a free one) the node serves
     the REST API and the node protocol over HTTP; with ``peers`` (seed addresses) or a
@@ -192,6 +194,7 @@ class Node:
         views: Mapping[str, TableView] | None = None,
         read_only: bool = True,
         checkpoints: Mapping[str, str] | None = None,
+        topics: Sequence[TopicSpec] | None = None,
     ) -> None:
         # every NodeConfig option is a keyword of the same name; the others are not settings
         passed = locals()
@@ -234,7 +237,7 @@ class Node:
         self._hosting = Hosting(
             config.state_dir,
             node_id=config.node_id,
-            placement=self._placement if self.clustered else _pinned(pinned),
+            placement=self._placement if self.clustered else pinned_placement(pinned),
             local_dir=config.local_dir,
             store=config.store,
             poll_interval=config.poll_interval,
@@ -242,7 +245,10 @@ class Node:
             views=views,
             read_only=read_only,
             on_drop=self._forget_retired,
-            catalogs=[_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()],
+            catalogs=[
+                *(_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()),
+                *followed_catalogs(topics or (), config.kafka_bootstrap, bool(config.peers)),
+            ],
             status_extra=self._kafka.status_extra,
         )
         self._lookup = Lookup(self._hosting, node_id=config.node_id, sql_limits=config.sql_limits)
@@ -677,21 +683,12 @@ class Node:
         return {} if hub is None else hub.subscriptions()
 
     def _attached_source(self, table: str) -> ChangelogSource | None:
-        """The change source of an attached checkpoint's table (None: a sparkiq table)."""
+        """The change source of an attached checkpoint or followed topic (None: sparkiq's)."""
         try:
             source = self._hosting.replica(table).source
         except SparkiqError:
             return None
-        return source if isinstance(source, CheckpointSource) else None
-
-
-def _pinned(only: Mapping[str, frozenset[int]]) -> Placement:
-    """Placement of a standalone node: every partition, or the ones pinned per table."""
-
-    def placement(table: str, partition_count: int) -> Iterable[int]:
-        return only.get(table, range(partition_count))
-
-    return placement
+        return None if isinstance(source, SegmentSource) else source
 
 
 def _checked(catalog: CheckpointCatalog) -> CheckpointCatalog:

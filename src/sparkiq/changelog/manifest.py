@@ -8,6 +8,9 @@ chosen when the table is first created; replicas compare it with the one they we
 from, so a changelog deleted and recreated under the same name is never mixed with an old
 replica's local state) and ``history`` (``{"batches": n, "seconds": s}``: how many past
 batches replicas keep readable; absent in older manifests, which get the default).
+``partitioning`` (absent: ``"spark"``, Spark's hash partitioning of the key columns) names
+how keys are placed in partitions otherwise: ``"kafka-murmur2-<key format>"`` for a table
+followed from a Kafka topic (:mod:`sparkiq.topics.keys`; such manifests live in memory only).
 
 The layout (key columns, window column, partition count, schema) fixes how every segment of
 the table was written, so it can never change under an existing changelog: materializing a
@@ -48,6 +51,7 @@ class TableManifest:
     schema_version: int = 1
     incarnation: str = ""
     history: History = DEFAULT_HISTORY
+    partitioning: str = "spark"
 
     @property
     def key_columns(self) -> tuple[str, ...]:
@@ -71,6 +75,7 @@ class TableManifest:
             "output_mode": self.output_mode,
             "incarnation": self.incarnation,
             "history": self.history.to_json(),
+            **({} if self.partitioning == "spark" else {"partitioning": self.partitioning}),
         }
 
     def encode(self) -> bytes:
@@ -99,6 +104,7 @@ class TableManifest:
                 schema_version=int(doc.get("schema_version", 1)),
                 incarnation=str(doc.get("incarnation", "")),
                 history=History.from_json(doc["history"]) if "history" in doc else DEFAULT_HISTORY,
+                partitioning=str(doc.get("partitioning", "spark")),
             )
         except ChangelogError:
             raise

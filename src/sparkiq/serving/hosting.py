@@ -57,8 +57,9 @@ from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
 from sparkiq.serving.metadata import HostedState
 from sparkiq.stores.partition import PartitionStore
+from sparkiq.topics.keys import table_partitioner
 
-__all__ = ["Hosting", "Placement", "TableRoute", "TableView"]
+__all__ = ["Hosting", "Placement", "TableRoute", "TableView", "pinned_placement"]
 
 log = logging.getLogger("sparkiq.node")
 #: A tailing failure that repeats unchanged is logged again only after this long.
@@ -66,6 +67,15 @@ _REPEAT_LOG_SECONDS = 60.0
 
 #: ``placement(table, partition_count)``: the partitions of ``table`` this node should hold.
 Placement = Callable[[str, int], Iterable[int]]
+
+
+def pinned_placement(only: Mapping[str, frozenset[int]]) -> Placement:
+    """Placement of a standalone node: every partition, or the ones pinned per table."""
+
+    def placement(table: str, partition_count: int) -> Iterable[int]:
+        return only.get(table, range(partition_count))
+
+    return placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +309,7 @@ class Hosting:
         for partition, held in replica.partitions.items():
             stores[partition] = held.store
         codec = KeyCodec(replica.schema)
-        partitioner = Partitioner(replica.schema.key_types, manifest.partitions)
+        partitioner = table_partitioner(replica.schema, manifest.partitions, manifest.partitioning)
         route = TableRoute(
             codec,
             partitioner,
@@ -328,6 +338,10 @@ class Hosting:
             for replica in self._tables.values():
                 replica.close()
             self._tables.clear()
+            for catalog in self._catalogs:  # one holding resources (a topic's consumer)
+                close = getattr(catalog, "close", None)
+                if close is not None:
+                    close()
             self._routes.clear()
 
     # -- tailing -----------------------------------------------------------------------------

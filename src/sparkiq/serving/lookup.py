@@ -39,6 +39,7 @@ from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.queries import KeyQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
+from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
 from sparkiq.serving.cluster_view import ClusterView, nodes_metadata
 from sparkiq.serving.hosting import Hosting, TableRoute
@@ -125,6 +126,11 @@ class Lookup:
         return self.route(request)
 
     # -- keys --------------------------------------------------------------------------------
+
+    def partitioner(self, store: str) -> Partitioner:
+        """How ``store`` places keys in partitions (Spark's hash, or Kafka's murmur2 for a
+        followed topic): what the SQL engine locates keys with."""
+        return self._hosting.route(store).partitioner
 
     def partition_for_key(self, store: str, key: Any) -> int:
         """The partition holding ``key`` (validates the key against the table's key columns)."""

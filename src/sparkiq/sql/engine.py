@@ -60,7 +60,7 @@ from sparkiq.sql.plan import (
 from sparkiq.sql.reader import NotHere, batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.result_schema import DUCK_TYPE, from_duck, from_table, strings, zoned_timestamps
-from sparkiq.sql.source import ColumnarSource, QuerySource
+from sparkiq.sql.source import ColumnarSource, QuerySource, partitioner_of
 from sparkiq.sql.template import bind_template, same_plan
 from sparkiq.stores.versions import VALID_FROM, VALID_TO
 
@@ -101,8 +101,7 @@ class SqlEngine:
         schema = self.source.schema(table)
         found = self._codecs.get(table)
         if found is None or found[0] is not schema:
-            count = self.source.partition_count(table)
-            found = (schema, KeyCodec(schema), Partitioner(schema.key_types, count))
+            found = (schema, KeyCodec(schema), partitioner_of(self.source, table, schema))
             self._codecs[table] = found
         return found
 

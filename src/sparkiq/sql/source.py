@@ -25,9 +25,10 @@ import pyarrow as pa
 from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
+from sparkiq.schema.partitioner import Partitioner
 from sparkiq.schema.types import TableSchema
 
-__all__ = ["ColumnarSource", "LocalKeySource", "LocalRows", "QuerySource"]
+__all__ = ["ColumnarSource", "LocalKeySource", "LocalRows", "QuerySource", "partitioner_of"]
 
 
 @runtime_checkable
@@ -50,6 +51,16 @@ class QuerySource(Protocol):
     def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
         """Per-partition results of ``request``; failures are values, never exceptions."""
         ...
+
+
+def partitioner_of(source: QuerySource, store: str, schema: TableSchema) -> Partitioner:
+    """How ``store`` places keys in partitions: what the source says when it says
+    (``source.partitioner(store)``: a table followed from a Kafka topic places keys by
+    Kafka's murmur2), else Spark's hash partitioning of the key columns."""
+    placed = getattr(source, "partitioner", None)
+    if placed is not None:
+        return placed(store)  # type: ignore[no-any-return]
+    return Partitioner(schema.key_types, source.partition_count(store))
 
 
 @dataclass(frozen=True, slots=True)

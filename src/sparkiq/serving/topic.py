@@ -1,0 +1,340 @@
+"""Follow a Kafka topic as a table: :func:`follow_topic`.
+
+A compacted topic -- one sparkiq published, or any keyed topic with JSON or string values (a
+Kafka Streams store's changelog, a ksqlDB table's topic, a CDC topic) -- becomes a read-only
+sparkiq table, restored from the topic's beginning and kept current by a consumer::
+
+    totals = sparkiq.follow_topic("localhost:9092", "totals", name="totals",
+                                  key="user", columns="user STRING, total BIGINT")
+    totals.get("totals", "u-1")              # {'user': 'u-1', 'total': 12}
+    totals.sql("SELECT count(*) AS n FROM totals WHERE total > 10")
+
+A topic sparkiq published needs no schema: it is read from the ``sparkiq-schemas`` topic.
+Formats, placement and positions: :mod:`sparkiq.topics.source`. Reads bounded by a
+producer's acknowledgements (``PositionBound.after(...)``) see its records, since every
+batch's position is the topic's offsets.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sparkiq.changelog.replica import ReplicaStatus
+from sparkiq.errors import ConfigError, SparkiqError
+from sparkiq.query.position import Position
+from sparkiq.query.request import StateQueryRequest
+from sparkiq.query.result import StateQueryResult
+from sparkiq.serving.config import NOT_GIVEN, NodeConfig, resolve_group
+from sparkiq.serving.handle import ReplicaHandle
+from sparkiq.serving.hosting import Hosting
+from sparkiq.serving.lookup import Lookup
+from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
+from sparkiq.topics.source import TopicCatalog, TopicSource, TopicSpec
+
+__all__ = [
+    "FollowedTopic",
+    "TopicSpec",
+    "follow_topic",
+    "followed_catalogs",
+    "parse_topic_spec",
+    "topic_spec",
+]
+
+_SPEC_OPTIONS = ("key", "columns", "key_format", "value_format")
+
+
+def follow_topic(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    name: str | None = None,
+    key: str | Sequence[str] | None = None,
+    columns: str | None = None,
+    key_format: str | None = None,
+    value_format: str | None = None,
+    kafka_config: Mapping[str, Any] | None = None,
+    local_dir: str | None = None,
+    store: str = "rocksdb",
+    poll_interval: float = 0.02,
+    batch_records: int = 2000,
+    sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
+    start: bool = True,
+) -> FollowedTopic:
+    """Serve ``topic`` as table ``name`` (default: the topic's name); see :class:`FollowedTopic`."""
+    return FollowedTopic(
+        bootstrap_servers,
+        topic,
+        name=name,
+        key=key,
+        columns=columns,
+        key_format=key_format,
+        value_format=value_format,
+        kafka_config=kafka_config,
+        local_dir=local_dir,
+        store=store,
+        poll_interval=poll_interval,
+        batch_records=batch_records,
+        sql_limits=sql_limits,
+        start=start,
+    )
+
+
+def topic_spec(
+    topic: str,
+    *,
+    name: str | None = None,
+    key: str | Sequence[str] | None = None,
+    columns: str | None = None,
+    key_format: str | None = None,
+    value_format: str | None = None,
+    kafka_config: Mapping[str, Any] | None = None,
+) -> TopicSpec:
+    """The :class:`~sparkiq.topics.source.TopicSpec` of :func:`follow_topic`'s arguments."""
+    if not isinstance(topic, str) or not topic:
+        raise ConfigError(f"topic must be a topic name, got {topic!r}")
+    keys = () if key is None else (key,) if isinstance(key, str) else tuple(key)
+    return TopicSpec(
+        name=name or topic,
+        topic=topic,
+        key=keys,
+        columns=columns,
+        key_format=key_format,
+        value_format=value_format,
+        kafka_config=dict(kafka_config or {}),
+    )
+
+
+def parse_topic_spec(text: str) -> TopicSpec:
+    """A followed topic as ``sparkiq serve --follow-topic`` takes it:
+    ``[NAME=]TOPIC[?key=COLS&columns=DDL&key_format=F&value_format=F]`` (``key``: key
+    columns, comma-separated; ``columns``: a Spark DDL string, ``+`` or spaces between
+    words). ConfigError naming the problem."""
+    head, _, query = text.strip().partition("?")
+    name, _, topic = head.rpartition("=")
+    options: dict[str, str] = {}
+    for item in query.split("&") if query else ():
+        option, sep, value = item.partition("=")
+        if not sep or option not in _SPEC_OPTIONS:
+            raise ConfigError(
+                f"--follow-topic {text!r}: {item!r} is not an option; expected "
+                f"[NAME=]TOPIC?{'&'.join(f'{o}=...' for o in _SPEC_OPTIONS)}"
+            )
+        if option in options:
+            raise ConfigError(f"--follow-topic {text!r}: {option!r} is given twice")
+        options[option] = urllib.parse.unquote_plus(value)
+    key = options.pop("key", None)
+    return topic_spec(
+        topic,
+        name=name or None,
+        key=None if key is None else [k.strip() for k in key.split(",") if k.strip()],
+        columns=options.get("columns"),
+        key_format=options.get("key_format"),
+        value_format=options.get("value_format"),
+    )
+
+
+def followed_catalogs(
+    specs: Sequence[TopicSpec], bootstrap_servers: str | None, peers: bool
+) -> list[TopicCatalog]:
+    """A node's followed topics (none, or one catalog of them), opened now so that a wrong
+    topic, schema or format fails the node's construction, clearly. The node's hosting
+    closes them when it closes."""
+    if not specs:
+        return []
+    if not bootstrap_servers:
+        raise ConfigError(
+            "following Kafka topics needs kafka_bootstrap (--kafka-bootstrap, "
+            "SPARKIQ_KAFKA_BOOTSTRAP): the brokers to read them from"
+        )
+    if peers:
+        # every node would read every partition, and the cluster's routing does not place
+        # keys by Kafka's partitioner yet: one node serves a followed topic whole
+        raise ConfigError(
+            "a node with peers cannot follow Kafka topics yet: serve followed topics from a "
+            "node of its own (no peers=)"
+        )
+    return [TopicCatalog(specs, bootstrap_servers)]
+
+
+class FollowedTopic(ReplicaHandle):
+    """A read-only table followed from a Kafka topic.
+
+    - ``bootstrap_servers``, ``topic``: where to read; ``kafka_config`` adds consumer
+      settings (``security.protocol``, ``sasl.*``...).
+    - ``name``: the table's name (default: the topic's; it must be an SQL identifier to be
+      queried with SQL).
+    - ``columns`` (a Spark DDL string, ``"user STRING, total BIGINT"``) and ``key`` (the key
+      columns): the table of a foreign topic; leave both out for a topic sparkiq published
+      (its schema is in ``sparkiq-schemas``).
+    - ``key_format``: ``"json"`` (default) or ``"kafka"``; ``value_format``: ``"json"``
+      (default) or ``"string"`` (see :mod:`sparkiq.topics.records`).
+    - ``local_dir``/``store``/``poll_interval``/``sql_limits``/``start``: as
+      :func:`sparkiq.attach`'s; the local files are rebuilt from the topic on every open.
+    - ``batch_records``: the most records one batch holds (memory is bounded by it).
+
+    The query methods of :class:`~sparkiq.Attached`: :meth:`get`, :meth:`query`,
+    :meth:`sql`, :meth:`status`, :meth:`position`. :meth:`wait_caught_up` waits until the
+    topic's records of now are applied. Thread-safe; :meth:`close` stops tailing, closes
+    the consumer and the stores.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        name: str | None = None,
+        key: str | Sequence[str] | None = None,
+        columns: str | None = None,
+        key_format: str | None = None,
+        value_format: str | None = None,
+        kafka_config: Mapping[str, Any] | None = None,
+        local_dir: str | None = None,
+        store: str = "rocksdb",
+        poll_interval: float = 0.02,
+        batch_records: int = 2000,
+        sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
+        start: bool = True,
+    ) -> None:
+        NodeConfig.resolve(
+            "sparkiq-follow-topic", environ={}, store=store, poll_interval=poll_interval
+        )
+        self._sql_limits: SqlLimits = resolve_group("sql_limits", sql_limits)
+        if store == "memory" and local_dir is not None:
+            raise ConfigError("local_dir is only used with store='rocksdb'")
+        spec = topic_spec(
+            topic,
+            name=name,
+            key=key,
+            columns=columns,
+            key_format=key_format,
+            value_format=value_format,
+            kafka_config=kafka_config,
+        )
+        self.topic = topic
+        self.name = spec.name
+        self.catalog = TopicCatalog([spec], bootstrap_servers, batch_records=batch_records)
+        self._sql: SqlEngine | None = None
+        self._closed = False
+        try:
+            self.local_dir = self._local_dir(local_dir, store, prefix=f"sparkiq-topic-{spec.name}-")
+            self._hosting = Hosting(
+                None,
+                node_id=f"topic-{spec.name}",
+                placement=lambda _table, count: range(count),
+                local_dir=self.local_dir,
+                store=store,
+                poll_interval=poll_interval,
+                catalogs=[self.catalog],
+            )
+            self._lookup = Lookup(
+                self._hosting, node_id=f"topic-{spec.name}", sql_limits=self._sql_limits
+            )
+            self._hosting.refresh_tables()
+        except BaseException:
+            self._release()
+            self.catalog.close()
+            raise
+        if start:
+            self.start()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> FollowedTopic:
+        """Start reading the topic in a background thread."""
+        self._require_open()
+        self._hosting.start_tailing()
+        return self
+
+    def poll_once(self) -> int:
+        """Read and apply what the topic has now (a few batches at most)."""
+        self._require_open()
+        return self._hosting.poll_once()
+
+    def close(self) -> None:
+        """Stop tailing, close the consumer and the stores; delete a temporary
+        ``local_dir``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+        self.catalog.close()
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise SparkiqError(f"the followed topic {self.topic!r} is closed")
+
+    # -- what it holds -----------------------------------------------------------------------
+
+    @property
+    def source(self) -> TopicSource:
+        """The topic source (its counters: ``records``, ``malformed``, ``misplaced``)."""
+        return self.catalog.source(self.name)
+
+    @property
+    def tables(self) -> list[str]:
+        return self._hosting.tables
+
+    @property
+    def batch_id(self) -> int:
+        """The newest (local) batch every partition applied (-1: none)."""
+        self._require_open()
+        applied = [r.batch_id for t in self._hosting.replicas() for r in t.partitions.values()]
+        return min(applied, default=-1)
+
+    def position(self, table: str | None = None) -> Position:
+        self._require_open()
+        return self._hosting.position(table or self.name)
+
+    def status(self) -> list[ReplicaStatus]:
+        return self._hosting.status()
+
+    def wait_caught_up(self, timeout: float = 60.0) -> bool:
+        """Block until every record the topic holds now (its end offsets, as a
+        read_committed consumer sees them) is applied; False on timeout."""
+        self._require_open()
+        deadline = time.monotonic() + timeout
+        ends = self.source.end_offsets(timeout=max(1.0, timeout))
+        wanted = Position.of_kafka_offsets(self.topic, ends)
+        while True:
+            if self.position().dominates(wanted):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self._hosting.wake()
+            time.sleep(0.02)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def get(self, table: str, key: Any) -> dict[str, Any] | None:
+        """The row of ``key`` in ``table``, or None."""
+        self._require_open()
+        return self._lookup.get(table, key)
+
+    def get_with_position(self, table: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
+        self._require_open()
+        return self._lookup.get_with_position(table, key)
+
+    def partition_for_key(self, table: str, key: Any) -> int:
+        """The partition holding ``key``: Kafka's default partitioner over the key bytes."""
+        return self._lookup.partition_for_key(table, key)
+
+    def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
+        """Answer an IQv2-style request (bounded by ``PositionBound.after(...)`` for
+        read-your-writes)."""
+        self._require_open()
+        return self._lookup.query(request)
+
+    def sql(self, text: str, **options: Any) -> SqlResult:
+        """A SQL pull query over the followed table."""
+        self._require_open()
+        engine = self._sql
+        if engine is None:
+            engine = self._sql = SqlEngine(self._lookup, self._sql_limits)
+        return engine.execute(text, **options)
+
+    def __repr__(self) -> str:
+        return f"FollowedTopic({self.topic!r}, name={self.name!r})"

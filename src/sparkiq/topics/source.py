@@ -1,0 +1,534 @@
+"""A Kafka topic as a table's changelog: :class:`TopicSource` and :class:`TopicCatalog`.
+
+A followed topic is a :class:`~sparkiq.changelog.source.ChangelogSource` like a sparkiq
+changelog or a Spark checkpoint, so replicas, routing, SQL, REST, Postgres and push serve it
+without knowing where its rows come from.
+
+Reading
+    One consumer per followed topic (confluent-kafka, ``isolation.level=read_committed``: a
+    transactional publisher's batch is seen whole or not at all). It *assigns* every
+    partition from the beginning and never commits offsets or joins a consumer group:
+    where it is lives in the table's position, and a follower opened again restores from
+    the topic (a compacted topic holds the last record of every key).
+
+Batches
+    What one read of the consumer returns (up to ``batch_records`` records) becomes one
+    committed batch, so memory holds a bounded chunk, never the topic. Batch ids are this
+    follower's own: consecutive from 0 in the order it read the records, and different on
+    another follower or after a restart. What is comparable across followers is the
+    position: every commit record carries ``kafka:<topic>`` -> ``{partition: end offset}``
+    (the next offset to read, as a Spark Kafka source's offsets), so a producer's
+    :meth:`~sparkiq.query.position.PositionBound.after` bound is met once the batch that read
+    its record is applied. The newest ``retain_batches`` batches stay in memory for the
+    replicas and push queries that have not taken them yet; an older one is gone (a replica
+    that needs it reports an error: follow the topic again).
+
+Placement
+    Table partitions are the topic's partitions. A row is stored in the partition Kafka's
+    default partitioner gives its key (:mod:`sparkiq.topics.keys`), which is where a key
+    lookup looks: the partition the record came from whenever its producer partitioned by
+    murmur2 over the same key bytes. A record read from another partition (a producer with
+    another partitioner, or keys spelled differently) is still stored where lookups find it,
+    and counted as ``misplaced`` (logged once).
+
+Malformed records are skipped, counted (``malformed``) and logged naming the topic,
+partition and offset; their offsets still count as read, so a bound on them is met.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from sparkiq.changelog.commit import CommitRecord
+from sparkiq.changelog.manifest import TableManifest
+from sparkiq.changelog.segment import SegmentInfo
+from sparkiq.changelog.snapshot import SnapshotInfo
+from sparkiq.errors import ChangelogError, ConfigError, CorruptSegmentError
+from sparkiq.query.position import KAFKA_PREFIX
+from sparkiq.schema.codec import KeyCodec
+from sparkiq.topics.jsonvalues import BadValue
+from sparkiq.topics.keys import PARTITIONING_PREFIX, Murmur2Partitioner
+from sparkiq.topics.records import SCHEMAS_TOPIC, TopicFormat, published_schema, table_schema
+
+__all__ = ["TopicCatalog", "TopicSource", "TopicSpec"]
+
+log = logging.getLogger("sparkiq.topic")
+
+#: How long opening a follower waits for the broker's metadata and the schemas topic.
+_OPEN_TIMEOUT = 30.0
+# How many batches one call of commits_after reads before handing back: a restore reads the
+# topic over several polls, so status and other tables are not held up by one long read.
+_BATCHES_PER_POLL = 16
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """What to follow: ``topic`` as table ``name``. Without ``columns`` the schema comes from
+    the ``sparkiq-schemas`` topic (a topic sparkiq published); with them (a Spark DDL
+    string), ``key`` names the key columns and ``key_format``/``value_format`` say how the
+    records are written (:mod:`sparkiq.topics.records`). ``kafka_config`` adds consumer
+    settings (security, client id...)."""
+
+    name: str
+    topic: str
+    key: tuple[str, ...] = ()
+    columns: str | None = None
+    key_format: str | None = None
+    value_format: str | None = None
+    kafka_config: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _confluent() -> Any:
+    try:
+        import confluent_kafka
+    except ImportError as exc:  # the optional extra
+        raise ConfigError(
+            f"following a Kafka topic needs the client confluent-kafka, which is not "
+            f"installed ({exc}): pip install 'sparkiq[kafka]'"
+        ) from None
+    return confluent_kafka
+
+
+def _consumer(bootstrap_servers: str, spec: TopicSpec) -> Any:
+    kafka = _confluent()
+    config = {
+        "bootstrap.servers": bootstrap_servers,
+        # required by the client; never used: partitions are assigned, offsets never committed
+        "group.id": f"sparkiq-follow-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+        "allow.auto.create.topics": False,
+        **{str(k): v for k, v in spec.kafka_config.items()},
+    }
+    try:
+        return kafka.Consumer(config)
+    except kafka.KafkaException as exc:
+        raise ConfigError(f"cannot create a Kafka consumer for {spec.topic!r}: {exc}") from None
+
+
+def _partition_count(consumer: Any, topic: str, bootstrap_servers: str) -> int:
+    kafka = _confluent()
+    try:
+        metadata = consumer.list_topics(topic, timeout=_OPEN_TIMEOUT)
+    except kafka.KafkaException as exc:
+        raise ConfigError(
+            f"cannot read the metadata of topic {topic!r} from {bootstrap_servers!r}: {exc}"
+        ) from None
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise ConfigError(
+            f"topic {topic!r} does not exist on {bootstrap_servers!r}"
+            + (f" ({found.error})" if found is not None and found.error else "")
+            + ": check its name, or create it before following it"
+        )
+    return len(found.partitions)
+
+
+def _read_published(consumer: Any, topic: str, bootstrap_servers: str) -> Any:
+    """The newest value ``sparkiq-schemas`` holds for ``topic`` (its JSON), read from the
+    beginning up to the end offset of now; ConfigError when there is none."""
+    kafka = _confluent()
+    hint = (
+        f"topic {topic!r} has no schema in {SCHEMAS_TOPIC!r} (it was not published by "
+        "sparkiq): pass columns= (a Spark DDL string) and key= (the key columns)"
+    )
+    metadata = consumer.list_topics(SCHEMAS_TOPIC, timeout=_OPEN_TIMEOUT).topics.get(SCHEMAS_TOPIC)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        raise ConfigError(hint)
+    partitions = [kafka.TopicPartition(SCHEMAS_TOPIC, p) for p in metadata.partitions]
+    ends = {
+        tp.partition: consumer.get_watermark_offsets(tp, timeout=_OPEN_TIMEOUT)[1]
+        for tp in partitions
+    }
+    consumer.assign([kafka.TopicPartition(SCHEMAS_TOPIC, p, kafka.OFFSET_BEGINNING) for p in ends])
+    found: Any = None
+    deadline = time.monotonic() + _OPEN_TIMEOUT
+    wanted = topic.encode()
+    try:
+        while any(
+            consumer.position([kafka.TopicPartition(SCHEMAS_TOPIC, p)])[0].offset < end
+            for p, end in ends.items()
+            if end > 0
+        ):
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"reading {SCHEMAS_TOPIC!r} from {bootstrap_servers!r} took over "
+                    f"{_OPEN_TIMEOUT:g} s: check the broker"
+                )
+            for message in consumer.consume(500, timeout=0.5):
+                if message.error() is None and message.key() == wanted:
+                    found = message.value()  # the newest wins; a tombstone forgets it
+    finally:
+        consumer.unassign()
+    if found is None:
+        raise ConfigError(hint)
+    try:
+        return json.loads(found)
+    except ValueError:
+        raise ConfigError(
+            f"the schema of topic {topic!r} in {SCHEMAS_TOPIC!r} is not JSON"
+        ) from None
+
+
+@dataclass
+class _Batch:
+    record: CommitRecord
+    changes: dict[int, tuple[list[bytes], list[bytes | None]]]
+
+
+class TopicSource:
+    """One followed topic as a :class:`~sparkiq.changelog.source.ChangelogSource` (see the
+    module docstring). Thread-safe: reading the consumer is serialized by a lock; batches
+    are immutable once made. :meth:`close` closes the consumer."""
+
+    restore_hint = (
+        "a followed topic's batches live in memory only: follow the topic again (it restores "
+        "from the topic)"
+    )
+
+    def __init__(
+        self,
+        spec: TopicSpec,
+        bootstrap_servers: str,
+        *,
+        batch_records: int = 2000,
+        retain_batches: int = 64,
+    ) -> None:
+        if batch_records < 1 or retain_batches < 1:
+            raise ConfigError("batch_records and retain_batches must be positive")
+        kafka = _confluent()
+        self.spec = spec
+        self.topic = spec.topic
+        self.bootstrap_servers = bootstrap_servers
+        self.batch_records = batch_records
+        self.retain_batches = retain_batches
+        self._consumer = _consumer(bootstrap_servers, spec)
+        try:
+            partitions = _partition_count(self._consumer, spec.topic, bootstrap_servers)
+            self.format = self._format()
+            self._manifest = TableManifest(
+                name=spec.name,
+                schema=self.format.schema,
+                partitions=partitions,
+                output_mode="update",
+                # a new one per follower: local files are never reused, it restores from the topic
+                incarnation=f"topic:{spec.topic}:{uuid.uuid4().hex}",
+                partitioning=PARTITIONING_PREFIX + self.format.key_format,
+            )
+            self._assigned = [kafka.TopicPartition(spec.topic, p) for p in range(partitions)]
+            self._consumer.assign(
+                [
+                    kafka.TopicPartition(spec.topic, p, kafka.OFFSET_BEGINNING)
+                    for p in range(partitions)
+                ]
+            )
+        except BaseException:
+            self._consumer.close()
+            raise
+        self._codec = KeyCodec(self.format.schema)
+        self._partitioner = Murmur2Partitioner(self.format.keys, partitions)
+        self._lock = threading.Lock()  # guards the consumer and everything below
+        self._batches: OrderedDict[int, _Batch] = OrderedDict()
+        self._next_batch = 0
+        self._ends = dict.fromkeys(range(partitions), 0)
+        self._closed = False
+        #: records read, malformed records skipped, records read from another partition
+        #: than their key's (see the module docstring)
+        self.records = 0
+        self.malformed = 0
+        self.misplaced = 0
+
+    def _format(self) -> TopicFormat:
+        spec = self.spec
+        if spec.columns is None:
+            if spec.key:
+                raise ConfigError(
+                    "key= needs columns=: without them the schema is read from "
+                    f"{SCHEMAS_TOPIC!r}, key columns included"
+                )
+            doc = _read_published(self._consumer, spec.topic, self.bootstrap_servers)
+            schema, key_format, value_format, _ = published_schema(doc, spec.topic)
+            return TopicFormat(
+                schema, spec.key_format or key_format, spec.value_format or value_format
+            )
+        if not spec.key:
+            raise ConfigError("columns= needs key=: name the key columns, e.g. key='user'")
+        schema = table_schema(spec.columns, spec.key)
+        return TopicFormat(schema, spec.key_format or "json", spec.value_format or "json")
+
+    # -- ChangelogSource ---------------------------------------------------------------------
+
+    @property
+    def table(self) -> str:
+        return self.spec.name
+
+    def manifest(self) -> TableManifest:
+        return self._manifest
+
+    def committed_batch_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._batches)
+
+    def has_commit(self, batch_id: int) -> bool:
+        return batch_id in self._batches
+
+    def read_commit(self, batch_id: int) -> CommitRecord | None:
+        batch = self._batches.get(batch_id)
+        return None if batch is None else batch.record
+
+    def commits_after(self, batch_id: int) -> Iterator[CommitRecord]:
+        """The batches after ``batch_id`` still held, then new ones read from the topic now
+        (up to a few per call); stops at the first one missing."""
+        next_id = batch_id + 1
+        read = 0
+        while True:
+            with self._lock:
+                batch = self._batches.get(next_id)
+                if batch is None:
+                    if next_id != self._next_batch or read >= _BATCHES_PER_POLL or self._closed:
+                        return
+                    batch = self._read_batch()
+                    read += 1
+                    if batch is None:
+                        return
+            yield batch.record
+            next_id += 1
+
+    def read_changes(
+        self, record: CommitRecord, partition: int
+    ) -> tuple[list[bytes], list[bytes | None]]:
+        batch = self._batches.get(record.batch_id)
+        if batch is None:
+            raise ChangelogError(
+                f"batch {record.batch_id} of topic {self.topic!r} (table {self.table!r}) is no "
+                f"longer held (the newest {self.retain_batches} are): {self.restore_hint}",
+                store=self.table,
+                partition=partition,
+            )
+        return batch.changes.get(partition, ([], []))
+
+    def read_change_columns(
+        self, record: CommitRecord, partition: int
+    ) -> tuple[pa.Array, pa.Array] | None:
+        return None
+
+    def has_changes(self, record: CommitRecord, partition: int) -> bool:
+        batch = self._batches.get(record.batch_id)
+        return batch is not None and partition in batch.changes
+
+    def snapshots(self, partition: int) -> list[SnapshotInfo]:
+        return []  # the compacted topic is the snapshot: a restore reads it from the start
+
+    def read_snapshot(self, info: SnapshotInfo) -> tuple[list[bytes], list[bytes]]:
+        raise CorruptSegmentError(f"a followed topic has no snapshots ({self.topic!r})")
+
+    # -- reading the topic -------------------------------------------------------------------
+
+    def _read_batch(self) -> _Batch | None:
+        """Read what the consumer has now (up to ``batch_records``) as the next batch; None
+        when it has nothing and its position did not move. Called under the lock."""
+        kafka = _confluent()
+        messages = self._consumer.consume(self.batch_records, timeout=0)
+        latest: dict[int, dict[bytes, dict[str, Any] | None]] = {}
+        read = 0
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != kafka.KafkaError._PARTITION_EOF:
+                    log.warning("topic %r: %s", self.topic, error)
+                continue
+            read += 1
+            partition, offset = message.partition(), message.offset()
+            self._ends[partition] = max(self._ends[partition], offset + 1)
+            try:
+                placed, key, row = self._decode(message)
+            except BadValue as exc:
+                self._skip(partition, offset, str(exc))
+                continue
+            if placed != partition:
+                self._misplaced(partition, offset, placed)
+            changes = latest.setdefault(placed, {})
+            changes.pop(key, None)  # the newest record of a key wins, in read order
+            changes[key] = row
+        self.records += read
+        # Past a transaction's commit marker (a record the consumer never hands over) the
+        # position moves on its own: the end offsets must too, or a follower of a
+        # transactional topic would never reach the broker's end offsets.
+        moved = False
+        for tp in self._consumer.position(self._assigned):
+            if tp.offset > self._ends[tp.partition]:
+                self._ends[tp.partition] = tp.offset
+                moved = True
+        if not read and not moved:
+            return None
+        batch_id = self._next_batch
+        encoded = {p: self._encode(rows) for p, rows in latest.items()}
+        record = CommitRecord(
+            table=self.table,
+            batch_id=batch_id,
+            mode="update",
+            segments={p: SegmentInfo(p, len(keys), 0, "") for p, (keys, _) in encoded.items()},
+            position={KAFKA_PREFIX + self.topic: dict(self._ends)},
+            committed_at=time.time(),
+        )
+        batch = _Batch(record, encoded)
+        self._batches[batch_id] = batch
+        self._next_batch = batch_id + 1
+        while len(self._batches) > self.retain_batches:
+            self._batches.popitem(last=False)
+        return batch
+
+    def _decode(self, message: Any) -> tuple[int, bytes, dict[str, Any] | None]:
+        """(table partition, encoded key, row or None) of one record."""
+        data = message.key()
+        if data is None:
+            raise BadValue("the record has no key")
+        internal = self.format.keys.read(data)
+        encoded = self._codec.encode(internal)
+        placed = self._partitioner(internal)
+        value = message.value()
+        if value is None:
+            return placed, encoded, None
+        shown = self._codec.from_internal(internal)
+        names = self.format.schema.key_columns
+        key = dict(zip(names, shown if len(names) > 1 else (shown,), strict=True))
+        return placed, encoded, self.format.read_value(key, value)
+
+    def _encode(
+        self, rows: dict[bytes, dict[str, Any] | None]
+    ) -> tuple[list[bytes], list[bytes | None]]:
+        keys = list(rows)
+        present = [r for r in rows.values() if r is not None]
+        encoded: Iterator[bytes | None]
+        try:
+            encoded = iter(self.format.encode_rows(present))
+        except BadValue:  # one row Arrow refuses: find it, keep the others
+            encoded = iter(self._encode_each(rows))
+        values: list[bytes | None] = [None if r is None else next(encoded) for r in rows.values()]
+        kept = [
+            (k, v)
+            for k, v, r in zip(keys, values, rows.values(), strict=True)
+            if v is not None or r is None
+        ]
+        return [k for k, _ in kept], [v for _, v in kept]
+
+    def _encode_each(self, rows: dict[bytes, dict[str, Any] | None]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for row in rows.values():
+            if row is None:
+                continue
+            try:
+                out.append(self.format.encode_rows([row])[0])
+            except BadValue as exc:
+                self.malformed += 1
+                log.warning(
+                    "topic %r: skipping a row that does not fit the columns: %s", self.topic, exc
+                )
+                out.append(None)
+        return out
+
+    def _skip(self, partition: int, offset: int, reason: str) -> None:
+        self.malformed += 1
+        log.warning(
+            "topic %r partition %d offset %d: skipping a malformed record (%s)",
+            self.topic,
+            partition,
+            offset,
+            reason,
+        )
+
+    def _misplaced(self, partition: int, offset: int, placed: int) -> None:
+        self.misplaced += 1
+        if self.misplaced == 1:
+            log.warning(
+                "topic %r partition %d offset %d: the key's partition by Kafka's default "
+                "partitioner is %d; the row is kept there (its producer does not partition "
+                "by murmur2 over the key as %s writes it; later ones are counted, not logged)",
+                self.topic,
+                partition,
+                offset,
+                placed,
+                self.format.key_format,
+            )
+
+    def positions(self) -> dict[int, int]:
+        """The end offset read of every partition (the next offset to read)."""
+        with self._lock:
+            return dict(self._ends)
+
+    def end_offsets(self, timeout: float = 10.0) -> dict[int, int]:
+        """The broker's end offsets of the topic now, as a read_committed consumer sees them
+        (the last stable offset of each partition)."""
+        kafka = _confluent()
+        with self._lock:
+            return {
+                p: self._consumer.get_watermark_offsets(
+                    kafka.TopicPartition(self.topic, p), timeout=timeout
+                )[1]
+                for p in self._ends
+            }
+
+    def close(self) -> None:
+        """Close the consumer. Idempotent; batches already read stay readable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._consumer.close()
+
+    def __repr__(self) -> str:
+        return f"TopicSource({self.topic!r} as {self.table!r})"
+
+
+class TopicCatalog:
+    """The tables a node follows from Kafka topics, each a :class:`TopicSource` opened once
+    (at construction: a wrong topic, schema or format fails here, clearly)."""
+
+    def __init__(self, specs: Sequence[TopicSpec], bootstrap_servers: str, **options: Any) -> None:
+        names = [s.name for s in specs]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"followed topics name tables {repeated} twice: give each its own")
+        self.bootstrap_servers = bootstrap_servers
+        self._sources: dict[str, TopicSource] = {}
+        try:
+            for spec in specs:
+                self._sources[spec.name] = TopicSource(spec, bootstrap_servers, **options)
+        except BaseException:
+            self.close()
+            raise
+
+    def names(self) -> list[str]:
+        return sorted(self._sources)
+
+    def open(self, name: str) -> TopicSource:
+        try:
+            return self._sources[name]
+        except KeyError:
+            raise ConfigError(f"no followed topic is served as table {name!r}") from None
+
+    def incarnation(self, name: str) -> str | None:
+        source = self._sources.get(name)
+        return None if source is None else source.manifest().incarnation
+
+    def source(self, name: str) -> TopicSource:
+        return self.open(name)
+
+    def close(self) -> None:
+        for source in self._sources.values():
+            source.close()
+
+    def __repr__(self) -> str:
+        return f"TopicCatalog({self.bootstrap_servers!r}, {self.names()})"
