@@ -65,6 +65,7 @@ ROWS = {
     "attach": 3,
     "freshness": 5,
     "ryw_latency": 3,  # the micro-batch floor, the bounded read, the unbounded read
+    "realtime": 4,  # the broker's round trip, real-time mode, micro-batches, their duration
     "fuzz": 3,
 }
 
