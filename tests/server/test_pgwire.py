@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 from collections.abc import Iterator
 from decimal import Decimal
@@ -325,3 +326,53 @@ def test_prepared_statements_are_reused(conn: psycopg.Connection[Any], node: Nod
     assert conn.execute("SELECT k, n FROM t WHERE k = %s", ["k001"], prepare=True).fetchall() == [
         ("k001", 1)
     ]
+
+
+def _frames(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The whole backend messages in ``data``: ``(identifier, payload)`` each."""
+    out, pos = [], 0
+    while pos + 5 <= len(data):
+        (length,) = struct.unpack_from("!i", data, pos + 1)
+        if pos + 1 + length > len(data):
+            break
+        out.append((data[pos : pos + 1], data[pos + 5 : pos + 1 + length]))
+        pos += 1 + length
+    return out
+
+
+def _until(sock: socket.socket, ident: bytes) -> bytes:
+    """Read until a whole message ``ident`` arrived; its payload."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection before a {ident!r} message"
+        data += chunk
+        for found, payload in _frames(data):
+            if found == ident:
+                return payload
+
+
+def test_messages_sent_along_with_the_last_login_message_are_answered(node: Node) -> None:
+    """A client may send its first query in the same packet as its SCRAM proof: the node
+    answers it after the login, in order; a message no client sends ends the connection
+    with 08P01 (after the answers to what came before it)."""
+    assert node.pg_address is not None
+    scram = scramp.ScramClient(["SCRAM-SHA-256"], "raw", TOKEN)
+    with socket.create_connection(node.pg_address, timeout=30) as sock:
+        sock.sendall(m.StartupMessage(params={"user": "raw", "database": "x"}).to_wire())
+        _until(sock, b"R")  # AuthenticationSASL
+        first = scram.get_client_first().encode()
+        sock.sendall(m.SASLInitialResponse("SCRAM-SHA-256", first).to_wire())
+        scram.set_server_first(_until(sock, b"R")[4:].decode())
+        proof = m.SASLResponse(scram.get_client_final().encode()).to_wire()
+        query = m.Query("SELECT k, n FROM t WHERE k = 'k002'").to_wire()
+        sock.sendall(proof + query + b"Y\x00\x00\x00\x04")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    frames = _frames(data)
+    kinds = b"".join(ident for ident, _ in frames if ident not in (b"S", b"R", b"K"))
+    assert kinds == b"ZTDCZE", frames
+    row = frames[[ident for ident, _ in frames].index(b"D")][1]
+    assert row == b"\x00\x02\x00\x00\x00\x04k002\x00\x00\x00\x012"
+    assert b"C08P01\x00" in frames[-1][1]

@@ -1,8 +1,9 @@
 """One Postgres client connection: startup, password, then simple and extended queries.
 
-Messages are framed and encoded by ``pygwire`` (a sans-I/O codec of the protocol); this
-module decides what to answer. A connection runs in its own thread on a blocking socket:
-a key lookup is answered without a hop to another thread.
+Messages are framed by :mod:`~sparkiq.server.pg.wire` and decoded and encoded by
+``pygwire`` (a sans-I/O codec of the protocol), its state machine only while the client
+logs in; this module decides what to answer. A connection runs in its own thread on a
+blocking socket: a key lookup is answered without a hop to another thread.
 
 Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 
@@ -32,11 +33,11 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 - ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and only change the transaction status
   reported; every statement reads at its own position.
 
-Over 600 lines because it is one connection's state machine (login, then the simple and
-extended protocols over one codec, its statements and portals). What stands alone lives
-beside it: the socket (``client_socket.py``), SCRAM (``scram.py``),
-users (``logins.py``), Bind (``parameters.py``), limits (``limits.py``), statement splitting
-(``statements.py``).
+About 600 lines because it is one connection's state machine (login, then the simple and
+extended protocols, its statements and portals). What stands alone lives beside it: the
+socket (``client_socket.py``), framing (``wire.py``), SCRAM (``scram.py``), users and the
+password exchange (``logins.py``), Bind (``parameters.py``), limits (``limits.py``),
+statement splitting (``statements.py``).
 """
 
 from __future__ import annotations
@@ -53,13 +54,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pygwire import BackendConnection, TransactionStatus
+from pygwire import BackendConnection
 from pygwire import messages as m
 from pygwire.exceptions import ProtocolError
 
 from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.error_codes import ErrorCode
-from sparkiq.errors import AuthenticationError
 from sparkiq.limits import PgLimits
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
@@ -67,13 +67,31 @@ from sparkiq.server.auth_failures import AuthFailures, peer_of
 from sparkiq.server.pg.answers import Answer, Answers
 from sparkiq.server.pg.client_socket import ClientGone, ClientSocket, Refused
 from sparkiq.server.pg.copy import copy_rows
-from sparkiq.server.pg.errors import StatementCanceledError, error_fields
+from sparkiq.server.pg.errors import (
+    StatementCanceledError,
+    error_fields,
+    fatal_fields,
+    throttled_fields,
+)
 from sparkiq.server.pg.errors import sqlstate as sqlstate_of
-from sparkiq.server.pg.logins import PgLogins
+from sparkiq.server.pg.logins import PgLogins, password_exchange
 from sparkiq.server.pg.parameters import bind_parameters
-from sparkiq.server.pg.scram import MECHANISM, ScramError, ScramExchange, ScramVerifier
 from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
+from sparkiq.server.pg.wire import (
+    BIND_COMPLETE,
+    CLOSE_COMPLETE,
+    EMPTY_QUERY,
+    NO_DATA,
+    PARSE_COMPLETE,
+    PORTAL_SUSPENDED,
+    Frames,
+    command_complete,
+    data_row,
+    decode,
+    ready_for_query,
+    row_description,
+)
 from sparkiq.sql.errors import SqlLimitError, SqlUnknownNameError
 from sparkiq.tls import TlsContexts
 
@@ -142,7 +160,9 @@ class PgSession:
         self.answers = rules.answers
         self.limits = rules.limits
         self.parameters = rules.parameters
-        self.conn = BackendConnection()
+        self.conn = BackendConnection()  # the login's state machine (see pg/wire.py)
+        self.frames = Frames(self._recv)
+        self.serving = False
         self.out: list[bytes] = []
         self.in_transaction = False
         self.failed = False  # extended protocol: an error was sent, skip until Sync
@@ -158,19 +178,29 @@ class PgSession:
     # -- I/O ---------------------------------------------------------------------------------
 
     def _send(self, msg: Any) -> None:
-        self.out.append(self.conn.send(msg))
+        self.out.append(msg.to_wire() if self.serving else self.conn.send(msg))
+
+    def _say(self, msg: Any, flush: bool) -> None:
+        self._send(msg)
+        if flush:
+            self._flush()
+
+    def _recv(self) -> bytes:
+        return self.io.recv(_RECV)
 
     def _flush(self) -> None:
         if self.out:
             data, self.out = b"".join(self.out), []
             self.io.sendall(data)
 
-    def _messages(self) -> Any:
-        head, self.io.head = self.io.head, b""
-        if head:
-            yield from self.conn.receive(head)
+    def _login_messages(self) -> Iterator[Any]:
+        """The login's messages, each handed to pygwire whole (so it holds no byte of the
+        next), read after what negotiating encryption read ahead."""
+        self.frames = Frames(self._recv, self.io.head)
+        self.io.head = b""
+        yield from self.conn.receive(self.frames.startup())
         while True:
-            yield from self.conn.receive(self.io.recv(_RECV))
+            yield from self.conn.receive(self.frames.whole())
 
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
@@ -236,9 +266,9 @@ class PgSession:
             # without a traceback.
             log.info("pg connection refused: %s", exc)
             if isinstance(exc, Refused):
-                fields = _fatal(exc.sqlstate, str(exc))
+                fields = fatal_fields(exc.sqlstate, str(exc))
             else:
-                fields = _fatal("08P01", f"protocol violation: {exc}")
+                fields = fatal_fields("08P01", f"protocol violation: {exc}")
             self.out.clear()
             with contextlib.suppress(ProtocolError):  # an error may not be sendable now
                 self._send(m.ErrorResponse(fields=fields))
@@ -250,7 +280,7 @@ class PgSession:
             self.io.close()
 
     def _startup(self) -> bool:
-        messages = self._messages()
+        messages = self._login_messages()
         for msg in messages:
             if isinstance(msg, m.SSLRequest | m.GSSEncRequest):
                 # _negotiate took the first of each: a second is a broken client
@@ -277,12 +307,14 @@ class PgSession:
                     failures = self.rules.auth_failures
                     wait = failures.admit(self.peer, "pg")
                     if wait > 0:  # refused before any password is looked at
-                        self._send(m.ErrorResponse(fields=_throttled(self.peer, wait)))
+                        self._send(m.ErrorResponse(fields=throttled_fields(self.peer, wait)))
                         return False
                     verdict = None
                     principal, verifiers = self.rules.logins.login(self.user)
                     try:
-                        verdict = self._scram(verifiers, messages)
+                        verdict = password_exchange(
+                            verifiers, messages, self._say, failures, self.peer, self.user
+                        )
                     finally:
                         if verdict is None:  # the client left (or broke the exchange)
                             failures.abandoned(self.peer)
@@ -296,55 +328,18 @@ class PgSession:
                 for name, value in self.parameters.items():
                     self._send(m.ParameterStatus(name=name, value=value))
                 self._send(m.BackendKeyData(process_id=self.process_id, secret_key=self.secret))
+                self.serving = True
                 self._ready()
                 return True
         return False
 
-    def _scram(self, verifiers: list[ScramVerifier], messages: Iterator[Any]) -> bool | None:
-        """The SCRAM-SHA-256 exchange (see :mod:`~sparkiq.server.pg.scram`), its verdict
-        reported to ``AuthFailures``: True if the client proved it knows the password,
-        False if it did not (the error sent), None if the exchange broke off (a malformed
-        message, answered with 08P01, is no guess at the password)."""
-        exchange = ScramExchange(verifiers)
-        self._send(m.AuthenticationSASL(mechanisms=[MECHANISM]))
-        self._flush()
-        try:
-            first = next(messages)
-            if not isinstance(first, m.SASLInitialResponse) or first.mechanism != MECHANISM:
-                raise ScramError(f"the server asked for {MECHANISM} authentication")
-            self._send(m.AuthenticationSASLContinue(data=exchange.first(first.data)))
-            self._flush()
-            final = next(messages)
-            if not isinstance(final, m.SASLResponse):
-                raise ScramError("a SCRAM client-final-message (SASLResponse) was expected")
-            signature = exchange.final(final.data)
-        except ScramError as exc:
-            # 08P01 protocol_violation, as Postgres answers a malformed SCRAM message: not
-            # a guess at the password, so not counted as a failure.
-            self._send(m.ErrorResponse(fields=_fatal(exc.code.sqlstate, exc.message)))
-            return None
-        if signature is None:
-            self.rules.auth_failures.failed(self.peer, "pg", admitted=True)
-            fields = error_fields(AuthenticationError("x"))
-            fields.update(
-                S="FATAL",
-                V="FATAL",
-                M=f'password authentication failed for user "{self.user}" (the password is '
-                "the node's token, or with principals one of the user's own tokens)",
-            )
-            self._send(m.ErrorResponse(fields=fields))
-            return False
-        self.rules.auth_failures.succeeded(self.peer)
-        self._send(m.AuthenticationSASLFinal(data=signature))
-        return True
-
     def _ready(self) -> None:
-        status = TransactionStatus.IN_TRANSACTION if self.in_transaction else TransactionStatus.IDLE
-        self._send(m.ReadyForQuery(status=status))
+        self.out.append(ready_for_query(self.in_transaction))
         self._flush()
 
     def _serve(self) -> None:
-        for msg in self._messages():
+        for ident, payload in self.frames:
+            msg = decode(ident, payload)
             if isinstance(msg, m.Terminate):
                 return
             if isinstance(msg, m.Query):
@@ -371,7 +366,7 @@ class PgSession:
     def _simple(self, query: str) -> None:
         for text in split_statements(query):
             if is_blank(text):
-                self._send(m.EmptyQueryResponse())
+                self.out.append(EMPTY_QUERY)
                 continue
             try:
                 answer = self._run(text)
@@ -384,7 +379,7 @@ class PgSession:
                 # After RowDescription too: Postgres may end a result with an error.
                 self._send(m.ErrorResponse(fields=error_fields(exc, text)))
                 break  # the rest of a multi-statement query is not run, as in Postgres
-            self._send(m.CommandComplete(tag=answer.tag))
+            self.out.append(command_complete(answer.tag))
 
     def _run(self, text: str) -> Answer:
         self._check_canceled()
@@ -431,10 +426,11 @@ class PgSession:
         end = len(rows) if count is None else min(len(rows), start + count)
         names = [c.name for c in answer.columns or ()]
         pairs = list(zip(names, encoders, strict=True))
+        out = self.out
         for row in rows[start:end]:
             values = [None if (v := row.get(n)) is None else enc(v) for n, enc in pairs]
-            self._send(m.DataRow(columns=values))
-            if len(self.out) >= 256:
+            out.append(data_row(values))
+            if len(out) >= 256:
                 self._check_canceled()
                 self._flush()
         return end - start
@@ -442,10 +438,8 @@ class PgSession:
     def _copy_out(self, answer: Answer) -> None:
         """Send ``answer``'s rows as ``COPY ... TO STDOUT`` data (see pg/copy.py).
 
-        The copy messages are framed by themselves, not through the connection's state
-        machine: pygwire's returns to the simple query phase at ``CopyDone`` even inside
-        an extended query, and would then refuse the client's ``Sync``. Around them the
-        state is that of a statement answered with ``CommandComplete``, which it is."""
+        Around the copy messages the state is that of a statement answered with
+        ``CommandComplete``, which it is."""
         copy = answer.copy
         assert copy is not None
         columns = answer.columns or []
@@ -474,7 +468,7 @@ class PgSession:
                 )
             oids += [0] * (count - len(oids))
             self.statements[msg.statement] = _Statement(msg.query, oids)
-            self._send(m.ParseComplete())
+            self.out.append(PARSE_COMPLETE)
         elif isinstance(msg, m.Bind):
             statement = self._statement(msg.statement)
             text = bind_parameters(
@@ -486,7 +480,7 @@ class PgSession:
                 max_chars=self.answers.limits.max_statement_chars,
             )
             self.portals[msg.portal] = _Portal(statement, text, list(msg.result_formats))
-            self._send(m.BindComplete())
+            self.out.append(BIND_COMPLETE)
         elif isinstance(msg, m.Describe):
             if msg.kind == "S":
                 statement = self._statement(msg.name)
@@ -521,7 +515,7 @@ class PgSession:
             self._execute(self._portal(msg.portal), msg.max_rows)
         elif isinstance(msg, m.Close):
             (self.statements if msg.kind == "S" else self.portals).pop(msg.name, None)
-            self._send(m.CloseComplete())
+            self.out.append(CLOSE_COMPLETE)
         else:
             raise ClientGone  # a message this endpoint does not speak (COPY, function calls)
 
@@ -560,14 +554,14 @@ class PgSession:
 
     def _describe(self, columns: list[PgColumn] | None, formats: list[int]) -> None:
         if columns is None:
-            self._send(m.NoData())
+            self.out.append(NO_DATA)
         else:
-            self._send(m.RowDescription(fields=_fields(columns, formats)))
+            self.out.append(row_description(_fields(columns, formats)))
 
     def _execute(self, portal: _Portal, max_rows: int) -> None:
         answer = self._answer(portal)
         if not answer.tag and answer.columns is None:
-            self._send(m.EmptyQueryResponse())
+            self.out.append(EMPTY_QUERY)
             return
         if answer.copy is not None:
             self._copy_out(answer)
@@ -575,23 +569,9 @@ class PgSession:
             count = max_rows if max_rows > 0 else None
             portal.sent += self._rows(answer, portal.encoders, portal.sent, count)
             if portal.sent < len(answer.rows):
-                self._send(m.PortalSuspended())
+                self.out.append(PORTAL_SUSPENDED)
                 return
-        self._send(m.CommandComplete(tag=answer.tag))
-
-
-def _fatal(sqlstate: str, message: str) -> dict[str, str]:
-    return {"S": "FATAL", "V": "FATAL", "C": sqlstate, "M": message}
-
-
-def _throttled(peer: str, wait: float) -> dict[str, str]:
-    """A login refused unchecked: its address failed too often lately (SQLSTATE 28000,
-    invalid_authorization_specification, not 28P01: no password was judged)."""
-    return _fatal(
-        "28000",
-        f"too many failed authentications from {peer}: the password was not checked; "
-        f"retry in {wait:.1f} s",
-    )
+        self.out.append(command_complete(answer.tag))
 
 
 def _format_of(formats: Sequence[int], index: int) -> int:
