@@ -51,14 +51,14 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pygwire import BackendConnection
 from pygwire import messages as m
 from pygwire.exceptions import ProtocolError
 
-from sparkiq.cancel import CancelSignal, cancellable
+from sparkiq.cancel import CancelSignal, use_signal
 from sparkiq.error_codes import ErrorCode
 from sparkiq.limits import PgLimits
 from sparkiq.principals import current as current_principal
@@ -76,6 +76,7 @@ from sparkiq.server.pg.errors import (
 from sparkiq.server.pg.errors import sqlstate as sqlstate_of
 from sparkiq.server.pg.logins import PgLogins, password_exchange
 from sparkiq.server.pg.parameters import bind_parameters
+from sparkiq.server.pg.prepared import Portal, Statement, fields
 from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.server.pg.wire import (
@@ -100,23 +101,6 @@ __all__ = ["PgSession", "SessionRules"]
 log = logging.getLogger("sparkiq.server.pg")
 
 _RECV = 65536
-
-
-@dataclass
-class _Statement:
-    text: str
-    param_oids: list[int]
-    columns: list[PgColumn] | None = None  # as described to the client, once asked
-
-
-@dataclass
-class _Portal:
-    statement: _Statement
-    text: str
-    result_formats: list[int]
-    answer: Answer | None = None
-    sent: int = 0
-    encoders: list[Callable[[Any], bytes]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -156,7 +140,7 @@ class PgSession:
         self._busy = False
         # set by a cancel request while a message runs; the statement's work sees it too
         # (sparkiq.cancel), so DuckDB stops instead of running on to the timeout
-        self._canceled = CancelSignal()
+        self._canceled = CancelSignal()  # made current in the session's thread by run()
         self.answers = rules.answers
         self.limits = rules.limits
         self.parameters = rules.parameters
@@ -166,8 +150,8 @@ class PgSession:
         self.out: list[bytes] = []
         self.in_transaction = False
         self.failed = False  # extended protocol: an error was sent, skip until Sync
-        self.statements: dict[str, _Statement] = {}
-        self.portals: dict[str, _Portal] = {}
+        self.statements: dict[str, Statement] = {}
+        self.portals: dict[str, Portal] = {}
         self.settings: dict[str, str] = {}
         self.user = ""
         try:
@@ -202,19 +186,19 @@ class PgSession:
         while True:
             yield from self.conn.receive(self.frames.whole())
 
-    @contextlib.contextmanager
-    def _running(self) -> Iterator[None]:
-        """Mark the session busy while a message runs: only then may a cancel request
-        cancel it (one that arrives between statements does nothing, as in Postgres)."""
-        canceled = CancelSignal()
+    def _begin(self) -> None:
+        """Mark the session busy while a message runs (until :meth:`_end`): only then may
+        a cancel request cancel it (one that arrives between statements does nothing, as
+        in Postgres). A signal a cancel request set is replaced by a fresh one."""
         with self._cancel_lock:
-            self._busy, self._canceled = True, canceled
-        try:
-            with cancellable(canceled):
-                yield
-        finally:
-            with self._cancel_lock:
-                self._busy = False
+            if self._canceled.is_set():
+                self._canceled = CancelSignal()
+                use_signal(self._canceled)
+            self._busy = True
+
+    def _end(self) -> None:
+        with self._cancel_lock:
+            self._busy = False
 
     @property
     def busy(self) -> bool:
@@ -249,6 +233,7 @@ class PgSession:
     # -- the connection ----------------------------------------------------------------------
 
     def run(self) -> None:
+        use_signal(self._canceled)
         try:
             self.io.start_login()
             self.io.negotiate(self.rules.tls)
@@ -343,8 +328,11 @@ class PgSession:
             if isinstance(msg, m.Terminate):
                 return
             if isinstance(msg, m.Query):
-                with self._running():
+                self._begin()
+                try:
                     self._simple(msg.query_string)
+                finally:
+                    self._end()
                 self._ready()  # after the statement stopped counting as running
             elif isinstance(msg, m.Sync):
                 self.failed = False
@@ -354,12 +342,14 @@ class PgSession:
             elif self.failed:
                 continue
             else:
+                self._begin()
                 try:
-                    with self._running():
-                        self._extended(msg)
+                    self._extended(msg)
                 except Exception as exc:
                     self.failed = True
                     self._send(m.ErrorResponse(fields=error_fields(exc, _text_of(msg, self))))
+                finally:
+                    self._end()
 
     # -- simple query protocol ---------------------------------------------------------------
 
@@ -373,7 +363,7 @@ class PgSession:
                 if answer.copy is not None:
                     self._copy_out(answer)
                 elif answer.columns is not None:
-                    self._send(m.RowDescription(fields=_fields(answer.columns, [])))
+                    self.out.append(row_description(fields(answer.columns, [])))
                     self._rows(answer, [c.encoder(False) for c in answer.columns], 0, None)
             except Exception as exc:
                 # After RowDescription too: Postgres may end a result with an error.
@@ -381,11 +371,16 @@ class PgSession:
                 break  # the rest of a multi-statement query is not run, as in Postgres
             self.out.append(command_complete(answer.tag))
 
-    def _run(self, text: str) -> Answer:
+    def _run(self, text: str, pull: bool = False) -> Answer:
+        """The answer to ``text``; ``pull``: known to be a pull query (a prepared one's)."""
         self._check_canceled()
         started = time.perf_counter()
         try:
-            answer = self.answers.answer(text, self.settings, self.user)
+            if pull:
+                audited = self.rules.audit is not None
+                answer = self.answers.pull(text, self.settings, tables=audited)
+            else:
+                answer = self.answers.answer(text, self.settings, self.user)
         except Exception as exc:
             self._audit(started, sqlstate_of(exc), ())
             self._check_canceled()  # a statement canceled while it ran fails as canceled
@@ -467,7 +462,7 @@ class PgSession:
                     code=ErrorCode.TOO_MANY_PARAMETERS,
                 )
             oids += [0] * (count - len(oids))
-            self.statements[msg.statement] = _Statement(msg.query, oids)
+            self.statements[msg.statement] = Statement.parse(msg.query, oids, self.answers)
             self.out.append(PARSE_COMPLETE)
         elif isinstance(msg, m.Bind):
             statement = self._statement(msg.statement)
@@ -478,8 +473,9 @@ class PgSession:
                 statement.param_oids,
                 limits=self.limits,
                 max_chars=self.answers.limits.max_statement_chars,
+                slots=statement.slots,
             )
-            self.portals[msg.portal] = _Portal(statement, text, list(msg.result_formats))
+            self.portals[msg.portal] = Portal(statement, text, list(msg.result_formats))
             self.out.append(BIND_COMPLETE)
         elif isinstance(msg, m.Describe):
             if msg.kind == "S":
@@ -498,19 +494,19 @@ class PgSession:
                         statement.param_oids,
                         limits=self.limits,
                         max_chars=self.answers.limits.max_statement_chars,
+                        slots=statement.slots,
                     )
-                    described = None if is_blank(text) else self._run(text)
+                    described = None if statement.blank else self._run(text, statement.pull)
                     # COPY sends its rows as copy data, described by no RowDescription
                     statement.columns = (
                         None if described is None or described.copy else described.columns
                     )
-                self._describe(statement.columns, [])
+                self._describe(statement, statement.columns, [])
             else:
                 portal = self._portal(msg.name)
                 answer = self._answer(portal)
-                self._describe(
-                    None if answer.copy is not None else answer.columns, portal.result_formats
-                )
+                columns = None if answer.copy is not None else portal.columns
+                self._describe(portal.statement, columns, portal.result_formats)
         elif isinstance(msg, m.Execute):
             self._execute(self._portal(msg.portal), msg.max_rows)
         elif isinstance(msg, m.Close):
@@ -519,46 +515,40 @@ class PgSession:
         else:
             raise ClientGone  # a message this endpoint does not speak (COPY, function calls)
 
-    def _statement(self, name: str) -> _Statement:
+    def _statement(self, name: str) -> Statement:
         statement = self.statements.get(name)
         if statement is None:
             raise _unknown("prepared statement", name)
         return statement
 
-    def _portal(self, name: str) -> _Portal:
+    def _portal(self, name: str) -> Portal:
         portal = self.portals.get(name)
         if portal is None:
             raise _unknown("portal", name)
         return portal
 
-    def _answer(self, portal: _Portal) -> Answer:
+    def _answer(self, portal: Portal) -> Answer:
         if portal.answer is None:
-            if is_blank(portal.text):
+            statement = portal.statement
+            if statement.blank:
                 portal.answer = Answer(None, [], "")
             else:
-                answer = self._run(portal.text)
-                described = portal.statement.columns
-                # Keep the types the statement was described with: clients decode by them.
-                if (
-                    answer.columns is not None
-                    and described is not None
-                    and [c.name for c in described] == [c.name for c in answer.columns]
-                ):
-                    answer = replace(answer, columns=described)
+                answer = self._run(portal.text, statement.pull)
+                portal.columns = statement.columns_of(answer.columns)
                 portal.answer = answer
-            columns = portal.answer.columns or []
-            portal.encoders = [
-                c.encoder(_format_of(portal.result_formats, i) == 1) for i, c in enumerate(columns)
-            ]
+            if portal.columns:
+                portal.encoders = statement.encoding(portal.columns, portal.result_formats)[1]
         return portal.answer
 
-    def _describe(self, columns: list[PgColumn] | None, formats: list[int]) -> None:
+    def _describe(
+        self, statement: Statement, columns: list[PgColumn] | None, formats: list[int]
+    ) -> None:
         if columns is None:
             self.out.append(NO_DATA)
         else:
-            self.out.append(row_description(_fields(columns, formats)))
+            self.out.append(statement.encoding(columns, formats)[0])
 
-    def _execute(self, portal: _Portal, max_rows: int) -> None:
+    def _execute(self, portal: Portal, max_rows: int) -> None:
         answer = self._answer(portal)
         if not answer.tag and answer.columns is None:
             self.out.append(EMPTY_QUERY)
@@ -572,25 +562,6 @@ class PgSession:
                 self.out.append(PORTAL_SUSPENDED)
                 return
         self.out.append(command_complete(answer.tag))
-
-
-def _format_of(formats: Sequence[int], index: int) -> int:
-    if not formats:
-        return 0
-    return formats[0] if len(formats) == 1 else formats[index]
-
-
-def _fields(columns: Sequence[PgColumn], formats: Sequence[int]) -> list[m.FieldDescription]:
-    return [
-        m.FieldDescription(
-            name=c.name,
-            type_oid=c.type.oid,
-            type_size=c.type.size,
-            type_modifier=-1,
-            format_code=_format_of(formats, i),
-        )
-        for i, c in enumerate(columns)
-    ]
 
 
 def _unknown(what: str, name: str) -> Exception:
