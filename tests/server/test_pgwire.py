@@ -352,10 +352,23 @@ def _until(sock: socket.socket, ident: bytes) -> bytes:
                 return payload
 
 
-def test_messages_sent_along_with_the_last_login_message_are_answered(node: Node) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"Y\x00\x00\x00\x04",  # no such message
+        b"B\x00\x00\x00\x08p\x00s\x00",  # a Bind cut short after its names
+        # a Bind whose one value claims 9 bytes where 2 follow
+        b"B\x00\x00\x00\x15\x00\x00\x00\x00\x00\x01\x00\x00\x00\x09ab\x00\x00\x00\x00\x00",
+    ],
+    ids=["unknown", "short-bind", "overlong-value"],
+)
+def test_messages_sent_along_with_the_last_login_message_are_answered(
+    node: Node, bad: bytes
+) -> None:
     """A client may send its first query in the same packet as its SCRAM proof: the node
-    answers it after the login, in order; a message no client sends ends the connection
-    with 08P01 (after the answers to what came before it)."""
+    answers it after the login, in order; a message no client sends, or one that is not
+    what its identifier says, ends the connection with 08P01 (after the answers to what
+    came before it)."""
     assert node.pg_address is not None
     scram = scramp.ScramClient(["SCRAM-SHA-256"], "raw", TOKEN)
     with socket.create_connection(node.pg_address, timeout=30) as sock:
@@ -366,7 +379,7 @@ def test_messages_sent_along_with_the_last_login_message_are_answered(node: Node
         scram.set_server_first(_until(sock, b"R")[4:].decode())
         proof = m.SASLResponse(scram.get_client_final().encode()).to_wire()
         query = m.Query("SELECT k, n FROM t WHERE k = 'k002'").to_wire()
-        sock.sendall(proof + query + b"Y\x00\x00\x00\x04")
+        sock.sendall(proof + query + bad)
         data = b""
         while chunk := sock.recv(65536):
             data += chunk

@@ -143,13 +143,70 @@ class Frames:
 def decode(ident: int, payload: bytes) -> m.PGMessage:
     """The frontend message ``payload`` holds, by its identifier; ``FramingError`` for an
     identifier no client may send once logged in, or a payload that is not its message."""
+    fast = _DECODERS.get(ident)
     cls = _FRONTEND.get(ident)
     if cls is None:
         raise FramingError(f"unknown message identifier {bytes((ident,))!r}")
     try:
-        return cls.decode(memoryview(payload))
-    except (struct.error, IndexError, UnicodeDecodeError, DecodingError) as exc:
+        return cls.decode(memoryview(payload)) if fast is None else fast(payload)
+    except (struct.error, ValueError, IndexError, DecodingError) as exc:
+        # ValueError: a string without its NUL, or one that is not UTF-8
         raise FramingError(f"{cls.__name__} message truncated or malformed: {exc}") from None
+
+
+def _string(payload: bytes, start: int) -> tuple[str, int]:
+    """The NUL-terminated string at ``start`` and where what follows it starts."""
+    end = payload.index(0, start)
+    return payload[start:end].decode(), end + 1
+
+
+def _codes(payload: bytes, start: int) -> tuple[list[int], int]:
+    """An ``Int16`` count and that many ``Int16`` codes."""
+    (count,) = _COUNT.unpack_from(payload, start)
+    return list(struct.unpack_from(f"!{count}h", payload, start + 2)), start + 2 + 2 * count
+
+
+def _bind(payload: bytes) -> m.Bind:
+    # Decoded here rather than by pygwire, whose string reads copy the rest of the payload
+    # for each of the two names: a Bind is sent on every run of a prepared statement.
+    portal, pos = _string(payload, 0)
+    statement, pos = _string(payload, pos)
+    formats, pos = _codes(payload, pos)
+    (count,) = _COUNT.unpack_from(payload, pos)
+    pos += 2
+    values: list[bytes | None] = []
+    for _ in range(count):
+        (size,) = _LENGTH.unpack_from(payload, pos)
+        pos += 4
+        if size == -1:
+            values.append(None)
+            continue
+        if size < 0 or pos + size > len(payload):
+            raise DecodingError(f"a parameter value of {size} bytes")
+        values.append(payload[pos : pos + size])
+        pos += size
+    results, pos = _codes(payload, pos)
+    return m.Bind(portal, statement, formats, values, results)
+
+
+def _execute(payload: bytes) -> m.Execute:
+    portal, pos = _string(payload, 0)
+    (max_rows,) = _LENGTH.unpack_from(payload, pos)
+    return m.Execute(portal, max_rows)
+
+
+def _describe(payload: bytes) -> m.Describe:
+    return m.Describe(chr(payload[0]), _string(payload, 1)[0])
+
+
+_SYNC = m.Sync()
+
+_DECODERS: dict[int, Callable[[bytes], m.PGMessage]] = {
+    ord("B"): _bind,
+    ord("E"): _execute,
+    ord("D"): _describe,
+    ord("S"): lambda payload: _SYNC,
+}
 
 
 def ready_for_query(in_transaction: bool) -> bytes:
