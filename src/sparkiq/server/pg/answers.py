@@ -179,15 +179,27 @@ class Answers:
 
     def pull(self, text: str, settings: Mapping[str, str], *, tables: bool = True) -> Answer:
         """The answer to a pull query (:meth:`is_pull`), with the tables it read when
-        ``tables`` (for the audit log). A key lookup at the newest batch is answered
-        here, on the caller's thread, without DuckDB (:meth:`Node.sql_here`); the rest
-        run through :meth:`Node.sql`, at most ``max_statements`` at once."""
+        ``tables`` (for the audit log): :meth:`pull_here`'s when at hand, else through
+        :meth:`Node.sql`, at most ``max_statements`` at once."""
+        answer = self.pull_here(text, settings, tables=tables)
+        if answer is not None:
+            return answer
+        with self._running:
+            result = self.node.sql(text, bound=session_bound(settings))
+        return self._answer_of(result, tables)
+
+    def pull_here(
+        self, text: str, settings: Mapping[str, str], *, tables: bool = True
+    ) -> Answer | None:
+        """:meth:`pull`'s answer if at hand without blocking, else None: a key lookup
+        from a cached plan at the newest batch (:meth:`Node.sql_here`: no DuckDB)."""
         self.limits.check_statement(text)
-        bound = session_bound(settings)
-        result = self.node.sql_here(text) if bound is None else None
-        if result is None:
-            with self._running:
-                result = self.node.sql(text, bound=bound)
+        if session_bound(settings) is not None:
+            return None
+        result = self.node.sql_here(text)
+        return None if result is None else self._answer_of(result, tables)
+
+    def _answer_of(self, result: SqlResult, tables: bool) -> Answer:
         read: tuple[str, ...] = ()
         if tables:
             visible = set(readable(self.node.tables))

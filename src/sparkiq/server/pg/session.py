@@ -43,7 +43,6 @@ statement splitting (``statements.py``).
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import socket
@@ -58,9 +57,9 @@ from pygwire import BackendConnection
 from pygwire import messages as m
 from pygwire.exceptions import ProtocolError
 
-from sparkiq.cancel import CancelSignal, use_signal
 from sparkiq.error_codes import ErrorCode
 from sparkiq.limits import PgLimits
+from sparkiq.principals import Principal
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
@@ -68,7 +67,6 @@ from sparkiq.server.pg.answers import Answer, Answers
 from sparkiq.server.pg.client_socket import ClientGone, ClientSocket, Refused
 from sparkiq.server.pg.copy import copy_rows
 from sparkiq.server.pg.errors import (
-    StatementCanceledError,
     error_fields,
     fatal_fields,
     throttled_fields,
@@ -76,7 +74,10 @@ from sparkiq.server.pg.errors import (
 from sparkiq.server.pg.errors import sqlstate as sqlstate_of
 from sparkiq.server.pg.logins import PgLogins, password_exchange
 from sparkiq.server.pg.parameters import bind_parameters
+from sparkiq.server.pg.parking import NotAtHand, Parking
 from sparkiq.server.pg.prepared import Portal, Statement, fields
+from sparkiq.server.pg.reactor import Reactor
+from sparkiq.server.pg.running import Running
 from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
 from sparkiq.server.pg.wire import (
@@ -122,11 +123,12 @@ class SessionRules:
     cancel: Callable[[int, bytes], None]  # a CancelRequest's process id and secret
     logged_in: Callable[[PgSession], bool]
     audit: AuditLog | None = None  # one line per statement, when the node keeps the log
+    reactor: Reactor | None = None  # serves idle plain-text connections (pg/reactor.py)
     tls: TlsContexts | None = None
     require_tls: bool = False
 
 
-class PgSession:
+class PgSession(Parking):
     """Serves one connection on ``sock`` under ``rules`` until the client leaves or
     :meth:`close`."""
 
@@ -136,11 +138,12 @@ class PgSession:
         # BackendKeyData: a client's CancelRequest names this session by both.
         self.process_id = process_id
         self.secret = os.urandom(4)
-        self._cancel_lock = threading.Lock()  # guards _busy and _canceled (not its state)
-        self._busy = False
-        # set by a cancel request while a message runs; the statement's work sees it too
-        # (sparkiq.cancel), so DuckDB stops instead of running on to the timeout
-        self._canceled = CancelSignal()  # made current in the session's thread by run()
+        self.running = Running(self.secret)
+        self.reactor = rules.reactor
+        self.principal: Principal | None = None
+        self.here = False
+        self.idle = False
+        self._resumed = threading.Event()
         self.answers = rules.answers
         self.limits = rules.limits
         self.parameters = rules.parameters
@@ -173,7 +176,7 @@ class PgSession:
         return self.io.recv(_RECV)
 
     def _flush(self) -> None:
-        if self.out:
+        if self.out and not self.here:  # the reactor writes when it is done (parking.py)
             data, self.out = b"".join(self.out), []
             self.io.sendall(data)
 
@@ -186,44 +189,14 @@ class PgSession:
         while True:
             yield from self.conn.receive(self.frames.whole())
 
-    def _begin(self) -> None:
-        """Mark the session busy while a message runs (until :meth:`_end`): only then may
-        a cancel request cancel it (one that arrives between statements does nothing, as
-        in Postgres). A signal a cancel request set is replaced by a fresh one."""
-        with self._cancel_lock:
-            if self._canceled.is_set():
-                self._canceled = CancelSignal()
-                use_signal(self._canceled)
-            self._busy = True
-
-    def _end(self) -> None:
-        with self._cancel_lock:
-            self._busy = False
-
     @property
     def busy(self) -> bool:
         """Whether a statement (or an extended-protocol message) is running."""
-        with self._cancel_lock:
-            return self._busy
+        return self.running.busy
 
     def cancel(self, secret: bytes) -> bool:
-        """Cancel the running statement if ``secret`` is this session's (from another
-        thread: a CancelRequest). The statement fails with SQLSTATE 57014 at its next
-        check: before it starts, when the node's answer comes back, and between batches of
-        rows sent; a DuckDB statement running on this node for it is interrupted within
-        the SQL watchdog's poll. Returns whether the secret matched."""
-        if not hmac.compare_digest(secret, self.secret):
-            return False
-        with self._cancel_lock:
-            if self._busy:
-                self._canceled.set()
-        return True
-
-    def _check_canceled(self) -> None:
-        with self._cancel_lock:
-            canceled = self._canceled.is_set()
-        if canceled:
-            raise StatementCanceledError("canceling statement due to user request")
+        """See :meth:`Running.cancel`."""
+        return self.running.cancel(secret)
 
     def close(self) -> None:
         """End the connection from another thread (the node stops, or a newer login needs
@@ -233,7 +206,7 @@ class PgSession:
     # -- the connection ----------------------------------------------------------------------
 
     def run(self) -> None:
-        use_signal(self._canceled)
+        self.running.enter()
         try:
             self.io.start_login()
             self.io.negotiate(self.rules.tls)
@@ -307,6 +280,7 @@ class PgSession:
                         return False
                     # every statement of this connection (its thread) runs as that principal
                     current_principal.set(principal)
+                    self.principal = principal
                 if not self.rules.logged_in(self):
                     return False  # evicted while logging in: the socket is shut already
                 self._send(m.AuthenticationOk())
@@ -321,35 +295,49 @@ class PgSession:
     def _ready(self) -> None:
         self.out.append(ready_for_query(self.in_transaction))
         self._flush()
+        self.idle = True  # a round is answered: the connection may park
 
     def _serve(self) -> None:
-        for ident, payload in self.frames:
-            msg = decode(ident, payload)
-            if isinstance(msg, m.Terminate):
-                return
-            if isinstance(msg, m.Query):
-                self._begin()
-                try:
-                    self._simple(msg.query_string)
-                finally:
-                    self._end()
-                self._ready()  # after the statement stopped counting as running
-            elif isinstance(msg, m.Sync):
-                self.failed = False
-                self._ready()
-            elif isinstance(msg, m.Flush):
-                self._flush()
-            elif self.failed:
-                continue
-            else:
-                self._begin()
-                try:
-                    self._extended(msg)
-                except Exception as exc:
-                    self.failed = True
-                    self._send(m.ErrorResponse(fields=error_fields(exc, _text_of(msg, self))))
-                finally:
-                    self._end()
+        """Answer the client's messages until it leaves; between rounds, park the
+        connection with the reactor (pg/parking.py) when there is one."""
+        parks = self.reactor is not None and not self.io.encrypted
+        while True:
+            for ident, payload in self.frames:
+                if not self._handle(decode(ident, payload)):
+                    return
+                if parks and self.idle and not self.frames.buffered:
+                    break
+            self._park()
+
+    def _handle(self, msg: Any) -> bool:
+        """Answer one message (or skip it); False: the client said goodbye."""
+        self.idle = False
+        if isinstance(msg, m.Terminate):
+            return False
+        if isinstance(msg, m.Query):
+            self.running.begin()
+            try:
+                self._simple(msg.query_string)
+            finally:
+                self.running.end()
+            self._ready()  # after the statement stopped counting as running
+        elif isinstance(msg, m.Sync):
+            self.failed = False
+            self._ready()
+        elif isinstance(msg, m.Flush):
+            self._flush()
+        elif not self.failed:
+            self.running.begin()
+            try:
+                self._extended(msg)
+            except NotAtHand:
+                raise
+            except Exception as exc:
+                self.failed = True
+                self._send(m.ErrorResponse(fields=error_fields(exc, _text_of(msg, self))))
+            finally:
+                self.running.end()
+        return True
 
     # -- simple query protocol ---------------------------------------------------------------
 
@@ -365,6 +353,8 @@ class PgSession:
                 elif answer.columns is not None:
                     self.out.append(row_description(fields(answer.columns, [])))
                     self._rows(answer, [c.encoder(False) for c in answer.columns], 0, None)
+            except NotAtHand:
+                raise
             except Exception as exc:
                 # After RowDescription too: Postgres may end a result with an error.
                 self._send(m.ErrorResponse(fields=error_fields(exc, text)))
@@ -373,20 +363,29 @@ class PgSession:
 
     def _run(self, text: str, pull: bool = False) -> Answer:
         """The answer to ``text``; ``pull``: known to be a pull query (a prepared one's)."""
-        self._check_canceled()
+        self.running.check()
         started = time.perf_counter()
+        audited = self.rules.audit is not None
         try:
-            if pull:
-                audited = self.rules.audit is not None
+            if self.here:  # the reactor's: a pull query at hand, or the thread's work
+                if not (pull or self.answers.is_pull(text)):
+                    raise NotAtHand
+                here = self.answers.pull_here(text, self.settings, tables=audited)
+                if here is None:
+                    raise NotAtHand
+                answer = here
+            elif pull:
                 answer = self.answers.pull(text, self.settings, tables=audited)
             else:
                 answer = self.answers.answer(text, self.settings, self.user)
+        except NotAtHand:
+            raise
         except Exception as exc:
             self._audit(started, sqlstate_of(exc), ())
-            self._check_canceled()  # a statement canceled while it ran fails as canceled
+            self.running.check()  # a statement canceled while it ran fails as canceled
             raise
         self._audit(started, "00000", answer.tables, len(answer.rows))
-        self._check_canceled()
+        self.running.check()
         if answer.tag in ("BEGIN", "START TRANSACTION"):
             self.in_transaction = True
         elif answer.tag in ("COMMIT", "ROLLBACK"):
@@ -426,7 +425,7 @@ class PgSession:
             values = [None if (v := row.get(n)) is None else enc(v) for n, enc in pairs]
             out.append(data_row(values))
             if len(out) >= 256:
-                self._check_canceled()
+                self.running.check()
                 self._flush()
         return end - start
 
@@ -444,7 +443,7 @@ class PgSession:
         for sent, data in enumerate(copy_rows(copy, columns, answer.rows)):
             self.out.append(m.CopyData(data=data).to_wire())
             if sent % 256 == 255:
-                self._check_canceled()
+                self.running.check()
                 self._flush()
         self.out.append(m.CopyDone().to_wire())
 

@@ -95,6 +95,7 @@ class Frames:
         self._read = read
         self._buf = head
         self._pos = 0
+        self._last = 0  # where the message ready() took last started
 
     def _fill(self, size: int) -> None:
         """Read until ``size`` bytes from the current position are held."""
@@ -113,6 +114,31 @@ class Frames:
         whole = self._buf[self._pos : self._pos + length]
         self._pos += length
         return whole
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read and not yet taken as a message."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        """Bytes read by someone else (the reactor's non-blocking read)."""
+        self._buf = self._buf[self._pos :] + data
+        self._pos = 0
+
+    def ready(self) -> tuple[int, bytes] | None:
+        """The next message if it is whole in what was read, else None (nothing read)."""
+        if len(self._buf) - self._pos < 5:
+            return None
+        _, length = _HEAD.unpack_from(self._buf, self._pos)
+        if len(self._buf) - self._pos < 1 + length and 4 <= length <= MAX_MESSAGE_BYTES:
+            return None
+        self._last = self._pos
+        ident, start, end = self._take()
+        return ident, self._buf[start:end]
+
+    def push_back(self) -> None:
+        """Give back the message :meth:`ready` took last (someone else will take it)."""
+        self._pos = self._last
 
     def whole(self) -> bytes:
         """The next message with its identifier and length, as sent (for pygwire)."""
