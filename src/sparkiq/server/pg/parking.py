@@ -10,7 +10,8 @@ else, or a statement that turns out not to be at hand (:class:`NotAtHand`, raise
 the message changed anything), is given back unread with every message after it, as are
 answers the socket would not take without blocking: the session's thread then serves them
 exactly as it serves a connection that was never parked. Only plain-text connections park
-(a TLS socket's reads and writes are not split as cleanly).
+(a TLS socket's reads and writes are not split as cleanly). A connection gets at most
+``_TURN`` messages answered per turn: one that streams more goes back to its thread.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ __all__ = ["NotAtHand", "Parking"]
 log = logging.getLogger("sparkiq.server.pg")
 
 _RECV = 65536
+# Messages the reactor answers for one connection per turn: a client that streams lookups
+# without waiting goes back to its thread (time-sliced with the others on the interpreter
+# lock, as before the reactor) instead of holding up every parked connection.
+_TURN = 128
 # Messages the reactor may take on (a Describe of a statement may plan one in DuckDB).
 _AT_HAND = (m.Parse, m.Bind, m.Close, m.Sync, m.Flush, m.Execute)
 
@@ -112,7 +117,7 @@ class Parking:
             self.here = False
 
     def _serve_here(self) -> bool:
-        while True:
+        for _ in range(_TURN):
             try:
                 taken = self.frames.ready()
             except ProtocolError:  # the thread reads it again and ends the connection
@@ -132,6 +137,9 @@ class Parking:
             except NotAtHand:
                 self.frames.push_back()
                 return False
+        else:  # a turn's worth answered: the thread serves the rest it was sent
+            self._write_here()  # what it cannot write, the thread does
+            return False
         return self._write_here()
 
     def _write_here(self) -> bool:
