@@ -462,3 +462,18 @@ def _data_row(payload: bytes) -> tuple[str | None, ...]:
         values.append(None if size < 0 else payload[pos : pos + size].decode())
         pos += max(size, 0)
     return tuple(values)
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
+def test_results_of_hundreds_of_rows_arrive_whole(node: Node, prepare: bool) -> None:
+    """Rows are sent in batches of 256 messages (a cancel request is looked at between
+    them): every batch arrives, in order."""
+    sql = "SELECT a.k AS ak, b.k AS bk FROM t a CROSS JOIN t b ORDER BY ak, bk LIMIT 700"
+    expected = node.sql(sql).tuples()
+    assert len(expected) == 700
+    with psycopg.connect(_dsn(node), autocommit=True) as conn:
+        if prepare:
+            rows = conn.execute(sql, prepare=True).fetchall()
+        else:
+            rows = psycopg.ClientCursor(conn).execute(sql).fetchall()
+    assert rows == expected

@@ -177,7 +177,8 @@ class PgSession(Parking):
 
     def _flush(self) -> None:
         if self.out and not self.here:  # the reactor writes when it is done (parking.py)
-            data, self.out = b"".join(self.out), []
+            data = b"".join(self.out)
+            self.out.clear()  # in place: _rows appends to it by another name
             self.io.sendall(data)
 
     def _login_messages(self) -> Iterator[Any]:
