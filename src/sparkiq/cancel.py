@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["CancelSignal", "cancel_signal", "cancellable"]
+__all__ = ["CancelSignal", "cancel_signal", "cancellable", "use_signal"]
 
 
 class CancelSignal:
@@ -83,3 +83,10 @@ def cancellable(signal: CancelSignal) -> Iterator[None]:
         yield
     finally:
         _SIGNAL.reset(token)
+
+
+def use_signal(signal: CancelSignal) -> None:
+    """Make ``signal`` the current work's from now on in this context: for a thread that
+    runs one caller's requests one after another (a Postgres connection's), which keeps
+    one signal until it is set, rather than entering :func:`cancellable` per request."""
+    _SIGNAL.set(signal)

@@ -11,7 +11,10 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -325,3 +328,152 @@ def test_prepared_statements_are_reused(conn: psycopg.Connection[Any], node: Nod
     assert conn.execute("SELECT k, n FROM t WHERE k = %s", ["k001"], prepare=True).fetchall() == [
         ("k001", 1)
     ]
+
+
+def _frames(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The whole backend messages in ``data``: ``(identifier, payload)`` each."""
+    out, pos = [], 0
+    while pos + 5 <= len(data):
+        (length,) = struct.unpack_from("!i", data, pos + 1)
+        if pos + 1 + length > len(data):
+            break
+        out.append((data[pos : pos + 1], data[pos + 5 : pos + 1 + length]))
+        pos += 1 + length
+    return out
+
+
+def _until(sock: socket.socket, ident: bytes) -> bytes:
+    """Read until a whole message ``ident`` arrived; its payload."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection before a {ident!r} message"
+        data += chunk
+        for found, payload in _frames(data):
+            if found == ident:
+                return payload
+
+
+def _raw_login(node: Node, then: bytes, receive_buffer: int = 0) -> socket.socket:
+    """A socket logged in with SCRAM by hand, ``then`` sent in the packet of the proof
+    (``receive_buffer``: the socket's SO_RCVBUF, set before it connects; 0: the default)."""
+    assert node.pg_address is not None
+    scram = scramp.ScramClient(["SCRAM-SHA-256"], "raw", TOKEN)
+    sock = socket.socket()
+    if receive_buffer:  # a small window: the node's writes stop short of the whole answer
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.settimeout(30)
+    sock.connect(node.pg_address)
+    sock.sendall(m.StartupMessage(params={"user": "raw", "database": "x"}).to_wire())
+    _until(sock, b"R")  # AuthenticationSASL
+    first = scram.get_client_first().encode()
+    sock.sendall(m.SASLInitialResponse("SCRAM-SHA-256", first).to_wire())
+    scram.set_server_first(_until(sock, b"R")[4:].decode())
+    sock.sendall(m.SASLResponse(scram.get_client_final().encode()).to_wire() + then)
+    return sock
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"Y\x00\x00\x00\x04",  # no such message
+        b"B\x00\x00\x00\x08p\x00s\x00",  # a Bind cut short after its names
+        # a Bind whose one value claims 9 bytes where 2 follow
+        b"B\x00\x00\x00\x15\x00\x00\x00\x00\x00\x01\x00\x00\x00\x09ab\x00\x00\x00\x00\x00",
+    ],
+    ids=["unknown", "short-bind", "overlong-value"],
+)
+def test_messages_sent_along_with_the_last_login_message_are_answered(
+    node: Node, bad: bytes
+) -> None:
+    """A client may send its first query in the same packet as its SCRAM proof: the node
+    answers it after the login, in order; a message no client sends, or one that is not
+    what its identifier says, ends the connection with 08P01 (after the answers to what
+    came before it)."""
+    with _raw_login(node, m.Query("SELECT k, n FROM t WHERE k = 'k002'").to_wire() + bad) as sock:
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    frames = _frames(data)
+    kinds = b"".join(ident for ident, _ in frames if ident not in (b"S", b"R", b"K"))
+    assert kinds == b"ZTDCZE", frames
+    row = frames[[ident for ident, _ in frames].index(b"D")][1]
+    assert row == b"\x00\x02\x00\x00\x00\x04k002\x00\x00\x00\x012"
+    assert b"C08P01\x00" in frames[-1][1]
+
+
+def test_a_client_that_pipelines_lookups_and_reads_late_gets_every_answer_in_order(
+    node: Node,
+) -> None:
+    """Thousands of prepared lookups of 40 keys each sent in a stream while the client does
+    not read yet: the node's answers outgrow the socket buffers (the reactor then hands the
+    connection to its thread, pg/parking.py), and every answer arrives, in order, with the
+    rows ``node.sql`` gives; then a statement DuckDB runs, and lookups again."""
+    present = [k for (k,) in node.sql("SELECT k FROM t ORDER BY k LIMIT 40").tuples()]
+    marks = ", ".join(f"${i + 1}" for i in range(len(present)))
+    text = f"SELECT k, n FROM t WHERE k IN ({marks})"
+    literals = ", ".join(f"'{k}'" for k in present)
+    expected = [
+        tuple(None if v is None else str(v) for v in row)
+        for row in node.sql(f"SELECT k, n FROM t WHERE k IN ({literals})").tuples()
+    ]
+    assert len(expected) == len(present)
+    parse = m.Parse("get", text, [25] * len(present)).to_wire()
+    values = [k.encode() for k in present]
+    lookup = (
+        m.Bind("", "get", [0], values, [0]).to_wire()
+        + m.Execute("", 0).to_wire()
+        + m.Sync().to_wire()
+    )
+    rounds = 600
+    scan = m.Query("SELECT count(*) AS c FROM t WHERE n > 0").to_wire()
+    stream = lookup * rounds + scan + lookup * 5
+    with _raw_login(node, parse + m.Sync().to_wire(), receive_buffer=4096) as sock:
+        data = b""
+        while sum(1 for ident, _ in _frames(data) if ident == b"Z") < 2:  # login, Parse
+            data += sock.recv(65536)
+        assert b"E" not in {ident for ident, _ in _frames(data)}
+        time.sleep(0.2)  # the connection, idle, is parked with the reactor
+        sender = threading.Thread(target=sock.sendall, args=(stream,))
+        sender.start()
+        time.sleep(1.0)  # the node writes until the small window and its buffer are full
+        data = b""
+        want = rounds + 1 + 5  # a ReadyForQuery per round and for the scan
+        while sum(1 for ident, _ in _frames(data) if ident == b"Z") < want:
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the node closed the connection"
+            data += chunk
+        sender.join()
+    frames = _frames(data)
+    assert b"E" not in {ident for ident, _ in frames}
+    tags = [payload for ident, payload in frames if ident == b"C"]
+    assert tags == [b"SELECT 40\x00"] * rounds + [b"SELECT 1\x00"] + [b"SELECT 40\x00"] * 5
+    got = [_data_row(payload) for ident, payload in frames if ident == b"D"]
+    (count,) = node.sql("SELECT count(*) AS c FROM t WHERE n > 0").tuples()[0]
+    assert got == expected * rounds + [(str(count),)] + expected * 5
+
+
+def _data_row(payload: bytes) -> tuple[str | None, ...]:
+    (count,) = struct.unpack_from("!h", payload)
+    pos, values = 2, []
+    for _ in range(count):
+        (size,) = struct.unpack_from("!i", payload, pos)
+        pos += 4
+        values.append(None if size < 0 else payload[pos : pos + size].decode())
+        pos += max(size, 0)
+    return tuple(values)
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
+def test_results_of_hundreds_of_rows_arrive_whole(node: Node, prepare: bool) -> None:
+    """Rows are sent in batches of 256 messages (a cancel request is looked at between
+    them): every batch arrives, in order."""
+    sql = "SELECT a.k AS ak, b.k AS bk FROM t a CROSS JOIN t b ORDER BY ak, bk LIMIT 700"
+    expected = node.sql(sql).tuples()
+    assert len(expected) == 700
+    with psycopg.connect(_dsn(node), autocommit=True) as conn:
+        if prepare:
+            rows = conn.execute(sql, prepare=True).fetchall()
+        else:
+            rows = psycopg.ClientCursor(conn).execute(sql).fetchall()
+    assert rows == expected

@@ -28,8 +28,9 @@ from pygwire import FrontendConnection
 from pygwire import messages as m
 
 from sparkiq import Node
-from sparkiq.server.pg.parameters import bind_parameters
+from sparkiq.server.pg.parameters import bind_parameters, parameter_slots
 from sparkiq.server.pg.types import describe_columns
+from sparkiq.sql.errors import SqlError
 from tests.server.test_pgwire import TOKEN, _rows
 from tests.sql.tables import build_world
 from tests.sql.test_differential import QUERIES
@@ -307,3 +308,18 @@ def test_binary_numeric_parameters_read_back_exactly(value: str) -> None:
     literal = bound.removeprefix("SELECT ")
     assert Decimal(literal) == number
     assert "E" not in literal  # a plain SQL number
+
+
+def test_parameters_bind_in_code_only_from_slots_cut_once() -> None:
+    """A prepared statement's text is cut around its ``$n`` once (``parameter_slots``) and
+    every Bind fills the cuts: a ``$n`` inside a literal, a quoted identifier or a comment
+    stays as written, ``$01`` is ``$1``, a parameter named twice is bound twice."""
+    text = "SELECT '$1', \"$2\", $1 /* $2 */, $02 FROM t WHERE a = $1 -- $3"
+    slots = parameter_slots(text)
+    assert [s for s in slots if not isinstance(s, str)] == [(0, 2), (1, 3), (0, 2)]
+    expected = "SELECT '$1', \"$2\", 'it''s' /* $2 */, 7 FROM t WHERE a = 'it''s' -- $3"
+    values = [b"it's", b"7"]
+    assert bind_parameters(text, values, [], [0, 23], slots=slots) == expected
+    assert bind_parameters(text, values, [], [0, 23]) == expected
+    with pytest.raises(SqlError, match=r"parameter \$2 has no value"):
+        bind_parameters(text, values[:1], [], [0, 23], slots=slots)

@@ -56,13 +56,13 @@ from sparkiq.sql.plan import (
     digest_of,
     key_page_queries,
     literal_int,
+    with_versions,
 )
 from sparkiq.sql.reader import NotHere, batch_of, lookup_rows, range_rows, read_table
 from sparkiq.sql.result import SqlResult
 from sparkiq.sql.result_schema import DUCK_TYPE, from_duck, from_table, strings, zoned_timestamps
 from sparkiq.sql.source import ColumnarSource, QuerySource, partitioner_of
 from sparkiq.sql.template import bind_template, same_plan
-from sparkiq.stores.versions import VALID_FROM, VALID_TO
 
 __all__ = ["SqlEngine"]
 
@@ -105,13 +105,17 @@ class SqlEngine:
             self._codecs[table] = found
         return found
 
-    def _plan(self, text: str) -> tuple[Plan, tuple[Any, ...], bool]:
-        """``(plan, literal values, is_template)`` for ``text``."""
+    def _plan(
+        self, text: str, shaped: tuple[str, tuple[Any, ...]] | None = None
+    ) -> tuple[Plan, tuple[Any, ...], bool]:
+        """``(plan, literal values, is_template)`` for ``text`` (``shaped``: its
+        :func:`shape_of`, when the caller has it already)."""
         plan = self._by_text.get(text)
         if plan is not None:
             return plan, (), False
         self.limits.check_statement(text)  # before the shape regex reads it
-        shaped = shape_of(text)
+        if shaped is None:
+            shaped = shape_of(text)
         terms = (len(shaped[1]) if shaped is not None else 0) + sum(
             1 for _ in _CONNECTIVE.finditer(text)
         )
@@ -241,12 +245,13 @@ class SqlEngine:
         unbounded, newest batch: nothing blocks. Errors answer None (:meth:`execute` says)."""
         if not isinstance(text, str) or len(text) > 4096:  # a lookup is far shorter
             return None
+        shaped = None
         if text not in self._by_text:
             shaped = shape_of(text)
             if shaped is None or self._by_shape.get(shaped[0]) is None:
                 return None
         try:
-            return self._execute(text, None, None, page_size, here_only=True)
+            return self._execute(text, None, None, page_size, here_only=True, shaped=shaped)
         except (SqlError, NotHere):
             return None
 
@@ -258,12 +263,16 @@ class SqlEngine:
         page_size: int | None,
         *,
         here_only: bool = False,
+        shaped: tuple[str, tuple[Any, ...]] | None = None,
     ) -> SqlResult:
         if bound is None:
             bound = _UNBOUNDED
-        plan, params, template = self._plan(text)
+        plan, params, template = self._plan(text, shaped)
         check_read(t.name for t in plan.tables)  # joins and subqueries included
-        digest = digest_of(text) if template else plan.digest  # a template is the shape's
+        # A template's digest is its shape's; only a page token needs the statement's own
+        # (a hash of the text: not worth computing for a key lookup that is not paged).
+        paged = page_token is not None or page_size is not None
+        digest = digest_of(text) if template and paged else plan.digest
         token = None
         if page_token is not None:
             token = PageToken.decode(page_token, digest)
@@ -536,7 +545,7 @@ class SqlEngine:
             return found
         assert plan.whole is not None
         by_relation = {t.relation: t for t in plan.tables}
-        query = _with_versions(
+        query = with_versions(
             plan.whole,
             {r: (f"__sq_v{r[len('__sq_r') :]}", by_relation[r].columns) for r in columnar},
         )
@@ -559,33 +568,6 @@ class SqlEngine:
         rows = explain_rows(described)
         columns = ["property", "value"]
         return SqlResult(columns, rows, Position.empty(), None, described, strings(columns))
-
-
-def _with_versions(query: exp.Query, versions: dict[str, tuple[str, tuple[str, ...]]]) -> exp.Query:
-    """``query`` with a CTE per relation read from versions: ``__sq_rN`` becomes the rows of
-    ``raw`` valid at the batch in parameter ``$sq_bN`` (ahead of the statement's own CTEs,
-    which may read it)."""
-    if not versions:
-        return query
-    ctes = []
-    for relation, (raw, columns) in versions.items():
-        batch = exp.Placeholder(this=f"sq_b{relation[len('__sq_r') :]}")
-        select = exp.select(*[exp.column(c, quoted=True) for c in columns]).from_(raw)
-        select = select.where(
-            exp.and_(
-                exp.LTE(this=exp.column(VALID_FROM, quoted=True), expression=batch.copy()),
-                exp.GT(this=exp.column(VALID_TO, quoted=True), expression=batch.copy()),
-            )
-        )
-        ctes.append(exp.CTE(this=select, alias=exp.TableAlias(this=exp.to_identifier(relation))))
-    copy = query.copy()
-    existing = copy.args.get("with_")
-    recursive = None
-    if existing is not None:
-        ctes += existing.expressions
-        recursive = existing.args.get("recursive")
-    copy.set("with_", exp.With(expressions=ctes, recursive=recursive))
-    return copy
 
 
 def _remaining(deadline: float) -> float:

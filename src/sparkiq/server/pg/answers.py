@@ -43,7 +43,7 @@ from sparkiq.server.pg.statements import LIMIT, code_only, parameter_uses
 from sparkiq.server.pg.translate import Session, Walls, translate
 from sparkiq.server.pg.types import PgColumn, describe_columns, text_column
 from sparkiq.server.served import ServedNode
-from sparkiq.sql import SqlLimits
+from sparkiq.sql import SqlLimits, SqlResult
 from sparkiq.sql.errors import (
     SqlError,
     SqlLimitError,
@@ -57,6 +57,8 @@ log = logging.getLogger("sparkiq.server.pg")
 
 #: Catalog databases kept at once, one per set of visible tables (about one per principal).
 _CATALOGS_KEPT = 8
+#: Result schemas whose Postgres columns are kept (a few per prepared statement shape).
+_DESCRIBED_KEPT = 256
 
 #: The Postgres version the endpoint reports. Clients pick their catalog queries by it;
 #: psql 15's, DBeaver's, Grafana's and asyncpg's for 14 are the ones tested.
@@ -138,6 +140,8 @@ class Answers:
         # each query has a cursor of its own (a connection to the same in-memory database),
         # so one connection's long catalog query never holds up another's (psql's \d, a
         # driver's type lookups at connect).
+        # Result schemas seen lately and their Postgres columns (see _columns).
+        self._described: dict[int, tuple[pa.Schema, list[PgColumn]]] = {}
         self._lock = threading.Lock()
         self._dbs: OrderedDict[
             frozenset[str], tuple[duckdb.DuckDBPyConnection, Walls, dict[str, TableSchema]]
@@ -158,12 +162,65 @@ class Answers:
             return replace(answer, tag=f"COPY {len(answer.rows)}", copy=copy)
         if _CATALOG.search(code_only(text)):  # 'pg_class' in a literal is just a string
             return self._catalog_query(text, settings, user)
+        return self.pull(text, settings)
+
+    def is_pull(self, text: str) -> bool:
+        """Whether :meth:`answer` answers ``text`` with :meth:`pull`: true of a prepared
+        statement's text (its ``$n`` unbound) exactly when it is of the statement once
+        bound, as a parameter becomes a literal, a number or a keyword-led literal, none of
+        which make a statement a session, COPY or catalog one."""
+        if not text.lstrip()[:1].isalpha():  # a comment or parameter first: not sure
+            return False
+        words = _WORDS.findall(text[:64])
+        first = words[0].lower()
+        return (
+            first not in _SESSION and first != "copy" and _CATALOG.search(code_only(text)) is None
+        )
+
+    def pull(self, text: str, settings: Mapping[str, str], *, tables: bool = True) -> Answer:
+        """The answer to a pull query (:meth:`is_pull`), with the tables it read when
+        ``tables`` (for the audit log): :meth:`pull_here`'s when at hand, else through
+        :meth:`Node.sql`, at most ``max_statements`` at once."""
+        answer = self.pull_here(text, settings, tables=tables)
+        if answer is not None:
+            return answer
         with self._running:
             result = self.node.sql(text, bound=session_bound(settings))
-        tables = set(readable(self.node.tables))
-        columns = describe_columns(result.schema, result.columns)
-        read = tuple(t for t in result.position.to_map() if t in tables)
-        return Answer(columns, result.rows, f"SELECT {len(result.rows)}", read)
+        return self._answer_of(result, tables)
+
+    def pull_here(
+        self, text: str, settings: Mapping[str, str], *, tables: bool = True
+    ) -> Answer | None:
+        """:meth:`pull`'s answer if at hand without blocking, else None: a key lookup
+        from a cached plan at the newest batch (:meth:`Node.sql_here`: no DuckDB)."""
+        self.limits.check_statement(text)
+        if session_bound(settings) is not None:
+            return None
+        result = self.node.sql_here(text)
+        return None if result is None else self._answer_of(result, tables)
+
+    def _answer_of(self, result: SqlResult, tables: bool) -> Answer:
+        read: tuple[str, ...] = ()
+        if tables:
+            visible = set(readable(self.node.tables))
+            read = tuple(t for t in result.position.to_map() if t in visible)
+        return Answer(self._columns(result), result.rows, f"SELECT {len(result.rows)}", read)
+
+    def _columns(self, result: SqlResult) -> list[PgColumn]:
+        """The Postgres columns of ``result``, the same list for every result of one
+        schema object (a cached lookup plan's), so a session can tell it has seen them."""
+        schema = result.schema
+        if schema is None:
+            return describe_columns(None, result.columns)
+        held = self._described.get(id(schema))
+        if held is not None and held[0] is schema:
+            return held[1]
+        columns = describe_columns(schema, result.columns)
+        if len(self._described) >= _DESCRIBED_KEPT:
+            self._described.clear()
+        # keyed by id: the entry holds the schema, so its id names no other object meanwhile
+        self._described[id(schema)] = (schema, columns)
+        return columns
 
     def parameter_types(self, text: str, oids: Sequence[int]) -> list[int]:
         """``oids`` (a statement's parameter types, 0 = unspecified) with each unspecified

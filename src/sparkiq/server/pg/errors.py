@@ -17,7 +17,13 @@ import logging
 from sparkiq.errors import ErrorCode, SparkiqError, as_sparkiq_error, error_code
 from sparkiq.sql.errors import SqlError
 
-__all__ = ["StatementCanceledError", "error_fields", "sqlstate"]
+__all__ = [
+    "StatementCanceledError",
+    "error_fields",
+    "fatal_fields",
+    "sqlstate",
+    "throttled_fields",
+]
 
 log = logging.getLogger("sparkiq.server.pg")
 _error_ids = itertools.count(1)
@@ -66,3 +72,18 @@ def _position(text: str | None, line: int | None, column: int | None) -> int | N
     if not 1 <= line <= len(lines):
         return None
     return sum(len(x) + 1 for x in lines[: line - 1]) + column
+
+
+def fatal_fields(sqlstate: str, message: str) -> dict[str, str]:
+    """An error that ends the connection."""
+    return {"S": "FATAL", "V": "FATAL", "C": sqlstate, "M": message}
+
+
+def throttled_fields(peer: str, wait: float) -> dict[str, str]:
+    """A login refused unchecked: its address failed too often lately (SQLSTATE 28000,
+    invalid_authorization_specification, not 28P01: no password was judged)."""
+    return fatal_fields(
+        "28000",
+        f"too many failed authentications from {peer}: the password was not checked; "
+        f"retry in {wait:.1f} s",
+    )

@@ -1,4 +1,6 @@
-"""The Postgres endpoint's listener: accepts connections and runs each in its own thread.
+"""The Postgres endpoint's listener: accepts connections and runs each in its own thread
+(between rounds an idle plain-text connection waits in the listener's reactor, which answers
+key lookups at hand on one thread: :mod:`~sparkiq.server.pg.reactor`).
 
 Connections are bounded (:class:`~sparkiq.limits.PgLimits`): at most
 ``max_connections`` open (one more is told SQLSTATE 53300 ``too_many_connections`` and
@@ -33,6 +35,7 @@ from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.pg.answers import Answers, server_parameters
 from sparkiq.server.pg.logins import PgLogins
+from sparkiq.server.pg.reactor import Reactor
 from sparkiq.server.pg.session import PgSession, SessionRules
 from sparkiq.server.served import ServedNode
 from sparkiq.sql.limits import SqlLimits
@@ -66,6 +69,7 @@ class PgServer:
         self.limits = limits = limits if limits is not None else PgLimits()
         parameters = server_parameters(__version__)
         self.answers = Answers(node, parameters, sql_limits or SqlLimits())
+        self.reactor = Reactor()
         self.rules = SessionRules(
             self.answers,
             PgLogins(principals),
@@ -77,6 +81,7 @@ class PgServer:
             audit,
             tls=tls,
             require_tls=require_tls and tls is not None,
+            reactor=self.reactor,
         )
         self.address: tuple[str, int] = sock.getsockname()[:2]
         # guards _sessions, _starting, _evicted, _by_process_id, _stopped, accepted
@@ -95,6 +100,7 @@ class PgServer:
 
     def start(self) -> PgServer:
         self.sock.setblocking(True)
+        self.reactor.start()
         self._thread.start()
         rules = self.rules
         tls = "off" if rules.tls is None else "required" if rules.require_tls else "optional"
@@ -205,6 +211,7 @@ class PgServer:
         self.sock.close()
         for session in sessions:
             session.close()
+        self.reactor.stop(timeout)  # hands parked sessions back: their threads then end
         self._thread.join(timeout)
         for thread in sessions.values():
             thread.join(timeout)

@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
+from pygwire import messages as m
+
+from sparkiq.errors import AuthenticationError
 from sparkiq.principals import Principal, Principals
-from sparkiq.server.pg.scram import ScramVerifier
+from sparkiq.server.auth_failures import AuthFailures
+from sparkiq.server.pg.errors import error_fields, fatal_fields
+from sparkiq.server.pg.scram import MECHANISM, ScramError, ScramExchange, ScramVerifier
 
-__all__ = ["PgLogins"]
+__all__ = ["PgLogins", "password_exchange"]
 
 _NOBODY = os.urandom(32).hex()  # the password of users that do not exist
 
@@ -59,3 +66,48 @@ class PgLogins:
             if len(self._verifiers) > 4096:  # passwords rotated away: start over
                 self._verifiers.clear()
             return self._verifiers.setdefault((name, password), made)
+
+
+def password_exchange(
+    verifiers: list[ScramVerifier],
+    messages: Iterator[Any],
+    say: Callable[[Any, bool], None],
+    failures: AuthFailures,
+    peer: str,
+    user: str,
+) -> bool | None:
+    """The SCRAM-SHA-256 exchange (see :mod:`~sparkiq.server.pg.scram`), its verdict
+    reported to ``AuthFailures``: True if the client proved it knows the password,
+    False if it did not (the error sent), None if the exchange broke off (a malformed
+    message, answered with 08P01, is no guess at the password). ``say(message, flush)``
+    sends a message to the client of ``messages`` (``peer``, logging in as ``user``)."""
+    exchange = ScramExchange(verifiers)
+    say(m.AuthenticationSASL(mechanisms=[MECHANISM]), True)
+    try:
+        first = next(messages)
+        if not isinstance(first, m.SASLInitialResponse) or first.mechanism != MECHANISM:
+            raise ScramError(f"the server asked for {MECHANISM} authentication")
+        say(m.AuthenticationSASLContinue(data=exchange.first(first.data)), True)
+        final = next(messages)
+        if not isinstance(final, m.SASLResponse):
+            raise ScramError("a SCRAM client-final-message (SASLResponse) was expected")
+        signature = exchange.final(final.data)
+    except ScramError as exc:
+        # 08P01 protocol_violation, as Postgres answers a malformed SCRAM message: not
+        # a guess at the password, so not counted as a failure.
+        say(m.ErrorResponse(fields=fatal_fields(exc.code.sqlstate, exc.message)), False)
+        return None
+    if signature is None:
+        failures.failed(peer, "pg", admitted=True)
+        fields = error_fields(AuthenticationError("x"))
+        fields.update(
+            S="FATAL",
+            V="FATAL",
+            M=f'password authentication failed for user "{user}" (the password is '
+            "the node's token, or with principals one of the user's own tokens)",
+        )
+        say(m.ErrorResponse(fields=fields), False)
+        return False
+    failures.succeeded(peer)
+    say(m.AuthenticationSASLFinal(data=signature), False)
+    return True

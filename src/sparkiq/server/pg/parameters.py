@@ -26,7 +26,7 @@ from sparkiq.server.pg.arrays import ARRAY_ELEMENTS, array_parameter
 from sparkiq.server.pg.statements import code_segments
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError
 
-__all__ = ["BINARY_PARAMETER_OIDS", "bind_parameters"]
+__all__ = ["BINARY_PARAMETER_OIDS", "Slots", "bind_parameters", "parameter_slots"]
 
 _NUMERIC_OIDS = frozenset({20, 21, 23, 26, 700, 701, 1700})
 _PG_EPOCH = dt.datetime(2000, 1, 1)
@@ -101,6 +101,26 @@ _TEXT_OIDS = frozenset({0, 18, 19, 25, 705, 1042, 1043})
 BINARY_PARAMETER_OIDS = frozenset(_BINARY_DECODERS) | {25, 1700}
 
 
+#: A statement's text cut around its ``$n``: pieces of text, and ``(index, length)`` of each
+#: parameter (its 0-based index, and how many characters ``$n`` takes).
+Slots = tuple[str | tuple[int, int], ...]
+
+
+def parameter_slots(text: str) -> Slots:
+    """``text`` cut around the ``$n`` of its code (not those in literals, quoted identifiers
+    or comments): what :func:`bind_parameters` fills, cut once per prepared statement."""
+    out: list[str | tuple[int, int]] = []
+    for kind, start, end in code_segments(text):
+        last = start
+        if kind == "code":
+            for match in _PARAM.finditer(text, start, end):
+                out.append(text[last : match.start()])
+                out.append((int(match.group(1)) - 1, match.end() - match.start()))
+                last = match.end()
+        out.append(text[last:end])
+    return tuple(piece for piece in out if piece != "")
+
+
 def bind_parameters(
     text: str,
     values: Sequence[bytes | None],
@@ -109,11 +129,13 @@ def bind_parameters(
     *,
     limits: PgLimits = _DEFAULT_LIMITS,
     max_chars: int = 100_000,
+    slots: Slots | None = None,
 ) -> str:
     """``text`` with each ``$n`` replaced by the SQL literal of the n-th value (Bind's
     values, format codes and the statement's parameter type OIDs; 0 = unspecified), each
     value decoded when first named. The result is at most ``max_chars`` characters (the
-    caller's ``SqlLimits.max_statement_chars``); see the module docstring for the rest."""
+    caller's ``SqlLimits.max_statement_chars``); see the module docstring for the rest.
+    ``slots``: :func:`parameter_slots` of ``text``, when the caller keeps them."""
     if not values:
         return text
     if len(values) > limits.max_parameters:
@@ -124,26 +146,24 @@ def bind_parameters(
         )
     literals: dict[int, str] = {}
     size = 0
-
-    def literal(index: int) -> str:
-        cached = literals.get(index)
-        if cached is None:
-            oid = oids[index] if index < len(oids) else 0
-            cached = literals[index] = _bounded_literal(
-                index, values[index], _format_of(formats, index), oid, limits
-            )
-        return cached
-
-    def replace(match: re.Match[str]) -> str:
-        nonlocal size
-        index = int(match.group(1)) - 1
+    out: list[str] = []
+    for slot in parameter_slots(text) if slots is None else slots:
+        if isinstance(slot, str):
+            out.append(slot)
+            continue
+        index, length = slot
         if not 0 <= index < len(values):
             raise SqlUnsupportedError(
                 f"parameter ${index + 1} has no value ({len(values)} were bound)",
                 code=ErrorCode.PARAMETERS,
             )
-        value = literal(index)
-        size += len(value) - len(match.group(0))
+        value = literals.get(index)
+        if value is None:
+            oid = oids[index] if index < len(oids) else 0
+            value = literals[index] = _bounded_literal(
+                index, values[index], _format_of(formats, index), oid, limits
+            )
+        size += len(value) - length
         if size > max_chars - len(text):
             raise SqlLimitError(
                 f"the statement with its parameters bound (as far as ${index + 1}) is longer "
@@ -151,12 +171,7 @@ def bind_parameters(
                 "(SPARKIQ_SQL_MAX_STATEMENT_CHARS)",
                 code=ErrorCode.STATEMENT_TOO_LONG,
             )
-        return value
-
-    out: list[str] = []
-    for kind, start, end in code_segments(text):
-        piece = text[start:end]
-        out.append(_PARAM.sub(replace, piece) if kind == "code" else piece)
+        out.append(value)
     return "".join(out)
 
 

@@ -1,8 +1,9 @@
 """One Postgres client connection: startup, password, then simple and extended queries.
 
-Messages are framed and encoded by ``pygwire`` (a sans-I/O codec of the protocol); this
-module decides what to answer. A connection runs in its own thread on a blocking socket:
-a key lookup is answered without a hop to another thread.
+Messages are framed by :mod:`~sparkiq.server.pg.wire` and decoded and encoded by
+``pygwire`` (a sans-I/O codec of the protocol), its state machine only while the client
+logs in; this module decides what to answer. A connection runs in its own thread on a
+blocking socket: a key lookup is answered without a hop to another thread.
 
 Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 
@@ -32,17 +33,16 @@ Protocol notes (PostgreSQL's "Frontend/Backend Protocol", version 3.0):
 - ``BEGIN``/``COMMIT``/``ROLLBACK`` are accepted and only change the transaction status
   reported; every statement reads at its own position.
 
-Over 600 lines because it is one connection's state machine (login, then the simple and
-extended protocols over one codec, its statements and portals). What stands alone lives
-beside it: the socket (``client_socket.py``), SCRAM (``scram.py``),
-users (``logins.py``), Bind (``parameters.py``), limits (``limits.py``), statement splitting
-(``statements.py``).
+About 600 lines because it is one connection's state machine (login, then the simple and
+extended protocols, its statements and portals). What stands alone lives beside it: the
+socket (``client_socket.py``), framing (``wire.py``), SCRAM (``scram.py``), users and the
+password exchange (``logins.py``), Bind (``parameters.py``), limits (``limits.py``),
+statement splitting (``statements.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import socket
@@ -50,30 +50,50 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
-from pygwire import BackendConnection, TransactionStatus
+from pygwire import BackendConnection
 from pygwire import messages as m
 from pygwire.exceptions import ProtocolError
 
-from sparkiq.cancel import CancelSignal, cancellable
 from sparkiq.error_codes import ErrorCode
-from sparkiq.errors import AuthenticationError
 from sparkiq.limits import PgLimits
+from sparkiq.principals import Principal
 from sparkiq.principals import current as current_principal
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures, peer_of
 from sparkiq.server.pg.answers import Answer, Answers
 from sparkiq.server.pg.client_socket import ClientGone, ClientSocket, Refused
 from sparkiq.server.pg.copy import copy_rows
-from sparkiq.server.pg.errors import StatementCanceledError, error_fields
+from sparkiq.server.pg.errors import (
+    error_fields,
+    fatal_fields,
+    throttled_fields,
+)
 from sparkiq.server.pg.errors import sqlstate as sqlstate_of
-from sparkiq.server.pg.logins import PgLogins
+from sparkiq.server.pg.logins import PgLogins, password_exchange
 from sparkiq.server.pg.parameters import bind_parameters
-from sparkiq.server.pg.scram import MECHANISM, ScramError, ScramExchange, ScramVerifier
+from sparkiq.server.pg.parking import NotAtHand, Parking
+from sparkiq.server.pg.prepared import Portal, Statement, fields
+from sparkiq.server.pg.reactor import Reactor
+from sparkiq.server.pg.running import Running
 from sparkiq.server.pg.statements import is_blank, parameter_count, split_statements
 from sparkiq.server.pg.types import PgColumn
+from sparkiq.server.pg.wire import (
+    BIND_COMPLETE,
+    CLOSE_COMPLETE,
+    EMPTY_QUERY,
+    NO_DATA,
+    PARSE_COMPLETE,
+    PORTAL_SUSPENDED,
+    Frames,
+    command_complete,
+    data_row,
+    decode,
+    ready_for_query,
+    row_description,
+)
 from sparkiq.sql.errors import SqlLimitError, SqlUnknownNameError
 from sparkiq.tls import TlsContexts
 
@@ -82,23 +102,6 @@ __all__ = ["PgSession", "SessionRules"]
 log = logging.getLogger("sparkiq.server.pg")
 
 _RECV = 65536
-
-
-@dataclass
-class _Statement:
-    text: str
-    param_oids: list[int]
-    columns: list[PgColumn] | None = None  # as described to the client, once asked
-
-
-@dataclass
-class _Portal:
-    statement: _Statement
-    text: str
-    result_formats: list[int]
-    answer: Answer | None = None
-    sent: int = 0
-    encoders: list[Callable[[Any], bytes]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -120,11 +123,12 @@ class SessionRules:
     cancel: Callable[[int, bytes], None]  # a CancelRequest's process id and secret
     logged_in: Callable[[PgSession], bool]
     audit: AuditLog | None = None  # one line per statement, when the node keeps the log
+    reactor: Reactor | None = None  # serves idle plain-text connections (pg/reactor.py)
     tls: TlsContexts | None = None
     require_tls: bool = False
 
 
-class PgSession:
+class PgSession(Parking):
     """Serves one connection on ``sock`` under ``rules`` until the client leaves or
     :meth:`close`."""
 
@@ -134,20 +138,23 @@ class PgSession:
         # BackendKeyData: a client's CancelRequest names this session by both.
         self.process_id = process_id
         self.secret = os.urandom(4)
-        self._cancel_lock = threading.Lock()  # guards _busy and _canceled (not its state)
-        self._busy = False
-        # set by a cancel request while a message runs; the statement's work sees it too
-        # (sparkiq.cancel), so DuckDB stops instead of running on to the timeout
-        self._canceled = CancelSignal()
+        self.running = Running(self.secret)
+        self.reactor = rules.reactor
+        self.principal: Principal | None = None
+        self.here = False
+        self.idle = False
+        self._resumed = threading.Event()
         self.answers = rules.answers
         self.limits = rules.limits
         self.parameters = rules.parameters
-        self.conn = BackendConnection()
+        self.conn = BackendConnection()  # the login's state machine (see pg/wire.py)
+        self.frames = Frames(self._recv)
+        self.serving = False
         self.out: list[bytes] = []
         self.in_transaction = False
         self.failed = False  # extended protocol: an error was sent, skip until Sync
-        self.statements: dict[str, _Statement] = {}
-        self.portals: dict[str, _Portal] = {}
+        self.statements: dict[str, Statement] = {}
+        self.portals: dict[str, Portal] = {}
         self.settings: dict[str, str] = {}
         self.user = ""
         try:
@@ -158,58 +165,39 @@ class PgSession:
     # -- I/O ---------------------------------------------------------------------------------
 
     def _send(self, msg: Any) -> None:
-        self.out.append(self.conn.send(msg))
+        self.out.append(msg.to_wire() if self.serving else self.conn.send(msg))
+
+    def _say(self, msg: Any, flush: bool) -> None:
+        self._send(msg)
+        if flush:
+            self._flush()
+
+    def _recv(self) -> bytes:
+        return self.io.recv(_RECV)
 
     def _flush(self) -> None:
-        if self.out:
-            data, self.out = b"".join(self.out), []
+        if self.out and not self.here:  # the reactor writes when it is done (parking.py)
+            data = b"".join(self.out)
+            self.out.clear()  # in place: _rows appends to it by another name
             self.io.sendall(data)
 
-    def _messages(self) -> Any:
-        head, self.io.head = self.io.head, b""
-        if head:
-            yield from self.conn.receive(head)
+    def _login_messages(self) -> Iterator[Any]:
+        """The login's messages, each handed to pygwire whole (so it holds no byte of the
+        next), read after what negotiating encryption read ahead."""
+        self.frames = Frames(self._recv, self.io.head)
+        self.io.head = b""
+        yield from self.conn.receive(self.frames.startup())
         while True:
-            yield from self.conn.receive(self.io.recv(_RECV))
-
-    @contextlib.contextmanager
-    def _running(self) -> Iterator[None]:
-        """Mark the session busy while a message runs: only then may a cancel request
-        cancel it (one that arrives between statements does nothing, as in Postgres)."""
-        canceled = CancelSignal()
-        with self._cancel_lock:
-            self._busy, self._canceled = True, canceled
-        try:
-            with cancellable(canceled):
-                yield
-        finally:
-            with self._cancel_lock:
-                self._busy = False
+            yield from self.conn.receive(self.frames.whole())
 
     @property
     def busy(self) -> bool:
         """Whether a statement (or an extended-protocol message) is running."""
-        with self._cancel_lock:
-            return self._busy
+        return self.running.busy
 
     def cancel(self, secret: bytes) -> bool:
-        """Cancel the running statement if ``secret`` is this session's (from another
-        thread: a CancelRequest). The statement fails with SQLSTATE 57014 at its next
-        check: before it starts, when the node's answer comes back, and between batches of
-        rows sent; a DuckDB statement running on this node for it is interrupted within
-        the SQL watchdog's poll. Returns whether the secret matched."""
-        if not hmac.compare_digest(secret, self.secret):
-            return False
-        with self._cancel_lock:
-            if self._busy:
-                self._canceled.set()
-        return True
-
-    def _check_canceled(self) -> None:
-        with self._cancel_lock:
-            canceled = self._canceled.is_set()
-        if canceled:
-            raise StatementCanceledError("canceling statement due to user request")
+        """See :meth:`Running.cancel`."""
+        return self.running.cancel(secret)
 
     def close(self) -> None:
         """End the connection from another thread (the node stops, or a newer login needs
@@ -219,6 +207,7 @@ class PgSession:
     # -- the connection ----------------------------------------------------------------------
 
     def run(self) -> None:
+        self.running.enter()
         try:
             self.io.start_login()
             self.io.negotiate(self.rules.tls)
@@ -236,9 +225,9 @@ class PgSession:
             # without a traceback.
             log.info("pg connection refused: %s", exc)
             if isinstance(exc, Refused):
-                fields = _fatal(exc.sqlstate, str(exc))
+                fields = fatal_fields(exc.sqlstate, str(exc))
             else:
-                fields = _fatal("08P01", f"protocol violation: {exc}")
+                fields = fatal_fields("08P01", f"protocol violation: {exc}")
             self.out.clear()
             with contextlib.suppress(ProtocolError):  # an error may not be sendable now
                 self._send(m.ErrorResponse(fields=fields))
@@ -250,7 +239,7 @@ class PgSession:
             self.io.close()
 
     def _startup(self) -> bool:
-        messages = self._messages()
+        messages = self._login_messages()
         for msg in messages:
             if isinstance(msg, m.SSLRequest | m.GSSEncRequest):
                 # _negotiate took the first of each: a second is a broken client
@@ -277,12 +266,14 @@ class PgSession:
                     failures = self.rules.auth_failures
                     wait = failures.admit(self.peer, "pg")
                     if wait > 0:  # refused before any password is looked at
-                        self._send(m.ErrorResponse(fields=_throttled(self.peer, wait)))
+                        self._send(m.ErrorResponse(fields=throttled_fields(self.peer, wait)))
                         return False
                     verdict = None
                     principal, verifiers = self.rules.logins.login(self.user)
                     try:
-                        verdict = self._scram(verifiers, messages)
+                        verdict = password_exchange(
+                            verifiers, messages, self._say, failures, self.peer, self.user
+                        )
                     finally:
                         if verdict is None:  # the client left (or broke the exchange)
                             failures.abandoned(self.peer)
@@ -290,113 +281,112 @@ class PgSession:
                         return False
                     # every statement of this connection (its thread) runs as that principal
                     current_principal.set(principal)
+                    self.principal = principal
                 if not self.rules.logged_in(self):
                     return False  # evicted while logging in: the socket is shut already
                 self._send(m.AuthenticationOk())
                 for name, value in self.parameters.items():
                     self._send(m.ParameterStatus(name=name, value=value))
                 self._send(m.BackendKeyData(process_id=self.process_id, secret_key=self.secret))
+                self.serving = True
                 self._ready()
                 return True
         return False
 
-    def _scram(self, verifiers: list[ScramVerifier], messages: Iterator[Any]) -> bool | None:
-        """The SCRAM-SHA-256 exchange (see :mod:`~sparkiq.server.pg.scram`), its verdict
-        reported to ``AuthFailures``: True if the client proved it knows the password,
-        False if it did not (the error sent), None if the exchange broke off (a malformed
-        message, answered with 08P01, is no guess at the password)."""
-        exchange = ScramExchange(verifiers)
-        self._send(m.AuthenticationSASL(mechanisms=[MECHANISM]))
-        self._flush()
-        try:
-            first = next(messages)
-            if not isinstance(first, m.SASLInitialResponse) or first.mechanism != MECHANISM:
-                raise ScramError(f"the server asked for {MECHANISM} authentication")
-            self._send(m.AuthenticationSASLContinue(data=exchange.first(first.data)))
-            self._flush()
-            final = next(messages)
-            if not isinstance(final, m.SASLResponse):
-                raise ScramError("a SCRAM client-final-message (SASLResponse) was expected")
-            signature = exchange.final(final.data)
-        except ScramError as exc:
-            # 08P01 protocol_violation, as Postgres answers a malformed SCRAM message: not
-            # a guess at the password, so not counted as a failure.
-            self._send(m.ErrorResponse(fields=_fatal(exc.code.sqlstate, exc.message)))
-            return None
-        if signature is None:
-            self.rules.auth_failures.failed(self.peer, "pg", admitted=True)
-            fields = error_fields(AuthenticationError("x"))
-            fields.update(
-                S="FATAL",
-                V="FATAL",
-                M=f'password authentication failed for user "{self.user}" (the password is '
-                "the node's token, or with principals one of the user's own tokens)",
-            )
-            self._send(m.ErrorResponse(fields=fields))
-            return False
-        self.rules.auth_failures.succeeded(self.peer)
-        self._send(m.AuthenticationSASLFinal(data=signature))
-        return True
-
     def _ready(self) -> None:
-        status = TransactionStatus.IN_TRANSACTION if self.in_transaction else TransactionStatus.IDLE
-        self._send(m.ReadyForQuery(status=status))
+        self.out.append(ready_for_query(self.in_transaction))
         self._flush()
+        self.idle = True  # a round is answered: the connection may park
 
     def _serve(self) -> None:
-        for msg in self._messages():
-            if isinstance(msg, m.Terminate):
-                return
-            if isinstance(msg, m.Query):
-                with self._running():
-                    self._simple(msg.query_string)
-                self._ready()  # after the statement stopped counting as running
-            elif isinstance(msg, m.Sync):
-                self.failed = False
-                self._ready()
-            elif isinstance(msg, m.Flush):
-                self._flush()
-            elif self.failed:
-                continue
-            else:
-                try:
-                    with self._running():
-                        self._extended(msg)
-                except Exception as exc:
-                    self.failed = True
-                    self._send(m.ErrorResponse(fields=error_fields(exc, _text_of(msg, self))))
+        """Answer the client's messages until it leaves; between rounds, park the
+        connection with the reactor (pg/parking.py) when there is one."""
+        parks = self.reactor is not None and not self.io.encrypted
+        while True:
+            for ident, payload in self.frames:
+                if not self._handle(decode(ident, payload)):
+                    return
+                if parks and self.idle and not self.frames.buffered:
+                    break
+            self._park()
+
+    def _handle(self, msg: Any) -> bool:
+        """Answer one message (or skip it); False: the client said goodbye."""
+        self.idle = False
+        if isinstance(msg, m.Terminate):
+            return False
+        if isinstance(msg, m.Query):
+            self.running.begin()
+            try:
+                self._simple(msg.query_string)
+            finally:
+                self.running.end()
+            self._ready()  # after the statement stopped counting as running
+        elif isinstance(msg, m.Sync):
+            self.failed = False
+            self._ready()
+        elif isinstance(msg, m.Flush):
+            self._flush()
+        elif not self.failed:
+            self.running.begin()
+            try:
+                self._extended(msg)
+            except NotAtHand:
+                raise
+            except Exception as exc:
+                self.failed = True
+                self._send(m.ErrorResponse(fields=error_fields(exc, _text_of(msg, self))))
+            finally:
+                self.running.end()
+        return True
 
     # -- simple query protocol ---------------------------------------------------------------
 
     def _simple(self, query: str) -> None:
         for text in split_statements(query):
             if is_blank(text):
-                self._send(m.EmptyQueryResponse())
+                self.out.append(EMPTY_QUERY)
                 continue
             try:
                 answer = self._run(text)
                 if answer.copy is not None:
                     self._copy_out(answer)
                 elif answer.columns is not None:
-                    self._send(m.RowDescription(fields=_fields(answer.columns, [])))
+                    self.out.append(row_description(fields(answer.columns, [])))
                     self._rows(answer, [c.encoder(False) for c in answer.columns], 0, None)
+            except NotAtHand:
+                raise
             except Exception as exc:
                 # After RowDescription too: Postgres may end a result with an error.
                 self._send(m.ErrorResponse(fields=error_fields(exc, text)))
                 break  # the rest of a multi-statement query is not run, as in Postgres
-            self._send(m.CommandComplete(tag=answer.tag))
+            self.out.append(command_complete(answer.tag))
 
-    def _run(self, text: str) -> Answer:
-        self._check_canceled()
+    def _run(self, text: str, pull: bool = False) -> Answer:
+        """The answer to ``text``; ``pull``: known to be a pull query (a prepared one's)."""
+        self.running.check()
         started = time.perf_counter()
+        audited = self.rules.audit is not None
         try:
-            answer = self.answers.answer(text, self.settings, self.user)
+            if self.here:  # the reactor's: a pull query at hand, or the thread's work
+                if not (pull or self.answers.is_pull(text)):
+                    raise NotAtHand
+                here = self.answers.pull_here(text, self.settings, tables=audited)
+                if here is None:
+                    raise NotAtHand
+                answer = here
+            elif pull:
+                answer = self.answers.pull(text, self.settings, tables=audited)
+            else:
+                answer = self.answers.answer(text, self.settings, self.user)
+        except NotAtHand:
+            raise
         except Exception as exc:
             self._audit(started, sqlstate_of(exc), ())
-            self._check_canceled()  # a statement canceled while it ran fails as canceled
+            self.running.check()  # a statement canceled while it ran fails as canceled
             raise
         self._audit(started, "00000", answer.tables, len(answer.rows))
-        self._check_canceled()
+        self.running.check()
         if answer.tag in ("BEGIN", "START TRANSACTION"):
             self.in_transaction = True
         elif answer.tag in ("COMMIT", "ROLLBACK"):
@@ -431,21 +421,20 @@ class PgSession:
         end = len(rows) if count is None else min(len(rows), start + count)
         names = [c.name for c in answer.columns or ()]
         pairs = list(zip(names, encoders, strict=True))
+        out = self.out
         for row in rows[start:end]:
             values = [None if (v := row.get(n)) is None else enc(v) for n, enc in pairs]
-            self._send(m.DataRow(columns=values))
-            if len(self.out) >= 256:
-                self._check_canceled()
+            out.append(data_row(values))
+            if len(out) >= 256:
+                self.running.check()
                 self._flush()
         return end - start
 
     def _copy_out(self, answer: Answer) -> None:
         """Send ``answer``'s rows as ``COPY ... TO STDOUT`` data (see pg/copy.py).
 
-        The copy messages are framed by themselves, not through the connection's state
-        machine: pygwire's returns to the simple query phase at ``CopyDone`` even inside
-        an extended query, and would then refuse the client's ``Sync``. Around them the
-        state is that of a statement answered with ``CommandComplete``, which it is."""
+        Around the copy messages the state is that of a statement answered with
+        ``CommandComplete``, which it is."""
         copy = answer.copy
         assert copy is not None
         columns = answer.columns or []
@@ -455,7 +444,7 @@ class PgSession:
         for sent, data in enumerate(copy_rows(copy, columns, answer.rows)):
             self.out.append(m.CopyData(data=data).to_wire())
             if sent % 256 == 255:
-                self._check_canceled()
+                self.running.check()
                 self._flush()
         self.out.append(m.CopyDone().to_wire())
 
@@ -473,8 +462,8 @@ class PgSession:
                     code=ErrorCode.TOO_MANY_PARAMETERS,
                 )
             oids += [0] * (count - len(oids))
-            self.statements[msg.statement] = _Statement(msg.query, oids)
-            self._send(m.ParseComplete())
+            self.statements[msg.statement] = Statement.parse(msg.query, oids, self.answers)
+            self.out.append(PARSE_COMPLETE)
         elif isinstance(msg, m.Bind):
             statement = self._statement(msg.statement)
             text = bind_parameters(
@@ -484,9 +473,10 @@ class PgSession:
                 statement.param_oids,
                 limits=self.limits,
                 max_chars=self.answers.limits.max_statement_chars,
+                slots=statement.slots,
             )
-            self.portals[msg.portal] = _Portal(statement, text, list(msg.result_formats))
-            self._send(m.BindComplete())
+            self.portals[msg.portal] = Portal(statement, text, list(msg.result_formats))
+            self.out.append(BIND_COMPLETE)
         elif isinstance(msg, m.Describe):
             if msg.kind == "S":
                 statement = self._statement(msg.name)
@@ -504,70 +494,64 @@ class PgSession:
                         statement.param_oids,
                         limits=self.limits,
                         max_chars=self.answers.limits.max_statement_chars,
+                        slots=statement.slots,
                     )
-                    described = None if is_blank(text) else self._run(text)
+                    described = None if statement.blank else self._run(text, statement.pull)
                     # COPY sends its rows as copy data, described by no RowDescription
                     statement.columns = (
                         None if described is None or described.copy else described.columns
                     )
-                self._describe(statement.columns, [])
+                self._describe(statement, statement.columns, [])
             else:
                 portal = self._portal(msg.name)
                 answer = self._answer(portal)
-                self._describe(
-                    None if answer.copy is not None else answer.columns, portal.result_formats
-                )
+                columns = None if answer.copy is not None else portal.columns
+                self._describe(portal.statement, columns, portal.result_formats)
         elif isinstance(msg, m.Execute):
             self._execute(self._portal(msg.portal), msg.max_rows)
         elif isinstance(msg, m.Close):
             (self.statements if msg.kind == "S" else self.portals).pop(msg.name, None)
-            self._send(m.CloseComplete())
+            self.out.append(CLOSE_COMPLETE)
         else:
             raise ClientGone  # a message this endpoint does not speak (COPY, function calls)
 
-    def _statement(self, name: str) -> _Statement:
+    def _statement(self, name: str) -> Statement:
         statement = self.statements.get(name)
         if statement is None:
             raise _unknown("prepared statement", name)
         return statement
 
-    def _portal(self, name: str) -> _Portal:
+    def _portal(self, name: str) -> Portal:
         portal = self.portals.get(name)
         if portal is None:
             raise _unknown("portal", name)
         return portal
 
-    def _answer(self, portal: _Portal) -> Answer:
+    def _answer(self, portal: Portal) -> Answer:
         if portal.answer is None:
-            if is_blank(portal.text):
+            statement = portal.statement
+            if statement.blank:
                 portal.answer = Answer(None, [], "")
             else:
-                answer = self._run(portal.text)
-                described = portal.statement.columns
-                # Keep the types the statement was described with: clients decode by them.
-                if (
-                    answer.columns is not None
-                    and described is not None
-                    and [c.name for c in described] == [c.name for c in answer.columns]
-                ):
-                    answer = replace(answer, columns=described)
+                answer = self._run(portal.text, statement.pull)
+                portal.columns = statement.columns_of(answer.columns)
                 portal.answer = answer
-            columns = portal.answer.columns or []
-            portal.encoders = [
-                c.encoder(_format_of(portal.result_formats, i) == 1) for i, c in enumerate(columns)
-            ]
+            if portal.columns:
+                portal.encoders = statement.encoding(portal.columns, portal.result_formats)[1]
         return portal.answer
 
-    def _describe(self, columns: list[PgColumn] | None, formats: list[int]) -> None:
+    def _describe(
+        self, statement: Statement, columns: list[PgColumn] | None, formats: list[int]
+    ) -> None:
         if columns is None:
-            self._send(m.NoData())
+            self.out.append(NO_DATA)
         else:
-            self._send(m.RowDescription(fields=_fields(columns, formats)))
+            self.out.append(statement.encoding(columns, formats)[0])
 
-    def _execute(self, portal: _Portal, max_rows: int) -> None:
+    def _execute(self, portal: Portal, max_rows: int) -> None:
         answer = self._answer(portal)
         if not answer.tag and answer.columns is None:
-            self._send(m.EmptyQueryResponse())
+            self.out.append(EMPTY_QUERY)
             return
         if answer.copy is not None:
             self._copy_out(answer)
@@ -575,42 +559,9 @@ class PgSession:
             count = max_rows if max_rows > 0 else None
             portal.sent += self._rows(answer, portal.encoders, portal.sent, count)
             if portal.sent < len(answer.rows):
-                self._send(m.PortalSuspended())
+                self.out.append(PORTAL_SUSPENDED)
                 return
-        self._send(m.CommandComplete(tag=answer.tag))
-
-
-def _fatal(sqlstate: str, message: str) -> dict[str, str]:
-    return {"S": "FATAL", "V": "FATAL", "C": sqlstate, "M": message}
-
-
-def _throttled(peer: str, wait: float) -> dict[str, str]:
-    """A login refused unchecked: its address failed too often lately (SQLSTATE 28000,
-    invalid_authorization_specification, not 28P01: no password was judged)."""
-    return _fatal(
-        "28000",
-        f"too many failed authentications from {peer}: the password was not checked; "
-        f"retry in {wait:.1f} s",
-    )
-
-
-def _format_of(formats: Sequence[int], index: int) -> int:
-    if not formats:
-        return 0
-    return formats[0] if len(formats) == 1 else formats[index]
-
-
-def _fields(columns: Sequence[PgColumn], formats: Sequence[int]) -> list[m.FieldDescription]:
-    return [
-        m.FieldDescription(
-            name=c.name,
-            type_oid=c.type.oid,
-            type_size=c.type.size,
-            type_modifier=-1,
-            format_code=_format_of(formats, i),
-        )
-        for i, c in enumerate(columns)
-    ]
+        self.out.append(command_complete(answer.tag))
 
 
 def _unknown(what: str, name: str) -> Exception:
