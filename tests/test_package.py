@@ -36,6 +36,7 @@ LAYERS = [
     {"schema"},
     {"stores"},
     {"changelog"},
+    {"publish"},  # a table's changelog produced to a Kafka topic (needs no Spark)
     {"checkpoint"},  # reads a Spark streaming checkpoint's state in place
     {"wire"},  # encodings of requests and results, shared by server, cluster and client
     {"sql"},  # the SQL engine runs over anything that answers StateQueryRequests
