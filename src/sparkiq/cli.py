@@ -194,6 +194,53 @@ def _parser() -> argparse.ArgumentParser:
         help="then delete files older than this many seconds that no snapshot needs",
     )
 
+    publish = commands.add_parser(
+        "publish",
+        help="publish a table to a compacted Kafka topic, exactly once (docs/kafka.md)",
+        description="Follows the table's changelog and produces every committed batch to "
+        "the topic in one Kafka transaction (created compacted when absent; its schema goes "
+        "to the topic sparkiq-schemas). Resumes where the topic stopped; one publisher per "
+        "table and topic (a second one fences the first). Logs its lag; stops on SIGTERM or "
+        "Ctrl-C. Needs sparkiq[kafka].",
+    )
+    publish.add_argument(
+        "--state-dir",
+        default=_env("SPARKIQ_STATE_DIR", None),
+        help="the state_dir holding the table [SPARKIQ_STATE_DIR]",
+    )
+    publish.add_argument("--table", required=True, help="the table to publish")
+    publish.add_argument("--topic", required=True, help="the Kafka topic to publish it to")
+    publish.add_argument(
+        "--bootstrap-servers",
+        default=_env("SPARKIQ_KAFKA_BOOTSTRAP", None),
+        help="Kafka bootstrap servers, host:port,... [SPARKIQ_KAFKA_BOOTSTRAP]",
+    )
+    publish.add_argument(
+        "--config",
+        action="append",
+        metavar="NAME=VALUE",
+        default=[],
+        help="a Kafka client setting (librdkafka's names, e.g. security.protocol=SSL; repeatable)",
+    )
+    publish.add_argument(
+        "--key-format",
+        choices=("json", "kafka"),
+        default=_env("SPARKIQ_PUBLISH_KEY_FORMAT", "json"),
+        help="how keys are written: json, or kafka (ksqlDB's KAFKA format, one key column) "
+        "[SPARKIQ_PUBLISH_KEY_FORMAT, default json]",
+    )
+    publish.add_argument(
+        "--once",
+        action="store_true",
+        help="publish what is committed now, then exit (instead of following the table)",
+    )
+    publish.add_argument(
+        "--status-interval",
+        type=float,
+        default=10.0,
+        help="seconds between status lines in the log (default 10)",
+    )
+
     serve = commands.add_parser(
         "serve",
         help="run a serving node: host replicas, join a cluster, answer over HTTP",
@@ -353,6 +400,39 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _publish(args: argparse.Namespace) -> int:
+    from sparkiq.publish.command import run_publish
+
+    if not args.state_dir or not args.bootstrap_servers:
+        missing = (
+            "--state-dir (SPARKIQ_STATE_DIR)"
+            if not args.state_dir
+            else ("--bootstrap-servers (SPARKIQ_KAFKA_BOOTSTRAP)")
+        )
+        print(f"sparkiq publish: {missing} is required", file=sys.stderr)
+        return 2
+    config: dict[str, str] = {"bootstrap.servers": args.bootstrap_servers}
+    for item in args.config:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            print(
+                f"sparkiq publish: --config {item!r}: expected NAME=VALUE, e.g. "
+                "security.protocol=SSL",
+                file=sys.stderr,
+            )
+            return 2
+        config[name.strip()] = value
+    return run_publish(
+        args.state_dir,
+        args.table,
+        args.topic,
+        config,
+        key_format=args.key_format,
+        once=args.once,
+        status_interval=args.status_interval,
+    )
+
+
 def _checkpoints(items: Sequence[str]) -> dict[str, str]:
     """``NAME=URI`` items (empty ones skipped) as a dict; ValueError naming a bad one."""
     out: dict[str, str] = {}
@@ -488,6 +568,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _compact(args.state_dir, args.table, args.retention)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "publish":
+        return _publish(args)
     if args.command == "query":
         return _query(args)
     if args.command == "tables":

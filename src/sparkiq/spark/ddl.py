@@ -5,7 +5,8 @@ Grammar (keywords in any case; one statement, optionally ending in ``;``)::
     CREATE TABLE [IF NOT EXISTS] name
         WITH (KEY = 'col' | 'col, col' | (col, col)
               [, PARTITIONS = n] [, WINDOW = 'col'] [, TOMBSTONE = 'col']
-              [, OUTPUT_MODE = 'update' | 'complete' | 'append'])
+              [, OUTPUT_MODE = 'update' | 'complete' | 'append']
+              [, KAFKA_TOPIC = 'topic' [, KEY_FORMAT = 'json' | 'kafka']])
         AS select [EMIT CHANGES]
     DROP TABLE [IF EXISTS] name [DELETE CHANGELOG]
     SHOW TABLES
@@ -18,7 +19,9 @@ temporary view of its name; only the FROM names are checked here first, so that 
 the registered streams instead of raising a Spark analysis error. The resulting streaming
 DataFrame is materialized by :meth:`~sparkiq.spark.app.App.materialize` with the options as
 its arguments. ``EMIT CHANGES`` is accepted and ignored: a table's query runs continuously
-anyway (as ksqlDB's KLIP-8 makes it implicit for persistent queries).
+anyway (as ksqlDB's KLIP-8 makes it implicit for persistent queries). ``KAFKA_TOPIC``
+publishes the table to that compacted topic (``materialize(kafka_topic=...)``, with the
+App's ``kafka_config``), in ksqlDB's ``KEY_FORMAT`` (docs/kafka.md).
 
 These statements change what the writer runs, so only :meth:`App.sql` executes them: no
 node, router or REST route can reach this module (the package layering forbids it, and nodes
@@ -74,7 +77,7 @@ SUPPORTED = (
     "[DELETE CHANGELOG], SHOW TABLES and DESCRIBE name here, and pull queries (SELECT, "
     "EXPLAIN) on the local node"
 )
-OPTIONS = ("KEY", "PARTITIONS", "WINDOW", "OUTPUT_MODE", "TOMBSTONE")
+OPTIONS = ("KEY", "PARTITIONS", "WINDOW", "OUTPUT_MODE", "TOMBSTONE", "KAFKA_TOPIC", "KEY_FORMAT")
 _GRAMMAR = {
     "CREATE": "CREATE TABLE [IF NOT EXISTS] name WITH (KEY = 'column', PARTITIONS = n) "
     "AS SELECT ...",
@@ -116,6 +119,8 @@ class Materialize(Protocol):
         window: str | None = ...,
         tombstone: str | None = ...,
         output_mode: str = ...,
+        kafka_topic: str | None = ...,
+        kafka_key_format: str = ...,
     ) -> TableView: ...
 
 
@@ -145,6 +150,8 @@ class CreateTable:
     window: str | None = None
     output_mode: str | None = None
     tombstone: str | None = None
+    kafka_topic: str | None = None
+    key_format: str | None = None
     if_not_exists: bool = False
     text: str = ""
 
@@ -399,6 +406,13 @@ class _Parser:
                 )
         window = options.get("WINDOW")
         tombstone = options.get("TOMBSTONE")
+        topic, key_format = options.get("KAFKA_TOPIC"), options.get("KEY_FORMAT")
+        if key_format is not None and topic is None:
+            raise ConfigError(
+                f"KEY_FORMAT is the format of the keys published to Kafka: give KAFKA_TOPIC = "
+                f"'topic' too (CREATE TABLE {name} WITH (KEY = ..., KAFKA_TOPIC = '{name}'))",
+                store=name,
+            )
         return CreateTable(
             name=name,
             select=select,
@@ -407,6 +421,10 @@ class _Parser:
             window=None if window is None else _string(window, "WINDOW", name),
             output_mode=output_mode,
             tombstone=None if tombstone is None else _string(tombstone, "TOMBSTONE", name),
+            kafka_topic=None if topic is None else _string(topic, "KAFKA_TOPIC", name),
+            key_format=None
+            if key_format is None
+            else _string(key_format, "KEY_FORMAT", name).lower(),
             if_not_exists=if_not_exists,
             text=self.text.strip(),
         )
@@ -570,6 +588,10 @@ def _create(writer: Writer, create: CreateTable) -> SqlResult:
         options["partitions"] = create.partitions
     if create.output_mode is not None:
         options["output_mode"] = create.output_mode
+    if create.kafka_topic is not None:
+        options["kafka_topic"] = create.kafka_topic
+    if create.key_format is not None:
+        options["kafka_key_format"] = create.key_format
     table = writer.materialize(name, df, key=list(create.key), **options)
     table.sql = create.text
     return _status(name, "started" if table.query is not None else "created")
