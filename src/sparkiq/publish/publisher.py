@@ -163,6 +163,7 @@ class TablePublisher:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._stopped_by: PublishError | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -201,11 +202,7 @@ class TablePublisher:
                 if self.publish_available(stop) == 0:
                     stop.wait(self.poll_interval)
                 backoff = 0.5
-            except PublisherFencedError as exc:
-                self._fail("fenced", exc)
-                return
-            except PublishError as exc:
-                self._fail("failed", exc)
+            except PublishError:  # the status and the log say why
                 return
             except (ChangelogError, self._kafka.KafkaException, OSError) as exc:
                 self._set(state="retrying", error=_text(exc))
@@ -262,7 +259,21 @@ class TablePublisher:
 
     def publish_available(self, stop: threading.Event | None = None) -> int:
         """Connect if needed, then publish every batch committed now that the topic lacks;
-        return how many batches were published (0: caught up)."""
+        return how many batches were published (0: caught up).
+
+        A :class:`PublishError` (fenced, a gap, a refused topic, a fatal producer error)
+        stops this publisher for good: it is raised again by every later call, and never
+        followed by a reconnection, which would fence the publisher that took over."""
+        if self._stopped_by is not None:
+            raise self._stopped_by
+        try:
+            return self._publish_available(stop)
+        except PublishError as exc:
+            self._stopped_by = exc
+            self._fail("fenced" if isinstance(exc, PublisherFencedError) else "failed", exc)
+            raise
+
+    def _publish_available(self, stop: threading.Event | None) -> int:
         if self._producer is None:
             self._connect()
         pending = self._pending()
@@ -277,7 +288,7 @@ class TablePublisher:
                 self._rows_behind = max(0, self._rows_behind - record.rows)
                 self._changed.notify_all()
             count += 1
-        if not pending:
+        if self._published >= self._head:
             self._set(state="caught_up", error=None)
         return count
 
@@ -387,7 +398,7 @@ class TablePublisher:
                             producer.poll(0.05)
             self._records += sum(len(keys) for keys, _ in encoded)
 
-        self._in_transaction(produce_all)
+        self._in_transaction(produce_all, f"batch {record.batch_id}")
 
     def _encoded(self, record: CommitRecord) -> list[tuple[list[bytes], list[bytes | None]]]:
         """Key and value bytes of every change of a batch, by changelog partition."""
@@ -416,17 +427,18 @@ class TablePublisher:
             out.append((gone, [None] * len(gone)))
         return out
 
-    def _in_transaction(self, produce: Any) -> None:
+    def _in_transaction(self, produce: Any, batch: str | None = None) -> None:
         """Run ``produce`` in one transaction and commit it; an abortable failure aborts and
-        runs it again, whole."""
+        runs it again, whole. ``batch`` names a batch's transaction (the test pause)."""
         producer = self._producer
-        pause = float(os.environ.get(PAUSE_VARIABLE) or 0)
+        pause = float(os.environ.get(PAUSE_VARIABLE) or 0) if batch else 0.0
         while True:
             self._transact(producer.begin_transaction)
             try:
                 produce()
                 if pause:
                     producer.flush(self.timeout)
+                    log.info("%s: test pause: %s produced, not committed", self._name, batch)
                     time.sleep(pause)
                 self._commit()
                 return
@@ -461,14 +473,27 @@ class TablePublisher:
                 raise fenced from exc
             raise
 
-    def _fenced(self, exc: BaseException) -> PublisherFencedError | None:
+    def _fenced(self, exc: BaseException) -> PublishError | None:
+        """The error that stops this publisher for ``exc``: fenced, or a fatal producer
+        error (the producer cannot go on; a new one would fence whoever took over); None
+        for another error."""
         error = exc.args[0] if exc.args else None
         codes = {
             getattr(self._kafka.KafkaError, name, None)
             for name in ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
         }
-        if error is None or error.code() not in codes:
+        if error is None or not hasattr(error, "code"):
             return None
+        fenced = error.code() in codes or (error.fatal() and "fenced" in _text(exc).lower())
+        if not fenced:
+            if not error.fatal():
+                return None
+            return PublishError(
+                f"{self._name}: the Kafka producer failed for good ({_text(exc)}); this "
+                "publisher stops. Fix the cause, then start it again: it resumes where the "
+                "topic stopped.",
+                store=self.table,
+            )
         return PublisherFencedError(
             f"{self._name}: another publisher with transactional id "
             f"{self.transactional_id!r} took over ({_text(exc)}); this one stops. Run one "

@@ -109,7 +109,7 @@ def _float32_json(value: float) -> Any:
     # the stored value is the float32 widened exactly; its shortest float32 spelling is what
     # Spark's to_json and every JVM client print
     return (
-        _float_json(float(repr(np.float32(value)))) if math.isfinite(value) else _float_json(value)
+        _float_json(float(str(np.float32(value)))) if math.isfinite(value) else _float_json(value)
     )
 
 

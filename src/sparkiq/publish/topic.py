@@ -182,6 +182,27 @@ def _read_to_end(
     return out
 
 
+def watermarks(kafka: Any, consumer: Any, tp: Any, timeout: float) -> tuple[int, int]:
+    """A partition's low and high watermarks; retried while the broker says it is not ready
+    (a topic just created: its leader may not know yet that it leads)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+            return int(low), int(high)
+        except kafka.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            codes = {
+                kafka.KafkaError.NOT_LEADER_FOR_PARTITION,
+                kafka.KafkaError.LEADER_NOT_AVAILABLE,
+                kafka.KafkaError.UNKNOWN_TOPIC_OR_PART,
+            }
+            ready = error is not None and (error.retriable() or error.code() in codes)
+            if not ready or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def last_published_batch(
     kafka: Any, consumer: Any, topic: str, partitions: int, table: str, *, timeout: float
 ) -> int:
@@ -193,9 +214,7 @@ def last_published_batch(
     sparkiq did not publish."""
     bounds = {}
     for p in range(partitions):
-        low, high = consumer.get_watermark_offsets(
-            kafka.TopicPartition(topic, p), timeout=timeout, cached=False
-        )
+        low, high = watermarks(kafka, consumer, kafka.TopicPartition(topic, p), timeout)
         if high > low:
             bounds[p] = (low, high)
     newest = -1
@@ -235,8 +254,7 @@ def read_schema_record(
     kafka: Any, consumer: Any, schema_topic: str, topic: str, *, timeout: float
 ) -> dict[str, Any] | None:
     """The newest committed schema record of ``topic`` in ``schema_topic`` (None: none)."""
-    tp = kafka.TopicPartition(schema_topic, 0)
-    low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+    low, high = watermarks(kafka, consumer, kafka.TopicPartition(schema_topic, 0), timeout)
     if high <= low:
         return None
     found: dict[str, Any] | None = None
