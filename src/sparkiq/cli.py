@@ -403,30 +403,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     from sparkiq.publish.command import run_publish
 
-    if not args.state_dir or not args.bootstrap_servers:
-        missing = (
-            "--state-dir (SPARKIQ_STATE_DIR)"
-            if not args.state_dir
-            else ("--bootstrap-servers (SPARKIQ_KAFKA_BOOTSTRAP)")
-        )
-        print(f"sparkiq publish: {missing} is required", file=sys.stderr)
-        return 2
-    config: dict[str, str] = {"bootstrap.servers": args.bootstrap_servers}
-    for item in args.config:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            print(
-                f"sparkiq publish: --config {item!r}: expected NAME=VALUE, e.g. "
-                "security.protocol=SSL",
-                file=sys.stderr,
-            )
-            return 2
-        config[name.strip()] = value
     return run_publish(
         args.state_dir,
         args.table,
         args.topic,
-        config,
+        args.bootstrap_servers,
+        args.config,
         key_format=args.key_format,
         once=args.once,
         status_interval=args.status_interval,

@@ -291,6 +291,16 @@ def test_refusals_name_the_problem(kafka_bootstrap: str, tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="unknown value_format 'avro'"):
         TablePublisher(state, "t", "x", servers, value_format="avro")
 
+    # the command line says which argument is wrong, exit code 2
+    command = [sys.executable, "-m", "sparkiq.cli", "publish", "--state-dir", state]
+    command += ["--table", "t", "--topic", "x", "--bootstrap-servers", kafka_bootstrap]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    bad = subprocess.run([*command, "--config", "acks"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2
+    assert "--config 'acks': expected NAME=VALUE" in bad.stderr
+    bad = subprocess.run([*command, "--config", "acks=1"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and "kafka_config sets acks='1'" in bad.stderr
+
     # another table's topic
     mine = topic_name("mine")
     publish_once(state, "t", mine, kafka_bootstrap)

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from sparkiq import App
-from sparkiq.testing import table_rows
+from sparkiq.changelog import open_storage
+from sparkiq.changelog.writer_status import read_writer_status
+from sparkiq.testing import table_rows, wait_until
 from tests.kafka.client import create_topic, produce
 from tests.kafka.pipeline import stream
 from tests.kafka.published import compacted, default_partition, read_topic, schema_record
@@ -99,9 +101,18 @@ def test_a_published_pipeline_equals_its_table_after_every_round(
         assert gone == {b'"u5"', b'"u6"', b'"u7"', b'"u0"'}
         assert all(r.partition == default_partition(r.key, 3) for r in topic)
         assert schema_record(kafka_bootstrap, published)["table"] == "accounts"
+
+        # its lag is in the writer's status record (sparkiq status, /metrics)
+        def recorded() -> dict[str, Any]:
+            record = read_writer_status(open_storage(app.state_dir), "accounts")
+            return {} if record is None or not record.publishing else record.publishing[0]
+
+        wait_until(lambda: recorded().get("published_batch") == batch, 60, "no publisher status")
+        assert recorded()["batches_behind"] == 0 and recorded()["topic"] == published
     finally:
         app.stop()
     assert table.publisher is None  # stopped with its query
+    assert recorded()["state"] == "stopped"
 
     # Spark's Kafka reader (the Java client), read_committed, sees the same records
     seen = (

@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 from sparkiq.errors import SparkiqError
 from sparkiq.publish.publisher import TablePublisher
@@ -18,10 +18,11 @@ log = logging.getLogger("sparkiq.publish")
 
 
 def run_publish(
-    state_dir: str,
+    state_dir: str | None,
     table: str,
     topic: str,
-    config: Mapping[str, str],
+    bootstrap_servers: str | None,
+    settings: Sequence[str] = (),
     *,
     key_format: str = "json",
     once: bool = False,
@@ -29,8 +30,28 @@ def run_publish(
 ) -> int:
     """Publish ``table`` to ``topic`` until SIGTERM or Ctrl-C (exit code 0), or until the
     publisher stops on a failure it cannot retry (1, the reason on stderr); ``once``:
-    publish what is committed now and exit. Logs a status line (its lag) every
-    ``status_interval`` seconds."""
+    publish what is committed now and exit. ``settings`` are Kafka client settings as
+    ``NAME=VALUE``. Logs a status line (its lag) every ``status_interval`` seconds. A
+    missing or malformed argument: 2, saying which."""
+    if not state_dir or not bootstrap_servers:
+        missing = (
+            "--state-dir (SPARKIQ_STATE_DIR)"
+            if not state_dir
+            else ("--bootstrap-servers (SPARKIQ_KAFKA_BOOTSTRAP)")
+        )
+        print(f"sparkiq publish: {missing} is required", file=sys.stderr)
+        return 2
+    config = {"bootstrap.servers": bootstrap_servers}
+    for item in settings:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            print(
+                f"sparkiq publish: --config {item!r}: expected NAME=VALUE, e.g. "
+                "security.protocol=SSL",
+                file=sys.stderr,
+            )
+            return 2
+        config[name.strip()] = value
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         publisher = TablePublisher(state_dir, table, topic, config, key_format=key_format)

@@ -90,6 +90,18 @@ class PublisherStatus:
     error: str | None
     updated_at: float
 
+    def to_record(self) -> dict[str, Any]:
+        """The fields the writer status record keeps (:mod:`sparkiq.changelog.writer_status`)."""
+        return {
+            "topic": self.topic,
+            "state": self.state,
+            "published_batch": self.published_batch,
+            "head_batch": self.head_batch,
+            "batches_behind": self.batches_behind,
+            "rows_behind": self.rows_behind,
+            "error": self.error,
+        }
+
     def line(self) -> str:
         """One line for a log or a status display."""
         text = (

@@ -298,7 +298,9 @@ class App:
                 self.name, self.state_dir, self._watched, self._on_commit, self._poll_interval
             )
             self._watcher.start()
-            self._reporter = WriterReporter(self.name, self.state_dir, self._reported)
+            self._reporter = WriterReporter(
+                self.name, self.state_dir, self._reported, publishing=self._publishing
+            )
             self._reporter.start()
             self._started = True
         return self
@@ -472,6 +474,12 @@ class App:
         writer status reporter writes about)."""
         return [(t.name, t.query, t.committed_batch_id) for t in self._tables.values() if t.query]
 
+    def _publishing(self, name: str) -> tuple[dict[str, Any], ...]:
+        """Table ``name``'s publisher to Kafka as its writer status record shows it."""
+        table = self._tables.get(name)
+        publisher = None if table is None else table.publisher
+        return () if publisher is None else (publisher.status().to_record(),)
+
     def _on_commit(self, table: Table, batch_id: int) -> None:
         """The commit watcher saw ``batch_id`` of ``table`` committed."""
         table.committed_batch_id = max(table.committed_batch_id, batch_id)
@@ -531,11 +539,14 @@ class App:
             table.query = None
             # stopped, or failed when it had failed before (readers keep seeing the reason)
             self._read_commits_quietly(table)
-            final_status(self.state_dir, table.name, query, table.committed_batch_id)
-        publisher, table.publisher = table.publisher, None
-        if publisher is not None:  # what the query committed goes out before it stops
-            publisher.wait_for(table.committed_batch_id, timeout)
-            publisher.stop()
+            publisher, table.publisher = table.publisher, None
+            if publisher is not None:  # what the query committed goes out before it stops
+                publisher.wait_for(table.committed_batch_id, timeout)
+                publisher.stop()
+            publishing = () if publisher is None else (publisher.status().to_record(),)
+            final_status(
+                self.state_dir, table.name, query, table.committed_batch_id, publishing=publishing
+            )
 
     def _read_commits_quietly(self, table: Table) -> None:
         try:

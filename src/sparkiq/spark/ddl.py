@@ -19,9 +19,8 @@ temporary view of its name; only the FROM names are checked here first, so that 
 the registered streams instead of raising a Spark analysis error. The resulting streaming
 DataFrame is materialized by :meth:`~sparkiq.spark.app.App.materialize` with the options as
 its arguments. ``EMIT CHANGES`` is accepted and ignored: a table's query runs continuously
-anyway (as ksqlDB's KLIP-8 makes it implicit for persistent queries). ``KAFKA_TOPIC``
-publishes the table to that compacted topic (``materialize(kafka_topic=...)``, with the
-App's ``kafka_config``), in ksqlDB's ``KEY_FORMAT`` (docs/kafka.md).
+anyway (as ksqlDB's KLIP-8 makes it implicit for persistent queries). ``KAFKA_TOPIC`` and
+``KEY_FORMAT`` are ``materialize``'s ``kafka_topic`` and ``kafka_key_format`` (docs/kafka.md).
 
 These statements change what the writer runs, so only :meth:`App.sql` executes them: no
 node, router or REST route can reach this module (the package layering forbids it, and nodes
@@ -119,8 +118,6 @@ class Materialize(Protocol):
         window: str | None = ...,
         tombstone: str | None = ...,
         output_mode: str = ...,
-        kafka_topic: str | None = ...,
-        kafka_key_format: str = ...,
     ) -> TableView: ...
 
 
@@ -151,7 +148,7 @@ class CreateTable:
     output_mode: str | None = None
     tombstone: str | None = None
     kafka_topic: str | None = None
-    key_format: str | None = None
+    key_format: str = "json"
     if_not_exists: bool = False
     text: str = ""
 
@@ -406,13 +403,7 @@ class _Parser:
                 )
         window = options.get("WINDOW")
         tombstone = options.get("TOMBSTONE")
-        topic, key_format = options.get("KAFKA_TOPIC"), options.get("KEY_FORMAT")
-        if key_format is not None and topic is None:
-            raise ConfigError(
-                f"KEY_FORMAT is the format of the keys published to Kafka: give KAFKA_TOPIC = "
-                f"'topic' too (CREATE TABLE {name} WITH (KEY = ..., KAFKA_TOPIC = '{name}'))",
-                store=name,
-            )
+        topic, key_format = options.get("KAFKA_TOPIC"), options.get("KEY_FORMAT", "json")
         return CreateTable(
             name=name,
             select=select,
@@ -422,9 +413,7 @@ class _Parser:
             output_mode=output_mode,
             tombstone=None if tombstone is None else _string(tombstone, "TOMBSTONE", name),
             kafka_topic=None if topic is None else _string(topic, "KAFKA_TOPIC", name),
-            key_format=None
-            if key_format is None
-            else _string(key_format, "KEY_FORMAT", name).lower(),
+            key_format=_string(key_format, "KEY_FORMAT", name).lower(),
             if_not_exists=if_not_exists,
             text=self.text.strip(),
         )
@@ -584,14 +573,11 @@ def _create(writer: Writer, create: CreateTable) -> SqlResult:
             store=name,
         )
     options: dict[str, Any] = {"window": create.window, "tombstone": create.tombstone}
+    options.update(kafka_topic=create.kafka_topic, kafka_key_format=create.key_format)
     if create.partitions is not None:
         options["partitions"] = create.partitions
     if create.output_mode is not None:
         options["output_mode"] = create.output_mode
-    if create.kafka_topic is not None:
-        options["kafka_topic"] = create.kafka_topic
-    if create.key_format is not None:
-        options["kafka_key_format"] = create.key_format
     table = writer.materialize(name, df, key=list(create.key), **options)
     table.sql = create.text
     return _status(name, "started" if table.query is not None else "created")

@@ -53,10 +53,11 @@ def publish_spec(
     when neither has it. Raises :class:`ConfigError` naming what is wrong."""
     name = manifest.name
     if topic is None:
-        if config is not None:
+        if config is not None or key_format != "json":
             raise ConfigError(
-                f"kafka_config is given for table {name!r} but no kafka_topic to publish it "
-                "to: add kafka_topic='name', or leave kafka_config out",
+                f"kafka_config or a key format is given for table {name!r} but no kafka_topic "
+                "(KAFKA_TOPIC in SQL) to publish it to: add kafka_topic='name', or leave them "
+                "out",
                 store=name,
             )
         return None
