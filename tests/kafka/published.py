@@ -36,6 +36,7 @@ def read_topic(servers: str, topic: str, *, committed: bool = True) -> list[Reco
             "enable.auto.commit": False,
             "isolation.level": "read_committed" if committed else "read_uncommitted",
             "enable.partition.eof": True,
+            "fetch.wait.max.ms": 20,  # it reads to the end and stops
         }
     )
     try:
@@ -46,7 +47,7 @@ def read_topic(servers: str, topic: str, *, committed: bool = True) -> list[Reco
         deadline = time.monotonic() + 60
         while pending:
             assert time.monotonic() < deadline, f"{topic}: {sorted(pending)} never reached the end"
-            for message in consumer.consume(1000, timeout=0.5):
+            for message in consumer.consume(1000, timeout=0.1):
                 error = message.error()
                 if error is not None:
                     assert error.code() == KafkaError._PARTITION_EOF, error.str()

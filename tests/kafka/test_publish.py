@@ -29,6 +29,7 @@ from sparkiq.errors import ConfigError
 from sparkiq.publish.errors import PublisherFencedError, PublishError, PublishGapError
 from sparkiq.publish.publisher import PAUSE_VARIABLE, TablePublisher
 from sparkiq.query.position import Position
+from sparkiq.spark.maintenance import compact_table
 from sparkiq.testing import write_table
 from tests.kafka.client import create_topic
 from tests.kafka.published import (
@@ -309,19 +310,40 @@ def test_refusals_name_the_problem(kafka_bootstrap: str, tmp_path: Path) -> None
         publish_once(state, "other", mine, kafka_bootstrap)
 
 
-def test_a_gap_left_by_retention_is_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_a_gap_left_by_retention_is_refused_and_an_empty_topic_starts_from_snapshots(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     state = str(tmp_path)
-    writer = write_table(state, "t", [{"k": "a", "n": 1}], key="k")
+    writer = write_table(state, "t", [{"k": "a", "n": 1}, {"k": "b", "n": 1}], key="k")
     topic = topic_name("gap")
     publish_once(state, "t", topic, kafka_bootstrap)
-    for n in range(2, 5):
-        writer.write([{"k": "a", "n": n}])
+    writer.write([{"k": "a", "n": 2}, {"k": "c", "n": 2}], deletes=["b"])
+    writer.write([{"k": "c", "n": 3}])
+    writer.write([{"k": "d", "n": 4}], deletes=["a"])
+    compact_table(state, "t")  # snapshots at batch 3, then retention deletes what they cover
     changelog = Changelog(state, "t")
-    for batch in (1, 2):  # what retention deletes: the oldest commit records
+    for batch in (0, 1, 2):
         os.remove(changelog.commit_path(batch))
     with pytest.raises(PublishGapError, match=r"batches 1\.\.2 were deleted by retention"):
         publish_once(state, "t", topic, kafka_bootstrap)
     assert {r.batch for r in read_topic(kafka_bootstrap, topic)} == {0}
+
+    # an empty topic starts with the table's rows at its newest batch, then follows it
+    fresh = topic_name("fresh")
+    assert publish_once(state, "t", fresh, kafka_bootstrap) == 0  # batch 3 was the start
+    records = read_topic(kafka_bootstrap, fresh)
+    assert sorted((r.key, r.batch) for r in records) == [(b'"c"', 3), (b'"d"', 3)]
+    writer.write([{"k": "e", "n": 5}], deletes=["c"])
+    assert publish_once(state, "t", fresh, kafka_bootstrap) == 1
+    records = read_topic(kafka_bootstrap, fresh)
+    assert compacted(records) == {b'"d"': {"k": "d", "n": 4}, b'"e"': {"k": "e", "n": 5}}
+    assert sorted(r.batch for r in records) == [3, 3, 4, 4]
+
+    # without a snapshot, a table whose first batch is gone cannot start a topic
+    write_table(state, "u", [{"k": "a", "n": 1}], key="k").write([{"k": "b", "n": 2}])
+    os.remove(Changelog(state, "u").commit_path(0))
+    with pytest.raises(PublishGapError, match=r"no snapshot and batch 0 after it is gone"):
+        publish_once(state, "u", topic_name("fresh"), kafka_bootstrap)
 
 
 def test_a_second_publisher_fences_the_first(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -416,7 +438,7 @@ def test_kill_9_at_random_points_publishes_every_batch_exactly_once(
                 assert lines.wait_for("test pause", 120, times=2), "the publisher never paused"
                 inside += 1
             else:  # anywhere: connecting, reading back, producing, committing, idle
-                time.sleep(rng.uniform(0.5, 3.0))
+                time.sleep(rng.uniform(0.3, 2.0))
         finally:
             process.send_signal(signal.SIGKILL)
             process.wait(30)

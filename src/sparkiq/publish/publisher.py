@@ -47,6 +47,7 @@ from sparkiq.errors import ChangelogError, ConfigError
 from sparkiq.publish import topic as topics
 from sparkiq.publish.errors import PublisherFencedError, PublishError, PublishGapError
 from sparkiq.publish.records import SCHEMA_TOPIC, RecordEncoder, schema_document
+from sparkiq.publish.state import state_at
 from sparkiq.query.position import Position
 
 __all__ = ["PAUSE_VARIABLE", "PublisherStatus", "TablePublisher", "transactional_id"]
@@ -318,14 +319,26 @@ class TablePublisher:
         self._set(head=head, rows_behind=sum(r.rows for r in records))
         return records
 
-    def _gap(self, wanted: int, first: int) -> PublishGapError:
+    def _publish_state(self, first: int, head: int) -> int:
+        """Start an empty topic whose table's first batches are gone with the table's rows
+        at batch ``head`` (:mod:`sparkiq.publish.state`); return ``head``."""
+        record = self.changelog.read_commit(head)
+        state = state_at(self.changelog, head)
+        if record is None or isinstance(state, str):
+            raise self._gap(0, first, f" ({state})" if isinstance(state, str) else "")
+        log.info("%s: the table's first batches are gone: starting with its rows", self._name)
+        self._produce(record, [self.encoder.encode(keys, rows) for keys, rows in state])
+        return head
+
+    def _gap(self, wanted: int, first: int, why: str = "") -> PublishGapError:
         return PublishGapError(
             f"{self._name}: the topic holds batches up to {wanted - 1} but the changelog's "
             f"oldest batch is {first}: batches {wanted}..{first - 1} were deleted by "
-            "retention before they were published, and publishing later ones would leave the "
-            "topic wrong (their changes missing). Publish the table to a new topic (it starts "
-            "from the table's oldest batch, so keep retention long enough, or start "
-            "publishing with the table), or delete this topic and publish again.",
+            f"retention before they were published{why}, and publishing later ones would "
+            "leave the topic wrong (their changes missing). Publish the table to a new topic "
+            "(an empty topic starts with the table's rows, from its snapshots: `sparkiq "
+            "compact` writes them), or delete this topic and publish again; keep retention "
+            "longer than a publisher may be down.",
             store=self.table,
         )
 
@@ -380,14 +393,22 @@ class TablePublisher:
 
             value = json.dumps(schema, separators=(",", ":")).encode()
             self._in_transaction(lambda: producer.produce(SCHEMA_TOPIC, value, self.topic.encode()))
-        first = self.changelog.committed_batch_ids()
-        if first and first[0] > published + 1:
-            raise self._gap(published + 1, first[0])
+        committed = self.changelog.committed_batch_ids()
+        if committed and committed[0] > published + 1:
+            if published >= 0:
+                raise self._gap(published + 1, committed[0])
+            published = self._publish_state(committed[0], committed[-1])
         self._set(published=published, state="publishing", error=None)
         log.info("%s: the topic holds batches up to %d", self._name, published)
 
     def _publish(self, record: CommitRecord) -> None:
-        encoded = self._encoded(record)
+        self._produce(record, self._encoded(record))
+
+    def _produce(
+        self, record: CommitRecord, encoded: list[tuple[list[bytes], list[bytes | None]]]
+    ) -> None:
+        """Produce ``encoded`` changes as batch ``record`` in one transaction (none when
+        there is nothing to produce)."""
         if not any(keys for keys, _ in encoded):
             return
         position = dict(record.position)

@@ -41,6 +41,7 @@ POSITION_HEADER = "sparkiq.position"
 # Configuration a publisher sets on its own clients; given in the user's config they would
 # change what the topic holds or how it is read back.
 _CONSUMER_OWN = {
+    "fetch.wait.max.ms",
     "group.id",
     "enable.auto.commit",
     "isolation.level",
@@ -60,6 +61,8 @@ def consumer_config(base: Mapping[str, Any]) -> dict[str, Any]:
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
+            # it reads to the end and stops: no waiting for records that are not coming
+            "fetch.wait.max.ms": 20,
         }
     )
     return config
@@ -169,7 +172,7 @@ def _read_to_end(
                     f"their end within {timeout:g} s (an open transaction of another producer "
                     "holds it? it ends when that producer commits or its transaction times out)"
                 )
-            for message in consumer.consume(1000, timeout=0.5):
+            for message in consumer.consume(1000, timeout=0.1):
                 error = message.error()
                 if error is not None:
                     if error.code() == kafka.KafkaError._PARTITION_EOF:
