@@ -19,7 +19,7 @@ import pytest
 from sparkiq import App
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.writer_status import read_writer_status
-from sparkiq.testing import table_rows, wait_until
+from sparkiq.testing import spark_kafka_jars, table_rows, wait_until
 from tests.kafka.client import create_topic, produce
 from tests.kafka.pipeline import stream
 from tests.kafka.published import compacted, default_partition, read_topic, schema_record
@@ -62,28 +62,27 @@ def as_json(value: Any) -> Any:
     return value
 
 
-def test_a_published_pipeline_equals_its_table_after_every_round(
-    kafka_spark: Any, kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    source, published = "publish-events", "publish-accounts"
-    create_topic(kafka_bootstrap, source, 2)
+def run_pipeline(
+    spark: Any, servers: str, state_dir: Path, name: str, rounds: list[Any]
+) -> list[Any]:
+    """The pipeline over a topic of its own, published to ``<name>-accounts``, checked after
+    each of ``rounds``; the records of the published topic at the end."""
+    source, published = f"{name}-events", f"{name}-accounts"
+    create_topic(servers, source, 2)
     app = App(
-        kafka_spark,
-        state_dir=str(tmp_path / "state"),
-        name="publish",
-        kafka_config={"bootstrap.servers": kafka_bootstrap},
+        spark, state_dir=str(state_dir), name=name, kafka_config={"bootstrap.servers": servers}
     )
-    app.register_stream("events", stream(kafka_spark, kafka_bootstrap, source))
+    app.register_stream("events", stream(spark, servers, source))
     app.start()
     try:
         app.sql(CREATE.format(topic=published))
         table = app.tables["accounts"]
-        for round_ in ROUNDS:
+        for round_ in rounds:
             records = [
                 (user, json.dumps({"user": user, "amount": amount, "gone": gone}))
                 for user, amount, gone in round_
             ]
-            produce(kafka_bootstrap, source, records)
+            produce(servers, source, records)
             app.process_all_available(timeout=300)
             batch = table.committed_batch_id
             assert table.publisher.wait_for(batch, timeout=120), table.publisher.status()
@@ -95,12 +94,10 @@ def test_a_published_pipeline_equals_its_table_after_every_round(
                 json.dumps(user).encode(): {c: as_json(v) for c, v in row.items()}
                 for user, row in rows.items()
             }
-            topic = read_topic(kafka_bootstrap, published)
+            topic = read_topic(servers, published)
             assert compacted(topic) == expected
-        gone = {r.key for r in topic if r.value is None}
-        assert gone == {b'"u5"', b'"u6"', b'"u7"', b'"u0"'}
         assert all(r.partition == default_partition(r.key, 3) for r in topic)
-        assert schema_record(kafka_bootstrap, published)["table"] == "accounts"
+        assert schema_record(servers, published)["table"] == "accounts"
 
         # its lag is in the writer's status record (sparkiq status, /metrics)
         def recorded() -> dict[str, Any]:
@@ -113,6 +110,16 @@ def test_a_published_pipeline_equals_its_table_after_every_round(
         app.stop()
     assert table.publisher is None  # stopped with its query
     assert recorded()["state"] == "stopped"
+    return topic
+
+
+def test_a_published_pipeline_equals_its_table_after_every_round(
+    kafka_spark: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = run_pipeline(kafka_spark, kafka_bootstrap, tmp_path / "state", "publish", ROUNDS)
+    gone = {r.key for r in topic if r.value is None}
+    assert gone == {b'"u5"', b'"u6"', b'"u7"', b'"u0"'}
+    published = "publish-accounts"
 
     # Spark's Kafka reader (the Java client), read_committed, sees the same records
     seen = (
@@ -132,3 +139,13 @@ def test_a_published_pipeline_equals_its_table_after_every_round(
     assert sorted((r["partition"], r["offset"], int(r["batch"])) for r in seen) == sorted(
         (r.partition, r.offset, r.batch) for r in topic
     )
+
+
+def test_a_published_pipeline_under_spark_connect(
+    connect_spark: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The App on a Spark Connect session: the sink runs in the Connect server's Python, the
+    publisher on a thread of this (the client's) process, following the changelog. Its
+    first two rounds (the second has deletes)."""
+    spark_kafka_jars()  # raises ConfigError naming `make jvm-jars` when missing
+    run_pipeline(connect_spark, kafka_bootstrap, tmp_path / "state", "publish-connect", ROUNDS[:2])
