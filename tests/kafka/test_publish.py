@@ -346,6 +346,22 @@ def test_a_gap_left_by_retention_is_refused_and_an_empty_topic_starts_from_snaps
         publish_once(state, "u", topic_name("fresh"), kafka_bootstrap)
 
 
+def test_a_complete_mode_batch_deletes_the_keys_it_no_longer_has(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    state = str(tmp_path)
+    rows = [{"k": k, "n": 1} for k in "abcdef"]
+    writer = write_table(state, "t", rows, key="k", partitions=2, output_mode="complete")
+    writer.write([{"k": "a", "n": 2}, {"k": "z", "n": 2}])  # the whole table now
+    topic = topic_name("complete")
+    assert publish_once(state, "t", topic, kafka_bootstrap) == 2
+    records = read_topic(kafka_bootstrap, topic)
+    assert compacted(records) == {b'"a"': {"k": "a", "n": 2}, b'"z"': {"k": "z", "n": 2}}
+    tombstones = sorted(r.key for r in records if r.value is None)
+    assert tombstones == [json.dumps(k).encode() for k in "bcdef"]
+    assert {r.batch for r in records if r.value is None} == {1}
+
+
 def test_a_second_publisher_fences_the_first(kafka_bootstrap: str, tmp_path: Path) -> None:
     state = str(tmp_path)
     writer = write_table(state, "t", [{"k": "a", "n": 1}], key="k")

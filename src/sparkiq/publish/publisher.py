@@ -60,6 +60,8 @@ PAUSE_VARIABLE = "SPARKIQ_TEST_PUBLISH_PAUSE"
 INSTALL_HINT = "pip install 'sparkiq[kafka]'"
 #: Producer settings a publisher owns: the user's config may not change them.
 _OWN = {"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random"}
+#: Seconds between listings of the commits while caught up (see ``_pending``).
+_LIST_EVERY = 30.0
 # Big batches are produced whole before the commit: let the client queue one.
 _QUEUE = {"queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_097_151}
 
@@ -177,6 +179,7 @@ class TablePublisher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._stopped_by: PublishError | None = None
+        self._listed_at = -_LIST_EVERY
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -310,9 +313,13 @@ class TablePublisher:
         PublishGapError when the next one is gone but later ones are committed."""
         wanted = self._published + 1
         records = list(self.changelog.commits_after(self._published))
-        if not records:
-            committed = self.changelog.committed_batch_ids()
-            later = [b for b in committed if b > wanted]
+        # Nothing next: caught up, or the next batch was deleted under a publisher that fell
+        # behind. Listing the commits tells (an object store LIST), so it is done when a
+        # later batch was seen before, and otherwise now and then.
+        now = time.monotonic()
+        if not records and (self._head >= wanted or now >= self._listed_at + _LIST_EVERY):
+            self._listed_at = now
+            later = [b for b in self.changelog.committed_batch_ids() if b > wanted]
             if later:
                 raise self._gap(wanted, later[0])
         head = records[-1].batch_id if records else max(self._head, self._published)
