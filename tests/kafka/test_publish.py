@@ -287,6 +287,12 @@ def test_refusals_name_the_problem(kafka_bootstrap: str, tmp_path: Path) -> None
         TablePublisher(state, "t", "x", {"bootstrap.server": kafka_bootstrap})
     with pytest.raises(ConfigError, match=r'No such configuration property: "bogus\.setting"'):
         TablePublisher(state, "t", "x", {**servers, "bogus.setting": "1"}).publish_available()
+    thread = TablePublisher(state, "t", "x", {**servers, "bogus.setting": "1"}).start()
+    try:  # on a thread (as an App runs it): stopped, and its status says why
+        assert not thread.wait_for(0, timeout=60)
+        assert thread.status().state == "failed" and "bogus.setting" in str(thread.status().error)
+    finally:
+        thread.stop()
     with pytest.raises(ConfigError, match="partitioner"):
         TablePublisher(state, "t", "x", {**servers, "partitioner": "consistent"})
     with pytest.raises(ConfigError, match="unknown value_format 'avro'"):

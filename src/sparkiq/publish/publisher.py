@@ -178,7 +178,7 @@ class TablePublisher:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._stopped_by: PublishError | None = None
+        self._stopped_by: PublishError | ConfigError | None = None
         self._listed_at = -_LIST_EVERY
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -218,7 +218,7 @@ class TablePublisher:
                 if self.publish_available(stop) == 0:
                     stop.wait(self.poll_interval)
                 backoff = 0.5
-            except PublishError:  # the status and the log say why
+            except (PublishError, ConfigError):  # the status and the log say why
                 return
             except (ChangelogError, self._kafka.KafkaException, OSError) as exc:
                 self._set(state="retrying", error=_text(exc))
@@ -227,7 +227,7 @@ class TablePublisher:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
-    def _fail(self, state: str, exc: PublishError) -> None:
+    def _fail(self, state: str, exc: PublishError | ConfigError) -> None:
         self._set(state=state, error=exc.message)
         log.error("%s: stopped: %s", self._name, exc.message)
         self._close()
@@ -277,14 +277,15 @@ class TablePublisher:
         """Connect if needed, then publish every batch committed now that the topic lacks;
         return how many batches were published (0: caught up).
 
-        A :class:`PublishError` (fenced, a gap, a refused topic, a fatal producer error)
-        stops this publisher for good: it is raised again by every later call, and never
-        followed by a reconnection, which would fence the publisher that took over."""
+        A :class:`PublishError` (fenced, a gap, a refused topic, a fatal producer error) or
+        a :class:`~sparkiq.errors.ConfigError` (a client setting librdkafka refuses) stops
+        this publisher for good: it is raised again by every later call, and never followed
+        by a reconnection, which would fence the publisher that took over."""
         if self._stopped_by is not None:
             raise self._stopped_by
         try:
             return self._publish_available(stop)
-        except PublishError as exc:
+        except (PublishError, ConfigError) as exc:
             self._stopped_by = exc
             self._fail("fenced" if isinstance(exc, PublisherFencedError) else "failed", exc)
             raise
