@@ -22,6 +22,7 @@ from sparkiq import Node
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.writer_status import WriterStatus, read_writer_status, write_writer_status
 from sparkiq.serving.writer_view import MIN_SILENT_SECONDS
+from tests.browser import CHROMIUM, chromium, open_first_table
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import wait_until
 from tests.kafka.test_kafka_lag import metric_samples
@@ -151,6 +152,14 @@ def test_a_writers_publishers_to_kafka_show_their_lag(tmp_path: Path) -> None:
             ("spent", "spent-out"): 1.0,
             ("spent", "spent-audit"): 0.0,
         }
+        if CHROMIUM is not None:  # the console's table view, under the writer
+            with chromium() as browser:
+                page = browser.new_page()
+                open_first_table(page, url)
+                page.wait_for_selector(".table-publishing")
+                shown = page.inner_text("#table-writer")
+                assert "Kafka topic spent-out: publishing, batch 40 of 43, 3 batches" in shown
+                assert "Kafka topic spent-audit: fenced" in shown
     text = status(tmp_path)
     assert (
         "  publishing to Kafka topic 'spent-out': publishing, batch 40 of 43, 3 batches / "
