@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -366,6 +367,18 @@ def test_a_complete_mode_batch_deletes_the_keys_it_no_longer_has(
     tombstones = sorted(r.key for r in records if r.value is None)
     assert tombstones == [json.dumps(k).encode() for k in "bcdef"]
     assert {r.batch for r in records if r.value is None} == {1}
+
+
+def test_a_table_rebuilt_under_its_name_is_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
+    state = str(tmp_path)
+    writer = write_table(state, "t", [{"k": "a", "n": 1}], key="k")
+    writer.write([{"k": "b", "n": 2}])
+    topic = topic_name("rebuilt")
+    assert publish_once(state, "t", topic, kafka_bootstrap) == 2
+    shutil.rmtree(Changelog(state, "t").root)
+    write_table(state, "t", [{"k": "c", "n": 3}], key="k")  # batch 0 again
+    with pytest.raises(PublishError, match="holds batch 1 but the table's newest committed"):
+        publish_once(state, "t", topic, kafka_bootstrap)
 
 
 def test_a_second_publisher_fences_the_first(kafka_bootstrap: str, tmp_path: Path) -> None:

@@ -402,6 +402,14 @@ class TablePublisher:
             value = json.dumps(schema, separators=(",", ":")).encode()
             self._in_transaction(lambda: producer.produce(SCHEMA_TOPIC, value, self.topic.encode()))
         committed = self.changelog.committed_batch_ids()
+        if published > (committed[-1] if committed else -1):
+            raise PublishError(
+                f"{self._name}: the topic holds batch {published} but the table's newest "
+                f"committed batch is {committed[-1] if committed else 'none'}: the table was "
+                "rebuilt (deleted and materialized again) since it was published there. "
+                "Publish it to a new topic, or delete this one first.",
+                store=self.table,
+            )
         if committed and committed[0] > published + 1:
             if published >= 0:
                 raise self._gap(published + 1, committed[0])
