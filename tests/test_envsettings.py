@@ -61,12 +61,20 @@ OTHER_READERS = {
     "every batch), SPARKIQ_SINK_WRITE (where segments are written) and PYSPARK_PYTHON",
     "spark/segment_writer.py": "the tests' segment fault injection (SPARKIQ_TEST_SEGMENT_FAULT)",
     "spark/worker_python.py": "the Spark worker's connect-back variables",
+    "spark/publishing.py": "SPARKIQ_KAFKA_BOOTSTRAP, the brokers an App's publishers use when "
+    "materialize names none (the App is not a node; the same variable names the brokers)",
+    "publish/publisher.py": "the tests' pause inside a transaction (SPARKIQ_TEST_PUBLISH_PAUSE)",
     "testing/sessions.py": "SPARK_REMOTE and the test Spark session's interpreter",
     "testing/kafka.py": "SPARKIQ_KAFKA_JARS and JAVA_HOME: the test broker's jars and JVM",
 }
 #: A client command reads the variable a node reads for the same value: the token it
 #: presents, the CA it trusts (one environment serves `sparkiq serve` and `sparkiq query`).
-SHARED_WITH_CLIENTS = {("cli.py", "SPARKIQ_TOKEN"), ("cli.py", "SPARKIQ_TLS_CA")}
+SHARED_WITH_CLIENTS = {
+    ("cli.py", "SPARKIQ_TOKEN"),
+    ("cli.py", "SPARKIQ_TLS_CA"),
+    ("spark/publishing.py", "SPARKIQ_KAFKA_BOOTSTRAP"),  # an App's publishers: one variable
+    ("cli.py", "SPARKIQ_KAFKA_BOOTSTRAP"),  # `sparkiq publish`: the brokers `serve` reads too
+}
 _VARIABLE = re.compile(r"SPARKIQ_[A-Z0-9_]*")
 
 

@@ -36,6 +36,7 @@ LAYERS = [
     {"schema"},
     {"stores"},
     {"changelog"},
+    {"publish"},  # a table's changelog produced to a Kafka topic (needs no Spark)
     {"checkpoint"},  # reads a Spark streaming checkpoint's state in place
     {"topics"},  # a Kafka topic followed as a table: record formats, placement, its source
     {"wire"},  # encodings of requests and results, shared by server, cluster and client

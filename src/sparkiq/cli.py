@@ -195,6 +195,53 @@ def _parser() -> argparse.ArgumentParser:
         help="then delete files older than this many seconds that no snapshot needs",
     )
 
+    publish = commands.add_parser(
+        "publish",
+        help="publish a table to a compacted Kafka topic, exactly once (docs/kafka.md)",
+        description="Follows the table's changelog and produces every committed batch to "
+        "the topic in one Kafka transaction (created compacted when absent; its schema goes "
+        "to the topic sparkiq-schemas). Resumes where the topic stopped; one publisher per "
+        "table and topic (a second one fences the first). Logs its lag; stops on SIGTERM or "
+        "Ctrl-C. Needs sparkiq[kafka].",
+    )
+    publish.add_argument(
+        "--state-dir",
+        default=_env("SPARKIQ_STATE_DIR", None),
+        help="the state_dir holding the table [SPARKIQ_STATE_DIR]",
+    )
+    publish.add_argument("--table", required=True, help="the table to publish")
+    publish.add_argument("--topic", required=True, help="the Kafka topic to publish it to")
+    publish.add_argument(
+        "--bootstrap-servers",
+        default=_env("SPARKIQ_KAFKA_BOOTSTRAP", None),
+        help="Kafka bootstrap servers, host:port,... [SPARKIQ_KAFKA_BOOTSTRAP]",
+    )
+    publish.add_argument(
+        "--config",
+        action="append",
+        metavar="NAME=VALUE",
+        default=[],
+        help="a Kafka client setting (librdkafka's names, e.g. security.protocol=SSL; repeatable)",
+    )
+    publish.add_argument(
+        "--key-format",
+        choices=("json", "kafka"),
+        default=_env("SPARKIQ_PUBLISH_KEY_FORMAT", "json"),
+        help="how keys are written: json, or kafka (ksqlDB's KAFKA format, one key column) "
+        "[SPARKIQ_PUBLISH_KEY_FORMAT, default json]",
+    )
+    publish.add_argument(
+        "--once",
+        action="store_true",
+        help="publish what is committed now, then exit (instead of following the table)",
+    )
+    publish.add_argument(
+        "--status-interval",
+        type=float,
+        default=10.0,
+        help="seconds between status lines in the log (default 10)",
+    )
+
     serve = commands.add_parser(
         "serve",
         help="run a serving node: host replicas, join a cluster, answer over HTTP",
@@ -319,7 +366,7 @@ def _serve(args: argparse.Namespace) -> int:
     from sparkiq.serving.topic import parse_topic_spec
 
     try:
-        checkpoints = _checkpoints(args.checkpoint or _env("SPARKIQ_CHECKPOINT", "").split(","))
+        checkpoints = _checkpoints(args)
         followed = args.follow_topic or _env("SPARKIQ_FOLLOW_TOPIC", "").split(";")
         topics = [parse_topic_spec(t) for t in followed if t.strip()]
     except (ValueError, SparkiqError) as exc:
@@ -369,21 +416,25 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoints(items: Sequence[str]) -> dict[str, str]:
-    """``NAME=URI`` items (empty ones skipped) as a dict; ValueError naming a bad one."""
-    out: dict[str, str] = {}
-    for item in items:
-        if not item.strip():
-            continue
-        name, sep, uri = item.strip().partition("=")
-        if not sep or not name or not uri:
-            raise ValueError(
-                f"--checkpoint {item!r}: expected NAME=URI, e.g. clicks=/data/checkpoints/clicks"
-            )
-        if name in out:
-            raise ValueError(f"--checkpoint: the name {name!r} is given twice")
-        out[name] = uri
-    return out
+def _publish(args: argparse.Namespace) -> int:
+    from sparkiq.publish.command import run_publish
+
+    return run_publish(
+        args.state_dir,
+        args.table,
+        args.topic,
+        args.bootstrap_servers,
+        args.config,
+        key_format=args.key_format,
+        once=args.once,
+        status_interval=args.status_interval,
+    )
+
+
+def _checkpoints(args: argparse.Namespace) -> dict[str, str]:
+    from sparkiq.serving.attach import checkpoint_items  # the SQL engine: not at CLI start
+
+    return checkpoint_items(args.checkpoint or _env("SPARKIQ_CHECKPOINT", "").split(","))
 
 
 def _query(args: argparse.Namespace) -> int:
@@ -488,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sparkiq.errors import SparkiqError
 
         try:
-            checkpoints = _checkpoints(args.checkpoint or _env("SPARKIQ_CHECKPOINT", "").split(","))
+            checkpoints = _checkpoints(args)
             code, text = status_text(args.state_dir, local_dirs, checkpoints)
         except ValueError as exc:
             print(f"sparkiq status: {exc}", file=sys.stderr)
@@ -504,6 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _compact(args.state_dir, args.table, args.retention)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "publish":
+        return _publish(args)
     if args.command == "query":
         return _query(args)
     if args.command == "tables":

@@ -22,6 +22,7 @@ from sparkiq import Node
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.writer_status import WriterStatus, read_writer_status, write_writer_status
 from sparkiq.serving.writer_view import MIN_SILENT_SECONDS
+from tests.browser import CHROMIUM, chromium, open_first_table
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import wait_until
 from tests.kafka.test_kafka_lag import metric_samples
@@ -101,3 +102,67 @@ def test_silent_unknown_and_torn_writers(tmp_path: Path) -> None:
     assert re.search(r"; last commit batch 0 1\d\d s ago$", table_of["quiet"]), text
     assert table_of["legacy"].startswith("  writer unknown: no writer status record"), text
     assert "writer unknown: cannot read the writer status:" in text and "fails its checksum" in text
+
+
+def test_a_writers_publishers_to_kafka_show_their_lag(tmp_path: Path) -> None:
+    """The publishers an App runs (sparkiq.publish) are in its writer status record: their
+    lag shows in ``GET /stats``, ``/metrics`` and ``sparkiq status``."""
+    storage = open_storage(str(tmp_path))
+    write_batch(make_table(str(tmp_path), "spent", partitions=1), 0, {"a": 1})
+    publishing = (
+        {
+            "topic": "spent-out",
+            "state": "publishing",
+            "published_batch": 40,
+            "head_batch": 43,
+            "batches_behind": 3,
+            "rows_behind": 1200,
+            "error": None,
+        },
+        {
+            "topic": "spent-audit",
+            "state": "fenced",
+            "published_batch": 12,
+            "head_batch": 43,
+            "batches_behind": 31,
+            "rows_behind": 9000,
+            "error": "another publisher took over",
+        },
+    )
+    record = WriterStatus("spent", "running", time.time(), batch_id=43, publishing=publishing)
+    write_writer_status(storage, record)
+    assert read_writer_status(storage, "spent") == record
+    # a record of a writer without publishers (older ones too) reads as none
+    write_writer_status(storage, replace(record, publishing=()))
+    assert read_writer_status(storage, "spent").publishing == ()  # type: ignore[union-attr]
+    write_writer_status(storage, record)
+
+    with Node(str(tmp_path), node_id="n", listen="127.0.0.1:0", standbys=0, store="memory") as n:
+        url = n.url or ""
+        wait_until(lambda: "spent" in writers(url), 120, "the node never served the table")
+        assert writers(url)["spent"]["publishing"] == [dict(p) for p in publishing]
+        labels = {("spent", "spent-out"), ("spent", "spent-audit")}
+        assert set(metric_samples(url, "sparkiq_publish_lag_batches")) == labels
+        assert metric_samples(url, "sparkiq_publish_lag_batches") == {
+            ("spent", "spent-out"): 3.0,
+            ("spent", "spent-audit"): 31.0,
+        }
+        assert metric_samples(url, "sparkiq_publish_lag_rows")[("spent", "spent-out")] == 1200.0
+        assert metric_samples(url, "sparkiq_publish_up") == {
+            ("spent", "spent-out"): 1.0,
+            ("spent", "spent-audit"): 0.0,
+        }
+        if CHROMIUM is not None:  # the console's table view, under the writer
+            with chromium() as browser:
+                page = browser.new_page()
+                open_first_table(page, url)
+                page.wait_for_selector(".table-publishing")
+                shown = page.inner_text("#table-writer")
+                assert "Kafka topic spent-out: publishing, batch 40 of 43, 3 batches" in shown
+                assert "Kafka topic spent-audit: fenced" in shown
+    text = status(tmp_path)
+    assert (
+        "  publishing to Kafka topic 'spent-out': publishing, batch 40 of 43, 3 batches / "
+        "1200 rows behind\n" in text
+    ), text
+    assert "'spent-audit': fenced, batch 12 of 43, 31 batches / 9000 rows behind; another " in text

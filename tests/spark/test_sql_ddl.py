@@ -372,8 +372,8 @@ BAD_STATEMENTS = [
     (
         "CREATE TABLE t WITH (KEY = 'user', SHARDS = 3) AS SELECT user FROM events",
         ConfigError,
-        "unknown option SHARDS; the options are KEY, PARTITIONS, WINDOW, OUTPUT_MODE, TOMBSTONE "
-        "at line 1, column 36",
+        "unknown option SHARDS; the options are KEY, PARTITIONS, WINDOW, OUTPUT_MODE, TOMBSTONE, "
+        "KAFKA_TOPIC, KEY_FORMAT at line 1, column 36",
     ),
     (
         "CREATE TABLE t WITH (KEY = 'user', key = 'page') AS SELECT user FROM events",

@@ -14,7 +14,11 @@ On-disk format, version 1 (``tables/<table>/writer.json``), a sealed record
 ``committed_at`` (that batch's commit time), ``progress_batch_id``,
 ``input_rows_per_second``, ``processed_rows_per_second``, ``batch_duration_ms`` (from the
 query's last progress, or null before its first), ``heartbeat_seconds`` (how often a running
-writer rewrites the record) and ``written_at``. Times are Unix seconds (the driver's clock).
+writer rewrites the record), ``written_at`` and ``publishing`` (the table's publishers to
+Kafka run by this driver, one object each: ``topic``, ``state``, ``published_batch``,
+``head_batch``, ``batches_behind``, ``rows_behind``, ``error``; see
+:class:`~sparkiq.publish.publisher.PublisherStatus`; absent in records written before it,
+read as none). Times are Unix seconds (the driver's clock).
 
 The record is rewritten whole, atomically (:meth:`Storage.write_atomic`), every
 ``heartbeat_seconds`` while the query runs and at once when it fails or stops. A record
@@ -65,6 +69,7 @@ class WriterStatus:
     processed_rows_per_second: float | None = None
     batch_duration_ms: float | None = None
     heartbeat_seconds: float = 2.0
+    publishing: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.state not in WRITER_STATES:
@@ -100,6 +105,7 @@ class WriterStatus:
             processed_rows_per_second=number("processed_rows_per_second"),
             batch_duration_ms=number("batch_duration_ms"),
             heartbeat_seconds=float(doc.get("heartbeat_seconds", 2.0)),
+            publishing=tuple(dict(p) for p in doc.get("publishing") or ()),
         )
 
 

@@ -258,6 +258,35 @@ class _WriterCollector:
             if w.processed_rows_per_second is not None:
                 processed_rate.add_metric(labels, w.processed_rows_per_second)
         yield from (up, state, commit_age, heartbeat_age, duration, input_rate, processed_rate)
+        yield from _publishing_metrics(self._node.writers())
+
+
+def _publishing_metrics(writers: list[Any]) -> Iterator[Metric]:
+    """Per table and Kafka topic it is published to by its writer's driver, the publisher's
+    lag behind the table's changelog (sparkiq.publish)."""
+    up = GaugeMetricFamily(
+        "sparkiq_publish_up",
+        "1 while the table's publisher to the Kafka topic runs (publishing or caught up); 0 "
+        "when it failed, was fenced, retries a fault or was stopped",
+        labels=["store", "topic"],
+    )
+    batches = GaugeMetricFamily(
+        "sparkiq_publish_lag_batches",
+        "Committed batches of the table the topic does not hold yet",
+        labels=["store", "topic"],
+    )
+    rows = GaugeMetricFamily(
+        "sparkiq_publish_lag_rows",
+        "Changed rows of the committed batches the topic does not hold yet",
+        labels=["store", "topic"],
+    )
+    for w in writers:
+        for p in w.publishing:
+            labels = [w.table, str(p.get("topic"))]
+            up.add_metric(labels, 1 if p.get("state") in ("publishing", "caught_up") else 0)
+            batches.add_metric(labels, float(p.get("batches_behind") or 0))
+            rows.add_metric(labels, float(p.get("rows_behind") or 0))
+    yield from (up, batches, rows)
 
 
 class QueryRate:

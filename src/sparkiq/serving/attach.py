@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sparkiq.changelog.replica import ReplicaStatus
@@ -35,7 +35,7 @@ from sparkiq.serving.hosting import Hosting
 from sparkiq.serving.lookup import Lookup
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 
-__all__ = ["Attached", "attach", "check_outside"]
+__all__ = ["Attached", "attach", "check_outside", "checkpoint_items"]
 
 
 def attach(
@@ -234,3 +234,21 @@ def check_outside(checkpoint_uri: str, local_dir: str) -> None:
             f"local_dir {local_dir!r} is inside the checkpoint {checkpoint_uri!r}: sparkiq "
             "never writes into a Spark checkpoint; choose a directory outside it"
         )
+
+
+def checkpoint_items(items: Sequence[str]) -> dict[str, str]:
+    """``--checkpoint NAME=URI`` items (empty ones skipped) as a dict; ValueError naming a
+    bad one."""
+    out: dict[str, str] = {}
+    for item in items:
+        if not item.strip():
+            continue
+        name, sep, uri = item.strip().partition("=")
+        if not sep or not name or not uri:
+            raise ValueError(
+                f"--checkpoint {item!r}: expected NAME=URI, e.g. clicks=/data/checkpoints/clicks"
+            )
+        if name in out:
+            raise ValueError(f"--checkpoint: the name {name!r} is given twice")
+        out[name] = uri
+    return out

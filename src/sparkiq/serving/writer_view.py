@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.writer_status import WriterStatus, read_writer_status
@@ -65,6 +66,8 @@ class WriterView:
     heartbeat_at: float | None = None
     heartbeat_age_seconds: float | None = None
     error: str | None = None  # the record could not be read (torn, another format)
+    #: the table's publishers to Kafka run by the writer (PublisherStatus.to_record each)
+    publishing: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -95,6 +98,7 @@ def writer_view(table: str, status: WriterStatus | None, now: float) -> WriterVi
         batch_duration_ms=status.batch_duration_ms,
         heartbeat_at=status.written_at,
         heartbeat_age_seconds=age,
+        publishing=status.publishing,
     )
 
 
@@ -115,8 +119,26 @@ def _clock(at: float) -> str:
     return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def publishing_lines(view: WriterView) -> list[str]:
+    """``sparkiq status``'s lines about the table's publishers to Kafka (one each)."""
+    lines = []
+    for p in view.publishing:
+        text = (
+            f"  publishing to Kafka topic {p.get('topic')!r}: {p.get('state')}, batch "
+            f"{p.get('published_batch')} of {p.get('head_batch')}, {p.get('batches_behind')} "
+            f"batches / {p.get('rows_behind')} rows behind"
+        )
+        lines.append(text + (f"; {p['error']}" if p.get("error") else ""))
+    return lines
+
+
 def writer_lines(view: WriterView) -> list[str]:
-    """``sparkiq status``'s lines about one table's writer (indented under the table)."""
+    """``sparkiq status``'s lines about one table's writer (indented under the table), and
+    its publishers to Kafka."""
+    return _writer_lines(view) + publishing_lines(view)
+
+
+def _writer_lines(view: WriterView) -> list[str]:
     if view.state == "unknown":
         why = view.error or "no writer status record (a writer older than this sparkiq?)"
         return [f"  writer unknown: {why}"]

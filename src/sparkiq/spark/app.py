@@ -60,6 +60,7 @@ from sparkiq.spark.attach import checkpoint_of
 from sparkiq.spark.commits import CommitWatcher, newest_commit, wait_between_batches
 from sparkiq.spark.failures import failure_reason, query_failed, worker_hint
 from sparkiq.spark.maintenance import TableMaintenance, compact_table
+from sparkiq.spark.publishing import PublishSpec, publish_spec
 from sparkiq.spark.sink import (
     TableSink,
     absolute_location,
@@ -90,6 +91,8 @@ class Table:
     sql: str | None = None  # the CREATE TABLE statement that defined it; None: materialize()
     #: The newest batch the driver has seen committed in the changelog (-1: none yet).
     committed_batch_id: int = -1
+    publish: PublishSpec | None = None  # kafka_topic=: where the table is published
+    publisher: Any = None  # its TablePublisher while the query runs (.status(): its lag)
 
     @property
     def partitions(self) -> int:
@@ -115,6 +118,8 @@ class App:
     Every ``snapshot_every`` batches (None: never) each table is snapshotted by a Spark job
     in the background, then files older than ``retention`` seconds that no snapshot needs
     are deleted (None: keep everything); see :mod:`sparkiq.spark.maintenance`.
+    ``kafka_config`` is the Kafka client config of tables published to a topic
+    (``kafka_topic=``), e.g. ``{"bootstrap.servers": "host:9092"}``.
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class App:
         checkpoint_dir: str | None = None,
         snapshot_every: int | None = 100,
         retention: float | None = 24 * 3600.0,
+        kafka_config: dict[str, Any] | None = None,
     ) -> None:
         if not hasattr(spark, "readStream"):
             raise ConfigError(f"App() needs a SparkSession, got {type(spark).__name__}")
@@ -164,6 +170,7 @@ class App:
             )
         self.checkpoint_dir = absolute_location(checkpoint_dir)
         self.name = name
+        self.kafka_config = kafka_config
         self._local_dir, self._store_kind, self._poll_interval = local_dir, store, poll_interval
         self._tables: dict[str, Table] = {}
         self._streams: dict[str, Any] = {}
@@ -188,6 +195,9 @@ class App:
         output_mode: str = "update",
         trigger: dict[str, Any] | None = None,
         history: dt.timedelta | int | None = None,
+        kafka_topic: str | None = None,
+        kafka_config: dict[str, Any] | None = None,
+        kafka_key_format: str = "json",
     ) -> Table:
         """Declare that streaming DataFrame ``df`` is materialized as table ``name``.
 
@@ -201,6 +211,10 @@ class App:
         (e.g. ``{"processingTime": "1 second"}``). ``history`` is how long past batches stay
         readable (``AS OF``, versioned key queries, and reads pinned to one batch while newer
         ones land): a ``timedelta``, or an int number of batches; default five minutes.
+        ``kafka_topic`` publishes the table to that compacted Kafka topic, each committed
+        batch in one transaction (docs/kafka.md), from a thread of this process;
+        ``kafka_config`` (over the App's) is the Kafka client config, ``kafka_key_format``
+        ``"json"`` or ``"kafka"``. ``table.publisher.status()`` shows its lag.
 
         Raises :class:`ConfigError` / :class:`SchemaError` / :class:`LayoutMismatchError`
         naming the problem; nothing is written until :meth:`start`. Once the App is started,
@@ -213,7 +227,10 @@ class App:
         if name in self._tables:
             raise ConfigError(f"table {name!r} is already materialized in this App", store=name)
         check_layout(Changelog(self.state_dir, name), manifest)  # before anything runs
-        table = Table(name, manifest, df, trigger)
+        spec = publish_spec(
+            manifest, kafka_topic, kafka_config, self.kafka_config, kafka_key_format
+        )
+        table = Table(name, manifest, df, trigger, publish=spec)
         with self._lock:
             if name in self._tables:
                 raise ConfigError(f"table {name!r} is already materialized in this App", store=name)
@@ -281,7 +298,9 @@ class App:
                 self.name, self.state_dir, self._watched, self._on_commit, self._poll_interval
             )
             self._watcher.start()
-            self._reporter = WriterReporter(self.name, self.state_dir, self._reported)
+            self._reporter = WriterReporter(
+                self.name, self.state_dir, self._reported, publishing=self._publishing
+            )
             self._reporter.start()
             self._started = True
         return self
@@ -367,6 +386,10 @@ class App:
         if table.trigger:
             writer = writer.trigger(**table.trigger)
         table.sink = sink
+        # checked before the query starts; runs on a driver thread, following the changelog
+        publisher = (
+            None if table.publish is None else table.publish.publisher(self.state_dir, table.name)
+        )
         try:
             table.query = writer.start()
         except Exception as exc:  # Connect starts foreachBatch's worker here
@@ -377,6 +400,8 @@ class App:
                 f"the Spark query of {table.name!r} did not start: {failure_reason(exc)}\n{hint}",
                 store=table.name,
             ) from exc
+        if publisher is not None:
+            table.publisher = publisher.start()
 
     def compact(self, table: str | None = None) -> None:
         """Snapshot ``table`` (or every table) at its newest batch now, with a Spark job, and
@@ -449,6 +474,12 @@ class App:
         writer status reporter writes about)."""
         return [(t.name, t.query, t.committed_batch_id) for t in self._tables.values() if t.query]
 
+    def _publishing(self, name: str) -> tuple[dict[str, Any], ...]:
+        """Table ``name``'s publisher to Kafka as its writer status record shows it."""
+        table = self._tables.get(name)
+        publisher = None if table is None else table.publisher
+        return () if publisher is None else (publisher.status().to_record(),)
+
     def _on_commit(self, table: Table, batch_id: int) -> None:
         """The commit watcher saw ``batch_id`` of ``table`` committed."""
         table.committed_batch_id = max(table.committed_batch_id, batch_id)
@@ -508,7 +539,14 @@ class App:
             table.query = None
             # stopped, or failed when it had failed before (readers keep seeing the reason)
             self._read_commits_quietly(table)
-            final_status(self.state_dir, table.name, query, table.committed_batch_id)
+            publisher, table.publisher = table.publisher, None
+            if publisher is not None:  # what the query committed goes out before it stops
+                publisher.wait_for(table.committed_batch_id, timeout)
+                publisher.stop()
+            publishing = () if publisher is None else (publisher.status().to_record(),)
+            final_status(
+                self.state_dir, table.name, query, table.committed_batch_id, publishing=publishing
+            )
 
     def _read_commits_quietly(self, table: Table) -> None:
         try:

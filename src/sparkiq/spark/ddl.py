@@ -5,7 +5,8 @@ Grammar (keywords in any case; one statement, optionally ending in ``;``)::
     CREATE TABLE [IF NOT EXISTS] name
         WITH (KEY = 'col' | 'col, col' | (col, col)
               [, PARTITIONS = n] [, WINDOW = 'col'] [, TOMBSTONE = 'col']
-              [, OUTPUT_MODE = 'update' | 'complete' | 'append'])
+              [, OUTPUT_MODE = 'update' | 'complete' | 'append']
+              [, KAFKA_TOPIC = 'topic' [, KEY_FORMAT = 'json' | 'kafka']])
         AS select [EMIT CHANGES]
     DROP TABLE [IF EXISTS] name [DELETE CHANGELOG]
     SHOW TABLES
@@ -18,7 +19,8 @@ temporary view of its name; only the FROM names are checked here first, so that 
 the registered streams instead of raising a Spark analysis error. The resulting streaming
 DataFrame is materialized by :meth:`~sparkiq.spark.app.App.materialize` with the options as
 its arguments. ``EMIT CHANGES`` is accepted and ignored: a table's query runs continuously
-anyway (as ksqlDB's KLIP-8 makes it implicit for persistent queries).
+anyway (as ksqlDB's KLIP-8 makes it implicit for persistent queries). ``KAFKA_TOPIC`` and
+``KEY_FORMAT`` are ``materialize``'s ``kafka_topic`` and ``kafka_key_format`` (docs/kafka.md).
 
 These statements change what the writer runs, so only :meth:`App.sql` executes them: no
 node, router or REST route can reach this module (the package layering forbids it, and nodes
@@ -74,7 +76,7 @@ SUPPORTED = (
     "[DELETE CHANGELOG], SHOW TABLES and DESCRIBE name here, and pull queries (SELECT, "
     "EXPLAIN) on the local node"
 )
-OPTIONS = ("KEY", "PARTITIONS", "WINDOW", "OUTPUT_MODE", "TOMBSTONE")
+OPTIONS = ("KEY", "PARTITIONS", "WINDOW", "OUTPUT_MODE", "TOMBSTONE", "KAFKA_TOPIC", "KEY_FORMAT")
 _GRAMMAR = {
     "CREATE": "CREATE TABLE [IF NOT EXISTS] name WITH (KEY = 'column', PARTITIONS = n) "
     "AS SELECT ...",
@@ -145,6 +147,8 @@ class CreateTable:
     window: str | None = None
     output_mode: str | None = None
     tombstone: str | None = None
+    kafka_topic: str | None = None
+    key_format: str = "json"
     if_not_exists: bool = False
     text: str = ""
 
@@ -399,6 +403,7 @@ class _Parser:
                 )
         window = options.get("WINDOW")
         tombstone = options.get("TOMBSTONE")
+        topic, key_format = options.get("KAFKA_TOPIC"), options.get("KEY_FORMAT", "json")
         return CreateTable(
             name=name,
             select=select,
@@ -407,6 +412,8 @@ class _Parser:
             window=None if window is None else _string(window, "WINDOW", name),
             output_mode=output_mode,
             tombstone=None if tombstone is None else _string(tombstone, "TOMBSTONE", name),
+            kafka_topic=None if topic is None else _string(topic, "KAFKA_TOPIC", name),
+            key_format=_string(key_format, "KEY_FORMAT", name).lower(),
             if_not_exists=if_not_exists,
             text=self.text.strip(),
         )
@@ -566,6 +573,7 @@ def _create(writer: Writer, create: CreateTable) -> SqlResult:
             store=name,
         )
     options: dict[str, Any] = {"window": create.window, "tombstone": create.tombstone}
+    options.update(kafka_topic=create.kafka_topic, kafka_key_format=create.key_format)
     if create.partitions is not None:
         options["partitions"] = create.partitions
     if create.output_mode is not None:

@@ -35,6 +35,12 @@ HEARTBEAT_SECONDS = 2.0
 
 #: ``(table name, its Spark query, newest batch the driver saw committed)`` per started table.
 Reported = Callable[[], list[tuple[str, Any, int]]]
+#: A table's publishers to Kafka, as the writer status record holds them (none: ``()``).
+Publishing = Callable[[str], tuple[dict[str, Any], ...]]
+
+
+def _no_publishing(table: str) -> tuple[dict[str, Any], ...]:
+    return ()
 
 
 def _field(progress: Any, name: str) -> Any:
@@ -96,6 +102,7 @@ def query_status(
     heartbeat: float,
     failed_at: float | None = None,
     stopped: bool = False,
+    publishing: tuple[dict[str, Any], ...] = (),
 ) -> WriterStatus:
     """The record of ``table`` whose Spark query is ``query`` now: failed when the query
     ended with an exception, else stopped when it is not active (or ``stopped``)."""
@@ -125,12 +132,18 @@ def query_status(
         batch_id=batch_id,
         committed_at=committed_at,
         heartbeat_seconds=heartbeat,
+        publishing=publishing,
         **_progress(query),
     )
 
 
 def final_status(
-    state_dir: str, table: str, query: Any, batch_id: int, heartbeat: float = HEARTBEAT_SECONDS
+    state_dir: str,
+    table: str,
+    query: Any,
+    batch_id: int,
+    heartbeat: float = HEARTBEAT_SECONDS,
+    publishing: tuple[dict[str, Any], ...] = (),
 ) -> None:
     """Write ``table``'s record once its query was stopped: stopped, or failed when it had
     failed before. A write that fails is logged, never raised (stopping goes on)."""
@@ -143,6 +156,7 @@ def final_status(
             record.committed_at if record is not None else None,
             heartbeat=heartbeat,
             stopped=True,
+            publishing=publishing,
         )
         write_writer_status(open_storage(state_dir), status)
     except Exception:
@@ -165,9 +179,11 @@ class WriterReporter:
         *,
         heartbeat: float = HEARTBEAT_SECONDS,
         check_interval: float = 0.5,
+        publishing: Publishing = _no_publishing,
     ) -> None:
         self._state_dir = state_dir
         self._reported = reported
+        self._publishing = publishing
         self.heartbeat = heartbeat
         self._check = min(check_interval, heartbeat)
         self.lock = threading.Lock()
@@ -216,6 +232,7 @@ class WriterReporter:
             batch_id,
             self._commits.committed_at(table, batch_id),
             heartbeat=self.heartbeat,
+            publishing=self._publishing(table),
         )
         with self.lock:  # a query the App stopped meanwhile gets its last word from the App
             if self._stopped.is_set() or all(q is not query for _, q, _ in self._reported()):
