@@ -1,18 +1,21 @@
 """Sink overhead per micro-batch: a streaming aggregation with and without sparkiq.
 
 The same query - ``groupBy("k").agg(count, sum)`` over a file source that takes one file of
-10k rows (keys drawn from 10k) per micro-batch - runs to two sinks on one local[2] session:
+10k rows (keys drawn from 10k) per micro-batch - runs to these sinks on one local[2] session:
 
 * baseline - ``foreachBatch`` that only evaluates the batch
   (``df.write.format("noop").mode("overwrite").save()``: Spark 4 needs a stateful batch
   fully evaluated, so an empty function is not an option);
-* :class:`sparkiq.App` materializing it with as many partitions as the aggregation's state
-  (4, the session's shuffle partitions): the batch already sits in the table's partitions,
-  so each task of the batch's last stage encodes and writes its partition's segment where it
-  is (no shuffle), then the driver writes the commit record; its local node applies each
-  batch in the same process meanwhile;
-* the same App with 8 partitions (another count than the state's): the sink tags rows with
-  their partition and shuffles them into write tasks first (the general path).
+* :class:`sparkiq.App` materializing it as it runs by default, with as many partitions as
+  the aggregation's state (4, the session's shuffle partitions): a batch whose table's
+  previous batch was small (all of them here but the first) is collected as Arrow and
+  written on the driver, with no Python stage in Spark; its local node applies each batch
+  in the same process meanwhile;
+* the same App with its segments written by tasks (``SPARKIQ_SINK_WRITE=tasks``): with 4
+  partitions the batch already sits in the table's partitions, so each task of the batch's
+  last stage encodes and writes its partition's segment where it is (no shuffle); with 8
+  (another count than the state's) the sink tags rows with their partition and shuffles
+  them into write tasks first (the general path).
 
 The sink's own phases (its ``DEBUG`` log record of each batch: the Spark job, the write
 tasks' receive / encode / write / verify time, the driver's checks and commit record) are
@@ -52,6 +55,7 @@ from bench._common import (
     write_json_rows,
 )
 from sparkiq import App
+from sparkiq.spark.sink import WRITE_ENV
 
 TABLE = "sinkbench"
 #: The table's partitions when its batches are written in place: the session's
@@ -60,9 +64,16 @@ IN_PLACE_PARTITIONS = 4
 #: Another count: the general path (tag, shuffle, write).
 SHUFFLED_PARTITIONS = 8
 BASELINE = "baseline (noop)"
-IN_PLACE = f"sparkiq App in place ({IN_PLACE_PARTITIONS} partitions)"
-SHUFFLED = f"sparkiq App shuffled ({SHUFFLED_PARTITIONS} partitions)"
-SHORT = {IN_PLACE: "in place", SHUFFLED: "shuffled"}
+DRIVER = f"sparkiq App, the default ({IN_PLACE_PARTITIONS} partitions)"
+IN_PLACE = f"sparkiq App, tasks in place ({IN_PLACE_PARTITIONS} partitions)"
+SHUFFLED = f"sparkiq App, tasks shuffled ({SHUFFLED_PARTITIONS} partitions)"
+SHORT = {DRIVER: "default", IN_PLACE: "tasks in place", SHUFFLED: "tasks shuffled"}
+#: Each App run: its table's partitions, its folder, and ``SPARKIQ_SINK_WRITE`` (None: unset).
+APP_RUNS = {
+    DRIVER: (IN_PLACE_PARTITIONS, "app4", None),
+    IN_PLACE: (IN_PLACE_PARTITIONS, "tasks4", "tasks"),
+    SHUFFLED: (SHUFFLED_PARTITIONS, "tasks8", "tasks"),
+}
 WARMUP_BATCHES = 2
 ROWS_PER_FILE = 10_000
 KEYSPACE = 10_000
@@ -142,11 +153,25 @@ def _run_baseline(spark: Any, source: str, root: str) -> list[tuple[int, int, in
 
 
 def _run_app(
-    spark: Any, source: str, root: str, partitions: int = IN_PLACE_PARTITIONS
+    spark: Any,
+    source: str,
+    root: str,
+    partitions: int = IN_PLACE_PARTITIONS,
+    write: str | None = None,
 ) -> list[tuple[int, int, int]]:
+    """A run of the App; ``write``: ``SPARKIQ_SINK_WRITE`` where it starts (None: unset,
+    small batches on the driver)."""
     app = App(spark, state_dir=os.path.join(root, "state"), name="bench")
     app.materialize(TABLE, _aggregation(spark, source), key="k", partitions=partitions)
-    app.start()
+    before = os.environ.pop(WRITE_ENV, None)
+    if write is not None:
+        os.environ[WRITE_ENV] = write
+    try:
+        app.start()  # the sink reads the variable when its query starts
+    finally:
+        os.environ.pop(WRITE_ENV, None)
+        if before is not None:
+            os.environ[WRITE_ENV] = before
     try:
         app.process_all_available()
         durations = _durations(app.tables[TABLE].query.recentProgress)
@@ -223,34 +248,31 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
             "the same query with `foreachBatch` that only evaluates the batch "
             '(`df.write.format("noop")`)'
         ),
-        target="<= 1.1x the baseline's micro-batch duration, written in place (issue 28)",
+        target="<= 1.1x the baseline's micro-batch duration, as sparkiq runs by default (issue 28)",
         columns=["sink", "batches", "triggerExecution median ms", "addBatch median ms"],
         scale=scale,
     )
     rng = random.Random(9)
-    results: dict[str, list[tuple[int, int, int]]] = {BASELINE: [], IN_PLACE: [], SHUFFLED: []}
-    phases: dict[str, list[dict[str, float]]] = {IN_PLACE: [], SHUFFLED: []}
+    results: dict[str, list[tuple[int, int, int]]] = {BASELINE: []}
+    results.update({name: [] for name in APP_RUNS})
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name in APP_RUNS}
     handler = _PhaseLog()
     with scratch_dir("sink") as root, _session(connect, spark) as spark:
         source = write_input(os.path.join(root, "in"), batches, rng, rows)
-        runs_of: dict[str, tuple[int, str]] = {
-            BASELINE: (0, "base"),
-            IN_PLACE: (IN_PLACE_PARTITIONS, "app4"),
-            SHUFFLED: (SHUFFLED_PARTITIONS, "app8"),
-        }
+        names = list(results)
         for r in range(rounds):
             # each round starts with the next sink: on a shared machine a run's place in the
             # round (load drifting, the previous query's clean-up) weighs more than the sink
-            order = list(runs_of)[r % 3 :] + list(runs_of)[: r % 3]
+            order = names[r % len(names) :] + names[: r % len(names)]
             found: dict[str, list[tuple[int, int, int]]] = {}
             for name in order:
-                count, folder = runs_of[name]
-                run_root = os.path.join(root, f"{folder}-{r}")
                 if name == BASELINE:
-                    found[name] = _run_baseline(spark, source, run_root)
+                    found[name] = _run_baseline(spark, source, os.path.join(root, f"base-{r}"))
                     continue
+                count, folder, write = APP_RUNS[name]
+                run_root = os.path.join(root, f"{folder}-{r}")
                 with handler.listening() as logged:
-                    found[name] = _run_app(spark, source, run_root, count)
+                    found[name] = _run_app(spark, source, run_root, count, write)
                 phases[name] += logged[warmup:]
             for name, runs in found.items():
                 if len(runs) != batches:
@@ -264,7 +286,7 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
     for name, (trigger, add) in medians.items():
         report.rows.append([name, str(len(results[name])), f"{trigger:,.0f}", f"{add:,.0f}"])
     base_t, base_a = medians[BASELINE]
-    for name in (IN_PLACE, SHUFFLED):
+    for name in APP_RUNS:
         app_t, app_a = medians[name]
         report.rows.append(
             [
@@ -274,13 +296,14 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
                 f"{app_a - base_a:+,.0f} ({app_a / base_a:.2f}x)",
             ]
         )
-    (app_t, app_a), (shuffled_t, _) = medians[IN_PLACE], medians[SHUFFLED]
+    (app_t, app_a), (tasks_t, _), (shuffled_t, _) = (medians[name] for name in APP_RUNS)
     report.readings = [
-        f"materializing with sparkiq adds {app_t - base_t:,.0f} ms per micro-batch "
-        f"({app_t / base_t:.2f}x the evaluate-only batch, {app_t:,.0f} vs {base_t:,.0f} ms) when "
-        f"the batch is written in place; the sink's own part (addBatch) goes from "
-        f"{base_a:,.0f} to {app_a:,.0f} ms. With the shuffle ({SHUFFLED_PARTITIONS} partitions) "
-        f"a batch takes {shuffled_t:,.0f} ms ({shuffled_t / base_t:.2f}x)."
+        f"materializing with sparkiq adds {app_t - base_t:+,.0f} ms per micro-batch "
+        f"({app_t / base_t:.2f}x the evaluate-only batch, {app_t:,.0f} vs {base_t:,.0f} ms) as "
+        f"it runs by default (batches of {rows:,} rows written on the driver); the sink's own "
+        f"part (addBatch) goes from {base_a:,.0f} to {app_a:,.0f} ms. Written by tasks: "
+        f"{tasks_t:,.0f} ms in place ({tasks_t / base_t:.2f}x), {shuffled_t:,.0f} ms after a "
+        f"shuffle to {SHUFFLED_PARTITIONS} partitions ({shuffled_t / base_t:.2f}x)."
     ]
     phase_medians = {
         name: {k: median([b[k] for b in logged]) for k in logged[0]}

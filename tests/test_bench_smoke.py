@@ -61,7 +61,7 @@ ROWS = {
     "follower_tail": 1 + len(follower_tail._readers()[0]),
     "statestore": 2,
     "checkpoint_decode": 3,
-    "sink": 5,  # baseline, in place, shuffled, and each difference
+    "sink": 7,  # baseline, the default, tasks in place, tasks shuffled, and each difference
     "attach": 3,
     "freshness": 5,
     "ryw_latency": 3,  # the micro-batch floor, the bounded read, the unbounded read
