@@ -299,8 +299,11 @@ class FollowedTopic(ReplicaHandle):
         deadline = time.monotonic() + timeout
         ends = self.source.end_offsets(timeout=max(1.0, timeout))
         wanted = Position.of_kafka_offsets(self.topic, ends)
+        replicas = self._hosting.replica(self.name).partitions.values()
         while True:
-            if self.position().dominates(wanted):
+            # every partition's own replica: a merged position would take the furthest
+            # replica's offsets for all of them (each batch's position names every partition)
+            if all(r.store.position.dominates(wanted) for r in replicas):
                 return True
             if time.monotonic() >= deadline:
                 return False
