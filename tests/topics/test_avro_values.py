@@ -298,3 +298,30 @@ def test_a_key_column_must_be_a_field_without_columns() -> None:
 def test_value_schema_belongs_to_avro() -> None:
     with pytest.raises(ConfigError, match="value_schema= is the schema of Avro values"):
         TopicFormat(table_schema("id BIGINT, note STRING", "id"), "json", "json", SCHEMA)
+
+
+def test_a_known_framing_is_read_without_guessing() -> None:
+    schema = {
+        "type": "record",
+        "name": "Z",
+        "fields": [
+            {"name": "z", "type": "int"},
+            {"name": "n", "type": ["null", "long"]},
+            {"name": "s", "type": "string"},
+        ],
+    }
+    table = table_schema("k STRING, z INT, n BIGINT, s STRING", "k")
+    doc = {"z": 0, "n": None, "s": "\x00" * 5}
+    plain = avro(
+        doc, schema
+    )  # 00 00 0a 00 00 00 00 00: from the 6th byte, the record (0, null, "")
+    guessed = TopicFormat(table, "json", "avro", schema).read_value({"k": "a"}, plain)
+    assert guessed == {"k": "a", "z": 0, "n": None, "s": ""}  # the documented misreading
+    known = TopicFormat(table, "json", "avro-plain", schema)
+    assert known.read_value({"k": "a"}, plain) == {"k": "a", **doc}
+    with pytest.raises(BadValue, match="left over"):
+        known.read_value({"k": "a"}, framed(doc, 1, schema))
+    confluent = TopicFormat(table, "json", "avro-confluent", schema)
+    assert confluent.read_value({"k": "a"}, framed(doc, 1, schema)) == {"k": "a", **doc}
+    with pytest.raises(BadValue, match="no Confluent header"):
+        confluent.read_value({"k": "a"}, avro({"z": 1, "n": 2, "s": "x"}, schema))

@@ -199,7 +199,8 @@ class FollowedTopic(ReplicaHandle):
       columns): the table of a foreign topic; leave both out for a topic sparkiq published
       (its schema is in ``sparkiq-schemas``).
     - ``key_format``: ``"json"`` (default) or ``"kafka"``; ``value_format``: ``"json"``
-      (default), ``"string"`` or ``"avro"`` (see :mod:`sparkiq.topics.records`).
+      (default), ``"string"`` or ``"avro"`` (``"avro-confluent"``, ``"avro-plain"``: one
+      framing only; see :mod:`sparkiq.topics.records`).
     - ``value_schema``: the Avro schema the values were written with (JSON text or a dict);
       its record's fields are the columns when ``columns`` is left out
       (:mod:`sparkiq.topics.avrovalues`).

@@ -8,10 +8,13 @@ Framing
     schema id is skipped and the datum is read with the one schema given
     (``value_schema=``), which must be the schema the producer wrote with. A value that
     starts with ``0x00`` may be either (a plain record whose first field is a null union
-    branch or a zero starts with ``0x00`` too), so it is read framed first and plain when
-    that fails; a reading counts only when it uses every byte of the value, so a record
-    written with another schema (a field added, removed or retyped) is malformed, not
-    misread.
+    branch or a zero starts with ``0x00`` too), so ``value_format="avro"`` reads it framed
+    first and plain when that fails. A reading counts only when it uses every byte of the
+    value, so a record written with another schema (a field added, removed or retyped) is
+    malformed, not misread; but a plain record that starts with ``0x00`` and whose bytes
+    from the sixth on happen to be one whole record is read as framed. A topic whose
+    framing is known is read without guessing: ``value_format="avro-confluent"`` (a value
+    without the header is malformed) or ``"avro-plain"`` (never a header).
 
 Types (what Spark's own Avro reader maps them to)
     ``boolean`` BOOLEAN; ``int`` INT; ``long`` BIGINT; ``float`` FLOAT; ``double`` DOUBLE;
@@ -52,7 +55,10 @@ from sparkiq.errors import ConfigError
 from sparkiq.schema.types import DataType, Field
 from sparkiq.topics.jsonvalues import BadValue
 
-__all__ = ["CONFLUENT_MAGIC", "AvroValues", "avro_columns", "parse_avro_schema"]
+__all__ = ["AVRO_FORMATS", "CONFLUENT_MAGIC", "AvroValues", "avro_columns", "parse_avro_schema"]
+
+#: The value formats of Avro: either framing (guessed per value), or one only.
+AVRO_FORMATS: Final = ("avro", "avro-confluent", "avro-plain")
 
 #: The first byte of a value in Confluent's wire format; 4 bytes of schema id follow.
 CONFLUENT_MAGIC: Final = 0
@@ -272,10 +278,21 @@ def _converter(column: DataType, where: str) -> Convert | None:
 
 
 class AvroValues:
-    """Reads the values of ``columns`` from Avro values written with ``value_schema`` (see
-    the module docstring). Immutable once made; :meth:`read` is thread-safe."""
+    """Reads the values of ``columns`` from Avro values written with ``value_schema``, framed
+    as ``value_format`` says (see the module docstring). Immutable once made; :meth:`read`
+    is thread-safe."""
 
-    def __init__(self, value_schema: str | Mapping[str, Any] | None, columns: Sequence[Field]):
+    def __init__(
+        self,
+        value_schema: str | Mapping[str, Any] | None,
+        columns: Sequence[Field],
+        value_format: str = "avro",
+    ):
+        if value_format not in AVRO_FORMATS:
+            raise ConfigError(
+                f"value_format must be one of {list(AVRO_FORMATS)}, got {value_format!r}"
+            )
+        self.value_format = value_format
         self.schema, fields = parse_avro_schema(value_schema)
         record = str(self.schema["name"])
         found = {f.name: f for f in fields}
@@ -300,6 +317,15 @@ class AvroValues:
 
     def decode(self, data: bytes) -> Any:
         """The record of one value (framed or plain), every byte used; BadValue otherwise."""
+        if self.value_format == "avro-plain":
+            return self._datum(data, 0)
+        if self.value_format == "avro-confluent":
+            if len(data) < _HEADER or data[0] != CONFLUENT_MAGIC:
+                raise BadValue(
+                    f"the value has no Confluent header (0x00 and a 4-byte schema id): "
+                    f"{bytes(data[:40])!r}"
+                )
+            return self._datum(data, _HEADER)
         if len(data) >= _HEADER and data[0] == CONFLUENT_MAGIC:
             try:
                 return self._datum(data, _HEADER)

@@ -9,6 +9,7 @@ value format:
 * ``string``: the UTF-8 value is the one column that is not a key column;
 * ``avro``: Avro binary, plain or in Confluent's wire format, read with the writer's schema
   given as ``value_schema`` (:mod:`sparkiq.topics.avrovalues`); key columns come from the key.
+  ``avro-confluent`` and ``avro-plain`` take only the one framing.
 
 A null value (a tombstone) deletes the key. A record that cannot be read -- a key or value
 that is not in its format, a member whose JSON type does not fit its column -- is
@@ -31,7 +32,7 @@ from sparkiq.errors import ConfigError, SchemaError
 from sparkiq.schema.arrowtypes import arrow_type
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import Field, TableSchema
-from sparkiq.topics.avrovalues import AvroValues
+from sparkiq.topics.avrovalues import AVRO_FORMATS, AvroValues
 from sparkiq.topics.columns import parse_columns, parse_ddl_type
 from sparkiq.topics.jsonvalues import BadValue, reader
 from sparkiq.topics.keys import KeyFormat
@@ -44,7 +45,7 @@ __all__ = [
     "table_schema",
 ]
 
-VALUE_FORMATS: Final = ("json", "string", "avro")
+VALUE_FORMATS: Final = ("json", "string", *AVRO_FORMATS)
 #: The compacted topic where a publisher writes each topic's schema, keyed by topic name.
 SCHEMAS_TOPIC: Final = "sparkiq-schemas"
 
@@ -77,7 +78,8 @@ class TopicFormat:
             raise ConfigError(
                 f"value_format must be one of {list(VALUE_FORMATS)}, got {value_format!r}"
             )
-        if value_schema is not None and value_format != "avro":
+        avro = value_format in AVRO_FORMATS
+        if value_schema is not None and not avro:
             raise ConfigError(
                 f"value_schema= is the schema of Avro values; value_format is {value_format!r}"
             )
@@ -100,7 +102,7 @@ class TopicFormat:
             )
         except BadValue as exc:
             raise ConfigError(str(exc)) from None
-        self._avro = AvroValues(value_schema, self._values) if value_format == "avro" else None
+        self._avro = AvroValues(value_schema, self._values, value_format) if avro else None
         self._arrow = pa.schema(
             [pa.field(f.name, arrow_type(f.type, timestamp_tz="UTC")) for f in schema.fields]
         )

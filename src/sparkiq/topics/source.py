@@ -257,7 +257,7 @@ class TopicSource:
 
     def _format(self) -> TopicFormat:
         spec = self.spec
-        avro = spec.value_format == "avro" or spec.value_schema is not None
+        avro = (spec.value_format or "").startswith("avro") or spec.value_schema is not None
         if spec.columns is None and not avro:
             if spec.key:
                 raise ConfigError(
