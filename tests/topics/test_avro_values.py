@@ -10,6 +10,7 @@ import io
 import json
 import struct
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -325,3 +326,16 @@ def test_a_known_framing_is_read_without_guessing() -> None:
     assert confluent.read_value({"k": "a"}, framed(doc, 1, schema)) == {"k": "a", **doc}
     with pytest.raises(BadValue, match="no Confluent header"):
         confluent.read_value({"k": "a"}, avro({"z": 1, "n": 2, "s": "x"}, schema))
+
+
+def test_the_cli_spec_takes_a_schema_inline_or_from_a_file(tmp_path: Path) -> None:
+    import urllib.parse
+
+    from sparkiq.serving.topic import parse_topic_spec
+
+    text = json.dumps(SCHEMA)
+    spec = parse_topic_spec(f"t?key=id&value_schema={urllib.parse.quote(text)}")
+    assert json.loads(spec.value_schema or "") == SCHEMA and spec.value_format is None
+    missing = tmp_path / "none.avsc"
+    with pytest.raises(ConfigError, match=r"cannot read value_schema @.*none\.avsc"):
+        parse_topic_spec(f"t?key=id&value_format=avro&value_schema=@{missing}")
