@@ -23,7 +23,7 @@ import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 import sparkiq
-from sparkiq import KeyQuery, PositionBound, StateQueryRequest
+from sparkiq import KeyQuery, Node, PositionBound, StateQueryRequest
 from sparkiq.errors import ConfigError
 from sparkiq.serving.topic import parse_topic_spec
 from tests.kafka.client import Delivered
@@ -217,24 +217,22 @@ def test_the_cli_spec_with_a_schema_file_and_some_columns(
         f"&value_schema=@{schema_file}&columns=user STRING, txns BIGINT, branch STRUCT<no: BIGINT>"
     )
     assert spec.value_schema == json.dumps(SCHEMA)
-    with sparkiq.follow_topic(
-        kafka_bootstrap,
-        spec.topic,
-        name=spec.name,
-        key=spec.key,
-        columns=spec.columns,
-        key_format=spec.key_format,
-        value_format=spec.value_format,
-        value_schema=spec.value_schema,
-        store="memory",
-    ) as followed:
-        assert followed.wait_caught_up(DEADLINE)
+    node = Node(
+        str(tmp_path / "state"), store="memory", kafka_bootstrap=kafka_bootstrap, topics=[spec]
+    )  # what `sparkiq serve --follow-topic SPEC` runs
+    with node.start():
+        caught_up = node.query(
+            StateQueryRequest.in_store("acc")
+            .with_query(KeyQuery.with_key("u-0"))
+            .with_position_bound(bound(accounts))
+        )
+        assert caught_up.only_partition_result().is_success, caught_up
         want = {
             u: {"user": u, "txns": r["txns"], "branch": r["branch"] and {"no": r["branch"]["no"]}}
             for u, r in expected(accounts).items()
             if r is not None
         }
-        rows = followed.sql("SELECT user, txns, branch FROM acc").rows
+        rows = node.sql("SELECT user, txns, branch FROM acc").rows
         assert {r["user"]: r for r in map(_as_dict, rows)} == want
 
 
