@@ -119,7 +119,7 @@ def parse_avro_schema(
             "value_format='avro' needs value_schema=: the Avro schema the values were written "
             "with, as JSON (e.g. the schema registry's schema of the topic's value subject)"
         )
-    doc: Any = value_schema
+    doc: Any = dict(value_schema) if isinstance(value_schema, Mapping) else value_schema
     if isinstance(value_schema, str):
         try:
             doc = json.loads(value_schema)
