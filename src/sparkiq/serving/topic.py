@@ -1,6 +1,6 @@
 """Follow a Kafka topic as a table: :func:`follow_topic`.
 
-A compacted topic -- one sparkiq published, or any keyed topic with JSON or string values (a
+A compacted topic -- one sparkiq published, or any keyed topic with JSON, Avro or string values (a
 Kafka Streams store's changelog, a ksqlDB table's topic, a CDC topic) -- becomes a read-only
 sparkiq table, restored from the topic's beginning and kept current by a consumer::
 
@@ -17,6 +17,7 @@ batch's position is the topic's offsets.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -43,7 +44,7 @@ __all__ = [
     "topic_spec",
 ]
 
-_SPEC_OPTIONS = ("key", "columns", "key_format", "value_format")
+_SPEC_OPTIONS = ("key", "columns", "key_format", "value_format", "value_schema")
 
 
 def follow_topic(
@@ -55,6 +56,7 @@ def follow_topic(
     columns: str | None = None,
     key_format: str | None = None,
     value_format: str | None = None,
+    value_schema: str | Mapping[str, Any] | None = None,
     kafka_config: Mapping[str, Any] | None = None,
     local_dir: str | None = None,
     store: str = "rocksdb",
@@ -72,6 +74,7 @@ def follow_topic(
         columns=columns,
         key_format=key_format,
         value_format=value_format,
+        value_schema=value_schema,
         kafka_config=kafka_config,
         local_dir=local_dir,
         store=store,
@@ -90,6 +93,7 @@ def topic_spec(
     columns: str | None = None,
     key_format: str | None = None,
     value_format: str | None = None,
+    value_schema: str | Mapping[str, Any] | None = None,
     kafka_config: Mapping[str, Any] | None = None,
 ) -> TopicSpec:
     """The :class:`~sparkiq.topics.source.TopicSpec` of :func:`follow_topic`'s arguments."""
@@ -104,14 +108,26 @@ def topic_spec(
         key_format=key_format,
         value_format=value_format,
         kafka_config=dict(kafka_config or {}),
+        value_schema=_schema_text(value_schema),
     )
+
+
+def _schema_text(value_schema: str | Mapping[str, Any] | None) -> str | None:
+    """An Avro schema given as a dict, as JSON text (a spec is immutable)."""
+    if value_schema is None or isinstance(value_schema, str):
+        return value_schema
+    try:
+        return json.dumps(value_schema)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"value_schema: not a JSON Avro schema ({exc})") from None
 
 
 def parse_topic_spec(text: str) -> TopicSpec:
     """A followed topic as ``sparkiq serve --follow-topic`` takes it:
-    ``[NAME=]TOPIC[?key=COLS&columns=DDL&key_format=F&value_format=F]`` (``key``: key
-    columns, comma-separated; ``columns``: a Spark DDL string, ``+`` or spaces between
-    words). ConfigError naming the problem."""
+    ``[NAME=]TOPIC[?key=COLS&columns=DDL&key_format=F&value_format=F&value_schema=S]``
+    (``key``: key columns, comma-separated; ``columns``: a Spark DDL string, ``+`` or spaces
+    between words; ``value_schema``: an Avro schema as JSON, percent-encoded where it holds
+    ``&`` or ``+``, or ``@FILE``, a file holding it). ConfigError naming the problem."""
     head, _, query = text.strip().partition("?")
     name, _, topic = head.rpartition("=")
     options: dict[str, str] = {}
@@ -133,7 +149,20 @@ def parse_topic_spec(text: str) -> TopicSpec:
         columns=options.get("columns"),
         key_format=options.get("key_format"),
         value_format=options.get("value_format"),
+        value_schema=_schema_option(options.get("value_schema"), text),
     )
+
+
+def _schema_option(value: str | None, text: str) -> str | None:
+    if value is None or not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as file:
+            return file.read()
+    except OSError as exc:
+        raise ConfigError(
+            f"--follow-topic {text!r}: cannot read value_schema {value}: {exc}"
+        ) from None
 
 
 def followed_catalogs(
@@ -170,7 +199,11 @@ class FollowedTopic(ReplicaHandle):
       columns): the table of a foreign topic; leave both out for a topic sparkiq published
       (its schema is in ``sparkiq-schemas``).
     - ``key_format``: ``"json"`` (default) or ``"kafka"``; ``value_format``: ``"json"``
-      (default) or ``"string"`` (see :mod:`sparkiq.topics.records`).
+      (default), ``"string"`` or ``"avro"`` (``"avro-confluent"``, ``"avro-plain"``: one
+      framing only; see :mod:`sparkiq.topics.records`).
+    - ``value_schema``: the Avro schema the values were written with (JSON text or a dict);
+      its record's fields are the columns when ``columns`` is left out
+      (:mod:`sparkiq.topics.avrovalues`).
     - ``local_dir``/``store``/``poll_interval``/``sql_limits``/``start``: as
       :func:`sparkiq.attach`'s; the local files are rebuilt from the topic on every open.
     - ``batch_records``: the most records one batch holds (memory is bounded by it).
@@ -191,6 +224,7 @@ class FollowedTopic(ReplicaHandle):
         columns: str | None = None,
         key_format: str | None = None,
         value_format: str | None = None,
+        value_schema: str | Mapping[str, Any] | None = None,
         kafka_config: Mapping[str, Any] | None = None,
         local_dir: str | None = None,
         store: str = "rocksdb",
@@ -212,6 +246,7 @@ class FollowedTopic(ReplicaHandle):
             columns=columns,
             key_format=key_format,
             value_format=value_format,
+            value_schema=value_schema,
             kafka_config=kafka_config,
         )
         self.topic = topic

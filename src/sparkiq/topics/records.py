@@ -6,7 +6,10 @@ value format:
 * ``json``: a JSON object; each column is read from the member of its name (a missing
   member is null; members that name no column are ignored); key columns always come from
   the key, not the value;
-* ``string``: the UTF-8 value is the one column that is not a key column.
+* ``string``: the UTF-8 value is the one column that is not a key column;
+* ``avro``: Avro binary, plain or in Confluent's wire format, read with the writer's schema
+  given as ``value_schema`` (:mod:`sparkiq.topics.avrovalues`); key columns come from the key.
+  ``avro-confluent`` and ``avro-plain`` take only the one framing.
 
 A null value (a tombstone) deletes the key. A record that cannot be read -- a key or value
 that is not in its format, a member whose JSON type does not fit its column -- is
@@ -29,6 +32,7 @@ from sparkiq.errors import ConfigError, SchemaError
 from sparkiq.schema.arrowtypes import arrow_type
 from sparkiq.schema.codec import RowCodec
 from sparkiq.schema.types import Field, TableSchema
+from sparkiq.topics.avrovalues import AVRO_FORMATS, AvroValues
 from sparkiq.topics.columns import parse_columns, parse_ddl_type
 from sparkiq.topics.jsonvalues import BadValue, reader
 from sparkiq.topics.keys import KeyFormat
@@ -41,7 +45,7 @@ __all__ = [
     "table_schema",
 ]
 
-VALUE_FORMATS: Final = ("json", "string")
+VALUE_FORMATS: Final = ("json", "string", *AVRO_FORMATS)
 #: The compacted topic where a publisher writes each topic's schema, keyed by topic name.
 SCHEMAS_TOPIC: Final = "sparkiq-schemas"
 
@@ -60,12 +64,24 @@ def table_schema(columns: str | Sequence[Field], key: Sequence[str] | str) -> Ta
 
 
 class TopicFormat:
-    """How one topic's records become rows of ``schema``. Immutable; thread-safe."""
+    """How one topic's records become rows of ``schema``. Immutable; thread-safe.
+    ``value_schema`` (JSON text or a dict) is the Avro schema of ``value_format='avro'``."""
 
-    def __init__(self, schema: TableSchema, key_format: str, value_format: str) -> None:
+    def __init__(
+        self,
+        schema: TableSchema,
+        key_format: str,
+        value_format: str,
+        value_schema: str | Mapping[str, Any] | None = None,
+    ) -> None:
         if value_format not in VALUE_FORMATS:
             raise ConfigError(
                 f"value_format must be one of {list(VALUE_FORMATS)}, got {value_format!r}"
+            )
+        avro = value_format in AVRO_FORMATS
+        if value_schema is not None and not avro:
+            raise ConfigError(
+                f"value_schema= is the schema of Avro values; value_format is {value_format!r}"
             )
         self.schema = schema
         self.keys = KeyFormat(schema, key_format)
@@ -86,6 +102,7 @@ class TopicFormat:
             )
         except BadValue as exc:
             raise ConfigError(str(exc)) from None
+        self._avro = AvroValues(value_schema, self._values, value_format) if avro else None
         self._arrow = pa.schema(
             [pa.field(f.name, arrow_type(f.type, timestamp_tz="UTC")) for f in schema.fields]
         )
@@ -103,6 +120,9 @@ class TopicFormat:
                 row[self._values[0].name] = data.decode()
             except UnicodeDecodeError:
                 raise BadValue(f"the value is not UTF-8: {bytes(data[:40])!r}") from None
+            return row
+        if self._avro is not None:
+            row.update(self._avro.read(data))
             return row
         try:
             doc = json.loads(data)

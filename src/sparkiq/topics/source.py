@@ -56,6 +56,7 @@ from sparkiq.changelog.snapshot import SnapshotInfo
 from sparkiq.errors import ChangelogError, ConfigError, CorruptSegmentError
 from sparkiq.query.position import KAFKA_PREFIX
 from sparkiq.schema.codec import KeyCodec
+from sparkiq.topics.avrovalues import avro_columns
 from sparkiq.topics.jsonvalues import BadValue
 from sparkiq.topics.keys import PARTITIONING_PREFIX, Murmur2Partitioner
 from sparkiq.topics.records import SCHEMAS_TOPIC, TopicFormat, published_schema, table_schema
@@ -77,7 +78,8 @@ class TopicSpec:
     the ``sparkiq-schemas`` topic (a topic sparkiq published); with them (a Spark DDL
     string), ``key`` names the key columns and ``key_format``/``value_format`` say how the
     records are written (:mod:`sparkiq.topics.records`). ``kafka_config`` adds consumer
-    settings (security, client id...)."""
+    settings (security, client id...). Avro values (``value_format="avro"``) are read with
+    ``value_schema``, whose record's fields are the columns unless ``columns`` are given."""
 
     name: str
     topic: str
@@ -86,6 +88,9 @@ class TopicSpec:
     key_format: str | None = None
     value_format: str | None = None
     kafka_config: Mapping[str, Any] = field(default_factory=dict)
+    #: the Avro schema (JSON) of ``value_format="avro"``; its record's fields are the
+    #: columns when ``columns`` is None
+    value_schema: str | None = None
 
 
 def _confluent() -> Any:
@@ -252,7 +257,8 @@ class TopicSource:
 
     def _format(self) -> TopicFormat:
         spec = self.spec
-        if spec.columns is None:
+        avro = (spec.value_format or "").startswith("avro") or spec.value_schema is not None
+        if spec.columns is None and not avro:
             if spec.key:
                 raise ConfigError(
                     "key= needs columns=: without them the schema is read from "
@@ -265,8 +271,12 @@ class TopicSource:
             )
         if not spec.key:
             raise ConfigError("columns= needs key=: name the key columns, e.g. key='user'")
-        schema = table_schema(spec.columns, spec.key)
-        return TopicFormat(schema, spec.key_format or "json", spec.value_format or "json")
+        schema = table_schema(  # Avro values without columns: the record's fields
+            spec.columns if spec.columns is not None else avro_columns(spec.value_schema, spec.key),
+            spec.key,
+        )
+        value_format = spec.value_format or ("avro" if avro else "json")
+        return TopicFormat(schema, spec.key_format or "json", value_format, spec.value_schema)
 
     # -- ChangelogSource ---------------------------------------------------------------------
 
