@@ -98,6 +98,7 @@ def test_spark_benchmarks_are_the_expected_ones() -> None:
         "attach",
         "checkpoint_decode",
         "freshness",
+        "realtime",
         "ryw_latency",
         "sink",
         "statestore",

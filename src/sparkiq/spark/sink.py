@@ -117,6 +117,8 @@ WRITE_ENV = "SPARKIQ_SINK_WRITE"
 #: in tens of milliseconds on one core and take a few MB there, while a Python stage in
 #: Spark costs a micro-batch about 100 ms whatever its size (docs/benchmarks.md).
 DRIVER_ROWS = 50_000
+#: In Spark's error for a collect over ``spark.driver.maxResultSize`` (classic and Connect).
+_TOO_LARGE = "maxResultSize"
 
 
 class TableSink:
@@ -234,12 +236,14 @@ class TableSink:
         self, tagged: Any, batch_id: int, fault: str | None
     ) -> list[dict[str, Any]] | None:
         """Collect the tagged batch as Arrow and write its segments here, with the write
-        tasks' own function; its segments' facts. None when the batch could not be collected
-        (too large for the driver, say) and ``auto`` lets write tasks take it."""
+        tasks' own function; its segments' facts. None when the batch is over
+        ``spark.driver.maxResultSize`` and ``auto`` lets write tasks take it."""
         try:
             data = tagged.toArrow()
         except Exception as error:
-            if self.write_where == "driver":
+            # Only a batch too large for the driver goes to tasks: any other failure (the
+            # query stopping mid-batch, a failed task) is the batch's, as on the task path.
+            if self.write_where == "driver" or _TOO_LARGE not in str(error):
                 raise
             log.warning(
                 "%s: batch %d could not be collected to the driver (%s); write tasks write it",
