@@ -75,31 +75,18 @@ def test_auto_goes_back_to_tasks_after_a_large_batch(
     assert written(caplog, "sums") == ["after a shuffle", "after a shuffle"]
 
 
-@pytest.mark.parametrize("where", ["driver", "tasks"])
-def test_the_setting_decides_for_every_batch(
-    spark: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-    where: str,
+def test_the_setting_decides_and_the_bytes_are_the_same_wherever_written(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(sink.WRITE_ENV, where)
     caplog.set_level(logging.DEBUG, logger="sparkiq.sink")
-    _, state, _ = _run(spark, tmp_path, f"always_{where}", 2)
-    expected = "on the driver" if where == "driver" else "after a shuffle"
-    assert written(caplog, "sums") == [expected, expected]
-    changelog = Changelog(str(state), "sums")
-    assert changelog.committed_batch_ids() == [0, 1]
-
-
-def test_segments_are_the_same_bytes_wherever_written(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
     digests = {}
-    for where in ("driver", "tasks"):
+    for where, expected in (("driver", "on the driver"), ("tasks", "after a shuffle")):
         monkeypatch.setenv(sink.WRITE_ENV, where)
+        caplog.clear()
         _, state, _ = _run(spark, tmp_path / where, f"same_{where}", 2)
+        assert written(caplog, "sums") == [expected, expected]  # batch 0 too
         changelog = Changelog(str(state), "sums")
+        assert changelog.committed_batch_ids() == [0, 1]
         digests[where] = {
             (b, p): info.sha256
             for b in changelog.committed_batch_ids()
