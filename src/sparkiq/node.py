@@ -67,6 +67,7 @@ from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
 from sparkiq.stores.dispatch import CATCH_UP_WAIT
 from sparkiq.tls import TlsContexts, TlsFiles
+from sparkiq.topics.lag import TopicLag
 
 __all__ = ["Node", "TableView"]
 
@@ -230,8 +231,9 @@ class Node:
         self._rebalancer: Rebalancer | None = None
         #: The tables' Kafka topics, with the broker's end offsets when kafka_bootstrap is
         #: given (ConfigError here when the Kafka client, sparkiq[kafka], is not installed).
+        followed = followed_catalogs(topics or (), config.kafka_bootstrap, bool(config.peers))
         self._kafka = KafkaLag(
-            lambda: self._hosting.status(), config.kafka_bootstrap, config.kafka_interval
+            lambda: self._hosting.status(), config.kafka_bootstrap, config.kafka_interval, followed
         )
         self._writers = WriterRecords(config.state_dir)  # each table's writer status record
         self._hosting = Hosting(
@@ -247,7 +249,7 @@ class Node:
             on_drop=self._forget_retired,
             catalogs=[
                 *(_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()),
-                *followed_catalogs(topics or (), config.kafka_bootstrap, bool(config.peers)),
+                *followed,
             ],
             status_extra=self._kafka.status_extra,
         )
@@ -499,6 +501,11 @@ class Node:
         thread refreshes: never blocks)."""
         return self._kafka.sources()
 
+    def followed_topics(self) -> list[TopicLag]:
+        """Per topic followed as a table: its lag and its malformed and misplaced records
+        (:mod:`sparkiq.topics.lag`; never blocks)."""
+        return self._kafka.followed()
+
     def writers(self) -> list[WriterView]:
         """Per hosted table, its writer (running, failed, stopped, silent or unknown), from
         the status records its driver writes (:mod:`sparkiq.serving.writer_view`; a cache
@@ -514,16 +521,7 @@ class Node:
     def history(self, store: str) -> dict[str, Any]:
         """How far back ``store`` can be read here: the table's history setting and the
         oldest and newest batch every partition hosted here still holds (None: none)."""
-        replica = self._hosting.replica(store)
-        held = [r.store.versions for r in replica.partitions.values()]
-        kept = [v for v in held if v is not None and v.newest >= 0]
-        setting = replica.manifest.history
-        return {
-            "batches": setting.batches,
-            "seconds": setting.seconds,
-            "oldest_batch": max((v.oldest for v in kept), default=None),
-            "newest_batch": min((v.newest for v in kept), default=None),
-        }
+        return self._hosting.replica(store).history()
 
     def partition_count(self, store: str) -> int:
         """How many partitions ``store`` has (hosted here or not)."""

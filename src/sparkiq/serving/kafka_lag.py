@@ -30,10 +30,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.errors import ConfigError
+from sparkiq.topics.lag import TopicLag, topic_lags
+
+if TYPE_CHECKING:
+    from sparkiq.topics.catalog import TopicCatalog
 
 __all__ = [
     "KAFKA_COMPONENT",
@@ -408,16 +412,19 @@ class KafkaLag:
     """A node's view of its tables' Kafka topics: the offsets its replicas applied
     (``statuses``, read when asked) and, with ``bootstrap``, the broker's end offsets,
     refreshed every ``interval`` seconds on a background thread between :meth:`start` and
-    :meth:`close`. :class:`~sparkiq.errors.ConfigError` when ``bootstrap`` is given and the
-    Kafka client (``sparkiq[kafka]``) is not installed."""
+    :meth:`close`; and the lag of the topics it follows (``followed``: their catalogs, see
+    :mod:`sparkiq.topics.lag`). :class:`~sparkiq.errors.ConfigError` when ``bootstrap`` is
+    given and the Kafka client (``sparkiq[kafka]``) is not installed."""
 
     def __init__(
         self,
         statuses: Callable[[], Iterable[ReplicaStatus]],
         bootstrap: str | None,
         interval: float,
+        followed: Sequence[TopicCatalog] = (),
     ) -> None:
         self._statuses = statuses
+        self._followed = followed
         self.bootstrap = bootstrap
         self._ends = (
             None
@@ -442,6 +449,17 @@ class KafkaLag:
         and lag when there is a broker (from the background thread's cache: never blocks)."""
         return kafka_sources(self._statuses(), self._ends)
 
+    def followed(self) -> list[TopicLag]:
+        """The lag of every topic the node follows as a table (never blocks)."""
+        sources = [s for catalog in self._followed for s in catalog.sources()]
+        if not sources:
+            return []
+        return topic_lags(sources, applied_offsets(self._statuses()), time.time())
+
     def status_extra(self) -> dict[str, Any]:
         """The Kafka part of ``status.json`` (what ``sparkiq status`` shows of it)."""
-        return {"kafka_bootstrap": self.bootstrap, "kafka": [s.to_dict() for s in self.sources()]}
+        return {
+            "kafka_bootstrap": self.bootstrap,
+            "kafka": [s.to_dict() for s in self.sources()],
+            "topics": [t.to_dict() for t in self.followed()],
+        }

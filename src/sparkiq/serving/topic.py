@@ -24,7 +24,7 @@ from typing import Any
 
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.errors import ConfigError, SparkiqError
-from sparkiq.query.position import Position
+from sparkiq.query.position import KAFKA_PREFIX, Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.serving.config import NOT_GIVEN, NodeConfig, resolve_group
@@ -32,7 +32,9 @@ from sparkiq.serving.handle import ReplicaHandle
 from sparkiq.serving.hosting import Hosting
 from sparkiq.serving.lookup import Lookup
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
-from sparkiq.topics.source import TopicCatalog, TopicSource, TopicSpec
+from sparkiq.topics.catalog import TopicCatalog
+from sparkiq.topics.lag import TopicLag, topic_lag
+from sparkiq.topics.source import TopicSource, TopicSpec
 
 __all__ = [
     "FollowedTopic",
@@ -177,8 +179,8 @@ class FollowedTopic(ReplicaHandle):
 
     The query methods of :class:`~sparkiq.Attached`: :meth:`get`, :meth:`query`,
     :meth:`sql`, :meth:`status`, :meth:`position`. :meth:`wait_caught_up` waits until the
-    topic's records of now are applied. Thread-safe; :meth:`close` stops tailing, closes
-    the consumer and the stores.
+    topic's records of now are applied; :meth:`lag` says how far behind it is. Thread-safe;
+    :meth:`close` stops tailing, closes the consumer and the stores.
     """
 
     def __init__(
@@ -291,6 +293,14 @@ class FollowedTopic(ReplicaHandle):
 
     def status(self) -> list[ReplicaStatus]:
         return self._hosting.status()
+
+    def lag(self) -> TopicLag:
+        """How far the table is behind the topic, per partition in records and seconds, and
+        the records it read, skipped as malformed and found misplaced
+        (:mod:`sparkiq.topics.lag`; never blocks)."""
+        self._require_open()
+        applied = self.position().partition_offsets(KAFKA_PREFIX + self.topic)
+        return topic_lag(self.source, applied, time.time())
 
     def wait_caught_up(self, timeout: float = 60.0) -> bool:
         """Block until every record the topic holds now (its end offsets, as a

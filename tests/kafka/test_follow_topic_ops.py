@@ -1,0 +1,270 @@
+"""Operating a followed topic, against a real broker: its lag and bad records where users
+look (``GET /stats``, ``/metrics``, ``sparkiq status``), a schema a publisher changes
+later, client settings from the command line, and a node stopped and started again.
+
+Ground truth is what the broker acknowledged: the end offsets its acknowledgements imply
+(the last offset + 1 per partition) and the last record of every key."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
+
+import sparkiq
+from sparkiq import Node
+from sparkiq.serving.topic import topic_spec
+from sparkiq.testing import KafkaBroker, wait_until
+from sparkiq.topics.keys import murmur2
+from sparkiq.topics.lag import topic_lag
+from tests.browser import chromium, needs_chromium, open_first_table
+from tests.browser import wait_until as page_wait_until
+from tests.kafka.client import Delivered
+from tests.kafka.topics import create_compacted, json_bytes, send
+
+PARTITIONS = 2
+COLUMNS = "user STRING, total BIGINT"
+DEADLINE = 120.0  # a busy machine: generous, the condition ends the wait
+
+
+def ends_of(delivered: list[Delivered]) -> dict[int, int]:
+    """Per partition, the end offset the acknowledged records imply."""
+    ends = dict.fromkeys(range(PARTITIONS), 0)
+    for d in delivered:
+        ends[d.partition] = max(ends[d.partition], d.offset + 1)
+    return ends
+
+
+def totals(start: int, count: int) -> list[tuple[bytes, bytes | None]]:
+    return [(json_bytes(f"u-{i % 5}"), json_bytes({"total": i})) for i in range(start, count)]
+
+
+def send_to(bootstrap: str, topic: str, partition: int, key: bytes, value: bytes) -> Delivered:
+    """One record into ``partition``, whatever its key (a producer that does not place keys
+    by murmur2)."""
+    out: list[Delivered] = []
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(
+        topic,
+        key=key,
+        value=value,
+        partition=partition,
+        on_delivery=lambda e, m: out.append(
+            Delivered(m.topic(), m.partition(), m.offset(), m.key(), m.value())
+        ),
+    )
+    assert producer.flush(60) == 0 and len(out) == 1
+    return out[0]
+
+
+def metric_samples(url: str) -> dict[str, dict[tuple[str, ...], float]]:
+    """``{sample name: {label values (sorted by label name): value}}`` of ``/metrics``,
+    read with Prometheus' own parser."""
+    out: dict[str, dict[tuple[str, ...], float]] = {}
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(s.labels[k] for k in sorted(s.labels))
+            out.setdefault(s.name, {})[labels] = s.value
+    return out
+
+
+# -- lag and bad records -------------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    """A node following ``topic`` as table ``totals``, and what was acknowledged."""
+
+    topic: str
+    node: Node
+    state_dir: Path
+    delivered: list[Delivered]
+    malformed: list[Delivered]
+    misplaced: Delivered
+
+    @property
+    def url(self) -> str:
+        assert self.node.url is not None
+        return self.node.url
+
+
+@pytest.fixture(scope="module")
+def served(
+    kafka_cluster: KafkaBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = f"lagged-{uuid.uuid4().hex[:8]}"
+    create_compacted(bootstrap, topic, PARTITIONS)
+    delivered = send(bootstrap, topic, totals(0, 20))
+    malformed = send(bootstrap, topic, [(json_bytes("u-bad"), b"not json"), (b"u-", b"{}")])
+    key = json_bytes("u-9")  # a record in the partition murmur2 does not give its key
+    elsewhere = 1 - (murmur2(key) & 0x7FFFFFFF) % PARTITIONS
+    misplaced = send_to(bootstrap, topic, elsewhere, key, b'{"total": 9}')
+    state_dir = tmp_path_factory.mktemp("followed-ops")
+    spec = topic_spec(topic, name="totals", key="user", columns=COLUMNS)
+    with Node(
+        str(state_dir),
+        node_id="follower",
+        listen="127.0.0.1:0",
+        standbys=0,
+        topics=[spec],
+        kafka_bootstrap=bootstrap,
+        kafka_interval=0.5,
+    ) as node:  # RocksDB stores: a node with memory stores writes no status.json
+        yield Served(topic, node, state_dir, delivered, malformed, misplaced)
+
+
+def followed_of(url: str) -> dict[str, Any]:
+    (doc,) = httpx.get(f"{url}/stats", timeout=30).json()["topics"]
+    return doc  # type: ignore[no-any-return]
+
+
+def wait_applied(served: Served, ends: dict[int, int]) -> dict[str, Any]:
+    """The table's ``/stats`` entry once it applied ``ends`` and the follower saw them."""
+    seen: list[dict[str, Any]] = []
+
+    def applied() -> bool:
+        seen.append(followed_of(served.url))
+        parts = seen[-1]["partitions"]
+        return [(p["applied"], p["end"]) for p in parts] == [(ends[p], ends[p]) for p in ends]
+
+    wait_until(applied, DEADLINE, f"never applied {ends}: {seen[-1:]}")
+    return seen[-1]
+
+
+def test_stats_and_metrics_show_the_lag_going_to_zero_and_the_bad_records(
+    served: Served, kafka_bootstrap: str
+) -> None:
+    acknowledged = [*served.delivered, *served.malformed, served.misplaced]
+    doc = wait_applied(served, ends_of(acknowledged))
+    assert doc["table"] == "totals" and doc["topic"] == served.topic
+    assert (doc["records"], doc["malformed"], doc["misplaced"]) == (23, 2, 1)
+    assert doc["lag"] == 0 and doc["seconds_behind"] == 0.0
+    assert served.node.get("totals", "u-9") == {"user": "u-9", "total": 9}
+    assert served.node.get("totals", "u-bad") is None
+
+    # more records: the lag follows the new end offsets back to 0
+    more = send(kafka_bootstrap, served.topic, totals(20, 31))
+    served.delivered.extend(more)
+    ends = ends_of([*served.delivered, *served.malformed, served.misplaced])
+    doc = wait_applied(served, ends)
+    assert doc["lag"] == 0 and doc["records"] == 34
+    assert served.node.get("totals", "u-0") == {"user": "u-0", "total": 30}
+
+    samples = metric_samples(served.url)
+    labels = [("0", "totals", served.topic), ("1", "totals", served.topic)]
+    assert samples["sparkiq_topic_lag_records"] == dict.fromkeys(labels, 0.0)
+    assert samples["sparkiq_topic_lag_seconds"] == dict.fromkeys(labels, 0.0)
+    assert samples["sparkiq_topic_read_records_total"] == {("totals", served.topic): 34.0}
+    assert samples["sparkiq_topic_malformed_records_total"] == {("totals", served.topic): 2.0}
+    assert samples["sparkiq_topic_misplaced_records_total"] == {("totals", served.topic): 1.0}
+
+
+def test_sparkiq_status_shows_the_lag_and_the_bad_records(served: Served) -> None:
+    wait_applied(served, ends_of([*served.delivered, *served.malformed, served.misplaced]))
+    outputs: list[str] = []
+
+    def shown() -> bool:  # status.json is rewritten about once a second
+        result = subprocess.run(
+            [sys.executable, "-m", "sparkiq.cli", "status", "--state-dir", str(served.state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+        return "lag 0 records" in result.stdout and f"{len(served.delivered) + 3} records read" in (
+            result.stdout
+        )
+
+    wait_until(shown, DEADLINE, f"no followed topic in sparkiq status: {outputs[-1:]}")
+    text = outputs[-1]
+    assert f"totals <- topic {served.topic!r}: lag 0 records, 0.0 s behind;" in text
+    assert "2 malformed, 1 misplaced" in text
+    ends = ends_of([*served.delivered, *served.malformed, served.misplaced])
+    for p, end in ends.items():
+        assert f"{p:>9} {end:>12} {end:>12} {0:>10} {'0.0 s':>9}" in text, text
+
+
+@needs_chromium
+def test_the_console_table_view_shows_the_followed_topic(served: Served) -> None:
+    ends = ends_of([*served.delivered, *served.malformed, served.misplaced])
+    wait_applied(served, ends)
+    with chromium() as browser:
+        page = browser.new_page()
+        open_first_table(page, served.url)
+        rows = f'#table-kafka table[data-followed="{served.topic}"] tbody tr'
+        page_wait_until(page, f"document.querySelectorAll('{rows}').length === {PARTITIONS}")
+        cells = page.eval_on_selector_all(
+            rows, "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+        )
+        assert cells == [[str(p), str(e), str(e), "0", "0.0 s"] for p, e in ends.items()]
+        summary = page.inner_text("#table-kafka")
+        assert "Followed topic" in summary and "lag 0 records" in summary
+        assert "2 malformed" in summary and "1 misplaced" in summary
+
+
+def test_a_follower_behind_the_topic_counts_the_records_and_seconds(
+    kafka_bootstrap: str,
+) -> None:
+    topic = f"behind-{uuid.uuid4().hex[:8]}"
+    create_compacted(kafka_bootstrap, topic, PARTITIONS)
+    delivered = send(kafka_bootstrap, topic, totals(0, 100))
+    ends = ends_of(delivered)
+    opened = time.time()
+    with sparkiq.follow_topic(
+        kafka_bootstrap,
+        topic,
+        key="user",
+        columns=COLUMNS,
+        store="memory",
+        batch_records=2,
+        start=False,
+    ) as followed:
+
+        def applied() -> dict[int, int]:
+            return followed.position().partition_offsets(f"kafka:{topic}")
+
+        # the consumer fetches once assigned; a poll reads a few batches of 2 records, not
+        # the topic's 100 (the first ones may find nothing fetched yet)
+        fetched = followed.source.high_watermarks
+        wait_until(lambda: fetched() == ends, DEADLINE, f"never fetched {ends}: {fetched()}")
+        wait_until(lambda: followed.poll_once() > 0, DEADLINE, "the follower read nothing")
+        done = applied()
+        assert 0 < sum(done.values()) < 100
+        now = time.time() + 5
+        behind = topic_lag(followed.source, done, now)
+        assert [(p.applied, p.end) for p in behind.partitions] == [
+            (done.get(p), ends[p]) for p in range(PARTITIONS)
+        ]
+        assert behind.lag == 100 - sum(done.values())
+        for p in behind.partitions:  # never current since it opened: behind since then
+            assert p.seconds_behind is not None
+            if p.lag:
+                assert 5 <= p.seconds_behind <= now - opened
+            else:
+                assert p.seconds_behind == 0.0
+        while followed.poll_once():
+            pass
+        current = followed.lag()
+        assert [(p.applied, p.end, p.lag) for p in current.partitions] == [
+            (ends[p], ends[p], 0) for p in range(PARTITIONS)
+        ]
+        assert current.seconds_behind == 0.0 and current.records == 100
+
+
+def test_the_status_document_names_no_secret(served: Served) -> None:
+    doc = json.dumps(httpx.get(f"{served.url}/stats", timeout=30).json())
+    assert "kafka_config" not in doc
