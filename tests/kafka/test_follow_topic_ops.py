@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from sparkiq.topics.lag import topic_lag
 from tests.browser import chromium, needs_chromium, open_first_table
 from tests.browser import wait_until as page_wait_until
 from tests.kafka.client import Delivered
-from tests.kafka.topics import create_compacted, json_bytes, send
+from tests.kafka.topics import create_compacted, json_bytes, publish_schema, send
 
 PARTITIONS = 2
 COLUMNS = "user STRING, total BIGINT"
@@ -268,3 +269,86 @@ def test_a_follower_behind_the_topic_counts_the_records_and_seconds(
 def test_the_status_document_names_no_secret(served: Served) -> None:
     doc = json.dumps(httpx.get(f"{served.url}/stats", timeout=30).json())
     assert "kafka_config" not in doc
+
+
+# -- a schema published later ---------------------------------------------------------------
+
+
+def column(name: str, type_: str) -> dict[str, Any]:
+    return {"name": name, "type": type_, "nullable": True}
+
+
+def answers_until(
+    handle: sparkiq.FollowedTopic, key: str, written: list[Delivered], last: Any, kind: type
+) -> None:
+    """Read ``key`` until it is ``last`` with a ``total`` of type ``kind``. Every answer on
+    the way must be the row the acknowledged records ``written`` (of ``key``) give at the
+    answer's position: none before the first, then each record's row (the same values; a
+    read racing the table's reopening may fail, or answer from the restore's position,
+    never by the old columns)."""
+    seen: list[Any] = []
+    partition = written[0].partition
+
+    def done() -> bool:
+        try:
+            row, position = handle.get_with_position(handle.name, key)
+        except sparkiq.SparkiqError as exc:  # the table being hosted again: no answer
+            seen.append(type(exc).__name__)
+            return False
+        read = position.partition_offsets(f"kafka:{handle.topic}").get(partition, 0)
+        before = [d for d in written if d.offset < read]
+        expected = json.loads(before[-1].value or b"null") if before else None
+        if row is not None and expected is not None:
+            expected = {**dict.fromkeys(row), **expected}  # a column it has no member for
+        assert row == expected, (row, expected, read, written)
+        seen.append(row)
+        return bool(row == last and isinstance(row["total"], kind))
+
+    wait_until(done, DEADLINE, f"{key} never became {last}: {seen[-3:]}")
+
+
+def test_a_column_published_later_is_picked_up_and_no_row_is_read_by_old_columns(
+    kafka_bootstrap: str,
+) -> None:
+    topic = f"evolving-{uuid.uuid4().hex[:8]}"
+    create_compacted(kafka_bootstrap, topic, PARTITIONS)
+    v1 = [column("user", "string"), column("total", "bigint")]
+    publish_schema(kafka_bootstrap, topic, "spend", ["user"], v1, PARTITIONS)
+
+    def row(user: str, total: int, **more: Any) -> tuple[bytes, bytes]:
+        return json_bytes(user), json_bytes({"user": user, "total": total, **more})
+
+    u1 = send(kafka_bootstrap, topic, [row("u-1", 1), row("u-2", 2)])[:1]
+    with (
+        # checks sparkiq-schemas only when a record does not fit
+        sparkiq.follow_topic(kafka_bootstrap, topic, name="spend", schema_interval=3600) as spend,
+        # and one that also checks every half second
+        sparkiq.follow_topic(kafka_bootstrap, topic, name="spend", schema_interval=0.5) as timed,
+    ):
+        assert spend.wait_caught_up(DEADLINE) and timed.wait_caught_up(DEADLINE)
+        assert spend.get("spend", "u-1") == {"user": "u-1", "total": 1}
+        first = spend.source
+
+        # the publisher writes the new schema, then records with the new column
+        v2 = [*v1, column("city", "string")]
+        publish_schema(kafka_bootstrap, topic, "spend", ["user"], v2, PARTITIONS)
+        sent = send(
+            kafka_bootstrap, topic, [row("u-1", 10, city="Oslo"), row("u-3", 3, city="Rome")]
+        )
+        u1.append(sent[0])
+        new = {"user": "u-1", "total": 10, "city": "Oslo"}
+        for handle in (spend, timed):
+            answers_until(handle, "u-1", u1, new, int)
+            assert handle.wait_caught_up(DEADLINE)
+            assert handle.get("spend", "u-2") == {"user": "u-2", "total": 2, "city": None}
+            assert handle.get("spend", "u-3") == {"user": "u-3", "total": 3, "city": "Rome"}
+            assert handle.source.malformed == 0 and handle.source.stale is None
+        assert first.stale is not None and "city string" in first.stale and first.closed
+
+        # a type changed, no record since: only the timed follower sees it
+        v3 = [column("user", "string"), column("total", "decimal(10,2)"), column("city", "string")]
+        publish_schema(kafka_bootstrap, topic, "spend", ["user"], v3, PARTITIONS)
+        answers_until(timed, "u-1", u1, new, Decimal)
+        rome = timed.get("spend", "u-3")
+        assert rome == {"user": "u-3", "total": Decimal("3.00"), "city": "Rome"}
+        assert type(spend.get("spend", "u-1")["total"]) is int  # type: ignore[index]

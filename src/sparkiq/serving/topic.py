@@ -62,6 +62,7 @@ def follow_topic(
     store: str = "rocksdb",
     poll_interval: float = 0.02,
     batch_records: int = 2000,
+    schema_interval: float = 30.0,
     sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
     start: bool = True,
 ) -> FollowedTopic:
@@ -79,6 +80,7 @@ def follow_topic(
         store=store,
         poll_interval=poll_interval,
         batch_records=batch_records,
+        schema_interval=schema_interval,
         sql_limits=sql_limits,
         start=start,
     )
@@ -176,6 +178,9 @@ class FollowedTopic(ReplicaHandle):
     - ``local_dir``/``store``/``poll_interval``/``sql_limits``/``start``: as
       :func:`sparkiq.attach`'s; the local files are rebuilt from the topic on every open.
     - ``batch_records``: the most records one batch holds (memory is bounded by it).
+    - ``schema_interval``: for a topic sparkiq published, how often (seconds) the follower
+      checks ``sparkiq-schemas`` for a new schema besides when a record does not fit its
+      columns; a new one makes it follow the topic again (:mod:`sparkiq.topics.schemas`).
 
     The query methods of :class:`~sparkiq.Attached`: :meth:`get`, :meth:`query`,
     :meth:`sql`, :meth:`status`, :meth:`position`. :meth:`wait_caught_up` waits until the
@@ -198,6 +203,7 @@ class FollowedTopic(ReplicaHandle):
         store: str = "rocksdb",
         poll_interval: float = 0.02,
         batch_records: int = 2000,
+        schema_interval: float = 30.0,
         sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
         start: bool = True,
     ) -> None:
@@ -218,7 +224,9 @@ class FollowedTopic(ReplicaHandle):
         )
         self.topic = topic
         self.name = spec.name
-        self.catalog = TopicCatalog([spec], bootstrap_servers, batch_records=batch_records)
+        self.catalog = TopicCatalog(
+            [spec], bootstrap_servers, batch_records=batch_records, schema_interval=schema_interval
+        )
         self._sql: SqlEngine | None = None
         self._closed = False
         try:

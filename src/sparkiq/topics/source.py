@@ -42,8 +42,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -58,7 +58,9 @@ from sparkiq.schema.codec import KeyCodec
 from sparkiq.topics.consumer import confluent, new_consumer, partition_count, read_published
 from sparkiq.topics.jsonvalues import BadValue
 from sparkiq.topics.keys import PARTITIONING_PREFIX, Murmur2Partitioner
-from sparkiq.topics.records import SCHEMAS_TOPIC, TopicFormat, published_schema, table_schema
+from sparkiq.topics.records import SCHEMAS_TOPIC, SchemaMismatch, TopicFormat, table_schema
+from sparkiq.topics.schemas import SchemaWatch, published_format
+from sparkiq.topics.spec import TopicSpec
 
 __all__ = ["TopicSource", "TopicSpec"]
 
@@ -67,24 +69,6 @@ log = logging.getLogger("sparkiq.topic")
 # How many batches one call of commits_after reads before handing back: a restore reads the
 # topic over several polls, so status and other tables are not held up by one long read.
 _BATCHES_PER_POLL = 16
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    """What to follow: ``topic`` as table ``name``. Without ``columns`` the schema comes from
-    the ``sparkiq-schemas`` topic (a topic sparkiq published); with them (a Spark DDL
-    string), ``key`` names the key columns and ``key_format``/``value_format`` say how the
-    records are written (:mod:`sparkiq.topics.records`). ``kafka_config`` adds consumer
-    settings (security, client id...)."""
-
-    name: str
-    topic: str
-    key: tuple[str, ...] = ()
-    columns: str | None = None
-    key_format: str | None = None
-    value_format: str | None = None
-    #: never shown by repr: it may hold secrets (sparkiq.topics.consumer)
-    kafka_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -110,15 +94,21 @@ class TopicSource:
         *,
         batch_records: int = 2000,
         retain_batches: int = 64,
+        schema_interval: float = 30.0,
     ) -> None:
-        if batch_records < 1 or retain_batches < 1:
-            raise ConfigError("batch_records and retain_batches must be positive")
+        if batch_records < 1 or retain_batches < 1 or not schema_interval > 0:
+            raise ConfigError("batch_records, retain_batches and schema_interval must be positive")
         kafka = confluent()
         self.spec = spec
         self.topic = spec.topic
         self.bootstrap_servers = bootstrap_servers
         self.batch_records = batch_records
         self.retain_batches = retain_batches
+        self.schema_interval = schema_interval
+        self._watch: SchemaWatch | None = None  # a published topic's schema, watched
+        #: why the follower stopped reading (its schema changed): the catalog opens the topic
+        #: again (sparkiq.topics.schemas); None while it reads
+        self.stale: str | None = None
         self._consumer = new_consumer(bootstrap_servers, spec.kafka_config, spec.topic)
         try:
             partitions = partition_count(self._consumer, spec.topic, bootstrap_servers)
@@ -167,13 +157,12 @@ class TopicSource:
                     "key= needs columns=: without them the schema is read from "
                     f"{SCHEMAS_TOPIC!r}, key columns included"
                 )
-            doc, self._schemas_end = read_published(
-                self._consumer, spec.topic, self.bootstrap_servers
+            doc, ends = read_published(self._consumer, spec.topic, self.bootstrap_servers)
+            found = published_format(doc, spec)
+            self._watch = SchemaWatch(
+                spec, self.bootstrap_servers, found, ends, self.schema_interval
             )
-            schema, key_format, value_format, _ = published_schema(doc, spec.topic)
-            return TopicFormat(
-                schema, spec.key_format or key_format, spec.value_format or value_format
-            )
+            return found
         if not spec.key:
             raise ConfigError("columns= needs key=: name the key columns, e.g. key='user'")
         schema = table_schema(spec.columns, spec.key)
@@ -208,7 +197,12 @@ class TopicSource:
             with self._lock:
                 batch = self._batches.get(next_id)
                 if batch is None:
-                    if next_id != self._next_batch or read >= _BATCHES_PER_POLL or self._closed:
+                    if (
+                        next_id != self._next_batch
+                        or read >= _BATCHES_PER_POLL
+                        or self._closed
+                        or self.stale is not None
+                    ):
                         return
                     batch = self._read_batch()
                     read += 1
@@ -251,9 +245,12 @@ class TopicSource:
         """Read what the consumer has now (up to ``batch_records``) as the next batch; None
         when it has nothing and its position did not move. Called under the lock."""
         kafka = confluent()
+        if self._watch is not None and self._watch.due() and self._schema_changed():
+            return None
         messages = self._consumer.consume(self.batch_records, timeout=0)
         latest: dict[int, dict[bytes, dict[str, Any] | None]] = {}
         read = 0
+        checked = False  # the schema, once per read: what it read was fetched before
         for message in messages:
             error = message.error()
             if error is not None:
@@ -266,8 +263,18 @@ class TopicSource:
             try:
                 placed, key, row = self._decode(message)
             except BadValue as exc:
-                self._skip(partition, offset, str(exc))
-                continue
+                if self._watch is not None and not checked:
+                    checked = True
+                    if self._schema_changed():
+                        return None  # nothing of this read is applied by the old columns
+                try:
+                    if not isinstance(exc, SchemaMismatch):
+                        raise
+                    # the schema did not change: a member more is ignored, one less is null
+                    placed, key, row = self._decode(message, strict=False)
+                except BadValue as final:
+                    self._skip(partition, offset, str(final))
+                    continue
             if placed != partition:
                 self._misplaced(partition, offset, placed)
             changes = latest.setdefault(placed, {})
@@ -314,7 +321,21 @@ class TopicSource:
             if known is not None and self._ends[tp.partition] >= known:
                 self._caught_up_at[tp.partition] = now
 
-    def _decode(self, message: Any) -> tuple[int, bytes, dict[str, Any] | None]:
+    def _schema_changed(self) -> bool:
+        """Whether the published schema changed since the follower opened; if so it stops
+        reading (:attr:`stale`) for the catalog to open the topic again."""
+        assert self._watch is not None
+        found = self._watch.check()
+        if found is None:
+            return False
+        columns = ", ".join(f"{f.name} {f.type.simple_string()}" for f in found.schema.fields)
+        self.stale = f"its schema in {SCHEMAS_TOPIC!r} changed (now {columns})"
+        log.info("topic %r: %s; following it again", self.topic, self.stale)
+        return True
+
+    def _decode(
+        self, message: Any, *, strict: bool | None = None
+    ) -> tuple[int, bytes, dict[str, Any] | None]:
         """(table partition, encoded key, row or None) of one record."""
         data = message.key()
         if data is None:
@@ -328,7 +349,7 @@ class TopicSource:
         shown = self._codec.from_internal(internal)
         names = self.format.schema.key_columns
         key = dict(zip(names, shown if len(names) > 1 else (shown,), strict=True))
-        return placed, encoded, self.format.read_value(key, value)
+        return placed, encoded, self.format.read_value(key, value, strict=strict)
 
     def _encode(
         self, rows: dict[bytes, dict[str, Any] | None]
@@ -387,6 +408,11 @@ class TopicSource:
                 self.format.key_format,
             )
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def positions(self) -> dict[int, int]:
         """The end offset read of every partition (the next offset to read)."""
         with self._lock:
@@ -430,6 +456,8 @@ class TopicSource:
                 return
             self._closed = True
             self._consumer.close()
+            if self._watch is not None:
+                self._watch.close()
 
     def __repr__(self) -> str:
         return f"TopicSource({self.topic!r} as {self.table!r})"
