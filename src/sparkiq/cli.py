@@ -66,6 +66,14 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ),
     ("kafka_interval", float, "seconds between fetches of the Kafka end offsets", "5"),
     (
+        "kafka_config",
+        str,
+        "file of Kafka client settings, KEY=VALUE lines in librdkafka's names "
+        "(security.protocol, sasl.username, sasl.password, ssl.ca.location...), for "
+        "--follow-topic and the end offsets; secrets are never logged",
+        "",
+    ),
+    (
         "source_wait",
         float,
         'seconds a read bounded by a producer\'s Kafka records ("after") waits for the '

@@ -67,6 +67,7 @@ from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
 from sparkiq.stores.dispatch import CATCH_UP_WAIT
 from sparkiq.tls import TlsContexts, TlsFiles
+from sparkiq.topics.consumer import read_client_config
 from sparkiq.topics.lag import TopicLag
 
 __all__ = ["Node", "TableView"]
@@ -132,7 +133,8 @@ class Node:
     every ``kafka_interval`` seconds (default 5) on a background thread, so
     :meth:`kafka_sources`, ``GET /stats``, ``/metrics`` and ``sparkiq status`` show how far
     each table is behind its topics (:mod:`sparkiq.serving.kafka_lag`; needs
-    ``sparkiq[kafka]``). Without it they show the applied offsets only.
+    ``sparkiq[kafka]``). Without it they show the applied offsets only. ``kafka_config``
+    names a file of client settings (SASL, TLS...) for every Kafka client of the node.
 
     **Read-your-writes for producers.** A read bounded by a producer's Kafka records
     (:meth:`~sparkiq.PositionBound.after`) that no committed batch has read yet waits up to
@@ -184,6 +186,7 @@ class Node:
         tls_ca: str | None = NOT_GIVEN,
         kafka_bootstrap: str | None = NOT_GIVEN,
         kafka_interval: float = NOT_GIVEN,
+        kafka_config: str | None = NOT_GIVEN,
         source_wait: float = NOT_GIVEN,
         sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
         http_limits: HttpLimits | Mapping[str, Any] | None = NOT_GIVEN,
@@ -231,10 +234,9 @@ class Node:
         self._rebalancer: Rebalancer | None = None
         #: The tables' Kafka topics, with the broker's end offsets when kafka_bootstrap is
         #: given (ConfigError here when the Kafka client, sparkiq[kafka], is not installed).
-        followed = followed_catalogs(topics or (), config.kafka_bootstrap, bool(config.peers))
-        self._kafka = KafkaLag(
-            lambda: self._hosting.status(), config.kafka_bootstrap, config.kafka_interval, followed
-        )
+        client = read_client_config(config.kafka_config)  # SASL, TLS...: never logged
+        followed = followed_catalogs(topics or (), config, client)
+        self._kafka = KafkaLag(lambda: self._hosting.status(), config, followed, client)
         self._writers = WriterRecords(config.state_dir)  # each table's writer status record
         self._hosting = Hosting(
             config.state_dir,

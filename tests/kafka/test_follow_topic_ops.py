@@ -27,12 +27,15 @@ import sparkiq
 from sparkiq import Node
 from sparkiq.serving.topic import topic_spec
 from sparkiq.testing import KafkaBroker, wait_until
+from sparkiq.topics.consumer import redact
 from sparkiq.topics.keys import murmur2
 from sparkiq.topics.lag import topic_lag
 from tests.browser import chromium, needs_chromium, open_first_table
 from tests.browser import wait_until as page_wait_until
+from tests.cluster.serve_processes import free_port
 from tests.kafka.client import Delivered
 from tests.kafka.topics import create_compacted, json_bytes, publish_schema, send
+from tests.server.serve_subprocess import serving
 
 PARTITIONS = 2
 COLUMNS = "user STRING, total BIGINT"
@@ -352,3 +355,90 @@ def test_a_column_published_later_is_picked_up_and_no_row_is_read_by_old_columns
         rome = timed.get("spend", "u-3")
         assert rome == {"user": "u-3", "total": Decimal("3.00"), "city": "Rome"}
         assert type(spend.get("spend", "u-1")["total"]) is int  # type: ignore[index]
+
+
+# -- client settings from the command line, and a node started again ----------------------
+
+SECRET = "TOPSECRET-do-not-log-7f3a"
+
+
+def test_serve_reads_client_settings_from_a_file_and_never_shows_the_secrets(
+    kafka_bootstrap: str, served: Served, tmp_path: Path
+) -> None:
+    settings = tmp_path / "client.properties"
+    # a property librdkafka does not know: the node does not start, and says which
+    settings.write_text(f"# SASL\nsasl.password = {SECRET}\nno.such.property=1\n")
+    spec = f"totals={served.topic}?key=user&columns={COLUMNS}"
+    args = ["--follow-topic", spec, "--kafka-bootstrap", kafka_bootstrap]
+    args += ["--kafka-config", str(settings), "--state-dir", str(tmp_path / "state")]
+    refused = subprocess.run(
+        [sys.executable, "-m", "sparkiq.cli", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert 'No such configuration property: "no.such.property"' in refused.stderr
+    assert SECRET not in refused.stderr + refused.stdout
+
+    # the file's settings win over the command line's: its bootstrap.servers is the broker
+    # (--kafka-bootstrap names a port nobody listens on), for the followed topic's consumer
+    # and for the end offsets alike
+    settings.write_text(
+        f"bootstrap.servers={kafka_bootstrap}\nclient.id=sparkiq-ops-test\n"
+        f"sasl.username=ops\nsasl.password={SECRET}\n"
+    )
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["--follow-topic", spec, "--kafka-bootstrap", "127.0.0.1:1"]
+    args += ["--kafka-config", str(settings), "--kafka-interval", "0.5"]
+    args += ["--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")]
+    acknowledged = [*served.delivered, *served.malformed, served.misplaced]
+    ends = ends_of(acknowledged)
+
+    def applied(_: Any) -> bool:
+        doc = httpx.get(f"{url}/stats", timeout=30).json()
+        (kafka,) = doc["kafka"]
+        followed = [(p["applied"], p["end"]) for p in doc["topics"][0]["partitions"]]
+        return kafka["broker"] == "ok" and followed == [(ends[p], ends[p]) for p in ends]
+
+    with serving(args, tmp_path, applied, errors=(httpx.HTTPError, KeyError, ValueError)):
+        got = httpx.get(f"{url}/stores/totals/keys/u-9", timeout=30).json()
+        assert got["row"] == {"user": "u-9", "total": 9}
+        shown = httpx.get(f"{url}/stats", timeout=30).text
+        shown += httpx.get(f"{url}/metrics", timeout=30).text
+        assert SECRET not in shown
+    log = (tmp_path / "node.log").read_text()
+    assert SECRET not in log and "sasl.password" not in log
+
+
+def test_a_spec_never_shows_its_client_settings() -> None:
+    spec = topic_spec("t", key="k", columns="k STRING", kafka_config={"sasl.password": SECRET})
+    assert SECRET not in repr(spec) and SECRET not in str(spec)
+    message = f'Invalid value "{SECRET}" for configuration property "sasl.password"'
+    assert redact(message, spec.kafka_config) == (
+        'Invalid value "***" for configuration property "sasl.password"'
+    )
+    assert redact(message, {"client.id": SECRET}) == message  # not a secret setting
+
+
+def test_a_node_stopped_and_started_again_reads_its_topics_again(
+    kafka_bootstrap: str, served: Served, tmp_path: Path
+) -> None:
+    spec = topic_spec(served.topic, name="totals", key="user", columns=COLUMNS)
+    node = Node(str(tmp_path), node_id="again", topics=[spec], kafka_bootstrap=kafka_bootstrap)
+    # u-0: a key only ever in its murmur2 partition (u-9 is in two: no order between them)
+    (last,) = [d for d in served.delivered if d.key == json_bytes("u-0")][-1:]
+    expected = {"user": "u-0", "total": json.loads(last.value or b"null")["total"]}
+    with node:
+        wait_until(lambda: node.get("totals", "u-0") == expected, DEADLINE, "never restored")
+        first = node.followed_topics()[0].records
+    assert node.tables == []  # stopped: nothing hosted, the consumer closed
+    sent = send(kafka_bootstrap, served.topic, [(json_bytes("u-0"), json_bytes({"total": 999}))])
+    served.delivered.extend(sent)
+    with node:  # read again from the topic's beginning, and what was produced meanwhile
+        again = {"user": "u-0", "total": 999}
+        wait_until(lambda: node.get("totals", "u-0") == again, DEADLINE, "never read again")
+        assert node.tables == ["totals"]
+        (followed,) = node.followed_topics()
+        assert followed.records == first + 1 and followed.malformed == 2

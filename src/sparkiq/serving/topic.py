@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sparkiq.changelog.replica import ReplicaStatus
@@ -141,13 +142,15 @@ def parse_topic_spec(text: str) -> TopicSpec:
 
 
 def followed_catalogs(
-    specs: Sequence[TopicSpec], bootstrap_servers: str | None, peers: bool
+    specs: Sequence[TopicSpec], config: NodeConfig, client: Mapping[str, Any]
 ) -> list[TopicCatalog]:
     """A node's followed topics (none, or one catalog of them), opened now so that a wrong
-    topic, schema or format fails the node's construction, clearly. The node's hosting
-    closes them when it closes."""
+    topic, schema or format fails the node's construction, clearly; ``client`` (the node's
+    Kafka client settings) under each spec's own ``kafka_config``. The node's hosting
+    closes them when it closes (and a node started again opens them again)."""
     if not specs:
         return []
+    bootstrap_servers, peers = config.kafka_bootstrap, bool(config.peers)
     if not bootstrap_servers:
         raise ConfigError(
             "following Kafka topics needs kafka_bootstrap (--kafka-bootstrap, "
@@ -160,6 +163,7 @@ def followed_catalogs(
             "a node with peers cannot follow Kafka topics yet: serve followed topics from a "
             "node of its own (no peers=)"
         )
+    specs = [replace(s, kafka_config={**client, **s.kafka_config}) for s in specs]
     return [TopicCatalog(specs, bootstrap_servers)]
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "is_secret",
     "new_consumer",
     "partition_count",
+    "read_client_config",
     "read_published",
     "redact",
     "schemas_end",
@@ -168,3 +169,32 @@ def read_published(consumer: Any, topic: str, bootstrap_servers: str) -> tuple[A
         raise ConfigError(
             f"the schema of topic {topic!r} in {SCHEMAS_TOPIC!r} is not JSON"
         ) from None
+
+
+def read_client_config(path: str | None) -> dict[str, str]:
+    """The Kafka client settings in file ``path`` (None: none): ``KEY=VALUE`` lines, blank
+    lines and ``#`` or ``!`` comments ignored, whitespace around keys and values stripped
+    (the plain subset of a Java properties file). Setting names are librdkafka's
+    (``security.protocol``, ``sasl.mechanism``, ``sasl.username``, ``sasl.password``,
+    ``ssl.ca.location``...). ConfigError naming the file and line; a value is never quoted
+    in it (it may be a secret)."""
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the Kafka client settings file {path!r}: {exc}") from None
+    out: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith(("#", "!")):
+            continue
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"{path}:{number}: expected KEY=VALUE (a Kafka client setting, e.g. "
+                "security.protocol=SASL_SSL), found a line without '=' or without a key"
+            )
+        out[key.strip()] = value.strip()
+    return out
