@@ -232,7 +232,8 @@ def _parser() -> argparse.ArgumentParser:
         help="also serve the Kafka topic TOPIC (from --kafka-bootstrap) as table NAME "
         "(default: the topic's name); OPTIONS for a topic sparkiq did not publish: "
         "key=COLUMNS&columns=DDL[&key_format=json|kafka][&value_format=json|string], e.g. "
-        "'totals?key=user&columns=user STRING, total BIGINT' (repeatable; docs/kafka.md) "
+        "'totals?key=user&columns=user STRING, total BIGINT'; &kafka.SETTING=VALUE for a "
+        "client setting of its own (repeatable; docs/kafka.md) "
         "[SPARKIQ_FOLLOW_TOPIC, ';'-separated]",
     )
     for field, kind, text, shown in _SERVE_OPTIONS:

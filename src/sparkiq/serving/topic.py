@@ -114,21 +114,27 @@ def topic_spec(
 
 def parse_topic_spec(text: str) -> TopicSpec:
     """A followed topic as ``sparkiq serve --follow-topic`` takes it:
-    ``[NAME=]TOPIC[?key=COLS&columns=DDL&key_format=F&value_format=F]`` (``key``: key
-    columns, comma-separated; ``columns``: a Spark DDL string, ``+`` or spaces between
-    words). ConfigError naming the problem."""
+    ``[NAME=]TOPIC[?key=COLS&columns=DDL&key_format=F&value_format=F&kafka.SETTING=V]``
+    (``key``: key columns, comma-separated; ``columns``: a Spark DDL string, ``+`` or
+    spaces between words; ``kafka.SETTING``: a client setting of this topic's consumer,
+    over the node's ``--kafka-config``). ConfigError naming the problem."""
     head, _, query = text.strip().partition("?")
     name, _, topic = head.rpartition("=")
     options: dict[str, str] = {}
+    client: dict[str, str] = {}
     for item in query.split("&") if query else ():
         option, sep, value = item.partition("=")
+        if sep and option.startswith("kafka.") and len(option) > len("kafka."):
+            client[option[len("kafka.") :]] = urllib.parse.unquote_plus(value)
+            continue
         if not sep or option not in _SPEC_OPTIONS:
             raise ConfigError(
-                f"--follow-topic {text!r}: {item!r} is not an option; expected "
-                f"[NAME=]TOPIC?{'&'.join(f'{o}=...' for o in _SPEC_OPTIONS)}"
+                # the spec's other options are not quoted: a kafka.* one may be a secret
+                f"--follow-topic {head!r}: {item!r} is not an option; expected "
+                f"[NAME=]TOPIC?{'&'.join(f'{o}=...' for o in _SPEC_OPTIONS)}&kafka.SETTING=..."
             )
         if option in options:
-            raise ConfigError(f"--follow-topic {text!r}: {option!r} is given twice")
+            raise ConfigError(f"--follow-topic {head!r}: {option!r} is given twice")
         options[option] = urllib.parse.unquote_plus(value)
     key = options.pop("key", None)
     return topic_spec(
@@ -138,6 +144,7 @@ def parse_topic_spec(text: str) -> TopicSpec:
         columns=options.get("columns"),
         key_format=options.get("key_format"),
         value_format=options.get("value_format"),
+        kafka_config=client,
     )
 
 
