@@ -323,13 +323,20 @@ class FollowedTopic(ReplicaHandle):
 
     def wait_caught_up(self, timeout: float = 60.0) -> bool:
         """Block until every record the topic holds now (its end offsets, as a
-        read_committed consumer sees them) is applied; False on timeout."""
+        read_committed consumer sees them) is applied by every partition; False on
+        timeout."""
         self._require_open()
         deadline = time.monotonic() + timeout
         ends = self.source.end_offsets(timeout=max(1.0, timeout))
         wanted = Position.of_kafka_offsets(self.topic, ends)
         while True:
-            if self.position().dominates(wanted):
+            # each partition's own position: the merged one dominates as soon as one
+            # partition applied the last batch, before the others have
+            try:
+                held = list(self._hosting.replica(self.name).partitions.values())
+            except SparkiqError:  # hosted again meanwhile (a new schema)
+                held = []
+            if held and all(p.store.position.dominates(wanted) for p in held):
                 return True
             if time.monotonic() >= deadline:
                 return False
