@@ -8,6 +8,7 @@ Ground truth is what the broker acknowledged: the end offsets its acknowledgemen
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -355,6 +356,30 @@ def test_a_column_published_later_is_picked_up_and_no_row_is_read_by_old_columns
         rome = timed.get("spend", "u-3")
         assert rome == {"user": "u-3", "total": Decimal("3.00"), "city": "Rome"}
         assert type(spend.get("spend", "u-1")["total"]) is int  # type: ignore[index]
+
+
+def test_a_schema_this_sparkiq_cannot_read_stops_the_table_where_it_is(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = f"unreadable-{uuid.uuid4().hex[:8]}"
+    create_compacted(kafka_bootstrap, topic, PARTITIONS)
+    v1 = [column("user", "string"), column("total", "bigint")]
+    publish_schema(kafka_bootstrap, topic, "spend", ["user"], v1, PARTITIONS)
+    send(kafka_bootstrap, topic, [(json_bytes("u-1"), json_bytes({"user": "u-1", "total": 1}))])
+    caplog.set_level(logging.INFO, logger="sparkiq.topic")
+    with sparkiq.follow_topic(kafka_bootstrap, topic, name="spend", schema_interval=3600) as spend:
+        assert spend.wait_caught_up(DEADLINE)
+        before = spend.position()
+        # a publisher of a newer format: its schema and a record with a column more
+        doc = {"format": "sparkiq-table", "version": 2, "table": "spend", "topic": topic}
+        send(kafka_bootstrap, "sparkiq-schemas", [(topic.encode(), json_bytes(doc))])
+        later = {"user": "u-1", "total": 2, "city": "Oslo"}
+        send(kafka_bootstrap, topic, [(json_bytes("u-1"), json_bytes(later))])
+        refused = "cannot follow it again"
+        wait_until(lambda: refused in caplog.text, DEADLINE, "never tried to follow again")
+        assert "has version 2; this sparkiq reads version 1" in caplog.text
+        assert spend.get("spend", "u-1") == {"user": "u-1", "total": 1}  # not read by old columns
+        assert spend.position() == before and spend.source.stale is not None
 
 
 # -- client settings from the command line, and a node started again ----------------------

@@ -35,6 +35,8 @@ log = logging.getLogger("sparkiq.topic")
 
 #: How long a check waits for the broker (the follower's reads wait behind it).
 CHECK_TIMEOUT = 10.0
+#: How long after a check the broker did not answer the next one may ask it again.
+RETRY_SECONDS = 5.0
 
 
 def published_format(doc: Any, spec: TopicSpec) -> TopicFormat:
@@ -70,6 +72,10 @@ class SchemaWatch:
         self._ends = ends
         self._checked_at = time.monotonic()
         self._consumer: Any = None
+        #: whether the last check could not tell (the broker did not answer...)
+        self.failed = False
+        #: why the schema the last check found cannot be followed (None: it can)
+        self.unreadable: str | None = None
 
     def due(self) -> bool:
         """Whether ``interval`` seconds passed since the last check."""
@@ -77,8 +83,14 @@ class SchemaWatch:
 
     def check(self) -> TopicFormat | None:
         """The topic's new format when its published schema is no longer ``current``, else
-        None (also when the broker cannot tell now: logged, tried again at the next check)."""
-        self._checked_at = time.monotonic()
+        None: unchanged, changed into one this sparkiq cannot read (:attr:`unreadable` says
+        why), or the broker cannot tell now (:attr:`failed`; logged; asked again
+        :data:`RETRY_SECONDS` later at the soonest: the follower reads what did not fit
+        again meanwhile, never by the old columns)."""
+        now = time.monotonic()
+        if self.failed and now - self._checked_at < RETRY_SECONDS:
+            return None
+        self._checked_at, self.failed, self.unreadable = now, False, None
         try:
             if self._consumer is None:
                 self._consumer = new_consumer(
@@ -87,19 +99,21 @@ class SchemaWatch:
             ends = schemas_end(self._consumer, CHECK_TIMEOUT)
             if ends is None or ends == self._ends:
                 return None
-            doc, self._ends = read_published(
-                self._consumer, self.spec.topic, self.bootstrap_servers
-            )
+            doc, ends = read_published(self._consumer, self.spec.topic, self.bootstrap_servers)
             found = published_format(doc, self.spec)
-        except Exception as exc:  # KafkaException, a schema this sparkiq cannot read
-            text = exc.message if isinstance(exc, ConfigError) else str(exc)
+        except ConfigError as exc:  # no schema any more, one this sparkiq cannot read
+            self.unreadable = redact(exc.message, self.spec.kafka_config)
+            return None
+        except Exception as exc:  # the client's KafkaException
+            self.failed = True
             log.warning(
-                "topic %r: cannot check its schema in sparkiq-schemas (%s); keeping the one "
-                "it was opened with",
+                "topic %r: cannot check its schema in sparkiq-schemas (%s); its records "
+                "that do not fit wait for a check that can",
                 self.spec.topic,
-                redact(text, self.spec.kafka_config),
+                redact(str(exc), self.spec.kafka_config),
             )
             return None
+        self._ends = ends
         return None if _same(found, self.current) else found
 
     def close(self) -> None:

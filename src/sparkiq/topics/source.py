@@ -251,6 +251,7 @@ class TopicSource:
         latest: dict[int, dict[bytes, dict[str, Any] | None]] = {}
         read = 0
         checked = False  # the schema, once per read: what it read was fetched before
+        before, first = dict(self._ends), dict[int, int]()  # to read it again
         for message in messages:
             error = message.error()
             if error is not None:
@@ -259,6 +260,7 @@ class TopicSource:
                 continue
             read += 1
             partition, offset = message.partition(), message.offset()
+            first.setdefault(partition, offset)
             self._ends[partition] = max(self._ends[partition], offset + 1)
             try:
                 placed, key, row = self._decode(message)
@@ -267,6 +269,11 @@ class TopicSource:
                     checked = True
                     if self._schema_changed():
                         return None  # nothing of this read is applied by the old columns
+                    if self._watch.failed:  # unknown: read it all again at the next poll
+                        self._ends = before
+                        for p, o in first.items():
+                            self._consumer.seek(kafka.TopicPartition(self.topic, p, o))
+                        return None
                 try:
                     if not isinstance(exc, SchemaMismatch):
                         raise
@@ -326,10 +333,13 @@ class TopicSource:
         reading (:attr:`stale`) for the catalog to open the topic again."""
         assert self._watch is not None
         found = self._watch.check()
-        if found is None:
+        if found is not None:
+            columns = ", ".join(f"{f.name} {f.type.simple_string()}" for f in found.schema.fields)
+            self.stale = f"its schema in {SCHEMAS_TOPIC!r} changed (now {columns})"
+        elif self._watch.unreadable is not None:  # following again fails, and says why
+            self.stale = f"its schema in {SCHEMAS_TOPIC!r} changed: {self._watch.unreadable}"
+        else:
             return False
-        columns = ", ".join(f"{f.name} {f.type.simple_string()}" for f in found.schema.fields)
-        self.stale = f"its schema in {SCHEMAS_TOPIC!r} changed (now {columns})"
         log.info("topic %r: %s; following it again", self.topic, self.stale)
         return True
 
