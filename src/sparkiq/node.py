@@ -299,6 +299,8 @@ class Node:
         with self._lifecycle:
             if self._started:
                 return self
+            if self.audit is None and self.config.audit_log is not None:  # closed by stop()
+                self.audit = AuditLog(self.config.audit_log, self.node_id)
             self._hosting.refresh_tables()
             config = self.config
             if config.tls_cert and config.tls_key and self._tls is None:

@@ -451,7 +451,16 @@ def test_a_node_stopped_and_started_again_reads_its_topics_again(
     kafka_bootstrap: str, served: Served, tmp_path: Path
 ) -> None:
     spec = topic_spec(served.topic, name="totals", key="user", columns=COLUMNS)
-    node = Node(str(tmp_path), node_id="again", topics=[spec], kafka_bootstrap=kafka_bootstrap)
+    audit = tmp_path / "audit.log"  # a stopped node closes it; started again, it writes on
+    node = Node(
+        str(tmp_path / "state"),
+        node_id="again",
+        listen="127.0.0.1:0",
+        standbys=0,
+        audit_log=str(audit),
+        topics=[spec],
+        kafka_bootstrap=kafka_bootstrap,
+    )
     # u-0: a key only ever in its murmur2 partition (u-9 is in two: no order between them)
     (last,) = [d for d in served.delivered if d.key == json_bytes("u-0")][-1:]
     expected = {"user": "u-0", "total": json.loads(last.value or b"null")["total"]}
@@ -467,3 +476,6 @@ def test_a_node_stopped_and_started_again_reads_its_topics_again(
         assert node.tables == ["totals"]
         (followed,) = node.followed_topics()
         assert followed.records == first + 1 and followed.malformed == 2
+        assert httpx.get(f"{node.url}/stores/totals/keys/u-0", timeout=30).json()["row"] == again
+    (logged,) = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert logged["node"] == "again" and logged["status"] == 200
