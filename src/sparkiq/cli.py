@@ -66,6 +66,14 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ),
     ("kafka_interval", float, "seconds between fetches of the Kafka end offsets", "5"),
     (
+        "kafka_config",
+        str,
+        "file of Kafka client settings, KEY=VALUE lines in librdkafka's names "
+        "(security.protocol, sasl.username, sasl.password, ssl.ca.location...), for "
+        "--follow-topic and the end offsets; secrets are never logged",
+        "",
+    ),
+    (
         "source_wait",
         float,
         'seconds a read bounded by a producer\'s Kafka records ("after") waits for the '
@@ -271,7 +279,8 @@ def _parser() -> argparse.ArgumentParser:
         help="also serve the Kafka topic TOPIC (from --kafka-bootstrap) as table NAME "
         "(default: the topic's name); OPTIONS for a topic sparkiq did not publish: "
         "key=COLUMNS&columns=DDL[&key_format=json|kafka][&value_format=json|string], e.g. "
-        "'totals?key=user&columns=user STRING, total BIGINT' (repeatable; docs/kafka.md) "
+        "'totals?key=user&columns=user STRING, total BIGINT'; &kafka.SETTING=VALUE for a "
+        "client setting of its own (repeatable; docs/kafka.md) "
         "[SPARKIQ_FOLLOW_TOPIC, ';'-separated]",
     )
     for field, kind, text, shown in _SERVE_OPTIONS:

@@ -67,6 +67,8 @@ from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
 from sparkiq.sql.push import Subscription, SubscriptionHub
 from sparkiq.stores.dispatch import CATCH_UP_WAIT
 from sparkiq.tls import TlsContexts, TlsFiles
+from sparkiq.topics.consumer import read_client_config
+from sparkiq.topics.lag import TopicLag
 
 __all__ = ["Node", "TableView"]
 
@@ -131,7 +133,8 @@ class Node:
     every ``kafka_interval`` seconds (default 5) on a background thread, so
     :meth:`kafka_sources`, ``GET /stats``, ``/metrics`` and ``sparkiq status`` show how far
     each table is behind its topics (:mod:`sparkiq.serving.kafka_lag`; needs
-    ``sparkiq[kafka]``). Without it they show the applied offsets only.
+    ``sparkiq[kafka]``). Without it they show the applied offsets only. ``kafka_config``
+    names a file of client settings (SASL, TLS...) for every Kafka client of the node.
 
     **Read-your-writes for producers.** A read bounded by a producer's Kafka records
     (:meth:`~sparkiq.PositionBound.after`) that no committed batch has read yet waits up to
@@ -183,6 +186,7 @@ class Node:
         tls_ca: str | None = NOT_GIVEN,
         kafka_bootstrap: str | None = NOT_GIVEN,
         kafka_interval: float = NOT_GIVEN,
+        kafka_config: str | None = NOT_GIVEN,
         source_wait: float = NOT_GIVEN,
         sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
         http_limits: HttpLimits | Mapping[str, Any] | None = NOT_GIVEN,
@@ -230,9 +234,9 @@ class Node:
         self._rebalancer: Rebalancer | None = None
         #: The tables' Kafka topics, with the broker's end offsets when kafka_bootstrap is
         #: given (ConfigError here when the Kafka client, sparkiq[kafka], is not installed).
-        self._kafka = KafkaLag(
-            lambda: self._hosting.status(), config.kafka_bootstrap, config.kafka_interval
-        )
+        client = read_client_config(config.kafka_config)  # SASL, TLS...: never logged
+        followed = followed_catalogs(topics or (), config, client)
+        self._kafka = KafkaLag(lambda: self._hosting.status(), config, followed, client)
         self._writers = WriterRecords(config.state_dir)  # each table's writer status record
         self._hosting = Hosting(
             config.state_dir,
@@ -247,7 +251,7 @@ class Node:
             on_drop=self._forget_retired,
             catalogs=[
                 *(_checked(CheckpointCatalog(u, n)) for n, u in (checkpoints or {}).items()),
-                *followed_catalogs(topics or (), config.kafka_bootstrap, bool(config.peers)),
+                *followed,
             ],
             status_extra=self._kafka.status_extra,
         )
@@ -295,6 +299,8 @@ class Node:
         with self._lifecycle:
             if self._started:
                 return self
+            if self.audit is None and self.config.audit_log is not None:  # closed by stop()
+                self.audit = AuditLog(self.config.audit_log, self.node_id)
             self._hosting.refresh_tables()
             config = self.config
             if config.tls_cert and config.tls_key and self._tls is None:
@@ -499,6 +505,11 @@ class Node:
         thread refreshes: never blocks)."""
         return self._kafka.sources()
 
+    def followed_topics(self) -> list[TopicLag]:
+        """Per topic followed as a table: its lag and its malformed and misplaced records
+        (:mod:`sparkiq.topics.lag`; never blocks)."""
+        return self._kafka.followed()
+
     def writers(self) -> list[WriterView]:
         """Per hosted table, its writer (running, failed, stopped, silent or unknown), from
         the status records its driver writes (:mod:`sparkiq.serving.writer_view`; a cache
@@ -514,16 +525,7 @@ class Node:
     def history(self, store: str) -> dict[str, Any]:
         """How far back ``store`` can be read here: the table's history setting and the
         oldest and newest batch every partition hosted here still holds (None: none)."""
-        replica = self._hosting.replica(store)
-        held = [r.store.versions for r in replica.partitions.values()]
-        kept = [v for v in held if v is not None and v.newest >= 0]
-        setting = replica.manifest.history
-        return {
-            "batches": setting.batches,
-            "seconds": setting.seconds,
-            "oldest_batch": max((v.oldest for v in kept), default=None),
-            "newest_batch": min((v.newest for v in kept), default=None),
-        }
+        return self._hosting.replica(store).history()
 
     def partition_count(self, store: str) -> int:
         """How many partitions ``store`` has (hosted here or not)."""

@@ -84,6 +84,7 @@ def status_text(
     from sparkiq.checkpoint.source import CheckpointCatalog
     from sparkiq.serving.kafka_lag import committed_lines, kafka_lines
     from sparkiq.serving.writer_view import read_view, writer_lines
+    from sparkiq.topics.lag import topic_lines
 
     tables = list_tables(state_dir)
     attached = [CheckpointCatalog(uri, name) for name, uri in (checkpoints or {}).items()]
@@ -159,6 +160,7 @@ def status_text(
                 add(f"      error: {p['error']}")
         kafka = kafka_lines(doc.get("kafka") or [], doc.get("kafka_bootstrap"), time.time())
         lines.extend("  " + line for line in kafka)
+        lines.extend("  " + line for line in topic_lines(doc.get("topics") or []))
     return 0, "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sparkiq.changelog.commit import CommitRecord
 from sparkiq.changelog.manifest import TableManifest
@@ -288,6 +289,19 @@ class TableReplica:
         self.partitions[partition] = replica
         self._last_bootstrap_check = -1e9  # restore it from a snapshot if one helps
         return replica
+
+    def history(self) -> dict[str, Any]:
+        """How far back the table can be read here: its history setting and the oldest and
+        newest batch every hosted partition still holds (None: none)."""
+        held = [r.store.versions for r in self.partitions.values()]
+        kept = [v for v in held if v is not None and v.newest >= 0]
+        setting = self.manifest.history
+        return {
+            "batches": setting.batches,
+            "seconds": setting.seconds,
+            "oldest_batch": max((v.oldest for v in kept), default=None),
+            "newest_batch": min((v.newest for v in kept), default=None),
+        }
 
     def commit_time(self, batch_id: int) -> float:
         """When ``batch_id`` was committed (Unix seconds; 0.0 when its commit record is gone

@@ -194,6 +194,42 @@ class _KafkaCollector:
             if source.ends_fetched_at is not None:
                 age.add_metric([source.topic], max(0.0, now - source.ends_fetched_at))
         yield from (applied, end, lag, age, up)
+        yield from self._followed()
+
+    def _followed(self) -> Iterator[Metric]:
+        """The topics followed as tables (sparkiq.topics.lag): end offsets as the follower's
+        consumer last fetched them, so fresher than ``sparkiq_kafka_end_offset``."""
+        labels = ["store", "topic", "partition"]
+        lag = GaugeMetricFamily(
+            "sparkiq_topic_lag_records",
+            "Records of a followed topic's partition not applied yet (end offset as the "
+            "follower last fetched it - applied offset)",
+            labels=labels,
+        )
+        behind = GaugeMetricFamily(
+            "sparkiq_topic_lag_seconds",
+            "Seconds since the followed topic's partition was last applied to its end (0: current)",
+            labels=labels,
+        )
+        counts = {
+            name: CounterMetricFamily(f"sparkiq_topic_{name}_records", text, labels=labels[:2])
+            for name, text in (
+                ("read", "Records of the followed topic read since the node opened it"),
+                ("malformed", "Records of the followed topic skipped as malformed (logged)"),
+                ("misplaced", "Records read from another partition than their key's"),
+            )
+        }
+        for topic in self._node.followed_topics():
+            for p in topic.partitions:
+                names = [topic.table, topic.topic, str(p.partition)]
+                if p.lag is not None:
+                    lag.add_metric(names, p.lag)
+                if p.seconds_behind is not None:
+                    behind.add_metric(names, p.seconds_behind)
+            counts["read"].add_metric([topic.table, topic.topic], topic.records)
+            counts["malformed"].add_metric([topic.table, topic.topic], topic.malformed)
+            counts["misplaced"].add_metric([topic.table, topic.topic], topic.misplaced)
+        yield from (lag, behind, *counts.values())
 
 
 class _WriterCollector:

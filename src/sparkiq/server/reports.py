@@ -43,6 +43,8 @@ def stats_document(node: ServedNode, metrics: Metrics, roots: tuple[str, ...]) -
     ]
     # the table view's Kafka sources: a cache the node's Kafka thread refreshes
     doc["kafka"] = [k.to_dict() for k in node.kafka_sources() if k.table in visible]
+    # the table view's followed topic: its lag and malformed records, never blocking
+    doc["topics"] = [t.to_dict() for t in node.followed_topics() if t.table in visible]
     # the table view's writer: each table's writer status record, from the node's cache
     doc["writers"] = [w.to_dict() for w in node.writers() if w.table in visible]
     return doc

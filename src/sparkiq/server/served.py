@@ -21,6 +21,7 @@ from sparkiq.serving.metadata import KeyQueryMetadata, NodeMetadata
 from sparkiq.serving.writer_view import WriterView
 from sparkiq.sql import SqlResult
 from sparkiq.sql.push import Subscription
+from sparkiq.topics.lag import TopicLag
 
 __all__ = ["ServedNode", "no_tables_warning"]
 
@@ -65,6 +66,8 @@ class ServedNode(Protocol):
     def is_ready(self) -> bool: ...
 
     def kafka_sources(self) -> list[KafkaSource]: ...
+
+    def followed_topics(self) -> list[TopicLag]: ...
 
     def writers(self) -> list[WriterView]: ...
 

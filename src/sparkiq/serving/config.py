@@ -77,6 +77,7 @@ ENV_VARIABLES: dict[str, str] = {
     "tls_ca": "SPARKIQ_TLS_CA",
     "kafka_bootstrap": "SPARKIQ_KAFKA_BOOTSTRAP",
     "kafka_interval": "SPARKIQ_KAFKA_INTERVAL",
+    "kafka_config": "SPARKIQ_KAFKA_CONFIG",
     "source_wait": "SPARKIQ_SOURCE_WAIT",
 }
 
@@ -138,6 +139,10 @@ class NodeConfig:
     #: the tables read, every ``kafka_interval`` seconds (sparkiq.serving.kafka_lag).
     kafka_bootstrap: str | None = None
     kafka_interval: float = 5.0
+    #: A file of Kafka client settings (``KEY=VALUE`` lines: SASL, TLS...) for every client
+    #: the node makes: followed topics' consumers and the end-offset fetcher
+    #: (sparkiq.topics.consumer.read_client_config; its secrets are never logged).
+    kafka_config: str | None = None
     #: How long a read bounded by a producer's Kafka records waits for the writer to commit
     #: a batch that read them (sparkiq.serving.source_bounds).
     source_wait: float = 10.0
@@ -267,7 +272,7 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
         "pg_listen",
         "flight_listen",
     )
-    files = ("principals", "audit_log", "tls_cert", "tls_key", "tls_ca")
+    files = ("principals", "audit_log", "tls_cert", "tls_key", "tls_ca", "kafka_config")
     for name in (*texts, *files, "kafka_bootstrap"):
         if name in out:  # "" means unset, as it does for the variables
             out[name] = _optional_text(out[name], name, origin[name])

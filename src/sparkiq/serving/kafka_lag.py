@@ -30,10 +30,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.errors import ConfigError
+from sparkiq.topics.consumer import redact
+from sparkiq.topics.lag import TopicLag, topic_lags
+
+if TYPE_CHECKING:
+    from sparkiq.serving.config import NodeConfig
+    from sparkiq.topics.catalog import TopicCatalog
 
 __all__ = [
     "KAFKA_COMPONENT",
@@ -80,10 +86,12 @@ class KafkaEndOffsets:
     replicas' positions name). Each round is one metadata request (of every topic: asking for
     one topic by name may make a broker create it) and one offsets request, each bounded by
     ``timeout`` seconds (default: twice the interval, between 2 and
-    :data:`MAX_TIMEOUT_SECONDS`). :meth:`get` never blocks: it reads the cache, which a round
-    replaces whole. :meth:`close` stops the thread without waiting for a request in flight
-    (the thread is a daemon and ends after it). Raises :class:`~sparkiq.errors.ConfigError`
-    when confluent-kafka is not installed or ``interval`` is not positive.
+    :data:`MAX_TIMEOUT_SECONDS`), made with the ``client`` settings (SASL, TLS...; never
+    logged, and redacted from errors) over its own. :meth:`get` never blocks: it reads the
+    cache, which a round replaces whole. :meth:`close` stops the thread without waiting for
+    a request in flight (the thread is a daemon and ends after it). Raises
+    :class:`~sparkiq.errors.ConfigError` when confluent-kafka is not installed or
+    ``interval`` is not positive.
     """
 
     def __init__(
@@ -93,6 +101,7 @@ class KafkaEndOffsets:
         *,
         interval: float = 5.0,
         timeout: float | None = None,
+        client: Mapping[str, Any] | None = None,
     ) -> None:
         if not interval > 0:
             raise ConfigError(f"the Kafka end-offset interval must be positive, got {interval!r}")
@@ -103,6 +112,7 @@ class KafkaEndOffsets:
             min(MAX_TIMEOUT_SECONDS, max(2.0, 2 * self.interval)) if timeout is None else timeout
         )
         self._topics = topics
+        self._settings = dict(client or {})  # never logged: it may hold secrets
         self._ends: Mapping[str, TopicEnds] = MappingProxyType({})
         self._admin: Any = None  # made by the first round, on the thread
         self._last_error: str | None = None  # logged once per distinct error
@@ -153,7 +163,7 @@ class KafkaEndOffsets:
         try:
             found = self._fetch(topics)
         except Exception as exc:  # the client's KafkaException, or a bad configuration
-            found = {topic: _error_text(exc) for topic in topics}
+            found = {topic: redact(_error_text(exc), self._settings) for topic in topics}
         ends: dict[str, TopicEnds] = {}
         for topic in topics:
             result, old = found[topic], self._ends.get(topic)
@@ -188,6 +198,7 @@ class KafkaEndOffsets:
                     # DEBUG, not stderr: the error each round meets is logged once anyway
                     "logger": _ClientLog(),
                     "log.connection.close": False,
+                    **self._settings,
                 }
             )
         admin = self._admin
@@ -406,23 +417,29 @@ def committed_lines(position: Mapping[str, Mapping[int, int]], batch_id: int) ->
 
 class KafkaLag:
     """A node's view of its tables' Kafka topics: the offsets its replicas applied
-    (``statuses``, read when asked) and, with ``bootstrap``, the broker's end offsets,
-    refreshed every ``interval`` seconds on a background thread between :meth:`start` and
-    :meth:`close`. :class:`~sparkiq.errors.ConfigError` when ``bootstrap`` is given and the
-    Kafka client (``sparkiq[kafka]``) is not installed."""
+    (``statuses``, read when asked) and, with ``config.kafka_bootstrap``, the broker's end
+    offsets, refreshed every ``config.kafka_interval`` seconds on a background thread
+    between :meth:`start` and :meth:`close` (its client with the ``client`` settings:
+    SASL, TLS...); and the lag of the topics it follows (``followed``: their catalogs, see
+    :mod:`sparkiq.topics.lag`). :class:`~sparkiq.errors.ConfigError` when a broker is given
+    and the Kafka client (``sparkiq[kafka]``) is not installed."""
 
     def __init__(
         self,
         statuses: Callable[[], Iterable[ReplicaStatus]],
-        bootstrap: str | None,
-        interval: float,
+        config: NodeConfig,
+        followed: Sequence[TopicCatalog] = (),
+        client: Mapping[str, Any] | None = None,
     ) -> None:
         self._statuses = statuses
-        self.bootstrap = bootstrap
+        self._followed = followed
+        self.bootstrap = bootstrap = config.kafka_bootstrap
         self._ends = (
             None
             if bootstrap is None
-            else KafkaEndOffsets(bootstrap, self.topics, interval=interval)
+            else KafkaEndOffsets(
+                bootstrap, self.topics, interval=config.kafka_interval, client=client
+            )
         )
 
     def start(self) -> None:
@@ -442,6 +459,17 @@ class KafkaLag:
         and lag when there is a broker (from the background thread's cache: never blocks)."""
         return kafka_sources(self._statuses(), self._ends)
 
+    def followed(self) -> list[TopicLag]:
+        """The lag of every topic the node follows as a table (never blocks)."""
+        sources = [s for catalog in self._followed for s in catalog.sources()]
+        if not sources:
+            return []
+        return topic_lags(sources, applied_offsets(self._statuses()), time.time())
+
     def status_extra(self) -> dict[str, Any]:
         """The Kafka part of ``status.json`` (what ``sparkiq status`` shows of it)."""
-        return {"kafka_bootstrap": self.bootstrap, "kafka": [s.to_dict() for s in self.sources()]}
+        return {
+            "kafka_bootstrap": self.bootstrap,
+            "kafka": [s.to_dict() for s in self.sources()],
+            "topics": [t.to_dict() for t in self.followed()],
+        }

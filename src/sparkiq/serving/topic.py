@@ -21,11 +21,12 @@ import json
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.errors import ConfigError, SparkiqError
-from sparkiq.query.position import Position
+from sparkiq.query.position import KAFKA_PREFIX, Position
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.serving.config import NOT_GIVEN, NodeConfig, resolve_group
@@ -33,7 +34,9 @@ from sparkiq.serving.handle import ReplicaHandle
 from sparkiq.serving.hosting import Hosting
 from sparkiq.serving.lookup import Lookup
 from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
-from sparkiq.topics.source import TopicCatalog, TopicSource, TopicSpec
+from sparkiq.topics.catalog import TopicCatalog
+from sparkiq.topics.lag import TopicLag, topic_lag
+from sparkiq.topics.source import TopicSource, TopicSpec
 
 __all__ = [
     "FollowedTopic",
@@ -62,6 +65,7 @@ def follow_topic(
     store: str = "rocksdb",
     poll_interval: float = 0.02,
     batch_records: int = 2000,
+    schema_interval: float = 30.0,
     sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
     start: bool = True,
 ) -> FollowedTopic:
@@ -80,6 +84,7 @@ def follow_topic(
         store=store,
         poll_interval=poll_interval,
         batch_records=batch_records,
+        schema_interval=schema_interval,
         sql_limits=sql_limits,
         start=start,
     )
@@ -124,22 +129,29 @@ def _schema_text(value_schema: str | Mapping[str, Any] | None) -> str | None:
 
 def parse_topic_spec(text: str) -> TopicSpec:
     """A followed topic as ``sparkiq serve --follow-topic`` takes it:
-    ``[NAME=]TOPIC[?key=COLS&columns=DDL&key_format=F&value_format=F&value_schema=S]``
+    ``[NAME=]TOPIC[?key=COLS&columns=DDL&key_format=F&value_format=F&value_schema=S&kafka.SETTING=V]``
     (``key``: key columns, comma-separated; ``columns``: a Spark DDL string, ``+`` or spaces
     between words; ``value_schema``: an Avro schema as JSON, percent-encoded where it holds
-    ``&`` or ``+``, or ``@FILE``, a file holding it). ConfigError naming the problem."""
+    ``&`` or ``+``, or ``@FILE``, a file holding it; ``kafka.SETTING``: a client setting of
+    this topic's consumer, over the node's ``--kafka-config``). ConfigError naming the
+    problem."""
     head, _, query = text.strip().partition("?")
     name, _, topic = head.rpartition("=")
     options: dict[str, str] = {}
+    client: dict[str, str] = {}
     for item in query.split("&") if query else ():
         option, sep, value = item.partition("=")
+        if sep and option.startswith("kafka.") and len(option) > len("kafka."):
+            client[option[len("kafka.") :]] = urllib.parse.unquote_plus(value)
+            continue
         if not sep or option not in _SPEC_OPTIONS:
             raise ConfigError(
-                f"--follow-topic {text!r}: {item!r} is not an option; expected "
-                f"[NAME=]TOPIC?{'&'.join(f'{o}=...' for o in _SPEC_OPTIONS)}"
+                # the spec's other options are not quoted: a kafka.* one may be a secret
+                f"--follow-topic {head!r}: {item!r} is not an option; expected "
+                f"[NAME=]TOPIC?{'&'.join(f'{o}=...' for o in _SPEC_OPTIONS)}&kafka.SETTING=..."
             )
         if option in options:
-            raise ConfigError(f"--follow-topic {text!r}: {option!r} is given twice")
+            raise ConfigError(f"--follow-topic {head!r}: {option!r} is given twice")
         options[option] = urllib.parse.unquote_plus(value)
     key = options.pop("key", None)
     return topic_spec(
@@ -150,6 +162,7 @@ def parse_topic_spec(text: str) -> TopicSpec:
         key_format=options.get("key_format"),
         value_format=options.get("value_format"),
         value_schema=_schema_option(options.get("value_schema"), text),
+        kafka_config=client,
     )
 
 
@@ -166,13 +179,15 @@ def _schema_option(value: str | None, text: str) -> str | None:
 
 
 def followed_catalogs(
-    specs: Sequence[TopicSpec], bootstrap_servers: str | None, peers: bool
+    specs: Sequence[TopicSpec], config: NodeConfig, client: Mapping[str, Any]
 ) -> list[TopicCatalog]:
     """A node's followed topics (none, or one catalog of them), opened now so that a wrong
-    topic, schema or format fails the node's construction, clearly. The node's hosting
-    closes them when it closes."""
+    topic, schema or format fails the node's construction, clearly; ``client`` (the node's
+    Kafka client settings) under each spec's own ``kafka_config``. The node's hosting
+    closes them when it closes (and a node started again opens them again)."""
     if not specs:
         return []
+    bootstrap_servers, peers = config.kafka_bootstrap, bool(config.peers)
     if not bootstrap_servers:
         raise ConfigError(
             "following Kafka topics needs kafka_bootstrap (--kafka-bootstrap, "
@@ -185,6 +200,7 @@ def followed_catalogs(
             "a node with peers cannot follow Kafka topics yet: serve followed topics from a "
             "node of its own (no peers=)"
         )
+    specs = [replace(s, kafka_config={**client, **s.kafka_config}) for s in specs]
     return [TopicCatalog(specs, bootstrap_servers)]
 
 
@@ -207,11 +223,14 @@ class FollowedTopic(ReplicaHandle):
     - ``local_dir``/``store``/``poll_interval``/``sql_limits``/``start``: as
       :func:`sparkiq.attach`'s; the local files are rebuilt from the topic on every open.
     - ``batch_records``: the most records one batch holds (memory is bounded by it).
+    - ``schema_interval``: for a topic sparkiq published, how often (seconds) the follower
+      checks ``sparkiq-schemas`` for a new schema besides when a record does not fit its
+      columns; a new one makes it follow the topic again (:mod:`sparkiq.topics.schemas`).
 
     The query methods of :class:`~sparkiq.Attached`: :meth:`get`, :meth:`query`,
     :meth:`sql`, :meth:`status`, :meth:`position`. :meth:`wait_caught_up` waits until the
-    topic's records of now are applied. Thread-safe; :meth:`close` stops tailing, closes
-    the consumer and the stores.
+    topic's records of now are applied; :meth:`lag` says how far behind it is. Thread-safe;
+    :meth:`close` stops tailing, closes the consumer and the stores.
     """
 
     def __init__(
@@ -230,6 +249,7 @@ class FollowedTopic(ReplicaHandle):
         store: str = "rocksdb",
         poll_interval: float = 0.02,
         batch_records: int = 2000,
+        schema_interval: float = 30.0,
         sql_limits: SqlLimits | Mapping[str, Any] | None = NOT_GIVEN,
         start: bool = True,
     ) -> None:
@@ -251,7 +271,9 @@ class FollowedTopic(ReplicaHandle):
         )
         self.topic = topic
         self.name = spec.name
-        self.catalog = TopicCatalog([spec], bootstrap_servers, batch_records=batch_records)
+        self.catalog = TopicCatalog(
+            [spec], bootstrap_servers, batch_records=batch_records, schema_interval=schema_interval
+        )
         self._sql: SqlEngine | None = None
         self._closed = False
         try:
@@ -327,18 +349,30 @@ class FollowedTopic(ReplicaHandle):
     def status(self) -> list[ReplicaStatus]:
         return self._hosting.status()
 
+    def lag(self) -> TopicLag:
+        """How far the table is behind the topic, per partition in records and seconds, and
+        the records it read, skipped as malformed and found misplaced
+        (:mod:`sparkiq.topics.lag`; never blocks)."""
+        self._require_open()
+        applied = self.position().partition_offsets(KAFKA_PREFIX + self.topic)
+        return topic_lag(self.source, applied, time.time())
+
     def wait_caught_up(self, timeout: float = 60.0) -> bool:
         """Block until every record the topic holds now (its end offsets, as a
-        read_committed consumer sees them) is applied; False on timeout."""
+        read_committed consumer sees them) is applied by every partition; False on
+        timeout."""
         self._require_open()
         deadline = time.monotonic() + timeout
         ends = self.source.end_offsets(timeout=max(1.0, timeout))
         wanted = Position.of_kafka_offsets(self.topic, ends)
-        replicas = self._hosting.replica(self.name).partitions.values()
         while True:
-            # every partition's own replica: a merged position would take the furthest
-            # replica's offsets for all of them (each batch's position names every partition)
-            if all(r.store.position.dominates(wanted) for r in replicas):
+            # each partition's own position: the merged one dominates as soon as one
+            # partition applied the last batch, before the others have
+            try:
+                held = list(self._hosting.replica(self.name).partitions.values())
+            except SparkiqError:  # hosted again meanwhile (a new schema)
+                held = []
+            if held and all(p.store.position.dominates(wanted) for p in held):
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -40,6 +40,7 @@ from sparkiq.topics.keys import KeyFormat
 __all__ = [
     "SCHEMAS_TOPIC",
     "VALUE_FORMATS",
+    "SchemaMismatch",
     "TopicFormat",
     "published_schema",
     "table_schema",
@@ -63,8 +64,17 @@ def table_schema(columns: str | Sequence[Field], key: Sequence[str] | str) -> Ta
         raise ConfigError(exc.message) from None
 
 
+class SchemaMismatch(BadValue):
+    """A JSON value whose members are not the columns of a strict :class:`TopicFormat` (a
+    record a publisher wrote under another schema)."""
+
+
 class TopicFormat:
     """How one topic's records become rows of ``schema``. Immutable; thread-safe.
+
+    ``strict`` (a topic sparkiq published, whose values hold every column by name) makes
+    :meth:`read_value` raise :class:`SchemaMismatch` for a JSON value whose members are not
+    exactly the columns: the follower then looks for a newer schema before reading it.
     ``value_schema`` (JSON text or a dict) is the Avro schema of ``value_format='avro'``."""
 
     def __init__(
@@ -73,6 +83,8 @@ class TopicFormat:
         key_format: str,
         value_format: str,
         value_schema: str | Mapping[str, Any] | None = None,
+        *,
+        strict: bool = False,
     ) -> None:
         if value_format not in VALUE_FORMATS:
             raise ConfigError(
@@ -86,6 +98,8 @@ class TopicFormat:
         self.schema = schema
         self.keys = KeyFormat(schema, key_format)
         self.value_format = value_format
+        self.strict = strict and value_format == "json"
+        self._names = frozenset(f.name for f in schema.fields)
         key_columns = set(schema.key_columns)
         self._values = tuple(f for f in schema.fields if f.name not in key_columns)
         if value_format == "string" and (
@@ -112,8 +126,11 @@ class TopicFormat:
     def key_format(self) -> str:
         return self.keys.format
 
-    def read_value(self, key: Mapping[str, Any], data: bytes) -> dict[str, Any]:
-        """The row of a record whose key columns are ``key`` (by name) and value ``data``."""
+    def read_value(
+        self, key: Mapping[str, Any], data: bytes, *, strict: bool | None = None
+    ) -> dict[str, Any]:
+        """The row of a record whose key columns are ``key`` (by name) and value ``data``;
+        ``strict`` (default: the format's) checks the members are the columns."""
         row = dict(key)
         if self.value_format == "string":
             try:
@@ -130,6 +147,9 @@ class TopicFormat:
             raise BadValue(f"the value is not JSON: {bytes(data[:40])!r}") from None
         if not isinstance(doc, dict):
             raise BadValue(f"the value must be a JSON object, got {doc!r:.60}")
+        if (self.strict if strict is None else strict) and doc.keys() != self._names:
+            extra, missing = sorted(doc.keys() - self._names), sorted(self._names - doc.keys())
+            raise SchemaMismatch(f"the value's members differ: extra {extra}, missing {missing}")
         for name, read, nullable in self._readers:
             found = doc.get(name)
             if found is None:

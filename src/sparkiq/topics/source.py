@@ -1,4 +1,4 @@
-"""A Kafka topic as a table's changelog: :class:`TopicSource` and :class:`TopicCatalog`.
+"""A Kafka topic as a table's changelog: :class:`TopicSource`, following a :class:`TopicSpec`.
 
 A followed topic is a :class:`~sparkiq.changelog.source.ChangelogSource` like a sparkiq
 changelog or a Spark checkpoint, so replicas, routing, SQL, REST, Postgres and push serve it
@@ -37,14 +37,13 @@ partition and offset; their offsets still count as read, so a bound on them is m
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -57,134 +56,20 @@ from sparkiq.errors import ChangelogError, ConfigError, CorruptSegmentError
 from sparkiq.query.position import KAFKA_PREFIX
 from sparkiq.schema.codec import KeyCodec
 from sparkiq.topics.avrovalues import avro_columns
+from sparkiq.topics.consumer import confluent, new_consumer, partition_count, read_published
 from sparkiq.topics.jsonvalues import BadValue
 from sparkiq.topics.keys import PARTITIONING_PREFIX, Murmur2Partitioner
-from sparkiq.topics.records import SCHEMAS_TOPIC, TopicFormat, published_schema, table_schema
+from sparkiq.topics.records import SCHEMAS_TOPIC, SchemaMismatch, TopicFormat, table_schema
+from sparkiq.topics.schemas import SchemaWatch, published_format
+from sparkiq.topics.spec import TopicSpec
 
-__all__ = ["TopicCatalog", "TopicSource", "TopicSpec"]
+__all__ = ["TopicSource", "TopicSpec"]
 
 log = logging.getLogger("sparkiq.topic")
 
-#: How long opening a follower waits for the broker's metadata and the schemas topic.
-_OPEN_TIMEOUT = 30.0
 # How many batches one call of commits_after reads before handing back: a restore reads the
 # topic over several polls, so status and other tables are not held up by one long read.
 _BATCHES_PER_POLL = 16
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    """What to follow: ``topic`` as table ``name``. Without ``columns`` the schema comes from
-    the ``sparkiq-schemas`` topic (a topic sparkiq published); with them (a Spark DDL
-    string), ``key`` names the key columns and ``key_format``/``value_format`` say how the
-    records are written (:mod:`sparkiq.topics.records`). ``kafka_config`` adds consumer
-    settings (security, client id...). Avro values (``value_format="avro"``) are read with
-    ``value_schema``, whose record's fields are the columns unless ``columns`` are given."""
-
-    name: str
-    topic: str
-    key: tuple[str, ...] = ()
-    columns: str | None = None
-    key_format: str | None = None
-    value_format: str | None = None
-    kafka_config: Mapping[str, Any] = field(default_factory=dict)
-    #: the Avro schema (JSON) of ``value_format="avro"``; its record's fields are the
-    #: columns when ``columns`` is None
-    value_schema: str | None = None
-
-
-def _confluent() -> Any:
-    try:
-        import confluent_kafka
-    except ImportError as exc:  # the optional extra
-        raise ConfigError(
-            f"following a Kafka topic needs the client confluent-kafka, which is not "
-            f"installed ({exc}): pip install 'sparkiq[kafka]'"
-        ) from None
-    return confluent_kafka
-
-
-def _consumer(bootstrap_servers: str, spec: TopicSpec) -> Any:
-    kafka = _confluent()
-    config = {
-        "bootstrap.servers": bootstrap_servers,
-        # required by the client; never used: partitions are assigned, offsets never committed
-        "group.id": f"sparkiq-follow-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",
-        "auto.offset.reset": "earliest",
-        "allow.auto.create.topics": False,
-        **{str(k): v for k, v in spec.kafka_config.items()},
-    }
-    try:
-        return kafka.Consumer(config)
-    except kafka.KafkaException as exc:
-        raise ConfigError(f"cannot create a Kafka consumer for {spec.topic!r}: {exc}") from None
-
-
-def _partition_count(consumer: Any, topic: str, bootstrap_servers: str) -> int:
-    kafka = _confluent()
-    try:
-        metadata = consumer.list_topics(topic, timeout=_OPEN_TIMEOUT)
-    except kafka.KafkaException as exc:
-        raise ConfigError(
-            f"cannot read the metadata of topic {topic!r} from {bootstrap_servers!r}: {exc}"
-        ) from None
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        raise ConfigError(
-            f"topic {topic!r} does not exist on {bootstrap_servers!r}"
-            + (f" ({found.error})" if found is not None and found.error else "")
-            + ": check its name, or create it before following it"
-        )
-    return len(found.partitions)
-
-
-def _read_published(consumer: Any, topic: str, bootstrap_servers: str) -> Any:
-    """The newest value ``sparkiq-schemas`` holds for ``topic`` (its JSON), read from the
-    beginning up to the end offset of now; ConfigError when there is none."""
-    kafka = _confluent()
-    hint = (
-        f"topic {topic!r} has no schema in {SCHEMAS_TOPIC!r} (it was not published by "
-        "sparkiq): pass columns= (a Spark DDL string) and key= (the key columns)"
-    )
-    metadata = consumer.list_topics(SCHEMAS_TOPIC, timeout=_OPEN_TIMEOUT).topics.get(SCHEMAS_TOPIC)
-    if metadata is None or metadata.error is not None or not metadata.partitions:
-        raise ConfigError(hint)
-    partitions = [kafka.TopicPartition(SCHEMAS_TOPIC, p) for p in metadata.partitions]
-    ends = {
-        tp.partition: consumer.get_watermark_offsets(tp, timeout=_OPEN_TIMEOUT)[1]
-        for tp in partitions
-    }
-    consumer.assign([kafka.TopicPartition(SCHEMAS_TOPIC, p, kafka.OFFSET_BEGINNING) for p in ends])
-    found: Any = None
-    deadline = time.monotonic() + _OPEN_TIMEOUT
-    wanted = topic.encode()
-    try:
-        while any(
-            consumer.position([kafka.TopicPartition(SCHEMAS_TOPIC, p)])[0].offset < end
-            for p, end in ends.items()
-            if end > 0
-        ):
-            if time.monotonic() > deadline:
-                raise ConfigError(
-                    f"reading {SCHEMAS_TOPIC!r} from {bootstrap_servers!r} took over "
-                    f"{_OPEN_TIMEOUT:g} s: check the broker"
-                )
-            for message in consumer.consume(500, timeout=0.5):
-                if message.error() is None and message.key() == wanted:
-                    found = message.value()  # the newest wins; a tombstone forgets it
-    finally:
-        consumer.unassign()
-    if found is None:
-        raise ConfigError(hint)
-    try:
-        return json.loads(found)
-    except ValueError:
-        raise ConfigError(
-            f"the schema of topic {topic!r} in {SCHEMAS_TOPIC!r} is not JSON"
-        ) from None
 
 
 @dataclass
@@ -210,18 +95,24 @@ class TopicSource:
         *,
         batch_records: int = 2000,
         retain_batches: int = 64,
+        schema_interval: float = 30.0,
     ) -> None:
-        if batch_records < 1 or retain_batches < 1:
-            raise ConfigError("batch_records and retain_batches must be positive")
-        kafka = _confluent()
+        if batch_records < 1 or retain_batches < 1 or not schema_interval > 0:
+            raise ConfigError("batch_records, retain_batches and schema_interval must be positive")
+        kafka = confluent()
         self.spec = spec
         self.topic = spec.topic
         self.bootstrap_servers = bootstrap_servers
         self.batch_records = batch_records
         self.retain_batches = retain_batches
-        self._consumer = _consumer(bootstrap_servers, spec)
+        self.schema_interval = schema_interval
+        self._watch: SchemaWatch | None = None  # a published topic's schema, watched
+        #: why the follower stopped reading (its schema changed): the catalog opens the topic
+        #: again (sparkiq.topics.schemas); None while it reads
+        self.stale: str | None = None
+        self._consumer = new_consumer(bootstrap_servers, spec.kafka_config, spec.topic)
         try:
-            partitions = _partition_count(self._consumer, spec.topic, bootstrap_servers)
+            partitions = partition_count(self._consumer, spec.topic, bootstrap_servers)
             self.format = self._format()
             self._manifest = TableManifest(
                 name=spec.name,
@@ -248,6 +139,10 @@ class TopicSource:
         self._batches: OrderedDict[int, _Batch] = OrderedDict()
         self._next_batch = 0
         self._ends = dict.fromkeys(range(partitions), 0)
+        # per partition: the end offset the consumer's last fetch saw (absent: none yet), and
+        # when the follower last had read up to it (the open, before it ever had)
+        self._high: dict[int, int] = {}
+        self._caught_up_at = dict.fromkeys(range(partitions), time.time())
         self._closed = False
         #: records read, malformed records skipped, records read from another partition
         #: than their key's (see the module docstring)
@@ -264,11 +159,12 @@ class TopicSource:
                     "key= needs columns=: without them the schema is read from "
                     f"{SCHEMAS_TOPIC!r}, key columns included"
                 )
-            doc = _read_published(self._consumer, spec.topic, self.bootstrap_servers)
-            schema, key_format, value_format, _ = published_schema(doc, spec.topic)
-            return TopicFormat(
-                schema, spec.key_format or key_format, spec.value_format or value_format
+            doc, ends = read_published(self._consumer, spec.topic, self.bootstrap_servers)
+            found = published_format(doc, spec)
+            self._watch = SchemaWatch(
+                spec, self.bootstrap_servers, found, ends, self.schema_interval
             )
+            return found
         if not spec.key:
             raise ConfigError("columns= needs key=: name the key columns, e.g. key='user'")
         schema = table_schema(  # Avro values without columns: the record's fields
@@ -307,7 +203,12 @@ class TopicSource:
             with self._lock:
                 batch = self._batches.get(next_id)
                 if batch is None:
-                    if next_id != self._next_batch or read >= _BATCHES_PER_POLL or self._closed:
+                    if (
+                        next_id != self._next_batch
+                        or read >= _BATCHES_PER_POLL
+                        or self._closed
+                        or self.stale is not None
+                    ):
                         return
                     batch = self._read_batch()
                     read += 1
@@ -349,10 +250,14 @@ class TopicSource:
     def _read_batch(self) -> _Batch | None:
         """Read what the consumer has now (up to ``batch_records``) as the next batch; None
         when it has nothing and its position did not move. Called under the lock."""
-        kafka = _confluent()
+        kafka = confluent()
+        if self._watch is not None and self._watch.due() and self._schema_changed():
+            return None
         messages = self._consumer.consume(self.batch_records, timeout=0)
         latest: dict[int, dict[bytes, dict[str, Any] | None]] = {}
         read = 0
+        checked = False  # the schema, once per read: what it read was fetched before
+        before, first = dict(self._ends), dict[int, int]()  # to read it again
         for message in messages:
             error = message.error()
             if error is not None:
@@ -361,12 +266,28 @@ class TopicSource:
                 continue
             read += 1
             partition, offset = message.partition(), message.offset()
+            first.setdefault(partition, offset)
             self._ends[partition] = max(self._ends[partition], offset + 1)
             try:
                 placed, key, row = self._decode(message)
             except BadValue as exc:
-                self._skip(partition, offset, str(exc))
-                continue
+                if self._watch is not None and not checked:
+                    checked = True
+                    if self._schema_changed():
+                        return None  # nothing of this read is applied by the old columns
+                    if self._watch.failed:  # unknown: read it all again at the next poll
+                        self._ends = before
+                        for p, o in first.items():
+                            self._consumer.seek(kafka.TopicPartition(self.topic, p, o))
+                        return None
+                try:
+                    if not isinstance(exc, SchemaMismatch):
+                        raise
+                    # the schema did not change: a member more is ignored, one less is null
+                    placed, key, row = self._decode(message, strict=False)
+                except BadValue as final:
+                    self._skip(partition, offset, str(final))
+                    continue
             if placed != partition:
                 self._misplaced(partition, offset, placed)
             changes = latest.setdefault(placed, {})
@@ -381,6 +302,7 @@ class TopicSource:
             if tp.offset > self._ends[tp.partition]:
                 self._ends[tp.partition] = tp.offset
                 moved = True
+        self._observe_ends()
         if not read and not moved:
             return None
         batch_id = self._next_batch
@@ -400,7 +322,36 @@ class TopicSource:
             self._batches.popitem(last=False)
         return batch
 
-    def _decode(self, message: Any) -> tuple[int, bytes, dict[str, Any] | None]:
+    def _observe_ends(self) -> None:
+        """Note each partition's end offset as the consumer's last fetch saw it (librdkafka's
+        cached high watermark: no broker request), and the time if it has read up to it."""
+        now = time.time()
+        for tp in self._assigned:
+            high = self._consumer.get_watermark_offsets(tp, cached=True)[1]
+            if high >= 0:  # negative: nothing fetched yet
+                self._high[tp.partition] = high
+            known = self._high.get(tp.partition)
+            if known is not None and self._ends[tp.partition] >= known:
+                self._caught_up_at[tp.partition] = now
+
+    def _schema_changed(self) -> bool:
+        """Whether the published schema changed since the follower opened; if so it stops
+        reading (:attr:`stale`) for the catalog to open the topic again."""
+        assert self._watch is not None
+        found = self._watch.check()
+        if found is not None:
+            columns = ", ".join(f"{f.name} {f.type.simple_string()}" for f in found.schema.fields)
+            self.stale = f"its schema in {SCHEMAS_TOPIC!r} changed (now {columns})"
+        elif self._watch.unreadable is not None:  # following again fails, and says why
+            self.stale = f"its schema in {SCHEMAS_TOPIC!r} changed: {self._watch.unreadable}"
+        else:
+            return False
+        log.info("topic %r: %s; following it again", self.topic, self.stale)
+        return True
+
+    def _decode(
+        self, message: Any, *, strict: bool | None = None
+    ) -> tuple[int, bytes, dict[str, Any] | None]:
         """(table partition, encoded key, row or None) of one record."""
         data = message.key()
         if data is None:
@@ -414,7 +365,7 @@ class TopicSource:
         shown = self._codec.from_internal(internal)
         names = self.format.schema.key_columns
         key = dict(zip(names, shown if len(names) > 1 else (shown,), strict=True))
-        return placed, encoded, self.format.read_value(key, value)
+        return placed, encoded, self.format.read_value(key, value, strict=strict)
 
     def _encode(
         self, rows: dict[bytes, dict[str, Any] | None]
@@ -473,15 +424,39 @@ class TopicSource:
                 self.format.key_format,
             )
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def positions(self) -> dict[int, int]:
         """The end offset read of every partition (the next offset to read)."""
         with self._lock:
             return dict(self._ends)
 
+    def high_watermarks(self) -> dict[int, int]:
+        """Per partition, the end offset the consumer's last fetch saw (the high watermark:
+        records of a transaction still open count); a partition not fetched yet is absent.
+        Never blocks: librdkafka's cache, which its fetches keep current between reads."""
+        out = dict(self._high)
+        try:
+            for tp in self._assigned:
+                high = self._consumer.get_watermark_offsets(tp, cached=True)[1]
+                if high >= 0:
+                    out[tp.partition] = max(high, out.get(tp.partition, high))
+        except RuntimeError:  # closed meanwhile: what the last read saw
+            return dict(self._high)
+        return out
+
+    def caught_up_at(self) -> dict[int, float]:
+        """Per partition, when (``time.time()``) the follower last had read every record its
+        last fetch saw; the time it opened before it ever had. Never blocks."""
+        return dict(self._caught_up_at)
+
     def end_offsets(self, timeout: float = 10.0) -> dict[int, int]:
         """The broker's end offsets of the topic now, as a read_committed consumer sees them
         (the last stable offset of each partition)."""
-        kafka = _confluent()
+        kafka = confluent()
         with self._lock:
             return {
                 p: self._consumer.get_watermark_offsets(
@@ -497,48 +472,8 @@ class TopicSource:
                 return
             self._closed = True
             self._consumer.close()
+            if self._watch is not None:
+                self._watch.close()
 
     def __repr__(self) -> str:
         return f"TopicSource({self.topic!r} as {self.table!r})"
-
-
-class TopicCatalog:
-    """The tables a node follows from Kafka topics, each a :class:`TopicSource` opened once
-    (at construction: a wrong topic, schema or format fails here, clearly)."""
-
-    def __init__(self, specs: Sequence[TopicSpec], bootstrap_servers: str, **options: Any) -> None:
-        names = [s.name for s in specs]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ConfigError(f"followed topics name tables {repeated} twice: give each its own")
-        self.bootstrap_servers = bootstrap_servers
-        self._sources: dict[str, TopicSource] = {}
-        try:
-            for spec in specs:
-                self._sources[spec.name] = TopicSource(spec, bootstrap_servers, **options)
-        except BaseException:
-            self.close()
-            raise
-
-    def names(self) -> list[str]:
-        return sorted(self._sources)
-
-    def open(self, name: str) -> TopicSource:
-        try:
-            return self._sources[name]
-        except KeyError:
-            raise ConfigError(f"no followed topic is served as table {name!r}") from None
-
-    def incarnation(self, name: str) -> str | None:
-        source = self._sources.get(name)
-        return None if source is None else source.manifest().incarnation
-
-    def source(self, name: str) -> TopicSource:
-        return self.open(name)
-
-    def close(self) -> None:
-        for source in self._sources.values():
-            source.close()
-
-    def __repr__(self) -> str:
-        return f"TopicCatalog({self.bootstrap_servers!r}, {self.names()})"
