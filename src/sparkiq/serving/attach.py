@@ -23,17 +23,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.checkpoint.source import CheckpointCatalog
-from sparkiq.errors import ConfigError, SparkiqError
+from sparkiq.errors import ConfigError
 from sparkiq.query.position import Position
-from sparkiq.query.request import StateQueryRequest
-from sparkiq.query.result import StateQueryResult
 from sparkiq.serving.config import NOT_GIVEN, NodeConfig, resolve_group
-from sparkiq.serving.handle import ReplicaHandle
+from sparkiq.serving.handle import QueryableHandle
 from sparkiq.serving.hosting import Hosting
 from sparkiq.serving.lookup import Lookup
-from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
+from sparkiq.sql import SqlEngine, SqlLimits
 
 __all__ = ["Attached", "attach", "check_outside", "checkpoint_items"]
 
@@ -62,7 +59,7 @@ def attach(
     )
 
 
-class Attached(ReplicaHandle):
+class Attached(QueryableHandle):
     """A read-only handle on the state of one Spark streaming query, from its checkpoint.
 
     - ``name``: the prefix of the table names (``<name>_<operator>[_<store>]``).
@@ -130,12 +127,6 @@ class Attached(ReplicaHandle):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> Attached:
-        """Start tailing (and discovering stores that appear) in a background thread."""
-        self._require_open()
-        self._hosting.start_tailing()
-        return self
-
     def poll_once(self) -> int:
         """Discover new stores and apply what was committed since the last poll, now."""
         self._require_open()
@@ -149,31 +140,14 @@ class Attached(ReplicaHandle):
         self._closed = True
         self._release()
 
-    def _require_open(self) -> None:
-        if self._closed:
-            raise SparkiqError(f"the attached checkpoint {self.checkpoint_uri!r} is closed")
+    def _closed_message(self) -> str:
+        return f"the attached checkpoint {self.checkpoint_uri!r} is closed"
 
     # -- what it holds -----------------------------------------------------------------------
-
-    @property
-    def tables(self) -> list[str]:
-        """The attached tables, sorted."""
-        return self._hosting.tables
-
-    @property
-    def batch_id(self) -> int:
-        """The newest batch every partition of every attached table has applied (-1: none)."""
-        self._require_open()
-        applied = [r.batch_id for t in self._hosting.replicas() for r in t.partitions.values()]
-        return min(applied, default=-1)
 
     def position(self, table: str) -> Position:
         self._require_open()
         return self._hosting.position(table)
-
-    def status(self) -> list[ReplicaStatus]:
-        """Progress and health of each partition (``error`` names a file it cannot read)."""
-        return self._hosting.status()
 
     def wait_for(self, batch_id: int, timeout: float | None = None) -> bool:
         """Block until every attached table applied ``batch_id``; False on timeout or when a
@@ -190,34 +164,6 @@ class Attached(ReplicaHandle):
             if not self._hosting.wait_for(table, batch_id, remaining):
                 return False
         return True
-
-    # -- queries -----------------------------------------------------------------------------
-
-    def get(self, table: str, key: Any) -> dict[str, Any] | None:
-        """The row of ``key`` in ``table``, or None."""
-        self._require_open()
-        return self._lookup.get(table, key)
-
-    def get_with_position(self, table: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
-        self._require_open()
-        return self._lookup.get_with_position(table, key)
-
-    def partition_for_key(self, table: str, key: Any) -> int:
-        """The partition Spark keeps ``key``'s state in (Spark's Murmur3 placement)."""
-        return self._lookup.partition_for_key(table, key)
-
-    def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
-        """Answer an IQv2-style request on an attached table."""
-        self._require_open()
-        return self._lookup.query(request)
-
-    def sql(self, text: str, **options: Any) -> SqlResult:
-        """A SQL pull query over the attached tables, like :meth:`sparkiq.Node.sql`."""
-        self._require_open()
-        engine = self._sql
-        if engine is None:  # a race builds two engines; either serves
-            engine = self._sql = SqlEngine(self._lookup, self._sql_limits)
-        return engine.execute(text, **options)
 
     def __repr__(self) -> str:
         return f"Attached({self.checkpoint_uri!r}, name={self.name!r}, tables={self.tables})"

@@ -24,16 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sparkiq.changelog.replica import ReplicaStatus
 from sparkiq.errors import ConfigError, SparkiqError
 from sparkiq.query.position import KAFKA_PREFIX, Position
-from sparkiq.query.request import StateQueryRequest
-from sparkiq.query.result import StateQueryResult
 from sparkiq.serving.config import NOT_GIVEN, NodeConfig, resolve_group
-from sparkiq.serving.handle import ReplicaHandle
+from sparkiq.serving.handle import QueryableHandle
 from sparkiq.serving.hosting import Hosting
 from sparkiq.serving.lookup import Lookup
-from sparkiq.sql import SqlEngine, SqlLimits, SqlResult
+from sparkiq.sql import SqlEngine, SqlLimits
 from sparkiq.topics.catalog import TopicCatalog
 from sparkiq.topics.lag import TopicLag, topic_lag
 from sparkiq.topics.source import TopicSource, TopicSpec
@@ -204,7 +201,7 @@ def followed_catalogs(
     return [TopicCatalog(specs, bootstrap_servers)]
 
 
-class FollowedTopic(ReplicaHandle):
+class FollowedTopic(QueryableHandle):
     """A read-only table followed from a Kafka topic.
 
     - ``bootstrap_servers``, ``topic``: where to read; ``kafka_config`` adds consumer
@@ -300,12 +297,6 @@ class FollowedTopic(ReplicaHandle):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> FollowedTopic:
-        """Start reading the topic in a background thread."""
-        self._require_open()
-        self._hosting.start_tailing()
-        return self
-
     def poll_once(self) -> int:
         """Read and apply what the topic has now (a few batches at most)."""
         self._require_open()
@@ -320,9 +311,8 @@ class FollowedTopic(ReplicaHandle):
         self._release()
         self.catalog.close()
 
-    def _require_open(self) -> None:
-        if self._closed:
-            raise SparkiqError(f"the followed topic {self.topic!r} is closed")
+    def _closed_message(self) -> str:
+        return f"the followed topic {self.topic!r} is closed"
 
     # -- what it holds -----------------------------------------------------------------------
 
@@ -331,23 +321,9 @@ class FollowedTopic(ReplicaHandle):
         """The topic source (its counters: ``records``, ``malformed``, ``misplaced``)."""
         return self.catalog.source(self.name)
 
-    @property
-    def tables(self) -> list[str]:
-        return self._hosting.tables
-
-    @property
-    def batch_id(self) -> int:
-        """The newest (local) batch every partition applied (-1: none)."""
-        self._require_open()
-        applied = [r.batch_id for t in self._hosting.replicas() for r in t.partitions.values()]
-        return min(applied, default=-1)
-
     def position(self, table: str | None = None) -> Position:
         self._require_open()
         return self._hosting.position(table or self.name)
-
-    def status(self) -> list[ReplicaStatus]:
-        return self._hosting.status()
 
     def lag(self) -> TopicLag:
         """How far the table is behind the topic, per partition in records and seconds, and
@@ -378,35 +354,6 @@ class FollowedTopic(ReplicaHandle):
                 return False
             self._hosting.wake()
             time.sleep(0.02)
-
-    # -- queries -----------------------------------------------------------------------------
-
-    def get(self, table: str, key: Any) -> dict[str, Any] | None:
-        """The row of ``key`` in ``table``, or None."""
-        self._require_open()
-        return self._lookup.get(table, key)
-
-    def get_with_position(self, table: str, key: Any) -> tuple[dict[str, Any] | None, Position]:
-        self._require_open()
-        return self._lookup.get_with_position(table, key)
-
-    def partition_for_key(self, table: str, key: Any) -> int:
-        """The partition holding ``key``: Kafka's default partitioner over the key bytes."""
-        return self._lookup.partition_for_key(table, key)
-
-    def query(self, request: StateQueryRequest) -> StateQueryResult[Any]:
-        """Answer an IQv2-style request (bounded by ``PositionBound.after(...)`` for
-        read-your-writes)."""
-        self._require_open()
-        return self._lookup.query(request)
-
-    def sql(self, text: str, **options: Any) -> SqlResult:
-        """A SQL pull query over the followed table."""
-        self._require_open()
-        engine = self._sql
-        if engine is None:
-            engine = self._sql = SqlEngine(self._lookup, self._sql_limits)
-        return engine.execute(text, **options)
 
     def __repr__(self) -> str:
         return f"FollowedTopic({self.topic!r}, name={self.name!r})"
