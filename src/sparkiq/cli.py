@@ -44,6 +44,12 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("local_dir", str, "where this node keeps its replicas", "<state_dir>/replicas/<node_id>"),
     ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
     ("failure_timeout", float, "a member silent this long is gone", "3"),
+    (
+        "membership",
+        str,
+        "how members learn of each other: 'heartbeats' (all-to-all) or 'gossip' (SWIM)",
+        "heartbeats",
+    ),
     ("pg_listen", str, "host:port to serve the Postgres wire protocol on (psql, psycopg)", ""),
     ("flight_listen", str, "host:port to serve Arrow Flight SQL on (ADBC, JDBC)", ""),
     (

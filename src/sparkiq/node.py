@@ -95,7 +95,8 @@ class Node:
     ``transport`` it joins a cluster: partitions are assigned to one active and ``standbys``
     standby nodes by rendezvous hashing over the live members (heartbeats every
     ``heartbeat_interval`` s; a member is gone when phi-accrual suspicion of its silence is high
-    and it has been silent at least ``failure_timeout`` s), the node
+    and it has been silent at least ``failure_timeout`` s; ``membership="gossip"`` probes one
+    member a period instead, SWIM-style, see :mod:`sparkiq.cluster.swim`), the node
     hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
     partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
     authentication for HTTP callers; ``principals`` (a TOML file, :mod:`sparkiq.principals`)
@@ -171,6 +172,7 @@ class Node:
         local_dir: str | None = NOT_GIVEN,
         heartbeat_interval: float = NOT_GIVEN,
         failure_timeout: float = NOT_GIVEN,
+        membership: str = NOT_GIVEN,
         release_grace: float = NOT_GIVEN,
         store: str = NOT_GIVEN,
         poll_interval: float = NOT_GIVEN,
@@ -354,6 +356,7 @@ class Node:
             transport=transport,
             heartbeat_interval=config.heartbeat_interval,
             failure_timeout=config.failure_timeout,
+            membership=config.membership,
             local_answer=self._lookup.query_local,
             local_caught_up=self._hosting.caught_up,
             hosted_state=self._hosting.hosted_state,
@@ -633,6 +636,18 @@ class Node:
         if self.coordinator is None:
             raise SparkiqError(f"node {self.node_id!r} is not clustered")
         return self.coordinator.on_heartbeat(doc)
+
+    def on_probe(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A gossip probe from another member; returns the ack."""
+        if self.coordinator is None:
+            raise SparkiqError(f"node {self.node_id!r} is not clustered")
+        return self.coordinator.on_probe(doc)
+
+    def on_probe_req(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Another member asks this one to probe a third (gossip's indirect probe)."""
+        if self.coordinator is None:
+            raise SparkiqError(f"node {self.node_id!r} is not clustered")
+        return self.coordinator.on_probe_req(doc)
 
     # -- SQL ---------------------------------------------------------------------------------
 
