@@ -171,10 +171,11 @@ class SwimLoop:
         if not isinstance(target, str) or not isinstance(target_url, str):
             raise HeartbeatError("a probe request names a target and its URL", "target")
         self.view.receive(doc)
-        if self.view.url_of(target) != target_url.rstrip("/"):
-            raise HeartbeatError("target_url is not where this node knows the target", "target")
-        future = self._beats.submit(self._probe, target_url, target)
-        acked = self._acked([future], self.probe_timeout)
+        # only a member this node knows, where it knows it: never a URL a request names
+        acked = False
+        if self.view.url_of(target) == target_url.rstrip("/") and target != self.view.node_id:
+            future = self._beats.submit(self._probe, target_url, target)
+            acked = self._acked([future], self.probe_timeout)
         reply = self.view.message(doc["node_id"])
         reply["acked"] = acked
         return reply
