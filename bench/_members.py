@@ -184,8 +184,12 @@ class SimNode:
         heartbeat_interval: float,
         failure_timeout: float,
         membership: str = "heartbeats",
+        batch_every: float | None = None,
     ) -> None:
         self.node_id = node_id
+        #: With a number: every partition reports a new batch id every ``batch_every`` s
+        #: (as a table committing at that trigger), so what a member hosts keeps changing.
+        self.batch_every = batch_every
         self.url = f"local://{node_id}"
         self.transport = transport
         self.placement = placement
@@ -270,8 +274,12 @@ class SimNode:
             return partition in self._hosted.get(table, {})
 
     def _hosted_state(self) -> HostedState:
+        batch = 0 if self.batch_every is None else int(time.monotonic() / self.batch_every)
         with self._lock:
-            return {t: dict(parts) for t, parts in self._hosted.items()}
+            return {
+                t: {p: (batch, name, lag) for p, (_, name, lag) in parts.items()}
+                for t, parts in self._hosted.items()
+            }
 
     def _rebalance(self, assignment: Assignment) -> None:
         view = assignment.members

@@ -3,9 +3,12 @@
 The same N in-process members as bench/membership.py (real coordinators -- here the SWIM
 loop of sparkiq.cluster.swim_loop and the view of sparkiq.cluster.swim, hosted state as
 versioned records -- with simulated hosting, over a counting in-process transport), at
-10,000 partitions: per member, messages and bytes sent per second and CPU over a window;
-then a join, a planned leave and a kill under 100 lookups/s: seconds until every member's
-live view agrees, replica slots moved, lookups failed. bench/membership.py's first table is
+10,000 partitions, every partition reporting a new batch every second (so every member's
+hosted record changes every second): per member, messages and bytes sent per second and CPU
+over a window, and how old the hosted records held of the others are (the owner's version
+minus the one held: versions are microseconds of the wall clock, so this is how much newer
+the owner's state is); then a join, a planned leave and a kill under 100 lookups/s: seconds
+until every member's live view agrees, lookups failed. bench/membership.py's first table is
 the same measure under all-to-all heartbeats.
 
 Run: ``python -m bench.membership_gossip [--quick | --smoke]``.
@@ -30,6 +33,10 @@ from bench.membership import (
     _seconds,
     _steady,
 )
+from sparkiq.cluster.swim import GossipMembership
+
+#: Every member's partitions report a new batch this often (s): hosted records keep changing.
+BATCH_EVERY = 1.0
 
 
 class GossipCluster(Cluster):
@@ -45,6 +52,7 @@ class GossipCluster(Cluster):
             heartbeat_interval=self.interval,
             failure_timeout=self.failure,
             membership="gossip",
+            batch_every=BATCH_EVERY,
         )
         self.nodes[node_id] = node
         return node.start()
@@ -72,7 +80,8 @@ def _run(scale: Scale) -> Report:
         measures=(
             f"N in-process members on gossip (real coordinators and SWIM loops, simulated "
             f"hosting) serving {partitions:,} partitions (4 tables, 1 standby), period "
-            f"{interval:g} s, failure floor {failure:g} s: per member, messages and bytes sent "
+            f"{interval:g} s, failure floor {failure:g} s, a new batch on every partition every "
+            f"{BATCH_EVERY:g} s: per member, messages and bytes sent "
             f"per second and CPU over {window:g} s; then a join, a leave and a kill under 100 "
             "lookups/s: seconds until every member's live view agrees, lookups failed"
         ),
@@ -88,6 +97,7 @@ def _run(scale: Scale) -> Report:
             "KB/s per member",
             "CPU ms/s per member",
             "process CPU (cores)",
+            "hosted record age s: mean / max",
             "join agreed s",
             "leave agreed s",
             "kill agreed s",
@@ -106,6 +116,7 @@ def _run(scale: Scale) -> Report:
             if cluster.wait("settled", 180) is None:
                 report.notes.append(f"{n} members did not settle in 180 s; measured as they were")
             steady = _steady(cluster, window)
+            lag_mean, lag_max = _record_lag(cluster)
             row = [
                 str(n),
                 f"{partitions * 2 / n:,.0f}",
@@ -113,12 +124,15 @@ def _run(scale: Scale) -> Report:
                 f"{steady.kbytes_s:,.1f}",
                 f"{steady.cpu_ms_s:,.1f}",
                 f"{steady.busy_cores:.2f}",
+                f"{lag_mean:.1f} / {lag_max:.1f}",
             ]
             figure: dict[str, Any] = {
                 "messages_s": steady.messages_s,
                 "kbytes_s": steady.kbytes_s,
                 "cpu_ms_s": steady.cpu_ms_s,
                 "busy_cores": steady.busy_cores,
+                "record_lag_mean_s": lag_mean,
+                "record_lag_max_s": lag_max,
             }
             failed = []
             joiner = cluster.ids[n]
@@ -137,6 +151,23 @@ def _run(scale: Scale) -> Report:
     report.figures["by_members"] = figures
     report.readings.extend(_readings(figures, sizes))
     return report
+
+
+def _record_lag(cluster: Cluster) -> tuple[float, float]:
+    """Mean and largest age (s) of the hosted records members hold of each other now."""
+    views = {}
+    for node_id, node in list(cluster.nodes.items()):
+        view = node.coordinator.membership
+        assert isinstance(view, GossipMembership)
+        views[node_id] = view
+    own = {i: v.hosted_version(i) for i, v in views.items()}
+    lags = [
+        max(0, own[other] - view.hosted_version(other)) / 1e6
+        for i, view in views.items()
+        for other in views
+        if other != i
+    ]
+    return (sum(lags) / len(lags), max(lags)) if lags else (0.0, 0.0)
 
 
 def _readings(figures: dict[str, Any], sizes: Sequence[int]) -> list[str]:
@@ -158,6 +189,8 @@ def _readings(figures: dict[str, Any], sizes: Sequence[int]) -> list[str]:
         f"{'met' if slowest <= AGREE_TARGET_S else 'missed'}); failed lookups during planned "
         f"joins and leaves: {planned} (target 0)"
     )
+    lags = [figures[n]["record_lag_max_s"] for n in figures]
+    out.append(f"gossip: hosted records held of others at most {max(lags):.1f} s old")
     return out
 
 
