@@ -88,3 +88,22 @@ def test_a_malformed_message_is_refused_by_name_and_changes_nothing(
         a.receive(doc)
     assert refused.value.field == field
     assert a.members() == {} and a.live() == ("a",)
+
+
+def test_batches_alone_wait_for_the_refresh_unless_a_member_asks_for_them() -> None:
+    state = {"t": {0: (3, "live", 0)}}
+    b = GossipMembership("b", "local://b", [], batch_refresh=3600.0, hosted_source=lambda: state)
+    a = member("a")
+    b.set_own_hosted(state)
+    a.receive(b.message("a"))
+    version = a.hosted_version("b")
+    state = {"t": {0: (9, "live", 0)}}  # only the batch moved: no new version yet
+    b.set_own_hosted(state)
+    a.receive(b.reply(a.message("b")))
+    assert a.hosted_state("b") == {"t": {0: (3, "live", 0)}}
+    a.receive(b.reply(a.message("b", fresh=True)))  # asked for its current state
+    assert a.hosted_state("b") == state and a.hosted_version("b") > version
+    state = {"t": {0: (9, "live", 0), 1: (0, "restoring", 4)}}  # a new partition: at once
+    b.set_own_hosted(state)
+    a.receive(b.reply(a.message("b")))
+    assert a.hosted_state("b") == state

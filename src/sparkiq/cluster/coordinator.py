@@ -105,6 +105,7 @@ class Coordinator:
                 failure_timeout=failure_timeout,
                 on_change=self._changed.set,
                 loopback_only=key is None,
+                hosted_source=hosted_state,
             )
         else:
             self.membership = Membership(
@@ -499,6 +500,8 @@ class Coordinator:
         for member in replicas:
             state = self.membership.hosted_state(member).get(table, {}).get(partition)
             if state is None or state[1] != "live" or state[0] < my_batch:
+                if state is not None and isinstance(self.membership, GossipMembership):
+                    self.membership.want(member)  # its batches may be newer than its record
                 return False
             if head is not None and state[0] > head:
                 return False

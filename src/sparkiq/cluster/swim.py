@@ -23,6 +23,15 @@ its previous life) whenever the state changes. A record ``[member, version, grou
   (``hv``), and the ack carries the target's record when it is newer -- so a record lost to
   the push is still fetched when its member is next probed.
 
+The version moves at once when which partitions a member hosts, or their states (``live``,
+``restoring``, ``error``), change: that is what routing needs. When only batches moved it
+moves at most every ``batch_refresh`` s (default 10 periods): every member's batches move
+with every trigger, and N members' fresh batches at all N members is N^2 records a trigger,
+which no piggyback limit carries. Where a current batch matters -- an old owner releasing a
+partition waits until its new replicas have applied its batch -- the member asks for it
+(:meth:`want`): the member is probed next with ``fresh``, and its ack carries its state as of
+that moment.
+
 A message thus carries at most ``hosted_per_message`` records (and a joining member, once,
 every record), never every member's state.
 
@@ -78,6 +87,8 @@ class GossipMembership:
         loopback_only: bool = False,
         updates_per_message: int = 16,
         hosted_per_message: int = 8,
+        batch_refresh: float | None = None,
+        hosted_source: Callable[[], HostedState] | None = None,
     ) -> None:
         self.node_id = node_id
         self.url = url
@@ -98,6 +109,12 @@ class GossipMembership:
         self.failure_timeout = failure_timeout
         self.updates_per_message = updates_per_message
         self.hosted_per_message = hosted_per_message
+        #: A record whose only change is newer batches (or lags) waits this long since the
+        #: last version: see "Hosted state" in the module docstring.
+        self.batch_refresh = 10 * period if batch_refresh is None else batch_refresh
+        self._hosted_source = hosted_source
+        self._own_at = float("-inf")  # monotonic time of this node's last version
+        self._wanted: set[str] = set()  # members to probe for their current record
         # the wall clock in ms: a restarted node starts above the incarnation it had
         self.gossip = Gossip(
             node_id,
@@ -253,17 +270,38 @@ class GossipMembership:
             if self._on_change is not None:
                 self._on_change()
 
-    def set_own_hosted(self, hosted: HostedState) -> None:
-        """This node's hosted state now: a new record (and version) when it changed."""
+    def set_own_hosted(self, hosted: HostedState, *, force: bool = False) -> None:
+        """This node's hosted state now: a new record (and version) when which partitions
+        it hosts or their states changed, and when only their batches moved, at most every
+        ``batch_refresh`` s (``force``: now)."""
         groups = grouped(hosted)
+        now = time.monotonic()
         with self._lock:
             own = self._records.get(self.node_id)
             if own is not None and own[1] == groups:
                 return
+            if (
+                own is not None
+                and not force
+                and now - self._own_at < self.batch_refresh
+                and _shape(own[2]) == _shape(hosted)
+            ):
+                return  # only batches moved: they wait for the refresh or a pull
             last = -1 if own is None else own[0]
             version = max(last + 1, time.time_ns() // 1000)
             self._records[self.node_id] = (version, groups, hosted)
             self._record_queue[self.node_id] = 0
+            self._own_at = now
+
+    def want(self, node_id: str) -> None:
+        """Probe ``node_id`` soon for its current record (a handoff waits on its batch)."""
+        with self._lock:
+            if node_id != self.node_id and self.gossip.status(node_id) == ALIVE:
+                self._wanted.add(node_id)
+
+    def take_wanted(self) -> str | None:
+        with self._lock:
+            return self._wanted.pop() if self._wanted else None
 
     def leave(self) -> None:
         with self._lock:
@@ -271,7 +309,9 @@ class GossipMembership:
 
     # -- messages ---------------------------------------------------------------------------
 
-    def message(self, peer: str | None, *, join: bool = False) -> dict[str, Any]:
+    def message(
+        self, peer: str | None, *, join: bool = False, fresh: bool = False
+    ) -> dict[str, Any]:
         """A probe (or ack) to ``peer`` (None: a seed not known by id yet): this node's id,
         URL and incarnation, queued updates (and what this node believes of ``peer`` when
         not alive, so that it refutes), a few hosted records, and the version of ``peer``'s
@@ -291,12 +331,16 @@ class GossipMembership:
             }
             if join:
                 doc["join"] = True
+            if fresh:  # the ack must carry the peer's state as of now
+                doc["fresh"] = True
         return doc
 
     def reply(self, doc: Mapping[str, Any]) -> dict[str, Any]:
         """Take a probe in (see :meth:`receive`) and return the ack: the prober's missing
         record of this node, and to a joining member every member and record."""
         sender = self.receive(doc)
+        if doc.get("fresh") is True and self._hosted_source is not None:
+            self.set_own_hosted(self._hosted_source(), force=True)
         ack = self.message(sender)
         with self._lock:
             own = self._records.get(self.node_id)
@@ -389,3 +433,8 @@ class GossipMembership:
             if record is not None:
                 out.append([member, record[0], record[1]])
         return out
+
+
+def _shape(hosted: HostedState) -> dict[str, dict[int, str]]:
+    """Which partitions ``hosted`` holds and their states, batches and lags left out."""
+    return {t: {p: state[1] for p, state in parts.items()} for t, parts in hosted.items()}

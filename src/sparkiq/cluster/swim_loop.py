@@ -8,8 +8,9 @@ Each period (:meth:`SwimLoop.round`) this node
 2. until it knows any member, sends a *join* probe to every seed (on the seeds' lane: seeds
    that lead nowhere must not hold up the period); a seed's ack carries every member and
    every hosted record;
-3. probes one member -- one found unreachable by a router first, else the next of
-   :meth:`~sparkiq.cluster.gossip.Gossip.next_probe`'s round-robin -- over
+3. probes one member -- one found unreachable by a router first, then one whose current
+   hosted record is wanted (:meth:`~sparkiq.cluster.swim.GossipMembership.want`), else the
+   next of :meth:`~sparkiq.cluster.gossip.Gossip.next_probe`'s round-robin -- over
    ``/internal/probe``, waiting ``probe_timeout`` s for the ack;
 4. without an ack, asks up to ``k`` other members to probe it (``/internal/probe-req``)
    and waits as long again; without any ack the member becomes *suspect* -- unless this
@@ -74,25 +75,30 @@ class SwimLoop:
         view.set_own_hosted(self._hosted_state())
         if not view.members():
             self.join(wait)
-        target = self._next_target()
+        target, fresh = self._next_target()
         if target is not None:
-            self._probe_member(target)
+            self._probe_member(target, fresh=fresh)
         view.expire()
         view.check()
 
-    def _next_target(self) -> str | None:
+    def _next_target(self) -> tuple[str | None, bool]:
+        """Whom to probe this period, and whether for its current record."""
         unreachable = self.view.unreachable_members()
         if unreachable:
-            return unreachable[0]
-        return self.view.next_probe()
+            return unreachable[0], False
+        wanted = self.view.take_wanted()
+        if wanted is not None:
+            return wanted, True
+        return self.view.next_probe(), False
 
-    def _probe_member(self, target: str) -> None:
+    def _probe_member(self, target: str, *, fresh: bool = False) -> None:
         view = self.view
         url = view.url_of(target)
         if url is None:
             return
         started = time.monotonic()
-        if self._acked([self._beats.submit(self._probe, url, target)], self.probe_timeout):
+        probe = self._beats.submit(self._probe, url, target, fresh=fresh)
+        if self._acked([probe], self.probe_timeout):
             return
         helpers = view.helpers(target)
         asks = []
@@ -126,11 +132,13 @@ class SwimLoop:
 
     # -- messages ----------------------------------------------------------------------------
 
-    def _probe(self, url: str, target: str | None, *, join: bool = False) -> bool:
+    def _probe(
+        self, url: str, target: str | None, *, join: bool = False, fresh: bool = False
+    ) -> bool:
         """Probe the member at ``url``; whether it acknowledged (its ack taken in)."""
         self.sent += 1
         try:
-            ack = self.transport.probe(url, self.view.message(target, join=join))
+            ack = self.transport.probe(url, self.view.message(target, join=join, fresh=fresh))
             sender = self.view.receive(ack)
         except (NodeTimeoutError, NodeUnreachableError):
             return False
