@@ -3,13 +3,13 @@
 The same N in-process members as bench/membership.py (real coordinators -- here the SWIM
 loop of sparkiq.cluster.swim_loop and the view of sparkiq.cluster.swim, hosted state as
 versioned records -- with simulated hosting, over a counting in-process transport), at
-10,000 partitions, every partition reporting a new batch every second (so every member's
-hosted record changes every second): per member, messages and bytes sent per second and CPU
-over a window, and how old the hosted records held of the others are (the owner's version
-minus the one held: versions are microseconds of the wall clock, so this is how much newer
-the owner's state is); then a join, a planned leave and a kill under 100 lookups/s: seconds
-until every member's live view agrees, lookups failed. bench/membership.py's first table is
-the same measure under all-to-all heartbeats.
+10,000 partitions, every partition reporting a new batch every second (a member's record
+then takes a new version every ``batch_refresh``, 10 periods): per member, messages and
+bytes sent per second and CPU over a window, and how old the hosted records held of the
+others are (the owner's version minus the one held: versions are microseconds of the wall
+clock, so this is how much newer the owner's state is); then a join, a planned leave and a
+kill under 100 lookups/s: seconds until every member's live view agrees, lookups failed.
+bench/membership.py's first table is the same measure under all-to-all heartbeats.
 
 Run: ``python -m bench.membership_gossip [--quick | --smoke]``.
 """
