@@ -11,8 +11,8 @@ messages, CPU, agreement and the routing around a change), not restores or Rocks
 
 Members talk through :class:`CountingTransport`, the in-process
 :class:`~sparkiq.cluster.transport.LocalTransport` that also counts each member's heartbeat
-messages (requests it sent, replies it gave) and their bytes as the HTTP transport would put
-them on the wire (the packed document; HTTP headers not counted).
+(or gossip) messages (requests it sent, replies it gave) and their bytes as the HTTP
+transport would put them on the wire (the packed document; HTTP headers not counted).
 
 :class:`Placement` computes the same rendezvous assignment as
 :class:`~sparkiq.cluster.assignment.Assignment` (the same BLAKE2b scores; ties, 1 in 2**64,
@@ -62,6 +62,26 @@ class CountingTransport(LocalTransport):
         reply = super().heartbeat(url, doc)
         self._count(reply["node_id"], len(pack(reply)))
         return reply
+
+    def probe(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        self._sending(doc)
+        reply = super().probe(url, doc)
+        self._count(reply["node_id"], len(pack(reply)))
+        return reply
+
+    def probe_req(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        self._sending(doc)
+        reply = super().probe_req(url, doc)
+        self._count(reply["node_id"], len(pack(reply)))
+        return reply
+
+    def _sending(self, doc: dict[str, Any]) -> None:
+        """Count a gossip message; a killed member sends nothing (its stop's leave
+        announcement included: a crashed host announces nothing)."""
+        sender = self._nodes.get(doc["url"])
+        if sender is not None and getattr(sender, "dead", False):
+            raise NodeTimeoutError("a killed member sends nothing")
+        self._count(doc["node_id"], len(pack(doc)))
 
     def snapshot(self) -> tuple[dict[str, int], dict[str, int]]:
         with self._counts_lock:
@@ -163,8 +183,13 @@ class SimNode:
         *,
         heartbeat_interval: float,
         failure_timeout: float,
+        membership: str = "heartbeats",
+        batch_every: float | None = None,
     ) -> None:
         self.node_id = node_id
+        #: With a number: every partition reports a new batch id every ``batch_every`` s
+        #: (as a table committing at that trigger), so what a member hosts keeps changing.
+        self.batch_every = batch_every
         self.url = f"local://{node_id}"
         self.transport = transport
         self.placement = placement
@@ -182,6 +207,7 @@ class SimNode:
             transport=transport,
             heartbeat_interval=heartbeat_interval,
             failure_timeout=failure_timeout,
+            membership=membership,
             local_answer=self.query_local,
             local_caught_up=self._caught_up,
             hosted_state=self._hosted_state,
@@ -209,6 +235,14 @@ class SimNode:
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
         self._check_alive()
         return self.coordinator.on_heartbeat(doc)
+
+    def on_probe(self, doc: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        return self.coordinator.on_probe(doc)
+
+    def on_probe_req(self, doc: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        return self.coordinator.on_probe_req(doc)
 
     def _check_alive(self) -> None:
         if self.dead:
@@ -240,8 +274,12 @@ class SimNode:
             return partition in self._hosted.get(table, {})
 
     def _hosted_state(self) -> HostedState:
+        batch = 0 if self.batch_every is None else int(time.monotonic() / self.batch_every)
         with self._lock:
-            return {t: dict(parts) for t, parts in self._hosted.items()}
+            return {
+                t: {p: (batch, name, lag) for p, (_, name, lag) in parts.items()}
+                for t, parts in self._hosted.items()
+            }
 
     def _rebalance(self, assignment: Assignment) -> None:
         view = assignment.members

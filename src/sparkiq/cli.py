@@ -44,6 +44,12 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("local_dir", str, "where this node keeps its replicas", "<state_dir>/replicas/<node_id>"),
     ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
     ("failure_timeout", float, "a member silent this long is gone", "3"),
+    (
+        "membership",
+        str,
+        "how members learn of each other: 'heartbeats' (all-to-all) or 'gossip' (SWIM)",
+        "heartbeats",
+    ),
     ("pg_listen", str, "host:port to serve the Postgres wire protocol on (psql, psycopg)", ""),
     ("flight_listen", str, "host:port to serve Arrow Flight SQL on (ADBC, JDBC)", ""),
     (
@@ -425,21 +431,6 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _publish(args: argparse.Namespace) -> int:
-    from sparkiq.publish.command import run_publish
-
-    return run_publish(
-        args.state_dir,
-        args.table,
-        args.topic,
-        args.bootstrap_servers,
-        args.config,
-        key_format=args.key_format,
-        once=args.once,
-        status_interval=args.status_interval,
-    )
-
-
 def _checkpoints(args: argparse.Namespace) -> dict[str, str]:
     from sparkiq.serving.attach import checkpoint_items  # the SQL engine: not at CLI start
 
@@ -565,7 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "publish":
-        return _publish(args)
+        from sparkiq.publish.command import publish_command
+
+        return publish_command(args)
     if args.command == "query":
         return _query(args)
     if args.command == "tables":

@@ -51,7 +51,7 @@ from sparkiq.query.position import Position, PositionBound
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.schema.types import TableSchema
-from sparkiq.server import RunningServer, bind_socket, start_server
+from sparkiq.server import RunningServer, bind_advertised, bind_socket, start_server
 from sparkiq.server.audit import AuditLog
 from sparkiq.server.auth_failures import AuthFailures
 from sparkiq.server.flight import FlightSqlServer
@@ -97,7 +97,8 @@ class Node:
     ``transport`` it joins a cluster: partitions are assigned to one active and ``standbys``
     standby nodes by rendezvous hashing over the live members (heartbeats every
     ``heartbeat_interval`` s; a member is gone when phi-accrual suspicion of its silence is high
-    and it has been silent at least ``failure_timeout`` s), the node
+    and it has been silent at least ``failure_timeout`` s; ``membership="gossip"`` probes one
+    member a period instead, SWIM-style, see :mod:`sparkiq.cluster.swim`), the node
     hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
     partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
     authentication for HTTP callers; ``principals`` (a TOML file, :mod:`sparkiq.principals`)
@@ -107,18 +108,14 @@ class Node:
     to each other that they are members (:mod:`sparkiq.cluster.nodeauth`; it never
     travels): without it only processes on this host may join, and only when the node asks
     its clients for no token. ``advertise`` is the URL other nodes and clients use to reach
-    this one (default: from ``listen``). The HTTP server answers only requests for its own
-    host names (a guard against DNS rebinding): ``localhost``, IP addresses, the host of
-    ``advertise`` or ``listen``, and ``allowed_hosts`` (names, ``*.example.com``, or ``*``
-    for any; see :mod:`sparkiq.server.browser`).
+    this one (default: from ``listen``); ``allowed_hosts`` adds host names the HTTP server
+    answers for (:mod:`sparkiq.server.browser`).
 
     **Postgres wire protocol.** With ``pg_listen`` (``"host:port"``, port 0 picks a free
     one; :attr:`pg_address` is where it listens once started) the node also answers psql,
     psycopg and other Postgres clients with pull queries (docs/postgres.md); the password
-    is ``token`` when the node has one. It does not make the node clustered. With TLS (below)
-    Postgres clients switch to it with ``SSLRequest`` (``sslmode=verify-full``); ``pg_tls``
-    says whether they must (``"require"``, the default: a client that does not ask is
-    refused, SQLSTATE 28000) or may (``"optional"``).
+    is ``token`` when the node has one. With TLS (below) ``pg_tls`` says whether clients
+    must switch to it (``"require"``, the default) or may (``"optional"``).
 
     **Arrow Flight SQL.** ``flight_listen`` serves ADBC and JDBC the same way
     (:attr:`flight_address`; docs/flight.md).
@@ -133,28 +130,23 @@ class Node:
     every ``kafka_interval`` seconds (default 5) on a background thread, so
     :meth:`kafka_sources`, ``GET /stats``, ``/metrics`` and ``sparkiq status`` show how far
     each table is behind its topics (:mod:`sparkiq.serving.kafka_lag`; needs
-    ``sparkiq[kafka]``). Without it they show the applied offsets only. ``kafka_config``
-    names a file of client settings (SASL, TLS...) for every Kafka client of the node.
+    ``sparkiq[kafka]``); ``kafka_config`` names a file of client settings (SASL, TLS...).
 
     **Read-your-writes for producers.** A read bounded by a producer's Kafka records
     (:meth:`~sparkiq.PositionBound.after`) that no committed batch has read yet waits up to
     ``source_wait`` seconds (default 10) for the writer to commit one, then answers
     ``NOT_UP_TO_BOUND`` (:mod:`sparkiq.serving.source_bounds`).
 
-    **Limits.** ``sql_limits`` (:class:`~sparkiq.sql.SqlLimits`: every SQL statement, pull
-    or push, REST or Postgres, and the fragments other nodes send here), ``http_limits``
-    (:class:`~sparkiq.limits.HttpLimits`), ``pg_limits`` (:class:`~sparkiq.limits.PgLimits`)
-    and ``auth_policy`` (:class:`~sparkiq.limits.AuthPolicy`: how callers whose credentials
-    fail are slowed) each take an instance, or a mapping of some of its fields (the others
-    from the variables), e.g. ``sql_limits={"max_result_rows": 5000}``.
+    **Limits.** ``sql_limits`` (:class:`~sparkiq.sql.SqlLimits`), ``http_limits``,
+    ``pg_limits`` and ``auth_policy`` (:mod:`sparkiq.limits`) each take an instance, or a
+    mapping of some of its fields, e.g. ``sql_limits={"max_result_rows": 5000}``.
 
     **Settings from the environment.** Every setting above but ``store``, ``poll_interval``
     and ``release_grace`` defaults to its ``SPARKIQ_*`` variable (``node_id`` to
     ``SPARKIQ_NODE_ID``...: :data:`~sparkiq.serving.config.ENV_VARIABLES`; ``peers`` and
     ``allowed_hosts`` comma-separated), each field of a limits group to
-    ``SPARKIQ_<GROUP>_<NAME>`` (``SPARKIQ_SQL_MAX_RESULT_ROWS``...), read once, when the node
-    is made; ``None`` ignores a variable (for a group: its defaults). ``config`` gives all
-    settings at once (a :class:`~sparkiq.serving.config.NodeConfig`; then no other).
+    ``SPARKIQ_<GROUP>_<NAME>``, read once, when the node is made; ``None`` ignores a variable.
+    ``config`` gives all settings at once (a :class:`~sparkiq.serving.config.NodeConfig`).
     """
 
     def __init__(
@@ -174,6 +166,7 @@ class Node:
         local_dir: str | None = NOT_GIVEN,
         heartbeat_interval: float = NOT_GIVEN,
         failure_timeout: float = NOT_GIVEN,
+        membership: str = NOT_GIVEN,
         release_grace: float = NOT_GIVEN,
         store: str = NOT_GIVEN,
         poll_interval: float = NOT_GIVEN,
@@ -335,11 +328,7 @@ class Node:
         config = self.config
         sock: socket.socket | None = None
         if config.listen:
-            sock = bind_socket(config.listen)
-            host, port = sock.getsockname()[:2]
-            if host in ("0.0.0.0", "::", ""):
-                host = socket.gethostname()
-            self.url = node_url(config.advertise or f"{host}:{port}", config.scheme)
+            sock, self.url = bind_advertised(config.listen, config.advertise, config.scheme)
         else:
             self.url = node_url(config.advertise or f"local://{self.node_id}")
         self._lookup.url = self.url
@@ -360,6 +349,7 @@ class Node:
             transport=transport,
             heartbeat_interval=config.heartbeat_interval,
             failure_timeout=config.failure_timeout,
+            membership=config.membership,
             local_answer=self._lookup.query_local,
             local_caught_up=self._hosting.caught_up,
             hosted_state=self._hosting.hosted_state,
@@ -630,11 +620,22 @@ class Node:
         """The header proving this node's reply comes from a member (None: no secret)."""
         return None if self.coordinator is None else self.coordinator.sign_reply(request_mac, body)
 
-    def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """A heartbeat from another member; returns this node's."""
+    def _clustered(self) -> Coordinator:
         if self.coordinator is None:
             raise SparkiqError(f"node {self.node_id!r} is not clustered")
-        return self.coordinator.on_heartbeat(doc)
+        return self.coordinator
+
+    def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A heartbeat from another member; returns this node's."""
+        return self._clustered().on_heartbeat(doc)
+
+    def on_probe(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A gossip probe from another member; returns the ack."""
+        return self._clustered().on_probe(doc)
+
+    def on_probe_req(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Another member asks this one to probe a third (gossip's indirect probe)."""
+        return self._clustered().on_probe_req(doc)
 
     # -- SQL ---------------------------------------------------------------------------------
 

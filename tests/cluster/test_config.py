@@ -68,6 +68,7 @@ def test_every_variable_is_read_and_empty_ones_are_unset() -> None:
             "pg_tls": "optional",
             "kafka_interval": "2",
             "source_wait": "2",
+            "membership": "gossip",
         }.get(field, "127.0.0.1:1")
         environ = {variable: value}
         if field.startswith("tls_"):  # the TLS files go together
@@ -96,6 +97,11 @@ def test_a_node_named_after_its_address_when_asked() -> None:
         ({}, {"SPARKIQ_SOURCE_WAIT": "-1"}, r"source_wait must be 0 to 3600 seconds.*SOURCE_WAIT"),
         ({"poll_interval": True}, {}, "poll_interval must be a number"),
         ({"store": "sqlite"}, {}, "store must be 'rocksdb' or 'memory'"),
+        (
+            {},
+            {"SPARKIQ_MEMBERSHIP": "swim"},
+            r"membership must be 'heartbeats' or 'gossip', got 'swim'.*SPARKIQ_MEMBERSHIP",
+        ),
         (
             {},
             {"SPARKIQ_PG_TLS": "prefer"},

@@ -137,7 +137,8 @@ class FaultCluster:
                     str(self.root),
                     launcher=launcher,
                     extra=extra,
-                    PYTHONPATH=REPO,
+                    # this checkout's sources first: a git worktree tests its own code
+                    PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), REPO]),
                 )
             )
         for node in self.nodes:

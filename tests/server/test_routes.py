@@ -26,7 +26,12 @@ def test_every_route_has_a_coroutine_and_a_documented_operation() -> None:
         p for p, ops in documented.items() if all(o.get("security") == [] for o in ops.values())
     }
     assert public == PUBLIC_PATHS
-    assert {"/internal/query", "/internal/heartbeat"} == NODE_PATHS
+    assert {
+        "/internal/query",
+        "/internal/heartbeat",
+        "/internal/probe",
+        "/internal/probe-req",
+    } == NODE_PATHS
 
 
 def test_paths_match_their_routes() -> None:

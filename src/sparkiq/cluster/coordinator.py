@@ -41,6 +41,8 @@ from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import HostedState, Membership
 from sparkiq.cluster.nodeauth import NodeKey, Opened, RequestVerifier
 from sparkiq.cluster.router import LocalAnswer, Router
+from sparkiq.cluster.swim import GossipMembership
+from sparkiq.cluster.swim_loop import SwimLoop
 from sparkiq.cluster.transport import Transport
 from sparkiq.errors import AuthenticationError, NodeUnreachableError, SparkiqError
 from sparkiq.pools import ElasticPool
@@ -69,6 +71,7 @@ class Coordinator:
         transport: Transport,
         heartbeat_interval: float,
         failure_timeout: float,
+        membership: str = "heartbeats",
         local_answer: LocalAnswer,
         local_caught_up: Callable[[str, int], bool],
         hosted_state: Callable[[], HostedState],
@@ -92,15 +95,28 @@ class Coordinator:
         self._catch_up = catch_up
         self._committed_head = committed_head
         self._changed = threading.Event()
-        self.membership = Membership(
-            node_id,
-            url,
-            seeds,
-            heartbeat_interval=heartbeat_interval,
-            failure_timeout=failure_timeout,
-            on_change=self._changed.set,
-            loopback_only=key is None,
-        )
+        self.membership: Membership | GossipMembership
+        if membership == "gossip":
+            self.membership = GossipMembership(
+                node_id,
+                url,
+                seeds,
+                period=heartbeat_interval,
+                failure_timeout=failure_timeout,
+                on_change=self._changed.set,
+                loopback_only=key is None,
+                hosted_source=hosted_state,
+            )
+        else:
+            self.membership = Membership(
+                node_id,
+                url,
+                seeds,
+                heartbeat_interval=heartbeat_interval,
+                failure_timeout=failure_timeout,
+                on_change=self._changed.set,
+                loopback_only=key is None,
+            )
         self._assignment = Assignment((node_id,), standbys)
         self._executor = ElasticPool("sparkiq-router", 32)
         # Heartbeats have threads of their own: routed load must never delay them, or a
@@ -119,6 +135,18 @@ class Coordinator:
         #: one count, which a rate does not notice).
         self.heartbeats_sent = 0
         self.heartbeats_answered = 0
+        #: The gossip protocol's periods (None: all-to-all heartbeats). A probe and its
+        #: indirect probes each wait a third of the failure floor, so a period fits in it.
+        self._swim: SwimLoop | None = None
+        if isinstance(self.membership, GossipMembership):
+            self._swim = SwimLoop(
+                self.membership,
+                transport,
+                hosted_state,
+                probe_timeout=max(failure_timeout / 3, heartbeat_interval),
+                beats=self._beats,
+                seeds_lane=self._probes,
+            )
         self._round_done = threading.Condition()
         self._rounds = 0
         self._last_round = time.monotonic()
@@ -160,15 +188,25 @@ class Coordinator:
         of a far smaller cluster (with one seed and one standby: every partition) and
         release most of them a round later."""
         wait = max(self.failure_timeout, 1.0)
+        if self._swim is not None:  # a seed's ack to a join carries every member and record
+            self._swim.view.set_own_hosted(self._hosted_state())
+            self._swim.join(wait)
+            self._start_threads()
+            return
+        membership = self.membership
+        assert isinstance(membership, Membership)
         deadline = time.monotonic() + wait
         self.heartbeat_round(wait=wait)
         known = (-1, -1)
-        while self.membership.unproven_targets() and time.monotonic() < deadline:
-            now_known = (len(self.membership.proven_targets()), len(self.membership.members()))
+        while membership.unproven_targets() and time.monotonic() < deadline:
+            now_known = (len(membership.proven_targets()), len(membership.members()))
             if now_known == known:
                 break  # a round proved nobody new: the rest is dead seeds or hearsay
             known = now_known
             self.heartbeat_round(wait=min(wait, max(0.0, deadline - time.monotonic())))
+        self._start_threads()
+
+    def _start_threads(self) -> None:
         self.membership.tick()
         self._last_round = time.monotonic()
         self._rebalance(self._assignment_now())
@@ -183,6 +221,11 @@ class Coordinator:
             thread.start()
 
     def stop(self) -> None:
+        if self._swim is not None and self._threads:
+            try:  # a planned leave: the others remove this node at once
+                self._swim.leave(wait=self._swim.probe_timeout)
+            except Exception:
+                log.exception("announcing the leave of %s failed", self.membership.node_id)
         self._stop.set()
         self._wake.set()
         self._rebalance_wanted.set()
@@ -269,7 +312,13 @@ class Coordinator:
     def heartbeat_round(self, wait: float) -> None:
         """Send this node's heartbeat to every target that has none in flight and record
         the replies that arrive within ``wait`` s (later ones are recorded when they come)."""
+        if self._swim is not None:
+            self._swim.round(wait)
+            self.heartbeats_sent = self._swim.sent
+            self.heartbeats_answered = self._swim.answered
+            return
         membership = self.membership
+        assert isinstance(membership, Membership)
         hosted = self._hosted_state()
         docs: dict[bool, dict[str, Any]] = {}  # by whether the target reads groups
         readers = membership.group_readers()
@@ -302,18 +351,20 @@ class Coordinator:
         the round waiting for it then sees the reply recorded (a done-callback would run
         only after the waiter woke)."""
         self.heartbeats_sent += 1
+        membership = self.membership
+        assert isinstance(membership, Membership)
         try:
             reply = self.transport.heartbeat(url, doc)
         except NodeTimeoutError:
             return  # no reply in time: the failure detector judges the silence
         except NodeUnreachableError as exc:
-            self.membership.unreachable(url, f"heartbeat: {exc}")
+            membership.unreachable(url, f"heartbeat: {exc}")
             return
         except SparkiqError as exc:
             self._log_refusal(url, exc)
             return
         try:
-            self.membership.heard(reply)
+            membership.heard(reply)
         except HeartbeatError as exc:
             log.warning("ignoring the heartbeat reply of %s: %s", url, exc)
 
@@ -371,10 +422,33 @@ class Coordinator:
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]:
         """A heartbeat from another member (it passed :meth:`admit`); returns this node's.
         Raises :class:`~sparkiq.cluster.heartbeat.HeartbeatError` for a malformed one."""
+        if not isinstance(self.membership, Membership):
+            raise HeartbeatError(
+                "this node's membership is gossip: run every node of the cluster with the "
+                "same membership setting",
+                "body",
+            )
         self.heartbeats_answered += 1
         self.membership.heard(doc)
         groups = doc.get("v", 1) >= FORMAT  # answered in the version it came in (checked)
         return self.membership.heartbeat_doc(self._hosted_state(), groups=groups)
+
+    def on_probe(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A gossip probe (it passed :meth:`admit`); returns the ack."""
+        return self._gossip().on_probe(doc)
+
+    def on_probe_req(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A gossip indirect probe request (it passed :meth:`admit`)."""
+        return self._gossip().on_probe_req(doc)
+
+    def _gossip(self) -> SwimLoop:
+        if self._swim is None:
+            raise HeartbeatError(
+                "this node's membership is heartbeats: run every node of the cluster with "
+                "the same membership setting",
+                "body",
+            )
+        return self._swim
 
     # -- freshness ---------------------------------------------------------------------------
 
@@ -426,6 +500,8 @@ class Coordinator:
         for member in replicas:
             state = self.membership.hosted_state(member).get(table, {}).get(partition)
             if state is None or state[1] != "live" or state[0] < my_batch:
+                if state is not None and isinstance(self.membership, GossipMembership):
+                    self.membership.want(member)  # its batches may be newer than its record
                 return False
             if head is not None and state[0] > head:
                 return False

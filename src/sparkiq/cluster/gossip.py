@@ -147,6 +147,10 @@ class Gossip:
         entry = self._members.get(member)
         return None if entry is None else entry.state.status
 
+    def entry(self, member: str) -> _Entry | None:
+        """What is known of ``member`` and since when (None: nothing, or this member)."""
+        return self._members.get(member)
+
     def live(self) -> tuple[str, ...]:
         """Members alive (not suspect, dead or left), this one included, sorted."""
         alive = [m for m, e in self._members.items() if e.state.status == ALIVE]

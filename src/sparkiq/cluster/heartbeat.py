@@ -50,6 +50,7 @@ __all__ = [
     "HostedState",
     "check_url",
     "grouped",
+    "parse_groups",
     "parse_heartbeat",
 ]
 
@@ -202,7 +203,7 @@ def parse_heartbeat(doc: object, scheme: str, *, loopback_only: bool = False) ->
     version = doc.get("v", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise HeartbeatError("v must be a format version, an integer >= 1", "v")
-    hosted = _groups(doc["groups"]) if "groups" in doc else _hosted(doc.get("hosted"))
+    hosted = parse_groups(doc["groups"]) if "groups" in doc else _hosted(doc.get("hosted"))
     return Heartbeat(node_id, url, float(started_at), members, hosted, version)
 
 
@@ -217,8 +218,9 @@ def grouped(hosted: HostedState) -> dict[str, list[list[Any]]]:
     return out
 
 
-def _groups(value: object) -> HostedState:
-    """Version 2's ``groups`` as a :data:`HostedState`, every field checked."""
+def parse_groups(value: object) -> HostedState:
+    """Version 2's ``groups`` as a :data:`HostedState`, every field checked (gossip's hosted
+    records carry the same form)."""
     if not isinstance(value, Mapping) or len(value) > _MAX_TABLES:
         raise HeartbeatError(f"groups must be a map of at most {_MAX_TABLES} tables", "hosted")
     out: HostedState = {}

@@ -67,6 +67,7 @@ from sparkiq.cluster.assignment import Assignment
 from sparkiq.cluster.hedge import Copies, HedgeDelay, close_results
 from sparkiq.cluster.httppool import NodeTimeoutError
 from sparkiq.cluster.membership import Membership
+from sparkiq.cluster.swim import GossipMembership
 from sparkiq.cluster.transport import NodeUnreachableError, Transport
 from sparkiq.errors import ErrorCode, ForbiddenError
 from sparkiq.pools import ElasticPool
@@ -116,7 +117,7 @@ class Router:
 
     def __init__(
         self,
-        membership: Membership,
+        membership: Membership | GossipMembership,
         transport: Transport,
         assignment: Callable[[], Assignment],
         local_answer: LocalAnswer,

@@ -1,7 +1,7 @@
 """How a node reaches another: one interface, an HTTP implementation and an in-process one.
 
-A :class:`Transport` sends a sub-request (``local``: answer from your own replicas) or a
-heartbeat to a member by URL. :class:`HttpTransport` speaks the binary protocol of
+A :class:`Transport` sends a sub-request (``local``: answer from your own replicas), a
+heartbeat or a gossip probe to a member by URL. :class:`HttpTransport` speaks the binary protocol of
 :mod:`sparkiq.wire.protocol` over pooled keep-alive connections
 (:mod:`sparkiq.cluster.httppool`), signing every request with the node credential when the
 node has a cluster secret and accepting a heartbeat reply only when its MAC proves the
@@ -48,6 +48,15 @@ class Transport(Protocol):
         """Send this node's heartbeat; return the member's (proven to come from a member)."""
         ...
 
+    def probe(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """Send a gossip probe (:mod:`sparkiq.cluster.swim_loop`); return the ack (proven
+        to come from a member)."""
+        ...
+
+    def probe_req(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """Ask the member at ``url`` to probe another for this node; return its answer."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -78,6 +87,14 @@ class LocalTransport:
 
     def heartbeat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
         reply: dict[str, Any] = self._node(url).on_heartbeat(doc)
+        return reply
+
+    def probe(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        reply: dict[str, Any] = self._node(url).on_probe(doc)
+        return reply
+
+    def probe_req(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        reply: dict[str, Any] = self._node(url).on_probe_req(doc)
         return reply
 
     def close(self) -> None:
@@ -141,9 +158,19 @@ class HttpTransport:
             raise
 
     def heartbeat(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        return self._membership_call(url, "/internal/heartbeat", doc)
+
+    def probe(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        return self._membership_call(url, "/internal/probe", doc)
+
+    def probe_req(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        return self._membership_call(url, "/internal/probe-req", doc)
+
+    def _membership_call(self, url: str, path: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """A heartbeat or gossip message, signed; the reply is checked before decoding."""
         body = pack(doc)
-        headers, signed = self._signed("/internal/heartbeat", body)
-        response = self._beats.request(url, "POST", "/internal/heartbeat", body, headers)
+        headers, signed = self._signed(path, body)
+        response = self._beats.request(url, "POST", path, body, headers)
         data = response.read(MAX_HEARTBEAT_BYTES)
         if response.status != 200:
             raise _refusal(url, response.status, data)
@@ -153,7 +180,7 @@ class HttpTransport:
             reply: dict[str, Any] = unpack_plain(data)
         except ValueError:  # whatever answered is not a node: its reply is not a heartbeat
             raise protocol.RemoteError(
-                f"{url} answered the heartbeat with something that is not one",
+                f"{url} answered {path} with something that is not a node's reply",
                 code=ErrorCode.INVALID_HEARTBEAT,
             ) from None
         return reply

@@ -8,11 +8,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from sparkiq.errors import SparkiqError
 from sparkiq.publish.publisher import TablePublisher
 
-__all__ = ["run_publish"]
+__all__ = ["publish_command", "run_publish"]
 
 log = logging.getLogger("sparkiq.publish")
 
@@ -83,3 +84,17 @@ def run_publish(
     finally:
         publisher.stop()
     return 0
+
+
+def publish_command(args: Any) -> int:
+    """``sparkiq publish`` with the command line's parsed arguments (see :func:`run_publish`)."""
+    return run_publish(
+        args.state_dir,
+        args.table,
+        args.topic,
+        args.bootstrap_servers,
+        args.config,
+        key_format=args.key_format,
+        once=args.once,
+        status_interval=args.status_interval,
+    )

@@ -8,7 +8,14 @@ one layer up, starts it.
 from __future__ import annotations
 
 from sparkiq.limits import HttpLimits  # the settings live below cluster (sparkiq.limits)
-from sparkiq.server.runner import RunningServer, bind_socket, start_server
+from sparkiq.server.runner import RunningServer, bind_advertised, bind_socket, start_server
 from sparkiq.server.served import ServedNode
 
-__all__ = ["HttpLimits", "RunningServer", "ServedNode", "bind_socket", "start_server"]
+__all__ = [
+    "HttpLimits",
+    "RunningServer",
+    "ServedNode",
+    "bind_advertised",
+    "bind_socket",
+    "start_server",
+]

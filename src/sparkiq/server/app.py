@@ -223,6 +223,22 @@ class RestApp:
         return 200
 
     async def _on_heartbeat(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._membership_message(scope, receive, send, self.node.on_heartbeat)
+
+    async def _on_probe(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._membership_message(scope, receive, send, self.node.on_probe)
+
+    async def _on_probe_req(self, scope: Scope, receive: Receive, send: Send) -> int:
+        # it waits for another member's ack: on the pool, never on the event loop
+        handler = self.node.on_probe_req
+        return await self._membership_message(
+            scope, receive, send, lambda doc: self._run(handler, doc)
+        )
+
+    async def _membership_message(
+        self, scope: Scope, receive: Receive, send: Send, handler: Callable[..., Any]
+    ) -> int:
+        """A heartbeat or a gossip message: admitted, decoded, answered, the reply signed."""
         body = await self._body(receive)
         # proven before anything of it is decoded; client tokens never admit a member
         opened = self.node.admit_node(
@@ -234,7 +250,9 @@ class RestApp:
             raise HttpError(
                 ErrorCode.INVALID_HEARTBEAT, "the body is not a packed heartbeat", "body"
             ) from None
-        reply = self.node.on_heartbeat(doc)  # a HeartbeatError records nothing: 400
+        reply = handler(doc)  # a HeartbeatError records nothing: 400
+        if asyncio.iscoroutine(reply) or asyncio.isfuture(reply):
+            reply = await reply
         data = pack(reply)
         signature = self.node.sign_reply(None if opened is None else opened.mac, data)
         headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
@@ -558,6 +576,6 @@ def _unaudited(scope: Scope) -> bool:
     path = scope["path"]
     return (
         path in PUBLIC_PATHS
-        or path == "/internal/heartbeat"
+        or path in ("/internal/heartbeat", "/internal/probe", "/internal/probe-req")
         or header(scope, REQUEST_HEADER) is not None
     )

@@ -437,6 +437,18 @@ _OPERATIONS: dict[str, dict[str, Any]] = {
             "responses": {"200": {"description": "The receiver's heartbeat"}},
         }
     },
+    "/internal/probe": {
+        "post": {
+            "summary": "Gossip membership probe (binary)",
+            "responses": {"200": {"description": "The receiver's ack"}},
+        }
+    },
+    "/internal/probe-req": {
+        "post": {
+            "summary": "Gossip membership: probe another member for the caller (binary)",
+            "responses": {"200": {"description": "Whether the other member acknowledged"}},
+        }
+    },
 }
 _OPERATIONS["/console"] = _OPERATIONS["/"]
 

@@ -72,6 +72,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/stores/{store}/keys/{key}", "_on_key"),  # the hot path: tried first
     Route("POST", "/internal/query", "_on_internal_query", "node"),
     Route("POST", "/internal/heartbeat", "_on_heartbeat", "node"),
+    Route("POST", "/internal/probe", "_on_probe", "node"),
+    Route("POST", "/internal/probe-req", "_on_probe_req", "node"),
     Route("POST", "/stores/{store}/query", "_on_iq_query"),
     Route("POST", "/query", "_on_sql"),
     Route("GET", "/healthz", "_on_healthz", "public"),

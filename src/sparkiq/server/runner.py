@@ -39,9 +39,10 @@ from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ConfigError
 from sparkiq.limits import HttpLimits
 from sparkiq.server.served import ServedNode
+from sparkiq.serving.config import node_url
 from sparkiq.tls import TlsContexts
 
-__all__ = ["RunningServer", "bind_socket", "start_server"]
+__all__ = ["RunningServer", "bind_advertised", "bind_socket", "start_server"]
 
 log = logging.getLogger("sparkiq.server")
 
@@ -259,6 +260,18 @@ def _has_uvloop() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("uvloop") is not None
+
+
+def bind_advertised(
+    listen: str, advertise: str | None, scheme: str = "http"
+) -> tuple[socket.socket, str]:
+    """A socket bound to ``listen`` and the URL other nodes reach it at: ``advertise``, else
+    the address bound (the host's name for a wildcard address)."""
+    sock = bind_socket(listen)
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return sock, node_url(advertise or f"{host}:{port}", scheme)
 
 
 def bind_socket(listen: str) -> socket.socket:

@@ -87,6 +87,10 @@ class ServedNode(Protocol):
 
     def on_heartbeat(self, doc: dict[str, Any]) -> dict[str, Any]: ...
 
+    def on_probe(self, doc: dict[str, Any]) -> dict[str, Any]: ...
+
+    def on_probe_req(self, doc: dict[str, Any]) -> dict[str, Any]: ...
+
 
 def no_tables_warning(state_dir: str | None) -> str:
     """What ``sparkiq serve`` (at start, on stderr and in its log) and ``GET /readyz`` say

@@ -68,6 +68,7 @@ ENV_VARIABLES: dict[str, str] = {
     "local_dir": "SPARKIQ_LOCAL_DIR",
     "heartbeat_interval": "SPARKIQ_HEARTBEAT_INTERVAL",
     "failure_timeout": "SPARKIQ_FAILURE_TIMEOUT",
+    "membership": "SPARKIQ_MEMBERSHIP",
     "pg_listen": "SPARKIQ_PG_LISTEN",
     "flight_listen": "SPARKIQ_FLIGHT_LISTEN",
     "allowed_hosts": "SPARKIQ_ALLOWED_HOSTS",
@@ -91,6 +92,7 @@ ENV_GROUPS: dict[str, tuple[type, str]] = {
 
 _STORES = ("rocksdb", "memory")
 _PG_TLS = ("require", "optional")
+_MEMBERSHIP = ("heartbeats", "gossip")
 
 
 def node_url(address: str, scheme: str = "http") -> str:
@@ -123,6 +125,9 @@ class NodeConfig:
     poll_interval: float = 0.02
     heartbeat_interval: float = 0.5
     failure_timeout: float = 3.0
+    #: How members learn of each other: ``heartbeats`` (all-to-all, the default) or
+    #: ``gossip`` (SWIM probing with piggybacked updates; sparkiq.cluster.swim).
+    membership: str = "heartbeats"
     release_grace: float = 5.0
     pg_listen: str | None = None
     #: ``host:port`` of the Arrow Flight SQL endpoint (sparkiq.server.flight); port 0 picks
@@ -349,6 +354,11 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
     if "pg_tls" in out and out["pg_tls"] not in _PG_TLS:
         raise ConfigError(
             f"pg_tls must be 'require' or 'optional', got {out['pg_tls']!r}{origin['pg_tls']}"
+        )
+    if "membership" in out and out["membership"] not in _MEMBERSHIP:
+        raise ConfigError(
+            f"membership must be 'heartbeats' or 'gossip', got {out['membership']!r}"
+            f"{origin['membership']}"
         )
     if "store" in out and out["store"] not in _STORES:
         raise ConfigError(f"store must be 'rocksdb' or 'memory', got {out['store']!r}")
