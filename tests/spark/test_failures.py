@@ -100,3 +100,36 @@ def test_a_worker_that_cannot_run_the_sink_names_the_fix() -> None:
     assert "sparkiq-worker-python" in str(query_failed("t", RuntimeError(slow), committed=2))
     assert worker_hint(RuntimeError(KAFKA)) is None
     assert worker_hint("Python worker failed to connect back") is not None
+
+
+# a batch collected on the driver (the sink's small batches: toArrow) that a source failed:
+# Spark wraps the job's failure in "Exception thrown in awaitResult"
+AWAIT = (
+    PREFIX
+    + FRAMES
+    + "py4j.protocol.Py4JJavaError: An error occurred while calling o412.getResult.\n"
+    ": org.apache.spark.SparkException: Exception thrown in awaitResult:\n"
+    "\tat org.apache.spark.util.SparkThreadUtils$.awaitResult(SparkThreadUtils.scala:56)\n"
+    "Caused by: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in "
+    "stage 45.0 failed 1 times, most recent failure: Lost task 0.0: "
+    "org.apache.spark.sql.kafka010.KafkaIllegalStateException: Some data may have been lost.\n"
+    "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(D.scala:1)\n"
+    "Caused by: org.apache.spark.sql.kafka010.KafkaIllegalStateException: Some data may have "
+    "been lost because they are not available in Kafka any more;\n"
+    "If you don't want your streaming query to fail on such cases, set the source option "
+    "failOnDataLoss to false.\n"
+    "Reason: Could not read records in offset [26, 49) for topic partition orders-0\n"
+    "\tat org.apache.spark.sql.kafka010.KafkaExceptions$.couldNotReadOffsetRange(K.scala:94)\n"
+    "Caused by: org.apache.kafka.clients.consumer.OffsetOutOfRangeException: Fetch position "
+    "26 is out of range for partition orders-0\n"
+    "\tat org.apache.kafka.clients.consumer.internals.FetchCollector.handle(F.java:1)\n"
+)
+
+
+def test_a_failure_collected_on_the_driver_is_its_root_cause() -> None:
+    reason = failure_reason(AWAIT)
+    assert reason.startswith("org.apache.spark.sql.kafka010.KafkaIllegalStateException: ")
+    assert "Reason: Could not read records in offset [26, 49) for topic partition orders-0" in (
+        reason
+    )
+    assert "failOnDataLoss to false" in reason and "\tat " not in reason

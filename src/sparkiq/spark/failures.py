@@ -34,6 +34,11 @@ _JAVA_FRAME = re.compile(r"^\s+(at |\.\.\. \d+ more)")
 _CAUSED_BY = re.compile(r"^Caused by: .*$", re.M)
 # how Py4J quotes the Java exception under its own error: a line ": <class>: <message>"
 _PY4J_JAVA = re.compile(r"^: (?=[\w$.]+: )", re.M)
+# Spark's wrapper of a job's failure collected on the driver (``toArrow``): its own message
+# says nothing; the reason is the first ``Caused by:`` (with every line of its message)
+# that is not another of Spark's wrappers ("Job aborted due to stage failure: ...")
+_AWAIT = "Exception thrown in awaitResult"
+_CAUSE_START = re.compile(r"^Caused by: (?!org\.apache\.spark\.SparkException: )", re.M)
 
 
 def failure_reason(error: BaseException | str) -> str:
@@ -41,6 +46,10 @@ def failure_reason(error: BaseException | str) -> str:
     text), with the ``Caused by:`` lines below it: no tracebacks, no stack frames."""
     text = str(error).split(_JVM_TRACE, 1)[0]
     innermost = _innermost(text)
+    if _AWAIT in innermost.partition("\n")[0]:
+        cause = _CAUSE_START.search(innermost)
+        if cause is not None:
+            innermost = innermost[cause.end() :]
     lines: list[str] = []
     for line in innermost.splitlines():
         if _JAVA_FRAME.match(line):
