@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkiq.errors import ErrorCode, SparkiqError
-from sparkiq.serving.config import is_loopback_url
+from sparkiq.serving.config import is_loopback_url, node_url
 from sparkiq.serving.metadata import HostedState
 
 __all__ = [
@@ -87,6 +87,23 @@ class Heartbeat:
     members: dict[str, str]
     hosted: HostedState
     version: int = 1
+
+
+def checked_seeds(
+    seeds: list[str], url: str, scheme: str, *, loopback_only: bool, node_id: str, log: Any
+) -> list[str]:
+    """The seed addresses a member may contact (its own ``url`` left out); a bad one is
+    logged on ``log`` and ignored."""
+    checked_all: list[str] = []
+    for seed in seeds:
+        try:
+            checked = check_url(node_url(seed), scheme, "peers", loopback_only=loopback_only)
+        except HeartbeatError as exc:
+            log.warning("%s: ignoring seed %r: %s", node_id, seed, exc)
+            continue
+        if checked != url:
+            checked_all.append(checked)
+    return checked_all
 
 
 def check_url(value: object, scheme: str, field: str, *, loopback_only: bool = False) -> str:

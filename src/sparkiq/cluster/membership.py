@@ -48,13 +48,11 @@ from sparkiq.cluster.heartbeat import (
     FORMAT,
     MAX_MEMBERS,
     Heartbeat,
-    HeartbeatError,
     HostedState,
-    check_url,
+    checked_seeds,
     grouped,
     parse_heartbeat,
 )
-from sparkiq.serving.config import node_url
 
 __all__ = ["MAX_HEARSAY", "HostedState", "Member", "Membership"]
 
@@ -96,17 +94,9 @@ class Membership:
         self.url = url
         self.scheme = urllib.parse.urlsplit(url).scheme
         self.loopback_only = loopback_only
-        self.seeds = []
-        for seed in seeds:
-            try:
-                checked = check_url(
-                    node_url(seed), self.scheme, "peers", loopback_only=loopback_only
-                )
-            except HeartbeatError as exc:
-                log.warning("%s: ignoring seed %r: %s", node_id, seed, exc)
-                continue
-            if checked != url:
-                self.seeds.append(checked)
+        self.seeds = checked_seeds(
+            list(seeds), url, self.scheme, loopback_only=loopback_only, node_id=node_id, log=log
+        )
         self.heartbeat_interval = heartbeat_interval
         self.failure_timeout = failure_timeout
         self.detector = Detector(heartbeat_interval, failure_timeout)

@@ -60,10 +60,10 @@ from sparkiq.cluster.heartbeat import (
     HeartbeatError,
     HostedState,
     check_url,
+    checked_seeds,
     grouped,
     parse_groups,
 )
-from sparkiq.serving.config import node_url
 
 __all__ = ["GossipMembership"]
 
@@ -94,17 +94,9 @@ class GossipMembership:
         self.url = url
         self.scheme = urllib.parse.urlsplit(url).scheme
         self.loopback_only = loopback_only
-        self.seeds: list[str] = []
-        for seed in seeds:
-            try:
-                checked = check_url(
-                    node_url(seed), self.scheme, "peers", loopback_only=loopback_only
-                )
-            except HeartbeatError as exc:
-                log.warning("%s: ignoring seed %r: %s", node_id, seed, exc)
-                continue
-            if checked != url:
-                self.seeds.append(checked)
+        self.seeds = checked_seeds(
+            list(seeds), url, self.scheme, loopback_only=loopback_only, node_id=node_id, log=log
+        )
         self.heartbeat_interval = period
         self.failure_timeout = failure_timeout
         self.updates_per_message = updates_per_message
