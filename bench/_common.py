@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from bench import _flames
+
 _T = TypeVar("_T")
 
 
@@ -37,7 +39,16 @@ class Scale(enum.Enum):
 
 
 def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--quick`` and ``--smoke``, which exclude each other; :func:`scale_of` reads them."""
+    """``--quick`` and ``--smoke``, which exclude each other, and ``--flames``;
+    :func:`scale_of` reads them."""
+    parser.add_argument(
+        "--flames",
+        nargs="?",
+        const=str(_flames.FLAMES),
+        metavar="DIR",
+        help="also draw each measured phase's flame graph, into DIR (default docs/flames/; "
+        "py-spy, in a pass of its own: see bench/_flames.py)",
+    )
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="a smaller, faster run")
     group.add_argument(
@@ -48,6 +59,8 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def scale_of(args: argparse.Namespace) -> Scale:
+    """The run's scale; also turns flame graphs on when ``--flames`` was given."""
+    _flames.enable(getattr(args, "flames", None))
     return Scale.SMOKE if args.smoke else Scale.QUICK if args.quick else Scale.FULL
 
 

@@ -33,6 +33,8 @@ from typing import Any
 import httpx
 
 from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir, verdict
+from bench._flames import enabled as flames_enabled
+from bench._flames import flame
 from bench.lookup import _build, _floor_db
 
 TABLE = "lookup"
@@ -197,6 +199,11 @@ def run(scale: Scale = Scale.FULL) -> Report:
             }
             for port, requests, _ in servers.values() if warm_up else ():
                 load(port, requests, "closed", warm_up)
+            if flames_enabled():  # a pass of its own, the figures' runs left unsampled
+                with flame("http-get", pid=node_proc.pid):
+                    load(node_port, paths, "closed", 4.0)
+                with flame("http-sql", pid=node_proc.pid):
+                    load(node_port, sql, "closed", 4.0)
             for _ in range(rounds):
                 for name, (port, requests, rate) in servers.items():
                     closed = load(port, requests, "closed", duration)

@@ -42,6 +42,7 @@ from bench._common import (
     scratch_dir,
     verdict,
 )
+from bench._flames import flame_calls
 from sparkiq import KeyQuery, Node, StateQueryRequest
 from sparkiq.schema.keypath import key_locator
 from sparkiq.schema.partitioner import Partitioner
@@ -255,6 +256,8 @@ def _composite(
         return query(in_store(FLIGHTS_TABLE).with_query(with_key(k))).only_partition_result().result
 
     assert key_query(sample[0]) == get(FLIGHTS_TABLE, sample[0]) is not None
+    flame_calls("lookup-composite-get", lambda k: get(FLIGHTS_TABLE, k), sample)
+    flame_calls("lookup-composite-keyquery", key_query, sample)
     return _measure(
         {
             FLOOR_OWN: (lambda dk: dk[0].get(dk[1]), located),
@@ -336,6 +339,8 @@ def run(scale: Scale = Scale.FULL, profile: bool = False) -> Report:
             figures: dict[str, Any] = {"timer_overhead_ns": _timer_overhead_ns()}
             phases: dict[str, dict[str, dict[str, float]]] = {}
             phases["memtable"] = _measure(methods, rounds)
+            flame_calls("lookup-get", lambda k: get(TABLE, k), sample[:20_000])
+            flame_calls("lookup-keyquery", key_query, sample[:20_000])
             for replica in node.replica(TABLE).partitions.values():
                 replica.store.store.flush()  # type: ignore[attr-defined]
             floor.flush(True)

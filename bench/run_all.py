@@ -58,6 +58,7 @@ from bench._common import (
     machine,
     scale_of,
 )
+from bench._flames import flames_of
 
 #: In running order: the benchmarks without Spark first, then those sharing one session
 #: (their ``run`` takes ``spark=``; sink_connect starts its sessions in child processes).
@@ -389,6 +390,11 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "`python -m bench.run_all --smoke` does the same by hand in a few minutes. Smoke "
         "figures mean nothing and are never written here.",
         "",
+        "`--flames` (on `make bench` or any one benchmark) runs each measured phase once more "
+        "under py-spy and draws its flame graph into `docs/flames/`; the sections link them. "
+        "They show where a path's CPU time goes, which is what the profile notes of each "
+        "section read from.",
+        "",
         f"**Last run:** {info['date']} ({info['scale']} run, "
         f"{info['duration_s'] / 60:.1f} min), sparkiq {info['code']}  ",
         f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['ram']} RAM, {m['os']}  ",
@@ -423,6 +429,14 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
             lines += ["", *[f"_Note:_ {n}" for n in report.notes]]
         if report.name in CONTEXT:
             lines += ["", CONTEXT[report.name]]
+        flames = flames_of(report.name)
+        if flames:
+            links = ", ".join(f"[{p.stem}](flames/{p.name})" for p in flames)
+            lines += [
+                "",
+                f"Flame graphs of the measured phases (py-spy, `--flames`; open one in a "
+                f"browser to zoom and search): {links}.",
+            ]
     lines.append("")
     return "\n".join(lines)
 

@@ -54,6 +54,8 @@ from bench._common import (
     spark_session,
     write_json_rows,
 )
+from bench._flames import enabled as flames_enabled
+from bench._flames import flame
 from sparkiq import App
 from sparkiq.spark.sink import WRITE_ENV
 
@@ -278,6 +280,10 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
                 if len(runs) != batches:
                     raise RuntimeError(f"{name} ran {len(runs)} batches with input, not {batches}")
                 results[name] += [d for d in runs if d[0] >= warmup]
+        if flames_enabled() and not connect:  # a pass of its own, the figures' left unsampled
+            count, folder, write = APP_RUNS[next(iter(APP_RUNS))]
+            with flame("sink-default"):
+                _run_app(spark, source, os.path.join(root, f"{folder}-flame"), count, write)
 
     medians = {
         name: (median([d[1] for d in found]), median([d[2] for d in found]))

@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from bench._changelog import as_arrow, caught_up_node, key_name, open_table
 from bench._common import Report, Scale, entry_point, fmt_ratio, median, percentile, scratch_dir
+from bench._flames import flame_calls
 from sparkiq.sql import SqlEngine
 from sparkiq.sql.fragment import SqlFragmentQuery, _without_cyclic_gc
 from sparkiq.sql.fragment import _partition_table as _rocksdb_table
@@ -185,6 +186,8 @@ def run(scale: Scale = Scale.FULL) -> Report:
                         )
                 times.setdefault("RocksDB to Arrow", []).append(_timed(from_rocksdb))
             medians = {name: median(values) for name, values in times.items()}
+            flame_calls("sql_scan-columnar", engine.execute, list(QUERIES.values()))
+            flame_calls("sql_scan-two-nodes", asked.sql, list(QUERIES.values()))
             for query in QUERIES:
                 base = medians[f"{query}: DuckDB native table (floor)"]
                 for method in methods:
