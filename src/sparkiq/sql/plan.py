@@ -66,10 +66,15 @@ class TablePlan:
     top_n: bool = False
     filter: exp.Select | None = None
     as_of: int | dt.datetime | str | None = None
+    #: ``fragment`` as text, made once with the plan: a cached plan's every execution sends
+    #: it, and sqlglot's generator took a tenth of a scan's Python time when it was made
+    #: per execution (the two-node scan's flame graph in docs/benchmarks.md).
+    fragment_sql: str | None = field(init=False, default=None)
 
-    @property
-    def fragment_sql(self) -> str | None:
-        return None if self.fragment is None else self.fragment.sql(dialect=DIALECT, copy=False)
+    def __post_init__(self) -> None:
+        if self.fragment is not None:
+            text = self.fragment.sql(dialect=DIALECT, copy=False)
+            object.__setattr__(self, "fragment_sql", text)
 
 
 @dataclass(frozen=True, slots=True)
