@@ -285,10 +285,12 @@ class VersionedRows:
         return sum(c.table.num_rows for c in self._state.chunks)
 
     def nbytes(self) -> int:
-        """Bytes held: the chunks, their key indexes and the writer's index of current keys."""
+        """Bytes held: the chunks, their key indexes, the writer's index of current keys and
+        the room its ``valid_to`` vector keeps for more rows."""
         current = self._current
         held: int = sum(c.table.nbytes + c.index.nbytes for c in self._state.chunks)
-        return held + (current.nbytes if current is not None else 0)
+        room = self._valid_to.vector.nbytes - 8 * self._valid_to.used
+        return held + room + (current.nbytes if current is not None else 0)
 
     @staticmethod
     def _out_of_history(state: _State, batch_id: int) -> str:
