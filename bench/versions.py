@@ -194,8 +194,8 @@ def run(scale: Scale = Scale.FULL) -> Report:
             f"apply throughput (wall clock, and per CPU-second of the applying thread) and get "
             f"p50 on one partition of {n_keys:,} keys with and without versions ({n_batches} "
             f"batches changing 8% each, applied in key order as segments are, with the segment's "
-            "columns as a replica hands them); memory of the "
-            "versions; on 8 "
+            "columns and lists read from them just before each batch, as a replica does); "
+            "memory of the versions; on 8 "
             f"partitions ({8 * n_keys:,} keys): an all-partition aggregate consistent and not, "
             "and a key read at the newest and at a past batch"
         ),
