@@ -4,7 +4,7 @@ stack, ``frame;frame;... count``), cut at one frame, so that it shows one path a
     python -m bench._flame raw.txt --root later_batch -o flame.svg [--title ...]
 
 Only stacks through a frame containing ``--root`` are kept, drawn from that frame up;
-frames are named ``function (file:line)`` without directories, boxes narrower than
+frames are named ``function (file)`` without directories or line numbers, boxes narrower than
 ``--min`` of the root are left out (so the file stays small); hovering a box shows its
 name, samples and share of the root.
 """
@@ -26,8 +26,9 @@ class _Node:
 
 
 def _short(frame: str) -> str:
-    """``function (path/to/file.py:12)`` -> ``function (file.py:12)``."""
-    return re.sub(r"\((?:[^()]*/)?([^()/]+)\)$", r"(\1)", frame.strip())
+    """``function (path/to/file.py:12)`` -> ``function (file.py)``: one box per function,
+    whatever line of it a sample was on."""
+    return re.sub(r"\((?:[^()]*/)?([^()/:]+)(?::\d*)?\)$", r"(\1)", frame.strip())
 
 
 def read(path: str, root: str) -> _Node:
