@@ -450,3 +450,28 @@ def test_columns_that_are_not_the_changes_are_refused() -> None:
     assert versions.newest == -1
     versions.apply(0, position(0), 0.0, keys, values, columns=(key_array, value_array))
     assert state_of(versions.version(0)) == {"a": 1, "b": 2}
+
+
+def test_versions_read_the_same_after_the_valid_to_vector_grows() -> None:
+    """Rows past the writer's ``valid_to`` vector make it move to a larger copy (300 rows a
+    batch, past 1,024 and 2,048 rows, no merge): the chunks move with it, so stamps after
+    the move show at the newest batch, and versions held from before keep their rows."""
+    versions = VersionedRows(SCHEMA, History(batches=1000))
+    model = KeyModel()
+    names = [f"k{i:03d}" for i in range(300)]
+    held = []
+    sizes = set()
+    for batch_id in range(12):
+        changes: list[Change] = [
+            (name, None if (i + batch_id) % 7 == 0 else batch_id * 1000 + i)
+            for i, name in enumerate(names)
+        ]
+        keys, values = encode_list(changes)
+        versions.apply(batch_id, position(batch_id), 0.0, keys, values)
+        model.apply(batch_id, changes, False)
+        held.append((versions.version(batch_id), model.at(batch_id)))
+        sizes.add(len(versions._valid_to.vector))
+    assert len(sizes) >= 3  # it grew (at least) twice
+    for version, expected in held:
+        assert state_of(version) == expected, version.batch_id
+    check_against(versions, model, names[::7])

@@ -6,13 +6,13 @@ one per applied batch (merged now and then). Two structures find rows there by k
 * :class:`ChunkKeys`, one per chunk (immutable, read by any thread): the hashes of the
   chunk's keys, sorted, and the row of each. A read of one key at a past batch bisects each
   chunk instead of comparing the key with every row of the partition.
-* :class:`CurrentKeys`, the writer's own: the hash of every *current* key, sorted, and where
-  its current row lies (chunk serial and row, packed by :func:`location`). Applying a batch
+* :class:`CurrentKeys`, the writer's own: the hash of every *current* key, sorted, and the
+  row number of its current row (:mod:`sparkiq.stores.versionchunk`). Applying a batch
   finds the rows it replaces with one ``searchsorted`` of the batch's sorted hashes, instead
-  of matching the batch's keys against every chunk; the cost is a copy of these two vectors
-  (16 bytes per key) per batch that inserts keys. A deleted key keeps its entry with
-  location :data:`DELETED` (removing it would copy both vectors again) until the index is
-  rebuilt, when chunks merge.
+  of matching the batch's keys against every chunk. New keys go to a small second run,
+  merged into the large one when it passes an eighth of it, so a batch copies a little,
+  not the whole index. A deleted key keeps its entry with location :data:`DELETED`
+  (removing it would copy the vectors again) until the index is rebuilt, when chunks merge.
 
 **Hashes** are Python's ``hash`` of the key bytes (SipHash, seeded per process), computed by
 ``map`` in C: nothing here is persisted, so the seed never has to agree with anything. Two
@@ -39,12 +39,8 @@ __all__ = [
     "key_hash",
     "key_hashes",
     "last_write_wins",
-    "location",
-    "split_locations",
 ]
 
-_ROW_BITS = 32
-_ROW_MASK = (1 << _ROW_BITS) - 1
 #: The location of a key deleted since :class:`CurrentKeys` was built.
 DELETED = -1
 
@@ -67,27 +63,6 @@ def key_hash(key: bytes) -> int:
 def key_hashes(keys: Sequence[bytes]) -> np.ndarray:
     """The int64 hash of each key (no Python bytecode per key: ``map`` over ``hash``)."""
     return np.fromiter(map(_hash, keys), np.int64, len(keys))
-
-
-def location(serial: int, rows: np.ndarray) -> np.ndarray:
-    """The packed locations of ``rows`` (row numbers) of the chunk numbered ``serial``."""
-    return (np.int64(serial) << _ROW_BITS) | rows.astype(np.int64)
-
-
-def split_locations(locations: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """``(chunk serial, rows, indexes into locations)`` for each chunk ``locations`` name."""
-    if not locations.size:
-        return []
-    serials = locations >> _ROW_BITS
-    low = int(serials.min())
-    if int(serials.max()) - low < 1 << 16:  # a few chunks: a radix sort of small ints
-        order = np.argsort((serials - low).astype(np.uint16), kind="stable")
-    else:
-        order = np.argsort(serials)
-    cuts = np.flatnonzero(np.diff(serials[order])) + 1
-    return [
-        (int(serials[part[0]]), locations[part] & _ROW_MASK, part) for part in np.split(order, cuts)
-    ]
 
 
 class ChunkKeys:
@@ -127,17 +102,24 @@ class ChunkKeys:
 
 
 class CurrentKeys:
-    """The writer's index of the current keys: hash -> location of the current row
+    """The writer's index of the current keys: hash -> row number of the current row
     (:data:`DELETED`: none).
 
-    One writer thread owns it; no reader touches it. ``hashes`` is ascending and unique.
+    One writer thread owns it; no reader touches it. Entries are in two runs, each sorted by
+    hash and unique across both: a large one, and a small one that takes a batch's new keys
+    (inserting there copies little) and is merged into the large one when it passes an
+    eighth of it, so a batch does not copy the whole index. An entry is named by its
+    *position*: ``i`` in the large run, ``len(large) + j`` in the small one; positions hold
+    until the next :meth:`edit`.
     """
 
-    __slots__ = ("hashes", "locations")
+    __slots__ = ("hashes", "locations", "more_hashes", "more_locations")
 
     def __init__(self, hashes: np.ndarray, locations: np.ndarray) -> None:
         self.hashes = hashes
         self.locations = locations
+        self.more_hashes = hashes[:0]
+        self.more_locations = locations[:0]
 
     @staticmethod
     def empty() -> CurrentKeys:
@@ -155,13 +137,32 @@ class CurrentKeys:
 
     def find(self, sorted_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, found)`` of ascending ``sorted_hashes``: ``found[i]`` says entry
-        ``positions[i]`` has hash ``sorted_hashes[i]`` (else it is where it would go); a
-        found entry's location may be :data:`DELETED`."""
-        hashes = self.hashes
-        positions = np.searchsorted(hashes, sorted_hashes)
-        found = positions < len(hashes)
-        found[found] = hashes[positions[found]] == sorted_hashes[found]
+        ``positions[i]`` has hash ``sorted_hashes[i]`` (else ``positions[i]`` means
+        nothing); a found entry's location may be :data:`DELETED`."""
+        positions, found = _find(self.hashes, sorted_hashes)
+        if self.more_hashes.size:
+            more, found_more = _find(self.more_hashes, sorted_hashes)
+            positions = np.where(found_more, more + len(self.hashes), positions)
+            found |= found_more
         return positions, found
+
+    def locations_at(self, positions: np.ndarray) -> np.ndarray:
+        """The locations of the entries at ``positions``."""
+        if not self.more_hashes.size:
+            found: np.ndarray = self.locations[positions]
+            return found
+        large = len(self.hashes)
+        out = np.empty(len(positions), np.int64)
+        low = positions < large
+        out[low] = self.locations[positions[low]]
+        out[~low] = self.more_locations[positions[~low] - large]
+        return out
+
+    def all_locations(self) -> np.ndarray:
+        """Every entry's location, by position (a copy when there are two runs)."""
+        if not self.more_hashes.size:
+            return self.locations
+        return np.concatenate([self.locations, self.more_locations])
 
     def edit(
         self,
@@ -174,19 +175,55 @@ class CurrentKeys:
         """Move entries ``update`` (positions) to ``update_locations``, mark entries
         ``remove`` deleted, then add entries for ``insert_hashes`` (ascending, none
         present)."""
-        self.locations[update] = update_locations
-        self.locations[remove] = DELETED
-        if insert_hashes.size:
-            at = np.searchsorted(self.hashes, insert_hashes)
-            self.hashes = np.insert(self.hashes, at, insert_hashes)
-            self.locations = np.insert(self.locations, at, insert_locations)
+        self._set(update, update_locations)
+        self._set(remove, np.int64(DELETED))
+        if not insert_hashes.size:
+            return
+        more, more_locations = self.more_hashes, self.more_locations
+        at = np.searchsorted(more, insert_hashes)
+        more = np.insert(more, at, insert_hashes)
+        more_locations = np.insert(more_locations, at, insert_locations)
+        if len(more) * 8 <= len(self.hashes):
+            self.more_hashes, self.more_locations = more, more_locations
+            return
+        at = np.searchsorted(self.hashes, more)
+        self.hashes = np.insert(self.hashes, at, more)
+        self.locations = np.insert(self.locations, at, more_locations)
+        self.more_hashes, self.more_locations = self.hashes[:0], self.locations[:0]
+
+    def _set(self, positions: np.ndarray, values: np.ndarray | np.int64) -> None:
+        if not self.more_hashes.size:
+            self.locations[positions] = values
+            return
+        large = len(self.hashes)
+        low = positions < large
+        if isinstance(values, np.ndarray):
+            self.locations[positions[low]] = values[low]
+            self.more_locations[positions[~low] - large] = values[~low]
+        else:
+            self.locations[positions[low]] = values
+            self.more_locations[positions[~low] - large] = values
 
     def __len__(self) -> int:
-        return len(self.hashes)
+        return len(self.hashes) + len(self.more_hashes)
 
     @property
     def nbytes(self) -> int:
-        return int(self.hashes.nbytes + self.locations.nbytes)
+        return int(
+            self.hashes.nbytes
+            + self.locations.nbytes
+            + self.more_hashes.nbytes
+            + self.more_locations.nbytes
+        )
+
+
+def _find(hashes: np.ndarray, sorted_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ascending ``sorted_hashes`` is or would go in ``hashes``, and whether
+    it is there."""
+    positions = np.searchsorted(hashes, sorted_hashes)
+    found = positions < len(hashes)
+    found[found] = hashes[positions[found]] == sorted_hashes[found]
+    return positions, found
 
 
 def last_write_wins(

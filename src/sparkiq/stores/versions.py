@@ -5,8 +5,8 @@ scans, SQL, reads at one batch across partitions, ``AS OF`` and versioned key qu
 :class:`VersionedRows` instead: the same rows decoded once into Arrow, with every version kept
 for the table's history window.
 
-**Layout.** A list of chunks, each an Arrow table of decoded rows plus four internal columns:
-the encoded store key (:data:`KEY_COLUMN`), the encoded row (:data:`ROW_COLUMN`, so typed
+**Layout** (:mod:`sparkiq.stores.versionchunk`). A list of chunks, each an Arrow table of
+decoded rows plus four internal columns: the encoded store key, the encoded row (so typed
 queries decode exactly as they do from RocksDB), the batch that wrote the row
 (:data:`VALID_FROM`) and the batch that replaced or deleted it (:data:`VALID_TO`,
 :data:`OPEN` while current). Applying batch ``b`` stamps ``valid_to = b`` on the current rows
@@ -17,7 +17,9 @@ rows with ``valid_from <= B < valid_to``.
 one immutable :class:`_State`, replaced whole by the writer. ``valid_to`` is a NumPy vector
 the Arrow column shares without copying, and the writer stamps it in place -- safe for any
 reader at ``B``, because a stamp only ever turns ``OPEN`` into a batch newer than every batch
-a reader can hold, so ``valid_to > B`` reads the same before and after it.
+a reader can hold, so ``valid_to > B`` reads the same before and after it (and a reader
+holding chunks over a vector the writer has since outgrown reads the same without the
+later stamps).
 
 **History.** :class:`History` says how far back reads may go. Rows that no retained batch can
 see are dropped when chunks are merged (when dead rows pass a quarter of the live ones, or
@@ -26,29 +28,25 @@ window. The window starts when the partition is opened: history is not kept acro
 
 **Finding rows by key** (:mod:`sparkiq.stores.keyindex`). Each chunk carries its keys' hashes,
 sorted, so a key read at a past batch bisects each chunk. The writer keeps an index of the
-current keys' hashes and where their rows lie: applying a batch hashes and sorts its keys,
-finds the rows it replaces with one ``searchsorted`` and checks them bytewise -- the work
-follows the batch, not the rows stored. Everything a batch changes is worked out first
-(:class:`_Plan`, and its chunk decoded) and only then stamped and published, so a batch that
-fails (a row that does not decode) changes nothing. Two keys with one hash make the writer
-drop its index and match keys by value until the index is rebuilt (when chunks merge).
-A replica hands the batch's segment columns with its lists when it has them, and the chunk
-is built from those (its rows decoded from the column's buffers): no Arrow array is built
-from Python objects.
-
-Over 600 lines because the writer's plan and the readers share the private chunk layout
-(:class:`_Chunk`); split, it would have to become an interface of its own.
+current keys' hashes and the row number of their rows: applying a batch
+(:mod:`sparkiq.stores.applyplan`) hashes and sorts its keys, finds the rows it replaces with
+one ``searchsorted``, checks them bytewise with one ``take`` and stamps them with one
+scatter -- the work follows the batch, not the rows stored, nor the number of chunks.
+Everything a batch changes is worked out first (the plan, and its chunk decoded) and only
+then stamped and published, so a batch that fails (a row that does not decode) changes
+nothing. Two keys with one hash make the writer drop its index and match keys by value until
+the index is rebuilt (when chunks merge). A replica hands the batch's segment columns with
+its lists when it has them, and the chunk is built from those (its rows decoded from the
+column's buffers): no Arrow array is built from Python objects.
 """
 
 from __future__ import annotations
 
 import itertools
-import operator
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
 
 import numpy as np
 import pyarrow as pa
@@ -58,8 +56,18 @@ import sparkiq.stores.keyindex as keyindex
 from sparkiq.query.position import Position
 from sparkiq.schema.arrowrows import KEY_COLUMN, PSEUDO_COLUMNS, ArrowRows
 from sparkiq.schema.types import TableSchema
+from sparkiq.stores.applyplan import checked_columns, plan_by_index, plan_by_value
 from sparkiq.stores.history import DEFAULT_HISTORY, BatchOutOfHistory, History
-from sparkiq.stores.keyindex import ChunkKeys, CurrentKeys, HashCollision, location, split_locations
+from sparkiq.stores.keyindex import ChunkKeys, CurrentKeys, HashCollision
+from sparkiq.stores.versionchunk import (
+    OPEN,
+    ROW_COLUMN,
+    VALID_FROM,
+    VALID_TO,
+    Chunk,
+    ValidTo,
+    visible_mask,
+)
 
 __all__ = [
     "OPEN",
@@ -69,52 +77,16 @@ __all__ = [
     "KeyHistory",
     "Version",
     "VersionedRows",
+    "visible_mask",
 ]
 
-ROW_COLUMN = "__sq_row"
-VALID_FROM = "__sq_valid_from"
-VALID_TO = "__sq_valid_to"
-#: ``valid_to`` of a row that is still current.
-OPEN = np.iinfo(np.int64).max
-
 _MAX_CHUNKS = 48
-
-
-@dataclass(frozen=True, slots=True)
-class _Chunk:
-    serial: int  # names the chunk in the writer's CurrentKeys locations
-    first: int  # the smallest valid_from in the chunk: a read at B skips chunks with first > B
-    table: pa.Table  # columns, KEY_COLUMN, ROW_COLUMN, VALID_FROM, VALID_TO (shares valid_to)
-    keys: pa.Array  # the KEY_COLUMN as one array, for matching changed keys
-    valid_from: np.ndarray  # int64, the VALID_FROM column without a copy
-    valid_to: np.ndarray  # int64, stamped in place by the writer
-    index: ChunkKeys  # the rows of each key hash
-
-    def rows_of(self, key: bytes, key_hash: int) -> list[int]:
-        """The rows holding ``key`` (any version), found by hash, checked by bytes."""
-        keys = self.keys
-        return [row for row in self.index.candidates(key_hash).tolist() if keys[row].as_py() == key]
-
-    def row_bytes(self, row: int) -> bytes:
-        value: bytes = self.table.column(ROW_COLUMN)[row].as_py()
-        return value
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What applying a batch changes, worked out before anything is changed."""
-
-    keys: pa.Array  # the new chunk's keys and encoded rows, in batch order
-    rows: pa.Array
-    index: ChunkKeys  # of ``keys``
-    stamp: list[tuple[int, np.ndarray]]  # (chunk serial, rows) the batch replaces or deletes
-    # CurrentKeys.edit's arguments, with rows of the new chunk for locations (None: no index)
-    edits: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None
+_NO_ROWS = np.empty(0, np.int64)
 
 
 @dataclass(frozen=True, slots=True)
 class _State:
-    chunks: tuple[_Chunk, ...]
+    chunks: tuple[Chunk, ...]
     oldest: int  # the oldest batch readable (-1: nothing applied yet)
     newest: int
     batches: dict[int, tuple[Position, float]]  # retained batch -> (position, committed_at)
@@ -144,7 +116,7 @@ class Version:
     chunks: tuple[pa.Table, ...]
     schema: pa.Schema
     #: the same chunks with their key index, for :meth:`row`
-    keyed: tuple[_Chunk, ...] = ()
+    keyed: tuple[Chunk, ...] = ()
 
     def raw(self) -> pa.Table:
         """Every candidate row with its validity columns, without copying."""
@@ -199,42 +171,6 @@ class Version:
         )
 
 
-def visible_mask(raw: pa.Table, batch_id: int) -> pa.ChunkedArray:
-    """Rows of ``raw`` that are current at ``batch_id``."""
-    return pc.and_(
-        pc.less_equal(raw.column(VALID_FROM), batch_id),
-        pc.greater(raw.column(VALID_TO), batch_id),
-    )
-
-
-def _checked_columns(columns: tuple[pa.Array, pa.Array], count: int) -> tuple[pa.Array, pa.Array]:
-    """``columns`` as plain binary arrays of ``count`` rows each (ValueError otherwise)."""
-    keys, values = columns
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if keys.type != pa.binary() or values.type != pa.binary():
-        raise ValueError(f"columns must be binary arrays, not {keys.type} and {values.type}")
-    if len(keys) != count or len(values) != count:
-        raise ValueError(
-            f"columns hold {len(keys)} keys and {len(values)} values for {count} changes"
-        )
-    return keys, values
-
-
-def _same_rows(
-    chunks: dict[int, _Chunk], old: np.ndarray, rows: pa.Array, index: np.ndarray
-) -> np.ndarray:
-    """Whether the row at each of locations ``old`` equals ``rows[index[i]]``, bytewise."""
-    same = np.zeros(len(old), bool)
-    for serial, found, part in split_locations(old):
-        held = chunks[serial].table.column(ROW_COLUMN).take(pa.array(found))
-        equal = pc.equal(held, rows.take(pa.array(index[part])))
-        same[part] = equal.to_numpy()
-    return same
-
-
 class VersionedRows:
     """The retained versions of one partition (see the module docstring).
 
@@ -264,10 +200,10 @@ class VersionedRows:
         self._applied = threading.Condition()
         # The writer's own (no reader touches them): where each current key's row is (None
         # after a hash collision: keys are then matched by value), how many rows were
-        # stamped at each batch (dead rows, for merging), the next chunk's serial.
+        # stamped at each batch (dead rows, for merging), every row's valid_to.
         self._current: CurrentKeys | None = CurrentKeys.empty()
+        self._valid_to = ValidTo.of(_NO_ROWS)
         self._stamped: dict[int, int] = {}
-        self._serials = itertools.count()
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -349,10 +285,12 @@ class VersionedRows:
         return sum(c.table.num_rows for c in self._state.chunks)
 
     def nbytes(self) -> int:
-        """Bytes held: the chunks, their key indexes and the writer's index of current keys."""
+        """Bytes held: the chunks, their key indexes, the writer's index of current keys and
+        the room its ``valid_to`` vector keeps for more rows."""
         current = self._current
         held: int = sum(c.table.nbytes + c.index.nbytes for c in self._state.chunks)
-        return held + (current.nbytes if current is not None else 0)
+        room = self._valid_to.vector.nbytes - 8 * self._valid_to.used
+        return held + room + (current.nbytes if current is not None else 0)
 
     @staticmethod
     def _out_of_history(state: _State, batch_id: int) -> str:
@@ -384,13 +322,19 @@ class VersionedRows:
         rows: list[bytes],
     ) -> None:
         """Replace everything with the state of ``batch_id`` (opening, or a snapshot)."""
-        chunk = self._chunk(
-            batch_id,
-            pa.array(keys, pa.binary()),
-            pa.array(rows, pa.binary()),
-            ChunkKeys.of(keyindex.key_hashes(keys)),
-        )
-        chunks = (chunk,) if chunk is not None else ()
+        chunks: tuple[Chunk, ...] = ()
+        valid_to = ValidTo.of(_NO_ROWS)
+        if keys:
+            row_array = pa.array(rows, pa.binary())
+            decoded = self._rows.from_stored_array(row_array)
+            valid_to = valid_to.placed(len(keys))
+            index = ChunkKeys.of(keyindex.key_hashes(keys))
+            chunks = (
+                self._new_chunk(
+                    0, batch_id, pa.array(keys, pa.binary()), row_array, decoded, index, valid_to
+                ),
+            )
+        self._valid_to = valid_to
         self._current = self._index_of(chunks)
         self._stamped = {}
         self._publish(_State(chunks, batch_id, batch_id, {batch_id: (position, committed_at)}))
@@ -398,6 +342,7 @@ class VersionedRows:
     def reset(self) -> None:
         """Forget everything (the store holds no batch)."""
         self._current = CurrentKeys.empty()
+        self._valid_to = ValidTo.of(_NO_ROWS)
         self._stamped = {}
         self._publish(_State((), -1, -1, {}))
 
@@ -422,166 +367,52 @@ class VersionedRows:
         if batch_id <= state.newest:
             raise ValueError(f"batch {batch_id} is not after the applied batch {state.newest}")
         if columns is not None:
-            columns = _checked_columns(columns, len(keys))
+            columns = checked_columns(columns, len(keys))
+        chunks = state.chunks
         plan = None
         if self._current is not None:
             try:
-                plan = self._plan(state, self._current, keys, values, replace_all, columns)
+                plan = plan_by_index(chunks, self._current, keys, values, replace_all, columns)
             except HashCollision:
                 self._current = None  # two keys share a hash: match keys by value instead
         if plan is None:
-            plan = self._plan_by_value(state, keys, values, replace_all)
-        chunk = self._chunk(batch_id, plan.keys, plan.rows, plan.index)
-        # From here on nothing raises: stamp, move the index, publish.
-        if plan.stamp:
-            by_serial = {c.serial: c for c in state.chunks}
-            for serial, rows in plan.stamp:
-                by_serial[serial].valid_to[rows] = batch_id
-            self._stamped[batch_id] = sum(len(rows) for _, rows in plan.stamp)
+            plan = plan_by_value(chunks, keys, values, replace_all)
+        count = len(plan.keys)
+        decoded = self._rows.from_stored_array(plan.rows) if count else None  # may raise
+        # From here on nothing raises: place the new chunk, stamp, move the index, publish.
+        valid_to = self._valid_to
+        start = valid_to.used
+        if decoded is not None:
+            placed = valid_to.placed(count)
+            if placed.vector is not valid_to.vector:  # a larger vector: the chunks move over
+                chunks = tuple(c.over(placed.vector) for c in chunks)
+            valid_to = placed
+            new = self._new_chunk(
+                start, batch_id, plan.keys, plan.rows, decoded, plan.index, valid_to
+            )
+            chunks += (new,)
+        if plan.stamp.size:
+            valid_to.vector[plan.stamp] = batch_id
+            self._stamped[batch_id] = len(plan.stamp)
         if self._current is not None and plan.edits is not None:
             update, update_rows, remove, insert_hashes, insert_rows = plan.edits
-            serial = chunk.serial if chunk is not None else -1  # no rows: nothing points to it
             self._current.edit(
-                update,
-                location(serial, update_rows),
-                remove,
-                insert_hashes,
-                location(serial, insert_rows),
+                update, update_rows + start, remove, insert_hashes, insert_rows + start
             )
-        chunks = state.chunks + ((chunk,) if chunk is not None else ())
+        self._valid_to = valid_to
         batches = {**state.batches, batch_id: (position, committed_at)}
         oldest = state.oldest if state.oldest >= 0 else batch_id
         oldest = self._oldest_kept(batches, batch_id, oldest)
         batches = {b: v for b, v in batches.items() if b >= oldest}
         self._publish(_State(self._compacted(chunks, oldest), oldest, batch_id, batches))
 
-    def _plan(
-        self,
-        state: _State,
-        current: CurrentKeys,
-        keys: list[bytes],
-        values: list[bytes | None],
-        replace_all: bool,
-        columns: tuple[pa.Array, pa.Array] | None,
-    ) -> _Plan:
-        """The batch's changes found through ``current``, vectorized (no Python work per
-        row beyond hashing the keys, and building the Arrow arrays unless ``columns`` are
-        given); :class:`HashCollision` if two keys share a hash."""
-        if replace_all:  # the new table is the rows with a value
-            present = list(map(operator.is_not, values, repeat(None)))
-            keys, values = list(compress(keys, present)), list(compress(values, present))
-            if columns is not None:
-                columns = (columns[0].filter(columns[1].is_valid()), columns[1].drop_null())
-        keys, values, hashes, order, kept = keyindex.last_write_wins(keys, values)
-        if columns is not None and kept is not None:
-            mask = pa.array(kept)
-            columns = (columns[0].filter(mask), columns[1].filter(mask))
-        sorted_hashes = hashes[order]
-        positions, matched = current.find(sorted_hashes)  # deleted keys' entries too
-        found = matched.copy()
-        found[matched] = current.locations[positions[matched]] >= 0
-        old = current.locations[positions[found]]  # current rows of the batch's keys
-        old_index = order[found]  # their index in the batch
-        chunks = {c.serial: c for c in state.chunks}
-        batch_keys = pa.array(keys, pa.binary()) if columns is None else columns[0]
-        groups = split_locations(old)
-        if groups:  # the same hash: the same key, or a collision
-            held = pa.chunked_array(
-                [chunks[serial].keys.take(pa.array(rows)) for serial, rows, _ in groups],
-                pa.binary(),
-            )
-            given = batch_keys.take(pa.array(old_index[np.concatenate([p for *_, p in groups])]))
-            if not pc.all(pc.equal(held, given)).as_py():
-                raise HashCollision
-        if replace_all:
-            # rows the batch leaves as they were keep their version (a table re-emitted every
-            # batch must not be copied every batch); the others and the rows it drops end
-            batch_rows = pa.array(values, pa.binary())
-            same = _same_rows(chunks, old, batch_rows, old_index)
-            upsert = np.ones(len(keys), bool)
-            upsert[old_index[same]] = False
-            kept = np.zeros(len(current), bool)
-            kept[positions[found][same]] = True
-            ended = ~kept & (current.locations >= 0)
-            groups = split_locations(current.locations[ended])
-        else:
-            # None: null
-            batch_rows = pa.array(values, pa.binary()) if columns is None else columns[1]
-            upsert = batch_rows.is_valid().to_numpy(zero_copy_only=False)
-        row_of = np.cumsum(upsert) - 1  # the new chunk's row of each upsert
-        upsert_sorted, rows_sorted = upsert[order], row_of[order]
-        update = matched & upsert_sorted  # a current key's entry, or a deleted key's
-        insert = ~matched & upsert_sorted
-        if replace_all:
-            ended[positions[update]] = False
-            remove = np.flatnonzero(ended)
-        else:
-            remove = positions[found & ~upsert_sorted]
-        every = bool(upsert.all())
-        mask = None if every else pa.array(upsert)
-        return _Plan(
-            batch_keys if mask is None else batch_keys.filter(mask),
-            batch_rows if mask is None else batch_rows.filter(mask),
-            ChunkKeys(sorted_hashes[upsert_sorted], rows_sorted[upsert_sorted].astype(np.int32)),
-            [(serial, rows) for serial, rows, _ in groups],
-            (
-                positions[update],
-                rows_sorted[update],
-                remove,
-                sorted_hashes[insert],
-                rows_sorted[insert],
-            ),
-        )
-
-    @staticmethod
-    def _plan_by_value(
-        state: _State, keys: list[bytes], values: list[bytes | None], replace_all: bool
-    ) -> _Plan:
-        """The batch's changes found by comparing keys (after a hash collision)."""
-        stamps: list[tuple[int, np.ndarray]] = []
-        if replace_all:
-            new = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
-            for old in state.chunks:
-                current = np.flatnonzero(old.valid_to == OPEN)
-                if not current.size:
-                    continue
-                old_keys = old.keys.take(pa.array(current)).to_pylist()
-                old_rows = old.table.column(ROW_COLUMN).take(pa.array(current)).to_pylist()
-                gone = []
-                for index, key, row in zip(current, old_keys, old_rows, strict=True):
-                    if new.get(key) == row:
-                        del new[key]  # unchanged: its version stays current
-                    else:
-                        gone.append(index)
-                if gone:
-                    stamps.append((old.serial, np.array(gone, dtype=np.int64)))
-        else:
-            latest = dict(zip(keys, values, strict=True))  # a key given twice: the last value
-            changed = pa.array(list(latest), pa.binary())
-            for old in state.chunks:
-                hits = np.flatnonzero(
-                    pc.is_in(old.keys, value_set=changed).to_numpy(zero_copy_only=False)
-                )
-                live = hits[old.valid_to[hits] == OPEN]
-                if live.size:
-                    stamps.append((old.serial, live))
-            new = {k: v for k, v in latest.items() if v is not None}
-        upserts = list(new)
-        return _Plan(
-            pa.array(upserts, pa.binary()),
-            pa.array(list(new.values()), pa.binary()),
-            ChunkKeys.of(keyindex.key_hashes(upserts)),
-            stamps,
-            None,
-        )
-
-    def _index_of(self, chunks: tuple[_Chunk, ...]) -> CurrentKeys | None:
+    def _index_of(self, chunks: tuple[Chunk, ...]) -> CurrentKeys | None:
         """The index of the current rows of ``chunks`` (None: two keys share a hash)."""
         hashes, locations = [], []
         for chunk in chunks:
             current = np.flatnonzero(chunk.valid_to == OPEN)
             hashes.append(chunk.index.aligned()[current])
-            locations.append(location(chunk.serial, current))
+            locations.append(chunk.start + current)
         if not chunks:
             return CurrentKeys.empty()
         try:
@@ -605,7 +436,7 @@ class VersionedRows:
                 keep = min(keep, newest)
         return max(oldest, keep)
 
-    def _compacted(self, chunks: tuple[_Chunk, ...], oldest: int) -> tuple[_Chunk, ...]:
+    def _compacted(self, chunks: tuple[Chunk, ...], oldest: int) -> tuple[Chunk, ...]:
         """Merge the chunks into one, without rows no retained batch sees, once dead rows
         pass a quarter of the live ones or there are too many chunks (then the index of
         current keys is rebuilt: rows moved)."""
@@ -622,15 +453,17 @@ class VersionedRows:
         ).combine_chunks()
         if not merged.num_rows:
             self._current = CurrentKeys.empty()
+            self._valid_to = ValidTo.of(_NO_ROWS)  # rows are numbered from 0 again
             return ()
         hashes = np.concatenate([c.index.aligned()[m] for c, m in zip(chunks, live, strict=True)])
-        valid_to = np.array(merged.column(VALID_TO).to_numpy(), dtype=np.int64, copy=True)
+        self._valid_to = ValidTo.of(merged.column(VALID_TO).chunk(0).to_numpy())
+        valid_to = self._valid_to.vector[: merged.num_rows]
         merged = merged.set_column(
             merged.schema.get_field_index(VALID_TO), VALID_TO, pa.array(valid_to)
         )
         valid_from = merged.column(VALID_FROM).chunk(0).to_numpy()
-        chunk = _Chunk(
-            next(self._serials),
+        chunk = Chunk(
+            0,
             int(valid_from.min()),
             merged,
             merged.column(KEY_COLUMN).chunk(0),
@@ -641,41 +474,32 @@ class VersionedRows:
         self._current = self._index_of((chunk,))
         return (chunk,)
 
-    def _chunk(
+    def _new_chunk(
         self,
+        start: int,
         batch_id: int,
         keys: pa.Array,
         rows: pa.Array,
+        decoded: pa.Table,
         index: ChunkKeys,
-    ) -> _Chunk | None:
-        """A chunk of the rows ``batch_id`` wrote (``index``: of ``keys``); decodes them from
-        the Arrow array (no list of them is built), so it raises on a row that does not
-        decode."""
-        if not len(keys):
-            return None
-        decoded = self._rows.from_stored_array(rows)
-        count = decoded.num_rows
+        valid_to: ValidTo,
+    ) -> Chunk:
+        """The chunk of the rows ``batch_id`` wrote (``decoded`` from ``rows``; ``index``:
+        of ``keys``), numbered from ``start``, its ``valid_to`` in ``valid_to``."""
+        count = len(keys)
         valid_from = np.full(count, batch_id, dtype=np.int64)
-        valid_to = np.full(count, OPEN, dtype=np.int64)
+        stamps = valid_to.vector[start : start + count]
         table = pa.Table.from_arrays(
             [
                 *decoded.columns,
                 keys,
                 rows,
                 pa.array(valid_from),  # zero-copy, as valid_to
-                pa.array(valid_to),  # zero-copy: stamps on valid_to show in the column
+                pa.array(stamps),  # zero-copy: stamps on valid_to show in the column
             ],
             schema=self._schema,
         )
-        return _Chunk(
-            next(self._serials),
-            batch_id,
-            table,
-            keys,
-            valid_from,
-            valid_to,
-            index,
-        )
+        return Chunk(start, batch_id, table, keys, valid_from, stamps, index)
 
     def _publish(self, state: _State) -> None:
         with self._applied:
