@@ -63,9 +63,13 @@ def _py_spy() -> str | None:
 
 
 @contextlib.contextmanager
-def flame(name: str, pid: int | None = None) -> Iterator[None]:
+def flame(name: str, pid: int | None = None, *, native: bool = False) -> Iterator[None]:
     """Sample process ``pid`` (this one by default) while the block runs, into
-    ``docs/flames/<name>.svg``; nothing unless :func:`enable` was called."""
+    ``docs/flames/<name>.svg``; nothing unless :func:`enable` was called.
+
+    ``native``: a path whose cost is largely in compiled code (RocksDB's write, Arrow
+    kernels) is drawn with its native frames, from every sample of its busy threads: py-spy
+    must then pause the process for each sample, and tell apart no interpreter lock."""
     if _folder is None:
         yield
         return
@@ -73,7 +77,8 @@ def flame(name: str, pid: int | None = None) -> Iterator[None]:
     out = _folder / f"{name}.svg"
     command = [str(_py_spy()), "record", "--pid", str(pid or os.getpid()), "--rate", str(RATE)]
     # --function: a function's samples in one box, not one box per line of it
-    command += ["--gil", "--nonblocking", "--function", "--format", "flamegraph"]
+    command += ["--native"] if native else ["--gil", "--nonblocking"]
+    command += ["--function", "--format", "flamegraph"]
     command += ["--output", str(out)]
     sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     # py-spy needs a moment to attach; a phase that started before it would lose its head.
