@@ -7,8 +7,8 @@ whose table ``t`` they host. What a process says of itself is read from the outs
 messages and bytes from its ``/metrics`` (``sparkiq_heartbeats_total`` counts gossip
 probes sent and answered, ``sparkiq_membership_bytes_total`` their bytes), its live view
 from ``/metadata`` (one entry per live member), its CPU and memory from
-``/proc/<pid>/stat`` and ``/proc/<pid>/smaps_rollup``, the partitions it opened from the
-``now hosting`` lines of its log.
+``/proc/<pid>/stat`` and ``/proc/<pid>/smaps_rollup``, the partitions it opened and the
+members it saw leave from the lines of its log.
 """
 
 from __future__ import annotations
@@ -67,8 +67,15 @@ class Member:
 
     def opened(self) -> int:
         """Partitions this member started hosting so far (its log's ``now hosting``)."""
+        return self._lines(": now hosting ")
+
+    def drops(self) -> int:
+        """Times members left this member's live view so far (suspected, left or dead)."""
+        return self._lines(" left (or are unreachable)")
+
+    def _lines(self, text: str) -> int:
         with open(self.log, errors="replace") as log:
-            return sum(1 for line in log if ": now hosting " in line)
+            return sum(1 for line in log if text in line)
 
 
 class ServeCluster:

@@ -5,15 +5,17 @@ bench/membership_gossip.py measures up to 100 members in one process (real coord
 SWIM loops over a counting in-process transport, simulated hosting). This checks it against
 the real thing: N ``sparkiq serve`` processes (bench/_serve_cluster.py), started a little
 apart on the first as seed, hosting a real table (``t``, RocksDB replicas, one standby), over
-HTTP on 127.0.0.1. Per process over a window: messages sent (probes and probe requests, and
-the acks it gave) and their bytes per second from its own ``/metrics``, CPU from
-``/proc/<pid>/stat``, resident memory. Then N in-process members over the same table give
-the same two figures. Then, on the processes, a join, a planned leave (SIGTERM) and a
+HTTP on 127.0.0.1. Once every process agrees and hosts its partitions, and a quiet period
+later (after a start every member's record is new and spreads to all, several times over),
+per process over a window: messages sent (probes and probe requests, and the acks it gave)
+and their bytes per second from its own ``/metrics``, CPU from ``/proc/<pid>/stat``, private
+memory. N in-process members over the same table give the same two figures, measured as
+long after they settled. Then, on the processes, a join, a planned leave (SIGTERM) and a
 ``kill -9``, each while a client looks keys up through a random live process (``GET
 /stores/t/keys/{key}``, every answer checked against the row written; a joiner from when
 it answers HTTP, as a load balancer's health check would let it): seconds until every
-process's live view (its ``/metadata``) is the new membership, replica slots moved (the ideal
-is 1/N of them), partitions the processes opened (their logs), lookups failed.
+process's live view (its ``/metadata``) is the new membership, replica slots moved (the
+ideal is 1/N of them), partitions the processes opened (their logs), lookups failed.
 
 A size whose processes would not fit in this host's available memory (measured: the
 private memory of a member of the size before times N, with a margin) is left out, with a
@@ -118,10 +120,13 @@ def _change(
 
 
 def _steady_processes(cluster: ServeCluster, window: float) -> dict[str, float]:
-    """Per process over ``window`` s: messages/s, KB/s, CPU ms/s (mean and max), private MB."""
+    """Per process over ``window`` s: messages/s, KB/s, CPU ms/s (mean and max), private MB;
+    and the times a process saw a member leave its live view meanwhile (none left)."""
+    drops = sum(m.drops() for m in cluster.members.values())
     first, started = cluster.traffic(), time.monotonic()
     time.sleep(window)
     last = cluster.traffic()
+    drops = sum(m.drops() for m in cluster.members.values()) - drops
     wall = time.monotonic() - started
     both = [(first[i], last[i]) for i in first if i in last]
 
@@ -146,32 +151,36 @@ def _steady_processes(cluster: ServeCluster, window: float) -> dict[str, float]:
         "cpu_ms_s_max": max(cpus),
         "busy_cores": sum(cpus) / 1000,
         "private_mb": sum(private) / len(private),
+        "view_drops": drops,
     }
 
 
-def _in_process(n: int, partitions: int, window: float, interval: float, failure: float) -> Any:
+def _in_process(
+    n: int, partitions: int, window: float, quiet: float, interval: float, failure: float
+) -> Any:
     """bench/membership_gossip.py's members at the same size and table, no new batches (the
-    processes' table gets none either)."""
+    processes' table gets none either), measured ``quiet`` s after they settled."""
     cluster = GossipCluster(n, {"t": partitions}, interval, failure)
     cluster.batch_every = None
     try:
         for node_id in cluster.ids[:n]:
             cluster.add(node_id)
         cluster.wait("settled", 180)
+        time.sleep(quiet)
         return _steady(cluster, window)
     finally:
         cluster.stop()
 
 
 def run(scale: Scale = Scale.FULL) -> Report:
-    quiet = logging.getLogger("sparkiq")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # the in-process members log every change of every view
+    logs = logging.getLogger("sparkiq")
+    level = logs.level
+    logs.setLevel(logging.ERROR)  # the in-process members log every change of every view
     try:
         with scratch_dir("membership-processes") as root:
             return _run(scale, root)
     finally:
-        quiet.setLevel(level)
+        logs.setLevel(level)
 
 
 def _run(scale: Scale, root: str) -> Report:
@@ -179,6 +188,9 @@ def _run(scale: Scale, root: str) -> Report:
     partitions = scale.pick(200, 100, 8)
     window = scale.pick(10.0, 5.0, 1.0)
     stagger = scale.pick(0.5, 0.5, 0.0)
+    # after a start every member's record is new and travels to all, several times over: the
+    # steady state is measured once that has passed (a new record a change, after that)
+    quiet = scale.pick(30.0, 10.0, 0.5)
     interval, failure = scale.pick((INTERVAL, FAILURE), (INTERVAL, FAILURE), (0.2, 1.0))
     report = Report(
         name="membership_processes",
@@ -187,7 +199,8 @@ def _run(scale: Scale, root: str) -> Report:
             f"N `sparkiq serve --membership gossip` processes on this host hosting a real "
             f"table of {partitions:,} partitions (RocksDB, 1 standby), period {interval:g} s, "
             f"failure floor {failure:g} s: per process, messages and bytes sent per second "
-            f"(its /metrics) and CPU (/proc) over {window:g} s; N in-process members "
+            f"(its /metrics) and CPU (/proc) over {window:g} s, {quiet:g} s after all agreed "
+            "and hosted what they are assigned; N in-process members "
             "(bench/membership_gossip.py) over the same table; then a join, a planned leave "
             "(SIGTERM) and a kill -9 under lookups through random live processes: seconds until "
             "every process's live view agrees, replica slots moved, lookups failed"
@@ -208,6 +221,7 @@ def _run(scale: Scale, root: str) -> Report:
             "CPU ms/s per process: mean / max",
             "all processes' CPU (cores)",
             "private MB per process",
+            "live-view drops in the window",
         ],
         scale=scale,
     )
@@ -238,9 +252,10 @@ def _run(scale: Scale, root: str) -> Report:
             if cluster.wait("agreed", 300) is None or cluster.wait("ready", 300) is None:
                 report.notes.append(f"{n} processes did not settle in 300 s; measured as they were")
             settle_s = time.monotonic() - started
+            time.sleep(quiet)
             steady = _steady_processes(cluster, window)
             private_mb = max(private_mb, steady["private_mb"])
-            local = _in_process(n, partitions, window, interval, failure)
+            local = _in_process(n, partitions, window, quiet, interval, failure)
             report.rows.append(
                 [
                     str(n),
@@ -252,6 +267,7 @@ def _run(scale: Scale, root: str) -> Report:
                     f"{steady['cpu_ms_s']:.1f} / {steady['cpu_ms_s_max']:.1f}",
                     f"{steady['busy_cores']:.2f}",
                     f"{steady['private_mb']:.0f}",
+                    f"{steady['view_drops']:.0f}",
                 ]
             )
             figure: dict[str, Any] = {
