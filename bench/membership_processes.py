@@ -17,9 +17,11 @@ it answers HTTP, as a load balancer's health check would let it): seconds until 
 process's live view (its ``/metadata``) is the new membership, replica slots moved (the
 ideal is 1/N of them), partitions the processes opened (their logs), lookups failed.
 
-A size whose processes would not fit in this host's available memory (measured: the
-private memory of a member of the size before times N, with a margin) is left out, with a
-note.
+A size whose processes would not fit in this host's available memory (the private memory
+of a member of the size before times N, with a margin) or would take more than
+:data:`CPU_SHARE` of its cores at rest (the CPU of a member of the size before times N) is
+left out, with a note: 100 processes on a shared two-core host flapped (views dropping
+members, partitions reopened) rather than settled.
 
 Run: ``python -m bench.membership_processes [--quick | --smoke]``.
 """
@@ -48,6 +50,9 @@ from sparkiq.testing import write_table
 KEYS = 2_000
 #: Memory kept free besides the processes (MB): the benchmark, the other users of the host.
 RESERVE_MB = 3_000
+#: The most of this host's cores N processes may take at rest: past it they starve each
+#: other (and whoever shares the host) as soon as anything changes, and views flap.
+CPU_SHARE = 0.4
 
 
 class Lookups(threading.Thread):
@@ -230,12 +235,20 @@ def _run(scale: Scale, root: str) -> Report:
     write_table(state_dir, "t", rows, key="k", schema=SCHEMA_JSON, partitions=partitions)
     changes_rows: list[list[str]] = []
     figures: dict[str, Any] = {}
-    private_mb = 0.0
+    private_mb = at_rest_ms = 0.0
     for n in sizes:
         if private_mb and (n + 1) * private_mb * 1.3 + RESERVE_MB > available_mb():
             report.notes.append(
                 f"{n} processes left out: {n + 1} of {private_mb:.0f} MB each would not fit in the "
                 f"{available_mb():,.0f} MB available (with {RESERVE_MB:,} MB kept free)"
+            )
+            continue
+        cores = os.cpu_count() or 1
+        if at_rest_ms and n * at_rest_ms / 1000 > CPU_SHARE * cores:
+            report.notes.append(
+                f"{n} processes left out: at {at_rest_ms:.1f} ms/s each at rest (the size "
+                f"before) they would take {n * at_rest_ms / 1000:.1f} of this host's {cores} "
+                f"cores before any change, more than {CPU_SHARE:.0%} of them"
             )
             continue
         log_dir = os.path.join(root, f"logs-{n}")
@@ -250,32 +263,16 @@ def _run(scale: Scale, root: str) -> Report:
                 cluster.start(node_id)
                 time.sleep(stagger)  # n interpreters starting at once would starve each other
             if cluster.wait("agreed", 300) is None or cluster.wait("ready", 300) is None:
-                report.notes.append(f"{n} processes did not settle in 300 s; measured as they were")
+                members = cluster.members.values()
+                report.notes.append(
+                    f"{n} processes did not settle in 300 s ({sum(m.drops() for m in members):,} "
+                    f"live-view drops, {sum(m.opened() for m in members):,} partitions opened "
+                    f"for {2 * partitions:,} replicas); measured as they were"
+                )
             settle_s = time.monotonic() - started
             time.sleep(quiet)
             steady = _steady_processes(cluster, window)
-            private_mb = max(private_mb, steady["private_mb"])
-            local = _in_process(n, partitions, window, quiet, interval, failure)
-            report.rows.append(
-                [
-                    str(n),
-                    f"{partitions * 2 / n:,.0f}",
-                    f"{steady['messages_s']:.2f}",
-                    f"{local.messages_s:.2f}",
-                    f"{steady['kbytes_s']:.2f}",
-                    f"{local.kbytes_s:.2f}",
-                    f"{steady['cpu_ms_s']:.1f} / {steady['cpu_ms_s_max']:.1f}",
-                    f"{steady['busy_cores']:.2f}",
-                    f"{steady['private_mb']:.0f}",
-                    f"{steady['view_drops']:.0f}",
-                ]
-            )
-            figure: dict[str, Any] = {
-                **steady,
-                "settle_s": settle_s,
-                "in_process_messages_s": local.messages_s,
-                "in_process_kbytes_s": local.kbytes_s,
-            }
+            figure: dict[str, Any] = {**steady, "settle_s": settle_s}
             for kind, victim in (("join", ids[n]), ("leave", ids[n]), ("kill", ids[1])):
                 change = _change(cluster, placement, kind, victim, scale)
                 changes_rows.append(change_row(n, kind, change))
@@ -284,9 +281,29 @@ def _run(scale: Scale, root: str) -> Report:
                 figure[f"{kind}_lookups"] = change.lookups
                 if change.failures:
                     report.console.append(f"{n} {kind}: failures {change.failures}")
-            figures[str(n)] = figure
         finally:
             cluster.stop()
+        private_mb = max(private_mb, steady["private_mb"])
+        at_rest_ms = steady["cpu_ms_s"]
+        # the processes stopped first: in-process members get the host they had
+        local = _in_process(n, partitions, window, quiet, interval, failure)
+        figure["in_process_messages_s"] = local.messages_s
+        figure["in_process_kbytes_s"] = local.kbytes_s
+        figures[str(n)] = figure
+        report.rows.append(
+            [
+                str(n),
+                f"{partitions * 2 / n:,.0f}",
+                f"{steady['messages_s']:.2f}",
+                f"{local.messages_s:.2f}",
+                f"{steady['kbytes_s']:.2f}",
+                f"{local.kbytes_s:.2f}",
+                f"{steady['cpu_ms_s']:.1f} / {steady['cpu_ms_s_max']:.1f}",
+                f"{steady['busy_cores']:.2f}",
+                f"{steady['private_mb']:.0f}",
+                f"{steady['view_drops']:.0f}",
+            ]
+        )
     report.more_tables.append((CHANGE_COLUMNS, changes_rows))
     report.figures["by_members"] = figures
     report.readings.extend(_readings(figures))
@@ -296,7 +313,7 @@ def _run(scale: Scale, root: str) -> Report:
 
 def _readings(figures: dict[str, Any]) -> list[str]:
     if not figures:
-        return ["no size fitted in memory"]
+        return ["no size fitted this host"]
     out = []
     ratios = [
         f"{n}: {f['messages_s'] / f['in_process_messages_s']:.2f}x messages, "
