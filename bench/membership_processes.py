@@ -195,7 +195,8 @@ def _run(scale: Scale, root: str) -> Report:
     stagger = scale.pick(0.5, 0.5, 0.0)
     # after a start every member's record is new and travels to all, several times over: the
     # steady state is measured once that has passed (a new record a change, after that)
-    quiet = scale.pick(30.0, 10.0, 0.5)
+    # (at 50 processes that took about a minute: 1.5 s a member, 30 s at least)
+    quiet_least, quiet_per_member = scale.pick((30.0, 1.5), (10.0, 1.5), (0.5, 0.0))
     interval, failure = scale.pick((INTERVAL, FAILURE), (INTERVAL, FAILURE), (0.2, 1.0))
     report = Report(
         name="membership_processes",
@@ -204,7 +205,8 @@ def _run(scale: Scale, root: str) -> Report:
             f"N `sparkiq serve --membership gossip` processes on this host hosting a real "
             f"table of {partitions:,} partitions (RocksDB, 1 standby), period {interval:g} s, "
             f"failure floor {failure:g} s: per process, messages and bytes sent per second "
-            f"(its /metrics) and CPU (/proc) over {window:g} s, {quiet:g} s after all agreed "
+            f"(its /metrics) and CPU (/proc) over {window:g} s, {quiet_per_member:g} s a member "
+            f"({quiet_least:g} s at least) after all agreed "
             "and hosted what they are assigned; N in-process members "
             "(bench/membership_gossip.py) over the same table; then a join, a planned leave "
             "(SIGTERM) and a kill -9 under lookups through random live processes: seconds until "
@@ -251,6 +253,7 @@ def _run(scale: Scale, root: str) -> Report:
                 f"cores before any change, more than {CPU_SHARE:.0%} of them"
             )
             continue
+        quiet = max(quiet_least, quiet_per_member * n)
         log_dir = os.path.join(root, f"logs-{n}")
         os.makedirs(log_dir)
         ids = [f"n{i}" for i in range(n + 1)]  # one more: the process that joins
