@@ -8,7 +8,8 @@ then takes a new version every ``batch_refresh``, 10 periods): per member, messa
 bytes sent per second and CPU over a window, and how old the hosted records held of the
 others are (the owner's version minus the one held: versions are microseconds of the wall
 clock, so this is how much newer the owner's state is); then a join, a planned leave and a
-kill under 100 lookups/s: seconds until every member's live view agrees, lookups failed.
+kill under 100 lookups/s: seconds until every member's live view agrees, replica slots moved
+(the ideal is 1/N of them), partitions opened, lookups failed.
 bench/membership.py's first table is the same measure under all-to-all heartbeats.
 
 Run: ``python -m bench.membership_gossip [--quick | --smoke]``.
@@ -27,6 +28,7 @@ from bench.membership import (
     AGREE_TARGET_S,
     FAILURE,
     INTERVAL,
+    Change,
     Cluster,
     _change,
     _growth,
@@ -42,6 +44,9 @@ BATCH_EVERY = 1.0
 class GossipCluster(Cluster):
     """bench/membership.py's cluster with every member on gossip."""
 
+    #: Every member's partitions report a new batch this often (None: never).
+    batch_every: float | None = BATCH_EVERY
+
     def add(self, node_id: str) -> SimNode:
         seeds = [] if node_id == self.ids[0] else [f"local://{self.ids[0]}"]
         node = SimNode(
@@ -52,7 +57,7 @@ class GossipCluster(Cluster):
             heartbeat_interval=self.interval,
             failure_timeout=self.failure,
             membership="gossip",
-            batch_every=BATCH_EVERY,
+            batch_every=self.batch_every,
         )
         self.nodes[node_id] = node
         return node.start()
@@ -83,7 +88,8 @@ def _run(scale: Scale) -> Report:
             f"{interval:g} s, failure floor {failure:g} s, a new batch on every partition every "
             f"{BATCH_EVERY:g} s: per member, messages and bytes sent "
             f"per second and CPU over {window:g} s; then a join, a leave and a kill under 100 "
-            "lookups/s: seconds until every member's live view agrees, lookups failed"
+            "lookups/s: seconds until every member's live view agrees, replica slots moved, "
+            "lookups failed"
         ),
         baseline="the 10-member row: per-member cost should stay within 2x of it up to 100",
         target=(
@@ -98,16 +104,11 @@ def _run(scale: Scale) -> Report:
             "CPU ms/s per member",
             "process CPU (cores)",
             "hosted record age s: mean / max",
-            "join agreed s",
-            "leave agreed s",
-            "kill agreed s",
-            "failed lookups: join",
-            "leave",
-            "kill",
         ],
         scale=scale,
     )
     figures: dict[str, Any] = {}
+    changes_rows: list[list[str]] = []
     for n in sizes:
         cluster = GossipCluster(n, tables, interval, failure)
         try:
@@ -134,23 +135,52 @@ def _run(scale: Scale) -> Report:
                 "record_lag_mean_s": lag_mean,
                 "record_lag_max_s": lag_max,
             }
-            failed = []
             joiner = cluster.ids[n]
             for kind, victim in (("join", joiner), ("leave", joiner), ("kill", cluster.ids[1])):
                 change = _change(cluster, kind, victim, scale)
-                row.append(_seconds(change.agreed_s))
-                failed.append(f"{change.failed}/{change.lookups}")
+                changes_rows.append(change_row(n, kind, change))
                 figure[f"{kind}_agreed_s"] = change.agreed_s
                 figure[f"{kind}_failed"] = change.failed
+                figure[f"{kind}_moved_x_ideal"] = moved_x_ideal(n, kind, change)
                 if change.failures:
                     report.console.append(f"{n} {kind}: failures {change.failures}")
-            report.rows.append(row + failed)
+            report.rows.append(row)
             figures[str(n)] = figure
         finally:
             cluster.stop()
+    report.more_tables.append((CHANGE_COLUMNS, changes_rows))
     report.figures["by_members"] = figures
     report.readings.extend(_readings(figures, sizes))
     return report
+
+
+#: The second table: one row per change.
+CHANGE_COLUMNS = [
+    "members",
+    "change",
+    "agreed after s",
+    "replica slots moved",
+    "partitions opened",
+    "failed lookups",
+]
+
+
+def moved_x_ideal(n: int, kind: str, change: Change) -> float:
+    """Replica slots moved over the ideal: 1/N of them, N the members with the joiner (join,
+    leave) or before the kill."""
+    return change.moved / (change.slots / (n + 1 if kind != "kill" else n))
+
+
+def change_row(n: int, kind: str, change: Change) -> list[str]:
+    """A row of :data:`CHANGE_COLUMNS`."""
+    return [
+        str(n),
+        kind,
+        _seconds(change.agreed_s),
+        f"{change.moved:,} ({moved_x_ideal(n, kind, change):.2f}x ideal)",
+        f"{change.opened:,}",
+        f"{change.failed}/{change.lookups}",
+    ]
 
 
 def _record_lag(cluster: Cluster) -> tuple[float, float]:
@@ -188,6 +218,11 @@ def _readings(figures: dict[str, Any], sizes: Sequence[int]) -> list[str]:
         f"gossip: slowest agreement {shown} (target <= {AGREE_TARGET_S:.0f} s: "
         f"{'met' if slowest <= AGREE_TARGET_S else 'missed'}); failed lookups during planned "
         f"joins and leaves: {planned} (target 0)"
+    )
+    moved = [figures[n][f"{k}_moved_x_ideal"] for n in figures for k in ("join", "leave", "kill")]
+    out.append(
+        f"gossip: replica slots moved per change {min(moved):.2f}x to {max(moved):.2f}x the "
+        "ideal (1/N of them)"
     )
     lags = [figures[n]["record_lag_max_s"] for n in figures]
     out.append(f"gossip: hosted records held of others at most {max(lags):.1f} s old")

@@ -37,6 +37,7 @@ from bench import (
     lookup,
     membership,
     membership_gossip,
+    membership_processes,
     pgwire,
     push,
     realtime,
@@ -68,6 +69,7 @@ BENCHMARKS: dict[str, Callable[[Scale], Report]] = {
     "failover": failover.run,
     "membership": membership.run,
     "membership_gossip": membership_gossip.run,
+    "membership_processes": membership_processes.run,
     "sql_scan": sql_scan.run,
     "versions": versions.run,
     "pgwire": pgwire.run,
@@ -254,6 +256,23 @@ CONTEXT = {
         "member falls with N because each member hosts fewer partitions, so its records "
         "shrink. A killed member answers nothing: it is suspected (out of every live view) "
         "after a probe and its indirect probes time out."
+    ),
+    "membership_processes": (
+        "Each member here is a `sparkiq serve` process with an HTTP server, RocksDB replicas "
+        "of its share of the table and the gossip loop, on one shared two-core host; the "
+        "in-process members are bench/membership_gossip.py's over the same table. Messages "
+        "count the same thing on both sides (requests sent and acks given); bytes are the "
+        "packed messages without HTTP headers, and a process's URL (`http://127.0.0.1:port`, "
+        "in every message and every membership update) is 12 bytes longer than an in-process "
+        "member's (`local://nX`): in a quiet cluster a message is about 80 bytes, so that "
+        "alone is about 15%. After a start every member's record is new and is pushed to "
+        "every member several times over, which takes longer the larger N; the window starts "
+        "after a quiet period, and the live-view drops column says whether processes were "
+        "suspecting each other meanwhile (an overloaded host makes probes time out). "
+        "Private memory is what a process holds alone; its resident size also counts the "
+        "libraries' pages, which all members share. A join is timed from when the joiner "
+        "answers HTTP (an interpreter's start is not membership's), a leave from its SIGTERM, "
+        "a kill from its SIGKILL."
     ),
     "sql_scan": (
         "The floor is DuckDB over the same rows in a native in-memory DuckDB table. A node "

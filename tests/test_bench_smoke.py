@@ -48,7 +48,8 @@ ROWS = {
     "http": 3,  # floor, GET, SQL
     "failover": 1,  # one round
     "membership": 1,  # one cluster size (its changes and the process check in more_tables)
-    "membership_gossip": 1,  # one cluster size, its changes in the same row
+    "membership_gossip": 1,  # one cluster size (its changes in more_tables)
+    "membership_processes": 1,  # one size: processes and in-process (changes in more_tables)
     "sql_scan": 21,  # 3 queries x 5 methods, RocksDB to Arrow, 2 key lookups, 3 join rows
     "versions": 18,  # apply (3 + 3 per CPU-second), 2 gets, 2 memory, 3 aggregates, 5 reads
     "pgwire": 3,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -304,6 +305,23 @@ def test_metadata_readiness_and_metrics(nodes: list[Node]) -> None:
     assert set(process) == {"resident", "malloc_in_use", "malloc_free_held", "arrow"}
     assert process["resident"] > process["malloc_in_use"] > 0 and process["arrow"] > 0
     assert process["resident"] > process["arrow"] + process["malloc_in_use"]
+
+
+def test_membership_bytes_counted_on_both_sides(nodes: list[Node]) -> None:
+    # every byte one member sends (a request, or the reply it gives) the other receives, so
+    # over the two nodes sent and received agree, save the message or two in flight between
+    # the reads: once enough has been sent that those are a small share
+    deadline = time.monotonic() + 60
+    while True:
+        sent = received = 0.0
+        for node in nodes:
+            text = httpx.get(url(node, "/metrics"), headers=auth()).text
+            traffic = _labelled(text, "sparkiq_membership_bytes_total")
+            sent, received = sent + traffic["sent"], received + traffic["received"]
+        if sent >= 3000 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sent >= 3000 and abs(sent - received) <= 0.15 * sent, (sent, received)
 
 
 def _labelled(metrics: str, name: str) -> dict[str, float]:

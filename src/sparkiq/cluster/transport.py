@@ -130,6 +130,11 @@ class HttpTransport:
         self._key = key
         self._pool = HttpPool(connect_timeout=connect_timeout, timeout=read_timeout, tls=tls)
         self._beats = HttpPool(connect_timeout=connect_timeout, timeout=heartbeat_timeout, tls=tls)
+        #: Bytes of membership messages (heartbeats, gossip) this node sent as requests and
+        #: read as replies since start, packed documents without HTTP headers: /metrics
+        #: (unlocked: two threads adding at once may lose one count, which a rate ignores).
+        self.membership_bytes_sent = 0
+        self.membership_bytes_received = 0
 
     def _signed(self, path: str, body: bytes) -> tuple[dict[str, str], SignedRequest | None]:
         headers = {"content-type": protocol.CONTENT_TYPE, "accept": protocol.CONTENT_TYPE}
@@ -170,8 +175,10 @@ class HttpTransport:
         """A heartbeat or gossip message, signed; the reply is checked before decoding."""
         body = pack(doc)
         headers, signed = self._signed(path, body)
+        self.membership_bytes_sent += len(body)  # sent, whether or not anyone answers
         response = self._beats.request(url, "POST", path, body, headers)
         data = response.read(MAX_HEARTBEAT_BYTES)
+        self.membership_bytes_received += len(data)
         if response.status != 200:
             raise _refusal(url, response.status, data)
         if signed is not None and self._key is not None:

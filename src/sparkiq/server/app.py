@@ -254,6 +254,7 @@ class RestApp:
         if asyncio.iscoroutine(reply) or asyncio.isfuture(reply):
             reply = await reply
         data = pack(reply)
+        self.metrics.membership_message(len(body), len(data))
         signature = self.node.sign_reply(None if opened is None else opened.mac, data)
         headers = _BINARY if signature is None else [*_BINARY, (_REPLY, signature.encode())]
         await send_body(send, 200, data, headers)

@@ -32,8 +32,9 @@ def _pool(thread_name: str) -> str:
 class _ReplicaCollector:
     """Per-partition replica state, read from the node at scrape time."""
 
-    def __init__(self, node: ServedNode) -> None:
+    def __init__(self, node: ServedNode, membership_bytes: dict[str, int]) -> None:
         self._node = node
+        self._membership_bytes = membership_bytes  # Metrics.membership_message's counts
 
     def collect(self) -> Iterator[Metric]:
         batch = GaugeMetricFamily(
@@ -138,7 +139,24 @@ class _ReplicaCollector:
             )
             beats.add_metric(["sent"], coordinator.heartbeats_sent)
             beats.add_metric(["received"], coordinator.heartbeats_answered)
-            yield from (members, forwarded, hedged, beats)
+            # sent: requests this node sent and replies it gave; received: the other two
+            served = self._membership_bytes
+            transport = coordinator.transport
+            traffic = CounterMetricFamily(
+                "sparkiq_membership_bytes",
+                "Bytes of membership messages (heartbeats or gossip) since start, packed "
+                "documents without HTTP headers, by direction (sent: requests sent and "
+                "replies given; received: requests answered and replies read)",
+                labels=["direction"],
+            )
+            traffic.add_metric(
+                ["sent"], served["sent"] + getattr(transport, "membership_bytes_sent", 0)
+            )
+            traffic.add_metric(
+                ["received"],
+                served["received"] + getattr(transport, "membership_bytes_received", 0),
+            )
+            yield from (members, forwarded, hedged, beats, traffic)
 
 
 class _KafkaCollector:
@@ -417,7 +435,9 @@ class Metrics:
         self._requests: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
         self._queries: dict[str, Any] = {}
-        self.registry.register(_ReplicaCollector(node))
+        #: Bytes of membership messages this node's HTTP server read and answered.
+        self._membership_bytes = {"sent": 0, "received": 0}
+        self.registry.register(_ReplicaCollector(node, self._membership_bytes))
         self.registry.register(_KafkaCollector(node))
         self.registry.register(_WriterCollector(node))
 
@@ -430,6 +450,12 @@ class Metrics:
         if timed is None:
             timed = self._latency[route] = self.latency.labels(route)
         timed.observe(seconds)
+
+    def membership_message(self, received: int, sent: int) -> None:
+        """Count a membership message this node answered: its body and the reply's bytes
+        (unlocked, as the heartbeat counts: a lost count is noise in a rate)."""
+        self._membership_bytes["received"] += received
+        self._membership_bytes["sent"] += sent
 
     def queried(self, *stores: str) -> None:
         """Count one client query that read ``stores``."""
