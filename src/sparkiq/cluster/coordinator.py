@@ -71,7 +71,7 @@ class Coordinator:
         transport: Transport,
         heartbeat_interval: float,
         failure_timeout: float,
-        membership: str = "heartbeats",
+        membership: str = "gossip",
         local_answer: LocalAnswer,
         local_caught_up: Callable[[str, int], bool],
         hosted_state: Callable[[], HostedState],
