@@ -68,21 +68,45 @@ class LateBeats(LocalTransport):
 
 
 class Loops:
-    """Holds every node's heartbeat loop while ``running`` is clear."""
+    """Holds every node's membership loop (heartbeat rounds, gossip periods) between
+    :meth:`stop` and :meth:`resume`."""
 
     def __init__(self, nodes: list[Node], monkeypatch: pytest.MonkeyPatch) -> None:
         self.running = threading.Event()
         self.running.set()
+        self._lock = threading.Condition()
+        self._inside = 0  # rounds under way
         for node in nodes:
             coordinator = node.coordinator
             assert coordinator is not None
             original = coordinator.heartbeat_round
 
             def held(*args: Any, _original: Any = original, **kwargs: Any) -> None:
-                self.running.wait()
-                _original(*args, **kwargs)
+                while True:
+                    self.running.wait()
+                    with self._lock:
+                        if self.running.is_set():
+                            self._inside += 1
+                            break
+                try:
+                    _original(*args, **kwargs)
+                finally:
+                    with self._lock:
+                        self._inside -= 1
+                        self._lock.notify_all()
 
             monkeypatch.setattr(coordinator, "heartbeat_round", held)
+
+    def stop(self) -> None:
+        """No round starts from now on, and none is under way on return: a stopped process
+        runs none either (a round left running would meet the silence of the stall as it
+        begins and judge the others by it, which a stopped process never does)."""
+        with self._lock:
+            self.running.clear()
+            assert self._lock.wait_for(lambda: self._inside == 0, timeout=60), "a round hung"
+
+    def resume(self) -> None:
+        self.running.set()
 
 
 @pytest.fixture(params=["heartbeats", "gossip"])
@@ -134,11 +158,11 @@ def test_a_stalled_cluster_answers_every_key_when_it_resumes(
     rebalanced = record_rebalances(nodes, monkeypatch)
     hosted_before = {n.node_id: set(n.replica("t").partitions) for n in nodes}
 
-    loops.running.clear()  # the process is not scheduled: no heartbeat goes out or in ...
+    loops.stop()  # the process is not scheduled: no heartbeat or probe goes out or in ...
     transport.silent = {n.url for n in nodes if n.url}
     threading.Event().wait(2.5 * FAST["failure_timeout"])  # ... for 2.5 failure timeouts
     transport.silent = set()
-    loops.running.set()  # everything resumes at once, with queries already waiting
+    loops.resume()  # everything resumes at once, with queries already waiting
 
     def read_all(node: Node) -> dict[str, Any]:
         return {key: node.get("t", key) for key in KEYS}
