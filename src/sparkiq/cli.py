@@ -42,13 +42,14 @@ _SERVE_OPTIONS: tuple[tuple[str, type, str, str], ...] = (
     ("principals", str, "TOML file of principals: their tokens and the tables they read", ""),
     ("audit_log", str, "append one JSON line per request to this file (who read what)", ""),
     ("local_dir", str, "where this node keeps its replicas", "<state_dir>/replicas/<node_id>"),
-    ("heartbeat_interval", float, "seconds between heartbeats", "0.5"),
-    ("failure_timeout", float, "a member silent this long is gone", "3"),
+    ("heartbeat_interval", float, "seconds between probes (gossip) or heartbeats", "0.5"),
+    ("failure_timeout", float, "a member silent this long (at least) is gone", "3"),
     (
         "membership",
         str,
-        "how members learn of each other: 'heartbeats' (all-to-all) or 'gossip' (SWIM)",
-        "heartbeats",
+        "how members learn of each other: 'gossip' (SWIM) or 'heartbeats' (all-to-all); "
+        "the same on every node",
+        "gossip",
     ),
     ("pg_listen", str, "host:port to serve the Postgres wire protocol on (psql, psycopg)", ""),
     ("flight_listen", str, "host:port to serve Arrow Flight SQL on (ADBC, JDBC)", ""),

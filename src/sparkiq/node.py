@@ -95,10 +95,10 @@ class Node:
     **Clustered.** With ``listen`` (``"host:port"``, port 0 picks a free one) the node serves
     the REST API and the node protocol over HTTP; with ``peers`` (seed addresses) or a
     ``transport`` it joins a cluster: partitions are assigned to one active and ``standbys``
-    standby nodes by rendezvous hashing over the live members (heartbeats every
-    ``heartbeat_interval`` s; a member is gone when phi-accrual suspicion of its silence is high
-    and it has been silent at least ``failure_timeout`` s; ``membership="gossip"`` probes one
-    member a period instead, SWIM-style, see :mod:`sparkiq.cluster.swim`), the node
+    standby nodes by rendezvous hashing over the live members (``membership``: ``"gossip"``
+    probes one member every ``heartbeat_interval`` s, SWIM-style, :mod:`sparkiq.cluster.swim`;
+    ``"heartbeats"`` beats to all; either way a member is gone after ``failure_timeout`` s
+    at least), the node
     hosts only its share, and :meth:`query`/:meth:`get` route to whichever node hosts a
     partition (see :mod:`sparkiq.cluster.router`). ``token`` turns on bearer-token
     authentication for HTTP callers; ``principals`` (a TOML file, :mod:`sparkiq.principals`)

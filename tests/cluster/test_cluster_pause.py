@@ -117,4 +117,9 @@ def test_a_paused_node_costs_no_answer(cluster: Any) -> None:
     after_stall = resumed_log.split("resynchronizing before answering again", 1)
     assert len(after_stall) == 2, "the node did not notice its stall"
     assert not re.search(r"now hosting", after_stall[1]), after_stall[1][-2000:]
+    # Nor did it take the others' silence while it was stopped for theirs: it declared
+    # nobody dead or gone (heartbeats: nobody left its view; gossip: nobody suspected).
+    assert not re.search(r"declared dead|left \(or are unreachable\)", after_stall[1]), after_stall[
+        1
+    ][-2000:]
     assert missed > 0  # the node had a backlog to catch up with when it came back

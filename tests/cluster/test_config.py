@@ -68,7 +68,7 @@ def test_every_variable_is_read_and_empty_ones_are_unset() -> None:
             "pg_tls": "optional",
             "kafka_interval": "2",
             "source_wait": "2",
-            "membership": "gossip",
+            "membership": "heartbeats",  # not the default (gossip)
         }.get(field, "127.0.0.1:1")
         environ = {variable: value}
         if field.startswith("tls_"):  # the TLS files go together
@@ -100,7 +100,7 @@ def test_a_node_named_after_its_address_when_asked() -> None:
         (
             {},
             {"SPARKIQ_MEMBERSHIP": "swim"},
-            r"membership must be 'heartbeats' or 'gossip', got 'swim'.*SPARKIQ_MEMBERSHIP",
+            r"membership must be 'gossip' or 'heartbeats', got 'swim'.*SPARKIQ_MEMBERSHIP",
         ),
         (
             {},

@@ -3,8 +3,10 @@ are admitted like heartbeats, a planned leave is announced, a member sends one p
 period whatever the cluster's size, no message but a join's carries more than a few hosted
 records, and every node's view of what the others host matches what they host.
 
-The cluster tests that also run under gossip (joins, stops, kill -9, a pause) are
-tests/cluster/test_gossip_reused.py and test_gossip_processes.py."""
+Gossip is the default, so every other cluster test runs under it too; the cluster tests
+that also run under heartbeats (joins, stops, kill -9, a pause) are
+tests/cluster/test_heartbeats_reused.py, test_heartbeats_processes.py and
+test_heartbeats_pause.py."""
 
 from __future__ import annotations
 

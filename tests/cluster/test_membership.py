@@ -1,6 +1,8 @@
 """Membership as input and as judgement: heartbeats are validated field by field (in the
 class and over HTTP), failure detection tolerates jitter but not silence, and a node's own
-stall is not taken for the others' silence."""
+stall is not taken for the others' silence. Nodes here run ``membership="heartbeats"``
+(not the default); gossip's counterparts are test_swim.py, test_gossip_cluster.py and
+test_stalls.py."""
 
 from __future__ import annotations
 
@@ -106,7 +108,9 @@ def test_version_2_goes_only_to_members_that_read_it(tmp_path: Path) -> None:
     from sparkiq.testing import start_cluster
 
     make_table(str(tmp_path), partitions=4)
-    with start_cluster(str(tmp_path), nodes=2, http=False, store="memory") as cluster:
+    with start_cluster(
+        str(tmp_path), nodes=2, http=False, store="memory", membership="heartbeats"
+    ) as cluster:
         coordinator = cluster[0].coordinator
         assert coordinator is not None
         old_node = beat("old", "local://old", hosted={})  # no "v": the previous release
@@ -211,6 +215,7 @@ def http_node(tmp_path: Path) -> Iterator[Node]:
         cluster_secret=SECRET,
         heartbeat_interval=0.1,
         failure_timeout=1.0,
+        membership="heartbeats",  # the heartbeat route (gossip's probes: test_gossip_cluster)
     ).start()
     yield node
     node.stop()

@@ -112,13 +112,23 @@ def _values(node: Node) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.parametrize("membership", ["gossip", "heartbeats"])
 def test_a_process_without_the_secret_cannot_join_and_gets_no_credential(
-    table: str, rogue: Rogue
+    table: str, rogue: Rogue, membership: str
 ) -> None:
-    """A rogue at a seed address: the node's heartbeats reach it but carry neither the token
-    nor the secret, its forged replies are dropped, and it never becomes a member; its own
-    heartbeats, with the clients' token or another secret, are refused."""
-    settings = FAST | {"token": TOKEN, "cluster_secret": SECRET, "standbys": 0}
+    """A rogue at a seed address: the node's heartbeats (gossip: its join probes) reach it
+    but carry neither the token nor the secret, its forged replies are dropped, and it never
+    becomes a member; its own heartbeats, with the clients' token or another secret, are
+    refused."""
+    settings = FAST | {
+        "token": TOKEN,
+        "cluster_secret": SECRET,
+        "standbys": 0,
+        "membership": membership,
+    }
+    route, contacts = (
+        ("/internal/heartbeat", 3) if membership == "heartbeats" else ("/internal/probe", 1)
+    )  # heartbeats keep calling a seed; gossip only until a seed's ack lets it in
     n0 = Node(table, node_id="n0", listen="127.0.0.1:0", peers=[], **settings).start()
     n1 = Node(table, node_id="n1", listen="127.0.0.1:0", peers=[rogue.url, n0.url], **settings)
     try:
@@ -131,7 +141,7 @@ def test_a_process_without_the_secret_cannot_join_and_gets_no_credential(
         )
         assert rogue.announce(n0.url or "", {REQUEST_HEADER: guessed.header}).status_code == 401
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline or len(rogue.received) < 3:
+        while time.monotonic() < deadline or len(rogue.received) < contacts:
             time.sleep(0.05)
         for node in (n0, n1):
             assert node.coordinator is not None
@@ -139,7 +149,7 @@ def test_a_process_without_the_secret_cannot_join_and_gets_no_credential(
             assert node.coordinator.membership.live() == ("n0", "n1")
         assert rogue.received, "n1 never contacted its seed"
         for path, headers, body in rogue.received:
-            assert path == "/internal/heartbeat"
+            assert path == route
             assert "authorization" not in {h.lower() for h in headers}
             seen = repr(headers).encode() + body
             assert TOKEN.encode() not in seen and SECRET.encode() not in seen
@@ -153,7 +163,15 @@ def test_an_owner_keeps_what_a_member_claims_beyond_the_changelog(table: str, ro
     """Without a secret, a process on the same host may join (nothing can prove otherwise),
     but its claims are checked: a replica at a batch never committed is not caught up, so
     the owner never releases a partition to it and keeps answering from its own."""
-    node = Node(table, node_id="n0", listen="127.0.0.1:0", peers=[], standbys=0, **FAST).start()
+    node = Node(
+        table,
+        node_id="n0",
+        listen="127.0.0.1:0",
+        peers=[],
+        standbys=0,
+        membership="heartbeats",  # the rogue speaks heartbeats
+        **FAST,
+    ).start()
     try:
         assert rogue.announce(node.url or "", {}).status_code == 200
         coordinator = node.coordinator
@@ -175,9 +193,12 @@ def test_hearsay_cannot_fill_the_member_table_or_split_the_cluster(table: str) -
     """One heartbeat naming 1,024 members, 256 of them at addresses that accept a connection
     and never answer: the names are held as hearsay (a bounded number, contacted on a lane
     of their own), so the members' own heartbeats are not held up behind them -- nobody is
-    declared gone -- and a node that joins afterwards is admitted by everyone."""
-    n0 = Node(table, node_id="n0", listen="127.0.0.1:0", peers=[], **FAST).start()
-    n1 = Node(table, node_id="n1", listen="127.0.0.1:0", peers=[n0.url or ""], **FAST).start()
+    declared gone -- and a node that joins afterwards is admitted by everyone. Heartbeats
+    only: gossip believes what a member says of others, as SWIM does (see docs/design.md,
+    "Gossip made the default")."""
+    hb = FAST | {"membership": "heartbeats"}
+    n0 = Node(table, node_id="n0", listen="127.0.0.1:0", peers=[], **hb).start()
+    n1 = Node(table, node_id="n1", listen="127.0.0.1:0", peers=[n0.url or ""], **hb).start()
     n2 = None
     holes = [socket.create_server(("127.0.0.1", 0), backlog=64) for _ in range(256)]
     try:
@@ -206,7 +227,7 @@ def test_hearsay_cannot_fill_the_member_table_or_split_the_cluster(table: str) -
                 live = node.coordinator.membership.live()
                 assert {"n0", "n1"} <= set(live), f"{node.node_id} sees only {live}"
             time.sleep(0.1)
-        n2 = Node(table, node_id="n2", listen="127.0.0.1:0", peers=[n0.url or ""], **FAST)
+        n2 = Node(table, node_id="n2", listen="127.0.0.1:0", peers=[n0.url or ""], **hb)
         n2.start()
         settle([n0, n1, n2], timeout=30.0)
         members = n0.coordinator.membership.members()
@@ -260,7 +281,11 @@ def test_arrow_in_node_protocol_bodies_is_refused_before_decoding(
         before = _peak_rss(node)
         prober.start()
         headers = {"content-type": "application/x-sparkiq-v1"}
-        for path, body in (("/internal/heartbeat", heartbeat), ("/internal/query", query)):
+        for path, body in (
+            ("/internal/heartbeat", heartbeat),
+            ("/internal/probe", heartbeat),
+            ("/internal/query", query),
+        ):
             answer = httpx.post(f"{node.url}{path}", content=body, headers=headers, timeout=60)
             assert answer.status_code == 400, answer.text
         time.sleep(0.2)

@@ -7,7 +7,12 @@ clock was stepped past ``MAX_SKEW``, seen from the receiving side), so it refuse
 node-protocol request, "synchronize the nodes' clocks", while its own requests pass: its
 heartbeats keep it live in the others' views, so they keep routing to it -- the steady form
 of the window a skewed host opens before the detectors part the cluster. Values are checked
-against the rows written to the table."""
+against the rows written to the table.
+
+The nodes run ``membership="heartbeats"``: that premise is heartbeats'. Under gossip the
+others' probes of ``n1`` are refused, so they suspect it, and it refutes when its own probes
+tell it so: it goes in and out of their views (docs/design.md, "Gossip made the default").
+A whole host skewed past the window is tests/hosts' case, under either protocol."""
 
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ SKEW = 400.0  # past nodeauth.MAX_SKEW (300 s)
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
     state_dir = str(tmp_path_factory.mktemp("refusing"))
     write_batch(make_table(state_dir, partitions=PARTITIONS), 0, ROWS)
-    nodes = start_http_cluster(state_dir, 3, token=TOKEN, standbys=1)
+    nodes = start_http_cluster(state_dir, 3, token=TOKEN, standbys=1, membership="heartbeats")
     try:
         coordinator = nodes[1].coordinator
         assert coordinator is not None and coordinator.verifier is not None

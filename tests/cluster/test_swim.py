@@ -107,3 +107,24 @@ def test_batches_alone_wait_for_the_refresh_unless_a_member_asks_for_them() -> N
     b.set_own_hosted(state)
     a.receive(b.reply(a.message("b")))
     assert a.hosted_state("b") == state
+
+
+def test_two_sides_that_declared_each_other_dead_meet_again() -> None:
+    """A healed partition: each side holds the other dead, so neither probes it in its
+    round-robin; the reconnect probe of a member held dead brings both back."""
+    a, b = member("a", failure_timeout=0.0), member("b", failure_timeout=0.0)
+    a.receive(b.message("a"))
+    b.receive(a.message("b"))
+    for view, other in ((a, "b"), (b, "a")):  # the partition: each side's probes fail
+        view.tick(0.0)
+        view.probe_failed(other)
+        for i in range(1, 20):  # ten seconds of periods: past the suspicion timeout
+            view.tick(i * 0.5)
+        assert view.expire() == [other]
+        assert view.next_probe() is None and view.live() == (view.node_id,)
+    assert a.next_reconnect() == "b"
+    a.receive(b.reply(a.message("b")))  # b hears it is held dead and refutes in its ack
+    assert a.live() == ("a", "b")
+    b.receive(a.message("b"))  # a's next message to b carries a's own refutation
+    assert b.live() == ("a", "b")
+    assert a.next_reconnect() is None and b.next_reconnect() is None

@@ -213,6 +213,7 @@ def test_a_post_a_page_can_send_without_a_preflight_is_refused(node: Node) -> No
         "/query": SQL,
         "/stores/t/query": b'{"query": {"type": "range"}}',
         "/internal/heartbeat": rogue,  # a no-cors POST joined a rogue member
+        "/internal/probe": rogue,  # the same through gossip's route
         "/internal/query": b"\x80",
     }
     for path, body in bodies.items():

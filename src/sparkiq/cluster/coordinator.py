@@ -71,7 +71,7 @@ class Coordinator:
         transport: Transport,
         heartbeat_interval: float,
         failure_timeout: float,
-        membership: str = "heartbeats",
+        membership: str = "gossip",
         local_answer: LocalAnswer,
         local_caught_up: Callable[[str, int], bool],
         hosted_state: Callable[[], HostedState],
@@ -207,6 +207,15 @@ class Coordinator:
         self._start_threads()
 
     def _start_threads(self) -> None:
+        # one line naming the protocol: which one a node (or a test's subprocess) runs is
+        # otherwise visible only in its traffic
+        log.info(
+            "%s: membership by %s (period %.2f s, failure floor %.1f s)",
+            self.membership.node_id,
+            "gossip" if self._swim is not None else "heartbeats",
+            self.heartbeat_interval,
+            self.failure_timeout,
+        )
         self.membership.tick()
         self._last_round = time.monotonic()
         self._rebalance(self._assignment_now())

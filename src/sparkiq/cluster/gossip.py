@@ -22,6 +22,14 @@ acknowledges either, the caller reports :meth:`Gossip.probe_failed` and the memb
 running refutes it by raising its own *incarnation* number and announcing itself alive --
 a paused or slow member is thus not removed for being late once.
 
+**Reconnecting.** Members declared dead are not probed, so two sides of a healed partition
+that declared each other dead would never speak again (nothing crosses between them) and the
+cluster would stay split for good. Every few periods a member therefore also probes one
+member it holds dead (:meth:`Gossip.next_reconnect`, round-robin): if that member runs, the
+probe tells it that it is held dead, it refutes with a higher incarnation and its ack brings
+it back; what it held of the prober travels back the same way. Members that *left* are not
+retried: they said goodbye, and a restarted node joins through its seeds.
+
 **Dissemination.** Every change is an :class:`Update` ``(member, status, incarnation, url)``
 queued for piggybacking on the probes and acks the member sends anyway
 (:meth:`Gossip.piggyback`), each update at most ``retransmit_mult * ceil(log2(n + 1))``
@@ -136,6 +144,7 @@ class Gossip:
         self._queue: dict[str, tuple[Update, int]] = {}  # member -> (update, times sent)
         self._order: list[str] = []
         self._next = 0
+        self._reconnects = 0  # how many reconnect probes were chosen: the round-robin's index
         self._left = False
         self._enqueue(Update(node_id, ALIVE, incarnation, url))
 
@@ -187,6 +196,14 @@ class Gossip:
             self._next += 1
             if member in candidates:
                 return member
+
+    def next_reconnect(self) -> str | None:
+        """A member held dead to probe again (None: none is), each in turn."""
+        dead = sorted(m for m, e in self._members.items() if e.state.status == DEAD)
+        if not dead:
+            return None
+        self._reconnects += 1
+        return dead[self._reconnects % len(dead)]
 
     def helpers(self, target: str) -> list[str]:
         """Up to ``indirect`` alive members (not ``target``) to probe ``target`` for us."""

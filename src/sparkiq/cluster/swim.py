@@ -32,8 +32,17 @@ partition waits until its new replicas have applied its batch -- the member asks
 (:meth:`want`): the member is probed next with ``fresh``, and its ack carries its state as of
 that moment.
 
-A message thus carries at most ``hosted_per_message`` records (and a joining member, once,
-every record), never every member's state.
+**A byte bound per message.** A record grows with the partitions its member hosts (at 10
+members and 10,000 partitions, thousands of partitions each), so a count of records alone
+does not bound a message. The records one probe, ack or probe request carries -- pushed,
+pulled and a joiner's snapshot together -- take at most ``hosted_bytes`` bytes
+(:data:`HOSTED_BYTES_PER_MESSAGE` by default) and at most ``hosted_per_message`` records. A
+record that does not fit waits for the next message (it keeps its place: least-sent first,
+it leads the next one); a pulled record and a joiner's snapshot go first, the snapshot's
+records that do not fit reach the joiner by the pull when it probes their members. A single
+record larger than the whole bound could never fit: it travels alone, in a message that
+carries no other record, so one such member costs what it did before the bound and never
+holds up the others.
 
 **Stall-proof clock.** Suspicion timers run on a clock that advances at most
 ``2 * period`` past this node's last protocol period (:meth:`tick`), as the heartbeat
@@ -52,7 +61,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from sparkiq.cluster.gossip import ALIVE, DEAD, LEFT, SUSPECT, Gossip, Update
 from sparkiq.cluster.heartbeat import (
@@ -64,12 +73,37 @@ from sparkiq.cluster.heartbeat import (
     grouped,
     parse_groups,
 )
+from sparkiq.wire.values import pack
 
 __all__ = ["GossipMembership"]
 
 log = logging.getLogger("sparkiq.membership")
 
 _MAX_INT = (1 << 63) - 1
+
+#: The default byte bound of the hosted records in one message (see the module docstring).
+#: 32 KiB is a few records of a member hosting a thousand partitions or more each, and at
+#: about four messages a member a second at the default period it caps the records' share of
+#: a member's traffic near 128 KB/s, whatever the cluster's size and shape: the bench
+#: (bench/membership_gossip.py) measured 144 KB/s per member unbounded at 10 members and
+#: 10,000 partitions.
+HOSTED_BYTES_PER_MESSAGE = 32 * 1024
+
+
+class _Record(NamedTuple):
+    """One member's hosted record as held here."""
+
+    version: int
+    groups: dict[str, Any]  # on the wire (the heartbeat's format 2)
+    hosted: HostedState
+    size: int  # bytes of ``[member, version, groups]`` on the wire
+
+    @staticmethod
+    def of(member: str, version: int, groups: dict[str, Any], hosted: HostedState) -> _Record:
+        return _Record(version, groups, hosted, len(pack([member, version, groups])))
+
+    def wire(self, member: str) -> list[Any]:
+        return [member, self.version, self.groups]
 
 
 class GossipMembership:
@@ -87,6 +121,7 @@ class GossipMembership:
         loopback_only: bool = False,
         updates_per_message: int = 16,
         hosted_per_message: int = 8,
+        hosted_bytes: int = HOSTED_BYTES_PER_MESSAGE,
         batch_refresh: float | None = None,
         hosted_source: Callable[[], HostedState] | None = None,
     ) -> None:
@@ -101,6 +136,9 @@ class GossipMembership:
         self.failure_timeout = failure_timeout
         self.updates_per_message = updates_per_message
         self.hosted_per_message = hosted_per_message
+        if hosted_bytes < 1:
+            raise ValueError(f"hosted_bytes must be at least 1 byte, got {hosted_bytes}")
+        self.hosted_bytes = hosted_bytes
         #: A record whose only change is newer batches (or lags) waits this long since the
         #: last version: see "Hosted state" in the module docstring.
         self.batch_refresh = 10 * period if batch_refresh is None else batch_refresh
@@ -118,8 +156,8 @@ class GossipMembership:
         self._lock = threading.RLock()
         self._on_change = on_change
         self._last_live: tuple[str, ...] = (node_id,)
-        # member -> (version, its groups on the wire, its state); this node's own included
-        self._records: dict[str, tuple[int, dict[str, Any], HostedState]] = {}
+        # member -> its record as held here; this node's own included
+        self._records: dict[str, _Record] = {}
         self._record_queue: dict[str, int] = {}  # member -> times its record was sent
         self._unreachable: dict[str, float] = {}  # routers failed to reach it (clock time)
         self._vclock = 0.0
@@ -180,7 +218,7 @@ class GossipMembership:
     def hosted_state(self, node_id: str) -> HostedState:
         with self._lock:
             record = self._records.get(node_id)
-            return {} if record is None else record[2]
+            return {} if record is None else record.hosted
 
     def hosting(self, table: str, partition: int) -> list[str]:
         """Members (not this node) alive and not unreachable whose last record says they
@@ -188,11 +226,11 @@ class GossipMembership:
         with self._lock:
             return sorted(
                 m
-                for m, (_, _, hosted) in self._records.items()
+                for m, record in self._records.items()
                 if m != self.node_id
                 and m not in self._unreachable
                 and self.gossip.status(m) == ALIVE
-                and partition in hosted.get(table, {})
+                and partition in record.hosted.get(table, {})
             )
 
     def members(self) -> dict[str, Update]:
@@ -203,6 +241,10 @@ class GossipMembership:
         with self._lock:
             return self.gossip.next_probe()
 
+    def next_reconnect(self) -> str | None:
+        with self._lock:
+            return self.gossip.next_reconnect()
+
     def helpers(self, target: str) -> list[str]:
         with self._lock:
             return self.gossip.helpers(target)
@@ -211,7 +253,7 @@ class GossipMembership:
         """The version of ``node_id``'s record held here (-1: none)."""
         with self._lock:
             record = self._records.get(node_id)
-            return -1 if record is None else record[0]
+            return -1 if record is None else record.version
 
     # -- changes ----------------------------------------------------------------------------
 
@@ -270,18 +312,18 @@ class GossipMembership:
         now = time.monotonic()
         with self._lock:
             own = self._records.get(self.node_id)
-            if own is not None and own[1] == groups:
+            if own is not None and own.groups == groups:
                 return
             if (
                 own is not None
                 and not force
                 and now - self._own_at < self.batch_refresh
-                and _shape(own[2]) == _shape(hosted)
+                and _shape(own.hosted) == _shape(hosted)
             ):
                 return  # only batches moved: they wait for the refresh or a pull
-            last = -1 if own is None else own[0]
+            last = -1 if own is None else own.version
             version = max(last + 1, time.time_ns() // 1000)
-            self._records[self.node_id] = (version, groups, hosted)
+            self._records[self.node_id] = _Record.of(self.node_id, version, groups, hosted)
             self._record_queue[self.node_id] = 0
             self._own_at = now
 
@@ -302,12 +344,18 @@ class GossipMembership:
     # -- messages ---------------------------------------------------------------------------
 
     def message(
-        self, peer: str | None, *, join: bool = False, fresh: bool = False
+        self,
+        peer: str | None,
+        *,
+        join: bool = False,
+        fresh: bool = False,
+        owed: list[str] | None = None,
     ) -> dict[str, Any]:
         """A probe (or ack) to ``peer`` (None: a seed not known by id yet): this node's id,
         URL and incarnation, queued updates (and what this node believes of ``peer`` when
-        not alive, so that it refutes), a few hosted records, and the version of ``peer``'s
-        record held here (the pull)."""
+        not alive, so that it refutes), hosted records within the byte bound (``owed``
+        first: records this message owes its peer), and the version of ``peer``'s record
+        held here (the pull)."""
         with self._lock:
             updates = self.gossip.piggyback(self.updates_per_message)
             belief = None if peer is None else self.gossip.members().get(peer)
@@ -318,7 +366,7 @@ class GossipMembership:
                 "url": self.url,
                 "inc": self.gossip.incarnation,
                 "updates": updates,
-                "hosted": self._take_records(self.hosted_per_message),
+                "hosted": self._take_records(owed or []),
                 "hv": -1 if peer is None else self.hosted_version(peer),
             }
             if join:
@@ -333,16 +381,17 @@ class GossipMembership:
         sender = self.receive(doc)
         if doc.get("fresh") is True and self._hosted_source is not None:
             self.set_own_hosted(self._hosted_source(), force=True)
-        ack = self.message(sender)
+        join = doc.get("join") is True
         with self._lock:
+            owed = []
             own = self._records.get(self.node_id)
-            if own is not None and doc.get("hv", -1) != own[0]:
-                record = [self.node_id, own[0], own[1]]
-                if record not in ack["hosted"]:
-                    ack["hosted"].append(record)
-            if doc.get("join") is True:
+            if own is not None and doc.get("hv", -1) != own.version:
+                owed.append(self.node_id)  # the pull
+            if join:  # then everyone else's that fits: the rest comes by the pull
+                owed += sorted(m for m in self._records if m != self.node_id)
+            ack = self.message(sender, owed=owed)
+            if join:
                 ack["members"] = self.gossip.snapshot()
-                ack["hosted"] = [[m, v, g] for m, (v, g, _) in self._records.items()]
         return ack
 
     def receive(self, doc: Mapping[str, Any]) -> str:
@@ -376,11 +425,11 @@ class GossipMembership:
                     self.gossip.apply(update, now)
             for member, version, groups, hosted in records:
                 held = self._records.get(member)
-                if member == self.node_id or (held is not None and held[0] >= version):
+                if member == self.node_id or (held is not None and held.version >= version):
                     continue
                 if member not in self.gossip.members():
                     continue  # a record of a member not (yet) known: it comes again
-                self._records[member] = (version, groups, hosted)
+                self._records[member] = _Record.of(member, version, groups, hosted)
                 self._record_queue[member] = 0
         self.check()
         return sender
@@ -411,19 +460,42 @@ class GossipMembership:
             out.append((member, version, groups, hosted))
         return out
 
-    def _take_records(self, limit: int) -> list[list[Any]]:
-        """Up to ``limit`` queued records, least-sent first (call with the lock held)."""
-        ceiling = self.gossip.retransmit_limit()
-        chosen = sorted(self._record_queue.items(), key=lambda item: item[1])[:limit]
-        out = []
-        for member, sent in chosen:
+    def _take_records(self, owed: list[str]) -> list[list[Any]]:
+        """The hosted records of one message within the byte bound (call with the lock
+        held): the ``owed`` ones that fit, in order, then queued ones, least-sent first, up
+        to ``hosted_per_message`` of them. A queued record that does not fit keeps its
+        place for the next message; one larger than the bound goes alone (see the module
+        docstring)."""
+        out: list[list[Any]] = []
+        used = 0
+
+        def fits(record: _Record) -> bool:
+            return used + record.size <= self.hosted_bytes or not out
+
+        for member in owed:
             record = self._records.get(member)
-            if record is None or sent + 1 >= ceiling:
+            if record is not None and fits(record):
+                out.append(record.wire(member))
+                used += record.size
+        taken = {item[0] for item in out}
+        ceiling = self.gossip.retransmit_limit()
+        pushed = 0
+        for member, sent in sorted(self._record_queue.items(), key=lambda item: item[1]):
+            if pushed >= self.hosted_per_message or used >= self.hosted_bytes:
+                break
+            record = self._records.get(member)
+            if record is None:
+                del self._record_queue[member]
+                continue
+            if member in taken or not fits(record):
+                continue  # already in this message, or waits for the next one
+            out.append(record.wire(member))
+            used += record.size
+            pushed += 1
+            if sent + 1 >= ceiling:
                 del self._record_queue[member]
             else:
                 self._record_queue[member] = sent + 1
-            if record is not None:
-                out.append([member, record[0], record[1]])
         return out
 
 

@@ -16,7 +16,11 @@ Each period (:meth:`SwimLoop.round`) this node
    and waits as long again; without any ack the member becomes *suspect* -- unless this
    period itself took far longer than its waits, which means this node was stalled and
    its silence says nothing of the member's;
-5. declares dead the suspects whose timeout ran out on the stall-proof clock.
+5. declares dead the suspects whose timeout ran out on the stall-proof clock;
+6. every :data:`RECONNECT_EVERY` periods, probes one member it holds dead, without waiting
+   for the ack (on the seeds' lane: a member really gone must not hold up the period), so
+   that the two sides of a healed partition find each other again (see "Reconnecting" in
+   :mod:`sparkiq.cluster.gossip`).
 
 Messages are signed and admitted like heartbeats (:mod:`sparkiq.cluster.nodeauth`): the
 transport signs them and checks the reply's MAC, the HTTP layer admits them with
@@ -43,6 +47,11 @@ __all__ = ["SwimLoop"]
 
 log = logging.getLogger("sparkiq.cluster")
 
+#: Periods between two probes of members held dead: after a partition heals, the sides meet
+#: again within this many periods times the dead members' count, at one extra message per
+#: this many periods while any member is held dead.
+RECONNECT_EVERY = 4
+
 
 class SwimLoop:
     """One node's gossip periods (see the module docstring)."""
@@ -66,6 +75,7 @@ class SwimLoop:
         #: Messages this node sent and answered (probes, acks of probe requests): /metrics.
         self.sent = 0
         self.answered = 0
+        self._periods = 0
 
     # -- one period --------------------------------------------------------------------------
 
@@ -78,8 +88,18 @@ class SwimLoop:
         target, fresh = self._next_target()
         if target is not None:
             self._probe_member(target, fresh=fresh)
+        self._periods += 1
+        if self._periods % RECONNECT_EVERY == 0:
+            self._reconnect()
         view.expire()
         view.check()
+
+    def _reconnect(self) -> None:
+        """Probe one member held dead; its ack, if it comes, is taken in when it comes."""
+        member = self.view.next_reconnect()
+        url = None if member is None else self.view.url_of(member)
+        if member is not None and url is not None:
+            self._seeds_lane.submit(self._probe, url, member)
 
     def _next_target(self) -> tuple[str | None, bool]:
         """Whom to probe this period, and whether for its current record."""

@@ -92,7 +92,7 @@ ENV_GROUPS: dict[str, tuple[type, str]] = {
 
 _STORES = ("rocksdb", "memory")
 _PG_TLS = ("require", "optional")
-_MEMBERSHIP = ("heartbeats", "gossip")
+_MEMBERSHIP = ("gossip", "heartbeats")
 
 
 def node_url(address: str, scheme: str = "http") -> str:
@@ -125,9 +125,10 @@ class NodeConfig:
     poll_interval: float = 0.02
     heartbeat_interval: float = 0.5
     failure_timeout: float = 3.0
-    #: How members learn of each other: ``heartbeats`` (all-to-all, the default) or
-    #: ``gossip`` (SWIM probing with piggybacked updates; sparkiq.cluster.swim).
-    membership: str = "heartbeats"
+    #: How members learn of each other: ``gossip`` (SWIM probing with piggybacked updates,
+    #: the default; sparkiq.cluster.swim) or ``heartbeats`` (all-to-all). Every node of a
+    #: cluster must use the same.
+    membership: str = "gossip"
     release_grace: float = 5.0
     pg_listen: str | None = None
     #: ``host:port`` of the Arrow Flight SQL endpoint (sparkiq.server.flight); port 0 picks
@@ -357,7 +358,7 @@ def _validated(values: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]
         )
     if "membership" in out and out["membership"] not in _MEMBERSHIP:
         raise ConfigError(
-            f"membership must be 'heartbeats' or 'gossip', got {out['membership']!r}"
+            f"membership must be 'gossip' or 'heartbeats', got {out['membership']!r}"
             f"{origin['membership']}"
         )
     if "store" in out and out["store"] not in _STORES:
