@@ -242,7 +242,8 @@ class Lookup:
         result = coordinator.router.route(request, [partition])
         answer = result.partition_results[partition]
         if answer.is_failure:
-            if location.store is not None:  # our own replica is restoring, but it can answer
+            if location.store is not None and location.store.batch_id >= 0:
+                # our own replica is restoring, but what it applied is a state of the table
                 return self.read_key(location, key)
             raise SparkiqError(
                 f"{store!r} key {key!r} (partition {partition}): {answer.failure_reason.name}: "  # type: ignore[union-attr]
@@ -420,6 +421,14 @@ class Lookup:
                     f"{coordinator.assignment.active(request.store, partition)!r}",
                     hosted.position,
                 )
+            elif coordinator is not None and hosted.batch_id < 0 and self._has_batches(request):
+                # Opened here and restoring, with nothing applied yet: its empty state is no
+                # state of the table, and a key read from it would come back as missing.
+                refused[partition] = QueryResult.for_failure(
+                    FailureReason.NOT_PRESENT,
+                    f"partition {partition} of {request.store!r} is restoring on node "
+                    f"{self.node_id!r} and has applied no batch yet: ask another replica",
+                )
             else:
                 answerable[partition] = hosted
         answered = execute_many(answerable, request.query, ctx)
@@ -427,6 +436,14 @@ class Lookup:
             failure = refused.get(partition)
             results[partition] = answered[partition] if failure is None else failure
         return StateQueryResult(results)
+
+    def _has_batches(self, request: StateQueryRequest) -> bool:
+        """Whether ``request``'s table has a committed batch (asked only of a replica that
+        applied none: the changelog is listed when no poll has seen a batch yet)."""
+        if self._hosting.latest_batch(request.store) >= 0:
+            return True
+        head = self._hosting.committed_head(request.store)
+        return head is not None and head >= 0
 
     def pin_batch(
         self, request: StateQueryRequest, partitions: list[int] | None = None
