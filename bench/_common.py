@@ -95,6 +95,19 @@ def timed_in_turns(
     return times
 
 
+def seconds_until(
+    check: Callable[[], object], limit: float, since: float | None = None
+) -> float | None:
+    """Seconds from ``since`` (default: now) until ``check()`` holds, looked at every 0.1 s;
+    None when it has not after ``limit``."""
+    started = time.monotonic() if since is None else since
+    while time.monotonic() - started < limit:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.1)
+    return None
+
+
 def ratio(value: float, baseline: float) -> float:
     return value / baseline if baseline else float("inf")
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from bench._common import seconds_until
 from bench.http import _free_port
 
 __all__ = ["Member", "ServeCluster", "Traffic"]
@@ -155,12 +156,7 @@ class ServeCluster:
 
     def wait(self, check: str, limit: float, since: float | None = None) -> float | None:
         """Seconds from ``since`` (default: now) until ``check`` holds; None after ``limit``."""
-        started = time.monotonic() if since is None else since
-        while time.monotonic() - started < limit:
-            if getattr(self, check)():
-                return time.monotonic() - started
-            time.sleep(0.1)
-        return None
+        return seconds_until(getattr(self, check), limit, since)
 
     def traffic(self) -> dict[str, Traffic]:
         """Every running member's counts now (members that did not answer left out)."""

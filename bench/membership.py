@@ -38,11 +38,21 @@ from typing import Any
 import httpx
 
 from bench._changelog import open_table
-from bench._common import Report, Scale, entry_point, scratch_dir
+from bench._common import Report, Scale, entry_point, scratch_dir, seconds_until
 from bench._gossip import GossipSim
 from bench._members import CountingTransport, Placement, SimNode, assignment_seconds
 from bench.http import _free_port, _stop, _wait
 from sparkiq import KeyQuery, StateQueryRequest
+
+#: The table of changes: one row per join, leave or kill.
+CHANGE_COLUMNS = [
+    "members",
+    "change",
+    "agreed after s",
+    "replica slots moved",
+    "partitions opened",
+    "failed lookups",
+]
 
 INTERVAL = 0.5
 FAILURE = 3.0
@@ -107,12 +117,7 @@ class Cluster:
 
     def wait(self, check: str, limit: float, since: float | None = None) -> float | None:
         """Seconds from ``since`` (default: now) until ``check`` holds; None after ``limit``."""
-        started = time.monotonic() if since is None else since
-        while time.monotonic() - started < limit:
-            if getattr(self, check)():
-                return time.monotonic() - started
-            time.sleep(0.1)
-        return None
+        return seconds_until(getattr(self, check), limit, since)
 
     def kill(self, node_id: str) -> None:
         self.nodes.pop(node_id).kill()
@@ -494,14 +499,7 @@ def _run(scale: Scale) -> Report:
             cluster.stop()
     report.more_tables.append(
         (
-            [
-                "members",
-                "change",
-                "agreed after s",
-                "replica slots moved",
-                "partitions opened",
-                "failed lookups",
-            ],
+            CHANGE_COLUMNS,
             changes_rows,
         )
     )

@@ -26,6 +26,7 @@ from bench._members import SimNode
 from bench.membership import (
     AGREE_LIMIT_S,
     AGREE_TARGET_S,
+    CHANGE_COLUMNS,
     FAILURE,
     INTERVAL,
     Change,
@@ -152,17 +153,6 @@ def _run(scale: Scale) -> Report:
     report.figures["by_members"] = figures
     report.readings.extend(_readings(figures, sizes))
     return report
-
-
-#: The second table: one row per change.
-CHANGE_COLUMNS = [
-    "members",
-    "change",
-    "agreed after s",
-    "replica slots moved",
-    "partitions opened",
-    "failed lookups",
-]
 
 
 def moved_x_ideal(n: int, kind: str, change: Change) -> float:
