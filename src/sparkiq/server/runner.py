@@ -267,6 +267,11 @@ def start_server(
         http=protocol,
         loop="uvloop" if _has_uvloop() else "asyncio",
         timeout_keep_alive=int(max(1, limits.keep_alive_timeout)),
+        # the caller is the connection's address, never a header's: X-Forwarded-For from a
+        # local process would otherwise name any address it likes to the auth throttle
+        # (docs/rest.md: callers behind one proxy share an address)
+        proxy_headers=False,
+        server_header=False,  # no banner naming the server software
         timeout_graceful_shutdown=2,
         ssl_context_factory=None if tls is None else (lambda _config, _default: tls.listener),
     )
