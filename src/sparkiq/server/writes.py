@@ -12,7 +12,7 @@ transport: a write with nothing held is held; the next write in the same turn is
 it, as one; a write left alone goes out at the start of the loop's next turn, so a streamed
 answer's head or chunk waits no longer than that. The connections of one server share a
 :class:`WriteFlusher`, which sends what all of them left held with one ``call_soon`` a turn
-(a ``call_soon`` per answer cost a tenth of what the joined write saved). Closing,
+(a ``call_soon`` per answer would take back a good part of the system call saved). Closing,
 or shutting down the writing side, sends what is held first, so nothing is lost or
 reordered; once the connection is closing, a held write is dropped (as the transport
 itself would).
