@@ -2,7 +2,9 @@
 
 It parses the key from the path, reads one rocksdict database holding the same encoded keys
 and rows, and returns the stored bytes -- no validation, routing, decoding or JSON. Served
-by uvicorn with the same settings as a node (httptools, uvloop, no access log).
+by uvicorn with the same settings as a node (httptools, uvloop, no access log, no proxy
+headers, no ``server`` header). Unlike a node, it writes each answer in uvicorn's two
+socket writes (head, then body, see :mod:`sparkiq.server.writes`).
 
 Usage: ``python -m bench._asgi_floor <rocksdb dir> <port>``.
 """
@@ -41,6 +43,8 @@ def main() -> None:
         log_level="warning",
         http="httptools",
         loop="uvloop",
+        proxy_headers=False,
+        server_header=False,
     )
 
 

@@ -9,8 +9,10 @@ all on this machine's two cores:
 * node -- ``sparkiq serve`` answering ``GET /stores/{store}/keys/{key}`` (key validation,
   partitioning, replica read, row decoding, JSON with the position token).
 
-Each is measured closed-loop (32 connections as fast as answers come: requests per second)
-and open-loop at 1,000 requests per second (latency from each request's scheduled time).
+Each is measured closed-loop (32 connections as fast as answers come: requests per second,
+and the server process's CPU time per request, read from ``/proc``: on a shared machine the
+throughput moves with what else runs, the CPU a request costs much less) and open-loop at
+1,000 requests per second (latency from each request's scheduled time).
 Then two nodes without standbys split the partitions, and one of them is asked, one request
 at a time, for keys it hosts (answered locally) and keys the other hosts (forwarded over the
 node protocol): the difference of the medians is the remote hop.
@@ -130,6 +132,16 @@ def run_generator(module: str, spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds process ``pid`` has used (None where ``/proc`` is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _stop(*processes: Any) -> None:
     for process in processes:
         process.terminate()
@@ -158,7 +170,15 @@ def run(scale: Scale = Scale.FULL) -> Report:
         target=f"lookups >= {THROUGHPUT_TARGET:,.0f} req/s, p99 <= {P99_TARGET_MS:.0f} ms at "
         f"{OPEN_RATE:,} req/s; SQL lookups >= {SQL_THROUGHPUT_TARGET:,.0f} queries/s, p99 <= "
         f"{SQL_P99_TARGET_MS:.0f} ms at {SQL_OPEN_RATE} queries/s",
-        columns=["server", "closed-loop req/s", "open-loop rate", "p50 ms", "p99 ms", "errors"],
+        columns=[
+            "server",
+            "closed-loop req/s",
+            "server CPU us/req",
+            "open-loop rate",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+        ],
         scale=scale,
     )
     with scratch_dir("http") as root:
@@ -192,12 +212,12 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 }
                 for k in keys[:: max(1, n_keys // 20_000)]
             ]
-            servers: dict[str, tuple[int, Sequence[Any], int]] = {
-                FLOOR_NAME: (floor_port, paths, OPEN_RATE),
-                NODE_NAME: (node_port, paths, OPEN_RATE),
-                SQL_NAME: (node_port, sql, SQL_OPEN_RATE),
+            servers: dict[str, tuple[int, Sequence[Any], int, int]] = {
+                FLOOR_NAME: (floor_port, paths, OPEN_RATE, floor_proc.pid),
+                NODE_NAME: (node_port, paths, OPEN_RATE, node_proc.pid),
+                SQL_NAME: (node_port, sql, SQL_OPEN_RATE, node_proc.pid),
             }
-            for port, requests, _ in servers.values() if warm_up else ():
+            for port, requests, _, _ in servers.values() if warm_up else ():
                 load(port, requests, "closed", warm_up)
             if flames_enabled():  # a pass of its own, the figures' runs left unsampled
                 with flame("http-get", pid=node_proc.pid):
@@ -205,13 +225,17 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 with flame("http-sql", pid=node_proc.pid):
                     load(node_port, sql, "closed", 4.0)
             for _ in range(rounds):
-                for name, (port, requests, rate) in servers.items():
+                for name, (port, requests, rate, pid) in servers.items():
+                    before = cpu_seconds(pid)
                     closed = load(port, requests, "closed", duration)
+                    after = cpu_seconds(pid)
                     opened = load(port, requests, "open", duration, rate=rate)
                     entry = results.setdefault(
-                        name, {"rps": [], "p50": [], "p99": [], "errors": []}
+                        name, {"rps": [], "cpu_us": [], "p50": [], "p99": [], "errors": []}
                     )
                     entry["rps"].append(closed["requests"] / closed["seconds"])
+                    if before is not None and after is not None and closed["requests"]:
+                        entry["cpu_us"].append((after - before) / closed["requests"] * 1e6)
                     entry["p50"].append(percentile(opened["latencies_us"], 50) / 1000)
                     entry["p99"].append(percentile(opened["latencies_us"], 99) / 1000)
                     entry["errors"].append(closed["errors"] + opened["errors"])
@@ -222,6 +246,7 @@ def run(scale: Scale = Scale.FULL) -> Report:
                 [
                     name,
                     f"{median(entry['rps']):,.0f}",
+                    f"{median(entry['cpu_us']):.1f}" if entry["cpu_us"] else "-",
                     f"{servers[name][2]:,}/s",
                     f"{median(entry['p50']):.2f}",
                     f"{median(entry['p99']):.2f}",
@@ -234,6 +259,13 @@ def run(scale: Scale = Scale.FULL) -> Report:
             f"node: {rps:,.0f} req/s = {rps / median(floor_entry['rps']):.2f}x the floor; "
             + verdict(rps, THROUGHPUT_TARGET, "req/s", at_most=False)
         )
+        if node["cpu_us"] and floor_entry["cpu_us"]:
+            node_cpu, floor_cpu = median(node["cpu_us"]), median(floor_entry["cpu_us"])
+            report.readings.append(
+                f"server CPU a lookup: node {node_cpu:.1f} us, floor {floor_cpu:.1f} us "
+                f"(the floor's work is {floor_cpu / node_cpu:.2f}x the node's)"
+            )
+            report.figures.update({"node_cpu_us": node_cpu, "floor_cpu_us": floor_cpu})
         report.readings.append(
             f"node p99 at {OPEN_RATE:,} req/s: {p99:.2f} ms; "
             + verdict(p99, P99_TARGET_MS, "ms", at_most=True)

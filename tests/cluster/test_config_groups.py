@@ -122,6 +122,10 @@ def test_each_group_reaches_its_component(node: Node) -> None:
     barred = httpx.get(url, headers=right, timeout=30)
     assert barred.status_code == 401
     assert barred.json()["error"]["retry_after_seconds"] > BAR_SECONDS / 2
+    # the address is the connection's: a header naming another is not believed (a caller
+    # on the node's host could otherwise send a new one with each guess, past the bar)
+    forged = httpx.get(url, headers=right | {"x-forwarded-for": "10.9.9.9"}, timeout=30)
+    assert forged.status_code == 401
 
 
 def test_groups_resolve_keyword_then_variable_then_default() -> None:

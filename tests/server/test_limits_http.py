@@ -158,6 +158,48 @@ def test_slow_headers_are_timed_out(limited: Hostile) -> None:
     assert HEADER_TIMEOUT * 0.9 <= elapsed < HEADER_TIMEOUT + SLACK
 
 
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer with a Content-Length, read whole, the connection left open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_slow_headers_after_an_answer_on_a_kept_alive_connection_are_timed_out(
+    limited: Hostile,
+) -> None:
+    """A request whose headers come slowly, sent on a connection that answered one before,
+    gets its 408 one header timeout after its first byte: the timer left from the request
+    before (due when the connection's first deadline was) moves on to it."""
+    with Probe(limited), connect(limited) as sock:
+        sock.sendall(request_head() + b"\r\n")
+        assert status_of(read_answer(sock)) == 200
+        time.sleep(HEADER_TIMEOUT * 0.6)  # the next deadline is after the timer's
+        started = time.monotonic()
+        sock.sendall(request_head())
+        response = b""
+        sock.settimeout(0.2)
+        for i in range(int((HEADER_TIMEOUT + SLACK) / 0.2)):
+            try:
+                sock.sendall(f"x-slow-{i}: 1\r\n".encode())
+                response = sock.recv(65536)
+                if response:
+                    break
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        elapsed = time.monotonic() - started
+    assert status_of(response) == 408
+    assert b"request_timeout" in response
+    assert HEADER_TIMEOUT * 0.9 <= elapsed < HEADER_TIMEOUT + SLACK
+
+
 def test_a_slow_body_is_timed_out(limited: Hostile) -> None:
     with Probe(limited), connect(limited) as sock:
         started = time.monotonic()

@@ -74,10 +74,10 @@ class BrowserGuard:
     #: ``host[:port]`` of the node's own URLs, as an ``Origin`` names them (a proxy in front
     #: may rewrite Host; a page from the node's advertised URL is still its own)
     own_origins: frozenset[str]
-    #: Host header values already found answered (at most _REMEMBERED): a request from the
-    #: same client skips parsing an address again (some 10 us a request). Only the event
-    #: loop's thread checks hosts; a set add is atomic besides.
-    _answered: set[str] = field(default_factory=set, compare=False, repr=False)
+    #: Host header values (as sent: bytes) already found answered (at most _REMEMBERED): a
+    #: request from the same client skips parsing an address again (some 10 us a request).
+    #: Only the event loop's thread checks hosts; a set add is atomic besides.
+    _answered: set[bytes] = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
     def for_node(cls, allowed_hosts: Iterable[str], urls: Iterable[str | None]) -> BrowserGuard:
@@ -110,15 +110,14 @@ class BrowserGuard:
     def check(self, scope: dict[str, Any]) -> None:
         """Raise :class:`HttpError` if a browser could have sent this request from a page
         the node does not trust; return otherwise (see the module docstring)."""
-        host_values = _header_values(scope, b"host")
-        for value in host_values:
-            if value in self._answered:
-                continue
-            self._check_host(value)
-            if len(self._answered) < _REMEMBERED:
-                self._answered.add(value)
+        for name, raw in scope["headers"]:  # one pass over the raw headers, no decoding
+            if name == b"host" and raw not in self._answered:
+                self._check_host(raw.decode("latin-1"))
+                if len(self._answered) < _REMEMBERED:
+                    self._answered.add(raw)
         if scope["method"] != "POST":
             return
+        host_values = _header_values(scope, b"host")
         types = _header_values(scope, b"content-type") or [""]
         for value in types:
             essence = value.split(";", 1)[0].strip().lower()

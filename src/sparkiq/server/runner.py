@@ -39,6 +39,7 @@ from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ConfigError
 from sparkiq.limits import HttpLimits
 from sparkiq.server.served import ServedNode
+from sparkiq.server.writes import CoalescingTransport, WriteFlusher
 from sparkiq.serving.config import node_url
 from sparkiq.tls import TlsContexts
 
@@ -56,14 +57,24 @@ class _LimitedProtocol(HttpToolsProtocol):
     connection; everything runs on the server's event loop, so no lock is needed)."""
 
     limits: ClassVar[HttpLimits] = HttpLimits()
+    #: held writes of all the server's connections (one per server: see start_server)
+    flusher: ClassVar[WriteFlusher] = WriteFlusher()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # an answer's head and body in one write (sparkiq.server.writes); flow control
+        # (pause and resume reading) was bound to the transport itself above
+        self.transport = CoalescingTransport(  # type: ignore[assignment]
+            transport, self.loop, self.flusher
+        )
         self._awaiting_headers = True  # from a request's first byte to its headers' end
         self._header_bytes = 0
         self._received_any = False
-        self._header_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
+        # the deadline of the headers (awaiting them) or of the body (else), None between
+        # requests; one timer watches it, moved only when a deadline comes before it
+        self._deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._discarding: int | None = None  # bytes still dropped after a refusal
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
@@ -71,7 +82,7 @@ class _LimitedProtocol(HttpToolsProtocol):
                 f"this node accepts at most {self.limits.max_connections} connections",
             )
             return
-        self._arm_header_timer()
+        self._watch(self.loop.time() + self.limits.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
@@ -107,41 +118,56 @@ class _LimitedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._awaiting_headers = True
-        self._arm_header_timer()
+        # a deadline already running (set when the connection opened) is not extended
+        if self._deadline is None:
+            self._watch(self.loop.time() + self.limits.header_timeout)
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-        self._body_timer = self.loop.call_later(self.limits.body_timeout, self._body_too_slow)
+        self._watch(self.loop.time() + self.limits.body_timeout)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._deadline = None
         self._awaiting_headers = True
         self._header_bytes = 0
         super().on_message_complete()
 
     # -- limits ----------------------------------------------------------------------------
 
-    def _arm_header_timer(self) -> None:
-        # A deadline already running (armed when the connection opened) is not extended.
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(
-                self.limits.header_timeout, self._headers_too_slow
-            )
+    def _watch(self, deadline: float) -> None:
+        """Make ``deadline`` (loop time) the current one. A request costs no timer (arming
+        and canceling two a request was a tenth of a key lookup's time): the one armed
+        stays while it fires no later than the new deadline (as a later request's header
+        deadline, and a body deadline with the default limits), and when it fires it is
+        moved on to the deadline then current, if any."""
+        self._deadline = deadline
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_at(deadline, self._on_timer)
+            self._timer_at = deadline
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None:  # between requests: the next one arms a timer again
+            return
+        if self.loop.time() < deadline:
+            self._watch(deadline)
+        elif self._awaiting_headers:
+            self._headers_too_slow()
+        else:
+            self._body_too_slow()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._header_timer, self._body_timer):
-            if timer is not None:
-                timer.cancel()
-        self._header_timer = self._body_timer = None
+        self._deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _headers_too_slow(self) -> None:
-        self._header_timer = None
+        self._deadline = None
         if not self._received_any:  # an idle connection that never asked anything
             self.transport.close()
             return
@@ -151,7 +177,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         )
 
     def _body_too_slow(self) -> None:
-        self._body_timer = None
+        self._deadline = None
         if self.cycle is not None and not self.cycle.response_started:
             self._refuse(
                 ErrorCode.REQUEST_TIMEOUT,
@@ -230,7 +256,9 @@ def start_server(
     if limits is None:
         limits = HttpLimits()
     app = RestApp(node, max_body_bytes=max_body_bytes or limits.max_body_bytes)
-    protocol = type("LimitedProtocol", (_LimitedProtocol,), {"limits": limits})
+    protocol = type(
+        "LimitedProtocol", (_LimitedProtocol,), {"limits": limits, "flusher": WriteFlusher()}
+    )
     config = uvicorn.Config(
         app,
         lifespan="off",
@@ -239,6 +267,11 @@ def start_server(
         http=protocol,
         loop="uvloop" if _has_uvloop() else "asyncio",
         timeout_keep_alive=int(max(1, limits.keep_alive_timeout)),
+        # the caller is the connection's address, never a header's: X-Forwarded-For from a
+        # local process would otherwise name any address it likes to the auth throttle
+        # (docs/rest.md: callers behind one proxy share an address)
+        proxy_headers=False,
+        server_header=False,  # no banner naming the server software
         timeout_graceful_shutdown=2,
         ssl_context_factory=None if tls is None else (lambda _config, _default: tls.listener),
     )
