@@ -197,6 +197,23 @@ def test_typed_keys_are_parsed_by_column_type(tmp_path: Path) -> None:
             assert meta.partition == node.partition_for_key("days", dt.date(2024, 5, 3))
 
 
+def test_keys_with_percent_signs_and_slashes_are_read_once_decoded(tmp_path: Path) -> None:
+    """A key's URL text is percent-decoded once: ``a%25b`` is the key ``a%b`` (decoded
+    twice it was ``a%b`` read as ``a`` + an escape), and ``x%2Fy`` is ``x/y``, one segment."""
+    keys = ["a%b", "a%25b", "x/y", "50% off", "plain"]
+    changelog = make_table(str(tmp_path), partitions=2)
+    write_batch(changelog, 0, {k: i for i, k in enumerate(keys)})
+    with Node(str(tmp_path), node_id="solo", listen="127.0.0.1:0") as node:
+        node.poll_once()
+        for i, key in enumerate(keys):
+            quoted = urllib.parse.quote(key, safe="")
+            response = httpx.get(url(node, f"/stores/t/keys/{quoted}"))
+            assert response.status_code == 200, (key, response.text)
+            assert response.json()["row"] == expected_rows([{key: i}])[key]
+        with Client(node.url) as client:
+            assert [client.get("t", k) for k in keys] == [node.get("t", k) for k in keys]
+
+
 def test_large_ranges_stream_in_pieces(nodes: list[Node]) -> None:
     expected = expected_rows(HISTORY)
     body = orjson.dumps({"query": {"type": "range", "order": "ascending"}})

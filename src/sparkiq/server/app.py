@@ -180,7 +180,11 @@ class RestApp:
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> tuple[str, int]:
         path: str = scope["path"]
         self._browser.check(scope)  # before anything else: what a web page may not ask
-        found = match(path)
+        # Routes match the path as sent, and a parameter is percent-decoded once: the server
+        # already decoded scope["path"], where "%2F" in a key splits it and "%25" would be
+        # decoded again, reading the key "a%b" for "a%25b".
+        raw: bytes | None = scope.get("raw_path")
+        found = match(raw.decode("latin-1") if raw else path)
         if found is None or found[0].access == "token":
             # every read below runs as this principal and within its grants (a caller whose
             # address failed too often lately is refused before its token is looked at); a
