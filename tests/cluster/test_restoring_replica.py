@@ -71,6 +71,13 @@ def test_a_replica_that_applied_nothing_refuses_and_the_router_asks_another(
         assert answer.is_failure and answer.failure_reason is FailureReason.NOT_PRESENT
         assert "has applied no batch yet" in (answer.failure_message or "")
     # the old owner keeps answering until the new replica catches up, which it never does
+    # (once n1 has heard what n0 hosts: before, n1 knows no other replica and a read fails)
+    router = n1.coordinator.router  # type: ignore[union-attr]
+    wait_until(
+        lambda: all("n0" in router.candidates("t", p, False) for p in restoring),
+        30,
+        "n1 never heard that n0 still hosts the partitions it restores",
+    )
     for key in KEYS:
         assert n1.get("t", key) == EXPECTED[key]
 

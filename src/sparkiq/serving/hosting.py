@@ -461,6 +461,14 @@ class Hosting:
             return replica.latest_batch_id
         return max(replica.source.committed_batch_ids(), default=-1)
 
+    def has_batch(self, table: str) -> bool:
+        """Whether ``table`` has a committed batch: the changelog is listed only when no
+        poll has seen one yet (a replica that applied none asks, to refuse reads)."""
+        if self.latest_batch(table) >= 0:
+            return True
+        head = self.committed_head(table)
+        return head is not None and head >= 0
+
     def committed_head(self, table: str) -> int | None:
         """The newest batch of ``table`` committed in the changelog now, read from it rather
         than remembered from the last poll (-1: none); None when the changelog cannot be

@@ -10,9 +10,9 @@ the node that hosts it. When the registered ``KeyQuery`` handler is the built-in
 skips building query and result objects: that is the microsecond fast path; a handler of the
 user's own is called through :func:`~sparkiq.stores.dispatch.execute`.
 
-A standalone node answers from the partitions it hosts. A clustered one (while
-:attr:`Lookup.coordinator` is set) reads its own replica only when that is caught up, and
-otherwise routes to a node that hosts the partition (see :mod:`sparkiq.cluster.router`).
+A standalone node answers from its partitions; a clustered one reads its own replica only
+when caught up, else routes (:mod:`sparkiq.cluster.router`), and a replica that has applied no
+batch yet answers nothing.
 
 **One batch per request.** The node a request arrives at pins it to one batch of its table
 (:meth:`Lookup.pin_batch`) before reading or routing: ``as_of_time`` becomes the batch then
@@ -229,8 +229,7 @@ class Lookup:
     def _get_routed(
         self, store: str, key: Any, location: KeyLocation
     ) -> tuple[dict[str, Any] | None, Position]:
-        partition = location.partition
-        coordinator = self.coordinator
+        partition, coordinator = location.partition, self.coordinator
         if coordinator is None:
             raise SparkiqError(
                 f"partition {partition} of {store!r}, which holds key {key!r}, is not hosted on "
@@ -243,8 +242,7 @@ class Lookup:
         answer = result.partition_results[partition]
         if answer.is_failure:
             if location.store is not None and location.store.batch_id >= 0:
-                # our own replica is restoring, but what it applied is a state of the table
-                return self.read_key(location, key)
+                return self.read_key(location, key)  # our own replica, restoring: a past state
             raise SparkiqError(
                 f"{store!r} key {key!r} (partition {partition}): {answer.failure_reason.name}: "  # type: ignore[union-attr]
                 f"{answer.failure_message}",
@@ -369,12 +367,9 @@ class Lookup:
         holds the failures of the ones that do not exist)."""
         coordinator = self.coordinator
         if coordinator is not None and not coordinator.wait_fresh(catch_up_wait):
-            # Just resumed from a stall: its view and replicas may be old. A caller that may
-            # wait (a router's sub-request, not the event loop) waits up to catch_up_wait
-            # for the resynchronization, which takes one heartbeat round and a catch-up:
-            # after a stall of the whole cluster every replica is resynchronizing at once,
-            # and refusing at once left the router no replica to fall through to. Past the
-            # wait, refuse, so the router asking falls through to another replica.
+            # Just resumed from a stall (view and replicas may be old): a caller that may wait
+            # waited catch_up_wait for the resynchronization (after a whole cluster's stall,
+            # refusing at once left the router no replica); now refuse, so it asks another.
             for partition in partitions:
                 results[partition] = QueryResult.for_failure(
                     FailureReason.NOT_PRESENT,
@@ -421,9 +416,8 @@ class Lookup:
                     f"{coordinator.assignment.active(request.store, partition)!r}",
                     hosted.position,
                 )
-            elif coordinator is not None and hosted.batch_id < 0 and self._has_batches(request):
-                # Opened here and restoring, with nothing applied yet: its empty state is no
-                # state of the table, and a key read from it would come back as missing.
+            elif coordinator and hosted.batch_id < 0 and self._hosting.has_batch(request.store):
+                # restoring, nothing applied: its empty state is no state of the table
                 refused[partition] = QueryResult.for_failure(
                     FailureReason.NOT_PRESENT,
                     f"partition {partition} of {request.store!r} is restoring on node "
@@ -436,14 +430,6 @@ class Lookup:
             failure = refused.get(partition)
             results[partition] = answered[partition] if failure is None else failure
         return StateQueryResult(results)
-
-    def _has_batches(self, request: StateQueryRequest) -> bool:
-        """Whether ``request``'s table has a committed batch (asked only of a replica that
-        applied none: the changelog is listed when no poll has seen a batch yet)."""
-        if self._hosting.latest_batch(request.store) >= 0:
-            return True
-        head = self._hosting.committed_head(request.store)
-        return head is not None and head >= 0
 
     def pin_batch(
         self, request: StateQueryRequest, partitions: list[int] | None = None
@@ -601,8 +587,7 @@ class Lookup:
         return KeyQueryMetadata(partition, hosts[0] if hosts else None, tuple(hosts[1:]))
 
     def all_metadata(self) -> list[NodeMetadata]:
-        """Per live node: the partitions it is active and standby for, and what it hosts
-        (batch id, state) as of its last heartbeat (this node: now)."""
+        """Per live node: its active and standby partitions and what it last said it hosts."""
         tables = {name: route.partition_count for name, route in self._hosting.routes().items()}
         hosted = self._hosting.hosted_state()
         return nodes_metadata(self.coordinator, tables, self.node_id, self.url or "", hosted)
