@@ -251,11 +251,14 @@ CONTEXT = {
         "version for batches alone at most every 10 periods (5 s; at once when partitions or "
         "states change) and travels pushed (at most 8 records a message) and pulled when its "
         "owner is probed. The record age is how much newer the owner's version is than the "
-        "one held: batches go stale at large N by design (routing reads which partitions are "
-        "live, not batches; a handoff that waits on a batch asks the member for it). CPU per "
-        "member falls with N because each member hosts fewer partitions, so its records "
-        "shrink. A killed member answers nothing: it is suspected (out of every live view) "
-        "after a probe and its indirect probes time out."
+        "one held: at 100 members batches are up to about 40 s stale at some members (mean 4 "
+        "s), by design (routing reads which partitions are live, not batches; a handoff that "
+        "waits on a batch asks the member for it). CPU per member falls with N because each "
+        "member hosts fewer partitions, so its records shrink. A killed member answers "
+        "nothing: it is suspected (out of every live view) after a probe and its indirect "
+        "probes time out. Replica slots moved per change are the rendezvous assignment's (1/N"
+        " of the 20,000 slots is the ideal), and the partitions members opened meanwhile "
+        "match them: no member opened a partition it then gave back."
     ),
     "membership_processes": (
         "Each member here is a `sparkiq serve` process with an HTTP server, RocksDB replicas "
@@ -396,6 +399,20 @@ CONTEXT = {
 }
 
 
+#: What was learnt of each benchmark's path (profiles, what changed, what is left), one
+#: Markdown file a benchmark, written under its section after CONTEXT: prose a rerun keeps.
+NOTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes")
+
+
+def _notes(name: str) -> str:
+    """``bench/notes/<name>.md``, or nothing."""
+    try:
+        with open(os.path.join(NOTES, f"{name}.md")) as handle:
+            return handle.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any]) -> str:
     m = info["machine"]
     lines = [
@@ -422,7 +439,8 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
         "`--flames` (on `make bench` or any one benchmark) runs each measured phase once more "
         "under py-spy and draws its flame graph into `docs/flames/`; the sections link them. "
         "They show where a path's CPU time goes, which is what the profile notes of each "
-        "section read from.",
+        "section read from. Those notes (what was profiled, changed, and is left) live in "
+        "`bench/notes/<benchmark>.md` and every rewrite of this page keeps them.",
         "",
         f"**Last run:** {info['date']} ({info['scale']} run, "
         f"{info['duration_s'] / 60:.1f} min), sparkiq {info['code']}  ",
@@ -458,6 +476,9 @@ def _docs(reports: list[Report], failures: dict[str, str], info: dict[str, Any])
             lines += ["", *[f"_Note:_ {n}" for n in report.notes]]
         if report.name in CONTEXT:
             lines += ["", CONTEXT[report.name]]
+        notes = _notes(report.name)
+        if notes:
+            lines += ["", notes]
         flames = flames_of(report.name)
         if flames:
             links = ", ".join(f"[{p.stem}](flames/{p.name})" for p in flames)

@@ -245,3 +245,20 @@ def test_a_full_run_keeps_the_sections_of_benchmarks_it_did_not_run(tmp_path: Pa
     assert "- **Soak: faults** - 0 anomalies" in page
     assert page.endswith("## Soak: faults\n\nModule: `bench/soak.py`\n\nthe soak's table\n")
     assert run_all._with_kept(new, run_all._kept_sections(str(old), [])) == new
+
+
+def test_a_sections_notes_survive_a_rewrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What was learnt of a path (bench/notes/<name>.md) is written under its section by
+    every run, after the figures and the section's context."""
+    (tmp_path / "lookup.md").write_text("What is left: the key path.\n")
+    monkeypatch.setattr(run_all, "NOTES", str(tmp_path))
+    report = Report("lookup", "Lookups", "m", "b", "t", ["a"])
+    page = run_all._docs([report], {}, _INFO)
+    assert page.index(run_all.CONTEXT["lookup"]) < page.index("What is left: the key path.")
+    other = run_all._docs([Report("http", "H", "m", "b", "t", ["a"])], {}, _INFO)
+    assert "the key path." not in other
+    monkeypatch.undo()
+    for name in os.listdir(run_all.NOTES):  # every notes file belongs to a benchmark
+        assert name.removesuffix(".md") in EVERY, name
