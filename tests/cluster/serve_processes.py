@@ -94,6 +94,14 @@ class ServeProcess:
             time.sleep(0.05)
         raise AssertionError(f"{self.node_id} did not come up: {self.log()}")
 
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Up, then ``/readyz`` 200: every partition it hosts restored (a hang limit)."""
+        self.wait_up(timeout)
+        deadline = time.monotonic() + timeout
+        while httpx.get(f"{self.url}/readyz", timeout=5, verify=self.verify).status_code != 200:
+            assert time.monotonic() < deadline, self.log()
+            time.sleep(0.1)
+
     def kill(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGKILL)

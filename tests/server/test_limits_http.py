@@ -134,24 +134,30 @@ def test_a_128_mib_header_is_cut_off_without_stalling_lookups(limited: Hostile) 
         assert status_of(response) == 431
 
 
+def _headers_slowly(sock: socket.socket) -> bytes:
+    """A request's head, then one more header line every 0.2 s until the server answers
+    (or closes), for up to the header timeout and its slack: what the server answered."""
+    sock.sendall(request_head())
+    sock.settimeout(0.2)
+    for i in range(int((HEADER_TIMEOUT + SLACK) / 0.2)):
+        try:
+            sock.sendall(f"x-slow-{i}: 1\r\n".encode())
+            response = sock.recv(65536)
+            if response:
+                return response
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    return b""
+
+
 def test_slow_headers_are_timed_out(limited: Hostile) -> None:
     """A slowloris client sending one header line every 0.2 s gets a 408 after the header
     timeout, although it never stops sending."""
     with Probe(limited), connect(limited) as sock:
         started = time.monotonic()
-        sock.sendall(request_head())
-        response = b""
-        sock.settimeout(0.2)
-        for i in range(int((HEADER_TIMEOUT + SLACK) / 0.2)):
-            try:
-                sock.sendall(f"x-slow-{i}: 1\r\n".encode())
-                response = sock.recv(65536)
-                if response:
-                    break
-            except TimeoutError:
-                continue
-            except (BrokenPipeError, ConnectionResetError):
-                break
+        response = _headers_slowly(sock)
         elapsed = time.monotonic() - started
     assert status_of(response) == 408
     assert b"request_timeout" in response
@@ -181,19 +187,7 @@ def test_slow_headers_after_an_answer_on_a_kept_alive_connection_are_timed_out(
         assert status_of(read_answer(sock)) == 200
         time.sleep(HEADER_TIMEOUT * 0.6)  # the next deadline is after the timer's
         started = time.monotonic()
-        sock.sendall(request_head())
-        response = b""
-        sock.settimeout(0.2)
-        for i in range(int((HEADER_TIMEOUT + SLACK) / 0.2)):
-            try:
-                sock.sendall(f"x-slow-{i}: 1\r\n".encode())
-                response = sock.recv(65536)
-                if response:
-                    break
-            except TimeoutError:
-                continue
-            except (BrokenPipeError, ConnectionResetError):
-                break
+        response = _headers_slowly(sock)
         elapsed = time.monotonic() - started
     assert status_of(response) == 408
     assert b"request_timeout" in response

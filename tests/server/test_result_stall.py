@@ -42,11 +42,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         SPARKIQ_SQL_TIMEOUT_SECONDS="120",
     ).start()
     try:
-        process.wait_up()
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{process.url}/readyz", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, process.log()
-            time.sleep(0.1)
+        process.wait_ready()
         yield process
     finally:
         process.stop()

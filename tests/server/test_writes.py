@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import socket
 import sys
-import time
 from collections.abc import Iterator
 
-import httpx
 import orjson
 import pytest
 
@@ -32,11 +30,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     write_batch(make_table(str(state_dir), partitions=2), 0, {f"k{i}": i for i in range(KEYS)})
     process = ServeProcess(str(state_dir), "n0", free_port(), [], str(state_dir)).start()
     try:
-        process.wait_up()
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{process.url}/readyz", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, process.log()
-            time.sleep(0.1)
+        process.wait_ready()
         yield process
     finally:
         process.stop()
