@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -96,7 +97,16 @@ def flame(name: str, pid: int | None = None, *, native: bool = False) -> Iterato
         if not out.exists():
             print(f"flame graph {name}: not written: {err.decode(errors='replace')[-500:]}")
         else:
+            _without_local_paths(out)
             print(f"flame graph {name}: {out}")
+
+
+def _without_local_paths(svg: Path) -> None:
+    """py-spy writes its command line into the graph: the checkout's absolute paths become
+    relative ones (the repository is cloned anywhere), py-spy's own path its bare name."""
+    text = re.sub(r"\S*/py-spy record", "py-spy record", svg.read_text())
+    text = re.sub(r"--output \S+", f"--output docs/flames/{svg.name}", text)
+    svg.write_text(text.replace(str(FLAMES.parent.parent) + "/", ""))
 
 
 def flame_calls(

@@ -32,6 +32,7 @@ def test_a_phase_is_drawn_with_its_own_functions(flames_into: Path) -> None:
         _spin_for_the_sampler(1.5)
     svg = (flames_into / "spin.svg").read_text()
     assert svg.startswith("<?xml") and "_spin_for_the_sampler" in svg
+    assert "py-spy record" in svg and str(flames_into) not in svg  # no local paths kept
 
 
 def test_flame_calls_loops_over_its_arguments(flames_into: Path) -> None:
