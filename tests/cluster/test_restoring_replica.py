@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from sparkiq import KeyQuery, Node, SparkiqError, StateQueryRequest
+from sparkiq import KeyQuery, Node, SparkiqError, StateQueryRequest, UnknownStoreError
 from sparkiq.cluster.transport import LocalTransport
 from sparkiq.query.result import FailureReason
 from sparkiq.serving.hosting import Hosting
+from sparkiq.testing import wait_until as kit_wait_until
 from tests.changelog.helpers import expected_rows, make_table, write_batch
 from tests.cluster.cluster_helpers import FAST, settle, wait_until
 
@@ -89,3 +90,19 @@ def test_with_the_old_owner_gone_a_key_is_an_error_not_missing(held: tuple[Node,
     for key in KEYS[:8]:
         with pytest.raises(SparkiqError, match="has applied no batch yet"):
             n1.get("t", key)
+
+
+def test_the_testing_kits_wait_until_waits_through_a_restore(held: tuple[Node, Node]) -> None:
+    """``sparkiq.testing.wait_until`` over a read of a restoring partition: the refusal is
+    "not yet", named when the deadline passes; once the restore runs, the wait ends. An
+    error asking again cannot fix ends the wait at once."""
+    n0, n1 = held
+    n0.stop()
+    wait_until(lambda: len(_restoring(n1)) == 8, 30, "n1 did not take every partition")
+    with pytest.raises(AssertionError, match=r"never restored.*has applied no batch yet") as late:
+        kit_wait_until(lambda: n1.get("t", KEYS[0]) == EXPECTED[KEYS[0]], 0.3, "never restored")
+    assert isinstance(late.value.__cause__, SparkiqError)
+    with pytest.raises(UnknownStoreError):
+        kit_wait_until(lambda: n1.get("nope", KEYS[0]) is not None, 30, "unreachable")
+    n1._hosting.held = False  # type: ignore[attr-defined]
+    kit_wait_until(lambda: n1.get("t", KEYS[0]) == EXPECTED[KEYS[0]], 60, "never restored")

@@ -13,6 +13,14 @@ batches); the CPU of whole tests, every process counted, fell from 80 s to 51 s
 over five files that use it (test_sql_ddl, test_tws, test_rocksdb, test_differential,
 test_app). Nothing a test checks depends on the JIT or the collector.
 
+Without tiered compilation HotSpot reserves a 48 MB code cache instead of 240 MB, and a test
+session's driver compiles every class Spark generates for the session's queries: one worker
+of a three-worker run filled it, the JIT stopped ("CodeCache is full") and the next generated
+class killed the JVM (``VirtualMachineError: Out of space in CodeCache for adapters``, which
+Spark's uncaught-exception handler turns into an exit), failing every later test of that
+worker. The cache is reserved at the tiered size again: reserved address space, committed
+only as code is compiled.
+
 Every such JVM also maps the classes a Spark driver loads from a class-data-sharing archive
 when ``make test`` has built one (:mod:`tests.spark.class_archive`: a third less CPU again
 for a writer process).
@@ -27,8 +35,9 @@ from __future__ import annotations
 
 from tests.spark.class_archive import archive_options
 
-#: C1 only, one GC thread: cheaper for a JVM that runs small jobs for minutes.
-BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: C1 only, one GC thread: cheaper for a JVM that runs small jobs for minutes; the code cache
+#: at the size tiered compilation would reserve, so a long session's generated code fits.
+BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
 #: The base options and the class archive, when there is one.
 SHORT_JVM_OPTIONS = f"{BASE_OPTIONS} {archive_options()}".strip()
 

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from sparkiq.errors import SparkiqError
+
 if TYPE_CHECKING:
     from sparkiq.client import Client
     from sparkiq.node import Node
@@ -41,11 +43,24 @@ TEST_TIMINGS: Mapping[str, float] = {
 
 def wait_until(check: Callable[[], bool], timeout: float, message: str) -> None:
     """Call ``check`` every 50 ms until it returns true; AssertionError with ``message``
-    after ``timeout`` seconds (give generous ones: test machines are busy)."""
+    after ``timeout`` seconds (give generous ones: test machines are busy).
+
+    A retryable :class:`~sparkiq.errors.SparkiqError` from ``check`` counts as "not yet": a
+    node just started answers a read of a partition it is still restoring that way, and
+    waiting for the answer is what the caller asked for. At the deadline the last such error
+    is the AssertionError's cause; any other exception ends the wait at once."""
     deadline = time.monotonic() + timeout
-    while not check():
+    last: SparkiqError | None = None
+    while True:
+        try:
+            if check():
+                return
+        except SparkiqError as error:
+            if not error.retryable:
+                raise
+            last = error
         if time.monotonic() > deadline:
-            raise AssertionError(message)
+            raise AssertionError(message if last is None else f"{message} ({last})") from last
         time.sleep(0.05)
 
 

@@ -53,6 +53,7 @@ KAFKA_JVM_OPTIONS = (
     "-Xms64m",
     "-Xmx512m",
     "-XX:TieredStopAtLevel=1",
+    "-XX:ReservedCodeCacheSize=240m",  # C1 alone would reserve 48 MB; a long run fills it
     "-XX:+UseSerialGC",
     "-Djava.awt.headless=true",
 )
