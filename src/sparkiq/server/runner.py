@@ -75,6 +75,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._idle = False  # between an answer and the next request: the deadline is idle's
         self._discarding: int | None = None  # bytes still dropped after a refusal
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
@@ -95,6 +96,9 @@ class _LimitedProtocol(HttpToolsProtocol):
                 self.transport.abort()
             return
         self._received_any = True
+        if self._idle:  # the next request begins: its header deadline replaces the idle one
+            self._idle = False
+            self._deadline = None
         if self._awaiting_headers:
             room = self.limits.max_header_bytes - self._header_bytes
             if len(data) > room:
@@ -133,6 +137,21 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        """uvicorn's, but for the keep-alive deadline: uvicorn armed a timer after every
+        answer and canceled it when the next request came, two timer operations a request;
+        the connection's one timer watches it instead (with the requests' deadlines)."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()  # reading paused while the answer was pending
+        if self.pipeline:  # a pipelined request waits: it starts now
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self._deadline is None:  # no request under way: the connection idles
+            self._idle = True
+            self._watch(self.loop.time() + self.timeout_keep_alive)
+
     # -- limits ----------------------------------------------------------------------------
 
     def _watch(self, deadline: float) -> None:
@@ -155,6 +174,9 @@ class _LimitedProtocol(HttpToolsProtocol):
             return
         if self.loop.time() < deadline:
             self._watch(deadline)
+        elif self._idle:  # no request since the last answer: uvicorn's keep-alive timeout
+            self._deadline = None
+            self.timeout_keep_alive_handler()
         elif self._awaiting_headers:
             self._headers_too_slow()
         else:
