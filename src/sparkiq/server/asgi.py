@@ -130,9 +130,10 @@ def allow(method: str, allowed: str) -> None:
         raise HttpError(ErrorCode.METHOD_NOT_ALLOWED, f"use {allowed} for this path")
 
 
-#: The scope key of a server's ``async answer(status, headers, body)``: an answer's head
-#: and body in one call (ASGI has two messages for it; sparkiq's server offers this, see
-#: sparkiq.server.runner). Headers are the app's own (not checked) and without the length.
+#: The scope key of a server's ``async answer(scope, send, status, headers, body)``: an
+#: answer's head and body in one call (ASGI has two messages for it; sparkiq's server
+#: offers this, see sparkiq.server.runner). Headers are the app's own (not checked) and
+#: without the length.
 WHOLE_ANSWER = "sparkiq.whole_answer"
 
 
@@ -148,7 +149,7 @@ async def send_body(
     if scope is not None:
         whole = scope.get(WHOLE_ANSWER)
         if whole is not None:
-            await whole(status, headers, body)
+            await whole(scope, send, status, headers, body)
             return
     await send_in_two(send, status, headers, body)
 

@@ -36,7 +36,6 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
-    RequestResponseCycle,
 )
 
 from sparkiq.error_codes import ErrorCode
@@ -82,6 +81,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._timer_at = 0.0
         self._idle = False  # between an answer and the next request: the deadline is idle's
         self._discarding: int | None = None  # bytes still dropped after a refusal
+        self._whole = self._answer_whole  # every request's scope[WHOLE_ANSWER]: bound once
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
                 ErrorCode.TOO_MANY_CONNECTIONS,
@@ -138,7 +138,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         cycle = self.cycle  # the request's, unless uvicorn made none (an upgrade)
         if cycle is not None and cycle.scope is self.scope:
             scope: dict[str, Any] = self.scope  # type: ignore[assignment]
-            scope[WHOLE_ANSWER] = _WholeAnswer(cycle).send
+            scope[WHOLE_ANSWER] = self._whole
 
     def on_message_complete(self) -> None:
         self._deadline = None
@@ -160,6 +160,58 @@ class _LimitedProtocol(HttpToolsProtocol):
         elif self._deadline is None:  # no request under way: the connection idles
             self._idle = True
             self._watch(self.loop.time() + self.timeout_keep_alive)
+
+    async def _answer_whole(
+        self,
+        scope: dict[str, Any],
+        send: Any,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> None:
+        """A request's ``scope[WHOLE_ANSWER]`` (sparkiq.server.asgi): a whole answer, head
+        and body, written at once.
+
+        uvicorn's ``send`` takes an answer as two messages, head then body, and checks each
+        header against its patterns: two calls and their checks, 2 us of a key lookup's 30
+        (closed loop of ``bench.http``). The app's headers are its own constants; this
+        writes them, uvicorn's default headers (``date``) and the length in one ``write``
+        and keeps uvicorn's account of the request as its ``send`` would (response started,
+        then complete, the keep-alive deadline armed). Anything out of the ordinary takes
+        ``send``, uvicorn's: a request other than the connection's current one (pipelined),
+        an answer already started, a connection closing or to be closed after this answer,
+        a HEAD request, writes paused by flow control, an access log.
+        """
+        cycle = self.cycle
+        if (
+            cycle is None
+            or cycle.scope is not scope
+            or cycle.response_started
+            or cycle.disconnected
+            or not cycle.keep_alive
+            or cycle.flow.write_paused
+            or cycle.access_log
+            or scope["method"] == "HEAD"
+        ):
+            await send_in_two(send, status, headers, body)
+            return
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        head = [STATUS_LINE[status]]
+        for name, value in cycle.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-length: %d\r\n\r\n" % len(body))
+        head.append(body)
+        transport = cycle.transport
+        if isinstance(transport, CoalescingTransport):  # whole: nothing to wait for
+            transport.write_now(b"".join(head))
+        else:
+            transport.write(b"".join(head))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        cycle.on_response()
 
     # -- limits ----------------------------------------------------------------------------
 
@@ -251,56 +303,6 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         self.loop.call_later(_LINGER_SECONDS, self.transport.close)
-
-
-class _WholeAnswer:
-    """One request's ``scope[WHOLE_ANSWER]`` (sparkiq.server.asgi): a whole answer, head and
-    body, written at once.
-
-    uvicorn's ``send`` takes an answer as two messages, head then body, and checks each
-    header against its patterns: two calls and their checks, 2 us of a key lookup's 30
-    (closed loop of ``bench.http``). The app's headers are its own constants; this writes
-    them, uvicorn's default headers (``date``) and the length in one ``write`` and keeps
-    uvicorn's account of the request as its ``send`` would (response started, then
-    complete, the keep-alive deadline armed). Anything out of the ordinary takes uvicorn's
-    ``send``: an answer already started, a connection closing or being closed after this
-    answer, a HEAD request, writes paused by flow control, an access log.
-    """
-
-    __slots__ = ("_cycle",)
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
-
-    async def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        cycle = self._cycle
-        if (
-            cycle.response_started
-            or cycle.disconnected
-            or not cycle.keep_alive
-            or cycle.flow.write_paused
-            or cycle.access_log
-            or cycle.scope["method"] == "HEAD"
-        ):
-            await send_in_two(cycle.send, status, headers, body)  # type: ignore[arg-type]
-            return
-        cycle.response_started = True
-        cycle.waiting_for_100_continue = False
-        head = [STATUS_LINE[status]]
-        for name, value in cycle.default_headers:
-            head += (name, b": ", value, b"\r\n")
-        for name, value in headers:
-            head += (name, b": ", value, b"\r\n")
-        head.append(b"content-length: %d\r\n\r\n" % len(body))
-        head.append(body)
-        transport = cycle.transport
-        if isinstance(transport, CoalescingTransport):  # whole: nothing to wait for
-            transport.write_now(b"".join(head))
-        else:
-            transport.write(b"".join(head))
-        cycle.response_complete = True
-        cycle.message_event.set()
-        cycle.on_response()
 
 
 class RunningServer:
