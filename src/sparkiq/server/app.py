@@ -112,7 +112,7 @@ class RestApp:
         self.node = node
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics(node)
-        self._count_request = self.metrics.counts.request  # Metrics.observe, a call less
+        self._count_request = self.metrics.counts.request  # every answered request
         self._auth = auth_failures_of(node)  # slowed and counted per caller address
         self.metrics.registry.register(self._auth)
         self._pool = ElasticPool("sparkiq-http", threads)

@@ -420,10 +420,6 @@ class Metrics:
         self.registry.register(_KafkaCollector(node))
         self.registry.register(_WriterCollector(node))
 
-    def observe(self, route: str, status: int, seconds: float) -> None:
-        """Count one answered request of ``route`` that took ``seconds``."""
-        self.counts.request(route, status, seconds)
-
     def membership_message(self, received: int, sent: int) -> None:
         """Count a membership message this node answered: its body and the reply's bytes
         (unlocked, as the heartbeat counts: a lost count is noise in a rate)."""
