@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import orjson
 import pytest
 
 from sparkiq.errors import ConfigError
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.timeout(120)
 
 HEADER_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.0
+KEEP_ALIVE_TIMEOUT = 2.0  # whole seconds: uvicorn takes an int
 MAX_CONNECTIONS = 24
 MAX_HEADER_BYTES = 16 * 1024
 # A refusal must come after the limit and well before anything else would end the
@@ -40,6 +42,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SPARKIQ_HTTP_HEADER_TIMEOUT", str(HEADER_TIMEOUT))
         env.setenv("SPARKIQ_HTTP_BODY_TIMEOUT", str(BODY_TIMEOUT))
+        env.setenv("SPARKIQ_HTTP_KEEP_ALIVE_TIMEOUT", str(KEEP_ALIVE_TIMEOUT))
         env.setenv("SPARKIQ_HTTP_MAX_CONNECTIONS", str(MAX_CONNECTIONS))
         env.setenv("SPARKIQ_HTTP_MAX_HEADER_BYTES", str(MAX_HEADER_BYTES))
         (node,) = start_http_cluster(state_dir, 1, token=TOKEN)
@@ -214,6 +217,26 @@ def test_an_idle_connection_is_closed(limited: Hostile) -> None:
         assert read_all(sock) == b""
         elapsed = time.monotonic() - started
     assert HEADER_TIMEOUT * 0.9 <= elapsed < HEADER_TIMEOUT + SLACK
+
+
+def test_a_connection_idle_after_an_answer_is_closed_after_the_keep_alive_timeout(
+    limited: Hostile,
+) -> None:
+    """Each answer starts the keep-alive deadline again; a connection that asks nothing
+    more within it is closed when it passes (not at a request's header deadline)."""
+    request = request_head() + b"\r\n"
+    with connect(limited) as sock:
+        for _ in range(3):  # within the deadline each time: served on the same connection
+            sock.sendall(request)
+            head, _, body = read_answer(sock).partition(b"\r\n\r\n")
+            assert status_of(head) == 200, head
+            assert orjson.loads(body)["row"] == PROBE_ROW
+            time.sleep(KEEP_ALIVE_TIMEOUT / 2)
+        started = time.monotonic()
+        assert read_all(sock) == b""
+        elapsed = time.monotonic() - started
+    # KEEP_ALIVE_TIMEOUT / 2 of it was slept already
+    assert KEEP_ALIVE_TIMEOUT * 0.4 <= elapsed < KEEP_ALIVE_TIMEOUT + SLACK
 
 
 def test_connections_beyond_the_limit_are_refused_with_503(limited: Hostile) -> None:

@@ -72,3 +72,33 @@ def test_a_lookup_is_answered_in_one_write(node: ServeProcess) -> None:
         writes = _writes(pid) - before
     # one a lookup; the node's other threads (membership, tailing) may write now and then
     assert LOOKUPS <= writes < LOOKUPS * 1.5, writes
+
+
+def test_answers_written_whole_are_the_answers_uvicorn_writes(node: ServeProcess) -> None:
+    """A lookup's answer is written whole by sparkiq (sparkiq.server.runner); a request
+    that closes its connection after the answer (HTTP/1.0) is answered by uvicorn's own
+    ``send`` instead: the same head (``connection: close`` aside) and body. Pipelined
+    requests are answered in order, each whole."""
+    host, port = node.url.removeprefix("http://").rsplit(":", 1)
+
+    def lookup(key: str, version: str = "1.1") -> bytes:
+        return f"GET /stores/t/keys/{key} HTTP/{version}\r\nhost: localhost\r\n\r\n".encode()
+
+    def without_date(head: bytes) -> list[bytes]:
+        return [line for line in head.split(b"\r\n") if not line.startswith(b"date: ")]
+
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        buffer = bytearray()
+        sock.sendall(lookup("k7") + lookup("missing") + lookup("k8"))  # pipelined
+        answers = [_answer(sock, buffer) for _ in range(3)]
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(lookup("k7", "1.0"))
+        uvicorns = _answer(sock, bytearray())
+    assert [orjson.loads(body)["key"] for _, body in answers] == ["k7", "missing", "k8"]
+    assert [head.split(b" ", 2)[1] for head, _ in answers] == [b"200", b"404", b"200"]
+    assert answers[0][1] == uvicorns[1]
+    assert without_date(answers[0][0]) == [
+        line for line in without_date(uvicorns[0]) if line != b"connection: close"
+    ]
+    assert b"connection: close" in uvicorns[0]
+    assert any(line.startswith(b"date: ") for line in answers[0][0].split(b"\r\n"))

@@ -55,7 +55,7 @@ from sparkiq.server.http_errors import HttpError, classify
 from sparkiq.server.metrics import Metrics
 from sparkiq.server.openapi import openapi_document
 from sparkiq.server.reports import stats_document, stores_document
-from sparkiq.server.routes import PUBLIC_PATHS, match
+from sparkiq.server.routes import PUBLIC_PATHS, ROUTES, Route, match
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.server.served import ServedNode, no_tables_warning
 from sparkiq.server.source_wait import until_sources_read
@@ -112,9 +112,12 @@ class RestApp:
         self.node = node
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics(node)
+        self._count_request = self.metrics.counts.request  # every answered request
         self._auth = auth_failures_of(node)  # slowed and counted per caller address
         self.metrics.registry.register(self._auth)
         self._pool = ElasticPool("sparkiq-http", threads)
+        #: each route's coroutine, bound once (sparkiq.server.routes names them)
+        self._handlers: dict[str, Handler] = {r.handler: getattr(self, r.handler) for r in ROUTES}
         # A push stream waits for changes on the event loop (no thread), and sends a
         # batch's lines encoded once for every stream of the same statement; their number
         # is bounded all the same, each holds a subscription's buffer.
@@ -153,7 +156,11 @@ class RestApp:
         note: dict[str, Any] = {}  # what the request read (tables, rows), for the audit log
         scope[_NOTE] = note
         try:
-            route, status = await self._dispatch(scope, receive, send)
+            found, params = self._route(scope)
+            # the route's coroutine awaited here, not through one more: a layer of them
+            # costs about as much as the route's match
+            status = await self._handlers[found.handler](scope, receive, send, **params)
+            route = found.label  # a route that raised counts as "unmatched", as it always has
         except Exception as exc:  # errors that are the caller's become 4xx, the rest 500
             error = classify(exc)
             error.message = scrub(error.message, self._roots)
@@ -161,7 +168,7 @@ class RestApp:
             await send_error(send, error)
         finally:
             took = time.perf_counter() - started
-            self.metrics.observe(route, status, took)
+            self._count_request(route, status, took)
             if self._audit is not None and not _unaudited(scope):
                 principal = current_principal.get()
                 self._audit.record(
@@ -177,7 +184,9 @@ class RestApp:
 
     # -- dispatch ----------------------------------------------------------------------------
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> tuple[str, int]:
+    def _route(self, scope: Scope) -> tuple[Route, dict[str, str]]:
+        """The route of the request and its path parameters, once the caller may ask it;
+        raises HttpError (refused, no such route, wrong method)."""
         path: str = scope["path"]
         self._browser.check(scope)  # before anything else: what a web page may not ask
         # Routes match the path as sent, and a parameter is percent-decoded once: the server
@@ -193,10 +202,9 @@ class RestApp:
         if found is None:
             method = scope["method"]
             raise HttpError(ErrorCode.NOT_FOUND, f"no route {method} {path}; see /openapi.json")
-        route, params = found
-        allow(scope["method"], route.method)
-        handler: Handler = getattr(self, route.handler)
-        return route.label, await handler(scope, receive, send, **params)
+        if scope["method"] != found[0].method:
+            allow(scope["method"], found[0].method)
+        return found
 
     def _client_principal(self, scope: Scope) -> None:
         current_principal.set(
@@ -228,9 +236,9 @@ class RestApp:
                 "message": f"{store!r} has no row for key {value!r}",
                 "field": "key",
             }
-            await send_body(send, missing.status, jsonapi.dumps(doc), JSON_HEADERS)
+            await send_body(send, missing.status, jsonapi.dumps(doc), JSON_HEADERS, scope)
             return missing.status
-        await send_body(send, 200, jsonapi.dumps(doc), JSON_HEADERS)
+        await send_body(send, 200, jsonapi.dumps(doc), JSON_HEADERS, scope)
         return 200
 
     async def _on_internal_query(self, scope: Scope, receive: Receive, send: Send) -> int:
@@ -481,7 +489,7 @@ class RestApp:
             result = await self._run_while_awaited(receive, lambda: self.node.sql(text, **options))
         elif not arrow and not accepts_binary(scope) and len(result.rows) <= _ENCODE_ON_LOOP:
             self._sql_answered(scope, result)
-            await send_body(send, 200, jsonapi.dumps(sql_json(result)), JSON_HEADERS)
+            await send_body(send, 200, jsonapi.dumps(sql_json(result)), JSON_HEADERS, scope)
             return
         self._sql_answered(scope, result)
         if arrow:

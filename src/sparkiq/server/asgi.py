@@ -17,6 +17,7 @@ from sparkiq.wire import arrowipc, jsonapi, protocol
 
 __all__ = [
     "JSON_HEADERS",
+    "WHOLE_ANSWER",
     "Receive",
     "Scope",
     "Send",
@@ -31,6 +32,7 @@ __all__ = [
     "peer",
     "send_body",
     "send_error",
+    "send_in_two",
     "when_disconnected",
 ]
 
@@ -128,9 +130,34 @@ def allow(method: str, allowed: str) -> None:
         raise HttpError(ErrorCode.METHOD_NOT_ALLOWED, f"use {allowed} for this path")
 
 
+#: The scope key of a server's ``async answer(scope, send, status, headers, body)``: an
+#: answer's head and body in one call (ASGI has two messages for it; sparkiq's server
+#: offers this, see sparkiq.server.runner). Headers are the app's own (not checked) and
+#: without the length.
+WHOLE_ANSWER = "sparkiq.whole_answer"
+
+
 async def send_body(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    scope: Scope | None = None,
 ) -> None:
+    """Answer ``status`` with ``body`` (its length added to ``headers``); pass ``scope`` to
+    use the server's :data:`WHOLE_ANSWER` where it has one."""
+    if scope is not None:
+        whole = scope.get(WHOLE_ANSWER)
+        if whole is not None:
+            await whole(scope, send, status, headers, body)
+            return
+    await send_in_two(send, status, headers, body)
+
+
+async def send_in_two(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    """An answer as ASGI's two messages: its head (with the body's length), its body."""
     headers = [*headers, (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -110,17 +110,25 @@ class BrowserGuard:
     def check(self, scope: dict[str, Any]) -> None:
         """Raise :class:`HttpError` if a browser could have sent this request from a page
         the node does not trust; return otherwise (see the module docstring)."""
+        post = scope["method"] == "POST"
+        types: list[bytes] = []
+        origins: list[bytes] = []
         for name, raw in scope["headers"]:  # one pass over the raw headers, no decoding
-            if name == b"host" and raw not in self._answered:
-                self._check_host(raw.decode("latin-1"))
-                if len(self._answered) < _REMEMBERED:
-                    self._answered.add(raw)
-        if scope["method"] != "POST":
+            if name == b"host":
+                if raw not in self._answered:
+                    self._check_host(raw.decode("latin-1"))
+                    if len(self._answered) < _REMEMBERED:
+                        self._answered.add(raw)
+            elif not post:
+                continue
+            elif name == b"content-type":
+                types.append(raw)
+            elif name == b"origin":
+                origins.append(raw)
+        if not post:
             return
-        host_values = _header_values(scope, b"host")
-        types = _header_values(scope, b"content-type") or [""]
-        for value in types:
-            essence = value.split(";", 1)[0].strip().lower()
+        for value in types or [b""]:
+            essence = value.decode("latin-1").split(";", 1)[0].strip().lower()
             if essence in SIMPLE_CONTENT_TYPES:
                 named = f"'content-type: {essence}'" if essence else "no content-type"
                 raise HttpError(
@@ -130,8 +138,10 @@ class BrowserGuard:
                     "application/json')",
                     "content-type",
                 )
-        for value in _header_values(scope, b"origin"):
-            self._check_origin(value, host_values)
+        if origins:  # a browser's; programs send none
+            host_values = _header_values(scope, b"host")
+            for origin in origins:
+                self._check_origin(origin.decode("latin-1"), host_values)
 
     def allows_host(self, host: str) -> bool:
         """Whether ``host`` (a name or address, without a port) is answered."""

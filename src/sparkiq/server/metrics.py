@@ -9,13 +9,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sparkiq.pools import pool_limits
 from sparkiq.server.history import GaugeHistory, gauges_of
 from sparkiq.server.process_memory import process_memory
+from sparkiq.server.request_counts import RequestCounts
 from sparkiq.server.served import ServedNode
 from sparkiq.sql.watchdog import statement_counts
 from sparkiq.stores.rocksdb_options import rocksdb_memory
@@ -407,49 +408,17 @@ class Metrics:
     def __init__(self, node: ServedNode) -> None:
         self._node = node
         self.registry = CollectorRegistry()
-        self.queries = Counter(
-            "sparkiq_queries",
-            "Queries of each table from HTTP clients (a SQL statement counts once per table)",
-            ["store"],
-            registry=self.registry,
-        )
+        # sparkiq_queries, sparkiq_http_requests and sparkiq_http_request_seconds: counted
+        # in plain numbers, exported at scrape time (sparkiq.server.request_counts)
+        self.counts = RequestCounts()
+        self.registry.register(self.counts)
         self.query_rate = QueryRate()
         self.gauges = GaugeHistory(self.query_rate.interval, self.query_rate.buckets)
-        self.requests = Counter(
-            "sparkiq_http_requests",
-            "HTTP requests by route and status",
-            ["route", "status"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "sparkiq_http_request_seconds",
-            "HTTP request latency by route",
-            ["route"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
-            registry=self.registry,
-        )
-        # Each labelled child once: labels() takes a lock and builds its key on every call,
-        # several microseconds of every request. Children are never removed, so the ones
-        # kept stay the registry's (dict updates are atomic; a race makes one twice, and
-        # labels() returns the same child both times).
-        self._requests: dict[tuple[str, int], Any] = {}
-        self._latency: dict[str, Any] = {}
-        self._queries: dict[str, Any] = {}
         #: Bytes of membership messages this node's HTTP server read and answered.
         self._membership_bytes = {"sent": 0, "received": 0}
         self.registry.register(_ReplicaCollector(node, self._membership_bytes))
         self.registry.register(_KafkaCollector(node))
         self.registry.register(_WriterCollector(node))
-
-    def observe(self, route: str, status: int, seconds: float) -> None:
-        counted = self._requests.get((route, status))
-        if counted is None:
-            counted = self._requests[(route, status)] = self.requests.labels(route, str(status))
-        counted.inc()
-        timed = self._latency.get(route)
-        if timed is None:
-            timed = self._latency[route] = self.latency.labels(route)
-        timed.observe(seconds)
 
     def membership_message(self, received: int, sent: int) -> None:
         """Count a membership message this node answered: its body and the reply's bytes
@@ -459,11 +428,7 @@ class Metrics:
 
     def queried(self, *stores: str) -> None:
         """Count one client query that read ``stores``."""
-        for store in stores:
-            counted = self._queries.get(store)
-            if counted is None:
-                counted = self._queries[store] = self.queries.labels(store)
-            counted.inc()
+        self.counts.queried(stores)
         self.query_rate.count(stores)
 
     def sample(self) -> None:

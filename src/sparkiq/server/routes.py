@@ -19,8 +19,9 @@ for the others; the key lookup, the hot path, is the first templated route tried
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["NODE_PATHS", "PUBLIC_PATHS", "ROUTES", "Route", "match"]
 
@@ -41,6 +42,9 @@ class Route:
     # (index, parameter name) and (index, literal segment): what bind compares, found once
     params: tuple[tuple[int, str], ...] = field(init=False, repr=False, compare=False)
     literals: tuple[tuple[int, str], ...] = field(init=False, repr=False, compare=False)
+    binder: Callable[[list[str]], dict[str, str] | None] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         segments = tuple(self.path.strip("/").split("/"))
@@ -51,6 +55,7 @@ class Route:
         object.__setattr__(self, "literals", fixed)
         if not self.label:
             object.__setattr__(self, "label", self.path)
+        object.__setattr__(self, "binder", _binder(self))
 
     @property
     def templated(self) -> bool:
@@ -59,13 +64,28 @@ class Route:
     def bind(self, parts: list[str]) -> dict[str, str] | None:
         """The path parameters if ``parts`` (a path's segments) are this route's, else
         None. Parameters are percent-decoded."""
-        if len(parts) != len(self.segments):
-            return None
-        for i, literal in self.literals:
-            if parts[i] != literal:
-                return None
-        unquote = urllib.parse.unquote
-        return {name: unquote(parts[i]) for i, name in self.params}
+        return self.binder(parts)
+
+
+def _binder(route: Route) -> Callable[[list[str]], dict[str, str] | None]:
+    """:meth:`Route.bind` of ``route`` as a function of its own, its segments' checks
+    unrolled: the key lookup's match took 0.6 us in a loop over the segments and a dict
+    comprehension, a tenth of that unrolled. Only the route's literal segments, as
+    Python literals, and indexes enter the source."""
+    checks = " or ".join(
+        [f"len(parts) != {len(route.segments)}"]
+        + [f"parts[{i}] != {literal!r}" for i, literal in route.literals]
+    )
+    lines = ["def bind(parts):", f"    if {checks}:", "        return None"]
+    lines += [f"    p{i} = parts[{i}]" for i, _ in route.params]
+    # unquote returns a segment without "%" as it is: asking first saves its call
+    values = ", ".join(
+        f"{name!r}: p{i} if '%' not in p{i} else unquote(p{i})" for i, name in route.params
+    )
+    lines.append(f"    return {{{values}}}")
+    namespace: dict[str, Any] = {"unquote": urllib.parse.unquote}
+    exec("\n".join(lines), namespace)  # the source holds the route table's literals only
+    return namespace["bind"]  # type: ignore[no-any-return]
 
 
 ROUTES: tuple[Route, ...] = (
@@ -109,7 +129,7 @@ def match(path: str) -> tuple[Route, dict[str, str]] | None:
         return fixed, {}
     parts = path.strip("/").split("/")
     for route in _BY_LENGTH.get(len(parts), ()):
-        params = route.bind(parts)
+        params = route.binder(parts)
         if params is not None:
             return route, params
     return None

@@ -33,11 +33,15 @@ import time
 from typing import Any, ClassVar
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+)
 
 from sparkiq.error_codes import ErrorCode
 from sparkiq.errors import ConfigError
 from sparkiq.limits import HttpLimits
+from sparkiq.server.asgi import WHOLE_ANSWER, send_in_two
 from sparkiq.server.served import ServedNode
 from sparkiq.server.writes import CoalescingTransport, WriteFlusher
 from sparkiq.serving.config import node_url
@@ -75,7 +79,9 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._idle = False  # between an answer and the next request: the deadline is idle's
         self._discarding: int | None = None  # bytes still dropped after a refusal
+        self._whole = self._answer_whole  # every request's scope[WHOLE_ANSWER]: bound once
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
                 ErrorCode.TOO_MANY_CONNECTIONS,
@@ -95,6 +101,9 @@ class _LimitedProtocol(HttpToolsProtocol):
                 self.transport.abort()
             return
         self._received_any = True
+        if self._idle:  # the next request begins: its header deadline replaces the idle one
+            self._idle = False
+            self._deadline = None
         if self._awaiting_headers:
             room = self.limits.max_header_bytes - self._header_bytes
             if len(data) > room:
@@ -126,12 +135,83 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._awaiting_headers = False
         self._watch(self.loop.time() + self.limits.body_timeout)
         super().on_headers_complete()
+        cycle = self.cycle  # the request's, unless uvicorn made none (an upgrade)
+        if cycle is not None and cycle.scope is self.scope:
+            scope: dict[str, Any] = self.scope  # type: ignore[assignment]
+            scope[WHOLE_ANSWER] = self._whole
 
     def on_message_complete(self) -> None:
         self._deadline = None
         self._awaiting_headers = True
         self._header_bytes = 0
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, but for the keep-alive deadline: uvicorn armed a timer after every
+        answer and canceled it when the next request came, two timer operations a request;
+        the connection's one timer watches it instead (with the requests' deadlines)."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()  # reading paused while the answer was pending
+        if self.pipeline:  # a pipelined request waits: it starts now
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self._deadline is None:  # no request under way: the connection idles
+            self._idle = True
+            self._watch(self.loop.time() + self.timeout_keep_alive)
+
+    async def _answer_whole(
+        self,
+        scope: dict[str, Any],
+        send: Any,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> None:
+        """A request's ``scope[WHOLE_ANSWER]`` (sparkiq.server.asgi): a whole answer, head
+        and body, written at once.
+
+        uvicorn's ``send`` takes an answer as two messages, head then body, and checks each
+        header against its patterns: two calls and their checks, 2 us of a key lookup's 30
+        (closed loop of ``bench.http``). The app's headers are its own constants; this
+        writes them, uvicorn's default headers (``date``) and the length in one ``write``
+        and keeps uvicorn's account of the request as its ``send`` would (response started,
+        then complete, the keep-alive deadline armed). Anything out of the ordinary takes
+        ``send``, uvicorn's: a request other than the connection's current one (pipelined),
+        an answer already started, a connection closing or to be closed after this answer,
+        a HEAD request, writes paused by flow control, an access log.
+        """
+        cycle = self.cycle
+        if (
+            cycle is None
+            or cycle.scope is not scope
+            or cycle.response_started
+            or cycle.disconnected
+            or not cycle.keep_alive
+            or cycle.flow.write_paused
+            or cycle.access_log
+            or scope["method"] == "HEAD"
+        ):
+            await send_in_two(send, status, headers, body)
+            return
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        head = [STATUS_LINE[status]]
+        for name, value in cycle.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-length: %d\r\n\r\n" % len(body))
+        head.append(body)
+        transport = cycle.transport
+        if isinstance(transport, CoalescingTransport):  # whole: nothing to wait for
+            transport.write_now(b"".join(head))
+        else:
+            transport.write(b"".join(head))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        cycle.on_response()
 
     # -- limits ----------------------------------------------------------------------------
 
@@ -155,6 +235,9 @@ class _LimitedProtocol(HttpToolsProtocol):
             return
         if self.loop.time() < deadline:
             self._watch(deadline)
+        elif self._idle:  # no request since the last answer: uvicorn's keep-alive timeout
+            self._deadline = None
+            self.timeout_keep_alive_handler()
         elif self._awaiting_headers:
             self._headers_too_slow()
         else:

@@ -80,6 +80,15 @@ class CoalescingTransport:
             self.transport.write(held)
             self.transport.write(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Send ``data``, a whole answer, now (after what is held, joined with it)."""
+        held = self._held
+        if held is None:
+            self.transport.write(data)
+        else:
+            self._held = None
+            self.transport.write(held + data)
+
     def flush(self) -> None:
         """Send what is held now (nothing when nothing is)."""
         held, self._held = self._held, None

@@ -200,6 +200,9 @@ class Lookup:
         ``location.here`` (never blocks on the network), else asked of the node hosting
         it. The caller locates once and passes the location on."""
         if location.here:
+            hosted = location.store
+            if hosted is not None and handler_for.builtin_keys:  # read_key's, one call less
+                return hosted.get_encoded(location.encoded)
             return self.read_key(location, key)
         return self._get_routed(store, key, location)
 

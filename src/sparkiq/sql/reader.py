@@ -85,7 +85,7 @@ def _request(
 
 def batch_of(store: str, position: Position) -> int | None:
     """The batch of ``store`` a read was served at (None: no partition answered)."""
-    offsets = position.to_map().get(store)
+    offsets = position.partition_offsets(store)  # a view: to_map would copy every component
     return max(offsets.values()) if offsets else None
 
 
@@ -163,7 +163,7 @@ def _lookup_rows(
                 row, read_at, partition = here
                 partitions.append(partition)
                 position = position.merge(read_at)
-                served = read_at.to_map().get(store, {}).get(partition)
+                served = read_at.partition_offsets(store).get(partition)
                 if served is not None:
                     batches.add(served)
                 if row is not None:
@@ -175,7 +175,7 @@ def _lookup_rows(
         for partition, answer in result.partition_results.items():
             partitions.append(partition)
             position = position.merge(answer.position)
-            served = answer.position.to_map().get(store, {}).get(partition)
+            served = answer.position.partition_offsets(store).get(partition)
             if served is not None:
                 batches.add(served)
             if windowed:
