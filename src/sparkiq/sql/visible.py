@@ -6,8 +6,8 @@ rows of batch ``b`` are those with ``valid_from <= b < valid_to``. Filtering the
 before DuckDB reads them copies every visible row of the partition (a third of a scan's
 time, measured on the two-node scan of ``bench.sql_scan``). Instead the statement reads the
 unfiltered chunks, registered without copying, through a CTE that keeps the rows of the
-batch: DuckDB pushes both comparisons into its scan of the Arrow table, so no row is copied
-that the statement does not keep.
+batch: DuckDB compares the two stamps as it scans the chunks, and no row is copied before
+DuckDB reads it.
 
 Both SQL paths that read versions use it: the columnar path (a whole table held by the node
 asked, :func:`sparkiq.sql.plan.with_versions`) and a fragment (the partitions a node answers
