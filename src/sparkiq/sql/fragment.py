@@ -230,6 +230,9 @@ class _Candidates:
 
     raw: pa.Table
     batch_id: int
+    #: whether ``batch_id`` was the partition's newest once ``raw`` was taken: then no row
+    #: of ``raw`` became valid after it (``valid_from`` needs no comparison)
+    newest: bool = False
 
     def visible(self, columns: tuple[str, ...]) -> pa.Table:
         """The rows at the batch as a table of ``columns`` (a copy of those rows)."""
@@ -271,8 +274,11 @@ def _partition_rows(
                 and query.window_from is None
                 and query.window_to is None
             ):
-                version = store.version(batch_id)
-                return _Candidates(version.raw(), batch_id), version.position
+                version = versions.version(batch_id)
+                # read after the version, of the same object: its chunks hold no row of a
+                # batch applied later
+                newest = versions.newest == batch_id
+                return _Candidates(version.raw(), batch_id, newest), version.position
             return _version_table(store, query, batch_id)
     with _without_cyclic_gc():
         return _partition_table(store, query)
@@ -453,11 +459,11 @@ def _run_over(
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     _check_fragment_sql(query.sql)
     timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
-    by_batch: dict[int, list[pa.Table]] = {}
+    by_batch: dict[tuple[int, bool], list[pa.Table]] = {}
     tables = []
     for part in parts:
         if isinstance(part, _Candidates):
-            by_batch.setdefault(part.batch_id, []).append(part.raw)
+            by_batch.setdefault((part.batch_id, part.newest), []).append(part.raw)
         else:
             tables.append(part)
     if not by_batch:
@@ -465,12 +471,13 @@ def _run_over(
         return run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)[1]
     relations: dict[str, pa.Table] = {}
     params: dict[str, int] = {}
-    for index, (batch_id, raws) in enumerate(by_batch.items()):
+    for index, ((batch_id, _), raws) in enumerate(by_batch.items()):
         relations[f"{PART}_v{index}"] = raws[0] if len(raws) == 1 else pa.concat_tables(raws)
         params[f"sq_b{index}"] = batch_id
     if tables:
         relations[f"{PART}_rows"] = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    sql = _over_versions(query.sql, columns, len(by_batch), bool(tables))
+    newest = tuple(is_newest for _, is_newest in by_batch)
+    sql = _over_versions(query.sql, columns, newest, bool(tables))
     return run(pool, sql, relations, timeout=timeout, arrow=True, params=params)[1]
 
 
@@ -478,18 +485,20 @@ _over: OrderedDict[tuple[Any, ...], str] = OrderedDict()
 _over_lock = threading.Lock()
 
 
-def _over_versions(sql: str, columns: tuple[str, ...], batches: int, rows: bool) -> str:
-    """``sql`` with ``__sq_part`` the union of ``batches`` relations ``__sq_part_vN`` read
-    at the batch in ``$sq_bN`` (:func:`~sparkiq.sql.visible.rows_at`) and, with ``rows``,
-    the rows of ``__sq_part_rows`` as they are. Made once per shape (sqlglot takes about a
-    millisecond to write a statement)."""
-    key = (sql, columns, batches, rows)
+def _over_versions(sql: str, columns: tuple[str, ...], newest: tuple[bool, ...], rows: bool) -> str:
+    """``sql`` with ``__sq_part`` the union of a relation ``__sq_part_vN`` per item of
+    ``newest``, read at the batch in ``$sq_bN`` (:func:`~sparkiq.sql.visible.rows_at`,
+    ``newest`` its flag), and, with ``rows``, the rows of ``__sq_part_rows`` as they are.
+    Made once per shape (sqlglot takes about a millisecond to write a statement)."""
+    key = (sql, columns, newest, rows)
     with _over_lock:
         found = _over.get(key)
         if found is not None:
             _over.move_to_end(key)
             return found
-    parts: list[exp.Query] = [rows_at(f"{PART}_v{i}", columns, f"sq_b{i}") for i in range(batches)]
+    parts: list[exp.Query] = [
+        rows_at(f"{PART}_v{i}", columns, f"sq_b{i}", newest=flag) for i, flag in enumerate(newest)
+    ]
     if rows:
         parts.append(
             exp.select(*[exp.column(c, quoted=True) for c in columns]).from_(f"{PART}_rows")
