@@ -290,16 +290,6 @@ CONTEXT = {
         "Before versions, every scan first read RocksDB and decoded MessagePack rows to "
         "Arrow (the last scan line). A SQL key lookup with a plain column list never reaches "
         "DuckDB: its plan is cached by statement shape and it runs one KeyQuery."
-        " What is left on the two-node line (its flame graph): each node reads its "
-        "partitions' visible rows from their versions (the visibility filter copies them, "
-        "about 30% of the fragment path), runs the fragment once over them, sends the "
-        "result as Arrow IPC, and the asking node runs the final statement: two DuckDB runs "
-        "and a copy where the columnar path runs once over versions registered without "
-        "copying; and both nodes share the two cores with the load, so their halves do not "
-        "run side by side as on two hosts. A fragment's SQL text is made once per plan "
-        "(rendering it per execution was a tenth of the asking node's Python time). The "
-        "SQL watchdog's arm shows large in the graph but costs about 30 us a statement "
-        "measured alone: its share is the hand-off that wakes the watchdog thread."
     ),
     "versions": (
         "Every replica applies each batch to its Arrow versions (decode, stamp replaced rows, "

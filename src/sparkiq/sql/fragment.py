@@ -8,6 +8,12 @@ start is in bounds and, when ``sql`` is set, runs it in a locked-down DuckDB ove
 kept without versions is read from a store snapshot and decoded. The answer is a
 ``pyarrow.Table`` with the position of the batch it was read at.
 
+A whole partition read by ``sql`` (no key range, window bounds or keys) is not filtered in
+Arrow first: ``__sq_part`` is then a CTE over the version's unfiltered chunks, registered
+without copying, that keeps the rows of the batch (:mod:`sparkiq.sql.visible`), and DuckDB
+applies that filter in its scan. A node answering several partitions does the same over all
+of them at once (one relation per batch read, usually one).
+
 A fragment with ``keys`` (a SQL key lookup inside a larger statement: a join, an expression,
 an aggregate) reads those keys only, each by key, and never scans the partition: from the
 store's current state when the request is not pinned to a batch, else from the version of
@@ -26,13 +32,14 @@ than ``__sq_part``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,7 +54,8 @@ from sparkiq.schema.types import TableSchema
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlError, SqlLimitError, SqlUnsupportedError
 from sparkiq.sql.limits import SqlLimits
-from sparkiq.sql.parse import parse
+from sparkiq.sql.parse import DIALECT, parse
+from sparkiq.sql.visible import rows_at, with_ctes
 from sparkiq.stores.dispatch import QueryContext, execute, register, register_combiner
 from sparkiq.stores.partition import PartitionStore
 from sparkiq.stores.versions import visible_mask
@@ -214,20 +222,70 @@ def _without_cyclic_gc() -> Iterator[None]:
                 gc.enable()
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """A partition's rows still to be filtered to ``batch_id``: every row of its version's
+    chunks (``raw``, not copied), to be read through :func:`~sparkiq.sql.visible.rows_at`.
+    Only a fragment's own DuckDB run reads one; it never leaves the process."""
+
+    raw: pa.Table
+    batch_id: int
+    #: whether ``batch_id`` was the partition's newest once ``raw`` was taken: then no row
+    #: of ``raw`` became valid after it (``valid_from`` needs no comparison)
+    newest: bool = False
+
+    def visible(self, columns: tuple[str, ...]) -> pa.Table:
+        """The rows at the batch as a table of ``columns`` (a copy of those rows)."""
+        raw = self.raw
+        return raw.select(list(columns)).filter(visible_mask(raw, self.batch_id))
+
+
+Rows: TypeAlias = "pa.Table | _Candidates"
+
+#: Set by the combiner while it reads its partitions: their whole-partition reads are then
+#: answered as :class:`_Candidates`, which its single DuckDB run filters (see
+#: :func:`_fragments`). A context variable, not a query field: it never crosses the wire.
+_deferring: contextvars.ContextVar[bool] = contextvars.ContextVar("sq_deferring", default=False)
+
+
 def partition_table(
     store: PartitionStore, query: SqlFragmentQuery, at_batch: int | None = None
 ) -> tuple[pa.Table, Any]:
     """The partition's rows in the query's bounds as Arrow at ``at_batch`` (None: the
     newest), with that batch's position."""
+    rows, position = _partition_rows(store, query, at_batch)
+    return _materialized(rows, query.columns), position
+
+
+def _partition_rows(
+    store: PartitionStore, query: SqlFragmentQuery, at_batch: int | None
+) -> tuple[Rows, Any]:
+    """:func:`partition_table`, except that a whole partition read from its version comes
+    as :class:`_Candidates` (no rows copied)."""
     if query.keys is not None:
         return _keys_table(store, query, at_batch)
     versions = store.versions
     if versions is not None:
         batch_id = versions.newest if at_batch is None else at_batch
         if batch_id >= 0:
+            if (
+                query.lower is None
+                and query.upper is None
+                and query.window_from is None
+                and query.window_to is None
+            ):
+                version = versions.version(batch_id)
+                # read after the version, of the same object: its chunks hold no row of a
+                # batch applied later
+                newest = versions.newest == batch_id
+                return _Candidates(version.raw(), batch_id, newest), version.position
             return _version_table(store, query, batch_id)
     with _without_cyclic_gc():
         return _partition_table(store, query)
+
+
+def _materialized(rows: Rows, columns: tuple[str, ...]) -> pa.Table:
+    return rows.visible(columns) if isinstance(rows, _Candidates) else rows
 
 
 def _version_table(
@@ -255,7 +313,7 @@ def _version_table(
             high = pa.scalar(start.from_internal(query.window_to), starts.type)
             mask = pc.and_(mask, pc.less_equal(starts, high))
         mask = pc.and_(mask, pc.is_valid(starts))
-    return raw.filter(mask).select(list(query.columns)), version.position
+    return raw.select(list(query.columns)).filter(mask), version.position
 
 
 def _partition_table(store: PartitionStore, query: SqlFragmentQuery) -> tuple[pa.Table, Any]:
@@ -379,12 +437,81 @@ def _fragment(
     limits, pool = _fragment_pool(ctx.sql_limits)
     if query.keys is not None:
         _check_keys(query, limits)
-    table, position = partition_table(store, query, ctx.at_batch)
-    if query.sql is not None and table.num_rows >= query.skip_below:
-        _check_fragment_sql(query.sql)
-        timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
-        _, table = run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)
-    return QueryResult.for_result(table, position)
+    rows, position = _partition_rows(store, query, ctx.at_batch)
+    if query.sql is None:
+        if _deferring.get():  # the combiner's read: its DuckDB run filters the rows
+            return QueryResult.for_result(rows, position)
+        return QueryResult.for_result(_materialized(rows, query.columns), position)
+    return QueryResult.for_result(_run_over(query, [rows], limits, pool), position)
+
+
+def _run_over(
+    query: SqlFragmentQuery, parts: list[Rows], limits: SqlLimits, pool: DuckPool
+) -> pa.Table:
+    """``query.sql`` over the rows of ``parts`` (one partition's, or several of one node),
+    or those rows as they are when fewer than ``query.skip_below`` (counted before the
+    batch filter: the rows a DuckDB run would read)."""
+    assert query.sql is not None
+    columns = query.columns
+    if sum(part.raw.num_rows if isinstance(part, _Candidates) else part.num_rows
+           for part in parts) < query.skip_below:  # fmt: skip
+        tables = [_materialized(part, columns) for part in parts]
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    _check_fragment_sql(query.sql)
+    timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
+    by_batch: dict[tuple[int, bool], list[pa.Table]] = {}
+    tables = []
+    for part in parts:
+        if isinstance(part, _Candidates):
+            by_batch.setdefault((part.batch_id, part.newest), []).append(part.raw)
+        else:
+            tables.append(part)
+    if not by_batch:
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        return run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)[1]
+    relations: dict[str, pa.Table] = {}
+    params: dict[str, int] = {}
+    for index, ((batch_id, _), raws) in enumerate(by_batch.items()):
+        relations[f"{PART}_v{index}"] = raws[0] if len(raws) == 1 else pa.concat_tables(raws)
+        params[f"sq_b{index}"] = batch_id
+    if tables:
+        relations[f"{PART}_rows"] = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    newest = tuple(is_newest for _, is_newest in by_batch)
+    sql = _over_versions(query.sql, columns, newest, bool(tables))
+    return run(pool, sql, relations, timeout=timeout, arrow=True, params=params)[1]
+
+
+_over: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+_over_lock = threading.Lock()
+
+
+def _over_versions(sql: str, columns: tuple[str, ...], newest: tuple[bool, ...], rows: bool) -> str:
+    """``sql`` with ``__sq_part`` the union of a relation ``__sq_part_vN`` per item of
+    ``newest``, read at the batch in ``$sq_bN`` (:func:`~sparkiq.sql.visible.rows_at`,
+    ``newest`` its flag), and, with ``rows``, the rows of ``__sq_part_rows`` as they are.
+    Made once per shape (sqlglot takes about a millisecond to write a statement)."""
+    key = (sql, columns, newest, rows)
+    with _over_lock:
+        found = _over.get(key)
+        if found is not None:
+            _over.move_to_end(key)
+            return found
+    parts: list[exp.Query] = [
+        rows_at(f"{PART}_v{i}", columns, f"sq_b{i}", newest=flag) for i, flag in enumerate(newest)
+    ]
+    if rows:
+        parts.append(
+            exp.select(*[exp.column(c, quoted=True) for c in columns]).from_(f"{PART}_rows")
+        )
+    body = parts[0]
+    for part in parts[1:]:
+        body = exp.union(body, part, distinct=False)
+    text = with_ctes(parse(sql).tree, {PART: body}).sql(dialect=DIALECT)
+    with _over_lock:
+        _over[key] = text
+        if len(_over) > 512:
+            _over.popitem(last=False)
+    return text
 
 
 @register_combiner(SqlFragmentQuery)
@@ -393,21 +520,21 @@ def _fragments(
 ) -> dict[int, QueryResult[Any]]:
     """Several partitions of one node. With ``combine``, each partition's rows are read as
     :func:`_fragment` reads them (bound, batch and failures per partition, through
-    :func:`execute`), then ``sql`` runs once over all of them."""
+    :func:`execute`; whole partitions unfiltered, see :class:`_Candidates`), then ``sql``
+    runs once over all of them."""
     if not query.combine or query.sql is None:
         return {partition: execute(store, query, ctx) for partition, store in stores.items()}
     rows_only = replace(query, sql=None, skip_below=0)
-    results = {partition: execute(store, rows_only, ctx) for partition, store in stores.items()}
+    token = _deferring.set(True)
+    try:
+        results = {p: execute(store, rows_only, ctx) for p, store in stores.items()}
+    finally:
+        _deferring.reset(token)
     read = [partition for partition, answer in results.items() if answer.is_success]
     if not read:
         return results
-    tables: list[pa.Table] = [results[partition].result for partition in read]
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    if table.num_rows >= query.skip_below:
-        limits, pool = _fragment_pool(ctx.sql_limits)
-        _check_fragment_sql(query.sql)
-        timeout = min(query.timeout_ms / 1000, limits.timeout_seconds)
-        _, table = run(pool, query.sql, {PART: table}, timeout=timeout, arrow=True)
+    limits, pool = _fragment_pool(ctx.sql_limits)
+    table = _run_over(query, [results[partition].result for partition in read], limits, pool)
     first, *rest = read
     answer = results[first]
     results[first] = QueryResult.for_result(table, answer.position, answer.execution_info)

@@ -35,7 +35,7 @@ from sparkiq.sql.fragment import PART
 from sparkiq.sql.keys import KeyAccess
 from sparkiq.sql.paging import PageToken
 from sparkiq.sql.parse import DIALECT
-from sparkiq.stores.versions import VALID_FROM, VALID_TO
+from sparkiq.sql.visible import rows_at, with_ctes
 
 __all__ = [
     "Plan",
@@ -379,25 +379,11 @@ def key_page_queries(
 def with_versions(query: exp.Query, versions: dict[str, tuple[str, tuple[str, ...]]]) -> exp.Query:
     """``query`` with a CTE per relation read from versions: ``__sq_rN`` becomes the rows of
     ``raw`` valid at the batch in parameter ``$sq_bN`` (ahead of the statement's own CTEs,
-    which may read it)."""
-    if not versions:
-        return query
-    ctes = []
-    for relation, (raw, columns) in versions.items():
-        batch = exp.Placeholder(this=f"sq_b{relation[len('__sq_r') :]}")
-        select = exp.select(*[exp.column(c, quoted=True) for c in columns]).from_(raw)
-        select = select.where(
-            exp.and_(
-                exp.LTE(this=exp.column(VALID_FROM, quoted=True), expression=batch.copy()),
-                exp.GT(this=exp.column(VALID_TO, quoted=True), expression=batch.copy()),
-            )
-        )
-        ctes.append(exp.CTE(this=select, alias=exp.TableAlias(this=exp.to_identifier(relation))))
-    copy = query.copy()
-    existing = copy.args.get("with_")
-    recursive = None
-    if existing is not None:
-        ctes += existing.expressions
-        recursive = existing.args.get("recursive")
-    copy.set("with_", exp.With(expressions=ctes, recursive=recursive))
-    return copy
+    which may read it; see :mod:`sparkiq.sql.visible`)."""
+    return with_ctes(
+        query,
+        {
+            relation: rows_at(raw, columns, f"sq_b{relation[len('__sq_r') :]}")
+            for relation, (raw, columns) in versions.items()
+        },
+    )
