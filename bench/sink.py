@@ -189,15 +189,20 @@ def _run_app(
 Run = Callable[[Any, str, str], list[tuple[int, int, int]]]
 
 
-def warm_up(spark: Any, source: str, root: str) -> None:
-    """Run the baseline query over every input file once and drop its figures.
+#: :func:`in_turns`'s entry for the warm-up run's durations (not a sink: left out of figures).
+WARM_UP = "warm-up run of the baseline (left out)"
+
+
+def warm_up(spark: Any, source: str, root: str) -> list[tuple[int, int, int]]:
+    """Run the baseline query over every input file once; its durations, which no figure
+    counts.
 
     A fresh JVM (the local session's or a Connect server's) runs its first streaming query's
-    batches 20-50% slower than later ones (class loading, JIT compilation, the first Python
-    workers): without this, whichever run comes first in a process is charged for it. In
-    ``bench.sink_connect`` the baseline always came first in a fresh process and measured
-    up to 100 ms a batch slower than the App after it (bench/notes/sink_connect.md)."""
-    _run_baseline(spark, source, os.path.join(root, "warm-up"))
+    batches a third slower or more than later ones (class loading, JIT compilation, the
+    first Python workers): without this, whichever run comes first in a process is charged
+    for it. ``bench.sink_connect`` used to run its baseline first in a fresh process, and the
+    App came out up to 100 ms a batch below it (bench/notes/sink_connect.md)."""
+    return _run_baseline(spark, source, os.path.join(root, "warm-up"))
 
 
 def in_turns(
@@ -212,11 +217,12 @@ def in_turns(
     """Each of ``runs`` ``rounds`` times on ``spark``, after :func:`warm_up`; each round
     starts with the next run (on a shared machine a run's place in the round - load
     drifting, the previous query's clean-up - weighs more than the sink). Each run must see
-    ``batches`` batches with input; the durations of those from batch ``warmup`` on, by run.
+    ``batches`` batches with input; the durations of those from batch ``warmup`` on, by run,
+    and the warm-up run's under :data:`WARM_UP` (to show what it absorbed).
     """
-    warm_up(spark, source, root)
     names = list(runs)
     found: dict[str, list[tuple[int, int, int]]] = {name: [] for name in names}
+    found[WARM_UP] = [d for d in warm_up(spark, source, root) if d[0] >= warmup]
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             durations = runs[name](spark, source, os.path.join(root, f"{_folder(name)}-{r}"))
@@ -321,6 +327,7 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
     with scratch_dir("sink") as root, _session(connect, spark) as spark:
         source = write_input(os.path.join(root, "in"), batches, rng, rows)
         results = in_turns(spark, source, root, runs, rounds, batches, warmup)
+        warm = results.pop(WARM_UP)
         if flames_enabled() and not connect:  # a pass of its own, the figures' left unsampled
             count, folder, write = APP_RUNS[next(iter(APP_RUNS))]
             with flame("sink-default"):
@@ -365,6 +372,11 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
                 + ", ".join(f"{k.removesuffix('_ms')} {v:.1f}" for k, v in found.items())
                 for name, found in phase_medians.items()
             )
+        )
+    if warm:  # printed only: what the warm-up run, first in the session, took
+        report.console.append(
+            f"{WARM_UP}: triggerExecution median {median([d[1] for d in warm]):,.0f} ms, "
+            f"addBatch {median([d[2] for d in warm]):,.0f} ms"
         )
     report.figures = {
         "median_trigger_ms": {n: m[0] for n, m in medians.items()},
