@@ -346,12 +346,13 @@ CONTEXT = {
     ),
     "sink_connect": (
         "A `foreachBatch` function under Connect runs in a Python process the server starts, "
-        "and the DataFrame work it asks for goes back to the server over gRPC: sparkiq's sink "
-        "runs one job (tag, shuffle, `mapInArrow` writing the segments, `collect` of the "
-        "segment facts), the baseline one `noop` write; the commit-record check, the offset "
-        "log and the commit record are file operations in that Python process. Each run is a "
-        "process of its own (PySpark cannot hold a classic and a Connect session in one "
-        "process); session start-up is not part of any figure."
+        "and the DataFrame work it asks for goes back to the server over gRPC: by default "
+        "sparkiq's sink collects the tagged batch as Arrow (an AnalyzePlan round trip for its "
+        "schema, then one ExecutePlan), the baseline runs one `noop` write; the commit-record "
+        "check, the offset log, the segments and the commit record are file operations in "
+        "that Python process. Each child process holds one kind of session (PySpark cannot "
+        "hold a classic and a Connect session in one process) and measures both sinks there "
+        "after a warm-up run; session start-up is not part of any figure."
     ),
     "soak": (
         "A writer process commits a deterministic table every 0.2 s through sparkiq's own "

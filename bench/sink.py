@@ -25,7 +25,9 @@ server's Python process, so there are none.
 Per-batch durations come from ``query.recentProgress`` (``durationMs.triggerExecution``, the
 whole micro-batch, and ``durationMs.addBatch``, the sink's part), leaving out the first
 batches of each run (warm-up). Full and quick runs have three rounds, each starting with the
-next sink.
+next sink, after a run of the baseline whose figures are left out (:func:`warm_up`: a fresh
+JVM runs its first query slower). :func:`in_turns` is that method; ``bench.sink_connect``
+measures with it too.
 
 With ``--connect`` the same runs go through Spark Connect: a local Connect server (its own
 JVM, ``local[2]``, the same settings) runs the queries, and each ``foreachBatch`` call runs
@@ -41,7 +43,7 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from bench._common import (
@@ -183,6 +185,57 @@ def _run_app(
         app.stop()
 
 
+#: A run: ``(spark, source, root)`` -> its ``(batch id, triggerExecution ms, addBatch ms)``.
+Run = Callable[[Any, str, str], list[tuple[int, int, int]]]
+
+
+#: :func:`in_turns`'s entry for the warm-up run's durations (not a sink: left out of figures).
+WARM_UP = "warm-up run of the baseline (left out)"
+
+
+def warm_up(spark: Any, source: str, root: str) -> list[tuple[int, int, int]]:
+    """Run the baseline query over every input file once; its durations, which no figure
+    counts.
+
+    A fresh JVM (the local session's or a Connect server's) runs its first streaming query's
+    batches a third slower or more than later ones (class loading, JIT compilation, the
+    first Python workers): without this, whichever run comes first in a process is charged
+    for it. ``bench.sink_connect`` used to run its baseline first in a fresh process, and the
+    App came out up to 100 ms a batch below it (bench/notes/sink_connect.md)."""
+    return _run_baseline(spark, source, os.path.join(root, "warm-up"))
+
+
+def in_turns(
+    spark: Any,
+    source: str,
+    root: str,
+    runs: Mapping[str, Run],
+    rounds: int,
+    batches: int,
+    warmup: int,
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Each of ``runs`` ``rounds`` times on ``spark``, after :func:`warm_up`; each round
+    starts with the next run (on a shared machine a run's place in the round - load
+    drifting, the previous query's clean-up - weighs more than the sink). Each run must see
+    ``batches`` batches with input; the durations of those from batch ``warmup`` on, by run,
+    and the warm-up run's under :data:`WARM_UP` (to show what it absorbed).
+    """
+    names = list(runs)
+    found: dict[str, list[tuple[int, int, int]]] = {name: [] for name in names}
+    found[WARM_UP] = [d for d in warm_up(spark, source, root) if d[0] >= warmup]
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            durations = runs[name](spark, source, os.path.join(root, f"{_folder(name)}-{r}"))
+            if len(durations) != batches:
+                raise RuntimeError(f"{name} ran {len(durations)} batches with input, not {batches}")
+            found[name] += [d for d in durations if d[0] >= warmup]
+    return found
+
+
+def _folder(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-")
+
+
 class _PhaseLog(logging.Handler):
     """Collects the phases the sink logs for each batch (see the module docstring)."""
 
@@ -244,7 +297,7 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
             + ("partitions, through a local Spark Connect server" if connect else "partitions")
             + f"), from `recentProgress`; {batches - warmup} batches per run "
             f"after {warmup} warm-up batches, {rounds} run(s) per sink, each round starting "
-            "with the next sink"
+            "with the next sink, after a warm-up run of the baseline left out"
         ),
         baseline=(
             "the same query with `foreachBatch` that only evaluates the batch "
@@ -255,31 +308,26 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
         scale=scale,
     )
     rng = random.Random(9)
-    results: dict[str, list[tuple[int, int, int]]] = {BASELINE: []}
-    results.update({name: [] for name in APP_RUNS})
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in APP_RUNS}
     handler = _PhaseLog()
+
+    def app_run(name: str) -> Run:
+        count, _, write = APP_RUNS[name]
+
+        def one(spark: Any, source: str, root: str) -> list[tuple[int, int, int]]:
+            with handler.listening() as logged:
+                found = _run_app(spark, source, root, count, write)
+            phases[name] += logged[warmup:]
+            return found
+
+        return one
+
+    runs: dict[str, Run] = {BASELINE: _run_baseline}
+    runs.update({name: app_run(name) for name in APP_RUNS})
     with scratch_dir("sink") as root, _session(connect, spark) as spark:
         source = write_input(os.path.join(root, "in"), batches, rng, rows)
-        names = list(results)
-        for r in range(rounds):
-            # each round starts with the next sink: on a shared machine a run's place in the
-            # round (load drifting, the previous query's clean-up) weighs more than the sink
-            order = names[r % len(names) :] + names[: r % len(names)]
-            found: dict[str, list[tuple[int, int, int]]] = {}
-            for name in order:
-                if name == BASELINE:
-                    found[name] = _run_baseline(spark, source, os.path.join(root, f"base-{r}"))
-                    continue
-                count, folder, write = APP_RUNS[name]
-                run_root = os.path.join(root, f"{folder}-{r}")
-                with handler.listening() as logged:
-                    found[name] = _run_app(spark, source, run_root, count, write)
-                phases[name] += logged[warmup:]
-            for name, runs in found.items():
-                if len(runs) != batches:
-                    raise RuntimeError(f"{name} ran {len(runs)} batches with input, not {batches}")
-                results[name] += [d for d in runs if d[0] >= warmup]
+        results = in_turns(spark, source, root, runs, rounds, batches, warmup)
+        warm = results.pop(WARM_UP)
         if flames_enabled() and not connect:  # a pass of its own, the figures' left unsampled
             count, folder, write = APP_RUNS[next(iter(APP_RUNS))]
             with flame("sink-default"):
@@ -324,6 +372,11 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
                 + ", ".join(f"{k.removesuffix('_ms')} {v:.1f}" for k, v in found.items())
                 for name, found in phase_medians.items()
             )
+        )
+    if warm:  # printed only: what the warm-up run, first in the session, took
+        report.console.append(
+            f"{WARM_UP}: triggerExecution median {median([d[1] for d in warm]):,.0f} ms, "
+            f"addBatch {median([d[2] for d in warm]):,.0f} ms"
         )
     report.figures = {
         "median_trigger_ms": {n: m[0] for n, m in medians.items()},

@@ -17,7 +17,7 @@ from sparkiq import App, Node, RangeQuery, StateQueryRequest
 from sparkiq.changelog import Changelog, open_storage
 from sparkiq.changelog.snapshot import list_snapshots
 from sparkiq.changelog.writer_status import read_writer_status
-from sparkiq.spark.sink import TableSink
+from sparkiq.spark.sink import TableSink, collect_arrow
 from tests.changelog.helpers import wait_for_writer
 from tests.spark.test_differential import (
     SCHEMA,
@@ -63,6 +63,28 @@ def test_the_sink_is_plain_data(spark: Any, tmp_path: Path) -> None:
         assert copy.write_tasks == 3  # min(partitions, spark.sql.shuffle.partitions = 4)
     finally:
         app.stop()
+
+
+def test_the_driver_collects_a_batch_in_one_round_trip_under_connect(connect_spark: Any) -> None:
+    """collect_arrow, the sink's collect of a small batch, gives toArrow's rows and types of
+    values without first asking the server for the schema (an AnalyzePlan call per
+    micro-batch): the client still does not know the DataFrame's schema afterwards."""
+    from pyspark.sql import functions as F
+
+    def batch() -> Any:
+        ids = connect_spark.range(40)
+        return ids.select(
+            F.col("id").cast("string").alias("k"),
+            (F.col("id") * 3).alias("n"),
+            F.timestamp_seconds(F.col("id") * 86_399).alias("ts"),
+            F.pmod(F.hash(F.col("id").cast("string")), F.lit(4)).alias("p"),
+        )
+
+    df = batch()
+    collected = collect_arrow(df)
+    assert df._cached_schema is None  # toArrow would have fetched it
+    assert collected.num_rows == 40
+    assert collected.to_pylist() == batch().toArrow().to_pylist()
 
 
 def test_readme_quickstart_and_ddl_under_connect(

@@ -86,6 +86,7 @@ __all__ = [
     "WRITE_ENV",
     "TableSink",
     "absolute_location",
+    "collect_arrow",
     "pyarrow_uri",
     "spark_uri",
     "use_this_python_for_local_workers",
@@ -239,7 +240,7 @@ class TableSink:
         tasks' own function; its segments' facts. None when the batch is over
         ``spark.driver.maxResultSize`` and ``auto`` lets write tasks take it."""
         try:
-            data = tagged.toArrow()
+            data = collect_arrow(tagged)
         except Exception as error:
             # Only a batch too large for the driver goes to tasks: any other failure (the
             # query stopping mid-batch, a failed task) is the batch's, as on the task path.
@@ -340,6 +341,25 @@ def _assume_in_place(table: str, batch_id: int) -> bool:
         return False
     log.error("%s set: writing %s batch %d in place", ASSUME_IN_PLACE_ENV, table, batch_id)
     return True
+
+
+def collect_arrow(df: Any) -> Any:
+    """``df``'s rows as a ``pyarrow.Table``, in one Spark job and, under Spark Connect, one
+    round trip.
+
+    Connect's ``toArrow`` first asks the server for the DataFrame's schema (an AnalyzePlan
+    call, about 20 ms a micro-batch on a busy machine: bench/notes/sink_connect.md) only to
+    cast the result to the types it would name; the segment writer reads columns by name
+    and converts each type itself (as it does for the Arrow batches write tasks receive), so
+    the server's table is taken as sent. The private method that returns it is looked up,
+    and ``toArrow`` used where a PySpark has no such method, or with a classic session
+    (whose schema is known to the driver without a call)."""
+    if type(df).__module__.startswith("pyspark.sql.connect"):
+        to_table = getattr(df, "_to_table", None)
+        if callable(to_table):
+            result = to_table()
+            return result[0] if isinstance(result, tuple) else result  # PySpark 4: (table, schema)
+    return df.toArrow()
 
 
 def write_task_count(spark: Any, partitions: int) -> int:
