@@ -18,6 +18,7 @@ import pytest
 
 from sparkiq import Client, ForbiddenError, KeyQuery, Node, StateQueryRequest
 from sparkiq.cluster.nodeauth import REQUEST_HEADER, NodeKey
+from sparkiq.testing import wait_until
 from sparkiq.wire import protocol
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import FAST, settle
@@ -185,7 +186,19 @@ def test_the_audit_log_says_who_read_what(cluster: tuple[list[Node], Path]) -> N
         analyst.post(f"{nodes[0].url}/query", json={"sql": "SELECT k FROM payroll"})
     with http("not-a-token-at-all") as stranger:
         stranger.get(f"{nodes[0].url}/stores/sales/keys/k1")
-    lines = [json.loads(line) for line in (where / "audit.log").read_text().splitlines()]
+
+    def lines_read() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (where / "audit.log").read_text().splitlines()]
+
+    # A request's line is written once its answer is sent (its size and status are known
+    # then), on the server's thread: the client can hold the last answer before its line is
+    # in the file. The requests before it are logged by then: one event loop serves them.
+    wait_until(
+        lambda: any(e["status"] == 401 for e in lines_read()),
+        timeout=30,
+        message="the refused request's line never reached the audit log",
+    )
+    lines = lines_read()
     assert {line["node"] for line in lines} == {"n0"}  # members' sub-requests are not logged
     read = [e for e in lines if e["kind"] == "/query" and e["status"] == 200]
     assert any(
