@@ -219,6 +219,7 @@ class TableSink:
             where,
             ", ".join(f"{k} {v:.1f}" for k, v in phases.items()),
             extra={
+                "sparkiq_batch_id": batch_id,
                 "sparkiq_sink_phases": phases,
                 "sparkiq_in_place": where == "in place",
                 "sparkiq_written": where,
