@@ -52,6 +52,7 @@ import contextlib
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -220,10 +221,12 @@ def _run_app(
     write: str | None = None,
     local_node: bool = True,
     seen: dict[int, dict[str, int]] | None = None,
+    threads: dict[str, float] | None = None,
 ) -> list[tuple[int, int, int]]:
     """A run of the App; ``write``: ``SPARKIQ_SINK_WRITE`` where it starts (None: unset,
     small batches on the driver); ``local_node``: start the App with its local node;
-    ``seen`` gets every ``durationMs`` phase of its batches (:func:`_spark_phases`)."""
+    ``seen`` gets every ``durationMs`` phase of its batches (:func:`_spark_phases`),
+    ``threads`` the CPU time its driver threads used (:func:`_thread_cpu_ms`)."""
     app = App(spark, state_dir=os.path.join(root, "state"), name="bench")
     app.materialize(TABLE, _aggregation(spark, source), key="k", partitions=partitions)
     before = os.environ.pop(WRITE_ENV, None)
@@ -244,9 +247,51 @@ def _run_app(
             assert Changelog(app.state_dir, TABLE).committed_batch_ids()
         if seen is not None:
             seen.update(_spark_phases(progress))
+        if threads is not None:  # while they run: they end with the App
+            threads.update(_thread_cpu_ms())
         return _durations(progress)
     finally:
         app.stop()
+
+
+#: The App's driver threads whose CPU time a run reports, by the start of their names.
+APP_THREADS = {
+    "sparkiq-tailer-": "local node",
+    "sparkiq-commits-": "commit watcher",
+    "sparkiq-writer-": "writer status",
+}
+
+
+def _thread_cpu_ms() -> dict[str, float]:
+    """CPU time (ms) the live threads of :data:`APP_THREADS` have used, by kind (Linux's
+    per-thread ``schedstat``; empty elsewhere)."""
+    used: dict[str, float] = {}
+    for thread in threading.enumerate():
+        kind = next((k for p, k in APP_THREADS.items() if thread.name.startswith(p)), None)
+        if kind is None or thread.native_id is None:
+            continue
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/schedstat") as handle:
+                nanoseconds = int(handle.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        used[kind] = used.get(kind, 0.0) + nanoseconds / 1e6
+    return used
+
+
+def _process_cpu_ms(spark: Any) -> dict[str, float]:
+    """CPU time (ms) used so far by this process (every thread) and by the local session's
+    JVM (Linux's ``/proc``; left out where it cannot be read)."""
+    times = os.times()
+    used = {PYTHON_CPU: 1e3 * (times.user + times.system)}
+    process = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    try:
+        with open(f"/proc/{process.pid}/stat") as handle:  # type: ignore[union-attr]
+            fields = handle.read().rsplit(")", 1)[1].split()
+        used[JVM_CPU] = 1e3 * (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (AttributeError, OSError, ValueError, IndexError):
+        pass
+    return used
 
 
 #: A run: ``(spark, source, root)`` -> its ``(batch id, triggerExecution ms, addBatch ms)``.
@@ -310,7 +355,7 @@ class _PhaseLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         phases = getattr(record, "sparkiq_sink_phases", None)
         if phases is not None:
-            self.batches[int(record.sparkiq_batch_id)] = dict(phases)
+            self.batches[int(getattr(record, "sparkiq_batch_id", -1))] = dict(phases)
 
     @contextlib.contextmanager
     def listening(self) -> Iterator[dict[int, dict[str, float]]]:
@@ -377,7 +422,23 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in APP_RUNS}
     # each measured batch's figures by sink: Spark's phases and the time in the function
     batch_phases: dict[str, list[dict[str, float]]] = {name: [] for name in (BASELINE, *APP_RUNS)}
+    # CPU time per batch of each run, by sink (a classic session: Connect's run elsewhere)
+    cpu: dict[str, list[dict[str, float]]] = {name: [] for name in (BASELINE, *APP_RUNS)}
     handler = _PhaseLog()
+
+    def measured_cpu(
+        name: str, spark: Any, run: Callable[[dict[str, float]], list[tuple[int, int, int]]]
+    ) -> list[tuple[int, int, int]]:
+        """``run(threads)``'s result, its CPU time per batch (with ``threads``, the App's
+        threads' figures, filled in by ``run``) kept under ``name``."""
+        threads: dict[str, float] = {}
+        before = {} if connect else _process_cpu_ms(spark)
+        found = run(threads)
+        after = {} if connect else _process_cpu_ms(spark)
+        used = {k: after[k] - before[k] for k in before if k in after}
+        if used and found:
+            cpu[name].append({k: v / len(found) for k, v in {**used, **threads}.items()})
+        return found
 
     def kept(name: str, seen: dict[int, dict[str, int]], inside: dict[int, float]) -> None:
         for batch_id, durations in sorted(seen.items()):
@@ -390,7 +451,13 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
         def one(spark: Any, source: str, root: str) -> list[tuple[int, int, int]]:
             seen: dict[int, dict[str, int]] = {}
             with handler.listening() as logged:
-                found = _run_app(spark, source, root, count, write, local_node, seen)
+                found = measured_cpu(
+                    name,
+                    spark,
+                    lambda threads: _run_app(
+                        spark, source, root, count, write, local_node, seen, threads
+                    ),
+                )
             phases[name] += [logged[b] for b in sorted(logged) if b >= warmup]
             kept(name, seen, {b: sum(p[k] for k in CALL_PHASES) for b, p in logged.items()})
             return found
@@ -401,7 +468,9 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
         seen: dict[int, dict[str, int]] = {}
         # classic: the function runs here, so it can time its write (Connect: elsewhere)
         function = _evaluate_only if connect else _TimedBaseline()
-        found = _run_baseline(spark, source, root, function, seen)
+        found = measured_cpu(
+            BASELINE, spark, lambda _: _run_baseline(spark, source, root, function, seen)
+        )
         kept(BASELINE, seen, getattr(function, "inside_ms", {}))
         return found
 
@@ -451,6 +520,9 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
     ]
     table = _phase_table(batch_phases)
     report.more_tables.append((PHASE_COLUMNS, [[name, *row] for name, row in table.items()]))
+    cpu_table = _cpu_table(cpu)
+    if cpu_table:
+        report.more_tables.append((CPU_COLUMNS, [[name, *row] for name, row in cpu_table.items()]))
     phase_medians = {
         name: {k: median([b[k] for b in logged]) for k in logged[0]}
         for name, logged in phases.items()
@@ -475,10 +547,37 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
         "median_add_batch_ms": {n: m[1] for n, m in medians.items()},
         "sink_phases_median_ms": phase_medians,
         "batch_phases_median_ms": table,
+        "cpu_ms_per_batch": cpu_table,
         "all_batches": results,
         "all_batch_phases": batch_phases,
     }
     return report
+
+
+#: :func:`_process_cpu_ms`'s figures.
+PYTHON_CPU, JVM_CPU = "Python process", "Spark JVM"
+CPU_COLUMNS = [
+    "sink (CPU ms per batch, median of runs)",
+    PYTHON_CPU,
+    *(f"of which {kind}" for kind in APP_THREADS.values()),
+    JVM_CPU,
+]
+
+
+def _cpu_table(runs: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, list[str]]:
+    """Each sink's row of the CPU table: medians over its runs of the CPU time per batch
+    with input (whole runs: the App's start and stop count too) of this process, of the
+    App's driver threads in it, and of the JVM; "-" where not measured."""
+
+    def med(name: str, key: str) -> str:
+        values = [r[key] for r in runs[name] if key in r]
+        return f"{median(values):,.1f}" if values else "-"
+
+    return {
+        name: [med(name, k) for k in (PYTHON_CPU, *APP_THREADS.values(), JVM_CPU)]
+        for name in runs
+        if runs[name]
+    }
 
 
 #: The sink's phases that make up its ``__call__`` (what it logs; the rest is its logging).
