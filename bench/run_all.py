@@ -176,7 +176,12 @@ CONTEXT = {
         "Spark job (and, by default, the driver's writing), prepare the commit check, offset "
         "log and plan, commit the commit record's write; tasks_* are summed over whoever "
         "wrote the segments, and tasks_receive of a batch written in place includes the "
-        "stateful stage itself."
+        "stateful stage itself. The App without its local node runs the same sink, commit "
+        "watcher and writer status thread with no node applying batches: the difference from "
+        "the default is the serving node's share. The second table splits each sink's batch "
+        "by phase (Spark's phases outside addBatch; addBatch inside the foreachBatch function "
+        "and around it, i.e. Spark calling Python through py4j), the third its CPU time per "
+        "batch (this process, the App's driver threads in it, the JVM)."
     ),
     "freshness": (
         "`committed_at` is taken just before the commit record is written, so the record's "

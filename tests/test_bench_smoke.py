@@ -63,7 +63,9 @@ ROWS = {
     "follower_tail": 1 + len(follower_tail._readers()[0]),
     "statestore": 2,
     "checkpoint_decode": 3,
-    "sink": 7,  # baseline, the default, tasks in place, tasks shuffled, and each difference
+    # baseline, the default, without its local node, tasks in place, tasks shuffled, and
+    # each difference (the phase table in more_tables)
+    "sink": 9,
     "attach": 3,
     "freshness": 5,
     "ryw_latency": 3,  # the micro-batch floor, the bounded read, the unbounded read

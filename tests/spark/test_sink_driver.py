@@ -109,3 +109,49 @@ def test_a_bad_setting_is_refused_where_the_app_runs(
             app.start()
     finally:
         app.stop()
+
+
+def test_the_tag_is_sparks_hash_of_key_columns_named_anyhow(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tag column is one SQL expression (``sink.tag_expression``): a composite key whose
+    column names hold spaces is quoted right, and every key lands in the segment of the
+    partition Spark's hash gives it (computed in Python), both by write tasks and on the
+    driver; the table is Spark's batch answer."""
+    from pyspark.sql import functions as F
+
+    monkeypatch.delenv(sink.WRITE_ENV, raising=False)
+    caplog.set_level(logging.DEBUG, logger="sparkiq.sink")
+    key = ["the k", "g 2"]
+
+    def sums(df: Any) -> Any:
+        named = df.withColumnRenamed("k", key[0]).withColumnRenamed("g", key[1])
+        return named.groupBy(*(F.col(sink._quoted(c)) for c in key)).agg(F.sum("n").alias("n"))
+
+    source = JsonSource(tmp_path / "in", SCHEMA)
+    state = tmp_path / "state"
+    app = App(spark, state_dir=str(state), name="odd", snapshot_every=None)
+    app.materialize("odd", sums(source.stream(spark)), key=key, partitions=3)
+    app.start()
+    try:
+        for batch in range(3):
+            source.feed(app, rows(batch))
+            assert_table_matches(app, "odd", sums(source.batch(spark)))
+    finally:
+        app.stop()
+    assert written(caplog, "odd") == ["after a shuffle", "on the driver", "on the driver"]
+    assert assert_keys_in_their_partitions(state, "odd", ["string", "string"]) > 23
+
+
+def test_the_tag_expression_quotes_every_name() -> None:
+    from sparkiq.changelog import TableManifest
+    from sparkiq.schema.types import TableSchema
+
+    schema = TableSchema.from_spark_json(
+        '{"type":"struct","fields":[{"name":"a`b","type":"string","nullable":true,'
+        '"metadata":{}},{"name":"c","type":"long","nullable":true,"metadata":{}}]}',
+        ("a`b",),
+        None,
+    )
+    manifest = TableManifest("t", schema, partitions=6)
+    assert sink.tag_expression(manifest) == "pmod(hash(`a``b`), 6) AS `__sparkiq_partition`"
