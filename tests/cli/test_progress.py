@@ -20,6 +20,7 @@ import pytest
 from sparkiq import Node
 from sparkiq.sql.watchdog import statement_counts
 from tests.changelog.helpers import make_table, write_batch
+from tests.cli.slow_link import SlowLink
 from tests.cli.terminal import Terminal
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (.ci/run)")
@@ -88,77 +89,52 @@ def test_status_watch_draws_a_bar_per_restoring_partition(
     assert "EXIT=0" in screen and "Traceback" not in screen
 
 
-# A statement DuckDB needs seconds for: a nested-loop join of the table with itself on a
-# string expression no join algorithm can use (``slow_node`` sizes the table).
-SLOW = "SELECT count(*) AS n FROM t a JOIN t b ON a.k || b.k LIKE '%k00000k%zz'"
+# A pull query the node answers at once (no key ends in "zz"): through the slow link, its
+# answer takes ANSWER_DELAY seconds, three times the spinner's threshold of 1 s.
+QUICK = "SELECT count(*) AS n FROM t WHERE k LIKE '%zz'"
+ANSWER_DELAY = 3.0
 
-# SLOW over a third copy of t (a thousand times its work at least): it would run into the
-# node's 30 s statement timeout, so it is surely still running when Ctrl-C comes, however
-# fast the machine is just then.
+# A statement that really runs on the node until it is stopped: a nested-loop join of three
+# copies of the table on a string expression no join algorithm can use, 6,000 rows each (two
+# hundred billion combinations): it would run into the node's 30 s statement timeout, so it
+# is surely still running when Ctrl-C comes, however fast the machine is just then.
 ENDLESS = "SELECT count(*) AS n FROM t a, t b, t c WHERE a.k || b.k || c.k LIKE '%k00000k%zz'"
 
 
-class _SlowTable:
-    """A node over a table that grows, in batches, until SLOW takes long enough."""
-
-    def __init__(self, root: Path) -> None:
-        self.changelog = make_table(str(root / "state"), partitions=2)
-        self.rows, self.batch_id = 6000, 0
-        write_batch(self.changelog, 0, {f"k{i:05d}": i for i in range(self.rows)})
-        # DuckDB on one thread: what the spinner needs is the statement's time on the clock,
-        # and one thread holds one core for it, not both (the suite's other worker needs one)
-        self.node = Node(
-            str(root / "state"), node_id="q", listen="127.0.0.1:0", sql_limits={"threads": 1}
-        )
-        self.node.start()
-        self.node.poll_once()
-
-    def slow_now(self) -> None:
-        """Until SLOW takes at least 3 s of CPU: the table grows while it does not (the
-        join's cost is quadratic in the rows). CPU, not the clock: measured on a busy machine
-        3 s on the clock was a fraction of that on a core, and the query came back in under
-        the spinner's 1 s once the machine was quiet again. DuckDB runs it on one thread, so
-        3 CPU-seconds are at least 3 s on the clock however idle the machine, three times
-        the spinner's threshold (the process's other threads are idle meanwhile)."""
-        while self.rows < 60_000:
-            started = time.process_time()
-            self.node.sql(SLOW)
-            if time.process_time() - started >= 3.0:
-                return
-            self.batch_id += 1
-            more = self.rows * 3 // 2
-            rows = {f"k{i:05d}": i for i in range(self.rows, more)}
-            write_batch(self.changelog, self.batch_id, rows)
-            self.rows = more
-            self.node.poll_once()
-
-
 @pytest.fixture(scope="module")
-def slow_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_SlowTable]:
-    # One table for the module, grown once: growing it afresh for each test ran SLOW at
-    # every size on the way, a few times a test's CPU.
-    table = _SlowTable(tmp_path_factory.mktemp("slow"))
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    root = tmp_path_factory.mktemp("slow")
+    changelog = make_table(str(root / "state"), partitions=2)
+    write_batch(changelog, 0, {f"k{i:05d}": i for i in range(6000)})
+    # DuckDB on one thread: ENDLESS holds one core until it is canceled, not both (the
+    # suite's other workers need one)
+    node = Node(str(root / "state"), node_id="q", listen="127.0.0.1:0", sql_limits={"threads": 1})
+    node.start()
     try:
-        yield table
+        node.poll_once()
+        yield node
     finally:
-        table.node.stop()
+        node.stop()
 
 
 @pytest.fixture
-def slow_node(slow_table: _SlowTable) -> Node:
-    """The node on which SLOW takes at least 3 CPU-seconds, checked again at each test: the machine
-    may be less busy than when the table was grown (it grows further then)."""
-    slow_table.slow_now()
-    return slow_table.node
+def slow_link(node: Node) -> Iterator[SlowLink]:
+    """The node behind a link that delays its answers by ANSWER_DELAY seconds."""
+    assert node.url is not None
+    link = SlowLink(int(node.url.rsplit(":", 1)[1]), delay=ANSWER_DELAY)
+    try:
+        yield link
+    finally:
+        link.close()
 
 
 @needs_tmux
 def test_a_long_pull_query_shows_a_spinner_on_a_terminal(
-    slow_node: Node, terminal: Terminal
+    slow_link: SlowLink, terminal: Terminal
 ) -> None:
     command = (
-        f"{shlex.quote(sys.executable)} -m sparkiq.cli query --url {slow_node.url} "
-        f"{shlex.quote(SLOW)}"
+        f"{shlex.quote(sys.executable)} -m sparkiq.cli query --url {slow_link.url} "
+        f"{shlex.quote(QUICK)}"
     )
     started = time.monotonic()
     terminal.start(command, {})
@@ -176,9 +152,10 @@ def test_a_long_pull_query_shows_a_spinner_on_a_terminal(
     assert any(line.split() == ["│", "0", "│"] for line in screen.splitlines())  # the answer
 
 
-def test_a_long_pull_query_piped_prints_no_progress(slow_node: Node) -> None:
+def test_a_long_pull_query_piped_prints_no_progress(slow_link: SlowLink) -> None:
+    started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "sparkiq.cli", "query", "--url", str(slow_node.url), "--csv", SLOW],
+        [sys.executable, "-m", "sparkiq.cli", "query", "--url", slow_link.url, "--csv", QUICK],
         capture_output=True,
         text=True,
         timeout=300,
@@ -187,6 +164,7 @@ def test_a_long_pull_query_piped_prints_no_progress(slow_node: Node) -> None:
     assert result.stdout == "n\n0\n"
     assert result.stderr.startswith("-- 1 rows at position p1.")
     assert result.stderr.count("\n") == 1 and "\x1b" not in result.stderr
+    assert time.monotonic() - started >= ANSWER_DELAY  # long enough for a spinner
 
 
 def _statements_settle(running: int, canceled: int, within: float = 120) -> None:
@@ -200,9 +178,12 @@ def _statements_settle(running: int, canceled: int, within: float = 120) -> None
 
 @needs_tmux
 def test_the_shell_shows_a_spinner_and_ctrl_c_cancels_the_query_on_the_node(
-    slow_node: Node, terminal: Terminal, tmp_path: Path
+    slow_link: SlowLink, terminal: Terminal, tmp_path: Path
 ) -> None:
-    command = f"{shlex.quote(sys.executable)} -m sparkiq.cli shell --url {slow_node.url}"
+    # Through the link (a client far away: its Ctrl-C closes the node's connection through
+    # it), without delay until the last query.
+    slow_link.delay = 0.0
+    command = f"{shlex.quote(sys.executable)} -m sparkiq.cli shell --url {slow_link.url}"
     terminal.start(command, {"SPARKIQ_HISTORY": str(tmp_path / "history")})
     terminal.wait_for(lambda s: "sparkiq>" in s, timeout=120)
     canceled = statement_counts()[1]["canceled"]
@@ -217,11 +198,12 @@ def test_the_shell_shows_a_spinner_and_ctrl_c_cancels_the_query_on_the_node(
     _statements_settle(running=0, canceled=canceled + 1)  # stopped on the node, not left on
     assert "running query" not in screen and "Traceback" not in screen
 
-    # the shell goes on: a quick query, then the slow one to its end, its spinner erased
+    # the shell goes on: a quick query, then a slow answer to its end, its spinner erased
     terminal.type("SELECT k FROM t WHERE k < 'k00003';")
     terminal.keys("Enter")
     terminal.wait_for(lambda s: "3 rows at position" in s, timeout=120)
-    terminal.type(SLOW + ";")
+    slow_link.delay = ANSWER_DELAY
+    terminal.type(QUICK + ";")
     terminal.keys("Enter")
     screen = terminal.wait_for(lambda s: "1 row at position" in s, timeout=300)
     assert "running query" not in screen
