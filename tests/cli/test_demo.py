@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -26,13 +27,24 @@ UPDATE = re.compile(
 def test_demo_prints_the_console_first_keeps_spark_quiet_and_shows_values(
     tmp_path: Path,
 ) -> None:
+    """Piped, with another process on the port it is told to use: the demo serves on a free
+    one and says how to point the other terminal at it (the docs' steps then use
+    SPARKIQ_URL). One demo for both: each is a Spark JVM of its own."""
     state = tmp_path / "demo-state"
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = f"127.0.0.1:{held.getsockname()[1]}"
     # --duration counts from the first served batch: 3 s are two updates (one per 2 s), all
     # the test reads; Spark's start, the first batch and the shutdown run in full whatever
-    # the duration, and each second more is three micro-batches.
-    command = ["demo", "--duration", "3", "--state-dir", str(state), "--listen", "127.0.0.1:0"]
+    # the duration. A micro-batch every 3 s (--trigger), not every second: each costs about
+    # the same CPU whatever it holds, and a loaded machine whose batches took longer than 1 s
+    # ran them back to back, so the shutdown found no pause between two to stop the queries
+    # in and waited out the demo's 10 s for one (14 CPU-s of the demo's 42).
+    command = ["demo", "--duration", "3", "--state-dir", str(state), "--listen", taken]
+    command += ["--rate", "50", "--partitions", "2", "--trigger", "3"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "sparkiq.cli", *command, "--rate", "50", "--partitions", "2"],
+        [sys.executable, "-m", "sparkiq.cli", *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -44,22 +56,27 @@ def test_demo_prints_the_console_first_keeps_spark_quiet_and_shows_values(
     reader.start()
     try:
         first = process.stdout.readline()
-        match = re.fullmatch(r"sparkiq console: (http://127\.0\.0\.1:\d+/)\n", first)
-        assert match, first
-        console = httpx.get(match.group(1), timeout=10)
+        match = re.fullmatch(r"sparkiq console: (http://127\.0\.0\.1:(\d+))/\n", first)
+        assert match and f":{match.group(2)}" != taken[taken.index(":") :], first
+        console = httpx.get(f"{match.group(1)}/", timeout=10)
         assert console.status_code == 200
         assert "<html" in console.text.lower()
         rest = process.stdout.read()
         assert process.wait(120) == 0
     finally:
+        held.close()
         if process.poll() is None:
             process.kill()
             process.wait()
     reader.join(10)
     out = [first, *rest.splitlines(keepends=True)]
+    assert out[3] == (
+        f"({taken} was taken: in your other terminal, export SPARKIQ_URL={match.group(1)} and "
+        "the sparkiq commands and getting-started's examples use this node)\n"
+    ), out[:5]
+    assert out[4] == "starting Spark...\n"
     log = state / "logs" / "spark.log"
     assert f"Spark's log in {log}" in rest
-    assert "was taken" not in rest  # port 0 asks for any free port: none was taken
     # nothing from Spark on the screen: its log went to the file it names
     noisy = [line for line in out + stderr if re.search(r"\b(WARN|ERROR)\b", line)]
     assert noisy == []
@@ -79,15 +96,17 @@ def test_demo_on_a_terminal_redraws_in_place_and_stops_cleanly_on_ctrl_c(
     tmp_path: Path, terminal: Terminal
 ) -> None:
     state = tmp_path / "demo-state"
-    # A micro-batch every 2 s (--trigger): the screen needs one batch after the first, and
-    # a loaded machine ran the 1 s default's batches back to back while Spark warmed up.
+    # A micro-batch every 3 s (--trigger): the screen needs one batch after the first, and
+    # a loaded machine ran the 1 s default's batches back to back while Spark warmed up (and
+    # Ctrl-C then waited out 10 s for a pause between two batches to stop the queries in).
     command = (
         f"{shlex.quote(sys.executable)} -m sparkiq.cli demo --state-dir {shlex.quote(str(state))}"
-        " --listen 127.0.0.1:0 --rate 50 --partitions 2 --trigger 2"
+        " --listen 127.0.0.1:0 --rate 50 --partitions 2 --trigger 3"
     )
     terminal.start(command, {})
     screen = terminal.wait_for(lambda s: "Ctrl-C stops" in s, timeout=240)
     assert screen.splitlines()[0].startswith("sparkiq console: http://127.0.0.1:")
+    assert "was taken" not in screen  # port 0 asks for any free port: none was taken
 
     def batches(screen: str) -> list[int]:
         return [
@@ -107,34 +126,3 @@ def test_demo_on_a_terminal_redraws_in_place_and_stops_cleanly_on_ctrl_c(
     assert "stopping...\nstopped." in screen
     for word in ("Traceback", "WARN", "ERROR", "KeyboardInterrupt"):
         assert word not in screen
-
-
-def test_a_demo_whose_port_is_taken_says_which_url_to_use(tmp_path: Path) -> None:
-    """Another process holds the demo's port: the demo serves on a free one and says how to
-    point the other terminal at it (the docs' steps then use SPARKIQ_URL)."""
-    import socket
-
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = f"127.0.0.1:{held.getsockname()[1]}"
-        command = ["demo", "--state-dir", str(tmp_path / "s"), "--listen", taken]
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sparkiq.cli", *command],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            assert process.stdout is not None
-            lines = [process.stdout.readline() for _ in range(5)]
-        finally:
-            process.kill()
-            process.wait()
-    match = re.fullmatch(r"sparkiq console: (http://127\.0\.0\.1:(\d+))/\n", lines[0])
-    assert match and f":{match.group(2)}" != taken[taken.index(":") :], lines
-    assert lines[3] == (
-        f"({taken} was taken: in your other terminal, export SPARKIQ_URL={match.group(1)} and "
-        "the sparkiq commands and getting-started's examples use this node)\n"
-    ), lines
-    assert lines[4] == "starting Spark...\n"
