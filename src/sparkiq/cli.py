@@ -378,13 +378,15 @@ def _serve(args: argparse.Namespace) -> int:
     import threading
 
     from sparkiq.errors import SparkiqError
-    from sparkiq.node import Node
-    from sparkiq.serving.topic import parse_topic_spec
 
+    followed: list[str] = args.follow_topic or _env("SPARKIQ_FOLLOW_TOPIC", "").split(";")
     try:
         checkpoints = _checkpoints(args)
-        followed = args.follow_topic or _env("SPARKIQ_FOLLOW_TOPIC", "").split(";")
-        topics = [parse_topic_spec(t) for t in followed if t.strip()]
+        topics: list[Any] = []
+        if any(t.strip() for t in followed):  # the parser imports Kafka's client: a second
+            from sparkiq.serving.topic import parse_topic_spec
+
+            topics = [parse_topic_spec(t) for t in followed if t.strip()]
     except (ValueError, SparkiqError) as exc:
         print(f"sparkiq serve: {exc}", file=sys.stderr)
         return 2
@@ -396,6 +398,8 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from sparkiq.node import Node  # a second of imports: after what a mistake is told by
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -433,9 +437,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _checkpoints(args: argparse.Namespace) -> dict[str, str]:
-    from sparkiq.serving.attach import checkpoint_items  # the SQL engine: not at CLI start
+    items = args.checkpoint or _env("SPARKIQ_CHECKPOINT", "").split(",")
+    if not any(item.strip() for item in items):
+        return {}  # none given: no need to import the SQL engine (a second of CPU)
+    from sparkiq.serving.attach import checkpoint_items
 
-    return checkpoint_items(args.checkpoint or _env("SPARKIQ_CHECKPOINT", "").split(","))
+    return checkpoint_items(items)
 
 
 def _query(args: argparse.Namespace) -> int:
@@ -513,8 +520,6 @@ class _Failure:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
-        from sparkiq.demo import run_demo
-
         if not args.trigger > 0:
             print(
                 f"sparkiq demo: --trigger (SPARKIQ_DEMO_TRIGGER) is {args.trigger:g}: give the "
@@ -522,6 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        from sparkiq.demo import run_demo  # a second of imports: after the check
 
         return run_demo(
             state_dir=args.state_dir,
