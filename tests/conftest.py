@@ -49,6 +49,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: tier[item.path])
 
 
+#: Directories whose files go to one worker together, as one unit of work: they share a
+#: package-scoped fixture that is costly to start (tests/kafka: a broker JVM, about 5 CPU-s a
+#: start). File by file, each worker ran them in two stretches and started six brokers where
+#: one does.
+_ONE_WORKER_PACKAGES = ("tests/kafka/",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the files of each of :data:`_ONE_WORKER_PACKAGES` as one
+    unit. Files are otherwise handed out one at a time, in collection order."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _PackagesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((p for p in _ONE_WORKER_PACKAGES if path.startswith(p)), path)
+
+    return _PackagesTogether(config, log)
+
+
 def _kafka_connector() -> dict[str, str]:
     """``spark.jars`` with Spark's Kafka connector when ``make jvm-jars`` has fetched it,
     else nothing: only the Kafka tests fail then, with the error that says to fetch it."""

@@ -44,7 +44,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
     # every fault's window and every writer kill's, and the three nodes applying them cost
     # a sixth less CPU over the module (79 -> 67 CPU-s measured), CPU the suite's other
     # worker needs.
-    cluster = FaultCluster(tmp_path_factory.mktemp("faults"), writer_interval=0.2, disk_node=2)
+    cluster = FaultCluster(
+        tmp_path_factory.mktemp("faults"), writer_interval=0.2, disk_node=2, load_pause=0.02
+    )
     with cluster:
         yield cluster
     print("\nunavailability per fault:\n  " + "\n  ".join(REPORT))

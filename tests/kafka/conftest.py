@@ -11,14 +11,15 @@ from sparkiq.testing import KafkaBroker, spark_kafka_jars
 
 
 # Package scope, not session: an idle broker still takes about 2% of a core and 280 MB (0.57
-# CPU-s in 30 s, measured), and a worker runs the slow Kafka file early; it stops with the
-# worker's last test in tests/kafka instead of idling beside every test after it.
+# CPU-s in 30 s, measured); it stops with the last test in tests/kafka instead of idling
+# beside every test after it. The files of tests/kafka go to one worker together
+# (tests/conftest.py), so the run starts one broker.
 @pytest.fixture(scope="package")
 def kafka_cluster() -> Iterator[KafkaBroker]:
     """A single-node KRaft cluster (sparkiq.testing.KafkaBroker), started by the first test
-    of a worker that asks for it and stopped after the worker's tests in tests/kafka: one
-    broker JVM per worker at most. Topics outlive tests: each test makes its own, with a name
-    of its own. A test that stops the broker starts it again before it ends."""
+    that asks for it and stopped after the last test in tests/kafka, which all run on one
+    worker. Topics outlive tests: each test makes its own, with a name of its own. A test
+    that stops the broker starts it again before it ends."""
     with KafkaBroker() as broker:
         yield broker
 
