@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,42 @@ def test_restart_on_an_existing_state_dir_resumes(spark: Any, tmp_path: Path) ->
         assert commits == [f"{i:020d}.json" for i in range(2)]
     finally:
         app.stop()
+
+
+def test_stop_ends_with_the_running_batch_when_batches_run_back_to_back(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Batches longer than their trigger interval start one as the other ends, so the query
+    is never seen between two: ``stop`` waits for the batch running when it is called, not
+    for its ``timeout`` (the demo's Ctrl-C took 10 s so on a busy machine)."""
+    from pyspark.sql import functions as F
+
+    # each row holds its batch 50 ms in a Python UDF, ten rows a second arrive, and a batch
+    # is due every 100 ms: every batch runs late, and new rows wait for the next at its end
+    slow = F.udf(lambda v: time.sleep(0.05) or v, "long")
+    rows = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+    df = rows.select((F.col("value") % 3).cast("string").alias("k"), slow("value").alias("n"))
+    app = App(spark, state_dir=str(tmp_path / "state"))
+    app.materialize(
+        "late",
+        df.groupBy("k").agg(F.sum("n").alias("n")),
+        key="k",
+        partitions=2,
+        trigger={"processingTime": "100 milliseconds"},
+    )
+    app.start()
+    changelog = Changelog(str(tmp_path / "state"), "late")
+    try:
+        deadline = time.monotonic() + 300
+        while len(changelog.committed_batch_ids()) < 3:  # running, batch after batch
+            assert time.monotonic() < deadline, "three batches did not commit in 300 s"
+            time.sleep(0.2)
+    finally:
+        at_call = len(changelog.committed_batch_ids())
+        app.stop(timeout=120)
+    # the batch running at the call, and none after it (waiting for a pause between batches,
+    # the stop let 3 and 6 more commit in two runs here)
+    assert len(changelog.committed_batch_ids()) - at_call <= 1, "stop waited for a pause"
 
 
 def test_lost_checkpoint_is_refused(spark: Any, tmp_path: Path) -> None:

@@ -492,9 +492,10 @@ class App:
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the Spark queries, then the local node. Idempotent.
 
-        Each query is stopped between micro-batches when one finishes within ``timeout``
-        seconds: interrupting a batch is safe (the changelog stays consistent and the batch
-        re-runs on restart) but wastes its work and makes Spark log the interruption. The
+        Each query is stopped between micro-batches, or once the batch running at the call
+        has ended, when that happens within ``timeout`` seconds: interrupting a batch is safe
+        (the changelog stays consistent and the batch re-runs on restart) but wastes its
+        work and makes Spark log the interruption. The
         queries are stopped side by side, so ``timeout`` bounds the whole wait: one after
         another, the queries still running start new batches while an earlier one is waited
         for, and on a machine whose batches take longer than their trigger each wait ran to

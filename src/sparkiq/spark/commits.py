@@ -100,7 +100,17 @@ def _progress_field(progress: Any, name: str) -> Any:
 
 
 def wait_between_batches(query: Any, timeout: float) -> None:
-    """Wait (at most ``timeout`` s) until ``query`` is not in the middle of a trigger."""
+    """Wait (at most ``timeout`` s) until ``query`` is not in the middle of a trigger, or
+    until the batch running at the call has ended. A query whose batches take longer than
+    its trigger interval starts each as the one before ends: a pause between two is rarely
+    seen, and waiting for one ran to ``timeout`` before the stop interrupted a batch anyway
+    (10 s for each Ctrl-C of ``sparkiq demo`` on a busy machine)."""
     deadline = time.monotonic() + timeout
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.01)
+    running = _progress_field(query.lastProgress or {}, "batchId")
+    while (
+        query.isActive
+        and query.status.get("isTriggerActive")
+        and _progress_field(query.lastProgress or {}, "batchId") == running
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)  # each look is two calls into Spark's driver
