@@ -19,8 +19,8 @@ import sparkiq
 from sparkiq import App, ConfigError
 from sparkiq.changelog import Changelog
 from sparkiq.schema.codec import RowCodec
+from sparkiq.schema.sparkarrow import stored_to_arrow
 from sparkiq.schema.types import TableSchema
-from sparkiq.spark.lookup import _arrow_array
 
 PRODUCTS = [f"p{i:02d}" for i in range(24)]
 KEPT = ["product", "orders", "revenue", "last_seen", "tags"]
@@ -260,7 +260,7 @@ def stored_round_trip(arrow_type: pa.DataType, values: list[Any]) -> None:
         {"k": pa.array(range(len(values)), pa.int32()), "v": pa.array(values, arrow_type)}
     )
     stored = [msgspec.msgpack.decode(row)[1] for row in RowCodec(schema).encode_arrow(batch)]
-    assert _arrow_array(stored, schema.field("v").type).equals(batch.column("v").chunk(0))
+    assert stored_to_arrow(stored, schema.field("v").type).equals(batch.column("v").chunk(0))
 
 
 _SPARK_TYPES: dict[str, Any] = {

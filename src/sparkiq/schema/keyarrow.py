@@ -20,6 +20,7 @@ functions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +30,17 @@ import pyarrow.compute as pc
 
 __all__ = ["encode_int_column", "encode_key_column", "join_key_columns"]
 
-_NULL = pa.scalar(b"\x00", pa.binary())
-_EMPTY = pa.scalar(b"", pa.binary())
-_PRESENT = pa.scalar(b"\x01", pa.binary())
-_TERMINATOR = pa.scalar(b"\x00\x01", pa.binary())
+_NULL, _EMPTY, _PRESENT, _TERMINATOR = b"\x00", b"", b"\x01", b"\x00\x01"
 _SIGN = np.uint64(1 << 63)
+
+
+@functools.cache
+def _binary(value: bytes) -> pa.Scalar:
+    """``value`` as an Arrow binary scalar, made on first use: making one asks pyarrow's
+    pandas shim, which imports pandas (a third of a CPU-second), and at import time that
+    was paid by every process importing the schema, Spark's planner workers of the
+    ``sparkiq`` data source included, which never encode a key column."""
+    return pa.scalar(value, pa.binary())
 
 
 def encode_key_column(
@@ -45,15 +52,15 @@ def encode_key_column(
     array = _array(column)
     if family in ("string", "binary"):
         escaped = pc.replace_substring(array.cast(pa.binary()), b"\x00", b"\x00\xff")
-        joined = pc.binary_join_element_wise(_PRESENT, escaped, _TERMINATOR, _EMPTY)
-        return pc.fill_null(joined, _NULL)
+        joined = pc.binary_join_element_wise(
+            _binary(_PRESENT), escaped, _binary(_TERMINATOR), _binary(_EMPTY)
+        )
+        return pc.fill_null(joined, _binary(_NULL))
     if family == "int":
         return encode_int_column(array)
     if family == "boolean":
-        marked = pc.if_else(
-            array, pa.scalar(b"\x01\x01", pa.binary()), pa.scalar(b"\x01\x00", pa.binary())
-        )
-        return pc.fill_null(marked, _NULL)
+        marked = pc.if_else(array, _binary(b"\x01\x01"), _binary(b"\x01\x00"))
+        return pc.fill_null(marked, _binary(_NULL))
     return pa.array(per_value(array), pa.binary())
 
 
@@ -80,14 +87,14 @@ def encode_int_column(column: Any) -> pa.Array:
     )
     if not array.null_count:
         return encoded
-    return pc.if_else(array.is_valid(), encoded, _NULL)
+    return pc.if_else(array.is_valid(), encoded, _binary(_NULL))
 
 
 def join_key_columns(columns: list[pa.Array]) -> pa.Array:
     """The encodings of a composite key's columns, concatenated row by row."""
     if len(columns) == 1:
         return columns[0]
-    return pc.binary_join_element_wise(*columns, _EMPTY)
+    return pc.binary_join_element_wise(*columns, _binary(_EMPTY))
 
 
 def _array(column: Any) -> pa.Array:

@@ -87,8 +87,8 @@ from sparkiq.changelog.snapshot import list_snapshots
 from sparkiq.errors import ConfigError, InvalidQueryError, SparkiqError
 from sparkiq.schema.codec import KeyCodec, decimal_from_internal
 from sparkiq.schema.partitioner import Partitioner
+from sparkiq.schema.sparkarrow import stored_to_arrow
 from sparkiq.schema.types import DataType
-from sparkiq.spark.lookup import BATCH_COLUMN, _arrow_array
 
 __all__ = [
     "BATCH_COLUMN",
@@ -101,6 +101,9 @@ __all__ = [
 
 #: The format name: ``spark.read.format(FORMAT)``.
 FORMAT = "sparkiq"
+#: The table batch a row was read at: the change feed's column, and the one ``enrich`` adds
+#: (null where the key was null).
+BATCH_COLUMN = "sparkiq_batch"
 #: Change feed columns: what happened (``"upsert"``/``"delete"``) and when it was committed.
 OP_COLUMN = "sparkiq_op"
 COMMITTED_COLUMN = "sparkiq_committed_at"
@@ -558,7 +561,7 @@ def _arrow_batch(
     fields = manifest.schema.fields
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in fields]
     committed_us = round(committed_at * 1_000_000)
-    arrays = [_arrow_array(list(c), f.type) for c, f in zip(columns, fields, strict=True)]
+    arrays = [stored_to_arrow(list(c), f.type) for c, f in zip(columns, fields, strict=True)]
     arrays += [
         pa.array(ops, pa.string()),
         pa.array([batch_id] * len(ops), pa.int64()),

@@ -38,16 +38,14 @@ import pyarrow as pa
 
 from sparkiq.changelog import Changelog
 from sparkiq.errors import ConfigError
-from sparkiq.schema.arrowtypes import arrow_type
 from sparkiq.schema.kinds import KINDS
+from sparkiq.schema.sparkarrow import stored_to_arrow
 from sparkiq.schema.types import DataType, parse_type
 from sparkiq.serving.follower import Follower
+from sparkiq.spark.datasource import BATCH_COLUMN
 from sparkiq.spark.sink import absolute_location
 
 __all__ = ["BATCH_COLUMN", "enrich"]
-
-#: The column ``enrich`` adds: the table batch each row's lookup read (null: null key).
-BATCH_COLUMN = "sparkiq_batch"
 
 
 def enrich(
@@ -189,7 +187,7 @@ class _Lookup:
                         out[i] = stored[index]
             arrays = [
                 *batch.columns,
-                *(_arrow_array(v, t) for v, t in zip(found, types, strict=True)),
+                *(stored_to_arrow(v, t) for v, t in zip(found, types, strict=True)),
                 pa.array(read_at, pa.int64()),
             ]
             yield pa.RecordBatch.from_arrays(
@@ -252,50 +250,3 @@ def _close_all() -> None:
         for follower in _FOLLOWERS.values():
             follower.close()
         _FOLLOWERS.clear()
-
-
-# -- stored values to Arrow (the inverse of rowcodec's Arrow to stored values) ----------------
-
-
-def _arrow_type(dtype: DataType) -> pa.DataType:
-    """The Arrow type Spark exchanges a column of ``dtype`` as."""
-    return arrow_type(dtype, timestamp_tz="UTC")
-
-
-def _arrow_array(values: list[Any], dtype: DataType) -> pa.Array:
-    """An Arrow array of stored values (see :mod:`sparkiq.schema.rowcodec`)."""
-    kind = dtype.name
-    if kind == "struct":
-        children = [
-            _arrow_array([None if v is None else v[i] for v in values], f.type)
-            for i, f in enumerate(dtype.fields)
-        ]
-        return pa.StructArray.from_arrays(
-            children,
-            fields=list(_arrow_type(dtype)),
-            mask=pa.array([v is None for v in values], pa.bool_()),
-        )
-    if kind in ("array", "map"):
-        offsets, flat = [0], []
-        for v in values:
-            if v is not None:
-                flat.extend(v)
-            offsets.append(len(flat))
-        mask = pa.array([v is None for v in values], pa.bool_())
-        if kind == "array":
-            assert dtype.element is not None
-            return pa.ListArray.from_arrays(
-                pa.array(offsets, pa.int32()),
-                _arrow_array(flat, dtype.element),
-                type=_arrow_type(dtype),
-                mask=mask,
-            )
-        assert dtype.key is not None and dtype.value is not None
-        return pa.MapArray.from_arrays(
-            pa.array(offsets, pa.int32()),
-            _arrow_array([k for k, _ in flat], dtype.key),
-            _arrow_array([v for _, v in flat], dtype.value),
-            type=_arrow_type(dtype),
-            mask=mask,
-        )
-    return KINDS[kind].stored_to_arrow(values, dtype, "UTC")
