@@ -97,16 +97,17 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             process.wait()
 
 
-def fill_page_dir(directory: Path, live: Live) -> None:
+def fill_page_dir(directory: Path, live: Live | None) -> None:
     """Make ``directory`` a page's working directory afresh: whatever it held goes, then
-    ``demo-state`` (a link to the live demo's) and the input folders of
+    ``demo-state`` (a link to the live demo's, when there is one) and the input folders of
     :data:`tests.docs.blocks.INPUTS` come."""
     for entry in directory.iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    os.symlink(live.root / "demo-state", directory / "demo-state")
+    if live is not None:
+        os.symlink(live.root / "demo-state", directory / "demo-state")
     write_inputs(directory)
 
 
