@@ -40,7 +40,15 @@ class Live:
 
 def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> None:
     """Until every demo table answers a query with at least one row. No deadline of its own:
-    the demo gives up by itself when Spark serves no micro-batch in five minutes."""
+    the demo gives up by itself when Spark serves no micro-batch in five minutes.
+
+    The tables are asked only once the demo has printed its first summary of them (a line
+    ``[HH:MM:SS] batch N | ...``: it read them through its node): three queries every half
+    second over its start, which takes tens of seconds, cost the demo's node and this
+    process CPU for nothing."""
+    while not re.search(r"^\[[\d:]+\] batch ", log.read_text(), re.M):
+        assert process.poll() is None, f"the demo stopped; its output:\n{log.read_text()}"
+        time.sleep(0.5)
     while True:
         assert process.poll() is None, f"the demo stopped; its output:\n{log.read_text()}"
         try:
