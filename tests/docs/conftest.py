@@ -70,11 +70,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("docs-live")
     state = root / "demo-state"
     command = [sys.executable, "-m", "sparkiq.cli", "demo", "--state-dir", str(state)]
-    # A micro-batch every 10 s, not every second: the demo runs beside every docs test, and
-    # at 1 s its three queries took half a core all along (a batch costs the same CPU however
-    # few rows it holds; measured over a minute: 19 CPU-s at 5 s, 9 at 10 s). The samples
-    # need live tables, not fast ones; a push query waits up to one interval for a change.
-    command += ["--listen", "127.0.0.1:0", "--rate", "50", "--trigger", "10"]
+    # A micro-batch every 20 s, not every second: the demo runs beside the docs tests that
+    # read it, and at 1 s its three queries took half a core all along (a batch costs the
+    # same CPU however few rows it holds; measured over a minute: 19 CPU-s at 5 s, 9 at
+    # 10 s; its start and 90 s served: 44.6 and 41.7 CPU-s at 10 s, 31.1 and 36.5 at 20 s).
+    # The samples need live tables, not fast ones; a push query waits up to one interval
+    # for a change, and the first rows come one interval after the start.
+    command += ["--listen", "127.0.0.1:0", "--rate", "50", "--trigger", "20"]
     log = root / "demo.log"
     with log.open("w") as out:
         process = subprocess.Popen(

@@ -8,7 +8,7 @@ endpoint beside it (tests/docs/conftest.py).
 
 The pages whose python blocks do not read the demo (tests.docs.blocks.uses_the_demo) run
 first, before it starts: the demo streams three queries as long as it runs (a sixth to a
-fifth of a core at its 10 s trigger), and those pages (attach, followers and kafka among
+fifth of a core at a 10 s trigger), and those pages (attach, followers and kafka among
 them) were half the time it ran. The demo starts with the first test that needs it and stops
 after the last test of tests/docs."""
 
