@@ -23,7 +23,9 @@ In what runs, the addresses of the documented default node (``127.0.0.1:8081``,
 stand for the live ones the test started, and ``/data/``, ``/var/lib/`` and ``/tmp/`` for
 directories of the same names in the page's directory (:func:`substitute`). The page's
 directory also holds a few input files the samples read: ``orders/``, ``events/`` and
-``clicks/`` (JSON lines, see :data:`INPUTS`).
+``clicks/`` (JSON lines, see :data:`INPUTS`). A page whose python blocks name none of these
+addresses, ``demo-state`` or ``SPARKIQ_URL`` runs before the demo starts, without it
+(:func:`uses_the_demo`).
 """
 
 from __future__ import annotations
@@ -173,6 +175,20 @@ def substitute(text: str, http: str, pg_port: int) -> str:
     text = re.sub(r"\b(?:127\.0\.0\.1|localhost):8081\b", http, text)
     text = re.sub(r"\b127\.0\.0\.1:5433\b", f"127.0.0.1:{pg_port}", text)
     return re.sub(r"(-p\s+|\bport=)5433\b", rf"\g<1>{pg_port}", text)
+
+
+def uses_the_demo(texts: list[str]) -> bool:
+    """Whether samples (a page's python blocks) read the live demo: they name its
+    ``demo-state``, ``SPARKIQ_URL`` or an address :func:`substitute` replaces. The docs test
+    runs the other pages before the demo starts, so that its micro-batches take no CPU
+    from them; a page counted out wrongly fails (no ``demo-state``, no node), it cannot pass
+    unchecked."""
+    for text in texts:
+        if "demo-state" in text or "SPARKIQ_URL" in text:
+            return True
+        if substitute(text, "h:1", 1) != substitute(text, "h:2", 2):
+            return True
+    return False
 
 
 #: Input folders a page's directory starts with (the sources the guide's samples read), as

@@ -40,7 +40,15 @@ class Live:
 
 def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> None:
     """Until every demo table answers a query with at least one row. No deadline of its own:
-    the demo gives up by itself when Spark serves no micro-batch in five minutes."""
+    the demo gives up by itself when Spark serves no micro-batch in five minutes.
+
+    The tables are asked only once the demo has printed its first summary of them (a line
+    ``[HH:MM:SS] batch N | ...``: it read them through its node): three queries every half
+    second over its start, which takes tens of seconds, cost the demo's node and this
+    process CPU for nothing."""
+    while not re.search(r"^\[[\d:]+\] batch ", log.read_text(), re.M):
+        assert process.poll() is None, f"the demo stopped; its output:\n{log.read_text()}"
+        time.sleep(0.5)
     while True:
         assert process.poll() is None, f"the demo stopped; its output:\n{log.read_text()}"
         try:
@@ -62,11 +70,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("docs-live")
     state = root / "demo-state"
     command = [sys.executable, "-m", "sparkiq.cli", "demo", "--state-dir", str(state)]
-    # A micro-batch every 10 s, not every second: the demo runs beside every docs test, and
-    # at 1 s its three queries took half a core all along (a batch costs the same CPU however
-    # few rows it holds; measured over a minute: 19 CPU-s at 5 s, 9 at 10 s). The samples
-    # need live tables, not fast ones; a push query waits up to one interval for a change.
-    command += ["--listen", "127.0.0.1:0", "--rate", "50", "--trigger", "10"]
+    # A micro-batch every 20 s, not every second: the demo runs beside the docs tests that
+    # read it, and at 1 s its three queries took half a core all along (a batch costs the
+    # same CPU however few rows it holds; measured over a minute: 19 CPU-s at 5 s, 9 at
+    # 10 s; its start and 90 s served: 44.6 and 41.7 CPU-s at 10 s, 31.1 and 36.5 at 20 s).
+    # The samples need live tables, not fast ones; a push query waits up to one interval
+    # for a change, and the first rows come one interval after the start.
+    command += ["--listen", "127.0.0.1:0", "--rate", "50", "--trigger", "20"]
     log = root / "demo.log"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -97,16 +107,17 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             process.wait()
 
 
-def fill_page_dir(directory: Path, live: Live) -> None:
+def fill_page_dir(directory: Path, live: Live | None) -> None:
     """Make ``directory`` a page's working directory afresh: whatever it held goes, then
-    ``demo-state`` (a link to the live demo's) and the input folders of
+    ``demo-state`` (a link to the live demo's, when there is one) and the input folders of
     :data:`tests.docs.blocks.INPUTS` come."""
     for entry in directory.iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    os.symlink(live.root / "demo-state", directory / "demo-state")
+    if live is not None:
+        os.symlink(live.root / "demo-state", directory / "demo-state")
     write_inputs(directory)
 
 

@@ -1,10 +1,13 @@
 """Run the python blocks of docs pages, each page's blocks in order in one namespace (a
 subprocess of the docs test).
 
-``python -m tests.docs.run_page BLOCKS.json`` runs one page and exits. ``python -m
+``python -m tests.docs.run_page PAGE.json`` runs one page and exits. ``python -m
 tests.docs.run_page --serve`` runs page after page in one interpreter, as a user runs one
-page after another in the same Python session: it reads the path of a ``BLOCKS.json`` per
-line on stdin and ends each page's output with ``{DONE} <exit code>``. Spark starts once, for
+page after another in the same Python session: it reads the path of a ``PAGE.json`` per
+line on stdin and ends each page's output with ``{DONE} <exit code>``. A ``PAGE.json`` is
+``{"env": {NAME: value}, "blocks": [{"where": "file:line", "text": code}]}``: the variables
+are set while the page runs (``SPARKIQ_URL`` for the pages that read the live demo, which
+starts after the runner), then put back. Spark starts once, for
 the first page that needs it, instead of once per page (a JVM start is tens of seconds on
 a loaded machine, and more than the blocks of most pages take).
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sys
 import time
@@ -99,7 +103,8 @@ class _Runner:
 
     def run(self, path: str) -> int:
         with open(path) as handle:
-            blocks = json.load(handle)
+            page = json.load(handle)
+        blocks, env = page["blocks"], page["env"]
         namespace: dict[str, Any] = {"__name__": "__main__"}
         if _needs_spark([b["text"] for b in blocks]):
             if self.spark is None:
@@ -116,6 +121,8 @@ class _Runner:
             namespace["spark"] = self.spark
         before = _settings(self.spark) if self.spark is not None else {}
         opened: dict[int, Any] = {}
+        environ = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
         try:
             for block in blocks:
                 started = time.monotonic()
@@ -137,6 +144,11 @@ class _Runner:
             _close(opened)
             if self.spark is not None:
                 _reset(self.spark, before)
+            for name, value in environ.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
             print(f"# closed: {time.monotonic() - started:.1f} s", flush=True)
 
     def stop(self) -> None:
