@@ -13,6 +13,14 @@ from tests.kafka.client import Delivered
 
 SCHEMA = "user string, amount long"
 
+#: How long an idle Kafka query of these tests waits before it asks the broker for new records
+#: again. The sessions' 100 ms (sparkiq.testing.LOCAL_SPARK_CONF) suits file sources, but each
+#: Kafka look is a ListOffsets round trip: three idle Kafka queries took 0.2 of a core (4.0
+#: CPU-s in 20 s, Spark's JVM and the broker about half each; 0.7 with none). A test waits
+#: for its queries by ``process_all_available``, which a longer delay slows by at most the
+#: delay: a query that finds records runs its batches back to back, and only then sleeps.
+KAFKA_POLLING_DELAY = "1s"
+
 
 def parse(frame: Any) -> Any:
     """Kafka records (JSON values) as orders."""

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from sparkiq import App
-from sparkiq.testing import spark_kafka_jars
 from tests.kafka.client import create_topic, end_offsets, produce
 from tests.kafka.differential import ROUNDS, KafkaDifferential
 
@@ -60,7 +59,7 @@ def test_kafka_pipelines_equal_batch_mode_and_positions_are_offsets(
 
 
 def test_kafka_pipelines_under_spark_connect(
-    connect_spark: Any, kafka_bootstrap: str, tmp_path: Path
+    kafka_connect_spark: Any, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """The same differential with the App on a Spark Connect session: the Connect server's
     JVM reads the topic with the connector tests/conftest.py puts on its classpath.
@@ -69,9 +68,9 @@ def test_kafka_pipelines_under_spark_connect(
     Python process, positions from each micro-batch's progress) is exercised by every round
     and checked after the second one too; the late round is Spark dropping records behind
     the watermark, the same plan on the same engine, which the classic test checks."""
-    spark_kafka_jars()  # raises ConfigError naming `make jvm-jars` when missing
     on_time = sum(not late for _, late in ROUNDS)
     state = tmp_path / "state"
-    checked = run_differential(connect_spark, kafka_bootstrap, "orders-connect", state, on_time)
+    spark = kafka_connect_spark
+    checked = run_differential(spark, kafka_bootstrap, "orders-connect", state, on_time)
     # the second round's windows are new ones (its event times are 20 minutes later)
     assert checked[-1]["per_window"] > checked[-2]["per_window"] > 0

@@ -19,7 +19,7 @@ import pytest
 from sparkiq import App
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.writer_status import read_writer_status
-from sparkiq.testing import spark_kafka_jars, table_rows, wait_until
+from sparkiq.testing import table_rows, wait_until
 from tests.kafka.client import create_topic, produce
 from tests.kafka.pipeline import stream
 from tests.kafka.published import compacted, default_partition, read_topic, schema_record
@@ -142,10 +142,10 @@ def test_a_published_pipeline_equals_its_table_after_every_round(
 
 
 def test_a_published_pipeline_under_spark_connect(
-    connect_spark: Any, kafka_bootstrap: str, tmp_path: Path
+    kafka_connect_spark: Any, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """The App on a Spark Connect session: the sink runs in the Connect server's Python, the
     publisher on a thread of this (the client's) process, following the changelog. Its
     first two rounds (the second has deletes)."""
-    spark_kafka_jars()  # raises ConfigError naming `make jvm-jars` when missing
-    run_pipeline(connect_spark, kafka_bootstrap, tmp_path / "state", "publish-connect", ROUNDS[:2])
+    state = tmp_path / "state"
+    run_pipeline(kafka_connect_spark, kafka_bootstrap, state, "publish-connect", ROUNDS[:2])

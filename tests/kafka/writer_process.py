@@ -14,7 +14,7 @@ from typing import Any
 
 from sparkiq import App
 from sparkiq.testing import spark_kafka_jars, spark_session
-from tests.kafka.pipeline import parse, stream, totals
+from tests.kafka.pipeline import KAFKA_POLLING_DELAY, parse, stream, totals
 
 #: Records per batch, over all partitions (Spark's ``maxOffsetsPerTrigger``).
 BATCH_RECORDS = 40
@@ -32,7 +32,10 @@ def writer_app(spark: Any, bootstrap_servers: str, topic: str, state_dir: str) -
 def main() -> int:
     bootstrap_servers, topic, state_dir = sys.argv[1:4]
     # spark.jars counts only when the JVM starts: this is the process's first session
-    config = {"spark.jars": ",".join(spark_kafka_jars())}
+    config = {
+        "spark.jars": ",".join(spark_kafka_jars()),
+        "spark.sql.streaming.pollingDelay": KAFKA_POLLING_DELAY,  # as the tests' sessions
+    }
     spark = spark_session("sparkiq-kafka-writer", shuffle_partitions=2, config=config)
     app = writer_app(spark, bootstrap_servers, topic, state_dir)
     app.start(local_node=False)
