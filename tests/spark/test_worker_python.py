@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 import pytest
 
@@ -174,69 +175,70 @@ def test_the_command_is_installed_beside_the_interpreter() -> None:
     assert Path(worker_python.command()).parent == Path(sys.executable).parent
 
 
-# A classic local session without PYSPARK_PYTHON: the App's sink points Spark's workers at the
-# command. A Python streaming source plans its partitions in a worker Spark waits for (the
-# source runner); the partition carries whether that worker was started through the command.
-LOCAL_SESSION = """
-import sys
-from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from sparkiq.spark import worker_python
-from sparkiq.spark.sink import use_this_python_for_local_workers
+# A Python streaming source plans its partitions in a worker Spark waits for (the source
+# runner); the partition carries whether that worker was started through the command.
+def started_source() -> type:
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Reader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"batch": 0}
+
+        # the form without a read limit, which Spark still calls
+        def latestOffset(self) -> dict[str, int]:  # type: ignore[override]
+            return {"batch": 1}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Any]:
+            through = "sparkiq.spark.worker_python" in sys.modules
+            return [InputPartition(through)] if start["batch"] < end["batch"] else []
+
+        def read(self, partition: Any) -> Iterator[tuple[bool]]:
+            yield (partition.value,)
+
+        def commit(self, end: dict[str, int]) -> None:
+            pass
+
+    class Started(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "sparkiq_test_started"
+
+        def schema(self) -> str:
+            return "through_the_command boolean"
+
+        def streamReader(self, schema: Any) -> Reader:
+            return Reader()
+
+    return Started
 
 
-class Started(DataSource):
-    @classmethod
-    def name(cls):
-        return "started"
+def test_a_local_session_starts_its_workers_through_the_command(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A classic local session without PYSPARK_PYTHON: the App's sink points Spark's workers
+    at the command. The test session's own (started with PYSPARK_PYTHON, a JVM fewer than a
+    session of its own) is put back in that state for the test: no PYSPARK_PYTHON, its
+    workers' interpreter PySpark's default. A Python function captures the interpreter when
+    it is made, so the source registered below plans in a worker of the command only if the
+    session's interpreter was switched before."""
+    from sparkiq.spark.sink import use_this_python_for_local_workers
 
-    def schema(self):
-        return "through_the_command boolean"
-
-    def streamReader(self, schema):
-        return Reader()
-
-
-class Reader(DataSourceStreamReader):
-    def initialOffset(self):
-        return {"batch": 0}
-
-    def latestOffset(self):
-        return {"batch": 1}
-
-    def partitions(self, start, end):
-        through = "sparkiq.spark.worker_python" in sys.modules
-        return [InputPartition(through)] if start["batch"] < end["batch"] else []
-
-    def read(self, partition):
-        yield (partition.value,)
-
-    def commit(self, end):
-        pass
-
-
-spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
-use_this_python_for_local_workers(spark)
-assert spark.sparkContext.pythonExec == worker_python.command(), spark.sparkContext.pythonExec
-spark.dataSource.register(Started)
-query = spark.readStream.format("started").load().writeStream.format("memory")
-query = query.queryName("started").start()
-query.processAllAvailable()
-query.stop()
-print(spark.sql("SELECT * FROM started").collect())
-spark.stop()
-"""
-
-
-@pytest.mark.slow
-def test_a_local_session_starts_its_workers_through_the_command(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
-    out = subprocess.run(
-        [sys.executable, "-c", LOCAL_SESSION],
-        capture_output=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr.decode()[-3000:]
-    assert out.stdout.decode().strip().endswith("[Row(through_the_command=True)]")
+    context = spark.sparkContext
+    before = context.pythonExec
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    context.pythonExec = "python3"  # PySpark's default without PYSPARK_PYTHON
+    try:
+        use_this_python_for_local_workers(spark)
+        assert context.pythonExec == worker_python.command()
+        spark.dataSource.register(started_source())
+    finally:
+        context.pythonExec = before
+    query = spark.readStream.format("sparkiq_test_started").load().writeStream.format("memory")
+    query = query.queryName("sparkiq_test_started").start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    rows = spark.sql("SELECT * FROM sparkiq_test_started").collect()
+    spark.catalog.dropTempView("sparkiq_test_started")
+    assert [r["through_the_command"] for r in rows] == [True]
