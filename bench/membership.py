@@ -171,7 +171,7 @@ def _change(cluster: Cluster, kind: str, node_id: str, scale: Scale) -> Change:
     if kind != "join":
         lookups.exclude.add(node_id)  # its clients are not the membership's to serve
     lookups.start()
-    time.sleep(scale.pick(2.0, 1.0, 0.3))
+    time.sleep(scale.pick(2.0, 1.0, 0.1))
     opened = {i: n.opened for i, n in cluster.nodes.items()}
     event = time.monotonic()  # a join's own start (meeting the cluster) counts too
     if kind == "join":
@@ -182,7 +182,7 @@ def _change(cluster: Cluster, kind: str, node_id: str, scale: Scale) -> Change:
         cluster.kill(node_id)
     agreed = cluster.wait("agreed", AGREE_LIMIT_S, since=event)
     cluster.wait("settled", AGREE_LIMIT_S / 2)
-    time.sleep(scale.pick(2.0, 1.0, 0.3))
+    time.sleep(scale.pick(2.0, 1.0, 0.1))
     lookups.halt.set()
     lookups.join()
     return Change(
@@ -407,7 +407,7 @@ def _run(scale: Scale) -> Report:
     sizes: Sequence[int] = scale.pick((4, 10, 25, 50, 100), (4, 10, 25), (3,))
     partitions = scale.pick(10_000, 10_000, 40)
     tables = {f"t{i}": partitions // 4 for i in range(4)}
-    window = scale.pick(10.0, 5.0, 1.0)
+    window = scale.pick(10.0, 5.0, 0.3)
     interval, failure = scale.pick((INTERVAL, FAILURE), (INTERVAL, FAILURE), (0.1, 1.0))
     report = Report(
         name="membership",
@@ -517,7 +517,7 @@ def _run(scale: Scale) -> Report:
     figures["http_v2_ms"] = {row[0]: _number(row[5]) for row in http_rows}
     with scratch_dir("membership") as root:
         count = scale.pick(4, 4, 2)
-        processes, in_process = _processes(count, scale.pick(10.0, 5.0, 2.0), root)
+        processes, in_process = _processes(count, scale.pick(10.0, 5.0, 0.5), root)
     report.more_tables.append(
         (
             ["members", "heartbeats/s per member: processes", "in-process members"],

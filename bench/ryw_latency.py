@@ -87,7 +87,7 @@ def run(scale: Scale = Scale.FULL, spark: Any = None) -> Report:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    samples = scale.pick(40, 12, 2)
+    samples = scale.pick(40, 12, 1)
     report = Report(
         name="ryw_latency",
         title="Read-your-writes: Kafka send to visible",

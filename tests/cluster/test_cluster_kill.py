@@ -25,8 +25,12 @@ KEYS = [f"k{i:03d}" for i in range(64)]
 PARTITIONS = 8
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Any:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Three nodes (and a fourth, not started) for the module: the kill test leaves them
+    restarted and caught up, the join test then adds the fourth (three process starts, a
+    second writer and a second settling fewer than a cluster per test)."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
     state_dir = str(tmp_path / "state")
     changelog = make_table(state_dir, partitions=PARTITIONS)
     writer = BatchWriter(changelog, KEYS)
@@ -142,6 +146,8 @@ def url_node(nodes: dict[str, Any], url: str) -> str:
 
 def test_a_fourth_node_joins_under_load(cluster: Any) -> None:
     nodes, _ = cluster
+    # the module's three nodes, whole and settled again after the kill test (or fresh)
+    wait_cluster([n.url for n in nodes[:3]], 3)
     before = metadata(nodes[0].url)
     with Client(nodes[0].url) as client:
         load = Load(client, KEYS)
