@@ -43,7 +43,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultCluster]:
     # A batch every 0.2 s, not the harness's 0.1 s: five commits a second still land inside
     # every fault's window and every writer kill's, and the three nodes applying them cost
     # a sixth less CPU over the module (79 -> 67 CPU-s measured), CPU the suite's other
-    # worker needs.
+    # worker needs. Each client session pauses 20 ms between operations: without a pause
+    # three sessions spun on the two cores the nodes serve with (the module 110 -> 86
+    # CPU-s), and 20 ms is a hundredth of the longest gap a session may have (UNAVAILABLE_S)
+    # while still giving the checker dozens of operations a second per session.
     cluster = FaultCluster(
         tmp_path_factory.mktemp("faults"), writer_interval=0.2, disk_node=2, load_pause=0.02
     )
