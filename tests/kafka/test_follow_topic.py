@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import sparkiq
-from sparkiq import KeyQuery, PositionBound, StateQueryRequest
+from sparkiq import KeyQuery, PositionBound, RangeQuery, StateQueryRequest
 from sparkiq.errors import ConfigError
 from sparkiq.testing import KafkaBroker
 from sparkiq.topics.keys import KeyFormat, murmur2
@@ -113,15 +113,20 @@ def test_every_key_holds_the_last_acknowledged_record(
     followed: sparkiq.FollowedTopic, flights: Flights
 ) -> None:
     bound = PositionBound.after(*[(d.topic, d.partition, d.offset) for d in flights.delivered])
+    # a read of every partition: each answers only once it has applied the records sent to
+    # it (a key's read waits for its own partition only, and the others apply on their own)
     request = (
         StateQueryRequest.in_store("flights")
-        .with_query(KeyQuery.with_key(("AA", 0)))
+        .with_query(RangeQuery.with_no_bounds())
         .with_position_bound(bound)
     )
     answer = followed.query(request)
+    assert len(answer.partition_results) == PARTITIONS
     assert all(r.is_success for r in answer.partition_results.values()), answer
     expected = expected_rows(flights.delivered)
     assert any(v is None for v in expected.values()) and len(expected) == 60
+    ranged = {key: row for r in answer.partition_results.values() for key, row in r.result}
+    assert ranged == {key: row for key, row in expected.items() if row is not None}
     for (carrier, flight), row in expected.items():
         assert followed.get("flights", (carrier, flight)) == row, (carrier, flight)
         partition = followed.partition_for_key("flights", (carrier, flight))
