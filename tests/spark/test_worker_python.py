@@ -242,3 +242,31 @@ def test_a_local_session_starts_its_workers_through_the_command(
     rows = spark.sql("SELECT * FROM sparkiq_test_started").collect()
     spark.catalog.dropTempView("sparkiq_test_started")
     assert [r["through_the_command"] for r in rows] == [True]
+
+
+def test_only_the_zips_of_this_interpreters_own_pyspark_are_dropped(tmp_path: Path) -> None:
+    import pyspark
+
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    own = [str(lib / "pyspark.zip"), *map(str, lib.glob("py4j-*-src.zip"))]
+    assert len(own) == 2
+    other = tmp_path / "spark" / "python" / "lib"
+    entries = [*own, str(other / "pyspark.zip"), str(other / "py4j-0.10.9.9-src.zip"), "/x"]
+    assert worker_python.own_pyspark_zips(entries) == set(own)
+
+
+def test_a_workers_pyspark_is_the_compiled_one_not_sparks_zip(spark: Any) -> None:
+    """Spark puts its pyspark.zip first on a worker's path; the command's workers (the
+    session's PYSPARK_PYTHON) import the same PySpark from site-packages, compiled, as the
+    driver does."""
+    import pyarrow as pa
+    import pyspark
+
+    def where(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyspark as worker_pyspark
+
+        for _ in batches:
+            yield pa.RecordBatch.from_pylist([{"file": worker_pyspark.__file__}])
+
+    (row,) = spark.range(1).mapInArrow(where, "file string").collect()
+    assert row["file"] == pyspark.__file__
