@@ -67,7 +67,12 @@ $(CLASS_ARCHIVE): $(STAMP) tests/spark/class_archive.py tests/spark/writer_proce
 # on three workers"). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 3
 
+# The tests start hundreds of Python processes (nodes, Spark's Python workers, writers), each
+# importing much of sparkiq: compiled once here, they read the bytecode instead of compiling
+# the source again, which they would do each time where PYTHONDONTWRITEBYTECODE is set
+# (a node's start: 1.0 -> 0.7 CPU-seconds). Only changed files are compiled again.
 unit: $(STAMP) $(JVM_STAMP) $(CLASS_ARCHIVE)
+	$(BIN)/python -m compileall -q src tests bench
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not hosts" \
 		$(PYTEST_ARGS)
 
