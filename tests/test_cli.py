@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sparkiq import Node
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cli.processes import start_cli
 from tests.cluster.cluster_helpers import wait_until
@@ -93,16 +94,19 @@ def test_serve_takes_its_settings_from_the_environment(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                if http_calls.get(f"{url}/readyz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline and process.poll() is None
             time.sleep(0.1)
-        assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "node_id": "from-env"}
-        assert httpx.get(f"{url}/stores/t/keys/a").status_code == 401
+        assert http_calls.get(f"{url}/healthz").json() == {"status": "ok", "node_id": "from-env"}
+        assert http_calls.get(f"{url}/stores/t/keys/a").status_code == 401
         auth = {"authorization": "Bearer tok"}
-        assert httpx.get(f"{url}/stores/t/keys/a", headers=auth).json()["row"] == {"k": "a", "n": 1}
+        assert http_calls.get(f"{url}/stores/t/keys/a", headers=auth).json()["row"] == {
+            "k": "a",
+            "n": 1,
+        }
         process.send_signal(signal.SIGTERM)
         assert process.wait(15) == 0
         assert process.stdout is not None

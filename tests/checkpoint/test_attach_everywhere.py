@@ -34,6 +34,7 @@ from sparkiq import Client
 from sparkiq.cli import main
 from sparkiq.errors import ConfigError
 from sparkiq.testing import JsonSource
+from tests import http_calls
 from tests.cluster.serve_processes import ServeProcess, free_port, make_nodes, wait_cluster
 
 pytestmark = pytest.mark.slow
@@ -125,7 +126,7 @@ class Cluster:
         while pending and time.monotonic() < deadline:
             node, client = pending[0]
             try:
-                stats = httpx.get(f"{node.url}/stats", timeout=5).json()["partitions"]
+                stats = http_calls.get(f"{node.url}/stats", timeout=5).json()["partitions"]
                 replicas = [s for s in stats if s["store"] == TABLE]
                 caught_up = bool(replicas) and all(
                     s["state"] == "live" and s["batch_id"] >= batch for s in replicas
@@ -160,14 +161,14 @@ def cluster(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def get_json(url: str) -> Any:
-    response = httpx.get(url, timeout=30)
+    response = http_calls.get(url, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()
 
 
 def post_sql(url: str, sql: str) -> httpx.Response:
     # a hang bound, not httpx's implicit 5 s: a loaded machine runs the statement slower
-    return httpx.post(f"{url}/query", json={"sql": sql}, timeout=30)
+    return http_calls.post(f"{url}/query", json={"sql": sql}, timeout=30)
 
 
 def test_console_views_show_attached_tables(pipeline: Pipeline, cluster: Cluster) -> None:
@@ -217,7 +218,7 @@ def test_console_views_show_attached_tables(pipeline: Pipeline, cluster: Cluster
         for user in ("u3", "console", "u17"):
             doc = get_json(f"{node.url}/stores/{TABLE}/keys/{user}")
             assert doc["row"] == expected[user]
-        missing = httpx.get(f"{node.url}/stores/{TABLE}/keys/nobody", timeout=30)
+        missing = http_calls.get(f"{node.url}/stores/{TABLE}/keys/nobody", timeout=30)
         assert missing.status_code == 404, missing.text
 
 

@@ -12,9 +12,9 @@ import sys
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import http_calls
 from tests.cli.terminal import Terminal
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_demo_prints_the_console_first_keeps_spark_quiet_and_shows_values(
         first = process.stdout.readline()
         match = re.fullmatch(r"sparkiq console: (http://127\.0\.0\.1:(\d+))/\n", first)
         assert match and f":{match.group(2)}" != taken[taken.index(":") :], first
-        console = httpx.get(f"{match.group(1)}/", timeout=10)
+        console = http_calls.get(f"{match.group(1)}/", timeout=10)
         assert console.status_code == 200
         assert "<html" in console.text.lower()
         rest = process.stdout.read()

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from sparkiq.changelog import Changelog
+from tests import http_calls
 from tests.changelog.helpers import write_batch
 
 FAST_FLAGS = ["--heartbeat-interval", "0.2", "--failure-timeout", "1.5"]
@@ -86,7 +87,7 @@ class ServeProcess:
             if self.process.poll() is not None:
                 raise AssertionError(f"{self.node_id} exited: {self.log()}")
             try:
-                answer = httpx.get(f"{self.url}/healthz", timeout=0.5, verify=self.verify)
+                answer = http_calls.get(f"{self.url}/healthz", timeout=0.5, verify=self.verify)
                 if answer.status_code == 200:
                     return
             except httpx.HTTPError:
@@ -98,7 +99,9 @@ class ServeProcess:
         """Up, then ``/readyz`` 200: every partition it hosts restored (a hang limit)."""
         self.wait_up(timeout)
         deadline = time.monotonic() + timeout
-        while httpx.get(f"{self.url}/readyz", timeout=5, verify=self.verify).status_code != 200:
+        while (
+            http_calls.get(f"{self.url}/readyz", timeout=5, verify=self.verify).status_code != 200
+        ):
             assert time.monotonic() < deadline, self.log()
             time.sleep(0.1)
 
@@ -140,8 +143,8 @@ def wait_cluster(
         for u in urls:
             try:
                 options: dict[str, Any] = {"headers": headers, "timeout": 1, "verify": verify}
-                nodes = httpx.get(f"{u}/metadata", **options).json()["nodes"]
-                ready = httpx.get(f"{u}/readyz", **options)
+                nodes = http_calls.get(f"{u}/metadata", **options).json()["nodes"]
+                ready = http_calls.get(f"{u}/readyz", **options)
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 seen[u], ok = f"no answer ({exc!r})", False
                 continue

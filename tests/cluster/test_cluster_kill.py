@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from sparkiq import Client, partition_for
+from tests import http_calls
 from tests.changelog.helpers import make_table
 from tests.cluster.load import Answer, Load
 from tests.cluster.serve_processes import BatchWriter, make_nodes, start_nodes, wait_cluster
@@ -45,13 +45,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def metadata(url: str) -> dict[str, Any]:
-    nodes = httpx.get(f"{url}/metadata", timeout=5).json()["nodes"]
+    nodes = http_calls.get(f"{url}/metadata", timeout=5).json()["nodes"]
     return {n["node_id"]: n for n in nodes}
 
 
 def applied_batches(url: str) -> dict[int, int]:
     """The last batch each partition of ``t`` hosted at ``url`` has applied (its /metrics)."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    text = http_calls.get(f"{url}/metrics", timeout=5).text
     applied = {}
     for labels, value in re.findall(r"^sparkiq_replica_batch_id\{(.*)\} (\S+)$", text, re.M):
         named = dict(re.findall(r'(\w+)="([^"]*)"', labels))

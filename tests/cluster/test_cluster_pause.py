@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import http_calls
 from tests.changelog.helpers import make_table
 from tests.cluster.load import Answer, Load
 from tests.cluster.serve_processes import BatchWriter, make_nodes, start_nodes
@@ -52,7 +52,7 @@ def cluster(tmp_path: Path) -> Any:
 
 
 def active_partitions(url: str) -> dict[str, list[int]]:
-    nodes = httpx.get(f"{url}/metadata", timeout=5).json()["nodes"]
+    nodes = http_calls.get(f"{url}/metadata", timeout=5).json()["nodes"]
     return {n["node_id"]: n["active"]["t"] for n in nodes}
 
 

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from sparkiq import AuthPolicy, ConfigError, HttpLimits, Node, NodeConfig, PgLimits, SqlLimits
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,7 +66,7 @@ def node(
 
 def _post_sql(node: Node, sql: str) -> httpx.Response:
     headers = {"authorization": f"Bearer {TOKEN}"}
-    return httpx.post(f"{node.url}/query", json={"sql": sql}, headers=headers, timeout=30)
+    return http_calls.post(f"{node.url}/query", json={"sql": sql}, headers=headers, timeout=30)
 
 
 def _dsn(node: Node) -> str:
@@ -116,15 +117,15 @@ def test_each_group_reaches_its_component(node: Node) -> None:
     # the right token is refused after one wrong one
     url = f"{node.url}/stores/t/keys/k1"
     right = {"authorization": f"Bearer {TOKEN}"}
-    assert httpx.get(url, headers=right, timeout=30).status_code == 200
-    wrong = httpx.get(url, headers={"authorization": "Bearer nope"}, timeout=30)
+    assert http_calls.get(url, headers=right, timeout=30).status_code == 200
+    wrong = http_calls.get(url, headers={"authorization": "Bearer nope"}, timeout=30)
     assert wrong.status_code == 401
-    barred = httpx.get(url, headers=right, timeout=30)
+    barred = http_calls.get(url, headers=right, timeout=30)
     assert barred.status_code == 401
     assert barred.json()["error"]["retry_after_seconds"] > BAR_SECONDS / 2
     # the address is the connection's: a header naming another is not believed (a caller
     # on the node's host could otherwise send a new one with each guess, past the bar)
-    forged = httpx.get(url, headers=right | {"x-forwarded-for": "10.9.9.9"}, timeout=30)
+    forged = http_calls.get(url, headers=right | {"x-forwarded-for": "10.9.9.9"}, timeout=30)
     assert forged.status_code == 401
 
 

@@ -22,6 +22,7 @@ from sparkiq.cluster.nodeauth import REQUEST_HEADER, NodeKey
 from sparkiq.cluster.swim import GossipMembership
 from sparkiq.cluster.transport import LocalTransport
 from sparkiq.wire.values import pack
+from tests import http_calls
 from tests.changelog.helpers import expected_rows, make_table, write_batch
 from tests.cluster.cluster_helpers import (
     CLUSTER_SECRET,
@@ -59,7 +60,7 @@ def post(url: str, path: str, doc: Any, secret: str | None) -> httpx.Response:
     headers = {"content-type": "application/x-sparkiq-v1"}
     if secret is not None:
         headers[REQUEST_HEADER] = NodeKey(secret).sign_request("nx", "POST", path, body).header
-    return httpx.post(f"{url}{path}", content=body, headers=headers, timeout=10)
+    return http_calls.post(f"{url}{path}", content=body, headers=headers, timeout=10)
 
 
 def test_signed_probes_only_and_a_malformed_one_changes_nothing(table: str) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyarrow as pa
 import pytest
 
@@ -29,6 +28,7 @@ from sparkiq import (
 from sparkiq.stores.dispatch import handler_for
 from sparkiq.stores.partition import PartitionStore
 from sparkiq.testing import write_table
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.sql.tables import WINDOW_TYPE
@@ -70,7 +70,7 @@ def test_a_windowed_table_refuses_key_lookups_on_every_path(cluster: list[Node])
                 lookup("win", key)
             assert f"SELECT * FROM win WHERE k = '{key}'" in caught.value.message
         for node in cluster:
-            response = httpx.get(f"{node.url}/stores/win/keys/{key}", timeout=10)
+            response = http_calls.get(f"{node.url}/stores/win/keys/{key}", timeout=10)
             assert response.status_code == 400, response.text
             error = response.json()["error"]
             assert error["code"] == "invalid_query"
@@ -89,7 +89,7 @@ def test_a_plain_table_answers_on_every_path(cluster: list[Node]) -> None:
         assert first.get("t", key) == expected
         row, position = first.get_with_position("t", key)
         assert row == expected and position.to_map()["t"] == {first.partition_for_key("t", key): 0}
-        answer = httpx.get(f"{first.url}/stores/t/keys/{key}", timeout=10).json()
+        answer = http_calls.get(f"{first.url}/stores/t/keys/{key}", timeout=10).json()
         assert answer["row"] == expected and answer["partition"] == first.partition_for_key(
             "t", key
         )
@@ -147,7 +147,7 @@ def test_a_routed_key_is_located_once_per_request(
         "query": lambda: first.query(
             StateQueryRequest.in_store("t").with_query(KeyQuery.with_key(there))
         ),
-        "rest": lambda: httpx.get(
+        "rest": lambda: http_calls.get(
             f"{first.url}/stores/t/keys/{there}", timeout=30
         ).raise_for_status(),
         "sql": lambda: first.sql(f"SELECT * FROM t WHERE k = '{there}'"),

@@ -20,6 +20,7 @@ from sparkiq.cluster.heartbeat import HeartbeatError, parse_heartbeat
 from sparkiq.cluster.membership import Membership
 from sparkiq.cluster.nodeauth import REQUEST_HEADER, NodeKey
 from sparkiq.wire.values import pack
+from tests import http_calls
 from tests.changelog.helpers import make_table
 
 TOKEN = "s3cret"
@@ -229,7 +230,7 @@ def post(node: Node, body: bytes, secret: str | None = SECRET) -> httpx.Response
     else:
         signed = NodeKey(secret).sign_request("n1", "POST", "/internal/heartbeat", body)
         headers[REQUEST_HEADER] = signed.header
-    return httpx.post(f"{node.url}/internal/heartbeat", content=body, headers=headers)
+    return http_calls.post(f"{node.url}/internal/heartbeat", content=body, headers=headers)
 
 
 def test_the_heartbeat_route_answers_400_and_keeps_membership(http_node: Node) -> None:

@@ -24,6 +24,7 @@ from sparkiq import KeyQuery, Node, StateQueryRequest
 from sparkiq.cluster.nodeauth import REQUEST_HEADER, NodeKey, RequestVerifier
 from sparkiq.errors import AuthenticationError
 from sparkiq.wire.values import pack, unpack
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import FAST, settle
 from tests.cluster.serve_processes import ServeProcess, free_port
@@ -79,7 +80,7 @@ class Rogue:
         """Send the forged heartbeat to ``node_url`` as a member would."""
         headers = {"content-type": "application/x-sparkiq-v1", **headers}
         body = pack(self.heartbeat())
-        return httpx.post(f"{node_url}/internal/heartbeat", content=body, headers=headers)
+        return http_calls.post(f"{node_url}/internal/heartbeat", content=body, headers=headers)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -211,7 +212,7 @@ def test_hearsay_cannot_fill_the_member_table_or_split_the_cluster(table: str) -
             "members": {f"ghost{i}": url for i, url in enumerate(silent + dead)},
             "hosted": {},
         }
-        response = httpx.post(
+        response = http_calls.post(
             f"{n0.url}/internal/heartbeat",
             content=pack(flood),
             headers={"content-type": "application/x-sparkiq-v1"},
@@ -286,7 +287,7 @@ def test_arrow_in_node_protocol_bodies_is_refused_before_decoding(
             ("/internal/probe", heartbeat),
             ("/internal/query", query),
         ):
-            answer = httpx.post(f"{node.url}{path}", content=body, headers=headers, timeout=60)
+            answer = http_calls.post(f"{node.url}{path}", content=body, headers=headers, timeout=60)
             assert answer.status_code == 400, answer.text
         time.sleep(0.2)
         stop.set()

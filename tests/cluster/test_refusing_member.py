@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
@@ -33,6 +32,7 @@ from sparkiq.cluster.nodeauth import RequestVerifier
 from sparkiq.errors import AuthenticationError, ErrorCode
 from sparkiq.query.result import FailureReason
 from sparkiq.wire.protocol import RemoteError
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 
@@ -125,7 +125,7 @@ def test_a_bad_client_token_is_still_refused(nodes: list[Node]) -> None:
         client.get("t", "k1")
     assert raised.value.code is ErrorCode.UNAUTHORIZED
     for node in nodes[:2]:
-        answer = httpx.get(f"{node.url}/stores", headers={"authorization": "Bearer nope"})
+        answer = http_calls.get(f"{node.url}/stores", headers={"authorization": "Bearer nope"})
         assert answer.status_code == 401
         assert answer.json()["error"]["code"] == "unauthorized"
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from sparkiq import Node
+from tests import http_calls
 from tests.docs.blocks import write_inputs
 
 DEMO_TABLES = ("revenue_by_product", "orders_by_user", "revenue_per_window")
@@ -53,7 +54,7 @@ def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> N
         assert process.poll() is None, f"the demo stopped; its output:\n{log.read_text()}"
         try:
             counts = [
-                httpx.post(f"{url}/query", json={"sql": f"SELECT count(*) AS n FROM {t}"})
+                http_calls.post(f"{url}/query", json={"sql": f"SELECT count(*) AS n FROM {t}"})
                 for t in DEMO_TABLES
             ]
             if all(r.status_code == 200 and r.json()["rows"][0]["n"] > 0 for r in counts):

@@ -28,9 +28,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import http_calls
 from tests.docs.blocks import (
     COMMANDS,
     ROOT,
@@ -323,7 +323,7 @@ def _run_push(block: Block, line_no: int, line: str, live: Live, cwd: Path) -> N
 @pytest.mark.timeout(1800)  # the first one waits for the demo's Spark to serve (minutes, loaded)
 @pytest.mark.parametrize("block", SQL_BLOCKS, ids=lambda b: b.where)
 def test_sql_blocks(block: Block, live: Live) -> None:
-    response = httpx.post(f"{live.url}/query", json={"sql": block.text}, timeout=60)
+    response = http_calls.post(f"{live.url}/query", json={"sql": block.text}, timeout=60)
     assert response.status_code == 200, f"{block.where}: {response.text}"
 
 
@@ -351,7 +351,7 @@ def test_substitution_and_command_parsing() -> None:
     )
     assert program_of("PGPASSWORD=s3cret psql -h x") == "psql"
     assert uses_the_demo(["x = 1", 'Node("demo-state")'])
-    assert uses_the_demo(['httpx.get("http://localhost:8081/stores")'])
+    assert uses_the_demo(['http_calls.get("http://localhost:8081/stores")'])
     assert uses_the_demo(["conn = connect(port=5433)"])
     assert uses_the_demo(['os.environ["SPARKIQ_URL"]'])
     assert not uses_the_demo(['Node("/data/shop", listen="127.0.0.1:0")', "port=54330"])

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from schemathesis.generation import GenerationMode
 
 from sparkiq.server.openapi import openapi_document
+from tests import http_calls
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.fuzz.harness import FuzzReport, judge_error
 from tests.server.test_hostile import TOKEN, Hostile, Probe, auth
@@ -45,7 +46,7 @@ def operations() -> list[Any]:
 def test_no_operation_answers_a_server_error(api_node: Hostile, operation: Any) -> None:
     """Requests valid by the schema and requests that break it, for one operation (the
     schema is this node's ``/openapi.json``, checked equal to the document here)."""
-    served = httpx.get(api_node.url("/openapi.json"), timeout=10).json()
+    served = http_calls.get(api_node.url("/openapi.json"), timeout=10).json()
     assert served == openapi_document()
     report = FuzzReport()
     strategy = st.one_of(

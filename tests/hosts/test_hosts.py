@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import http_calls
 from tests.faults.underload import under_load
 from tests.hosts.harness import PORT, TOKEN, HostCluster
 
@@ -39,14 +40,14 @@ def test_each_node_is_on_its_own_host_and_speaks_tls(cluster: HostCluster) -> No
     """Members know each other by their hosts' addresses, over https; a client that does
     not know the cluster's CA is refused the connection."""
     headers = {"authorization": f"Bearer {TOKEN}"}
-    members = httpx.get(
+    members = http_calls.get(
         f"{cluster.nodes[0].url}/metadata", headers=headers, verify=cluster.verify
     ).json()["nodes"]
     urls = sorted(m["url"] for m in members)
     assert urls == sorted(f"https://{h.address}:{PORT}" for h in cluster.hosts)
     assert len({h.address for h in [*cluster.hosts, cluster.client_host]}) == 4
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-        httpx.get(f"{cluster.nodes[1].url}/healthz")
+        http_calls.get(f"{cluster.nodes[1].url}/healthz")
 
 
 def test_a_host_cut_off_both_ways(cluster: HostCluster) -> None:

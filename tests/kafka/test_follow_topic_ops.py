@@ -31,6 +31,7 @@ from sparkiq.testing import KafkaBroker, wait_until
 from sparkiq.topics.consumer import redact
 from sparkiq.topics.keys import murmur2
 from sparkiq.topics.lag import topic_lag
+from tests import http_calls
 from tests.browser import chromium, needs_chromium, open_first_table
 from tests.browser import wait_until as page_wait_until
 from tests.cluster.serve_processes import free_port
@@ -77,7 +78,7 @@ def metric_samples(url: str) -> dict[str, dict[tuple[str, ...], float]]:
     """``{sample name: {label values (sorted by label name): value}}`` of ``/metrics``,
     read with Prometheus' own parser."""
     out: dict[str, dict[tuple[str, ...], float]] = {}
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = http_calls.get(f"{url}/metrics", timeout=30).text
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = tuple(s.labels[k] for k in sorted(s.labels))
@@ -132,7 +133,7 @@ def served(
 
 
 def followed_of(url: str) -> dict[str, Any]:
-    (doc,) = httpx.get(f"{url}/stats", timeout=30).json()["topics"]
+    (doc,) = http_calls.get(f"{url}/stats", timeout=30).json()["topics"]
     return doc  # type: ignore[no-any-return]
 
 
@@ -271,7 +272,7 @@ def test_a_follower_behind_the_topic_counts_the_records_and_seconds(
 
 
 def test_the_status_document_names_no_secret(served: Served) -> None:
-    doc = json.dumps(httpx.get(f"{served.url}/stats", timeout=30).json())
+    doc = json.dumps(http_calls.get(f"{served.url}/stats", timeout=30).json())
     assert "kafka_config" not in doc
 
 
@@ -422,16 +423,16 @@ def test_serve_reads_client_settings_from_a_file_and_never_shows_the_secrets(
     ends = ends_of(acknowledged)
 
     def applied(_: Any) -> bool:
-        doc = httpx.get(f"{url}/stats", timeout=30).json()
+        doc = http_calls.get(f"{url}/stats", timeout=30).json()
         (kafka,) = doc["kafka"]
         followed = [(p["applied"], p["end"]) for p in doc["topics"][0]["partitions"]]
         return kafka["broker"] == "ok" and followed == [(ends[p], ends[p]) for p in ends]
 
     with serving(args, tmp_path, applied, errors=(httpx.HTTPError, KeyError, ValueError)):
-        got = httpx.get(f"{url}/stores/totals/keys/u-9", timeout=30).json()
+        got = http_calls.get(f"{url}/stores/totals/keys/u-9", timeout=30).json()
         assert got["row"] == {"user": "u-9", "total": 9}
-        shown = httpx.get(f"{url}/stats", timeout=30).text
-        shown += httpx.get(f"{url}/metrics", timeout=30).text
+        shown = http_calls.get(f"{url}/stats", timeout=30).text
+        shown += http_calls.get(f"{url}/metrics", timeout=30).text
         assert SECRET not in shown
     log = (tmp_path / "node.log").read_text()
     assert SECRET not in log and "sasl.password" not in log
@@ -476,6 +477,8 @@ def test_a_node_stopped_and_started_again_reads_its_topics_again(
         assert node.tables == ["totals"]
         (followed,) = node.followed_topics()
         assert followed.records == first + 1 and followed.malformed == 2
-        assert httpx.get(f"{node.url}/stores/totals/keys/u-0", timeout=30).json()["row"] == again
+        assert (
+            http_calls.get(f"{node.url}/stores/totals/keys/u-0", timeout=30).json()["row"] == again
+        )
     (logged,) = [json.loads(line) for line in audit.read_text().splitlines()]
     assert logged["node"] == "again" and logged["status"] == 200

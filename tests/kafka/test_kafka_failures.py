@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pyspark.errors import StreamingQueryException
 
@@ -37,6 +36,7 @@ from sparkiq.changelog import Changelog
 from sparkiq.errors import SparkiqError
 from sparkiq.spark.sink import CRASH_ENV, WRITE_ENV
 from sparkiq.testing import KafkaBroker, assert_table_matches, table_rows
+from tests import http_calls
 from tests.browser import CHROMIUM, chromium, open_first_table
 from tests.cluster.cluster_helpers import wait_until
 from tests.kafka.client import (
@@ -132,7 +132,7 @@ def writer_of(
     seen: list[dict[str, Any]] = []
 
     def shown() -> bool:
-        writers = httpx.get(f"{url}/stats", timeout=30).json()["writers"]
+        writers = http_calls.get(f"{url}/stats", timeout=30).json()["writers"]
         seen[:] = [w for w in writers if w["table"] == "totals"]
         return bool(seen) and seen[0]["state"] == state and also(seen[0])
 

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkiq import Node
 from sparkiq.changelog import Changelog
 from sparkiq.testing import KafkaBroker
+from tests import http_calls
 from tests.browser import chromium, needs_chromium, open_first_table
 from tests.browser import wait_until as page_wait_until
 from tests.changelog.helpers import make_table, write_batch
@@ -69,7 +70,7 @@ class Lagging:
 
 
 def stats(url: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/stats", timeout=30).json()  # type: ignore[no-any-return]
+    return http_calls.get(f"{url}/stats", timeout=30).json()  # type: ignore[no-any-return]
 
 
 def kafka_of(url: str) -> list[dict[str, Any]]:
@@ -78,7 +79,7 @@ def kafka_of(url: str) -> list[dict[str, Any]]:
 
 def metric_samples(url: str, name: str) -> dict[tuple[str, ...], float]:
     """``{label values: value}`` of one metric, read with Prometheus' own parser."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = http_calls.get(f"{url}/metrics", timeout=30).text
     out: dict[tuple[str, ...], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -30,6 +30,7 @@ from sparkiq.schema.kinds import KINDS
 from sparkiq.sql import SqlResult
 from sparkiq.sql.errors import SqlError
 from sparkiq.wire import arrowipc
+from tests import http_calls
 from tests.changelog.helpers import create_changelog, write_rows
 from tests.sql.tables import build_world
 from tests.sql.test_differential import QUERIES
@@ -143,7 +144,7 @@ def _post(node: Node, sql: str, token: str | None = TOKEN, **doc: Any) -> httpx.
     headers = {"accept": ARROW, "content-type": "application/json"}
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
-    return httpx.post(
+    return http_calls.post(
         f"{node.url}/query",
         content=orjson.dumps({"sql": sql, **doc}),
         headers=headers,
@@ -354,7 +355,7 @@ def test_errors_stay_json_with_their_status(node: Node, client: Client) -> None:
     error = response.json()["error"]
     assert error["code"] == "not_acceptable" and error["field"] == "accept"
     assert "newline-delimited JSON" in error["message"]
-    response = httpx.post(
+    response = http_calls.post(
         f"{node.url}/query",
         content=b"{not json",
         headers={"accept": ARROW, "authorization": f"Bearer {TOKEN}", "content-type": JSON},
@@ -372,7 +373,7 @@ def test_a_result_over_the_row_limit_is_refused_before_any_byte(
     monkeypatch.setenv("SPARKIQ_SQL_MAX_RESULT_ROWS", "50")
     with Node(root, store="memory", node_id="small", listen="127.0.0.1:0") as small:
         small.poll_once()
-        response = httpx.post(
+        response = http_calls.post(
             f"{small.url}/query", json={"sql": "SELECT * FROM t"}, headers={"accept": ARROW}
         )
     assert response.status_code == 400
@@ -391,7 +392,7 @@ def test_the_arrow_path_needs_the_token(node: Node) -> None:
 
 
 def test_openapi_documents_the_arrow_answer(node: Node) -> None:
-    post = httpx.get(f"{node.url}/openapi.json").json()["paths"]["/query"]["post"]
+    post = http_calls.get(f"{node.url}/openapi.json").json()["paths"]["/query"]["post"]
     answer = post["responses"]["200"]
     assert set(answer["content"]) == {"application/json", ARROW, "application/x-ndjson"}
     assert set(answer["headers"]) == {arrowipc.POSITION_HEADER, arrowipc.PAGE_TOKEN_HEADER}
@@ -434,7 +435,7 @@ def test_a_node_that_answers_json_gets_a_clear_error() -> None:
 
 
 def _completed_queries(node: Node) -> float:
-    text = httpx.get(f"{node.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
+    text = http_calls.get(f"{node.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
     found = re.findall(r'sparkiq_http_requests_total\{route="/query",status="200"\} (\S+)', text)
     return float(found[0]) if found else 0.0
 

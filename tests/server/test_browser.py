@@ -20,6 +20,7 @@ from sparkiq import Client, Node
 from sparkiq.query.queries import RangeQuery
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.wire.values import pack
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.cluster.serve_processes import ServeProcess, free_port
@@ -45,7 +46,7 @@ def port_of(node: Node) -> int:
 
 
 def get(node: Node, path: str, host: str, **headers: str) -> httpx.Response:
-    return httpx.get(f"{node.url}{path}", headers={"host": host, **headers}, timeout=30)
+    return http_calls.get(f"{node.url}{path}", headers={"host": host, **headers}, timeout=30)
 
 
 def test_a_rebound_dns_name_reads_nothing(node: Node) -> None:
@@ -60,7 +61,7 @@ def test_a_rebound_dns_name_reads_nothing(node: Node) -> None:
         assert "SPARKIQ_ALLOWED_HOSTS" in error["message"]
         assert '"n":1' not in response.text and "sparkiq console" not in response.text
     # the node protocol too: a rebound page is same-origin, it may send any content type
-    heartbeat = httpx.post(
+    heartbeat = http_calls.post(
         f"{node.url}/internal/heartbeat",
         content=b"\x80",
         headers={"host": "evil.example", "content-type": "application/x-sparkiq-v1"},
@@ -122,11 +123,11 @@ def test_the_advertised_host_is_answered(tmp_path: Path) -> None:
     )
     with node:
         url = f"http://127.0.0.1:{port}"
-        answered = httpx.get(
+        answered = http_calls.get(
             f"{url}/healthz", headers={"host": f"node-7.sparkiq.internal:{port}"}, timeout=30
         )
         assert answered.status_code == 200 and answered.json()["status"] == "ok"
-        refused = httpx.get(f"{url}/healthz", headers={"host": "node-8.sparkiq.internal"})
+        refused = http_calls.get(f"{url}/healthz", headers={"host": "node-8.sparkiq.internal"})
         assert refused.status_code == 421
 
 
@@ -158,7 +159,7 @@ def test_sparkiq_serve_takes_allowed_hosts_from_its_flag_then_its_variable(
             process.wait_up()
 
         def status(process: ServeProcess, host: str) -> int:
-            return httpx.get(f"{process.url}/healthz", headers={"host": host}).status_code
+            return http_calls.get(f"{process.url}/healthz", headers={"host": host}).status_code
 
         # a flag wins over the variable, as for every option
         assert [status(by_flag, h) for h in ("flag.test", "a.flags.test", "env.test")] == [
@@ -202,7 +203,7 @@ def post(node: Node, path: str, body: bytes, content_type: str, **headers: str) 
     sent = dict(headers)
     if content_type:
         sent["content-type"] = content_type
-    return httpx.post(f"{node.url}{path}", content=body, headers=sent, timeout=30)
+    return http_calls.post(f"{node.url}{path}", content=body, headers=sent, timeout=30)
 
 
 def test_a_post_a_page_can_send_without_a_preflight_is_refused(node: Node) -> None:
@@ -269,7 +270,9 @@ def test_every_caller_of_a_node_still_posts(tmp_path: Path) -> None:
             with client.stream("SELECT k, n FROM t EMIT CHANGES", snapshot=True) as changes:
                 first = next(iter(changes))
                 assert first.row is not None and first.row["k"].startswith("k")
-        answer = httpx.post(f"{nodes[1].url}/stores/t/query", json={"query": {"type": "range"}})
+        answer = http_calls.post(
+            f"{nodes[1].url}/stores/t/query", json={"query": {"type": "range"}}
+        )
         assert answer.status_code == 200
         assert sum(len(p["rows"]) for p in answer.json()["partitions"].values()) == 20
     finally:

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import orjson
 import psycopg
 import pyarrow as pa
@@ -32,6 +31,7 @@ from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlError, SqlLimitError
 from sparkiq.sql.watchdog import statement_counts
 from sparkiq.wire import protocol
+from tests import http_calls
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.sql.tables import T_HISTORY, build_world, expected_rows
 
@@ -74,7 +74,7 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float) -> float
 
 
 def _metric(node: Node, line_start: str) -> float:
-    text = httpx.get(f"{node.url}/metrics", headers=_auth(), timeout=30).text
+    text = http_calls.get(f"{node.url}/metrics", headers=_auth(), timeout=30).text
     for line in text.splitlines():
         if line.startswith(line_start + " "):
             return float(line.split()[-1])
@@ -117,7 +117,7 @@ def _slow_fragment() -> SqlFragmentQuery:
 
 
 def _still_answers(node: Node) -> None:
-    response = httpx.post(
+    response = http_calls.post(
         f"{node.url}/query",
         json={"sql": "SELECT k, n FROM t ORDER BY k"},
         headers=_auth(),

@@ -20,6 +20,7 @@ from sparkiq.changelog import open_storage
 from sparkiq.changelog.writer_status import WriterStatus, write_writer_status
 from sparkiq.server.charts import NO_SAMPLES, render
 from sparkiq.server.history import GaugeHistory
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import wait_until
 
@@ -169,7 +170,7 @@ def test_gauge_history_keeps_the_highest_sample_of_a_bucket() -> None:
 
 
 def get(node: Node, path: str) -> httpx.Response:
-    return httpx.get(f"{node.url}{path}", headers={"authorization": "Bearer tok"}, timeout=30)
+    return http_calls.get(f"{node.url}{path}", headers={"authorization": "Bearer tok"}, timeout=30)
 
 
 def compare_with_stats(
@@ -262,4 +263,4 @@ def test_charts_over_http_match_stats(tmp_path: Path) -> None:
             assert answer.status_code == status, (path, answer.text)
             error: dict[str, Any] = answer.json()["error"]
             assert error["code"] == code and words in error["message"], (path, error)
-        assert httpx.get(f"{node.url}/charts/t/lag", timeout=30).status_code == 401
+        assert http_calls.get(f"{node.url}/charts/t/lag", timeout=30).status_code == 401

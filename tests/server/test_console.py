@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from sparkiq import Node
+from tests import http_calls
 from tests.browser import chromium, needs_chromium, open_first_table, set_token, wait_until
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
@@ -158,7 +159,7 @@ DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 
 def rest(node: Node, method: str, path: str, **kwargs: Any) -> httpx.Response:
     headers = {"authorization": f"Bearer {TOKEN}"}
-    return httpx.request(method, f"{node.url}{path}", headers=headers, timeout=10, **kwargs)
+    return http_calls.request(method, f"{node.url}{path}", headers=headers, timeout=10, **kwargs)
 
 
 def expected_grid(metadata: dict[str, Any], store: str, partitions: int) -> list[list[str]]:
@@ -579,7 +580,7 @@ def test_numbers_plans_push_caps_positions_and_a_wrong_token(tmp_path: Path) -> 
             batch = page.locator("#push-result tbody tr").first.locator("td").last
             assert batch.inner_text() == "batch 2"
             token = batch.get_attribute("title")  # a position a read can be bound by
-            bounded = httpx.post(
+            bounded = http_calls.post(
                 f"{node.url}/query",
                 json={"sql": "SELECT n FROM t WHERE k = 'q099'", "bound": token},
                 headers={"authorization": "Bearer tok"},
@@ -621,7 +622,7 @@ def test_a_windowed_table_is_looked_up_by_key_and_window_start(tmp_path: Path) -
                 "to": "2024-05-01T04:00:00",
             }
         }
-        answer = httpx.post(f"{node.url}/stores/clicks/query", json=body, timeout=30).json()
+        answer = http_calls.post(f"{node.url}/stores/clicks/query", json=body, timeout=30).json()
         want = sorted(
             (item["row"] for part in answer["partitions"].values() for item in part["rows"]),
             key=lambda row: row["window"]["start"],

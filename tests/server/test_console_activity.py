@@ -14,6 +14,7 @@ import pytest
 
 from sparkiq import Node
 from sparkiq.server.metrics import QueryRate
+from tests import http_calls
 from tests.browser import chromium, needs_chromium, set_token, wait_until
 from tests.changelog.helpers import create_changelog, make_table, write_batch
 from tests.server.test_charts import CHARTS_DRAWN, compare_with_stats, page_chart
@@ -25,7 +26,7 @@ TOKEN = "tok"
 
 def rest(node: Node, method: str, path: str, **kwargs: Any) -> httpx.Response:
     headers = {"authorization": f"Bearer {TOKEN}"}
-    return httpx.request(method, f"{node.url}{path}", headers=headers, timeout=30, **kwargs)
+    return http_calls.request(method, f"{node.url}{path}", headers=headers, timeout=30, **kwargs)
 
 
 def open_console(browser: Any, node: Node, timezone_id: str = "UTC") -> Any:

@@ -20,6 +20,7 @@ from sparkiq import Client, ForbiddenError, KeyQuery, Node, StateQueryRequest
 from sparkiq.cluster.nodeauth import REQUEST_HEADER, NodeKey
 from sparkiq.testing import wait_until
 from sparkiq.wire import protocol
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import FAST, settle
 
@@ -148,7 +149,7 @@ def test_a_member_applies_the_grants_of_the_caller_it_routes_for(
         body = protocol.encode_request(request, local=True)
         signed = key.sign_request("n1", "POST", "/internal/query", body, principal)
         headers = {"content-type": protocol.CONTENT_TYPE, REQUEST_HEADER: signed.header}
-        return httpx.post(f"{nodes[0].url}/internal/query", content=body, headers=headers)
+        return http_calls.post(f"{nodes[0].url}/internal/query", content=body, headers=headers)
 
     assert sub_request("sales", "analyst").status_code == 200
     refused = sub_request("payroll", "analyst")

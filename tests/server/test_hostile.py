@@ -30,6 +30,7 @@ from sparkiq.server.app import PUBLIC_PATHS
 from sparkiq.sql.parse import MAX_NESTING
 from sparkiq.wire import protocol
 from sparkiq.wire.values import pack
+from tests import http_calls
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.sql.tables import build_world
 
@@ -88,7 +89,7 @@ def assert_no_leak(h: Hostile, response: httpx.Response) -> None:
 
 def assert_healthy(h: Hostile) -> None:
     """The node still answers a lookup correctly."""
-    response = httpx.get(h.url(PROBE_PATH), headers=auth(), timeout=10)
+    response = http_calls.get(h.url(PROBE_PATH), headers=auth(), timeout=10)
     assert response.status_code == 200
     assert response.json()["row"] == PROBE_ROW
 
@@ -157,7 +158,7 @@ def refused(
     kind = {"content-type": "application/json" if json is not None else protocol.CONTENT_TYPE}
     with Probe(h):
         started = time.monotonic()
-        response = httpx.request(
+        response = http_calls.request(
             method, h.url(path), content=body, headers=auth() | kind | (headers or {}), timeout=30
         )
         elapsed = time.monotonic() - started
@@ -183,7 +184,7 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
 )
 def test_huge_decimal_key_exponents_are_refused_quickly(hostile: Hostile, key: str) -> None:
     if key == "0e99999999999":  # zero, whatever the exponent: a valid key with no row
-        response = httpx.get(hostile.url(f"/stores/xk/keys/{key}"), headers=auth(), timeout=5)
+        response = http_calls.get(hostile.url(f"/stores/xk/keys/{key}"), headers=auth(), timeout=5)
         assert response.status_code == 404
         return
     error = error_of(refused(hostile, "GET", f"/stores/xk/keys/{key}"))
@@ -220,7 +221,7 @@ def test_huge_decimal_literal_in_sql_answers_quickly_and_correctly(hostile: Host
     ):
         for _ in range(2):  # the second run binds the cached plan's template
             started = time.monotonic()
-            response = httpx.post(
+            response = http_calls.post(
                 hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30
             )
             assert time.monotonic() - started < bound(), sql
@@ -317,13 +318,15 @@ def test_nesting_up_to_the_limit_answers(hostile: Hostile) -> None:
         "SELECT " + "(SELECT " * (MAX_NESTING - 1) + "1 AS x" + ")" * (MAX_NESTING - 1) + " AS x",
         "SELECT " + "abs(" * MAX_NESTING + "1" + ")" * MAX_NESTING + " AS x",
     ):
-        response = httpx.post(hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30)
+        response = http_calls.post(
+            hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30
+        )
         assert response.status_code == 200, response.text[:300]
         assert response.json()["rows"] == [{"x": 1}]
     # a long AND chain is deep as a tree but not nested: it answers (up to
     # SqlLimits.max_terms; tests/server/test_limits_sql.py refuses 3000 terms)
     sql = "SELECT count(*) AS c FROM t WHERE " + " AND ".join(["n >= 0"] * 450)
-    response = httpx.post(hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30)
+    response = http_calls.post(hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30)
     assert response.status_code == 200, response.text[:300]
     assert response.json()["rows"][0]["c"] > 0
 
@@ -344,7 +347,7 @@ def test_extreme_window_bounds_answer(hostile: Hostile, lower: str, upper: str |
         {"type": "window_key", "key": "a", "from": lower, "to": upper},
         {"type": "window_range", "from": lower, "to": upper},
     ):
-        response = httpx.post(
+        response = http_calls.post(
             hostile.url("/stores/win/query"), json={"query": doc}, headers=auth(), timeout=30
         )
         assert response.status_code == 200, response.text[:300]
@@ -372,7 +375,7 @@ def test_extreme_window_bounds_over_the_node_protocol(hostile: Hostile) -> None:
                 },
             }
         )
-        response = httpx.post(
+        response = http_calls.post(
             hostile.url("/internal/query"),
             content=body,
             headers=auth() | {"content-type": protocol.CONTENT_TYPE},
@@ -471,7 +474,7 @@ def test_partition_lists_are_bounded_when_parsed(
         body = _request({"key": 1}, partitions=[0, 1, 2, 3], local=True)
     else:
         body = orjson.dumps({"query": {"type": "range"}, "partitions": [0, 1, 2, 3]})
-    answered = httpx.post(
+    answered = http_calls.post(
         hostile.url(path), content=body, headers=auth() | {"content-type": kind}, timeout=30
     )
     assert answered.status_code == 200, answered.content[:300]
@@ -499,7 +502,7 @@ def test_error_messages_carry_no_paths_or_class_names(
             raise failure
 
         monkeypatch.setattr(hostile.node, "locate_key", fail)
-        response = httpx.get(hostile.url(PROBE_PATH), headers=auth(), timeout=10)
+        response = http_calls.get(hostile.url(PROBE_PATH), headers=auth(), timeout=10)
         assert 400 <= response.status_code < 600
         assert_no_leak(hostile, response)
         message = error_of(response)["message"]
@@ -520,10 +523,10 @@ def test_public_paths_are_the_documented_ones_and_hold_no_data(hostile: Hostile)
     assert documented == PUBLIC_PATHS
     page = (Path(sparkiq.server.__file__).parent / "console.html").read_bytes()
     for path in sorted(PUBLIC_PATHS):
-        response = httpx.get(hostile.url(path), timeout=10)  # no token
+        response = http_calls.get(hostile.url(path), timeout=10)  # no token
         assert response.status_code == 200, path
         if path in ("/", "/console"):
             assert response.content == page  # the static page: nothing of the node's data
             assert response.headers["x-frame-options"] == "DENY"
     for path in ("/stores", "/metadata", "/metrics", PROBE_PATH):
-        assert httpx.get(hostile.url(path), timeout=10).status_code == 401, path
+        assert http_calls.get(hostile.url(path), timeout=10).status_code == 401, path

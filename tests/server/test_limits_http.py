@@ -19,6 +19,7 @@ import pytest
 from sparkiq.errors import ConfigError
 from sparkiq.limits import HttpLimits
 from sparkiq.serving.config import NodeConfig
+from tests import http_calls
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.server.test_hostile import PROBE_PATH, PROBE_ROW, TOKEN, Hostile, Probe, auth
 from tests.sql.tables import build_world
@@ -94,7 +95,7 @@ def test_limits_come_from_keywords_then_environment() -> None:
 
 def test_headers_within_the_limit_are_served(limited: Hostile) -> None:
     padding = "x" * (MAX_HEADER_BYTES // 2)
-    response = httpx.get(
+    response = http_calls.get(
         limited.url(PROBE_PATH), headers=auth() | {"x-padding": padding}, timeout=10
     )
     assert response.status_code == 200
@@ -262,7 +263,7 @@ def test_connections_beyond_the_limit_are_refused_with_503(limited: Hostile) -> 
     deadline = time.monotonic() + HEADER_TIMEOUT + SLACK
     while True:
         try:
-            response = httpx.get(limited.url(PROBE_PATH), headers=auth(), timeout=10)
+            response = http_calls.get(limited.url(PROBE_PATH), headers=auth(), timeout=10)
             if response.status_code == 200:
                 break
         except httpx.HTTPError:

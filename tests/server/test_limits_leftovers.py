@@ -9,7 +9,6 @@ import json
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import orjson
 
 from sparkiq import Client
@@ -17,6 +16,7 @@ from sparkiq.errors import InvalidQueryError
 from sparkiq.query.position import Position
 from sparkiq.query.result import FailureReason, QueryResult, StateQueryResult
 from sparkiq.server.streams import iq_json_chunks, push_stream
+from tests import http_calls
 from tests.server.test_hostile import TOKEN, Hostile, auth
 from tests.server.test_limits_http import limited  # noqa: F401  # the fixture
 
@@ -78,7 +78,7 @@ def test_metrics_count_hedged_sub_requests(limited: Hostile) -> None:  # noqa: F
     assert coordinator is not None
 
     def hedged() -> float:
-        text = httpx.get(limited.url("/metrics"), headers=auth(), timeout=10).text
+        text = http_calls.get(limited.url("/metrics"), headers=auth(), timeout=10).text
         line = next(x for x in text.splitlines() if x.startswith("sparkiq_router_hedged "))
         return float(line.split()[1])
 
@@ -93,7 +93,9 @@ def test_metrics_count_hedged_sub_requests(limited: Hostile) -> None:  # noqa: F
 def test_integers_beyond_64_bits_reach_json_and_binary_clients(limited: Hostile) -> None:  # noqa: F811
     """Found by the SQL fuzzer: a HUGEINT result was a 500 (neither encoder takes it)."""
     text = "SELECT 99999999999999999999999 AS big, -(2::HUGEINT ** 100)::HUGEINT AS low"
-    response = httpx.post(limited.url("/query"), json={"sql": text}, headers=auth(), timeout=10)
+    response = http_calls.post(
+        limited.url("/query"), json={"sql": text}, headers=auth(), timeout=10
+    )
     assert response.status_code == 200, response.text[:300]
     assert json.loads(response.text)["rows"] == [{"big": 99999999999999999999999, "low": -(2**100)}]
     with Client(limited.node.url or "", token=TOKEN) as client:

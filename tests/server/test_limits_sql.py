@@ -24,6 +24,7 @@ from sparkiq.sql import SqlFragmentQuery
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlLimitError
 from sparkiq.wire import protocol
+from tests import http_calls
 from tests.changelog.helpers import expected_rows
 from tests.cluster.serve_processes import free_port
 from tests.server.serve_subprocess import serving
@@ -86,7 +87,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         # ready, and hosting every partition (a lone node takes them all)
         served = node(process)
         counts = [sql(served, f"SELECT count(*) AS c FROM {t}", 5) for t in ("ik", "t")]
-        lookup = httpx.get(served.url(PROBE_PATH), headers=auth(), timeout=1)
+        lookup = http_calls.get(served.url(PROBE_PATH), headers=auth(), timeout=1)
         return lookup.status_code == 200 and all(c.status_code == 200 for c in counts)
 
     with serving(args, cwd, ready, env=env, errors=(httpx.HTTPError,), timeout=60) as process:
@@ -94,7 +95,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def sql(node: Served, text: str, timeout: float = 60) -> httpx.Response:
-    return httpx.post(node.url("/query"), json={"sql": text}, headers=auth(), timeout=timeout)
+    return http_calls.post(node.url("/query"), json={"sql": text}, headers=auth(), timeout=timeout)
 
 
 def refused_sql(node: Served, text: str, codes: tuple[str, ...]) -> dict[str, Any]:
@@ -112,7 +113,7 @@ def refused_sql(node: Served, text: str, codes: tuple[str, ...]) -> dict[str, An
     peak = node.status("VmHWM")
     assert peak - rss_before < GROWTH, f"peak {peak / MIB:.0f} MiB from {rss_before / MIB:.0f}"
     assert sql(node, "SELECT v FROM ik WHERE key = 1").json()["rows"] == [{"v": 17}]
-    lookup = httpx.get(node.url(PROBE_PATH), headers=auth(), timeout=10)
+    lookup = http_calls.get(node.url(PROBE_PATH), headers=auth(), timeout=10)
     assert lookup.json()["row"] == PROBE_ROW
     return error
 
@@ -204,7 +205,7 @@ def test_a_fragment_cannot_outlive_the_statement_timeout(served: Served) -> None
     body = protocol.encode_request(request, local=True)
     with Probe(served):  # type: ignore[arg-type]
         started = time.monotonic()
-        response = httpx.post(
+        response = http_calls.post(
             served.url("/internal/query"),
             content=body,
             headers=auth() | {"content-type": protocol.CONTENT_TYPE},

@@ -15,6 +15,7 @@ import pytest
 
 from sparkiq import Node, RangeQuery, StateQueryRequest
 from sparkiq.query.versioned import MultiVersionedKeyQuery, VersionedKeyQuery
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 
@@ -40,11 +41,11 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 
 def sql(node: Node, text: str) -> httpx.Response:
-    return httpx.post(f"{node.url}/query", json={"sql": text}, headers=JSON, timeout=30)
+    return http_calls.post(f"{node.url}/query", json={"sql": text}, headers=JSON, timeout=30)
 
 
 def iq(node: Node, doc: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{node.url}/stores/t/query", json=doc, headers=JSON, timeout=30)
+    return http_calls.post(f"{node.url}/stores/t/query", json=doc, headers=JSON, timeout=30)
 
 
 def assert_out_of_range(response: httpx.Response, field: str) -> None:

@@ -36,6 +36,7 @@ from pygwire import messages as m
 
 from sparkiq import Node
 from sparkiq.server.pg.scram import ScramError, ScramExchange, ScramVerifier
+from tests import http_calls
 from tests.cluster.serve_processes import free_port
 from tests.server.serve_subprocess import serving
 from tests.server.test_hostile import bound
@@ -309,7 +310,7 @@ def test_a_bind_of_huge_binary_numerics_is_refused_before_it_costs_memory(served
 
 
 def _metric(node: Served, name: str, listener: str) -> float:
-    text = httpx.get(
+    text = http_calls.get(
         f"{node.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}, timeout=30
     ).text
     prefix = f'{name}{{listener="{listener}"}} '

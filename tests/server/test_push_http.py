@@ -15,6 +15,7 @@ import pytest
 from sparkiq import Client, Position, SqlResult
 from sparkiq.errors import InvalidQueryError, SparkiqError
 from sparkiq.sql.change import Change
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.sql.push_spellings import PULL, PUSH, spell
@@ -112,7 +113,7 @@ def test_bad_push_statements_are_400_and_unauthenticated_is_401(cluster: Any) ->
             client.stream("SELECT * FROM t GROUP BY k EMIT CHANGES")
         with pytest.raises(SparkiqError):
             client.stream("SELECT * FROM nope EMIT CHANGES")
-    response = httpx.post(
+    response = http_calls.post(
         f"{nodes[0].url}/query",
         content=orjson.dumps({"sql": "SELECT * FROM t EMIT CHANGES"}),
         headers={"content-type": "application/json"},

@@ -24,6 +24,7 @@ from sparkiq import (
 )
 from sparkiq.errors import InvalidQueryError
 from sparkiq.stores.rocksdb_options import BLOCK_CACHE_BYTES, MEMTABLE_BUDGET_BYTES
+from tests import http_calls
 from tests.changelog.helpers import (
     apply_changes,
     create_changelog,
@@ -82,7 +83,7 @@ def test_key_lookup_on_every_node(nodes: list[Node]) -> None:
     for node in nodes:
         for i in range(0, 5000, 97):
             key = f"k{i:05d}"
-            response = httpx.get(url(node, f"/stores/t/keys/{key}"), headers=auth())
+            response = http_calls.get(url(node, f"/stores/t/keys/{key}"), headers=auth())
             if key in expected:
                 assert response.status_code == 200
                 doc = response.json()
@@ -108,13 +109,13 @@ def test_wrong_or_missing_token_gets_401_and_no_data(nodes: list[Node]) -> None:
             ("POST", "/internal/heartbeat", b"\x80"),
         ]:
             typed = headers | {"content-type": "application/json"}
-            response = httpx.request(method, url(node, path), headers=typed, content=body)
+            response = http_calls.request(method, url(node, path), headers=typed, content=body)
             assert response.status_code == 401, (path, headers)
             assert response.headers["www-authenticate"].startswith("Bearer")
             assert "k00001" not in response.text and '"row"' not in response.text
             assert response.json()["error"]["code"] == "unauthorized"
-    assert httpx.get(url(node, "/healthz")).status_code == 200  # probes need no token
-    assert httpx.get(url(node, "/openapi.json")).json()["openapi"].startswith("3.1")
+    assert http_calls.get(url(node, "/healthz")).status_code == 200  # probes need no token
+    assert http_calls.get(url(node, "/openapi.json")).json()["openapi"].startswith("3.1")
 
 
 def test_client_with_a_wrong_token_is_refused(nodes: list[Node]) -> None:
@@ -126,7 +127,7 @@ def test_errors_name_the_offending_field(nodes: list[Node]) -> None:
     node = nodes[1]
 
     def post(path: str, body: bytes) -> httpx.Response:
-        return httpx.post(url(node, path), headers=auth(), content=body)
+        return http_calls.post(url(node, path), headers=auth(), content=body)
 
     cases = [
         (post("/stores/t/query", b"{not json"), 400, "body"),
@@ -152,8 +153,8 @@ def test_errors_name_the_offending_field(nodes: list[Node]) -> None:
         ),
         (post("/stores/t/query", b'{"query": {"type": "range"}, "limit": 3}'), 400, "limit"),
         (post("/stores/nope/query", b'{"query": {"type": "range"}}'), 404, "store"),
-        (httpx.get(url(node, "/stores/nope/keys/a"), headers=auth()), 404, "store"),
-        (httpx.get(url(node, "/stores/w/keys/w1"), headers=auth()), 200, None),
+        (http_calls.get(url(node, "/stores/nope/keys/a"), headers=auth()), 404, "store"),
+        (http_calls.get(url(node, "/stores/w/keys/w1"), headers=auth()), 200, None),
         (post("/stores/t/query", b"x" * (2 << 20)), 413, "body"),
         (post("/query", b'{"statement": "SELECT 1"}'), 400, "sql"),
         (post("/internal/query", b"\xc1garbage"), 400, None),
@@ -165,9 +166,9 @@ def test_errors_name_the_offending_field(nodes: list[Node]) -> None:
             assert error["field"] == field, error
             assert error["message"]
             assert "Traceback" not in response.text
-    unknown = httpx.get(url(node, "/no/such/route"), headers=auth())
+    unknown = http_calls.get(url(node, "/no/such/route"), headers=auth())
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
-    wrong_method = httpx.delete(url(node, "/stores/t/keys/k1"), headers=auth())
+    wrong_method = http_calls.delete(url(node, "/stores/t/keys/k1"), headers=auth())
     assert wrong_method.status_code == 405
 
 
@@ -186,9 +187,9 @@ def test_typed_keys_are_parsed_by_column_type(tmp_path: Path) -> None:
     write_rows(changelog, 0, days)
     with Node(str(tmp_path), node_id="solo", listen="127.0.0.1:0") as node:
         node.poll_once()
-        ok = httpx.get(url(node, "/stores/days/keys/2024-05-03"))
+        ok = http_calls.get(url(node, "/stores/days/keys/2024-05-03"))
         assert ok.json()["row"] == {"day": "2024-05-03", "n": 3}
-        bad = httpx.get(url(node, "/stores/days/keys/May-3"))
+        bad = http_calls.get(url(node, "/stores/days/keys/May-3"))
         assert bad.status_code == 400 and bad.json()["error"]["field"] == "key"
         assert "date" in bad.json()["error"]["message"]
         with Client(node.url) as client:
@@ -207,7 +208,7 @@ def test_keys_with_percent_signs_and_slashes_are_read_once_decoded(tmp_path: Pat
         node.poll_once()
         for i, key in enumerate(keys):
             quoted = urllib.parse.quote(key, safe="")
-            response = httpx.get(url(node, f"/stores/t/keys/{quoted}"))
+            response = http_calls.get(url(node, f"/stores/t/keys/{quoted}"))
             assert response.status_code == 200, (key, response.text)
             assert response.json()["row"] == expected_rows([{key: i}])[key]
         with Client(node.url) as client:
@@ -285,21 +286,21 @@ def test_client_positions_never_go_back(nodes: list[Node]) -> None:
 
 def test_metadata_readiness_and_metrics(nodes: list[Node]) -> None:
     node = nodes[0]
-    doc = httpx.get(url(node, "/metadata"), headers=auth()).json()
+    doc = http_calls.get(url(node, "/metadata"), headers=auth()).json()
     assert sorted(n["node_id"] for n in doc["nodes"]) == ["n0", "n1"]
     key = urllib.parse.quote("k00042")
-    meta = httpx.get(url(node, f"/metadata/stores/t/keys/{key}"), headers=auth()).json()
+    meta = http_calls.get(url(node, f"/metadata/stores/t/keys/{key}"), headers=auth()).json()
     assert meta["partition"] == node.partition_for_key("t", "k00042")
-    ready = httpx.get(url(node, "/readyz"))
+    ready = http_calls.get(url(node, "/readyz"))
     assert ready.status_code == 200 and ready.json()["ready"] is True
-    stores = httpx.get(url(node, "/stores"), headers=auth()).json()["stores"]
+    stores = http_calls.get(url(node, "/stores"), headers=auth()).json()["stores"]
     assert {s["name"]: s["partitions"] for s in stores} == {"t": 4, "w": 3}
     history = {s["name"]: s["history"] for s in stores}["t"]
     assert (history["batches"], history["seconds"]) == (0, 300.0)  # the default: 5 minutes
     assert history["newest_batch"] == 1 and 0 <= history["oldest_batch"] <= 1
     # a key lookup of its own, so that the test stands alone (not after another test's)
-    assert httpx.get(url(node, f"/stores/t/keys/{key}"), headers=auth()).status_code == 200
-    metrics = httpx.get(url(node, "/metrics"), headers=auth()).text
+    assert http_calls.get(url(node, f"/stores/t/keys/{key}"), headers=auth()).status_code == 200
+    metrics = http_calls.get(url(node, "/metrics"), headers=auth()).text
     assert 'sparkiq_replica_batch_id{partition="0",store="t"} 1.0' in metrics
     assert "sparkiq_cluster_live_members 2.0" in metrics
     assert 'sparkiq_http_requests_total{route="/stores/{store}/keys/{key}",status="200"}' in metrics
@@ -332,7 +333,7 @@ def test_membership_bytes_counted_on_both_sides(nodes: list[Node]) -> None:
     while True:
         sent = received = 0.0
         for node in nodes:
-            text = httpx.get(url(node, "/metrics"), headers=auth()).text
+            text = http_calls.get(url(node, "/metrics"), headers=auth()).text
             traffic = _labelled(text, "sparkiq_membership_bytes_total")
             sent, received = sent + traffic["sent"], received + traffic["received"]
         if sent >= 3000 or time.monotonic() > deadline:
@@ -351,7 +352,7 @@ def _labelled(metrics: str, name: str) -> dict[str, float]:
 
 
 def test_openapi_documents_every_route(nodes: list[Node]) -> None:
-    doc = httpx.get(url(nodes[0], "/openapi.json")).json()
+    doc = http_calls.get(url(nodes[0], "/openapi.json")).json()
     assert {
         "/healthz",
         "/readyz",
@@ -366,16 +367,16 @@ def test_openapi_documents_every_route(nodes: list[Node]) -> None:
 
 
 def test_the_console_page_is_served_without_a_token(nodes: list[Node]) -> None:
-    page = httpx.get(url(nodes[0], "/"))
+    page = http_calls.get(url(nodes[0], "/"))
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "<title>sparkiq console</title>" in page.text
     assert 'fetch("/query"' in page.text  # it queries the same API, with the user's token
-    assert httpx.get(url(nodes[0], "/console")).text == page.text
+    assert http_calls.get(url(nodes[0], "/console")).text == page.text
 
 
 def test_sql_over_rest_reads_only_and_explains_errors(nodes: list[Node]) -> None:
     def sql(text: str) -> httpx.Response:
-        return httpx.post(
+        return http_calls.post(
             url(nodes[1], "/query"), headers=auth(), content=orjson.dumps({"sql": text})
         )
 
@@ -414,7 +415,7 @@ def test_sql_key_lookups_answer_alike_on_the_event_loop_or_a_thread(nodes: list[
             key = f"k{i:05d}"
             text = f"SELECT k, n FROM t WHERE k = '{key}'"
             body = orjson.dumps({"sql": text})
-            answer = httpx.post(url(node, "/query"), headers=auth(), content=body)
+            answer = http_calls.post(url(node, "/query"), headers=auth(), content=body)
             assert answer.status_code == 200
             doc = answer.json()
             want = [{"k": key, "n": expected[key]["n"]}] if key in expected else []

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.serve_processes import ServeProcess, free_port
 from tests.server.test_hostile import bound
@@ -84,7 +85,9 @@ class Prober:
 
 def test_a_huge_single_value_is_refused_without_stalling_the_node(node: ServeProcess) -> None:
     with Prober(node.url) as prober:
-        response = httpx.post(f"{node.url}/query", json={"sql": CROSS}, headers=JSON, timeout=200)
+        response = http_calls.post(
+            f"{node.url}/query", json={"sql": CROSS}, headers=JSON, timeout=200
+        )
     assert response.status_code == 400, response.text[:300]
     error = response.json()["error"]
     assert error["code"] == "result_too_large" and "max_result_bytes" in error["message"]
@@ -97,7 +100,9 @@ def test_a_large_single_value_is_answered_without_stalling_the_node(node: ServeP
     keys = 1200  # 1.44 million strings, about 25 MB of JSON
     sql = f"{CROSS} WHERE a.n < {keys} AND b.n < {keys}"
     with Prober(node.url) as prober:
-        response = httpx.post(f"{node.url}/query", json={"sql": sql}, headers=JSON, timeout=200)
+        response = http_calls.post(
+            f"{node.url}/query", json={"sql": sql}, headers=JSON, timeout=200
+        )
     assert response.status_code == 200, response.text[:300]
     (row,) = response.json()["rows"]
     values = row["l"]

@@ -19,6 +19,7 @@ import trustme
 
 from sparkiq import Client, ConfigError, KeyQuery, Node, StateQueryRequest
 from sparkiq.tls import TlsContexts, TlsFiles
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import FAST, settle
 
@@ -81,7 +82,7 @@ def test_nodes_serve_https_and_route_to_each_other_over_it(
             assert node.query(request).only_partition_result().result["n"] == n
     headers = {"authorization": f"Bearer {TOKEN}"}
     verify = ssl.create_default_context(cafile=ca)
-    answer = httpx.get(f"{nodes[0].url}/stores/t/keys/k3", headers=headers, verify=verify)
+    answer = http_calls.get(f"{nodes[0].url}/stores/t/keys/k3", headers=headers, verify=verify)
     assert answer.json()["row"] == {"k": "k3", "n": 3}
 
 
@@ -91,10 +92,10 @@ def test_a_client_without_the_ca_or_without_tls_gets_nothing(
     nodes, _, _ = cluster
     url = nodes[0].url or ""
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-        httpx.get(f"{url}/healthz")  # the system's authorities do not know the test CA
+        http_calls.get(f"{url}/healthz")  # the system's authorities do not know the test CA
     plain = url.replace("https://", "http://")
     with pytest.raises(httpx.HTTPError):
-        httpx.get(f"{plain}/stores/t/keys/k3", headers={"authorization": f"Bearer {TOKEN}"})
+        http_calls.get(f"{plain}/stores/t/keys/k3", headers={"authorization": f"Bearer {TOKEN}"})
 
 
 def test_a_node_that_does_not_trust_the_cluster_ca_never_joins(
@@ -140,7 +141,7 @@ def test_a_renewed_certificate_is_served_without_a_restart(
         second = ssl.get_server_certificate(address)
         assert second == Path(renewed["tls_cert"]).read_text() != first
         verify = ssl.create_default_context(cafile=files["tls_ca"])
-        answer = httpx.get(f"{node.url}/stores/t/keys/k5", verify=verify)
+        answer = http_calls.get(f"{node.url}/stores/t/keys/k5", verify=verify)
         assert answer.json()["row"] == {"k": "k5", "n": 5}
     finally:
         node.stop()

@@ -23,6 +23,7 @@ from sparkiq import Client, InvalidQueryError, Node
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.sql import SqlError, SqlUnsupportedError
 from sparkiq.testing import wait_until
+from tests import http_calls
 from tests.server.serve_subprocess import serving
 from tests.sql.tables import build_world
 
@@ -86,7 +87,7 @@ def _plain(message: str) -> str:
 
 def _rest(node: Node, doc: dict[str, Any]) -> httpx.Response:
     headers = {"authorization": f"Bearer {TOKEN}"}
-    return httpx.post(f"{node.url}/query", json=doc, headers=headers, timeout=30)
+    return http_calls.post(f"{node.url}/query", json=doc, headers=headers, timeout=30)
 
 
 @pytest.mark.parametrize(("sql", "code", "words", "column"), ERRORS, ids=[e[0] for e in ERRORS])
@@ -232,7 +233,7 @@ def test_client_sql_refuses_a_push_query_as_node_sql_does(node: Node, client: Cl
 
 def test_a_windowed_lookup_names_the_sql_and_rest_body_to_use(node: Node) -> None:
     headers = {"authorization": f"Bearer {TOKEN}"}
-    answer = httpx.get(f"{node.url}/stores/win/keys/a", headers=headers, timeout=30)
+    answer = http_calls.get(f"{node.url}/stores/win/keys/a", headers=headers, timeout=30)
     assert answer.status_code == 400
     message = answer.json()["error"]["message"]
     sql = "SELECT * FROM win WHERE k = 'a'"
@@ -241,7 +242,7 @@ def test_a_windowed_lookup_names_the_sql_and_rest_body_to_use(node: Node) -> Non
     assert 'POST /stores/win/query with {"query": {"type": "window_key", "key": "a"' in message
     # and both forms it names work
     assert node.sql(sql).rows == [r for r in node.sql("SELECT * FROM win").rows if r["k"] == "a"]
-    done = httpx.post(f"{node.url}/stores/win/query", json=body, headers=headers, timeout=30)
+    done = http_calls.post(f"{node.url}/stores/win/query", json=body, headers=headers, timeout=30)
     assert done.status_code == 200, done.text
 
 
@@ -255,13 +256,13 @@ def test_serving_a_state_dir_without_tables_warns_at_start_and_in_readyz(
     url = f"http://127.0.0.1:{port}"
 
     def up(_: subprocess.Popen[bytes]) -> bool:
-        return httpx.get(f"{url}/readyz", timeout=5).status_code in (200, 503)
+        return http_calls.get(f"{url}/readyz", timeout=5).status_code in (200, 503)
 
     args = ["--state-dir", str(typo), "--listen", f"127.0.0.1:{port}"]
     warning = f"no tables are served: state_dir {str(typo)!r} holds no materialized table"
     logged = lambda: f"WARNING sparkiq.serve {warning}" in (tmp_path / "node.log").read_text()  # noqa: E731
     with serving(args, tmp_path, up, errors=(httpx.HTTPError,)):
-        ready = httpx.get(f"{url}/readyz", timeout=30).json()
+        ready = http_calls.get(f"{url}/readyz", timeout=30).json()
         # logged once the node has started, which is after its server answers /readyz
         wait_until(logged, 60, "sparkiq serve did not warn that it serves no table")
     # /readyz answers without a token: it says so without the path
@@ -278,7 +279,7 @@ def test_a_relative_state_dir_does_not_eat_the_words_of_messages(
     build_world("state")
     with Node("state", store="memory", node_id="rel", listen="127.0.0.1:0") as node:
         node.poll_once()
-        answer = httpx.post(
+        answer = http_calls.post(
             f"{node.url}/query", json={"sql": "INSERT INTO t VALUES ('a', 1)"}, timeout=30
         )
     assert answer.status_code == 400

@@ -16,12 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from sparkiq import Node
 from sparkiq.changelog import open_storage
 from sparkiq.changelog.writer_status import WriterStatus, read_writer_status, write_writer_status
 from sparkiq.serving.writer_view import MIN_SILENT_SECONDS
+from tests import http_calls
 from tests.browser import CHROMIUM, chromium, open_first_table
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import wait_until
@@ -29,7 +28,7 @@ from tests.kafka.test_kafka_lag import metric_samples
 
 
 def writers(url: str) -> dict[str, dict[str, Any]]:
-    return {w["table"]: w for w in httpx.get(f"{url}/stats", timeout=30).json()["writers"]}
+    return {w["table"]: w for w in http_calls.get(f"{url}/stats", timeout=30).json()["writers"]}
 
 
 def status(state_dir: Path) -> str:

@@ -31,6 +31,7 @@ import pytest
 from sparkiq import App, Client, RangeQuery, StateQueryRequest
 from sparkiq.errors import SparkiqError
 from sparkiq.testing import JsonSource
+from tests import http_calls
 from tests.cluster.serve_processes import make_nodes, wait_cluster
 from tests.spark.test_consistent_reads import MOVES, batch_of, moves
 
@@ -144,7 +145,7 @@ class Reader(threading.Thread):
 
 
 def metadata(url: str) -> dict[str, Any]:
-    nodes = httpx.get(f"{url}/metadata", timeout=5).json()["nodes"]
+    nodes = http_calls.get(f"{url}/metadata", timeout=5).json()["nodes"]
     return {n["node_id"]: n for n in nodes}
 
 

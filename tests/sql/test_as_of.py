@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import httpx
 import pytest
 
 from sparkiq import Client, Node, RangeQuery, StateQueryRequest
 from sparkiq.changelog import Changelog, TableManifest
 from sparkiq.sql.errors import SqlError, SqlPartitionError
 from sparkiq.stores.history import History
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 
 KEYS = [f"k{i:03d}" for i in range(80)]
@@ -189,7 +189,7 @@ def test_as_of_over_rest_and_the_client(served: Any) -> None:
             assert rows == state
     headers = {"Authorization": "Bearer tok"}
     body = {"query": {"type": "range"}, "as_of": 8}
-    reply = httpx.post(f"{node.url}/stores/t/query", json=body, headers=headers, timeout=30)
+    reply = http_calls.post(f"{node.url}/stores/t/query", json=body, headers=headers, timeout=30)
     assert reply.status_code == 200, reply.text
     rows = {
         row["key"]: row["row"]["n"]
@@ -197,7 +197,7 @@ def test_as_of_over_rest_and_the_client(served: Any) -> None:
         for row in partition["rows"]
     }
     assert rows == state
-    bad = httpx.post(
+    bad = http_calls.post(
         f"{node.url}/stores/t/query",
         json={"query": {"type": "range"}, "as_of": "soon"},
         headers=headers,
