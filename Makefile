@@ -61,7 +61,8 @@ $(CLASS_ARCHIVE): $(STAMP) tests/spark/class_archive.py tests/spark/writer_proce
 # Whole files go to each worker (--dist loadfile): a file's module fixtures (a live demo, a
 # Spark query) are set up once, and each worker has its own SparkSession. Files go out in
 # collection order, which tests/conftest.py makes longest-first (xdist would otherwise sort
-# them by their number of tests); tests/kafka goes to one worker whole, to share one broker.
+# them by their number of tests); tests/kafka and the files that run Spark Connect go to one
+# worker together, to share one broker and one Connect server.
 # Three workers on two cores: the suite is bound by its CPU work, and a third worker fills the
 # cores while a file waits on a trigger or a failure window (docs/design.md, "The test suite
 # on three workers"). TEST_WORKERS=0 runs the suite in one process.

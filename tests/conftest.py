@@ -49,17 +49,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: tier[item.path])
 
 
-#: Directories whose files go to one worker together, as one unit of work: they share a
-#: package-scoped fixture that is costly to start (tests/kafka: a broker JVM, about 5 CPU-s a
-#: start). File by file, each worker ran them in two stretches and started six brokers where
-#: one does.
-_ONE_WORKER_PACKAGES = ("tests/kafka/",)
+#: Files that go to one worker together, as one unit of work, because they share a worker's
+#: costly fixture: the files of tests/kafka a broker JVM (package scope, about 5 CPU-s a
+#: start; file by file, each worker ran them in two stretches and started six brokers where
+#: one does), and those with the ones under tests/kafka that run Spark Connect the worker's
+#: Connect server (a JVM of its own, started by the first test that asks for it: one
+#: worker starts it instead of each). A path names a file or, ending in "/", a directory.
+_ONE_WORKER_UNIT = (
+    "tests/kafka/",
+    "tests/spark/test_connect.py",
+    "tests/spark/test_datasource.py",
+    "tests/checkpoint/test_attach_everywhere.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``, with the files of each of :data:`_ONE_WORKER_PACKAGES` as one
-    unit. Files are otherwise handed out one at a time, in collection order."""
+    """``--dist loadfile``, with the files of :data:`_ONE_WORKER_UNIT` as one unit. Files
+    are otherwise handed out one at a time, in collection order."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -67,7 +74,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class _PackagesTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return next((p for p in _ONE_WORKER_PACKAGES if path.startswith(p)), path)
+            if any(path == p or (p.endswith("/") and path.startswith(p)) for p in _ONE_WORKER_UNIT):
+                return _ONE_WORKER_UNIT[0]
+            return path
 
     return _PackagesTogether(config, log)
 
