@@ -124,13 +124,16 @@ class TableMaintenance:
         if self._thread is not None and self._thread.is_alive():
             log.info("%s: maintenance still running; skipping batch %d", self.table, batch_id)
             return
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self.run,
             args=(batch_id,),
             name=f"sparkiq-maintenance-{self.table}",
             daemon=True,
         )
-        self._thread.start()
+        thread.start()
+        # Published once started: wait() (App.compact, on another thread) joins it at once,
+        # and joining a thread not started yet raises.
+        self._thread = thread
 
     def run(self, batch_id: int | None = None) -> None:
         try:
