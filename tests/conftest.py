@@ -49,12 +49,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: tier[item.path])
 
 
-#: Files that go to one worker together, as one unit of work, because they share a worker's
-#: costly fixture: the files of tests/kafka a broker JVM (package scope, about 5 CPU-s a
-#: start; file by file, each worker ran them in two stretches and started six brokers where
-#: one does), and those with the ones under tests/kafka that run Spark Connect the worker's
-#: Connect server (a JVM of its own, started by the first test that asks for it: one
-#: worker starts it instead of each). A path names a file or, ending in "/", a directory.
+#: Files that go to one worker together, as one unit of work, because they share costly
+#: fixtures a worker starts once: the files of tests/kafka share a broker JVM (package scope,
+#: about 5 CPU-s a start; file by file, each worker ran them in two stretches and started six
+#: brokers where one does), and the files below with the Kafka ones run under Spark Connect
+#: share the worker's Connect server (a JVM, started by the first test that asks for it):
+#: one worker starts it instead of each. A path names a file or, ending in "/", a directory.
 _ONE_WORKER_UNIT = (
     "tests/kafka/",
     "tests/spark/test_connect.py",
@@ -71,14 +71,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class _PackagesTogether(LoadFileScheduling):
+    class _UnitTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             if any(path == p or (p.endswith("/") and path.startswith(p)) for p in _ONE_WORKER_UNIT):
                 return _ONE_WORKER_UNIT[0]
             return path
 
-    return _PackagesTogether(config, log)
+    return _UnitTogether(config, log)
 
 
 def _kafka_connector() -> dict[str, str]:
