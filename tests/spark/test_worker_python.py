@@ -255,6 +255,46 @@ def test_only_the_zips_of_this_interpreters_own_pyspark_are_dropped(tmp_path: Pa
     assert worker_python.own_pyspark_zips(entries) == set(own)
 
 
+# A worker module that answers with the file its PySpark was imported from.
+WHERE_WORKER = """
+import pyspark
+from pyspark.worker_util import get_sock_file_to_executor
+
+if __name__ == "__main__":
+    with get_sock_file_to_executor(timeout=None) as sock_file:
+        sock_file.write(pyspark.__file__.encode() + b"\\n")
+        sock_file.flush()
+"""
+
+
+def test_a_waited_for_worker_imports_the_installed_pyspark_too(tmp_path: Path) -> None:
+    """The start Spark waits for (not an exec): the zips Spark put first on the path are
+    dropped before the worker module imports PySpark."""
+    import pyspark
+
+    (tmp_path / "where_worker.py").write_text(WHERE_WORKER)
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    zips = os.pathsep.join([str(lib / "pyspark.zip"), *map(str, lib.glob("py4j-*-src.zip"))])
+    path = str(tmp_path / "w.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen()
+        server.settimeout(HANG)
+        env = {**os.environ, "PYTHON_WORKER_FACTORY_SOCK_PATH": path, "PYTHONPATH": zips}
+        worker = Popen([worker_python.command(), "-m", "where_worker"], cwd=tmp_path, env=env)
+        try:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(HANG)
+                assert read_int(conn) == worker.pid
+                answer = conn.makefile("rb").readline().decode().strip()
+            assert worker.wait(HANG) == 0
+        finally:
+            worker.kill()
+            worker.wait()
+    assert answer == pyspark.__file__
+
+
 def test_a_workers_pyspark_is_the_compiled_one_not_sparks_zip(spark: Any) -> None:
     """Spark puts its pyspark.zip first on a worker's path; the command's workers (the
     session's PYSPARK_PYTHON) import the same PySpark from site-packages, compiled, as the

@@ -150,15 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     """``sparkiq-worker-python ARGS``: what ``python ARGS`` does, but a Spark worker module
     connects back first."""
     args = sys.argv[1:] if argv is None else argv
-    own = own_pyspark_zips(os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    own = own_pyspark_zips(entries)
     if own:
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in os.environ["PYTHONPATH"].split(os.pathsep) if p not in own
-        )
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in entries if p not in own)
     waited_for = _PORT in os.environ or _SOCK_PATH in os.environ
     if not (waited_for and len(args) == 2 and args[0] == "-m"):
         os.execv(sys.executable, [sys.executable, *args])
     sock_file, sock = connect_back(os.environ)
+    own = own_pyspark_zips(sys.path)  # as this process's path spells them
     sys.path[:] = [p for p in sys.path if p not in own]
     sys.path[0] = os.getcwd()  # where `python -m` looks first (Spark's files for the job)
     import pyspark.worker_util  # the slow part: PySpark, and the rest as the module needs
