@@ -234,9 +234,12 @@ def test_stop_ends_with_the_running_batch_when_batches_run_back_to_back(
     finally:
         at_call = len(changelog.committed_batch_ids())
         app.stop(timeout=120)
-    # the batch running at the call, and none after it (waiting for a pause between batches,
-    # the stop let 3 and 6 more commit in two runs here)
-    assert len(changelog.committed_batch_ids()) - at_call <= 1, "stop waited for a pause"
+    # The batch running at the call, and at most the one that started as it ended: a
+    # foreachBatch already running can finish before the stop takes hold
+    # (sparkiq.spark.table_query).
+    # Waiting for a pause between batches instead, the stop let 3 and 6 more commit in two
+    # runs here.
+    assert len(changelog.committed_batch_ids()) - at_call <= 2, "stop waited for a pause"
 
 
 def test_lost_checkpoint_is_refused(spark: Any, tmp_path: Path) -> None:

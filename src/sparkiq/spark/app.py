@@ -26,11 +26,11 @@ changelog on the driver (:class:`~sparkiq.spark.commits.CommitWatcher`), never f
 kept by the sink.
 
 The parts that stand alone live beside it: the sink, DDL, maintenance, lookups, a table's
-layout checks (:mod:`sparkiq.spark.table_layout`), following commits
-(:mod:`sparkiq.spark.commits`), reporting the writer's status
-(:mod:`sparkiq.spark.writer_report`). Why it is still over 600 lines: it is the writer's one
-public object, and what remains is the lifecycle of its Spark queries (start, wait, stop,
-drop) and its query methods, which share the App's lock and tables.
+layout checks (:mod:`sparkiq.spark.table_layout`), starting and stopping one table's query
+(:mod:`sparkiq.spark.table_query`), following commits (:mod:`sparkiq.spark.commits`),
+reporting the writer's status (:mod:`sparkiq.spark.writer_report`). What remains here is
+when the queries start and stop (start, wait, stop, drop) and the query methods, which share
+the App's lock and tables.
 """
 
 from __future__ import annotations
@@ -42,13 +42,11 @@ import shutil
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sparkiq.spark.ddl as ddl
 from sparkiq.changelog import (
     Changelog,
-    TableManifest,
     check_table_name,
     open_storage,
 )
@@ -57,50 +55,29 @@ from sparkiq.node import Node
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.spark.attach import checkpoint_of
-from sparkiq.spark.commits import CommitWatcher, newest_commit, wait_between_batches
-from sparkiq.spark.failures import failure_reason, query_failed, worker_hint
-from sparkiq.spark.maintenance import TableMaintenance, compact_table
-from sparkiq.spark.publishing import PublishSpec, publish_spec
+from sparkiq.spark.commits import CommitWatcher, newest_commit
+from sparkiq.spark.failures import query_failed
+from sparkiq.spark.maintenance import compact_table
+from sparkiq.spark.publishing import publish_spec
 from sparkiq.spark.sink import (
-    TableSink,
     absolute_location,
     pyarrow_uri,
     spark_uri,
     use_this_python_for_local_workers,
-    write_task_count,
 )
 from sparkiq.spark.table_layout import check_layout, table_manifest
-from sparkiq.spark.writer_report import WriterReporter, final_status
+from sparkiq.spark.table_query import (
+    Table,
+    check_checkpoint,
+    finished_batch,
+    start_query,
+    stop_query,
+)
+from sparkiq.spark.writer_report import WriterReporter
 
 __all__ = ["App", "Table"]
 
 log = logging.getLogger("sparkiq.app")
-
-
-@dataclass
-class Table:
-    """A materialized table: its layout, and once started, its Spark query."""
-
-    name: str
-    manifest: TableManifest
-    dataframe: Any
-    trigger: dict[str, Any] | None = None
-    query: Any = None  # pyspark.sql.streaming.StreamingQuery once started
-    sink: TableSink | None = None
-    maintenance: TableMaintenance | None = None
-    sql: str | None = None  # the CREATE TABLE statement that defined it; None: materialize()
-    #: The newest batch the driver has seen committed in the changelog (-1: none yet).
-    committed_batch_id: int = -1
-    publish: PublishSpec | None = None  # kafka_topic=: where the table is published
-    publisher: Any = None  # its TablePublisher while the query runs (.status(): its lag)
-
-    @property
-    def partitions(self) -> int:
-        return self.manifest.partitions
-
-    @property
-    def key_columns(self) -> tuple[str, ...]:
-        return self.manifest.key_columns
 
 
 class App:
@@ -289,7 +266,7 @@ class App:
                 table.manifest = table.manifest.ensure_written(
                     changelog.storage, changelog.manifest_path
                 )
-                self._check_checkpoint(changelog)
+                check_checkpoint(changelog, self._checkpoint_location(changelog.table))
             if local_node:
                 self.node = self._new_node().start()
             for table in self._tables.values():
@@ -327,7 +304,7 @@ class App:
     def _start_table(self, table: Table) -> None:
         """Start a table added after :meth:`start`: manifest, local replicas, then query."""
         changelog = Changelog(self.state_dir, table.name)
-        self._check_checkpoint(changelog)
+        check_checkpoint(changelog, self._checkpoint_location(changelog.table))
         table.manifest = table.manifest.ensure_written(changelog.storage, changelog.manifest_path)
         # Hosted now rather than at the node's next refresh: process_all_available() and
         # get() know the table as soon as its query runs.
@@ -353,55 +330,16 @@ class App:
     def _checkpoint_location(self, table: str) -> str:
         return self.checkpoint_dir.rstrip("/") + "/" + table
 
-    def _check_checkpoint(self, changelog: Changelog) -> None:
-        committed = changelog.committed_batch_ids()
-        checkpoint = open_storage(pyarrow_uri(self._checkpoint_location(changelog.table)))
-        offsets = checkpoint.path("offsets")
-        if committed and not checkpoint.list_names(offsets):
-            raise ConfigError(
-                f"table {changelog.table!r} has {len(committed)} committed batches but its Spark "
-                f"checkpoint at {offsets!r} is gone, so Spark would start over at batch 0. "
-                "Restore the checkpoint, or delete the table's directory to rebuild it.",
-                store=changelog.table,
-            )
-
     def _start_query(self, table: Table) -> None:
-        table.maintenance = TableMaintenance(
-            self.spark, self.state_dir, table.name, self.snapshot_every, self.retention
+        start_query(
+            self.spark,
+            table,
+            state_dir=self.state_dir,
+            checkpoint=self._checkpoint_location(table.name),
+            query_name=f"sparkiq.{self.name}.{table.name}",
+            snapshot_every=self.snapshot_every,
+            retention=self.retention,
         )
-        committed = Changelog(self.state_dir, table.name).committed_batch_ids()
-        table.committed_batch_id = committed[-1] if committed else -1
-        sink = TableSink(
-            self.state_dir,
-            table.manifest,
-            self._checkpoint_location(table.name),
-            write_task_count(self.spark, table.manifest.partitions),
-        )
-        writer = (
-            table.dataframe.writeStream.queryName(f"sparkiq.{self.name}.{table.name}")
-            .outputMode(table.manifest.output_mode)
-            .option("checkpointLocation", self._checkpoint_location(table.name))
-            .foreachBatch(sink)
-        )
-        if table.trigger:
-            writer = writer.trigger(**table.trigger)
-        table.sink = sink
-        # checked before the query starts; runs on a driver thread, following the changelog
-        publisher = (
-            None if table.publish is None else table.publish.publisher(self.state_dir, table.name)
-        )
-        try:
-            table.query = writer.start()
-        except Exception as exc:  # Connect starts foreachBatch's worker here
-            hint = worker_hint(exc)
-            if hint is None:
-                raise
-            raise SparkiqError(
-                f"the Spark query of {table.name!r} did not start: {failure_reason(exc)}\n{hint}",
-                store=table.name,
-            ) from exc
-        if publisher is not None:
-            table.publisher = publisher.start()
 
     def compact(self, table: str | None = None) -> None:
         """Snapshot ``table`` (or every table) at its newest batch now, with a Spark job, and
@@ -495,22 +433,34 @@ class App:
         Each query is stopped between micro-batches, or once the batch running at the call
         has ended, when that happens within ``timeout`` seconds: interrupting a batch is safe
         (the changelog stays consistent and the batch re-runs on restart) but wastes its
-        work and makes Spark log the interruption. The
-        queries are stopped side by side, so ``timeout`` bounds the whole wait: one after
-        another, the queries still running start new batches while an earlier one is waited
-        for, and on a machine whose batches take longer than their trigger each wait ran to
-        its ``timeout`` (three queries, three timeouts).
+        work and makes Spark log the interruption. The queries are stopped side by side, so
+        ``timeout`` bounds the whole wait: one after another, the queries still running
+        start new batches while an earlier one is waited for (three queries, three timeouts).
         """
         with self._lock:
+            # the batch each query runs now, read before the watcher and reporter stop
+            # (which can take a while): the stop waits for that one (sparkiq.spark.table_query)
+            finished = {
+                name: finished_batch(table.query)
+                for name, table in self._tables.items()
+                if table.query is not None
+            }
             watcher, self._watcher = self._watcher, None
             if watcher is not None:
                 watcher.stop()
             reporter, self._reporter = self._reporter, None
-            if reporter is not None:  # before the queries stop: _stop_query writes the last word
+            if reporter is not None:  # before the queries stop: stop_query writes the last word
                 reporter.stop()
             stopping = [
                 threading.Thread(
-                    target=self._stop_query, args=(table, timeout), name=f"sparkiq-stop-{name}"
+                    target=stop_query,
+                    args=(table, timeout),
+                    kwargs={
+                        "finished": finished.get(name),
+                        "state_dir": self.state_dir,
+                        "reporter": None,
+                    },
+                    name=f"sparkiq-stop-{name}",
                 )
                 for name, table in self._tables.items()
                 if table.query is not None
@@ -518,43 +468,11 @@ class App:
             for thread in stopping:
                 thread.start()
             for thread in stopping:
-                thread.join()  # _stop_query catches what a stop raises: each thread ends
+                thread.join()  # stop_query catches what a stop raises: each thread ends
             if self.node is not None:
                 self.node.stop()
                 self.node = None
             self._started = False
-
-    def _stop_query(self, table: Table, timeout: float) -> None:
-        if table.query is not None:
-            try:
-                wait_between_batches(table.query, timeout)
-                table.query.stop()
-                if table.maintenance is not None:
-                    table.maintenance.wait(timeout)
-            except Exception:  # already stopped or the session is gone
-                log.debug("stopping %s", table.name, exc_info=True)
-            query, reporter = table.query, self._reporter
-            if reporter is not None:  # it writes about started tables only: no longer this one
-                with reporter.lock:
-                    table.query = None
-            table.query = None
-            # stopped, or failed when it had failed before (readers keep seeing the reason)
-            self._read_commits_quietly(table)
-            publisher, table.publisher = table.publisher, None
-            if publisher is not None:  # what the query committed goes out before it stops
-                publisher.wait_for(table.committed_batch_id, timeout)
-                publisher.stop()
-            publishing = () if publisher is None else (publisher.status().to_record(),)
-            final_status(
-                self.state_dir, table.name, query, table.committed_batch_id, publishing=publishing
-            )
-
-    def _read_commits_quietly(self, table: Table) -> None:
-        try:
-            changelog = Changelog(self.state_dir, table.name)
-            table.committed_batch_id = newest_commit(changelog, table.committed_batch_id)
-        except Exception:  # the record then names the newest batch the watcher saw
-            log.debug("reading the commits of %s", table.name, exc_info=True)
 
     def _drop_table(self, name: str, *, delete_changelog: bool) -> None:
         """Stop table ``name``'s Spark query and forget the table (``DROP TABLE``). The
@@ -562,7 +480,10 @@ class App:
         then the changelog, the Spark checkpoint and the local node's replica go too."""
         with self._lock:
             table = self._tables.pop(name)
-            self._stop_query(table, 2.0)
+            finished = None if table.query is None else finished_batch(table.query)
+            stop_query(
+                table, 2.0, finished=finished, state_dir=self.state_dir, reporter=self._reporter
+            )
             if not delete_changelog:
                 return
             if table.maintenance is not None:  # a snapshot must not land in a deleted dir

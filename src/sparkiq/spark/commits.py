@@ -22,7 +22,7 @@ from typing import Any
 from sparkiq.changelog import Changelog
 from sparkiq.errors import SparkiqError
 
-__all__ = ["CommitWatcher", "newest_commit", "wait_between_batches"]
+__all__ = ["CommitWatcher", "finished_batch", "newest_commit", "wait_between_batches"]
 
 log = logging.getLogger("sparkiq.app")
 
@@ -99,18 +99,31 @@ def _progress_field(progress: Any, name: str) -> Any:
     return getattr(progress, name, None)
 
 
-def wait_between_batches(query: Any, timeout: float) -> None:
+def finished_batch(query: Any) -> Any:
+    """The id of the newest batch ``query`` has finished (None before its first), read when
+    a stop is asked for: :func:`wait_between_batches` then waits for the batch after it."""
+    try:
+        return _progress_field(query.lastProgress or {}, "batchId")
+    except Exception:  # already stopped or the session is gone: the stop's wait ends at once
+        log.debug("reading the last progress of a query", exc_info=True)
+        return None
+
+
+def wait_between_batches(query: Any, timeout: float, finished: Any) -> None:
     """Wait (at most ``timeout`` s) until ``query`` is not in the middle of a trigger, or
-    until the batch running at the call has ended. A query whose batches take longer than
-    its trigger interval starts each as the one before ends: a pause between two is rarely
-    seen, and waiting for one ran to ``timeout`` before the stop interrupted a batch anyway
-    (10 s for each Ctrl-C of ``sparkiq demo`` on a busy machine)."""
+    until the batch after ``finished`` (:func:`finished_batch` when the stop was asked for),
+    the one running then, has ended. A query whose batches take longer than its trigger
+    interval starts each as the one before ends: a pause between two is rarely seen, and
+    waiting for one ran to ``timeout`` before the stop interrupted a batch anyway (10 s for
+    each Ctrl-C of ``sparkiq demo`` on a busy machine)."""
     deadline = time.monotonic() + timeout
-    running = _progress_field(query.lastProgress or {}, "batchId")
     while (
-        query.isActive
+        _progress_field(query.lastProgress or {}, "batchId") == finished
+        and query.isActive
         and query.status.get("isTriggerActive")
-        and _progress_field(query.lastProgress or {}, "batchId") == running
         and time.monotonic() < deadline
     ):
-        time.sleep(0.05)  # each look is two calls into Spark's driver
+        # Each look is three calls into Spark's driver. Looked at often: the next batch
+        # starts as this one ends, and once its foreachBatch runs, it can commit before the
+        # stop takes hold.
+        time.sleep(0.02)
