@@ -55,7 +55,8 @@ jvm-jars: $(JVM_STAMP)
 # 20 CPU-seconds; see tests/spark/class_archive.py). Rebuilt when PySpark is reinstalled.
 CLASS_ARCHIVE := .jvm/spark-classes.jsa
 
-$(CLASS_ARCHIVE): $(STAMP) tests/spark/class_archive.py tests/spark/writer_process.py
+$(CLASS_ARCHIVE): $(STAMP) tests/spark/class_archive.py tests/spark/writer_process.py \
+		tests/spark/short_jvm.py
 	$(BIN)/python -m tests.spark.class_archive
 
 # Whole files go to each worker (--dist loadfile): a file's module fixtures (a live demo, a

@@ -100,9 +100,9 @@ def _wait_for_group(group: int, deadline: float) -> None:
 
 
 if __name__ == "__main__":
-    from tests.spark.short_jvm import BASE_OPTIONS
+    from tests.spark.short_jvm import BASE_OPTIONS, INTERPRETED
 
     started = time.monotonic()
-    build(BASE_OPTIONS)
+    build(f"{BASE_OPTIONS} {INTERPRETED}")  # as a test's driver runs
     size = ARCHIVE.stat().st_size >> 20
     print(f"{ARCHIVE.relative_to(ROOT)}: {size} MiB in {time.monotonic() - started:.0f} s")

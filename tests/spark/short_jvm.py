@@ -35,14 +35,24 @@ from __future__ import annotations
 
 from tests.spark.class_archive import archive_options
 
+#: Spark settings such a JVM reads from its system properties (``spark.*``): queries run
+#: interpreted, not compiled to Java classes first. Spark's code generation pays off over
+#: many rows; the tests' queries see a few hundred, and compiling each new plan with Janino
+#: was an eighth of a test session driver's Java samples (Java Flight Recorder over seven
+#: files on the session). Those files: 130 and 126 -> 121 and 118 CPU-seconds, every process
+#: counted. Spark's own test suites run both ways; no sparkiq test depends on which.
+INTERPRETED = "-Dspark.sql.codegen.wholeStage=false -Dspark.sql.codegen.factoryMode=NO_CODEGEN"
 #: C1 only, one GC thread: cheaper for a JVM that runs small jobs for minutes; the code cache
 #: at the size tiered compilation would reserve, so a long session's generated code fits.
 BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
-#: The base options and the class archive, when there is one.
-SHORT_JVM_OPTIONS = f"{BASE_OPTIONS} {archive_options()}".strip()
+#: The JVM options and the class archive, when there is one: an executor's and a standalone
+#: daemon's (Spark refuses ``spark.*`` settings in an executor's options).
+JVM_OPTIONS = f"{BASE_OPTIONS} {archive_options()}".strip()
+#: A driver's: the JVM options and the Spark settings.
+SHORT_JVM_OPTIONS = f"{JVM_OPTIONS} {INTERPRETED}"
 
 
 def executor_conf() -> dict[str, str]:
-    """The Spark setting that starts each executor of a cluster with
-    :data:`SHORT_JVM_OPTIONS` (a local master's executor is its driver)."""
-    return {"spark.executor.extraJavaOptions": SHORT_JVM_OPTIONS}
+    """The Spark setting that starts each executor of a cluster with :data:`JVM_OPTIONS`
+    (a local master's executor is its driver)."""
+    return {"spark.executor.extraJavaOptions": JVM_OPTIONS}

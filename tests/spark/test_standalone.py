@@ -50,7 +50,7 @@ from sparkiq.testing import (
     kafka_broker,
     spark_kafka_jars,
 )
-from tests.spark.short_jvm import SHORT_JVM_OPTIONS
+from tests.spark.short_jvm import JVM_OPTIONS
 from tests.spark.standalone_kafka import ROUNDS
 from tests.spark.test_differential import normalize, write_orders
 
@@ -103,7 +103,7 @@ def _spark_env(logs: Path) -> dict[str, str]:
         SPARK_HOME=_find_spark_home(),
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_DAEMON_MEMORY="256m",
-        SPARK_DAEMON_JAVA_OPTS=SHORT_JVM_OPTIONS,
+        SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS,
         SPARK_LOG_DIR=str(logs),
         PYSPARK_PYTHON=sys.executable,
     )
