@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import functools
 import os
 import platform
 import shutil
@@ -339,3 +340,14 @@ def write_json_rows(folder: str, index: int, rows: Sequence[tuple[str, int]]) ->
     with open(tmp, "w") as handle:
         handle.write("\n".join(json.dumps({"k": k, "v": v}) for k, v in rows) + "\n")
     os.replace(tmp, os.path.join(folder, name))
+
+
+@functools.cache
+def polling_client() -> Any:
+    """One ``httpx.Client`` for a benchmark's polls and side calls (a node coming up, a
+    cluster settling, a metrics read): ``httpx.get`` builds a client per call and parses
+    certifi's CA bundle each time (~35 ms of CPU), which a polling loop repeats. It keeps no
+    connection alive, so each call opens its own, as ``httpx.get`` did."""
+    import httpx
+
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))

@@ -25,7 +25,16 @@ from typing import Any
 import httpx
 
 from bench._changelog import as_arrow, key_name, open_table
-from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir, verdict
+from bench._common import (
+    Report,
+    Scale,
+    entry_point,
+    median,
+    percentile,
+    polling_client,
+    scratch_dir,
+    verdict,
+)
 from bench.http import _free_port, _stop, _wait
 from sparkiq import Client, KeyQuery, StateQueryRequest
 from sparkiq.testing import TableWriter
@@ -66,9 +75,11 @@ def _settle(urls: list[str], timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            nodes = {n["node_id"]: n for n in httpx.get(f"{urls[0]}/metadata").json()["nodes"]}
+            nodes = {
+                n["node_id"]: n for n in polling_client().get(f"{urls[0]}/metadata").json()["nodes"]
+            }
             if len(nodes) == len(urls) and all(
-                httpx.get(f"{u}/readyz").status_code == 200 for u in urls
+                polling_client().get(f"{u}/readyz").status_code == 200 for u in urls
             ):
                 return nodes
         except (httpx.HTTPError, ValueError):

@@ -26,7 +26,15 @@ import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir
+from bench._common import (
+    Report,
+    Scale,
+    entry_point,
+    median,
+    percentile,
+    polling_client,
+    scratch_dir,
+)
 
 TOKEN = "bench-fuzz"
 PROBE = "/stores/ik/keys/1"
@@ -239,12 +247,14 @@ class _Served:
             assert self.process.poll() is None, "the node exited; see node.log"
             try:
                 answers = [
-                    httpx.post(
+                    polling_client()
+                    .post(
                         f"{self.url}/query",
                         json={"sql": f"SELECT count(*) FROM {t}"},
                         headers=headers,
                         timeout=5,
-                    ).status_code
+                    )
+                    .status_code
                     for t in ("t", "ik", "lk", "xk", "dk", "ck")
                 ]
                 if set(answers) == {200}:

@@ -34,7 +34,16 @@ from typing import Any
 
 import httpx
 
-from bench._common import Report, Scale, entry_point, median, percentile, scratch_dir, verdict
+from bench._common import (
+    Report,
+    Scale,
+    entry_point,
+    median,
+    percentile,
+    polling_client,
+    scratch_dir,
+    verdict,
+)
 from bench._flames import enabled as flames_enabled
 from bench._flames import flame
 from bench.lookup import _build, _floor_db
@@ -66,7 +75,7 @@ def _wait(url: str, path: str = "/healthz", timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + path, timeout=1).status_code == 200:
+            if polling_client().get(url + path, timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -305,9 +314,9 @@ def _remote_hop(state_dir: str, table: Any, keys: list[str], scale: Scale) -> st
         _wait(f"http://127.0.0.1:{ports[1]}", "/readyz")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            nodes = httpx.get(f"{url}/metadata").json()["nodes"]
+            nodes = polling_client().get(f"{url}/metadata").json()["nodes"]
             if len(nodes) == 2 and all(
-                httpx.get(f"{n['url']}/readyz").status_code == 200 for n in nodes
+                polling_client().get(f"{n['url']}/readyz").status_code == 200 for n in nodes
             ):
                 break
             time.sleep(0.2)

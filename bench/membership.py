@@ -35,10 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from bench._changelog import open_table
-from bench._common import Report, Scale, entry_point, scratch_dir, seconds_until
+from bench._common import Report, Scale, entry_point, polling_client, scratch_dir, seconds_until
 from bench._gossip import GossipSim
 from bench._members import CountingTransport, Placement, SimNode, assignment_seconds
 from bench.http import _free_port, _stop, _wait
@@ -239,7 +237,7 @@ def _processes(n: int, window: float, root: str) -> tuple[float, float]:
     def sent() -> float:
         total = 0.0
         for url in urls:
-            text = httpx.get(f"{url}/metrics", timeout=10).text
+            text = polling_client().get(f"{url}/metrics", timeout=10).text
             found = re.search(r'^sparkiq_heartbeats_total\{direction="sent"\} (\S+)$', text, re.M)
             if found is None:
                 raise RuntimeError(f"{url}/metrics has no sparkiq_heartbeats_total")
@@ -251,7 +249,7 @@ def _processes(n: int, window: float, root: str) -> tuple[float, float]:
             _wait(url, "/readyz", timeout=120)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # everyone sees everyone
-            members = httpx.get(f"{urls[-1]}/metrics", timeout=10).text
+            members = polling_client().get(f"{urls[-1]}/metrics", timeout=10).text
             if f"sparkiq_cluster_live_members {float(n)}" in members:
                 break
             time.sleep(0.2)

@@ -35,6 +35,7 @@ from bench._common import (
     Scale,
     add_scale_arguments,
     markdown_table,
+    polling_client,
     scale_of,
     scratch_dir,
 )
@@ -266,7 +267,7 @@ def node_gauges(url: str, timeout: float = 10.0) -> dict[str, dict[str, float]]:
         "sparkiq_process_memory_bytes",
     )
     try:
-        text = httpx.get(f"{url}/metrics", timeout=timeout).text
+        text = polling_client().get(f"{url}/metrics", timeout=timeout).text
     except httpx.HTTPError:
         return {}
     gauges: dict[str, dict[str, float]] = {name: {} for name in wanted}

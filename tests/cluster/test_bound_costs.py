@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sparkiq import Node, Position, PositionBound, RangeQuery, StateQueryRequest
+from tests import http_calls
 from tests.changelog.helpers import make_table, write_batch
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.cluster.serve_processes import ServeProcess, free_port
@@ -77,7 +77,7 @@ def test_far_bounds_do_not_hold_the_threads_other_callers_need(serving: ServePro
     worst = [0.0]
 
     def probe() -> None:
-        with httpx.Client(headers=HEADERS, timeout=60) as client:
+        with http_calls.new_client(headers=HEADERS, timeout=60) as client:
             client.post(f"{url}/stores/t/query", json=body)  # the first one warms up
             ready.set()
             while not stop.is_set():
@@ -88,7 +88,7 @@ def test_far_bounds_do_not_hold_the_threads_other_callers_need(serving: ServePro
                 time.sleep(0.01)
 
     def far(_: int) -> str:
-        with httpx.Client(headers=HEADERS, timeout=120) as client:
+        with http_calls.new_client(headers=HEADERS, timeout=120) as client:
             answer = client.post(f"{url}/stores/t/query", json=bounded)
             assert answer.status_code == 200, answer.text
             return answer.text

@@ -269,7 +269,7 @@ def test_arrow_in_node_protocol_bodies_is_refused_before_decoding(
     worst = [0.0]
 
     def probe() -> None:  # another caller, answered on the same event loop
-        with httpx.Client(timeout=120) as client:
+        with http_calls.new_client(timeout=120) as client:
             while not stop.is_set():
                 started = time.monotonic()
                 assert client.get(f"{node.url}/healthz").status_code == 200

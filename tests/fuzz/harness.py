@@ -21,6 +21,7 @@ import duckdb
 import httpx
 
 from sparkiq.wire import jsonapi
+from tests import http_calls
 from tests.fuzz.sqlgen import statement
 from tests.sql.compare import normalize, postgres_names
 
@@ -73,7 +74,7 @@ def sql_fuzz(
     report = FuzzReport()
     deadline = time.monotonic() + budget_seconds
     headers = {"authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=base_url, headers=headers, timeout=60) as client:
+    with http_calls.new_client(base_url=base_url, headers=headers, timeout=60) as client:
         for _ in range(cases):
             if time.monotonic() > deadline:
                 break

@@ -271,7 +271,7 @@ def test_explain_and_empty_results(node: Node, client: Client) -> None:
 
 def test_a_100k_row_result_streams_in_record_batches(node: Node, client: Client) -> None:
     sql = "SELECT * FROM big"
-    with httpx.stream(
+    with http_calls.stream(
         "POST",
         f"{node.url}/query",
         content=orjson.dumps({"sql": sql}),

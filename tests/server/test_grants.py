@@ -66,7 +66,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Nod
 
 
 def http(token: str) -> httpx.Client:
-    return httpx.Client(headers={"authorization": f"Bearer {token}"}, timeout=30)
+    return http_calls.new_client(headers={"authorization": f"Bearer {token}"}, timeout=30)
 
 
 def test_every_path_refuses_what_is_not_granted(cluster: tuple[list[Node], Path]) -> None:

@@ -109,7 +109,7 @@ class Probe:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(headers=auth(), timeout=10) as client:
+        with http_calls.new_client(headers=auth(), timeout=10) as client:
             while not self.done.is_set():
                 started = time.monotonic()
                 response = client.get(self.h.url(PROBE_PATH))
@@ -275,7 +275,7 @@ def test_a_backtracking_like_pattern_costs_nothing(hostile: Hostile) -> None:
     sql = f"SELECT k FROM w WHERE k = 'w001' OR {long_key} LIKE '{pattern}' EMIT CHANGES"
     with Probe(hostile):
         started = time.monotonic()
-        with httpx.stream(
+        with http_calls.stream(
             "POST",
             hostile.url("/query"),
             json={"sql": sql, "snapshot": True},

@@ -276,7 +276,7 @@ def test_connections_beyond_the_limit_are_refused_with_503(limited: Hostile) -> 
 def test_requests_on_a_kept_alive_connection_still_work(limited: Hostile) -> None:
     """The per-request deadlines restart with each request: ten requests spread over more
     than the header timeout on one connection all answer."""
-    with httpx.Client(headers=auth(), timeout=10) as client:
+    with http_calls.new_client(headers=auth(), timeout=10) as client:
         for _ in range(6):
             response = client.get(limited.url(PROBE_PATH))
             assert response.status_code == 200

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
@@ -91,7 +90,7 @@ def test_snapshot_then_changes_with_a_filter_as_ndjson(cluster: Any) -> None:
     body = orjson.dumps({"sql": "SELECT k, n FROM t WHERE n >= 10 EMIT CHANGES", "snapshot": True})
     headers = {"authorization": "Bearer tok", "content-type": "application/json"}
     lines = []
-    with httpx.stream("POST", f"{nodes[0].url}/query", content=body, headers=headers) as r:
+    with http_calls.stream("POST", f"{nodes[0].url}/query", content=body, headers=headers) as r:
         assert r.status_code == 200
         assert r.headers["content-type"] == "application/x-ndjson"
         write_batch(changelog, 1, {"k05": 7, "k06": 1000})
@@ -142,7 +141,7 @@ def test_post_query_streams_exactly_the_push_spellings(cluster: Any) -> None:
     headers = {"authorization": "Bearer tok", "content-type": "application/json"}
     for template, push in [(t, True) for t in PUSH] + [(t, False) for t in PULL]:
         body = orjson.dumps({"sql": spell(template, "k, n", "t")})
-        with httpx.stream("POST", f"{nodes[0].url}/query", content=body, headers=headers) as r:
+        with http_calls.stream("POST", f"{nodes[0].url}/query", content=body, headers=headers) as r:
             assert r.status_code == 200, (template, r.read())
             kind = r.headers["content-type"]
             assert kind == ("application/x-ndjson" if push else "application/json"), template

@@ -219,7 +219,9 @@ def test_large_ranges_stream_in_pieces(nodes: list[Node]) -> None:
     expected = expected_rows(HISTORY)
     body = orjson.dumps({"query": {"type": "range", "order": "ascending"}})
     pieces = 0
-    with httpx.stream("POST", url(nodes[0], "/stores/t/query"), headers=auth(), content=body) as r:
+    with http_calls.stream(
+        "POST", url(nodes[0], "/stores/t/query"), headers=auth(), content=body
+    ) as r:
         assert r.status_code == 200
         data = b""
         for chunk in r.iter_raw():

@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from tests import http_calls
@@ -61,7 +60,7 @@ class Prober:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=60) as client:
+        with http_calls.new_client(timeout=60) as client:
             while not self.done.is_set():
                 response = client.get(f"{self.url}/stores/t/keys/00017")
                 if response.status_code != 200 or response.json()["row"]["n"] != 17:

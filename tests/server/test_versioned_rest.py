@@ -24,6 +24,7 @@ from sparkiq import (
 )
 from sparkiq.stores.history import History
 from sparkiq.wire import jsonapi
+from tests import http_calls
 from tests.cluster.cluster_helpers import start_http_cluster
 from tests.cluster.versioned_history import KEYS, Model, make_history_table
 
@@ -45,7 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Nod
 
 @pytest.fixture(scope="module")
 def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=30.0) as client:  # building one per request costs ~100 ms
+    with http_calls.new_client(timeout=30.0) as client:  # building one per request costs ~100 ms
         yield client
 
 
