@@ -73,6 +73,13 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float) -> float
     return time.monotonic() - started
 
 
+def _no_statement_running() -> None:
+    """Wait until this process runs no DuckDB statement: the counts these tests read are the
+    process's. Once, in the whole suite, the wait for a test's statement to start saw 1 and
+    /metrics then said 0, as if a statement of an earlier test on the worker was ending."""
+    _wait_for(lambda: statement_counts()[0] == 0, "earlier statements to end", ENDS_WITHIN)
+
+
 def _metric(node: Node, line_start: str) -> float:
     text = http_calls.get(f"{node.url}/metrics", headers=_auth(), timeout=30).text
     for line in text.splitlines():
@@ -88,6 +95,7 @@ def _auth() -> dict[str, str]:
 def _hang_up_after_it_starts(node: Node, path: str, body: bytes, content_type: str) -> None:
     """POST ``body`` on a raw connection, wait until a DuckDB statement runs for it, close
     the connection and wait until the statement has ended."""
+    _no_statement_running()
     canceled = statement_counts()[1]["canceled"]
     host, port = node.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as conn:
@@ -147,6 +155,7 @@ def test_a_cancel_request_stops_the_statement_itself(node: Node) -> None:
     assert node.pg_address is not None
     host, port = node.pg_address
     dsn = f"host={host} port={port} user=tester password={TOKEN} dbname=sparkiq"
+    _no_statement_running()
     canceled = statement_counts()[1]["canceled"]
     outcome: dict[str, Any] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -216,6 +225,7 @@ def test_a_node_whose_caller_left_cuts_its_sub_requests(
         partition = min(s.partition for s in n1.status() if s.table == "t")
         request = StateQueryRequest.in_store("t").with_query(_slow_fragment())
         request = request.with_partitions({partition})
+        _no_statement_running()
         canceled = statement_counts()[1]["canceled"]
         signal = CancelSignal()
         outcome: dict[str, Any] = {}

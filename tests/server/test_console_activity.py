@@ -180,7 +180,11 @@ def test_restore_progress_in_the_cluster_view(tmp_path: Path) -> None:
             assert s["latest_batch_id"] == batches - 1
             if s["state"] == "restoring":
                 assert s["lag_batches"] == batches - 1 - s["batch_id"] > 0
-                assert 0 < s["restored_rows"] <= 100 * (s["batch_id"] + 1)
+                # A partition may not have applied its first batch yet (no ETA then): on a
+                # busy machine one was caught with 0 rows applied while another had an ETA.
+                assert 0 <= s["restored_rows"] <= 100 * (s["batch_id"] + 1)
+                if s["eta_seconds"]:  # from batches it applied, each with rows
+                    assert s["restored_rows"] > 0
         assert node.wait_for("t", batches - 1, timeout=120)
         assert rest(node, "GET", "/readyz").status_code == 200
 
