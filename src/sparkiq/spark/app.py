@@ -55,7 +55,7 @@ from sparkiq.node import Node
 from sparkiq.query.request import StateQueryRequest
 from sparkiq.query.result import StateQueryResult
 from sparkiq.spark.attach import checkpoint_of
-from sparkiq.spark.commits import CommitWatcher, newest_commit
+from sparkiq.spark.commits import CommitWatcher, finished_batch, newest_commit
 from sparkiq.spark.failures import query_failed
 from sparkiq.spark.maintenance import compact_table
 from sparkiq.spark.publishing import publish_spec
@@ -66,13 +66,7 @@ from sparkiq.spark.sink import (
     use_this_python_for_local_workers,
 )
 from sparkiq.spark.table_layout import check_layout, table_manifest
-from sparkiq.spark.table_query import (
-    Table,
-    check_checkpoint,
-    finished_batch,
-    start_query,
-    stop_query,
-)
+from sparkiq.spark.table_query import Table, check_checkpoint, start_query, stop_query
 from sparkiq.spark.writer_report import WriterReporter
 
 __all__ = ["App", "Table"]

@@ -8,10 +8,10 @@ one start or stop does is here.
 A stop waits for the batch that was running when the stop was asked for, not for a pause
 between batches: a query whose batches take longer than its trigger starts each as the one
 before ends, and is rarely seen between two. Which batch that is is read at the call
-(:func:`finished_batch`), before anything else the stop does. The batch that starts as that
-one ends may still commit: ``foreachBatch`` runs a batch's whole job, and one already
-running can finish before Spark's stop takes hold (seen beside two CPU hogs: the stop took
-0.9 s, and that batch committed).
+(:func:`~sparkiq.spark.commits.finished_batch`), before anything else the stop does. The
+batch that starts as that one ends may still commit: ``foreachBatch`` runs a batch's whole
+job, and one already running can finish before Spark's stop takes hold (seen beside two CPU
+hogs: the stop took 0.9 s, and that batch committed).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 
 from sparkiq.changelog import Changelog, TableManifest, open_storage
 from sparkiq.errors import ConfigError, SparkiqError
-from sparkiq.spark.commits import finished_batch, newest_commit, wait_between_batches
+from sparkiq.spark.commits import newest_commit, wait_between_batches
 from sparkiq.spark.failures import failure_reason, worker_hint
 from sparkiq.spark.maintenance import TableMaintenance
 from sparkiq.spark.publishing import PublishSpec
 from sparkiq.spark.sink import TableSink, pyarrow_uri, write_task_count
 from sparkiq.spark.writer_report import WriterReporter, final_status
 
-__all__ = ["Table", "check_checkpoint", "finished_batch", "start_query", "stop_query"]
+__all__ = ["Table", "check_checkpoint", "start_query", "stop_query"]
 
 log = logging.getLogger("sparkiq.app")
 
