@@ -351,3 +351,15 @@ def polling_client() -> Any:
     import httpx
 
     return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def start_python(args: Sequence[str], **options: Any) -> Any:
+    """``subprocess.Popen(args, **options)`` for the Python processes a benchmark starts
+    (``sparkiq serve`` nodes, observers). The benchmarks' smoke test replaces it with a
+    starter that forks them from a process that imported sparkiq already
+    (tests/forked_python.py): a smoke run's figures mean nothing, and its dozen node
+    imports cost the test suite CPU. A benchmark calls it as ``_common.start_python``, so
+    that the replacement reaches it."""
+    import subprocess
+
+    return subprocess.Popen(args, **options)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from bench import _common
 from bench._common import seconds_until
 from bench.http import _free_port
 
@@ -102,7 +103,7 @@ class ServeCluster:
             "--heartbeat-interval", str(self.interval), "--failure-timeout", str(self.failure),
         ]  # fmt: skip
         with open(log, "wb") as out:
-            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=out)
+            process = _common.start_python(command, stdout=subprocess.DEVNULL, stderr=out)
         if self._seed is None:
             self._seed = f"127.0.0.1:{port}"
         member = Member(node_id, port, process, log)

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from bench import _common
 from bench._changelog import as_arrow, key_name, open_table
 from bench._common import (
     Report,
@@ -60,7 +61,7 @@ class _Writer(threading.Thread):
 
 
 def _serve(state_dir: str, node_id: str, port: int, peers: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    return _common.start_python(
         [
             sys.executable, "-m", "sparkiq.cli", "serve", "--state-dir", state_dir,
             "--node-id", node_id, "--listen", f"127.0.0.1:{port}", "--peers", peers,

@@ -26,6 +26,7 @@ import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from bench import _common
 from bench._common import (
     Report,
     Scale,
@@ -240,7 +241,7 @@ class _Served:
             TOKEN,
         ]
         self.log = open(os.path.join(state_dir, "node.log"), "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = _common.start_python(args, stdout=self.log, stderr=subprocess.STDOUT)
         headers = {"authorization": f"Bearer {TOKEN}"}
         deadline = time.monotonic() + 120
         while True:  # up, and hosting every partition (a lone node takes them all)

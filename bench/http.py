@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from bench import _common
 from bench._common import (
     Report,
     Scale,
@@ -91,7 +92,7 @@ def _serve(
     standbys: int = 1,
     extra: Sequence[str] = (),
 ) -> Any:
-    return subprocess.Popen(
+    return _common.start_python(
         [
             sys.executable, "-m", "sparkiq.cli", "serve", "--state-dir", state_dir,
             "--node-id", node_id, "--listen", f"127.0.0.1:{port}", "--peers", peers,
@@ -197,7 +198,7 @@ def run(scale: Scale = Scale.FULL) -> Report:
         floor.close()
         paths = [f"/stores/{TABLE}/keys/{k}" for k in keys[:: max(1, n_keys // 20_000)]]
         floor_port, node_port = _free_port(), _free_port()
-        floor_proc = subprocess.Popen(
+        floor_proc = _common.start_python(
             [
                 sys.executable,
                 "-m",

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench import _common
 from bench._changelog import open_table
 from bench._common import Report, Scale, entry_point, polling_client, scratch_dir, seconds_until
 from bench._gossip import GossipSim
@@ -231,7 +232,7 @@ def _processes(n: int, window: float, root: str) -> tuple[float, float]:
             "--membership", "heartbeats",  # what this benchmark measures (not the default)
         ]  # fmt: skip
         procs.append(
-            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _common.start_python(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
 
     def sent() -> float:

@@ -23,8 +23,10 @@ from typing import Any
 
 import bench
 import pytest
-from bench import follower_tail, run_all, soak
+from bench import _common, follower_tail, run_all, soak
 from bench._common import Report, Scale
+
+from tests import forked_python
 
 #: Every module of bench/, helpers included.
 MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
@@ -75,6 +77,14 @@ ROWS = {
 
 SPARK = sorted(n for n, run in EVERY.items() if run_all.uses_spark(run))
 NO_SPARK = sorted(n for n in EVERY if n not in SPARK and n not in NOT_RUN)
+
+
+@pytest.fixture(autouse=True)
+def forked_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes and observers a smoke run starts are forked from a process that imported
+    sparkiq already (tests/forked_python.py): what a smoke run checks is the report's
+    shape, not a process's start."""
+    monkeypatch.setattr(_common, "start_python", forked_python.popen)
 
 
 def test_every_bench_module_imports() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from sparkiq.changelog import Changelog
-from tests import http_calls
+from tests import forked_python, http_calls
 from tests.changelog.helpers import write_batch
 
 FAST_FLAGS = ["--heartbeat-interval", "0.2", "--failure-timeout", "1.5"]
@@ -59,7 +59,7 @@ class ServeProcess:
         self.url = f"{scheme}://{host}:{port}"
         self.log_path = os.path.join(log_dir, f"{node_id}.log")
         self.env = env
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: forked_python.Process | None = None
 
     def start(self, token: str | None = None) -> ServeProcess:
         args = [
@@ -75,7 +75,7 @@ class ServeProcess:
             args += ["--token", token]
         env = os.environ | {"PYTHONUNBUFFERED": "1"} | self.env
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = forked_python.popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
 
     def wait_up(self, timeout: float = 120.0) -> None:

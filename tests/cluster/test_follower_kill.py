@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkiq.changelog import Changelog
+from tests import forked_python
 from tests.changelog.helpers import apply_changes, make_wide_table, write_rows
 from tests.cluster import follower_process
 from tests.cluster.test_follower import random_row, restrict
@@ -44,7 +45,7 @@ class Run:
     """One follower process and the progress lines it printed (``at <batch> <head>``)."""
 
     def __init__(self, *args: object) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = forked_python.popen(
             [sys.executable, "-m", "tests.cluster.follower_process", *map(str, args)],
             cwd=ROOT,
             stdout=subprocess.PIPE,

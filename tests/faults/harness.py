@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkiq.stores.history import History
+from tests import forked_python
 from tests.changelog.helpers import make_table
 from tests.cluster.cluster_helpers import wait_until
 from tests.cluster.serve_processes import ServeProcess, free_port, wait_cluster
@@ -79,8 +80,8 @@ class FaultCluster:
         self.faults: list[Fault] = []
         self.loaders: list[Loader] = []  # the sessions of the latest start_load()
         self.sessions = 0
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.writer: subprocess.Popen[bytes] | None = None
+        self.processes: list[forked_python.Process] = []
+        self.writer: forked_python.Process | None = None
         self.writer_kills = 0
         self.mid_batch_kills = 0
         self.mounted: list[str] = []
@@ -362,7 +363,7 @@ class FaultCluster:
             str(self.writer_kills),
         ]
         with open(self.root / "writer.log", "ab") as log:
-            self.writer = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            self.writer = forked_python.popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 
     def _inside_a_batch(self) -> bool:
         """Whether the next batch has files written but no commit record (a torn batch)."""
@@ -381,7 +382,7 @@ class FaultCluster:
     def _spawn(self, args: list[str], name: str) -> None:
         with open(self.root / f"{name}.log", "ab") as log:
             self.processes.append(
-                subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                forked_python.popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
             )
 
     def _note_pids(self) -> None:

@@ -11,18 +11,20 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests import forked_python
+
 
 @contextmanager
 def serving(
     args: list[str],
     cwd: Path,
-    ready: Callable[[subprocess.Popen[bytes]], bool],
+    ready: Callable[[forked_python.Process], bool],
     *,
     env: Mapping[str, str] | None = None,
     errors: tuple[type[BaseException], ...] = (),
     timeout: float = 120.0,
     interval: float = 0.1,
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[forked_python.Process]:
     """``sparkiq serve *args`` in ``cwd`` (its output in ``cwd/node.log``), yielded once
     ``ready(process)`` is true -- ``errors`` raised by it mean "not yet" -- and terminated
     on exit. ``timeout`` is for a hang, not a speed target: on a loaded machine starting
@@ -31,7 +33,7 @@ def serving(
     environ = os.environ | {"PYTHONUNBUFFERED": "1"} | dict(env or {})
     command = [sys.executable, "-m", "sparkiq.cli", "serve", *args]
     with open(log, "wb") as out:
-        process = subprocess.Popen(
+        process = forked_python.popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=cwd
         )
     try:

@@ -5,7 +5,6 @@ with the node's token; ``Node.stop`` ends it even while a client holds a stream.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pyarrow.flight as flight
 
 from sparkiq import Node
 from sparkiq.server.flight.protocol import message, pack
+from tests import forked_python
 from tests.server.serve_subprocess import serving
 from tests.sql.tables import build_world
 
@@ -25,7 +25,7 @@ def test_serve_prints_the_address_and_answers_there(tmp_path: Path) -> None:
     build_world(str(tmp_path / "state"))
     log = tmp_path / "node.log"
 
-    def printed(_: subprocess.Popen[bytes]) -> bool:
+    def printed(_: forked_python.Process) -> bool:
         return bool(PRINTED.search(log.read_text()))
 
     env = {"SPARKIQ_FLIGHT_LISTEN": "127.0.0.1:0", "SPARKIQ_TOKEN": TOKEN}

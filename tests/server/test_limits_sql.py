@@ -8,7 +8,6 @@ than the node's statement timeout, and key lookups keep answering meanwhile.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from sparkiq.sql import SqlFragmentQuery
 from sparkiq.sql.duck import DuckPool, run
 from sparkiq.sql.errors import SqlLimitError
 from sparkiq.wire import protocol
-from tests import http_calls
+from tests import forked_python, http_calls
 from tests.changelog.helpers import expected_rows
 from tests.cluster.serve_processes import free_port
 from tests.server.serve_subprocess import serving
@@ -48,7 +47,7 @@ GROWTH = 2 * 256 * 10**6 + 32 * MIB + 256 * MIB
 @dataclass
 class Served:
     url_base: str
-    process: subprocess.Popen[bytes]
+    process: forked_python.Process
     cwd: Path
     log: Path
 
@@ -80,10 +79,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "--listen", f"127.0.0.1:{port}", "--token", TOKEN,
     ]  # fmt: skip
 
-    def node(process: subprocess.Popen[bytes]) -> Served:
+    def node(process: forked_python.Process) -> Served:
         return Served(f"http://127.0.0.1:{port}", process, cwd, cwd / "node.log")
 
-    def ready(process: subprocess.Popen[bytes]) -> bool:
+    def ready(process: forked_python.Process) -> bool:
         # ready, and hosting every partition (a lone node takes them all)
         served = node(process)
         counts = [sql(served, f"SELECT count(*) AS c FROM {t}", 5) for t in ("ik", "t")]

@@ -36,7 +36,7 @@ from pygwire import messages as m
 
 from sparkiq import Node
 from sparkiq.server.pg.scram import ScramError, ScramExchange, ScramVerifier
-from tests import http_calls
+from tests import forked_python, http_calls
 from tests.cluster.serve_processes import free_port
 from tests.server.serve_subprocess import serving
 from tests.server.test_hostile import bound
@@ -67,7 +67,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 class Served:
     """A ``sparkiq serve`` process with the Postgres endpoint (and HTTP, for /metrics)."""
 
-    process: subprocess.Popen[bytes]
+    process: forked_python.Process
     url: str
     pg_address: tuple[str, int]
     log: Path
@@ -95,10 +95,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "--listen", f"127.0.0.1:{port}", "--pg-listen", f"127.0.0.1:{pg_port}",
     ]  # fmt: skip
 
-    def node(process: subprocess.Popen[bytes]) -> Served:
+    def node(process: forked_python.Process) -> Served:
         return Served(process, f"http://127.0.0.1:{port}", ("127.0.0.1", pg_port), cwd / "node.log")
 
-    def ready(process: subprocess.Popen[bytes]) -> bool:
+    def ready(process: forked_python.Process) -> bool:
         # ready, and hosting every partition (a lone node takes them all)
         with psycopg.connect(_dsn(node(process)), autocommit=True) as conn:
             return bool(conn.execute(PROBE).fetchall() == [(17,)])

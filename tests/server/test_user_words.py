@@ -23,7 +23,7 @@ from sparkiq import Client, InvalidQueryError, Node
 from sparkiq.server.scrub import roots_of, scrub
 from sparkiq.sql import SqlError, SqlUnsupportedError
 from sparkiq.testing import wait_until
-from tests import http_calls
+from tests import forked_python, http_calls
 from tests.server.serve_subprocess import serving
 from tests.sql.tables import build_world
 
@@ -255,7 +255,7 @@ def test_serving_a_state_dir_without_tables_warns_at_start_and_in_readyz(
     typo = tmp_path / "stat"  # the tables are in "state"
     url = f"http://127.0.0.1:{port}"
 
-    def up(_: subprocess.Popen[bytes]) -> bool:
+    def up(_: forked_python.Process) -> bool:
         return http_calls.get(f"{url}/readyz", timeout=5).status_code in (200, 503)
 
     args = ["--state-dir", str(typo), "--listen", f"127.0.0.1:{port}"]
