@@ -73,9 +73,17 @@ TEST_WORKERS ?= 3
 # importing much of sparkiq: compiled once here, they read the bytecode instead of compiling
 # the source again, which they would do each time where PYTHONDONTWRITEBYTECODE is set
 # (a node's start: 1.0 -> 0.7 CPU-seconds). Only changed files are compiled again.
+#
+# Where Debian's eatmydata is installed (.ci/run installs it), the tests run under it: fsync
+# returns at once. Nothing a test can check needs it (a killed process loses nothing the page
+# cache holds; only a lost machine would), and under load the changelog's, RocksDB's and
+# Kafka's syncs made tests wait on the disk (docs/design.md, "The test suite on three
+# workers"). The benchmarks run without it: they measure what a user's machine does.
+EATMYDATA := $(shell command -v eatmydata 2>/dev/null)
+
 unit: $(STAMP) $(JVM_STAMP) $(CLASS_ARCHIVE)
 	$(BIN)/python -m compileall -q src tests bench
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not hosts" \
+	$(EATMYDATA) $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not hosts" \
 		$(PYTEST_ARGS)
 
 # A cluster on hosts of a real network (Linux network namespaces, iproute2; needs root):
