@@ -2,7 +2,7 @@
 
 Three ``sparkiq serve`` processes serve a table that a writer updates every 50 ms (every
 key's value is the batch id, so each answer is checkable on its own). Two clients query
-random keys without pause, one through each node that is not paused. The node active for
+random keys 20 ms apart, one through each node that is not paused. The node active for
 the most partitions is stopped with SIGSTOP -- its sockets still accept connections, but
 nothing answers -- and continued 10 s later. Every answer is recorded: none may fail or be
 wrong, during the pause or when the node comes back, and positions per client never go

@@ -43,6 +43,10 @@ PARTITIONS = 8
 #: not a speed check: on a machine running several test suites at once (load average 30-40
 #: on 2 cores) interpreter start-up and imports alone took over 30 s.
 STARTUP = 180.0
+#: Between two reads of a reader: back to back, the readers and the nodes answering them
+#: kept both cores busy (the test ran at 1.4 cores); 20 ms apart they still read every
+#: batch many times over.
+PAUSE_S = 0.02
 
 
 class Broken(AssertionError):
@@ -117,7 +121,8 @@ class Answer:
 
 
 class Reader(threading.Thread):
-    """Loops ``READERS[kind]`` through a Client on ``url`` until stopped; records every answer."""
+    """Loops ``READERS[kind]`` through a Client on ``url`` until stopped, :data:`PAUSE_S`
+    apart; records every answer."""
 
     def __init__(self, kind: str, url: str) -> None:
         super().__init__(daemon=True, name=f"reader-{kind}")
@@ -139,6 +144,7 @@ class Reader(threading.Thread):
                 except BaseException as exc:  # not a clean failure: reported as broken
                     answer.broken = f"{type(exc).__name__}: {exc}"
                 self.answers.append(answer)
+                self.stop_event.wait(PAUSE_S)
 
     def answered_since(self, since: float) -> int:
         return sum(1 for a in self.answers if a.sent >= since and not a.failure)

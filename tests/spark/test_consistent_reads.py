@@ -7,9 +7,9 @@ keeps per bin the units held and the legs seen, over 16 partitions. So after bat
 - the units of all bins sum to exactly 0 (every move is -qty and +qty), and
 - the legs sum to exactly ``2 * MOVES * (B + 1)`` (each file holds ``MOVES`` moves),
 
-which ties every answer to the batch its position names. Readers loop over SQL aggregates,
-a self-join, typed all-partition range queries and multi-key lookups while files arrive; a
-reader that mixed partitions of two batches would see a total other than 0 or a leg count
+which ties every answer to the batch its position names. Readers loop (20 ms apart) over SQL
+aggregates, a self-join, typed all-partition range queries and multi-key lookups while files
+arrive; a reader that mixed partitions of two batches would see a total other than 0 or a leg count
 that does not match its position.
 """
 
@@ -31,6 +31,10 @@ BINS = [f"bin{i:03d}" for i in range(200)]
 MOVES = 60
 BATCHES = 8
 PARTITIONS = 16
+#: Between two reads of a reader. Back to back, the four readers held this process's
+#: interpreter for the whole test (three quarters of its Python CPU went to them), slowing
+#: the batches they wait for; 20 ms apart each still reads every batch several times.
+PAUSE_S = 0.02
 
 
 def moves(seed: int) -> list[dict[str, Any]]:
@@ -125,6 +129,7 @@ def test_readers_never_see_a_state_no_batch_had(spark: Any, tmp_path: Path) -> N
         try:
             while not stop.is_set():
                 seen[name].append(read(app))
+                stop.wait(PAUSE_S)
         except BaseException as exc:  # reported below, with the reader's name
             errors.append(AssertionError(f"{name}: {exc}"))
 
