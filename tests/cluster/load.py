@@ -1,14 +1,16 @@
-"""Client load for cluster tests: random key lookups against a table ``t`` whose rows carry
-the batch id in ``n``, so every answer can be checked against its own position."""
+"""Client load for cluster tests: key lookups against a table ``t`` whose rows carry the batch
+id in ``n``, so every answer can be checked against its own position."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sparkiq import Client, KeyQuery, StateQueryRequest
+from sparkiq import Client, KeyQuery, StateQueryRequest, partition_for
 from sparkiq.errors import SparkiqError
 
 
@@ -49,15 +51,41 @@ def query_key(client: Client, key: str) -> Answer:
 PAUSE_S = 0.02
 
 
+def partitions_in_turn(keys: list[str], partitions: int, seed: int) -> Iterator[str]:
+    """``keys`` of ``t`` (string keys, ``partitions`` partitions) forever, one of each
+    partition in turn (the partitions' order and each one's keys shuffled by ``seed``): every
+    partition is asked once every ``partitions`` queries. The tests judge unavailability per
+    partition as the longest time without an answer for it; with keys drawn at random, a
+    partition now and then went a second unasked on a loaded machine, and that counted."""
+    rng = random.Random(seed)
+    groups: dict[int, list[str]] = {}
+    for key in keys:
+        groups.setdefault(partition_for([key], ["string"], partitions), []).append(key)
+    order = list(groups.values())
+    rng.shuffle(order)
+    for group in order:
+        rng.shuffle(group)
+    for turn in itertools.count():
+        for group in order:
+            yield group[turn % len(group)]
+
+
 class Load(threading.Thread):
-    """Queries random keys until stopped, ``pause`` seconds apart; records every answer.
-    ``client`` is a Client, or a node's URL for a Client of the thread's own."""
+    """Queries the keys of ``t`` (``partitions`` partitions), each partition in turn and
+    ``pause`` seconds apart, until stopped; records every answer. ``client`` is a Client,
+    or a node's URL for a Client of the thread's own."""
 
     def __init__(
-        self, client: Client | str, keys: list[str], seed: int = 7, pause: float = PAUSE_S
+        self,
+        client: Client | str,
+        keys: list[str],
+        partitions: int,
+        seed: int = 7,
+        pause: float = PAUSE_S,
     ) -> None:
         super().__init__(daemon=True)
-        self.client, self.keys, self.seed, self.pause = client, keys, seed, pause
+        self.client, self.pause = client, pause
+        self.keys = partitions_in_turn(keys, partitions, seed)
         self.answers: list[Answer] = []
         self.stop_event = threading.Event()
 
@@ -69,9 +97,10 @@ class Load(threading.Thread):
             self.query_until_stopped(self.client)
 
     def query_until_stopped(self, client: Client) -> None:
-        rng = random.Random(self.seed)
-        while not self.stop_event.is_set():
-            self.answers.append(query_key(client, rng.choice(self.keys)))
+        for key in self.keys:
+            if self.stop_event.is_set():
+                return
+            self.answers.append(query_key(client, key))
             self.stop_event.wait(self.pause)
 
     def stop(self) -> list[Answer]:

@@ -78,7 +78,7 @@ def test_kill_minus_nine_of_an_active_node(cluster: Any) -> None:
     active_on_victim = metadata(entry.url)["n1"]["active"]["t"]
     assert active_on_victim, "n1 should be active for some partitions"
     with Client(entry.url) as client:
-        load = Load(client, KEYS)
+        load = Load(client, KEYS, PARTITIONS)
         load.start()
         time.sleep(1.5)
         # The resume check below needs history before the kill: wait for batches, since on
@@ -150,7 +150,7 @@ def test_a_fourth_node_joins_under_load(cluster: Any) -> None:
     wait_cluster([n.url for n in nodes[:3]], 3)
     before = metadata(nodes[0].url)
     with Client(nodes[0].url) as client:
-        load = Load(client, KEYS)
+        load = Load(client, KEYS, PARTITIONS)
         load.start()
         time.sleep(1.0)
         joined_at = time.monotonic()

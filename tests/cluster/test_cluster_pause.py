@@ -1,10 +1,10 @@
 """A paused node: SIGSTOP for 10 s under client load through the other nodes, then SIGCONT.
 
 Three ``sparkiq serve`` processes serve a table that a writer updates every 50 ms (every
-key's value is the batch id, so each answer is checkable on its own). Two clients query
-random keys 20 ms apart, one through each node that is not paused. The node active for
-the most partitions is stopped with SIGSTOP -- its sockets still accept connections, but
-nothing answers -- and continued 10 s later. Every answer is recorded: none may fail or be
+key's value is the batch id, so each answer is checkable on its own). Two clients, one
+through each node that is not paused, query keys 20 ms apart, one partition after the
+other. The node active for the most partitions is stopped with SIGSTOP -- its sockets
+still accept connections, but nothing answers -- and continued 10 s later. Every answer is recorded: none may fail or be
 wrong, during the pause or when the node comes back, and positions per client never go
 back. The unavailability is measured per partition as the longest time between two answers
 for it (the test prints it; the target is under 2 s).
@@ -71,7 +71,7 @@ def test_a_paused_node_costs_no_answer(cluster: Any) -> None:
     active = active_partitions(nodes[0].url)
     victim = max(nodes, key=lambda n: len(active[n.node_id]))
     entries = [n for n in nodes if n is not victim]
-    loads = [Load(n.url, KEYS, seed) for seed, n in enumerate(entries)]
+    loads = [Load(n.url, KEYS, PARTITIONS, seed) for seed, n in enumerate(entries)]
     for load in loads:
         load.start()
     threading.Event().wait(1.5)
