@@ -59,6 +59,12 @@ def bound() -> float:
     return BOUND * max(1.0, slowdown)
 
 
+def within_bound(elapsed: float) -> bool:
+    """``elapsed < bound()``, measuring the machine (50 ms of CPU) only when ``elapsed`` is
+    over :data:`BOUND` itself: most checks never need to, and the module makes hundreds."""
+    return elapsed < BOUND or elapsed < bound()
+
+
 @dataclass
 class Hostile:
     node: Node
@@ -164,7 +170,7 @@ def refused(
         elapsed = time.monotonic() - started
     statuses = status if isinstance(status, tuple) else (status,)
     assert response.status_code in statuses, response.text[:500]
-    assert elapsed < bound(), f"{path}: answered after {elapsed:.2f} s"
+    assert within_bound(elapsed), f"{path}: answered after {elapsed:.2f} s"
     assert_no_leak(h, response)
     assert_healthy(h)
     return response
@@ -224,7 +230,7 @@ def test_huge_decimal_literal_in_sql_answers_quickly_and_correctly(hostile: Host
             response = http_calls.post(
                 hostile.url("/query"), json={"sql": sql}, headers=auth(), timeout=30
             )
-            assert time.monotonic() - started < bound(), sql
+            assert within_bound(time.monotonic() - started), sql
             assert_no_leak(hostile, response)
             assert response.status_code == 200, response.text
             assert response.json()["rows"] == [], sql  # no decimal(12,3) is that far out
@@ -286,7 +292,7 @@ def test_a_backtracking_like_pattern_costs_nothing(hostile: Hostile) -> None:
             first = orjson.loads(next(response.iter_lines()))
             elapsed = time.monotonic() - started
     assert first["row"] == {"k": "w001"} and first["snapshot"] is True
-    assert elapsed < bound(), f"first change after {elapsed:.2f} s"
+    assert within_bound(elapsed), f"first change after {elapsed:.2f} s"
     assert_healthy(hostile)
 
 
