@@ -14,12 +14,15 @@ everything but SELECT before DuckDB sees a statement; this lock is the second wa
 DuckDB's ``memory_limit`` covers its buffer manager (sorts, hash tables, spilled data), not
 the strings and lists a function builds, so three more bounds hold here:
 
-- **values**: every connection shadows the functions that build a value much larger than
+- **values**: the database shadows the functions that build a value much larger than
   their input (``repeat``, ``lpad``/``rpad``, ``range``/``generate_series``,
   ``list_resize``, ``bar``, ``to_base``, ``bitstring``, ``printf``/``format`` widths,
   ``replace``/``regexp_replace``) and those whose cost is the product of their inputs'
-  lengths (``levenshtein`` and kin) with temporary macros that refuse an argument beyond
-  ``max_value_bytes`` before the original runs. A function cannot be called qualified
+  lengths (``levenshtein`` and kin) with macros that refuse an argument beyond
+  ``max_value_bytes`` before the original runs. They are created once, in the database's
+  ``main`` schema, which every cursor searches before the built-in functions (as temporary
+  macros, one set per cursor, they cost each new thread 15 ms of CPU before its first
+  statement). A function cannot be called qualified
   (``system.main.repeat``): the parser refuses dotted calls.
 - **process memory**: while statements run, one watchdog thread reads the process's
   resident size every 25 ms (:mod:`sparkiq.sql.watchdog`) and interrupts every running statement
@@ -119,7 +122,7 @@ class DuckPool:
         )
 
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """This thread's cursor (created, with the guard macros, on first use)."""
+        """This thread's cursor (created on first use)."""
         con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
         if con is None:
             with self._lock:
@@ -128,13 +131,12 @@ class DuckPool:
                 if self._root is None:
                     self._root = self._open()
                     atexit.register(self.close)
-                con = self._root.cursor()
+                con = self._root.cursor()  # sees the guard macros of _open
                 for ident, (thread, old) in list(self._all.items()):
                     if not thread.is_alive():
                         old.close()
                         del self._all[ident]
                 self._all[threading.get_ident()] = (threading.current_thread(), con)
-            con.execute(_guards(self.max_value_bytes))
             self._local.con = con
         return con
 
@@ -166,7 +168,7 @@ class DuckPool:
         )
         # DuckDB's default spill directory is <cwd>/.tmp, shared and unbounded
         self.spill_dir = tempfile.mkdtemp(prefix="sparkiq-duckdb-")
-        return duckdb.connect(
+        root = duckdb.connect(
             ":memory:",
             config={
                 "enable_external_access": False,
@@ -180,6 +182,8 @@ class DuckPool:
                 "lock_configuration": True,
             },
         )
+        root.execute(_guards(self.max_value_bytes))
+        return root
 
     def close(self) -> None:
         """Close every cursor and the database and remove the spill directory (at
@@ -222,7 +226,7 @@ def _closed_error() -> SqlError:
 
 @functools.cache
 def _guards(cap: int) -> str:
-    """The guard macros as one script: DuckDB parses it in one call per connection."""
+    """The guard macros as one script: DuckDB parses it in one call per database."""
     return ";\n".join(_guard_macros(cap))
 
 
@@ -231,8 +235,8 @@ _COST_ERROR = "sparkiq: too costly"
 
 
 def _guard_macros(cap: int) -> list[str]:
-    """``CREATE TEMP MACRO`` statements shadowing the value-building functions (temporary
-    objects are per connection, and found before the built-in functions)."""
+    """``CREATE MACRO`` statements shadowing the value-building functions (in the ``main``
+    schema: every cursor of the database sees them, before the built-in functions)."""
 
     def refuse(condition: str, value: str, what: str, kind: str = _VALUE_ERROR) -> str:
         return f"CASE WHEN {condition} THEN error('{kind}: {what}') ELSE {value} END"
@@ -300,7 +304,7 @@ def _guard_macros(cap: int) -> list[str]:
         "jaro_winkler_similarity": quadratic,
     }
     return [
-        f"CREATE OR REPLACE TEMP MACRO {name}{body.replace('{f}', name)}"
+        f"CREATE OR REPLACE MACRO {name}{body.replace('{f}', name)}"
         for name, body in macros.items()
     ]
 
