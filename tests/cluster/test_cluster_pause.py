@@ -4,10 +4,10 @@ Three ``sparkiq serve`` processes serve a table that a writer updates every 50 m
 key's value is the batch id, so each answer is checkable on its own). Two clients, one
 through each node that is not paused, query keys 20 ms apart, one partition after the
 other. The node active for the most partitions is stopped with SIGSTOP -- its sockets
-still accept connections, but nothing answers -- and continued 10 s later. Every answer is recorded: none may fail or be
-wrong, during the pause or when the node comes back, and positions per client never go
-back. The unavailability is measured per partition as the longest time between two answers
-for it (the test prints it; the target is under 2 s).
+still accept connections, but nothing answers -- and continued 10 s later. Every answer is
+recorded: none may fail or be wrong, during the pause or when the node comes back, and
+positions per client never go back. The unavailability is measured per partition as the
+longest time between two answers for it (the test prints it; the target is under 2 s).
 """
 
 from __future__ import annotations
