@@ -33,7 +33,7 @@ from sparkiq.errors import SparkiqError
 from sparkiq.testing import JsonSource
 from tests import http_calls
 from tests.cluster.serve_processes import make_nodes, wait_cluster
-from tests.spark.test_consistent_reads import MOVES, batch_of, moves
+from tests.spark.test_consistent_reads import MOVES, PAUSE_S, batch_of, moves
 
 # Starts JVMs or processes of its own: scheduled first (tests/conftest.py).
 pytestmark = pytest.mark.slow
@@ -43,10 +43,6 @@ PARTITIONS = 8
 #: not a speed check: on a machine running several test suites at once (load average 30-40
 #: on 2 cores) interpreter start-up and imports alone took over 30 s.
 STARTUP = 180.0
-#: Between two reads of a reader: back to back, the readers and the nodes answering them
-#: kept both cores busy (the test ran at 1.4 cores); 20 ms apart they still read every
-#: batch many times over.
-PAUSE_S = 0.02
 
 
 class Broken(AssertionError):

@@ -31,9 +31,11 @@ BINS = [f"bin{i:03d}" for i in range(200)]
 MOVES = 60
 BATCHES = 8
 PARTITIONS = 16
-#: Between two reads of a reader. Back to back, the four readers held this process's
-#: interpreter for the whole test (three quarters of its Python CPU went to them), slowing
-#: the batches they wait for; 20 ms apart each still reads every batch several times.
+#: Between two reads of a reader (here and in test_consistent_cluster). Back to back, the
+#: four readers held this process's interpreter for the whole test (three quarters of its
+#: Python CPU went to them), slowing the batches they wait for, and the cluster test's
+#: readers and nodes kept both cores busy; 20 ms apart each still reads every batch
+#: several times.
 PAUSE_S = 0.02
 
 
