@@ -33,6 +33,7 @@ from sparkiq.sql.watchdog import statement_counts
 from sparkiq.wire import protocol
 from tests import http_calls
 from tests.cluster.cluster_helpers import start_http_cluster
+from tests.sql.planned import plan_ahead
 from tests.sql.tables import T_HISTORY, build_world, expected_rows
 
 TOKEN = "cancel-secret"
@@ -57,6 +58,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             pg_listen="127.0.0.1:0",
         ) as n:
             n.poll_once()
+            plan_ahead(n, SLOW)
             yield n
     finally:
         if saved is None:
@@ -75,8 +77,7 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float) -> float
 
 def _no_statement_running() -> None:
     """Wait until this process runs no DuckDB statement: the counts these tests read are the
-    process's. Once, in the whole suite, the wait for a test's statement to start saw 1 and
-    /metrics then said 0, as if a statement of an earlier test on the worker was ending."""
+    process's."""
     _wait_for(lambda: statement_counts()[0] == 0, "earlier statements to end", ENDS_WITHIN)
 
 
