@@ -1,6 +1,7 @@
 """The live system the docs' samples run against: ``sparkiq demo`` (as ``make demo`` runs
-it, on a free port, into a temporary state dir) and, beside it, a node on the same state with
-the Postgres endpoint. Started once for the docs tests, stopped after the last of them."""
+it, with its output piped, into a temporary state dir) and, beside it, a node on the same
+state with the Postgres endpoint. Started once for the docs tests; the last test of
+tests/docs/test_docs_blocks.py checks what the demo printed and stops it with Ctrl-C."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,18 +30,28 @@ DEMO_TABLES = ("revenue_by_product", "orders_by_user", "revenue_per_window")
 @dataclass(frozen=True)
 class Live:
     """Where the docs' samples run: the demo's node (``http``, ``host:port``), the
-    Postgres endpoint's port, and the directory holding ``demo-state``."""
+    Postgres endpoint's port, and the directory holding ``demo-state``; the demo's process,
+    the files its stdout and stderr go to, and the address it was told to listen on (held
+    by another socket: it serves on a free port instead and says so)."""
 
     http: str
     pg_port: int
     root: Path
+    demo: subprocess.Popen[str]
+    out: Path
+    err: Path
+    asked: str
 
     @property
     def url(self) -> str:
         return f"http://{self.http}"
 
 
-def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> None:
+def _printed(log: Path, err: Path) -> str:
+    return f"its output:\n{log.read_text()}\nits errors:\n{err.read_text()[-3000:]}"
+
+
+def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path, err: Path) -> None:
     """Until every demo table answers a query with at least one row. No deadline of its own:
     the demo gives up by itself when Spark serves no micro-batch in five minutes.
 
@@ -48,10 +60,10 @@ def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> N
     second over its start, which takes tens of seconds, cost the demo's node and this
     process CPU for nothing."""
     while not re.search(r"^\[[\d:]+\] batch ", log.read_text(), re.M):
-        assert process.poll() is None, f"the demo stopped; its output:\n{log.read_text()}"
+        assert process.poll() is None, f"the demo stopped; {_printed(log, err)}"
         time.sleep(0.5)
     while True:
-        assert process.poll() is None, f"the demo stopped; its output:\n{log.read_text()}"
+        assert process.poll() is None, f"the demo stopped; {_printed(log, err)}"
         try:
             counts = [
                 http_calls.post(f"{url}/query", json={"sql": f"SELECT count(*) AS n FROM {t}"})
@@ -64,12 +76,28 @@ def _wait_until_served(url: str, process: subprocess.Popen[str], log: Path) -> N
         time.sleep(0.5)
 
 
+def stop_demo(process: subprocess.Popen[str]) -> int:
+    """Ctrl-C as a terminal sends it, to the demo's whole process group (its Spark JVM
+    too); its exit code."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        return process.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.wait()
+
+
 # Package scope: the demo streams three queries as long as it runs; kept for the whole
 # session it went on taking CPU from every test its worker ran after the docs.
 @pytest.fixture(scope="package")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("docs-live")
     state = root / "demo-state"
+    held = socket.socket()  # another process on the address the demo is told to use
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    asked = f"127.0.0.1:{held.getsockname()[1]}"
     command = [sys.executable, "-m", "sparkiq.cli", "demo", "--state-dir", str(state)]
     # A micro-batch every 20 s, not every second: the demo runs beside the docs tests that
     # read it, and at 1 s its three queries took half a core all along (a batch costs the
@@ -77,35 +105,31 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     # 10 s; its start and 90 s served: 44.6 and 41.7 CPU-s at 10 s, 31.1 and 36.5 at 20 s).
     # The samples need live tables, not fast ones; a push query waits up to one interval
     # for a change, and the first rows come one interval after the start.
-    command += ["--listen", "127.0.0.1:0", "--rate", "50", "--trigger", "20"]
-    log = root / "demo.log"
-    with log.open("w") as out:
+    command += ["--listen", asked, "--rate", "50", "--trigger", "20"]
+    log, err = root / "demo.log", root / "demo.err"
+    with log.open("w") as out, err.open("w") as errors:
         process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=root
+            command, stdout=out, stderr=errors, text=True, cwd=root, start_new_session=True
         )
     pg = None
     try:
         while not log.read_text().endswith("\n"):  # its first line: the console's URL
-            assert process.poll() is None, log.read_text()
+            assert process.poll() is None, _printed(log, err)
             time.sleep(0.1)
         first = log.read_text().splitlines()[0]
         match = re.fullmatch(r"sparkiq console: http://(127\.0\.0\.1:\d+)/", first)
         assert match, first
-        _wait_until_served(f"http://{match.group(1)}", process, log)
+        _wait_until_served(f"http://{match.group(1)}", process, log, err)
         pg = Node(str(state), node_id="docs-pg", store="memory", pg_listen="127.0.0.1:0")
         pg.start()
         pg.poll_once()
         assert pg.pg_address is not None
-        yield Live(match.group(1), pg.pg_address[1], root)
+        yield Live(match.group(1), pg.pg_address[1], root, process, log, err, asked)
     finally:
         if pg is not None:
             pg.stop()
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_demo(process)  # already stopped when the last test ran
+        held.close()
 
 
 def fill_page_dir(directory: Path, live: Live | None) -> None:

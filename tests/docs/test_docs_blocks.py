@@ -9,8 +9,8 @@ endpoint beside it (tests/docs/conftest.py).
 The pages whose python blocks do not read the demo (tests.docs.blocks.uses_the_demo) run
 first, before it starts: the demo streams three queries as long as it runs (a sixth to a
 fifth of a core at a 10 s trigger), and those pages (attach, followers and kafka among
-them) were half the time it ran. The demo starts with the first test that needs it and stops
-after the last test of tests/docs."""
+them) were half the time it ran. The demo starts with the first test that needs it; the
+file's last test checks what it printed (the piped demo a user runs) and stops it."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from tests.docs.blocks import (
     substitute,
     uses_the_demo,
 )
-from tests.docs.conftest import Live, fill_page_dir
+from tests.docs.conftest import Live, fill_page_dir, stop_demo
 from tests.docs.run_page import DONE
 
 BLOCKS = all_blocks()
@@ -412,3 +412,43 @@ def test_the_page_runner_reports_a_failing_or_hung_page_and_starts_afresh(tmp_pa
         assert runner.process is None  # killed, not waited for
     finally:
         runner.close()
+
+
+#: A line of the demo's summary with its output piped: its batch, p-7's revenue and orders.
+_UPDATE = re.compile(
+    r"^\[\d\d:\d\d:\d\d\] batch (\d+) \| p-7 revenue ([\d.]+) \((\d+) orders\) \| top p-\d+ "
+)
+
+
+@pytest.mark.slow
+def test_the_piped_demo_printed_its_console_first_kept_spark_quiet_and_stops_on_ctrl_c(
+    live: Live,
+) -> None:
+    """``sparkiq demo`` as a user runs it with its output piped, checked on the demo the
+    pages ran against (a second demo would be a Spark JVM of its own): the console's URL
+    first, on a free port when the one it was told to use is taken, and how to point the
+    other terminal at it; Spark's log in its file, none of it on the screen; live values;
+    Ctrl-C (to the process group, as a terminal sends it) stops it cleanly.
+
+    The last test of this file: it stops the demo (the fixture would at the package's end)."""
+    console = http_calls.get(f"{live.url}/", timeout=10)
+    assert console.status_code == 200 and "<html" in console.text.lower()
+    assert stop_demo(live.demo) == 0, live.out.read_text()[-3000:] + live.err.read_text()
+    out = live.out.read_text().splitlines()
+    assert out[0] == f"sparkiq console: {live.url}/" and live.http != live.asked
+    assert out[3] == (
+        f"({live.asked} was taken: in your other terminal, export SPARKIQ_URL={live.url} and "
+        "the sparkiq commands and getting-started's examples use this node)"
+    ), out[:5]
+    assert out[4] == "starting Spark..."
+    log = live.root / "demo-state" / "logs" / "spark.log"
+    assert f"Spark's log in {log}" in out[1]
+    assert re.search(r"\b(WARN|INFO)\b", log.read_text())  # Spark's log went to its file...
+    errors = live.err.read_text()
+    noisy = [line for line in out + errors.splitlines() if re.search(r"\b(WARN|ERROR)\b", line)]
+    assert noisy == [] and errors == ""  # ...and nothing of it to the screen
+    values = [m for m in map(_UPDATE.match, out) if m]
+    assert values, out
+    assert int(values[-1].group(1)) >= int(values[0].group(1))  # later reads, later batches
+    assert all(float(m.group(2)) > 0 and int(m.group(3)) > 0 for m in values)
+    assert out[-2] == "stopping..." and out[-1].startswith("stopped."), out[-5:]
