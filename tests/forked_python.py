@@ -91,7 +91,12 @@ class ForkedProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:  # as Popen: never signal a pid that may be another's now
-            os.kill(self.pid, sig)
+            # As Popen too, a process that ended and was reaped before its status reached
+            # us is not an error: the zygote reaps its children and sends each status
+            # after, so between the two the pid is gone while poll() still says running
+            # (a whole run on four workers hit it stopping a cluster's node).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,22 @@ def test_no_fork_starts_every_process_anew(monkeypatch: pytest.MonkeyPatch) -> N
     out, _ = child.communicate(timeout=60)
     said = json.loads(out)
     assert not said["preloaded"] and said["ppid"] == os.getpid()
+
+
+def test_a_signal_to_a_child_reaped_before_its_status_came_is_no_error() -> None:
+    """The zygote reaps a child, then sends its status: in between the pid is gone while
+    ``poll()`` still says running. ``terminate`` and ``kill`` then do nothing, as Popen's
+    (a cluster's stop raised ``ProcessLookupError`` once in a whole run)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: no process has its pid now
+    ours, zygote_end = socket.socketpair()  # the status that has not come yet
+    try:
+        child = forked_python.ForkedProcess(["gone"], ours, gone.pid)
+        assert child.poll() is None
+        child.terminate()
+        child.kill()
+        zygote_end.sendall(b"0")  # then the status comes
+        assert child.wait(30) == 0
+    finally:
+        zygote_end.close()
+        ours.close()
