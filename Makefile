@@ -64,10 +64,10 @@ $(CLASS_ARCHIVE): $(STAMP) tests/spark/class_archive.py tests/spark/writer_proce
 # collection order, which tests/conftest.py makes longest-first (xdist would otherwise sort
 # them by their number of tests); tests/kafka and the files that run Spark Connect go to one
 # worker together, to share one broker and one Connect server.
-# Three workers on two cores: the suite is bound by its CPU work, and a third worker fills the
-# cores while a file waits on a trigger or a failure window (docs/design.md, "The test suite
-# on three workers"). TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= 3
+# Four workers on two cores: the suite is bound by its CPU work, and the workers beyond two
+# fill the cores while a file waits on a trigger or a failure window (docs/design.md, "The
+# test suite on four workers"). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 4
 
 # The tests start hundreds of Python processes (nodes, Spark's Python workers, writers), each
 # importing much of sparkiq: compiled once here, they read the bytecode instead of compiling

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the files with long tests first: files with a test marked ``slow`` (each starts
     JVMs or processes of its own), then files using the session's SparkSession, then the rest.
 
-    ``make test`` spreads whole files over three workers (pytest-xdist, ``--dist loadfile``)
+    ``make test`` spreads whole files over four workers (pytest-xdist, ``--dist loadfile``)
     in collection order; a long file left for the end would keep one worker busy while the
     other idles. The order within a file is unchanged, and the sort is stable, so every
     worker collects the same order."""
