@@ -35,6 +35,14 @@ from __future__ import annotations
 
 from tests.spark.class_archive import archive_options
 
+#: How the JVM starts a process: ``vfork`` and ``exec`` of the command itself, not JDK 17's
+#: default ``posix_spawn`` of its ``jspawnhelper``, which then starts the command (two programs
+#: loaded per process). Without Hadoop's native library, which PySpark does not ship, Hadoop's
+#: local file system sets the permissions of every file and directory it creates by running
+#: ``chmod``: two per checkpoint or state file written (the file and its ``.crc``), some 8,500
+#: in a run of the suite, and Spark deletes a RocksDB store's folder with ``rm -rf``. ``perf``
+#: over a whole run put 2.7% of all CPU in ``jspawnhelper``, ``chmod`` and the JVMs' reapers.
+LAUNCH_MECHANISM = "VFORK"
 #: Spark settings such a JVM reads from its system properties (``spark.*``): queries run
 #: interpreted, not compiled to Java classes first. Spark's code generation pays off over
 #: many rows; the tests' queries see a few hundred, and compiling each new plan with Janino
@@ -44,7 +52,10 @@ from tests.spark.class_archive import archive_options
 INTERPRETED = "-Dspark.sql.codegen.wholeStage=false -Dspark.sql.codegen.factoryMode=NO_CODEGEN"
 #: C1 only, one GC thread: cheaper for a JVM that runs small jobs for minutes; the code cache
 #: at the size tiered compilation would reserve, so a long session's generated code fits.
-BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
+BASE_OPTIONS = (
+    "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC "
+    f"-Djdk.lang.Process.launchMechanism={LAUNCH_MECHANISM}"
+)
 #: The JVM options and the class archive, when there is one: an executor's and a standalone
 #: daemon's (Spark refuses ``spark.*`` settings in an executor's options).
 JVM_OPTIONS = f"{BASE_OPTIONS} {archive_options()}".strip()
