@@ -43,8 +43,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-#: What every zygote imports before its first fork: what a node imports.
-PRELOAD = ("sparkiq.cli", "sparkiq.node")
+#: What every zygote imports before its first fork: what a node imports, and pandas, which
+#: pyarrow imports when a node first builds an array from Python values (its pandas check,
+#: 0.33-0.38 CPU-s in each child otherwise: some 25 CPU-s over a run of the suite).
+PRELOAD = ("sparkiq.cli", "sparkiq.node", "pandas")
 NO_FORK_ENV = "SPARKIQ_TEST_NO_FORK"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
