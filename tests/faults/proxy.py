@@ -64,6 +64,10 @@ def _socket_inode(peer_port: int, listen_port: int) -> str | None:
     try:
         with open("/proc/net/tcp") as handle:
             for line in handle:
+                # The table holds every socket of the host, closed ones waiting included,
+                # and this runs for each connection: split only the lines that can match.
+                if local not in line:
+                    continue
                 fields = line.split()
                 if len(fields) > 9 and fields[1] == local and fields[2] == remote:
                     return fields[9]
