@@ -47,7 +47,8 @@ def reaches(edges: dict[str, set[str]], start: str, goal: str) -> bool:
 
 def test_no_sql_module_and_no_ddl_module_is_in_an_import_circle() -> None:
     edges = import_edges()
-    watched = [m for m in edges if m.startswith("sparkiq.sql.")] + ["sparkiq.spark.ddl"]
+    ddl = ["sparkiq.spark.ddl", "sparkiq.spark.ddl_run"]
+    watched = [m for m in edges if m.startswith("sparkiq.sql.")] + ddl
     circles = [
         (module, target)
         for module in watched
@@ -56,4 +57,5 @@ def test_no_sql_module_and_no_ddl_module_is_in_an_import_circle() -> None:
     ]
     assert circles == []
     assert "sparkiq.spark.app" not in edges["sparkiq.spark.ddl"]
+    assert "sparkiq.spark.app" not in edges["sparkiq.spark.ddl_run"]
     assert "sparkiq.sql.push" not in edges["sparkiq.sql.subscription"]

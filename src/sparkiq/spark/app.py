@@ -16,7 +16,8 @@ where it stopped: Spark from its checkpoint, the replicas from their local files
 
 Tables can also be defined in SQL over streams registered by name: :meth:`App.sql` runs
 ``CREATE TABLE ... AS SELECT``, ``DROP TABLE``, ``SHOW TABLES`` and ``DESCRIBE`` on the writer
-(see :mod:`sparkiq.spark.ddl`) and hands pull queries to the local node.
+(parsed by :mod:`sparkiq.spark.ddl`, run by :mod:`sparkiq.spark.ddl_run`) and hands pull
+queries to the local node.
 
 The same code runs with a classic and a Spark Connect session. The ``foreachBatch`` sink
 (:class:`~sparkiq.spark.sink.TableSink`) carries plain data only, because under Connect it
@@ -45,6 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sparkiq.spark.ddl as ddl
+import sparkiq.spark.ddl_run as ddl_run
 from sparkiq.changelog import (
     Changelog,
     check_table_name,
@@ -542,7 +544,7 @@ class App:
                     f"options {sorted(options)} apply to pull queries (SELECT, EXPLAIN), "
                     "not to DDL statements"
                 )
-            return ddl.execute(self._ddl_writer(), statement)
+            return ddl_run.execute(self._ddl_writer(), statement)
         if self.node is None:
             raise ConfigError(
                 "App.sql() runs pull queries (SELECT, EXPLAIN) on the App's local node and "
@@ -551,9 +553,9 @@ class App:
             )
         return self.node.sql(text, **options)
 
-    def _ddl_writer(self) -> ddl.Writer:
+    def _ddl_writer(self) -> ddl_run.Writer:
         """What a DDL statement may read of and do to this App."""
-        return ddl.Writer(
+        return ddl_run.Writer(
             spark=self.spark,
             tables=self.tables,
             streams=self.registered_streams,
