@@ -78,7 +78,10 @@ def test_shell_runs_queries_completes_names_shows_errors_and_exits(
         terminal.keys("Enter")
         terminal.wait_for(lambda s: "streaming changes; Ctrl-C stops" in s)
         write_batch(table, 1, {"d": 4000, "e": 5})
-        screen = terminal.wait_for(lambda s: "4000" in s)
+        # the change's row: "4000" alone also matches the node's URL above (port 40001)
+        screen = terminal.wait_for(
+            lambda s: any("|" in line and "4000" in line for line in s.splitlines())
+        )
         changes = [line.split("|") for line in screen.splitlines() if "|" in line]
         assert [c.strip() for c in changes[0]] == ["batch", "k", "n"]
         assert [[c.strip() for c in change] for change in changes[1:]] == [["1", "d", "4000"]]
