@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,3 +59,37 @@ def test_a_stopped_node_and_a_silent_one_are_not_shown_live(tmp_path: Path) -> N
     silent = status(tmp_path)
     assert ": NOT UPDATED for " in silent and "killed, paused" in silent
     assert [r[2] for r in node_rows(silent)] == ["stale", "stale"]
+
+
+def test_writers_at_once_never_leave_a_status_file_a_reader_cannot_read(tmp_path: Path) -> None:
+    """The tailer, a restore's progress and a caller may write ``status.json`` at the same
+    moment: the file a reader finds is always one whole document."""
+    write_table(str(tmp_path), "t", [{"k": f"k{i}", "n": i} for i in range(20)], key="k")
+    unreadable: list[str] = []
+    with Node(str(tmp_path), node_id="n1") as node:
+        assert node.wait_for("t", 0, timeout=60)
+        node.write_status_file()
+        doc_path = tmp_path / "replicas" / "n1" / "status.json"
+        writing = True
+
+        def read() -> None:  # once written, the file is replaced whole, never removed
+            while writing:
+                try:
+                    json.loads(doc_path.read_text())
+                except (OSError, ValueError) as error:
+                    unreadable.append(repr(error))
+
+        def write() -> None:
+            for _ in range(300):
+                node.write_status_file()
+
+        reader = threading.Thread(target=read)
+        writers = [threading.Thread(target=write) for _ in range(3)]
+        reader.start()
+        for thread in writers:
+            thread.start()
+        for thread in writers:
+            thread.join()
+        writing = False
+        reader.join()
+    assert unreadable == []

@@ -23,6 +23,11 @@ Locks, in the order they are taken (never the other way round):
    they read a dict entry once, which is atomic, and a closed store fails a racing read with
    a :class:`~sparkiq.errors.StoreError`, never a wrong row).
 
+``_status_file_lock`` serializes writing ``status.json``: the tailer, a restore's progress and
+callers of :meth:`Hosting.write_status_file` write it through one temporary file, and two
+writers interleaved there left a file a reader could not parse (``sparkiq status`` then said
+the node had none). It is taken last, around the file's write only.
+
 ``_applied`` (a Condition on its own lock, taken with none of the above held) wakes
 :meth:`Hosting.wait_for` after a poll applied something. ``_wake`` and ``_stop`` are Events
 that wake and stop the tailer.
@@ -177,6 +182,7 @@ class Hosting:
         # a second.
         self._poll_failures: dict[str, tuple[str, float]] = {}
         self._lock = threading.RLock()
+        self._status_file_lock = threading.Lock()
         self._applied = threading.Condition()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -584,10 +590,11 @@ class Hosting:
             doc["stopped_at"] = doc["updated_at"]
         path = os.path.join(self.local_dir, "status.json")
         try:
-            os.makedirs(self.local_dir, exist_ok=True)
-            tmp = f"{path}.tmp"
-            with open(tmp, "w") as handle:
-                json.dump(doc, handle)
-            os.replace(tmp, path)
+            with self._status_file_lock:
+                os.makedirs(self.local_dir, exist_ok=True)
+                tmp = f"{path}.tmp"
+                with open(tmp, "w") as handle:
+                    json.dump(doc, handle)
+                os.replace(tmp, path)
         except OSError:
             log.debug("cannot write %s", path, exc_info=True)
