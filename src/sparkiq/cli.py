@@ -5,7 +5,8 @@ a flag given on the command line wins over the variable.
 
 It is the parser of every command (a declaration per option, with its help) and the thin
 functions that run each; what a command does lives in the package (``status_report``,
-``output``, ``shell``, ``demo``, ``Client``).
+``output``, ``shell``, ``demo``, ``Client``). Over 600 lines because of the options'
+declarations: a table per command, each option with its help.
 """
 
 from __future__ import annotations
@@ -430,10 +431,8 @@ def _serve(args: argparse.Namespace) -> int:
     if node.flight_address is not None:
         scheme = "grpc+tls" if node.config.tls_cert else "grpc"
         print("Arrow Flight SQL on {}://{}:{}".format(scheme, *node.flight_address), flush=True)
-    # What the start made (modules, the node's tables, servers and pools) lives as long as
-    # the process: frozen, Python's full collections walk only what requests made since. A
-    # started node tracks some 116,000 objects, and each full collection over them held
-    # every thread for 70-90 ms, paused requests included.
+    # What the start made lives as long as the process: frozen, full collections stop
+    # walking it (116,000 objects, 70-90 ms with every request held: design.md).
     gc.freeze()
     try:
         stop.wait()
