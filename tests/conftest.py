@@ -21,8 +21,9 @@ from tests.spark.short_jvm import SHORT_JVM_OPTIONS
 # be written, and PYTHONDONTWRITEBYTECODE is set on CI's machine: each of the four workers
 # rewrote every test module while collecting (some 5.5 CPU-seconds a worker on a fresh
 # clone). Allowed in the test process, the worker that gets to a module first leaves it for
-# the others: a fresh clone's start to the first test 41-46 -> 35-37 CPU-seconds, 22-24 ->
-# 18-19 s (the Makefile's `unit` compiles the other modules: pytest's files are its own).
+# the others: a fresh clone's start to the first test 45.8-45.9 -> 35.7-38.6 CPU-seconds,
+# 23.7-23.9 -> 18.6-20.2 s (interleaved pairs; the Makefile's `unit` compiles the other
+# modules, pytest's rewritten ones are its own).
 sys.dont_write_bytecode = False
 
 # Set before any session starts: the local session's workers, the Connect server's and those
